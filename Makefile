@@ -1,0 +1,54 @@
+# kvbridge: the two commands are `make demo` and `make test`. Each installs
+# missing Debian packages (as root), configures, builds and runs.
+
+BUILD       ?= build
+BUILD_ASAN  ?= build-asan
+BUILD_FUZZ  ?= build-fuzz
+JOBS        ?= $(shell nproc)
+FUZZ_SECONDS ?= 60
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build demo test test-asan fuzz fuzz-short bench clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD)/build.ninja: CMakeLists.txt | deps
+	cmake -G Ninja -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The main job.
+demo: build
+	$(BUILD)/tools/kvbridge demo
+
+# Every test: unit, property, matrix, CLI, and a short fuzz run.
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	$(MAKE) --no-print-directory fuzz-short
+
+$(BUILD_ASAN)/build.ninja: CMakeLists.txt | deps
+	cmake -G Ninja -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DKVB_SANITIZE=address,undefined -DKVB_BENCH=OFF
+
+test-asan: deps $(BUILD_ASAN)/build.ninja
+	cmake --build $(BUILD_ASAN) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS)
+
+$(BUILD_FUZZ)/build.ninja: CMakeLists.txt | deps
+	CC=clang-14 CXX=clang++-14 cmake -G Ninja -S . -B $(BUILD_FUZZ) -DKVB_FUZZ=ON -DKVB_TESTS=OFF -DKVB_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+fuzz: deps $(BUILD_FUZZ)/build.ninja
+	cmake --build $(BUILD_FUZZ) -j $(JOBS)
+	scripts/fuzz.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
+
+fuzz-short:
+	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10
+
+bench: build
+	scripts/bench.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

@@ -1,0 +1,198 @@
+// kvbridge/layout.h: the one model of how a rank's KV cache sits in memory.
+//
+// A Layout describes what one rank of an engine instance holds: its tensors
+// (contiguous allocations), and groups of layers that share a block table. Each
+// layer has components (k, v, latent, rope, index, tail, conv, ssm, ...), and
+// each component is a strided view into one tensor: the byte address of a cell
+// (position, head) of block b is
+//
+//   tensor.base + offset + sum(index_a * stride_a)   over the component's axes,
+//
+// and the cell is `cell_bytes` contiguous bytes. Every other part of kvbridge
+// reads geometry through this header and nothing else derives it. The JSON form
+// is `kvbridge.layout/1` (docs/formats/layout.md), parsed by layout_json.h.
+//
+// A Layout value is plain data; validate() checks it, and the functions taking
+// a Layout other than validate() require a valid one (parse_layout() returns
+// only valid layouts).
+//
+// Thread-safety: plain values; const access from several threads is safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvbridge/status.h"
+
+namespace kvbridge {
+
+inline constexpr std::string_view kLayoutFormat = "kvbridge.layout/1";
+
+// Bounds on what a layout may hold, so that hostile input cannot exhaust
+// memory or overflow 64-bit address arithmetic.
+inline constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 56;
+inline constexpr uint64_t kMaxNumBlocks = uint64_t{1} << 32;
+inline constexpr uint64_t kMaxBlockTokens = uint64_t{1} << 24;
+inline constexpr uint64_t kMaxCellBytes = uint64_t{1} << 32;
+inline constexpr uint32_t kMaxTpSize = 1u << 16;
+inline constexpr uint32_t kMaxHeads = 1u << 16;
+inline constexpr size_t kMaxTensors = 1u << 16;
+inline constexpr size_t kMaxGroups = 256;
+inline constexpr size_t kMaxLayersPerGroup = 1u << 14;
+inline constexpr size_t kMaxComponentsPerLayer = 64;
+inline constexpr size_t kMaxPositionAxes = 4;
+inline constexpr size_t kMaxNameBytes = 256;
+
+enum class GroupKind : uint8_t { kAttention, kSlidingWindow, kState, kScratch };
+enum class AxisKind : uint8_t { kBlock, kHead, kPosition };
+
+// "attention", "sliding_window", "state", "scratch".
+std::string_view group_kind_name(GroupKind kind);
+std::optional<GroupKind> parse_group_kind(std::string_view name);
+// "block", "head", "position".
+std::string_view axis_kind_name(AxisKind kind);
+std::optional<AxisKind> parse_axis_kind(std::string_view name);
+
+struct Tensor {
+  std::string name;
+  uint64_t bytes = 0;
+  std::string memory = "host";  // "host" or "cuda:N"
+  bool operator==(const Tensor&) const = default;
+};
+
+struct Axis {
+  AxisKind kind = AxisKind::kBlock;
+  uint64_t size = 0;
+  uint64_t stride = 0;  // bytes
+  bool operator==(const Axis&) const = default;
+};
+
+// Local head h of a component is global head `first + h`; `count` heads are
+// held. When TP exceeds `total`, several ranks hold the same global head.
+struct HeadMap {
+  uint32_t total = 0;
+  uint32_t first = 0;
+  uint32_t count = 0;
+  bool operator==(const HeadMap&) const = default;
+};
+
+struct Component {
+  std::string name;
+  std::string tensor;
+  uint64_t offset = 0;
+  uint64_t cell_bytes = 0;
+  std::optional<HeadMap> heads;  // absent: replicated on every rank
+  std::vector<Axis> axes;        // any order; position axes are outermost first
+  bool operator==(const Component&) const = default;
+
+  // Number of positions per block: the product of the position axes' sizes (1
+  // when there are none).
+  uint64_t positions_per_block() const;
+  // Local heads held: heads->count, or 1 for a replicated component.
+  uint64_t local_heads() const { return heads ? heads->count : 1; }
+  // True when no byte is ever addressed (zero cells or zero cell bytes).
+  bool empty() const;
+};
+
+struct Layer {
+  std::string name;
+  std::vector<Component> components;
+  bool operator==(const Layer&) const = default;
+};
+
+struct Group {
+  std::string name;
+  GroupKind kind = GroupKind::kAttention;
+  uint64_t block_tokens = 0;
+  uint64_t tokens_per_state = 1;
+  std::optional<uint64_t> window_tokens;  // sliding_window only
+  bool prefix_cacheable = true;
+  bool transfer = true;
+  uint64_t num_blocks = 0;
+  std::vector<Layer> layers;
+  bool operator==(const Group&) const = default;
+
+  // Positions in one block: block_tokens / tokens_per_state for token-indexed
+  // kinds (attention, sliding_window, scratch), 1 for state.
+  uint64_t positions_per_block() const;
+};
+
+struct Layout {
+  std::string model;
+  std::string dtype;
+  uint32_t tp_size = 1;
+  uint32_t tp_rank = 0;
+  std::vector<Tensor> tensors;
+  std::vector<Group> groups;
+  bool operator==(const Layout&) const = default;
+
+  // Lookups by name; nullptr when absent.
+  const Tensor* find_tensor(std::string_view name) const;
+  const Group* find_group(std::string_view name) const;
+};
+
+// Checks every rule of docs/formats/layout.md. Returns OK, or kInvalidArgument
+// (structure, names, types of values), kOutOfRange (a cell outside its tensor,
+// overlapping cells) or kResourceExhausted (a bound above), with a message that
+// names the group, layer and component at fault, e.g.
+//   "group 'indexer_tail' layer 'layers.3' component 'tail': cells end at byte
+//    N, past the end of tensor 'idx.3' (M bytes)".
+Status validate(const Layout& layout);
+
+// The coordinate of one cell of a component: block id, local head (0 for a
+// replicated component), and position within the block.
+struct CellIndex {
+  uint64_t block = 0;
+  uint64_t head = 0;
+  uint64_t position = 0;
+};
+
+// Byte offset of a cell from the start of the component's tensor: offset +
+// sum(index * stride), where the position is split over the position axes as
+// a mixed-radix number (outermost axis first). Returns kOutOfRange naming the
+// axis when an index is past its size. Requires a valid layout.
+Result<uint64_t> cell_offset(const Component& component, const CellIndex& cell);
+
+// The stride of the first axis of `kind` in `component`, or nullopt.
+std::optional<uint64_t> axis_stride(const Component& component, AxisKind kind);
+
+// The strides of the position axes (outermost first) and their sizes, for code
+// that walks positions: position p has digits d_i with p = sum d_i * radix_i.
+struct PositionAxes {
+  std::vector<uint64_t> sizes;
+  std::vector<uint64_t> strides;
+  // Byte offset of position p within one (block, head): sum of digit * stride.
+  uint64_t offset_of(uint64_t position) const;
+};
+PositionAxes position_axes(const Component& component);
+
+// ---------------------------------------------------------------------------
+// Identity and compatibility.
+//
+// Two ranks can exchange KV exactly when their identities are equal: model,
+// dtype, each group's name, kind, tokens_per_state and window_tokens, each
+// layer's name, and each component's name, cell_bytes and total heads (or
+// "replicated"). TP size, block sizes, strides, axis order, tensors, num_blocks
+// and memory kind are not part of it.
+
+// A canonical, platform-independent text of the identity (groups in name
+// order, layers and components in layout order). Stable across versions of
+// kvbridge that keep the layout format at /1.
+std::string identity_text(const Layout& layout);
+
+// A stable 64-bit hash of identity_text() (XXH3-64, seed 0). Equal identities
+// have equal hashes on any machine.
+uint64_t compatibility_hash(const Layout& layout);
+
+// The compatibility hash as 16 lower-case hex digits.
+std::string compatibility_hash_hex(const Layout& layout);
+
+// OK when the two layouts can exchange KV; otherwise kIncompatible naming the
+// first field that differs and both values, e.g.
+//   "group 'mla' layer 'layers.0' component 'rope': cell_bytes differs: 128 vs 64".
+Status check_compatible(const Layout& local, const Layout& remote);
+
+}  // namespace kvbridge

@@ -1,0 +1,148 @@
+// Names of kinds, lookups, and the address arithmetic of the layout model.
+#include "kvbridge/layout.h"
+
+#include <string>
+
+namespace kvbridge {
+
+std::string_view group_kind_name(GroupKind kind) {
+  switch (kind) {
+    case GroupKind::kAttention: return "attention";
+    case GroupKind::kSlidingWindow: return "sliding_window";
+    case GroupKind::kState: return "state";
+    case GroupKind::kScratch: return "scratch";
+  }
+  return "unknown";
+}
+
+std::optional<GroupKind> parse_group_kind(std::string_view name) {
+  for (GroupKind k : {GroupKind::kAttention, GroupKind::kSlidingWindow, GroupKind::kState,
+                      GroupKind::kScratch}) {
+    if (group_kind_name(k) == name) return k;
+  }
+  return std::nullopt;
+}
+
+std::string_view axis_kind_name(AxisKind kind) {
+  switch (kind) {
+    case AxisKind::kBlock: return "block";
+    case AxisKind::kHead: return "head";
+    case AxisKind::kPosition: return "position";
+  }
+  return "unknown";
+}
+
+std::optional<AxisKind> parse_axis_kind(std::string_view name) {
+  for (AxisKind k : {AxisKind::kBlock, AxisKind::kHead, AxisKind::kPosition}) {
+    if (axis_kind_name(k) == name) return k;
+  }
+  return std::nullopt;
+}
+
+uint64_t Component::positions_per_block() const {
+  uint64_t n = 1;
+  for (const Axis& a : axes) {
+    if (a.kind == AxisKind::kPosition) n *= a.size;
+  }
+  return n;
+}
+
+bool Component::empty() const {
+  if (cell_bytes == 0) return true;
+  if (heads && heads->count == 0) return true;
+  for (const Axis& a : axes) {
+    if (a.size == 0) return true;
+  }
+  return false;
+}
+
+uint64_t Group::positions_per_block() const {
+  if (kind == GroupKind::kState) return 1;
+  return tokens_per_state == 0 ? 0 : block_tokens / tokens_per_state;
+}
+
+const Tensor* Layout::find_tensor(std::string_view name) const {
+  for (const Tensor& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+const Group* Layout::find_group(std::string_view name) const {
+  for (const Group& g : groups) {
+    if (g.name == name) return &g;
+  }
+  return nullptr;
+}
+
+std::optional<uint64_t> axis_stride(const Component& component, AxisKind kind) {
+  for (const Axis& a : component.axes) {
+    if (a.kind == kind) return a.stride;
+  }
+  return std::nullopt;
+}
+
+PositionAxes position_axes(const Component& component) {
+  PositionAxes p;
+  for (const Axis& a : component.axes) {
+    if (a.kind == AxisKind::kPosition) {
+      p.sizes.push_back(a.size);
+      p.strides.push_back(a.stride);
+    }
+  }
+  return p;
+}
+
+uint64_t PositionAxes::offset_of(uint64_t position) const {
+  // Mixed radix, outermost digit first: peel digits from the innermost axis.
+  uint64_t off = 0;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    off += (position % sizes[i]) * strides[i];
+    position /= sizes[i];
+  }
+  return off;
+}
+
+Result<uint64_t> cell_offset(const Component& c, const CellIndex& cell) {
+  uint64_t off = c.offset;
+  uint64_t rest = cell.position;
+  bool saw_head = false;
+  // Position digits are peeled innermost first, so walk the position axes in
+  // reverse while adding block and head terms as they come.
+  for (size_t i = c.axes.size(); i-- > 0;) {
+    const Axis& a = c.axes[i];
+    uint64_t index = 0;
+    switch (a.kind) {
+      case AxisKind::kBlock:
+        index = cell.block;
+        break;
+      case AxisKind::kHead:
+        index = cell.head;
+        saw_head = true;
+        break;
+      case AxisKind::kPosition:
+        if (a.size == 0) return Status::out_of_range("component '" + c.name + "' has an empty position axis");
+        index = rest % a.size;
+        rest /= a.size;
+        break;
+    }
+    if (index >= a.size) {
+      return Status::out_of_range("component '" + c.name + "': " + std::string(axis_kind_name(a.kind)) +
+                                  " index " + std::to_string(index) + " is past the axis size " +
+                                  std::to_string(a.size));
+    }
+    off += index * a.stride;
+  }
+  if (rest != 0) {
+    return Status::out_of_range("component '" + c.name + "': position " + std::to_string(cell.position) +
+                                " is past the " + std::to_string(c.positions_per_block()) +
+                                " positions of a block");
+  }
+  if (!saw_head && cell.head != 0) {
+    return Status::out_of_range("component '" + c.name + "' is replicated and has no head " +
+                                std::to_string(cell.head));
+  }
+  return off;
+}
+
+}  // namespace kvbridge
