@@ -17,8 +17,42 @@ constexpr uint64_t kMaxExactOverlapCells = uint64_t{1} << 22;
 
 std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 
+// Well-formed UTF-8 (no overlong forms, surrogates or code points past
+// U+10FFFF), so that every valid layout has a JSON form.
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      n = 1, cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      n = 2, cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
 Status check_name(std::string_view what, const std::string& name) {
   if (name.empty()) return Status::invalid_argument(std::string(what) + " name is empty");
+  if (!valid_utf8(name)) return Status::invalid_argument(std::string(what) + " name is not valid UTF-8");
   if (name.size() > kMaxNameBytes) {
     return Status::resource_exhausted(std::string(what) + " name is longer than " +
                                       std::to_string(kMaxNameBytes) + " bytes");

@@ -240,6 +240,18 @@ TEST(ValidateTest, RejectsBadTopLevelFields) {
   expect_rejected(l, Code::kInvalidArgument, {"no groups"});
 }
 
+TEST(ValidateTest, RejectsNamesThatAreNotUtf8) {
+  // Every valid layout must have an exact JSON form, and JSON text is Unicode.
+  for (const char* bad : {"bad\xff", "\xc0\xaf", "\xed\xa0\x80", "cut\xe2\x82"}) {
+    Layout l = small_gqa();
+    l.groups[0].layers[0].components[0].name = bad;
+    expect_rejected(l, Code::kInvalidArgument, {"not valid UTF-8"});
+  }
+  Layout l = small_gqa();
+  l.model = "mod\xc3\xa8le-\xe2\x82\xac-\xf0\x9f\x98\x80";  // two-, three- and four-byte forms
+  EXPECT_TRUE(validate(l).ok()) << validate(l).to_string();
+}
+
 TEST(ValidateTest, AcceptsGroupsThatAliasTheSameBytes) {
   // The hybrid allocator's overlay: a second group over the same tensors.
   Layout l = small_gqa();
