@@ -1,0 +1,37 @@
+// kvbridge.plan/1 JSON (docs/formats/plan.md).
+#include <nlohmann/json.hpp>
+
+#include "kvbridge/plan.h"
+
+namespace kvbridge {
+
+std::string plan_to_json(const Plan& plan, const Layout& local, std::span<const Layout> remotes, bool items,
+                         int verified, int indent) {
+  nlohmann::ordered_json j;
+  j["format"] = "kvbridge.plan/1";
+  j["local_rank"] = local.tp_rank;
+  j["descriptors"] = plan.descriptors.size();
+  j["bytes"] = plan.bytes;
+  nlohmann::ordered_json sources = nlohmann::ordered_json::array();
+  for (const SourceTotals& s : plan.sources) {
+    nlohmann::ordered_json o;
+    o["rank"] = s.tp_rank;
+    o["descriptors"] = s.descriptors;
+    o["bytes"] = s.bytes;
+    sources.push_back(std::move(o));
+  }
+  j["sources"] = std::move(sources);
+  if (verified >= 0) j["verified"] = verified == 1;
+  if (items) {
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const Descriptor& d : plan.descriptors) {
+      const Layout& r = remotes[d.source];
+      list.push_back(nlohmann::ordered_json::array({r.tp_rank, local.tensors[d.local_tensor].name, d.local_offset,
+                                                    r.tensors[d.remote_tensor].name, d.remote_offset, d.bytes}));
+    }
+    j["items"] = std::move(list);
+  }
+  return j.dump(indent);
+}
+
+}  // namespace kvbridge

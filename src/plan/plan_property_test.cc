@@ -1,0 +1,576 @@
+// Property tests of plan() over thousands of random layouts (random_layout.h):
+// every plan verifies (exact, in bounds, minimal), is deterministic, moves the
+// bytes an independent count says it should, and invalid requests return
+// errors, never plans.
+//
+// Environment: KVB_PROPERTY_CASES (default 4000) scales the run;
+// KVB_PROPERTY_SEED (default 20250601) changes it; KVB_PROPERTY_CASE runs one
+// case only. A failure prints the seed and case index, shrinks the case
+// (groups, layers, components, tokens) while it still fails the same way, and
+// writes the reduced layouts and request as JSON under
+// /tmp/kvb_property/seed_<seed>_case_<index>/.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kvbridge/layout.h"
+#include "kvbridge/layout_json.h"
+#include "kvbridge/plan.h"
+#include "kvbridge/verify.h"
+#include "plan/random_layout.h"
+
+namespace kvbridge {
+namespace {
+
+namespace gen = ::kvbridge::testing;
+
+uint64_t env_u64(const char* name, uint64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return std::strtoull(v, nullptr, 10);
+}
+
+uint64_t num_cases() { return env_u64("KVB_PROPERTY_CASES", 4000); }
+uint64_t base_seed() { return env_u64("KVB_PROPERTY_SEED", 20250601); }
+
+// The cases to run: all of [0, count), or the one KVB_PROPERTY_CASE names.
+std::vector<uint64_t> case_indices(uint64_t count) {
+  std::vector<uint64_t> out;
+  if (const char* one = std::getenv("KVB_PROPERTY_CASE"); one != nullptr && *one != '\0') {
+    out.push_back(std::strtoull(one, nullptr, 10));
+    return out;
+  }
+  for (uint64_t i = 0; i < count; ++i) out.push_back(i);
+  return out;
+}
+
+struct Case {
+  uint64_t seed = 0;
+  uint64_t index = 0;
+  gen::ModelRecipe recipe;
+  uint32_t remote_tp = 1;
+  gen::InstanceShape local_shape;
+  gen::InstanceShape remote_shape;
+  Layout local;
+  std::vector<Layout> remotes;
+  Request request;
+  std::string describe() const {
+    return "seed " + std::to_string(seed) + " case " + std::to_string(index) +
+           " (rerun: KVB_PROPERTY_SEED=" + std::to_string(seed) + " KVB_PROPERTY_CASE=" + std::to_string(index) + ")";
+  }
+};
+
+gen::BlockIds random_ids(gen::Rng& rng) {
+  return gen::pick(rng, std::vector<gen::BlockIds>{gen::BlockIds::kConsecutive, gen::BlockIds::kShuffled,
+                                                   gen::BlockIds::kRuns});
+}
+
+// Builds case `index`; `rng` is left positioned for the case's further draws.
+Case make_case(uint64_t seed, uint64_t index, gen::Rng& rng) {
+  Case c;
+  c.seed = seed;
+  c.index = index;
+  c.recipe = gen::random_recipe(rng);
+  const std::vector<uint32_t> tps = gen::valid_tp_sizes(c.recipe);
+  const uint32_t local_tp = gen::pick(rng, tps);
+  c.remote_tp = gen::pick(rng, tps);
+
+  gen::RequestOptions o;
+  const unsigned size = static_cast<unsigned>(gen::draw(rng, 0, 99));
+  o.num_tokens = size < 50 ? gen::draw(rng, 1, 64) : size < 92 ? gen::draw(rng, 1, 300) : gen::draw(rng, 300, 1000);
+  const unsigned skip = static_cast<unsigned>(gen::draw(rng, 0, 99));
+  o.skip_tokens = skip < 40 ? 0 : gen::draw(rng, 0, o.num_tokens - 1);
+
+  c.local_shape = gen::random_instance(rng, c.recipe, local_tp, o.num_tokens);
+  c.remote_shape = gen::random_instance(rng, c.recipe, c.remote_tp, o.num_tokens);
+  const uint32_t rank = static_cast<uint32_t>(gen::draw(rng, 0, local_tp - 1));
+  c.local = gen::make_rank_layout(c.recipe, c.local_shape, rank);
+  c.remotes = gen::make_instance(c.recipe, c.remote_shape);
+  if (gen::chance(rng, 30)) gen::shuffle(rng, c.remotes);
+
+  o.local_ids = random_ids(rng);
+  o.remote_ids = gen::chance(rng, 70) ? o.local_ids : random_ids(rng);
+  c.request = gen::make_request(rng, c.local, c.remotes[0], o);
+  return c;
+}
+
+std::string plan_diff(const Plan& a, const Plan& b) {
+  if (a.bytes != b.bytes) return "bytes differ: " + std::to_string(a.bytes) + " vs " + std::to_string(b.bytes);
+  if (a.descriptors != b.descriptors) return "descriptors differ";
+  if (a.sources.size() != b.sources.size()) return "source counts differ";
+  for (size_t i = 0; i < a.sources.size(); ++i) {
+    if (a.sources[i].tp_rank != b.sources[i].tp_rank || a.sources[i].bytes != b.sources[i].bytes ||
+        a.sources[i].descriptors != b.sources[i].descriptors) {
+      return "source " + std::to_string(i) + " totals differ";
+    }
+  }
+  return "";
+}
+
+std::string describe(const Descriptor& d) {
+  return "{source " + std::to_string(d.source) + ", local tensor " + std::to_string(d.local_tensor) + " offset " +
+         std::to_string(d.local_offset) + ", remote tensor " + std::to_string(d.remote_tensor) + " offset " +
+         std::to_string(d.remote_offset) + ", bytes " + std::to_string(d.bytes) + "}";
+}
+
+bool inside(uint64_t offset, uint64_t bytes, uint64_t tensor_bytes) {
+  return offset <= tensor_bytes && bytes <= tensor_bytes - offset;
+}
+
+// Checks of the plan's own structure that need no simulation. Empty when fine.
+std::string check_structure(const Plan& p, const Layout& local, const std::vector<Layout>& remotes) {
+  if (p.sources.size() != remotes.size()) {
+    return "plan has " + std::to_string(p.sources.size()) + " source totals for " + std::to_string(remotes.size()) +
+           " remote layouts";
+  }
+  std::vector<SourceTotals> totals(remotes.size());
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < p.descriptors.size(); ++i) {
+    const Descriptor& d = p.descriptors[i];
+    const std::string at = "descriptor " + std::to_string(i) + " " + describe(d) + ": ";
+    if (d.bytes == 0) return at + "zero length";
+    if (d.source >= remotes.size()) return at + "source out of range";
+    if (d.local_tensor >= local.tensors.size()) return at + "local tensor out of range";
+    if (d.remote_tensor >= remotes[d.source].tensors.size()) return at + "remote tensor out of range";
+    if (!inside(d.local_offset, d.bytes, local.tensors[d.local_tensor].bytes)) {
+      return at + "past the end of local tensor '" + local.tensors[d.local_tensor].name + "' (" +
+             std::to_string(local.tensors[d.local_tensor].bytes) + " bytes)";
+    }
+    const Tensor& rt = remotes[d.source].tensors[d.remote_tensor];
+    if (!inside(d.remote_offset, d.bytes, rt.bytes)) {
+      return at + "past the end of remote tensor '" + rt.name + "' (" + std::to_string(rt.bytes) + " bytes)";
+    }
+    if (i > 0) {
+      const Descriptor& prev = p.descriptors[i - 1];
+      if (prev.local_tensor > d.local_tensor ||
+          (prev.local_tensor == d.local_tensor && prev.local_offset > d.local_offset)) {
+        return at + "not in local (tensor, offset) order after " + describe(prev);
+      }
+      if (prev.local_tensor == d.local_tensor && prev.local_offset + prev.bytes > d.local_offset) {
+        return at + "writes local bytes that " + describe(prev) + " also writes";
+      }
+    }
+    totals[d.source].descriptors += 1;
+    totals[d.source].bytes += d.bytes;
+    bytes += d.bytes;
+  }
+  if (bytes != p.bytes) return "plan.bytes " + std::to_string(p.bytes) + " but descriptors sum to " + std::to_string(bytes);
+  for (size_t s = 0; s < remotes.size(); ++s) {
+    if (p.sources[s].tp_rank != remotes[s].tp_rank || p.sources[s].descriptors != totals[s].descriptors ||
+        p.sources[s].bytes != totals[s].bytes) {
+      return "source " + std::to_string(s) + " totals {tp_rank " + std::to_string(p.sources[s].tp_rank) + ", " +
+             std::to_string(p.sources[s].descriptors) + " descriptors, " + std::to_string(p.sources[s].bytes) +
+             " bytes} but the descriptors give {tp_rank " + std::to_string(remotes[s].tp_rank) + ", " +
+             std::to_string(totals[s].descriptors) + ", " + std::to_string(totals[s].bytes) + "}";
+    }
+  }
+  return "";
+}
+
+struct Outcome {
+  std::string failure;  // empty: passed
+  std::string kind;     // a short category, kept while shrinking
+  uint64_t descriptors = 0;
+  uint64_t bytes = 0;
+};
+
+// Every positive property of one (local, remotes, request).
+Outcome check(const Layout& local, const std::vector<Layout>& remotes, const Request& request) {
+  Outcome out;
+  auto fail = [&](std::string kind, std::string message) {
+    out.kind = std::move(kind);
+    out.failure = out.kind + ": " + message;
+    return out;
+  };
+  Result<Plan> p = plan(local, remotes, request);
+  if (!p) return fail("plan error", p.error().to_string());
+  // The second call gets copies, so a plan that depends on addresses (an
+  // order by pointer, say) differs.
+  const Layout local_copy = local;
+  const std::vector<Layout> remotes_copy = remotes;
+  const Request request_copy = request;
+  Result<Plan> again = plan(local_copy, remotes_copy, request_copy);
+  if (!again) return fail("nondeterministic", "the second call failed: " + again.error().to_string());
+  if (std::string d = plan_diff(*p, *again); !d.empty()) return fail("nondeterministic", d);
+  if (std::string s = check_structure(*p, local, remotes); !s.empty()) return fail("structure", s);
+  const uint64_t expected = gen::expected_bytes(local, request);
+  Result<VerifyReport> v = verify(*p, local, remotes, request, /*check_minimal=*/true);
+  if (!v) return fail("verify", v.error().to_string());
+  if (v->bytes_written != p->bytes) {
+    return fail("verify report", "bytes_written " + std::to_string(v->bytes_written) + " but plan.bytes " +
+                                     std::to_string(p->bytes));
+  }
+  if (v->bytes_checked != expected) {
+    return fail("verify report", "bytes_checked " + std::to_string(v->bytes_checked) +
+                                     " but the request moves " + std::to_string(expected) + " bytes");
+  }
+  if (p->bytes != expected) {
+    return fail("bytes", "plan moves " + std::to_string(p->bytes) + " bytes, the request " + std::to_string(expected));
+  }
+  out.descriptors = p->descriptors.size();
+  out.bytes = p->bytes;
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Shrinking and dumping a failing case.
+
+struct Inputs {
+  Layout local;
+  std::vector<Layout> remotes;
+  Request request;
+};
+
+bool all_valid(const Inputs& in) {
+  if (!validate(in.local).ok()) return false;
+  for (const Layout& r : in.remotes) {
+    if (!validate(r).ok()) return false;
+  }
+  return true;
+}
+
+// Applies `edit` to the local and every remote layout.
+template <typename F>
+Inputs edit_layouts(const Inputs& in, F edit) {
+  Inputs out = in;
+  edit(out.local);
+  for (Layout& r : out.remotes) edit(r);
+  return out;
+}
+
+std::vector<Inputs> reductions(const Inputs& in) {
+  std::vector<Inputs> out;
+  const Layout& l = in.local;
+  for (size_t g = 0; g < l.groups.size() && l.groups.size() > 1; ++g) {
+    const std::string name = l.groups[g].name;
+    Inputs r = edit_layouts(in, [&](Layout& x) {
+      std::erase_if(x.groups, [&](const Group& y) { return y.name == name; });
+    });
+    r.request.blocks.erase(name);
+    out.push_back(std::move(r));
+  }
+  for (const Group& g : l.groups) {
+    for (size_t li = 0; li < g.layers.size() && g.layers.size() > 1; ++li) {
+      const std::string layer = g.layers[li].name;
+      out.push_back(edit_layouts(in, [&](Layout& x) {
+        for (Group& y : x.groups) {
+          if (y.name == g.name) std::erase_if(y.layers, [&](const Layer& z) { return z.name == layer; });
+        }
+      }));
+    }
+    for (const Layer& layer : g.layers) {
+      for (size_t ci = 0; ci < layer.components.size() && layer.components.size() > 1; ++ci) {
+        const std::string comp = layer.components[ci].name;
+        out.push_back(edit_layouts(in, [&](Layout& x) {
+          for (Group& y : x.groups) {
+            if (y.name != g.name) continue;
+            for (Layer& z : y.layers) {
+              if (z.name == layer.name) std::erase_if(z.components, [&](const Component& w) { return w.name == comp; });
+            }
+          }
+        }));
+      }
+    }
+  }
+  // Fewer tokens: drop whole blocks from the end of every token list.
+  if (in.request.num_tokens > 1) {
+    for (uint64_t tokens : {in.request.num_tokens / 2, in.request.num_tokens - 1}) {
+      if (tokens == 0) continue;
+      Inputs r = in;
+      r.request.num_tokens = tokens;
+      r.request.skip_tokens = std::min(r.request.skip_tokens, tokens - 1);
+      for (auto& [name, lists] : r.request.blocks) {
+        const Group* lg = r.local.find_group(name);
+        const Group* rg = r.remotes[0].find_group(name);
+        if (lg == nullptr || rg == nullptr) continue;
+        if (lg->kind == GroupKind::kAttention || lg->kind == GroupKind::kSlidingWindow) {
+          lists.local.resize(std::min(lists.local.size(), gen::token_list_length(lg->block_tokens, tokens)));
+          lists.remote.resize(std::min(lists.remote.size(), gen::token_list_length(rg->block_tokens, tokens)));
+        }
+      }
+      out.push_back(std::move(r));
+    }
+  }
+  if (in.request.skip_tokens > 0) {
+    Inputs r = in;
+    r.request.skip_tokens = 0;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Inputs shrink(Inputs in, const std::string& kind) {
+  for (int round = 0; round < 200; ++round) {
+    bool reduced = false;
+    for (Inputs& r : reductions(in)) {
+      if (!all_valid(r)) continue;
+      Outcome o = check(r.local, r.remotes, r.request);
+      if (!o.failure.empty() && o.kind == kind) {
+        in = std::move(r);
+        reduced = true;
+        break;
+      }
+    }
+    if (!reduced) break;
+  }
+  return in;
+}
+
+std::string dump(const Case& c, const Inputs& in, const std::string& failure) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path("/tmp/kvb_property") /
+                       ("seed_" + std::to_string(c.seed) + "_case_" + std::to_string(c.index));
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  auto write = [&](const std::string& name, const std::string& text) { std::ofstream(dir / name) << text << "\n"; };
+  write("local.json", to_json(in.local));
+  for (size_t i = 0; i < in.remotes.size(); ++i) write("remote." + std::to_string(i) + ".json", to_json(in.remotes[i]));
+  write("request.json", to_json(in.request));
+  write("failure.txt", c.describe() + "\n" + failure);
+  return dir.string();
+}
+
+// Reports a failing case: shrunk, dumped, with the seed and index.
+void report(const Case& c, const Outcome& o) {
+  Inputs reduced = shrink(Inputs{c.local, c.remotes, c.request}, o.kind);
+  const Outcome again = check(reduced.local, reduced.remotes, reduced.request);
+  const std::string dir = dump(c, reduced, again.failure);
+  ADD_FAILURE() << c.describe() << ": " << o.failure << "\n  reduced case (" << reduced.local.groups.size()
+                << " groups, " << reduced.request.num_tokens << " tokens): " << again.failure
+                << "\n  written to " << dir;
+}
+
+// ---------------------------------------------------------------------------
+
+TEST(PlanPropertyTest, RandomLayoutsOfEveryShapeValidate) {
+  // make_rank_layout() aborts on an invalid layout; this also checks that the
+  // generator reaches its shapes.
+  uint64_t overlays = 0, one_tensor = 0, kernel = 0, split = 0, empty = 0, cases = 0;
+  for (uint64_t i : case_indices(std::min<uint64_t>(num_cases(), 500))) {
+    gen::Rng rng(gen::case_seed(base_seed() ^ 0x5eed, i));
+    gen::ModelRecipe recipe = gen::random_recipe(rng);
+    for (uint32_t tp : gen::valid_tp_sizes(recipe)) {
+      gen::InstanceShape s = gen::random_instance(rng, recipe, tp, 100);
+      for (const Layout& l : gen::make_instance(recipe, s)) ASSERT_TRUE(validate(l).ok());
+      overlays += !s.overlays.empty();
+      for (const gen::FamilyShape& f : s.families) {
+        one_tensor += f.one_tensor;
+        split += f.components.size() < recipe.groups[f.group].components.size();
+      }
+      for (const gen::GroupShape& g : s.groups) kernel += g.kernel_ratio > 1;
+      ++cases;
+    }
+    for (const gen::GroupRecipe& g : recipe.groups) {
+      for (const gen::ComponentRecipe& c : g.components) empty += c.cell_bytes == 0;
+    }
+  }
+  std::printf("[ generator ] %llu instances: %llu with overlays, %llu one-tensor families, %llu split families, "
+              "%llu kernel-paged groups, %llu empty components\n",
+              (unsigned long long)cases, (unsigned long long)overlays, (unsigned long long)one_tensor,
+              (unsigned long long)split, (unsigned long long)kernel, (unsigned long long)empty);
+  if (std::getenv("KVB_PROPERTY_CASE") == nullptr && cases >= 100) {
+    EXPECT_GT(overlays, 0u);
+    EXPECT_GT(one_tensor, 0u);
+    EXPECT_GT(kernel, 0u);
+    EXPECT_GT(split, 0u);
+    EXPECT_GT(empty, 0u);
+  }
+}
+
+TEST(PlanPropertyTest, EveryPlanVerifiesIsDeterministicAndMovesTheRequestedBytes) {
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t passed = 0, failures = 0, descriptors = 0, bytes = 0;
+  for (uint64_t i : case_indices(num_cases())) {
+    gen::Rng rng(gen::case_seed(base_seed(), i));
+    const Case c = make_case(base_seed(), i, rng);
+    const Outcome o = check(c.local, c.remotes, c.request);
+    if (!o.failure.empty()) {
+      report(c, o);
+      if (++failures >= 3) break;  // the first few, shrunk, say enough
+      continue;
+    }
+    ++passed;
+    descriptors += o.descriptors;
+    bytes += o.bytes;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[ property  ] %llu plans verified (%llu descriptors, %llu bytes) in %.2f s, seed %llu\n",
+              (unsigned long long)passed, (unsigned long long)descriptors, (unsigned long long)bytes, seconds,
+              (unsigned long long)base_seed());
+}
+
+// ---------------------------------------------------------------------------
+// Invalid requests and mismatched layouts: an error of the documented code,
+// never a plan.
+
+// A group of `request` whose lists satisfy `pred`, chosen at random; nullptr
+// if none.
+template <typename P>
+const Group* pick_group(gen::Rng& rng, const Layout& local, P pred) {
+  std::vector<const Group*> candidates;
+  for (const Group& g : local.groups) {
+    if (g.transfer && pred(g)) candidates.push_back(&g);
+  }
+  return candidates.empty() ? nullptr : gen::pick(rng, candidates);
+}
+
+// Mutates one field of the identity. Returns what it changed, or "" when the
+// chosen mutation does not apply to this recipe.
+std::string mutate_identity(gen::Rng& rng, gen::ModelRecipe& m) {
+  gen::GroupRecipe& g = m.groups[gen::draw(rng, 0, m.groups.size() - 1)];
+  gen::ComponentRecipe& c = g.components[gen::draw(rng, 0, g.components.size() - 1)];
+  switch (gen::draw(rng, 0, 10)) {
+    case 0: m.model += "-other"; return "model";
+    case 1: m.dtype = m.dtype == "bf16" ? "fp8" : "bf16"; return "dtype";
+    case 2: c.cell_bytes = c.cell_bytes == 0 ? 4 : c.cell_bytes + 2; return "cell_bytes of " + c.name;
+    case 3: c.name = "renamed"; return "component name";
+    case 4: c.total_heads = c.total_heads == 0 ? 1 : 0; return "replicated vs sharded " + c.name;
+    case 5:
+      if (g.kind != GroupKind::kAttention && g.kind != GroupKind::kSlidingWindow) return "";
+      g.tokens_per_state *= 2;
+      return "tokens_per_state of " + g.name;
+    case 6:
+      if (!g.window_tokens) return "";
+      *g.window_tokens += 1;
+      return "window_tokens of " + g.name;
+    case 7: g.layers[0] += "-renamed"; return "layer name";
+    case 8:
+      if (g.components.size() < 2) return "";
+      g.components.pop_back();
+      return "a component fewer";
+    case 9:
+      if (g.kind == GroupKind::kAttention) {
+        g.kind = GroupKind::kSlidingWindow;
+        g.window_tokens = 16;
+      } else if (g.kind == GroupKind::kSlidingWindow) {
+        g.kind = GroupKind::kAttention;
+        g.window_tokens.reset();
+      } else {
+        return "";
+      }
+      return "kind of " + g.name;
+    case 10:
+      if (g.layers.size() < 2) return "";
+      g.layers.pop_back();
+      return "a layer fewer";
+  }
+  return "";
+}
+
+struct Expectation {
+  std::string kind;  // a short category, for the summary
+  std::string what;
+  Code code;
+  bool or_plan_that_verifies = false;
+};
+
+TEST(PlanPropertyTest, InvalidRequestsAndMismatchedLayoutsReturnErrorsNeverPlans) {
+  uint64_t checked = 0, failures = 0;
+  std::map<std::string, uint64_t> counts;
+  for (uint64_t i : case_indices(std::max<uint64_t>(num_cases() / 2, 1))) {
+    gen::Rng rng(gen::case_seed(base_seed() ^ 0xbad, i));
+    Case c = make_case(base_seed() ^ 0xbad, i, rng);
+    Inputs in{c.local, c.remotes, c.request};
+    Expectation e;
+    const unsigned which = static_cast<unsigned>(gen::draw(rng, 0, 7));
+    const bool on_local = gen::chance(rng, 50);
+    auto list_of = [&](const std::string& group) -> std::vector<int64_t>& {
+      GroupBlocks& b = in.request.blocks.at(group);
+      return on_local ? b.local : b.remote;
+    };
+    auto num_blocks_of = [&](const std::string& group) {
+      return (on_local ? in.local : in.remotes[0]).find_group(group)->num_blocks;
+    };
+    if (which == 0) {
+      const Group* g = pick_group(rng, in.local, [](const Group& x) { return x.kind != GroupKind::kState; });
+      if (g == nullptr) continue;
+      list_of(g->name).pop_back();
+      e = {"short list", "a block list of group '" + g->name + "' one entry too short", Code::kInvalidArgument};
+    } else if (which == 1 || which == 2) {
+      // The last entry always moves: the final token, state or scratch block.
+      const Group* g = pick_group(rng, in.local, [](const Group&) { return true; });
+      list_of(g->name).back() = static_cast<int64_t>(num_blocks_of(g->name) + (which == 1 ? 0 : 1000));
+      e = {"id >= num_blocks", "a block id of group '" + g->name + "' at or past num_blocks", Code::kOutOfRange};
+    } else if (which == 3) {
+      const Group* g = pick_group(rng, in.local, [](const Group&) { return true; });
+      list_of(g->name).back() = -1;
+      e = {"-1 that moves", "-1 for a block of group '" + g->name + "' that moves", Code::kInvalidArgument};
+    } else if (which == 4) {
+      if (gen::chance(rng, 50)) {
+        in.request.blocks["no-such-group"] = GroupBlocks{{0}, {0}};
+        e = {"unknown group", "a request naming an unknown group", Code::kInvalidArgument};
+      } else {
+        in.request.blocks.erase(in.request.blocks.begin());
+        e = {"missing group", "a request missing a transfer group", Code::kInvalidArgument};
+      }
+    } else if (which == 5) {
+      in.remotes.push_back(in.remotes[gen::draw(rng, 0, in.remotes.size() - 1)]);
+      e = {"duplicate rank", "a duplicate remote rank", Code::kInvalidArgument};
+    } else if (which == 6) {
+      // Two overlaid groups given one local block id: an error, or (when the
+      // written bytes happen not to meet) a plan that verifies.
+      const std::vector<size_t> cls = gen::overlay_classes(in.local);
+      std::vector<std::pair<size_t, size_t>> pairs;
+      for (size_t a = 0; a < cls.size(); ++a) {
+        for (size_t b = a + 1; b < cls.size(); ++b) {
+          if (cls[a] == cls[b] && in.local.groups[a].transfer && in.local.groups[b].transfer) pairs.push_back({a, b});
+        }
+      }
+      if (pairs.empty()) continue;
+      auto [a, b] = gen::pick(rng, pairs);
+      in.request.blocks.at(in.local.groups[b].name).local.back() =
+          in.request.blocks.at(in.local.groups[a].name).local.back();
+      e = {"overlay id clash", "overlaid groups '" + in.local.groups[a].name + "' and '" + in.local.groups[b].name +
+               "' sharing a local block id",
+           Code::kInvalidArgument, /*or_plan_that_verifies=*/true};
+    } else {
+      gen::ModelRecipe other = c.recipe;
+      std::string what;
+      for (int tries = 0; tries < 20 && what.empty(); ++tries) what = mutate_identity(rng, other);
+      if (what.empty()) continue;
+      gen::InstanceShape shape = gen::random_instance(rng, other, c.remote_tp, c.request.num_tokens);
+      in.remotes = gen::make_instance(other, shape);
+      gen::RequestOptions o;
+      o.num_tokens = c.request.num_tokens;
+      o.skip_tokens = c.request.skip_tokens;
+      o.local_unused_as_minus_one_percent = o.remote_unused_as_minus_one_percent = 0;
+      in.request = gen::make_request(rng, in.local, in.remotes[0], o);
+      e = {"identity", "a remote identity differing in " + what, Code::kIncompatible};
+    }
+    ++checked;
+    ++counts[e.kind];
+    Result<Plan> p = plan(in.local, in.remotes, in.request);
+    std::string failure;
+    if (p.has_value()) {
+      if (!e.or_plan_that_verifies) {
+        failure = "plan() returned a plan of " + std::to_string(p->descriptors.size()) + " descriptors";
+      } else if (Result<VerifyReport> v = verify(*p, in.local, in.remotes, in.request, true); !v) {
+        failure = "plan() returned a plan that fails verification: " + v.error().to_string();
+      }
+    } else if (p.error().code() != e.code) {
+      failure = "plan() returned " + p.error().to_string() + ", expected code " + std::string(code_name(e.code));
+    } else if (p.error().message().empty()) {
+      failure = "plan() returned an error without a message";
+    }
+    if (!failure.empty()) {
+      const std::string dir = dump(c, in, e.what + ": " + failure);
+      ADD_FAILURE() << c.describe() << " (invalid-input variant): " << e.what << ": " << failure
+                    << "\n  written to " << dir;
+      if (++failures >= 5) break;
+    }
+  }
+  std::printf("[ negative  ] %llu invalid inputs checked:", (unsigned long long)checked);
+  for (const auto& [kind, n] : counts) std::printf(" %s: %llu;", kind.c_str(), (unsigned long long)n);
+  std::printf("\n");
+}
+
+}  // namespace
+}  // namespace kvbridge

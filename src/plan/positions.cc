@@ -1,0 +1,146 @@
+// Which positions of each group a request moves, and the request checks that
+// go with it. DESIGN.md, "What a request transfers".
+#include <algorithm>
+#include <string>
+
+#include "plan/internal.h"
+
+namespace kvbridge::plan_internal {
+namespace {
+
+std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+
+// Every id must be -1 or a block of the group; the entries that move must not
+// be -1. `need` is the number of entries the moving positions use, from
+// `first_used`.
+Status check_ids(const std::string& where, std::string_view side, const std::vector<int64_t>& ids,
+                 uint64_t num_blocks, uint64_t first_used, uint64_t need) {
+  if (ids.size() < need) {
+    return Status::invalid_argument(where + " " + std::string(side) + " block list has " + std::to_string(ids.size()) +
+                                    " entries but the request's positions need " + std::to_string(need));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < -1) {
+      return Status::invalid_argument(where + " " + std::string(side) + "[" + std::to_string(i) + "] is " +
+                                      std::to_string(ids[i]) + "; block ids are >= 0, or -1 for no block");
+    }
+    if (ids[i] >= 0 && static_cast<uint64_t>(ids[i]) >= num_blocks) {
+      return Status::out_of_range(where + " " + std::string(side) + "[" + std::to_string(i) + "] = " +
+                                  std::to_string(ids[i]) + " is beyond num_blocks " + std::to_string(num_blocks));
+    }
+    if (i >= first_used && i < need && ids[i] < 0) {
+      return Status::invalid_argument(where + " " + std::string(side) + "[" + std::to_string(i) +
+                                      "] is -1 but that block's positions move");
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<std::vector<GroupMove>> group_moves(const Layout& local, std::span<const Layout> remotes,
+                                           const Request& request) {
+  for (const auto& [name, blocks] : request.blocks) {
+    const Group* g = local.find_group(name);
+    if (g == nullptr) return Status::invalid_argument("request names group " + q(name) + ", which the layout lacks");
+    if (!g->transfer) {
+      return Status::invalid_argument("request names group " + q(name) + ", whose transfer is false");
+    }
+  }
+  if (request.skip_tokens > request.num_tokens) {
+    return Status::invalid_argument("skip_tokens " + std::to_string(request.skip_tokens) + " exceeds num_tokens " +
+                                    std::to_string(request.num_tokens));
+  }
+  std::vector<GroupMove> moves;
+  for (size_t gi = 0; gi < local.groups.size(); ++gi) {
+    const Group& g = local.groups[gi];
+    if (!g.transfer) continue;
+    std::string where = "group " + q(g.name);
+    auto it = request.blocks.find(g.name);
+    if (it == request.blocks.end()) {
+      return Status::invalid_argument("request has no block lists for " + where + " (its transfer is true)");
+    }
+    GroupMove m;
+    m.local_group = gi;
+    const Group* rg0 = nullptr;
+    for (const Layout& r : remotes) {
+      const Group* rg = r.find_group(g.name);
+      if (rg == nullptr) return Status::incompatible(where + " is missing on remote rank " + std::to_string(r.tp_rank));
+      m.remote_group.push_back(static_cast<size_t>(rg - r.groups.data()));
+      rg0 = rg;
+    }
+    if (rg0 == nullptr) return Status::invalid_argument("no remote layouts given");
+    const std::vector<int64_t>& lids = it->second.local;
+    const std::vector<int64_t>& rids = it->second.remote;
+    m.local_ppb = g.positions_per_block();
+    m.remote_ppb = rg0->positions_per_block();
+    const uint64_t tps = g.tokens_per_state;
+    uint64_t first_token = request.skip_tokens;
+    switch (g.kind) {
+      case GroupKind::kSlidingWindow:
+        if (request.num_tokens > *g.window_tokens) {
+          first_token = std::max(first_token, request.num_tokens - *g.window_tokens);
+        }
+        [[fallthrough]];
+      case GroupKind::kAttention: {
+        m.begin = first_token / tps;
+        m.end = first_token >= request.num_tokens ? m.begin : ceil_div(request.num_tokens, tps);
+        if (m.end == m.begin) m.begin = m.end = 0;
+        const uint64_t lneed = m.end == 0 ? 0 : ceil_div(m.end, m.local_ppb);
+        const uint64_t rneed = m.end == 0 ? 0 : ceil_div(m.end, m.remote_ppb);
+        KVB_RETURN_IF_ERROR(check_ids(where, "local", lids, g.num_blocks, m.begin / m.local_ppb, lneed));
+        KVB_RETURN_IF_ERROR(check_ids(where, "remote", rids, rg0->num_blocks, m.begin / m.remote_ppb, rneed));
+        m.local_ids = lids;
+        m.remote_ids = rids;
+        break;
+      }
+      case GroupKind::kState: {
+        // The request's final state: the last listed block on each side. The
+        // lists may differ in length. Nothing moves when the receiver already
+        // has every token.
+        KVB_RETURN_IF_ERROR(check_ids(where, "local", lids, g.num_blocks, 0, 0));
+        KVB_RETURN_IF_ERROR(check_ids(where, "remote", rids, rg0->num_blocks, 0, 0));
+        if (request.skip_tokens >= request.num_tokens) break;
+        if (lids.empty() || rids.empty()) {
+          return Status::invalid_argument(where + " is a state group: its " + (lids.empty() ? "local" : "remote") +
+                                          " block list must name the block holding the final state");
+        }
+        if (lids.back() < 0 || rids.back() < 0) {
+          return Status::invalid_argument(where + " is a state group: the last " +
+                                          (lids.back() < 0 ? "local" : "remote") +
+                                          " block holds the final state and cannot be -1");
+        }
+        m.local_ppb = m.remote_ppb = 1;
+        m.begin = 0;
+        m.end = 1;
+        m.local_ids = {lids.back()};
+        m.remote_ids = {rids.back()};
+        break;
+      }
+      case GroupKind::kScratch: {
+        if (lids.size() != 1 || rids.size() != 1) {
+          return Status::invalid_argument(where + " is a scratch group: it needs exactly one block per side, got " +
+                                          std::to_string(lids.size()) + " local and " + std::to_string(rids.size()) +
+                                          " remote");
+        }
+        if (m.local_ppb != m.remote_ppb) {
+          return Status::incompatible(where + " is a scratch group whose blocks hold " + std::to_string(m.local_ppb) +
+                                      " positions locally and " + std::to_string(m.remote_ppb) + " remotely");
+        }
+        KVB_RETURN_IF_ERROR(check_ids(where, "local", lids, g.num_blocks, 0, 1));
+        KVB_RETURN_IF_ERROR(check_ids(where, "remote", rids, rg0->num_blocks, 0, 1));
+        m.begin = 0;
+        m.end = m.local_ppb;
+        m.local_ids = lids;
+        m.remote_ids = rids;
+        break;
+      }
+    }
+    moves.push_back(std::move(m));
+  }
+  return moves;
+}
+
+}  // namespace kvbridge::plan_internal

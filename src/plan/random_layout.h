@@ -1,0 +1,760 @@
+// Test-only: random but valid layouts of one model, and random requests over
+// any pair of layouts, for the planner's property tests, the preset matrix and
+// the benchmarks.
+//
+// A ModelRecipe is a model's identity (groups, kinds, tokens_per_state,
+// windows, layers, components with cell bytes and total heads). An
+// InstanceShape is how one engine instance lays that model out in memory: TP
+// size, block sizes, kernel ratios, a physical nesting order per tensor family
+// (block, head, kernel page, position, component and layer dims in any
+// permutation), padding, one tensor per layer or one for all layers, K/V
+// packed into one cell or split, and groups that overlay one another's bytes.
+// make_rank_layout() turns (recipe, shape, rank) into a Layout and asserts
+// that it validates. make_request() builds a request for any two layouts
+// (presets included) whose block lists follow DESIGN.md's rules.
+//
+// Everything is a function of a std::mt19937_64 and uses its own integer
+// draws (not <random>'s distributions, whose results differ between standard
+// libraries), so a seed reproduces a case on any machine.
+//
+// Header-only so that tests/ and bench/ can use it without a library of their
+// own. Thread-safety: pure functions of their arguments.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvbridge/layout.h"
+#include "kvbridge/layout_json.h"
+
+namespace kvbridge::testing {
+
+using Rng = std::mt19937_64;
+
+// Aborts with `message` when `condition` fails, in every build type (assert
+// vanishes under NDEBUG, and a generator bug must not pass silently).
+inline void require(bool condition, const char* message) {
+  if (!condition) {
+    std::fprintf(stderr, "random_layout: %s\n", message);
+    std::abort();
+  }
+}
+
+// A uniform integer in [lo, hi] (the modulo bias is irrelevant here).
+inline uint64_t draw(Rng& rng, uint64_t lo, uint64_t hi) { return lo + rng() % (hi - lo + 1); }
+// True with probability percent / 100.
+inline bool chance(Rng& rng, unsigned percent) { return rng() % 100 < percent; }
+template <typename T>
+const T& pick(Rng& rng, const std::vector<T>& values) {
+  return values[draw(rng, 0, values.size() - 1)];
+}
+template <typename T>
+void shuffle(Rng& rng, std::vector<T>& values) {
+  for (size_t i = values.size(); i > 1; --i) std::swap(values[i - 1], values[draw(rng, 0, i - 1)]);
+}
+// A well-mixed seed for case `index` of a run seeded with `seed` (splitmix64).
+inline uint64_t case_seed(uint64_t seed, uint64_t index) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// ---------------------------------------------------------------------------
+// The model identity.
+
+struct ComponentRecipe {
+  std::string name;
+  uint64_t cell_bytes = 0;
+  uint32_t total_heads = 0;  // 0: replicated
+};
+
+struct GroupRecipe {
+  std::string name;
+  GroupKind kind = GroupKind::kAttention;
+  uint64_t tokens_per_state = 1;
+  std::optional<uint64_t> window_tokens;  // sliding_window only
+  uint64_t scratch_block_tokens = 0;      // scratch only: equal on every instance
+  bool transfer = true;
+  std::vector<std::string> layers;
+  std::vector<ComponentRecipe> components;  // every layer of the group has these
+};
+
+struct ModelRecipe {
+  std::string model = "random-model";
+  std::string dtype = "bf16";
+  std::vector<GroupRecipe> groups;
+};
+
+inline bool token_indexed(GroupKind kind) { return kind != GroupKind::kState; }
+
+// Head map of rank `rank` of `tp` for `total` heads: T <= H splits evenly, T >
+// H gives each rank one head, held by T/H consecutive ranks. Requires that
+// one of the two divides the other.
+inline HeadMap shard_heads(uint32_t total, uint32_t tp, uint32_t rank) {
+  require(tp <= total ? total % tp == 0 : tp % total == 0, "the TP size does not fit the heads");
+  if (tp <= total) return HeadMap{total, rank * (total / tp), total / tp};
+  return HeadMap{total, rank / (tp / total), 1};
+}
+
+// TP sizes up to `max_tp` that every sharded component of `recipe` can take.
+inline std::vector<uint32_t> valid_tp_sizes(const ModelRecipe& recipe, uint32_t max_tp = 8) {
+  std::vector<uint32_t> out;
+  for (uint32_t tp = 1; tp <= max_tp; ++tp) {
+    bool ok = true;
+    for (const GroupRecipe& g : recipe.groups) {
+      for (const ComponentRecipe& c : g.components) {
+        if (c.total_heads == 0) continue;
+        const uint32_t h = c.total_heads;
+        if (tp <= h ? h % tp != 0 : tp % h != 0) ok = false;
+      }
+    }
+    if (ok) out.push_back(tp);
+  }
+  return out;
+}
+
+inline ModelRecipe random_recipe(Rng& rng) {
+  ModelRecipe m;
+  m.model = "random-" + std::to_string(draw(rng, 0, 3));
+  m.dtype = pick(rng, std::vector<std::string>{"bf16", "fp8"});
+  const uint64_t num_groups = pick(rng, std::vector<uint64_t>{1, 1, 2, 2, 3, 4});
+  // Mostly a power-of-two head family so that several TP sizes fit; sometimes
+  // a 3 that pins TP to few sizes.
+  const std::vector<uint32_t> head_totals =
+      chance(rng, 15) ? std::vector<uint32_t>{1, 3} : std::vector<uint32_t>{1, 2, 4, 8};
+  static const std::vector<std::string> kNames = {"k", "v", "latent", "rope", "index", "tail", "conv", "ssm"};
+  uint32_t layer_counter = 0;
+  for (uint64_t gi = 0; gi < num_groups; ++gi) {
+    GroupRecipe g;
+    g.name = "g" + std::to_string(gi);
+    g.kind = gi == 0 && chance(rng, 70)
+                 ? GroupKind::kAttention
+                 : pick(rng, std::vector<GroupKind>{GroupKind::kAttention, GroupKind::kSlidingWindow,
+                                                    GroupKind::kState, GroupKind::kScratch});
+    switch (g.kind) {
+      case GroupKind::kAttention:
+        g.tokens_per_state = pick(rng, std::vector<uint64_t>{1, 1, 1, 2, 4});
+        break;
+      case GroupKind::kSlidingWindow:
+        g.tokens_per_state = pick(rng, std::vector<uint64_t>{1, 1, 2});
+        g.window_tokens = pick(rng, std::vector<uint64_t>{1, 3, 8, 16, 37, 64, 128});
+        break;
+      case GroupKind::kState:
+        g.tokens_per_state = 1;
+        break;
+      case GroupKind::kScratch:
+        g.tokens_per_state = pick(rng, std::vector<uint64_t>{1, 1, 2});
+        g.scratch_block_tokens = g.tokens_per_state * pick(rng, std::vector<uint64_t>{1, 2, 4, 8});
+        break;
+    }
+    g.transfer = gi == 0 || chance(rng, 90);
+    const uint64_t num_layers = draw(rng, 1, 4);
+    for (uint64_t l = 0; l < num_layers; ++l) g.layers.push_back("layers." + std::to_string(layer_counter++));
+    std::vector<std::string> names = kNames;
+    shuffle(rng, names);
+    const uint64_t num_components = pick(rng, std::vector<uint64_t>{1, 2, 2, 3});
+    bool has_empty = false;
+    for (uint64_t c = 0; c < num_components; ++c) {
+      ComponentRecipe cr;
+      cr.name = names[c];
+      cr.cell_bytes = pick(rng, std::vector<uint64_t>{1, 2, 4, 8, 8, 12, 16, 16, 132});
+      if (num_components > 1 && !has_empty && chance(rng, 8)) {
+        cr.cell_bytes = 0;
+        has_empty = true;
+      }
+      cr.total_heads = chance(rng, 25) ? 0 : pick(rng, head_totals);
+      g.components.push_back(cr);
+    }
+    m.groups.push_back(std::move(g));
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+// The physical layout of one instance.
+
+// Dims of a tensor family, nested outermost first; the cell is innermost.
+// kComponent is the level at which the family's components sit side by side
+// (innermost: packed into one cell; outer: K/V split at that level). kLayer
+// exists only when the family's layers share one tensor.
+enum class Dim : uint8_t { kBlock, kHead, kKernel, kPosition, kComponent, kLayer };
+inline constexpr size_t kNumDims = 6;
+
+// One tensor family: some components of one group, the same in every layer.
+struct FamilyShape {
+  size_t group = 0;
+  std::vector<size_t> components;  // indices into the group recipe's components
+  bool sharded = false;            // the components' heads (all sharded alike, or all replicated)
+  std::vector<Dim> dims;           // outermost first
+  uint64_t pad[kNumDims] = {};     // added to the stride of each dim
+  uint64_t member_pad = 0;         // after each component at the component level
+  bool one_tensor = false;         // all layers in one tensor (kLayer in dims)
+  uint64_t base_offset = 0;        // of the family in its tensor(s)
+  uint64_t tail_slack = 0;         // bytes after the last cell
+  int alias = -1;                  // index of the overlay this family is part of
+  bool shuffle_axes = false;       // write the axes in a random order
+  uint64_t axes_seed = 0;
+};
+
+struct GroupShape {
+  uint64_t block_tokens = 0;
+  uint64_t kernel_ratio = 1;         // kernel pages per block: two position axes when > 1
+  bool omit_unit_position = false;   // one position per block written with no position axis
+};
+
+// Two families of different groups that overlay one tensor (the hybrid
+// allocator): both have the block dim outermost and share the block stride.
+struct Overlay {
+  size_t first = 0, second = 0;  // family indices
+  uint64_t pad = 0;
+};
+
+struct InstanceShape {
+  uint32_t tp_size = 1;
+  uint64_t num_blocks = 1;
+  std::vector<GroupShape> groups;  // parallel to the recipe's groups
+  std::vector<FamilyShape> families;
+  std::vector<Overlay> overlays;
+  uint64_t tensor_order_seed = 0;
+};
+
+// Positions per block of `g` with block size `block_tokens`.
+inline uint64_t recipe_positions_per_block(const GroupRecipe& g, uint64_t block_tokens) {
+  return g.kind == GroupKind::kState ? 1 : block_tokens / g.tokens_per_state;
+}
+
+// Blocks a request of `num_tokens` lists for a token-indexed group.
+inline uint64_t token_list_length(uint64_t block_tokens, uint64_t num_tokens) {
+  return (num_tokens + block_tokens - 1) / block_tokens;
+}
+
+inline constexpr uint64_t kMaxStateBlocks = 4;
+
+// A random shape for `recipe` with TP `tp_size`, where num_blocks is large
+// enough for requests of up to `max_tokens` tokens made by make_request().
+inline InstanceShape random_instance(Rng& rng, const ModelRecipe& recipe, uint32_t tp_size, uint64_t max_tokens) {
+  InstanceShape s;
+  s.tp_size = tp_size;
+  s.tensor_order_seed = rng();
+  const uint64_t base_positions = pick(rng, std::vector<uint64_t>{1, 2, 4, 4, 8, 8, 16, 6});
+  for (const GroupRecipe& g : recipe.groups) {
+    GroupShape gs;
+    if (g.kind == GroupKind::kScratch) {
+      gs.block_tokens = g.scratch_block_tokens;
+    } else if (g.kind == GroupKind::kState) {
+      gs.block_tokens = pick(rng, std::vector<uint64_t>{1, 4, 16, 64});
+    } else {
+      const uint64_t positions = chance(rng, 70) ? base_positions : pick(rng, std::vector<uint64_t>{1, 2, 3, 4, 8, 12});
+      gs.block_tokens = positions * g.tokens_per_state;
+    }
+    const uint64_t positions = recipe_positions_per_block(g, gs.block_tokens);
+    if (token_indexed(g.kind)) {
+      std::vector<uint64_t> ratios;
+      for (uint64_t r : {1, 2, 3, 4}) {
+        if (positions % r == 0) ratios.push_back(r);
+      }
+      gs.kernel_ratio = chance(rng, 50) ? 1 : pick(rng, ratios);
+      gs.omit_unit_position = positions == 1 && chance(rng, 50);
+    }
+    s.groups.push_back(gs);
+  }
+
+  // Block ids: make_request() draws every group of an overlay class from one
+  // pool, so the class's blocks must fit.
+  uint64_t need = 0;
+  for (size_t gi = 0; gi < recipe.groups.size(); ++gi) {
+    const GroupRecipe& g = recipe.groups[gi];
+    if (g.kind == GroupKind::kState) need += kMaxStateBlocks;
+    else if (g.kind == GroupKind::kScratch) need += 1;
+    else need += token_list_length(s.groups[gi].block_tokens, max_tokens);
+  }
+  s.num_blocks = need + draw(rng, 0, 8);
+
+  // Families: split each group's components into packs of one head kind.
+  for (size_t gi = 0; gi < recipe.groups.size(); ++gi) {
+    const GroupRecipe& g = recipe.groups[gi];
+    const GroupShape& gs = s.groups[gi];
+    std::map<uint32_t, std::vector<size_t>> by_heads;  // total heads (0: replicated) -> components
+    for (size_t c = 0; c < g.components.size(); ++c) by_heads[g.components[c].total_heads].push_back(c);
+    // Components of different totals may share a family only when each rank
+    // holds the same count of each; keep it simple and split by total.
+    for (auto& [total, comps] : by_heads) {
+      std::vector<std::vector<size_t>> packs;
+      if (comps.size() > 1 && chance(rng, 35)) {
+        for (size_t c : comps) packs.push_back({c});  // K/V split into families of their own
+      } else {
+        packs.push_back(comps);
+      }
+      for (std::vector<size_t>& pack : packs) {
+        FamilyShape f;
+        f.group = gi;
+        f.components = pack;
+        f.sharded = total != 0;
+        f.one_tensor = chance(rng, 40);
+        f.dims = {Dim::kBlock, Dim::kComponent};
+        if (f.sharded) f.dims.push_back(Dim::kHead);
+        if (token_indexed(g.kind)) {
+          if (gs.kernel_ratio > 1) f.dims.push_back(Dim::kKernel);
+          if (!gs.omit_unit_position) f.dims.push_back(Dim::kPosition);
+        }
+        if (f.one_tensor) f.dims.push_back(Dim::kLayer);
+        if (chance(rng, 60)) {
+          // A usual order: block outermost (or layer, then block), components
+          // packed in the cell, heads before positions or after.
+          std::vector<Dim> usual;
+          if (f.one_tensor && chance(rng, 50)) usual.push_back(Dim::kLayer);
+          usual.push_back(Dim::kBlock);
+          if (f.one_tensor && usual.size() == 1) usual.push_back(Dim::kLayer);
+          const bool heads_first = chance(rng, 60);
+          if (f.sharded && heads_first) usual.push_back(Dim::kHead);
+          if (gs.kernel_ratio > 1) usual.push_back(Dim::kKernel);
+          if (token_indexed(g.kind) && !gs.omit_unit_position) usual.push_back(Dim::kPosition);
+          if (f.sharded && !heads_first) usual.push_back(Dim::kHead);
+          if (chance(rng, 70)) usual.push_back(Dim::kComponent);
+          else usual.insert(usual.begin() + draw(rng, 0, usual.size()), Dim::kComponent);
+          f.dims = usual;
+        } else {
+          shuffle(rng, f.dims);
+        }
+        for (uint64_t& p : f.pad) p = chance(rng, 25) ? pick(rng, std::vector<uint64_t>{1, 4, 16, 64}) : 0;
+        f.member_pad = chance(rng, 15) ? pick(rng, std::vector<uint64_t>{1, 8}) : 0;
+        f.base_offset = chance(rng, 25) ? pick(rng, std::vector<uint64_t>{8, 64, 4096}) : 0;
+        f.tail_slack = chance(rng, 25) ? pick(rng, std::vector<uint64_t>{1, 100}) : 0;
+        f.shuffle_axes = chance(rng, 30);
+        f.axes_seed = rng();
+        s.families.push_back(std::move(f));
+      }
+    }
+  }
+
+  // An overlay between two families of different groups, sometimes.
+  if (recipe.groups.size() > 1 && chance(rng, 40)) {
+    const size_t a = draw(rng, 0, s.families.size() - 1);
+    const size_t b = draw(rng, 0, s.families.size() - 1);
+    if (s.families[a].group != s.families[b].group) {
+      for (size_t f : {a, b}) {
+        FamilyShape& fs = s.families[f];
+        // Block outermost; the rest keeps its order.
+        fs.dims.erase(std::find(fs.dims.begin(), fs.dims.end(), Dim::kBlock));
+        fs.dims.insert(fs.dims.begin(), Dim::kBlock);
+        fs.alias = static_cast<int>(s.overlays.size());
+      }
+      // Both one tensor, or both one tensor per layer, so the tensors pair up.
+      const bool one = s.families[a].one_tensor;
+      FamilyShape& other = s.families[b];
+      if (other.one_tensor != one) {
+        other.one_tensor = one;
+        if (one) other.dims.push_back(Dim::kLayer);
+        else other.dims.erase(std::find(other.dims.begin(), other.dims.end(), Dim::kLayer));
+      }
+      s.families[b].base_offset = s.families[a].base_offset;
+      s.overlays.push_back({a, b, chance(rng, 30) ? uint64_t{32} : uint64_t{0}});
+    }
+  }
+  return s;
+}
+
+namespace detail {
+
+struct FamilyGeometry {
+  // Per dim: size and, for dims outside the component level, the stride.
+  uint64_t size[kNumDims] = {};
+  std::vector<std::vector<uint64_t>> member_stride;  // [member][dim index in dims]
+  std::vector<uint64_t> member_offset;               // at the component level
+  std::vector<uint64_t> stride;                      // [dim index in dims], outer dims only
+  uint64_t under_outer = 0;                          // bytes of one step of dims[0]
+  uint64_t extent = 0;                               // bytes of the whole family (from base_offset)
+};
+
+inline size_t dim_index(Dim d) { return static_cast<size_t>(d); }
+
+inline FamilyGeometry family_geometry(const ModelRecipe& recipe, const InstanceShape& s, const FamilyShape& f,
+                                      uint32_t rank, std::optional<uint64_t> outer_stride) {
+  const GroupRecipe& g = recipe.groups[f.group];
+  const GroupShape& gs = s.groups[f.group];
+  FamilyGeometry geo;
+  const uint64_t positions = recipe_positions_per_block(g, gs.block_tokens);
+  geo.size[dim_index(Dim::kBlock)] = s.num_blocks;
+  geo.size[dim_index(Dim::kHead)] =
+      f.sharded ? shard_heads(g.components[f.components[0]].total_heads, s.tp_size, rank).count : 1;
+  geo.size[dim_index(Dim::kKernel)] = gs.kernel_ratio;
+  geo.size[dim_index(Dim::kPosition)] = positions / gs.kernel_ratio;
+  geo.size[dim_index(Dim::kComponent)] = f.components.size();
+  geo.size[dim_index(Dim::kLayer)] = g.layers.size();
+  const size_t comp_at = std::find(f.dims.begin(), f.dims.end(), Dim::kComponent) - f.dims.begin();
+  geo.member_stride.assign(f.components.size(), std::vector<uint64_t>(f.dims.size(), 0));
+  uint64_t level = 0;
+  for (size_t m = 0; m < f.components.size(); ++m) {
+    uint64_t e = g.components[f.components[m]].cell_bytes;
+    for (size_t i = f.dims.size(); i-- > comp_at + 1;) {
+      const uint64_t stride = e + f.pad[dim_index(f.dims[i])];
+      geo.member_stride[m][i] = stride;
+      e = stride * geo.size[dim_index(f.dims[i])];
+    }
+    geo.member_offset.push_back(level);
+    level += e + f.member_pad;
+  }
+  geo.stride.assign(f.dims.size(), 0);
+  uint64_t e = level;
+  for (size_t i = comp_at; i-- > 0;) {
+    uint64_t stride = e + f.pad[dim_index(f.dims[i])];
+    if (i == 0) {
+      geo.under_outer = stride;
+      if (outer_stride) stride = *outer_stride;
+    }
+    geo.stride[i] = stride;
+    e = stride * geo.size[dim_index(f.dims[i])];
+  }
+  if (comp_at == 0) geo.under_outer = level;
+  geo.extent = e;
+  return geo;
+}
+
+inline std::string family_tensor(size_t family, const FamilyShape& f, size_t layer) {
+  const std::string base = f.alias >= 0 ? "overlay" + std::to_string(f.alias) : "t" + std::to_string(family);
+  return f.one_tensor ? base : base + "." + std::to_string(layer);
+}
+
+}  // namespace detail
+
+// The layout of rank `rank` of an instance of `recipe` shaped `s`. Asserts
+// (aborts with the message) that it passes validate().
+inline Layout make_rank_layout(const ModelRecipe& recipe, const InstanceShape& s, uint32_t rank) {
+  using detail::dim_index;
+  Layout out;
+  out.model = recipe.model;
+  out.dtype = recipe.dtype;
+  out.tp_size = s.tp_size;
+  out.tp_rank = rank;
+  for (size_t gi = 0; gi < recipe.groups.size(); ++gi) {
+    const GroupRecipe& g = recipe.groups[gi];
+    Group group;
+    group.name = g.name;
+    group.kind = g.kind;
+    group.block_tokens = s.groups[gi].block_tokens;
+    group.tokens_per_state = g.tokens_per_state;
+    group.window_tokens = g.window_tokens;
+    group.prefix_cacheable = g.kind != GroupKind::kScratch;
+    group.transfer = g.transfer;
+    group.num_blocks = s.num_blocks;
+    for (const std::string& name : g.layers) group.layers.push_back(Layer{name, {}});
+    out.groups.push_back(std::move(group));
+  }
+
+  // Overlays share the outer (block) stride: the larger of the two.
+  std::vector<std::optional<uint64_t>> outer(s.families.size());
+  for (const Overlay& o : s.overlays) {
+    const uint64_t a = detail::family_geometry(recipe, s, s.families[o.first], rank, std::nullopt).under_outer;
+    const uint64_t b = detail::family_geometry(recipe, s, s.families[o.second], rank, std::nullopt).under_outer;
+    outer[o.first] = outer[o.second] = std::max(a, b) + o.pad;
+  }
+
+  std::map<std::string, uint64_t> tensor_bytes;
+  for (size_t fi = 0; fi < s.families.size(); ++fi) {
+    const FamilyShape& f = s.families[fi];
+    const GroupRecipe& g = recipe.groups[f.group];
+    const detail::FamilyGeometry geo = detail::family_geometry(recipe, s, f, rank, outer[fi]);
+    const size_t comp_at = std::find(f.dims.begin(), f.dims.end(), Dim::kComponent) - f.dims.begin();
+    const size_t layer_at = std::find(f.dims.begin(), f.dims.end(), Dim::kLayer) - f.dims.begin();
+    for (size_t l = 0; l < g.layers.size(); ++l) {
+      const std::string tensor = detail::family_tensor(fi, f, l);
+      uint64_t& bytes = tensor_bytes[tensor];
+      bytes = std::max(bytes, f.base_offset + geo.extent + f.tail_slack);
+      for (size_t m = 0; m < f.components.size(); ++m) {
+        const ComponentRecipe& cr = g.components[f.components[m]];
+        Component c;
+        c.name = cr.name;
+        c.tensor = tensor;
+        c.cell_bytes = cr.cell_bytes;
+        c.offset = f.base_offset + geo.member_offset[m];
+        if (f.one_tensor) {
+          const uint64_t layer_stride = layer_at < comp_at ? geo.stride[layer_at] : geo.member_stride[m][layer_at];
+          c.offset += l * layer_stride;
+        }
+        if (f.sharded) c.heads = shard_heads(cr.total_heads, s.tp_size, rank);
+        for (size_t i = 0; i < f.dims.size(); ++i) {
+          const Dim d = f.dims[i];
+          if (d == Dim::kComponent || d == Dim::kLayer) continue;
+          const uint64_t stride = i < comp_at ? geo.stride[i] : geo.member_stride[m][i];
+          const uint64_t size = geo.size[dim_index(d)];
+          AxisKind kind = d == Dim::kBlock ? AxisKind::kBlock : d == Dim::kHead ? AxisKind::kHead : AxisKind::kPosition;
+          c.axes.push_back(Axis{kind, size, stride});
+        }
+        // Position axes must read outermost first: the kernel page, then the
+        // position inside it, whatever their physical nesting.
+        const auto kernel_it = std::find(f.dims.begin(), f.dims.end(), Dim::kKernel);
+        const auto position_it = std::find(f.dims.begin(), f.dims.end(), Dim::kPosition);
+        if (kernel_it != f.dims.end() && position_it != f.dims.end() && position_it < kernel_it) {
+          std::vector<size_t> at;
+          for (size_t i = 0; i < c.axes.size(); ++i) {
+            if (c.axes[i].kind == AxisKind::kPosition) at.push_back(i);
+          }
+          std::swap(c.axes[at[0]], c.axes[at[1]]);
+        }
+        if (f.shuffle_axes) {
+          Rng axes_rng(f.axes_seed);
+          std::vector<Axis> others, positions;
+          for (const Axis& a : c.axes) (a.kind == AxisKind::kPosition ? positions : others).push_back(a);
+          shuffle(axes_rng, others);
+          // Interleave the position axes back at random places, in order.
+          std::vector<Axis> axes = others;
+          size_t lo = 0;
+          for (const Axis& p : positions) {
+            const size_t at = draw(axes_rng, lo, axes.size());
+            axes.insert(axes.begin() + at, p);
+            lo = at + 1;
+          }
+          c.axes = std::move(axes);
+        }
+        out.groups[f.group].layers[l].components.push_back(std::move(c));
+      }
+    }
+  }
+  // Components in recipe order within each layer.
+  for (size_t gi = 0; gi < recipe.groups.size(); ++gi) {
+    const GroupRecipe& g = recipe.groups[gi];
+    for (Layer& layer : out.groups[gi].layers) {
+      std::vector<Component> ordered;
+      for (const ComponentRecipe& cr : g.components) {
+        for (Component& c : layer.components) {
+          if (c.name == cr.name) ordered.push_back(std::move(c));
+        }
+      }
+      layer.components = std::move(ordered);
+    }
+  }
+  for (const auto& [name, bytes] : tensor_bytes) out.tensors.push_back(Tensor{name, bytes, "host"});
+  Rng order_rng(s.tensor_order_seed);
+  shuffle(order_rng, out.tensors);
+
+  const Status valid = validate(out);
+  if (!valid.ok()) {
+    std::fprintf(stderr, "random_layout: generated an invalid layout: %s\n%s\n", valid.to_string().c_str(),
+                 to_json(out).c_str());
+    std::abort();
+  }
+  return out;
+}
+
+// Every rank of an instance, in rank order.
+inline std::vector<Layout> make_instance(const ModelRecipe& recipe, const InstanceShape& s) {
+  std::vector<Layout> ranks;
+  for (uint32_t r = 0; r < s.tp_size; ++r) ranks.push_back(make_rank_layout(recipe, s, r));
+  return ranks;
+}
+
+// ---------------------------------------------------------------------------
+// Requests, for any pair of layouts of one model.
+
+// Positions [first, end) of a token-indexed group that a request moves.
+struct PositionRange {
+  uint64_t first = 0;
+  uint64_t end = 0;
+  uint64_t count() const { return end > first ? end - first : 0; }
+};
+
+// DESIGN.md, "What a request transfers", written again here independently of
+// the planner and of the verifier.
+inline PositionRange moving_positions(const Group& g, uint64_t num_tokens, uint64_t skip_tokens) {
+  uint64_t first_token = skip_tokens;
+  if (g.kind == GroupKind::kSlidingWindow && g.window_tokens && num_tokens > *g.window_tokens) {
+    first_token = std::max(first_token, num_tokens - *g.window_tokens);
+  }
+  if (first_token >= num_tokens) return {0, 0};
+  return {first_token / g.tokens_per_state, (num_tokens + g.tokens_per_state - 1) / g.tokens_per_state};
+}
+
+// Bytes that a request moves into `local`: an oracle for plan.bytes.
+inline uint64_t expected_bytes(const Layout& local, const Request& request) {
+  uint64_t total = 0;
+  for (const Group& g : local.groups) {
+    if (!g.transfer) continue;
+    uint64_t positions = 0;
+    switch (g.kind) {
+      case GroupKind::kAttention:
+      case GroupKind::kSlidingWindow:
+        positions = moving_positions(g, request.num_tokens, request.skip_tokens).count();
+        break;
+      case GroupKind::kState: positions = 1; break;
+      case GroupKind::kScratch: positions = g.positions_per_block(); break;
+    }
+    for (const Layer& l : g.layers) {
+      for (const Component& c : l.components) {
+        if (!c.empty()) total += positions * c.local_heads() * c.cell_bytes;
+      }
+    }
+  }
+  return total;
+}
+
+enum class BlockIds : uint8_t { kConsecutive, kShuffled, kRuns };
+
+struct RequestOptions {
+  uint64_t num_tokens = 0;
+  uint64_t skip_tokens = 0;
+  BlockIds local_ids = BlockIds::kConsecutive;
+  BlockIds remote_ids = BlockIds::kConsecutive;
+  // Chance that a block that moves nothing is listed as -1, per side.
+  unsigned local_unused_as_minus_one_percent = 50;
+  unsigned remote_unused_as_minus_one_percent = 50;
+  uint64_t max_state_blocks = kMaxStateBlocks;
+};
+
+// Groups that share a tensor, as classes of group indices (union-find).
+inline std::vector<size_t> overlay_classes(const Layout& layout) {
+  std::vector<size_t> parent(layout.groups.size());
+  std::iota(parent.begin(), parent.end(), 0);
+  auto find = [&](size_t x) {
+    while (parent[x] != x) x = parent[x] = parent[parent[x]];
+    return x;
+  };
+  std::map<std::string, size_t> owner;
+  for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
+    for (const Layer& l : layout.groups[gi].layers) {
+      for (const Component& c : l.components) {
+        auto [it, fresh] = owner.emplace(c.tensor, gi);
+        if (!fresh) parent[find(gi)] = find(it->second);
+      }
+    }
+  }
+  for (size_t gi = 0; gi < parent.size(); ++gi) parent[gi] = find(gi);
+  return parent;
+}
+
+namespace detail {
+
+// Draws distinct block ids below num_blocks in the order `mode` asks for.
+class IdPool {
+ public:
+  IdPool(Rng& rng, uint64_t num_blocks, uint64_t need, BlockIds mode) {
+    require(need <= num_blocks, "a request needs more blocks than num_blocks");
+    switch (mode) {
+      case BlockIds::kConsecutive: {
+        const uint64_t start = draw(rng, 0, num_blocks - need);
+        for (uint64_t i = 0; i < need; ++i) ids_.push_back(static_cast<int64_t>(start + i));
+        break;
+      }
+      case BlockIds::kShuffled: {
+        // A partial Fisher-Yates over [0, num_blocks) held sparsely.
+        std::map<uint64_t, uint64_t> swapped;
+        for (uint64_t i = 0; i < need; ++i) {
+          const uint64_t j = draw(rng, i, num_blocks - 1);
+          const uint64_t vi = swapped.count(i) ? swapped[i] : i;
+          const uint64_t vj = swapped.count(j) ? swapped[j] : j;
+          swapped[j] = vi;
+          ids_.push_back(static_cast<int64_t>(vj));
+        }
+        break;
+      }
+      case BlockIds::kRuns: {
+        // Consecutive runs of random length, the runs in random order.
+        std::vector<std::pair<uint64_t, uint64_t>> runs;  // [begin, end)
+        uint64_t at = draw(rng, 0, num_blocks - need);
+        for (uint64_t left = need; left > 0;) {
+          const uint64_t len = std::min(left, draw(rng, 1, 6));
+          runs.push_back({at, at + len});
+          at += len;
+          left -= len;
+        }
+        shuffle(rng, runs);
+        for (auto [b, e] : runs) {
+          for (uint64_t i = b; i < e; ++i) ids_.push_back(static_cast<int64_t>(i));
+        }
+        break;
+      }
+    }
+  }
+  int64_t next() { return ids_.at(next_++); }
+
+ private:
+  std::vector<int64_t> ids_;
+  size_t next_ = 0;
+};
+
+// Block ids of every transfer group of one side.
+inline std::map<std::string, std::vector<int64_t>> side_lists(Rng& rng, const Layout& layout,
+                                                              const RequestOptions& o, BlockIds mode,
+                                                              unsigned unused_as_minus_one_percent,
+                                                              const std::map<std::string, uint64_t>& state_len) {
+  const std::vector<size_t> cls = overlay_classes(layout);
+  // Count the ids each class needs, then draw them from one pool per class.
+  std::map<size_t, uint64_t> need, num_blocks;
+  auto length = [&](const Group& g) -> uint64_t {
+    switch (g.kind) {
+      case GroupKind::kState: return state_len.at(g.name);
+      case GroupKind::kScratch: return 1;
+      default: return token_list_length(g.block_tokens, o.num_tokens);
+    }
+  };
+  for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
+    const Group& g = layout.groups[gi];
+    if (!g.transfer) continue;
+    need[cls[gi]] += length(g);
+    auto [it, fresh] = num_blocks.emplace(cls[gi], g.num_blocks);
+    if (!fresh) it->second = std::min(it->second, g.num_blocks);
+  }
+  std::map<size_t, IdPool> pools;
+  for (auto [c, n] : need) pools.emplace(c, IdPool(rng, num_blocks[c], n, mode));
+  std::map<std::string, std::vector<int64_t>> out;
+  for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
+    const Group& g = layout.groups[gi];
+    if (!g.transfer) continue;
+    IdPool& pool = pools.at(cls[gi]);
+    std::vector<int64_t>& ids = out[g.name];
+    const uint64_t len = length(g);
+    const PositionRange moving = moving_positions(g, o.num_tokens, o.skip_tokens);
+    const uint64_t per_block = g.positions_per_block();
+    for (uint64_t j = 0; j < len; ++j) {
+      int64_t id = pool.next();
+      bool moves = true;
+      if (g.kind == GroupKind::kState) moves = j + 1 == len;
+      if (token_indexed(g.kind) && g.kind != GroupKind::kScratch) {
+        moves = j * per_block < moving.end && (j + 1) * per_block > moving.first;
+      }
+      if (!moves && chance(rng, unused_as_minus_one_percent)) id = -1;
+      ids.push_back(id);
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+// A request over `local` and `remote` (any ranks of each instance: block ids
+// and sizes are per instance). Token-indexed lists are exactly as long as
+// num_tokens needs; state lists are 1 to max_state_blocks long, independently
+// on each side; scratch lists hold one block. Groups that overlay each other
+// on a side get distinct ids there. Requires: num_blocks large enough.
+inline Request make_request(Rng& rng, const Layout& local, const Layout& remote, const RequestOptions& o) {
+  Request r;
+  r.num_tokens = o.num_tokens;
+  r.skip_tokens = o.skip_tokens;
+  std::map<std::string, uint64_t> local_state, remote_state;
+  for (const Group& g : local.groups) {
+    if (g.kind == GroupKind::kState) {
+      local_state[g.name] = draw(rng, 1, o.max_state_blocks);
+      remote_state[g.name] = draw(rng, 1, o.max_state_blocks);
+    }
+  }
+  auto lists_local =
+      detail::side_lists(rng, local, o, o.local_ids, o.local_unused_as_minus_one_percent, local_state);
+  auto lists_remote =
+      detail::side_lists(rng, remote, o, o.remote_ids, o.remote_unused_as_minus_one_percent, remote_state);
+  for (auto& [name, ids] : lists_local) {
+    GroupBlocks& gb = r.blocks[name];
+    gb.local = std::move(ids);
+    gb.remote = std::move(lists_remote[name]);
+  }
+  return r;
+}
+
+}  // namespace kvbridge::testing
