@@ -1,0 +1,260 @@
+// The preset matrix: every preset x prefill TP {1,2,4,8} x decode TP {1,2,4,8}
+// x physical orders x block sizes, planned for every decode rank (decode
+// pulls from all prefill ranks) and checked by the verifier.
+//
+// By default each (preset, TP pair) runs once, with the order pair and block
+// sizes cycling so that every preset also meets every order pair and every
+// block-size pairing; KVB_MATRIX_FULL=1 runs the whole cross product. Pairs a
+// preset's heads cannot take (make_preset() errors) are counted and skipped; a
+// preset that takes no pair fails.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kvbridge/layout.h"
+#include "kvbridge/plan.h"
+#include "kvbridge/presets.h"
+#include "kvbridge/verify.h"
+#include "plan/random_layout.h"
+
+namespace kvbridge {
+namespace {
+
+namespace gen = ::kvbridge::testing;
+
+constexpr uint32_t kTpSizes[] = {1, 2, 4, 8};
+
+struct OrderPair {
+  Order prefill;
+  Order decode;
+};
+const std::vector<OrderPair>& order_pairs() {
+  static const std::vector<OrderPair> pairs = {
+      {Order::kLBHNC, Order::kLBHNC}, {Order::kLBNHC, Order::kLBNHC}, {Order::kBLHNC, Order::kBLHNC},
+      {Order::kLBHNC, Order::kBLHNC}, {Order::kBLHNC, Order::kLBHNC}, {Order::kLBNHC, Order::kLBHNC},
+  };
+  return pairs;
+}
+
+// Which side uses the preset's alternative block size.
+struct BlockPair {
+  bool prefill_alt;
+  bool decode_alt;
+};
+constexpr BlockPair kBlockPairs[] = {{false, false}, {false, true}, {true, false}, {true, true}};
+
+struct Totals {
+  uint64_t plans = 0;
+  uint64_t combos = 0;
+  uint64_t skipped = 0;
+  uint64_t descriptors = 0;
+  uint64_t naive = 0;
+  uint64_t bytes = 0;
+};
+Totals& grand_totals() {
+  static Totals t;
+  return t;
+}
+
+class SummaryEnvironment : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    const Totals& t = grand_totals();
+    std::printf("[ matrix    ] %llu plans verified over %llu combinations (%llu TP pairs skipped); "
+                "%llu descriptors (naive scheme: %llu), %llu bytes\n",
+                (unsigned long long)t.plans, (unsigned long long)t.combos, (unsigned long long)t.skipped,
+                (unsigned long long)t.descriptors, (unsigned long long)t.naive, (unsigned long long)t.bytes);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kSummary =
+    ::testing::AddGlobalTestEnvironment(new SummaryEnvironment);
+
+bool full_matrix() {
+  const char* v = std::getenv("KVB_MATRIX_FULL");
+  return v != nullptr && *v != '\0' && *v != '0';
+}
+
+// The preset's default block size (a TP-1 rank's first group).
+uint64_t default_block_tokens(const std::string& preset) {
+  Result<Layout> l = make_preset(PresetOptions{.name = preset, .num_blocks = 8});
+  if (!l) return 0;
+  uint64_t block = 0;
+  for (const Group& g : l->groups) {
+    if (g.kind == GroupKind::kAttention) return g.block_tokens;
+    if (block == 0) block = g.block_tokens;
+  }
+  return block;
+}
+
+// Another block size the preset takes at TP 1 and 8: twice the default (two
+// kernel blocks per block) or, for very large blocks, half of it.
+uint64_t alternative_block_tokens(const std::string& preset, uint64_t block) {
+  std::vector<uint64_t> candidates = block >= 1024 ? std::vector<uint64_t>{block / 2, block * 2}
+                                                   : std::vector<uint64_t>{block * 2, block / 2, block * 3};
+  for (uint64_t b : candidates) {
+    if (b == 0 || b == block) continue;
+    bool ok = true;
+    for (uint32_t tp : {1u, 8u}) {
+      ok = ok && make_preset(PresetOptions{.name = preset, .tp_size = tp, .block_tokens = b, .num_blocks = 8}).ok();
+    }
+    if (ok) return b;
+  }
+  return 0;
+}
+
+struct Combo {
+  uint32_t prefill_tp = 1;
+  uint32_t decode_tp = 1;
+  OrderPair orders{};
+  BlockPair blocks{};
+};
+
+// Every layout of one instance, or the first error.
+Result<std::vector<Layout>> instance(const std::string& preset, uint32_t tp, uint64_t block, Order order,
+                                     uint64_t num_blocks) {
+  std::vector<Layout> ranks;
+  for (uint32_t r = 0; r < tp; ++r) {
+    Result<Layout> l = make_preset(PresetOptions{.name = preset, .tp_size = tp, .tp_rank = r,
+                                                 .block_tokens = block, .order = order, .num_blocks = num_blocks});
+    if (!l) return l.error();
+    ranks.push_back(std::move(*l));
+  }
+  return ranks;
+}
+
+std::string describe(const std::string& preset, const Combo& c, uint64_t pb, uint64_t db) {
+  return preset + " P TP" + std::to_string(c.prefill_tp) + " " + std::string(order_name(c.orders.prefill)) +
+         " block " + std::to_string(pb) + " -> D TP" + std::to_string(c.decode_tp) + " " +
+         std::string(order_name(c.orders.decode)) + " block " + std::to_string(db);
+}
+
+class PlanMatrixTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
+  const std::string preset = GetParam();
+  const auto start = std::chrono::steady_clock::now();
+  const uint64_t base_block = default_block_tokens(preset);
+  ASSERT_GT(base_block, 0u) << preset << ": make_preset fails at TP 1 with defaults";
+  const uint64_t alt_block = alternative_block_tokens(preset, base_block);
+  ASSERT_GT(alt_block, 0u) << preset << ": no alternative block size found";
+  const uint64_t preset_index = [&] {
+    const std::vector<std::string> names = preset_names();
+    return static_cast<uint64_t>(std::find(names.begin(), names.end(), preset) - names.begin());
+  }();
+
+  // Per TP pair, the combinations to run: all of them (full matrix), or the
+  // first of a rotation that the preset takes.
+  std::vector<std::vector<Combo>> per_pair;
+  uint64_t i = 0;
+  for (uint32_t ptp : kTpSizes) {
+    for (uint32_t dtp : kTpSizes) {
+      std::vector<Combo> combos;
+      const size_t num_orders = order_pairs().size();
+      for (size_t k = 0; k < num_orders * std::size(kBlockPairs); ++k) {
+        // Rotations by pair index, so that the first choices of the 16 pairs
+        // cover every order pair and every block pairing.
+        const size_t order = (i + preset_index + k) % num_orders;
+        const size_t block = (i + i / 8 + k / num_orders) % std::size(kBlockPairs);
+        combos.push_back({ptp, dtp, order_pairs()[order], kBlockPairs[block]});
+      }
+      per_pair.push_back(std::move(combos));
+      ++i;
+    }
+  }
+
+  Totals t;
+  double plan_seconds = 0, verify_seconds = 0;
+  std::set<std::pair<Order, Order>> orders_done;
+  std::set<std::pair<bool, bool>> blocks_done;
+  uint64_t case_index = 0;
+  for (const std::vector<Combo>& combos : per_pair) {
+    bool pair_ran = false;
+    for (const Combo& c : combos) {
+      if (pair_ran && !full_matrix()) break;
+      const uint64_t pb = c.blocks.prefill_alt ? alt_block : base_block;
+      const uint64_t db = c.blocks.decode_alt ? alt_block : base_block;
+      gen::Rng rng(gen::case_seed(0x3a7, preset_index * 100000 + case_index++));
+      // A few thousand tokens of which the receiver has most (a prefix hit
+      // ending inside a block), so the lists are long but the bytes few. The
+      // prefill side lists -1 for the blocks that move nothing: verify()
+      // fills every listed remote block of every rank, so this keeps its cost
+      // to the moving blocks (the property test covers real ids there).
+      gen::RequestOptions o;
+      o.num_tokens = gen::draw(rng, 2000, 5000);
+      o.skip_tokens = o.num_tokens - gen::draw(rng, 8, 64);
+      o.remote_unused_as_minus_one_percent = 100;
+      const uint64_t num_blocks = 8 * (o.num_tokens / std::min(pb, db) + 1) + 64;
+      const std::string what = describe(preset, c, pb, db);
+      Result<std::vector<Layout>> prefill = instance(preset, c.prefill_tp, pb, c.orders.prefill, num_blocks);
+      Result<std::vector<Layout>> decode = instance(preset, c.decode_tp, db, c.orders.decode, num_blocks);
+      if (!prefill || !decode) {
+        const Status& e = prefill ? decode.error() : prefill.error();
+        ASSERT_EQ(e.code(), Code::kInvalidArgument) << what << ": " << e.to_string();
+        continue;
+      }
+      const gen::BlockIds modes[] = {gen::BlockIds::kConsecutive, gen::BlockIds::kShuffled, gen::BlockIds::kRuns};
+      o.local_ids = modes[case_index % 3];
+      o.remote_ids = modes[(case_index / 3) % 3];
+      const Request request = gen::make_request(rng, decode->front(), prefill->front(), o);
+      for (const Layout& local : *decode) {
+        const std::string where = what + " rank " + std::to_string(local.tp_rank) + " (" +
+                                  std::to_string(request.num_tokens) + " tokens, skip " +
+                                  std::to_string(request.skip_tokens) + ")";
+        const auto t0 = std::chrono::steady_clock::now();
+        Result<Plan> p = plan(local, *prefill, request);
+        const auto t1 = std::chrono::steady_clock::now();
+        ASSERT_TRUE(p.has_value()) << where << ": " << p.error().to_string();
+        Result<VerifyReport> v = verify(*p, local, *prefill, request, /*check_minimal=*/true);
+        plan_seconds += std::chrono::duration<double>(t1 - t0).count();
+        verify_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+        ASSERT_TRUE(v.has_value()) << where << ": " << v.error().to_string();
+        ASSERT_EQ(p->bytes, gen::expected_bytes(local, request)) << where;
+        ASSERT_EQ(v->bytes_written, p->bytes) << where;
+        t.plans += 1;
+        t.descriptors += p->descriptors.size();
+        t.naive += naive_descriptor_count(local, *prefill, request);
+        t.bytes += p->bytes;
+      }
+      t.combos += 1;
+      pair_ran = true;
+      orders_done.insert({c.orders.prefill, c.orders.decode});
+      blocks_done.insert({c.blocks.prefill_alt, c.blocks.decode_alt});
+    }
+    if (!pair_ran) ++t.skipped;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[ matrix    ] %-14s blocks %llu/%llu: %llu plans over %llu combinations, %llu TP pairs skipped, "
+              "%llu descriptors (naive %llu), %llu bytes, %.2f s (plan %.2f s, verify %.2f s)\n",
+              preset.c_str(), (unsigned long long)base_block, (unsigned long long)alt_block,
+              (unsigned long long)t.plans, (unsigned long long)t.combos, (unsigned long long)t.skipped,
+              (unsigned long long)t.descriptors, (unsigned long long)t.naive, (unsigned long long)t.bytes, seconds,
+              plan_seconds, verify_seconds);
+  Totals& g = grand_totals();
+  g.plans += t.plans;
+  g.combos += t.combos;
+  g.skipped += t.skipped;
+  g.descriptors += t.descriptors;
+  g.naive += t.naive;
+  g.bytes += t.bytes;
+
+  EXPECT_GT(t.combos, 0u) << preset << " supports no TP pair";
+  EXPECT_EQ(orders_done.size(), order_pairs().size()) << preset << ": not every order pair ran";
+  EXPECT_EQ(blocks_done.size(), std::size(kBlockPairs)) << preset << ": not every block-size pairing ran";
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, PlanMatrixTest, ::testing::ValuesIn(preset_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name;
+                           for (char ch : info.param) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace kvbridge

@@ -1,0 +1,30 @@
+// The kvbridge command-line tool: builds, checks and explains layouts.
+// `kvbridge --help` lists the subcommands; each has its own --help.
+
+#include <vector>
+
+#include "cli.h"
+
+int main(int argc, char** argv) {
+  using namespace kvbridge::cli;
+  CLI::App app{"kvbridge: move LLM KV caches between inference workers"};
+  app.require_subcommand(1);
+  const std::vector<Command> commands = {
+      add_layout_command(app),
+      add_presets_command(app),
+      add_validate_command(app),
+      add_identity_command(app),
+      add_plan_command(app),
+      add_demo_command(app),
+  };
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // exit() prints help (to stdout, code 0) or the error (to stderr).
+    return app.exit(e) == 0 ? 0 : kExitUsage;
+  }
+  for (const Command& c : commands) {
+    if (c.app->parsed()) return c.run();
+  }
+  return kExitUsage;
+}
