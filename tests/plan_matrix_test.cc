@@ -202,7 +202,7 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
       const gen::BlockIds modes[] = {gen::BlockIds::kConsecutive, gen::BlockIds::kShuffled, gen::BlockIds::kRuns};
       o.local_ids = modes[case_index % 3];
       o.remote_ids = modes[(case_index / 3) % 3];
-      const Request request = gen::make_request(rng, decode->front(), prefill->front(), o);
+      const Request request = gen::make_request(rng, decode->front(), *prefill, o);
       for (const Layout& local : *decode) {
         const std::string where = what + " rank " + std::to_string(local.tp_rank) + " (" +
                                   std::to_string(request.num_tokens) + " tokens, skip " +

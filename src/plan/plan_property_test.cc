@@ -3,9 +3,9 @@
 // bytes an independent count says it should, and invalid requests return
 // errors, never plans.
 //
-// Environment: KVB_PROPERTY_CASES (default 4000) scales the run;
-// KVB_PROPERTY_SEED (default 20250601) changes it; KVB_PROPERTY_CASE runs one
-// case only. A failure prints the seed and case index, shrinks the case
+// Environment: KVB_PROPERTY_CASES (default 4000; 1500 under sanitizers)
+// scales the run; KVB_PROPERTY_SEED (default 20250601) changes it;
+// KVB_PROPERTY_CASE runs one case only. A failure prints the seed and case index, shrinks the case
 // (groups, layers, components, tokens) while it still fails the same way, and
 // writes the reduced layouts and request as JSON under
 // /tmp/kvb_property/seed_<seed>_case_<index>/.
@@ -38,7 +38,22 @@ uint64_t env_u64(const char* name, uint64_t fallback) {
   return std::strtoull(v, nullptr, 10);
 }
 
-uint64_t num_cases() { return env_u64("KVB_PROPERTY_CASES", 4000); }
+// Sanitizer builds (Debug, -O0) run the verifier ~25x slower; fewer cases
+// keep them near half a minute.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define KVB_PROPERTY_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define KVB_PROPERTY_SANITIZED 1
+#endif
+#endif
+#ifdef KVB_PROPERTY_SANITIZED
+constexpr uint64_t kDefaultCases = 1500;
+#else
+constexpr uint64_t kDefaultCases = 4000;
+#endif
+
+uint64_t num_cases() { return env_u64("KVB_PROPERTY_CASES", kDefaultCases); }
 uint64_t base_seed() { return env_u64("KVB_PROPERTY_SEED", 20250601); }
 
 // The cases to run: all of [0, count), or the one KVB_PROPERTY_CASE names.
@@ -73,13 +88,69 @@ gen::BlockIds random_ids(gen::Rng& rng) {
                                                    gen::BlockIds::kRuns});
 }
 
+// One (group, layer, component, global head) the local rank holds; head 0
+// of a replicated component.
+struct NeededHead {
+  std::string group, layer, component;
+  uint32_t head = 0;
+  bool replicated = false;
+  bool empty = false;
+};
+
+std::vector<NeededHead> needed_heads(const Layout& local) {
+  std::vector<NeededHead> out;
+  for (const Group& g : local.groups) {
+    if (!g.transfer) continue;
+    for (const Layer& l : g.layers) {
+      for (const Component& c : l.components) {
+        for (uint64_t h = 0; h < c.local_heads(); ++h) {
+          out.push_back({g.name, l.name, c.name, c.heads ? static_cast<uint32_t>(c.heads->first + h) : 0,
+                         !c.heads.has_value(), c.empty()});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+bool holds(const Layout& remote, const NeededHead& n) {
+  const Group* g = remote.find_group(n.group);
+  if (g == nullptr) return false;
+  for (const Layer& l : g->layers) {
+    if (l.name != n.layer) continue;
+    for (const Component& c : l.components) {
+      if (c.name != n.component) continue;
+      return n.replicated || (c.heads && c.heads->first <= n.head && n.head < c.heads->first + c.heads->count);
+    }
+  }
+  return false;
+}
+
+// Remote ranks, in their given order, of which a random one holds each head
+// the local rank needs.
+std::vector<Layout> covering_subset(gen::Rng& rng, const Layout& local, const std::vector<Layout>& remotes) {
+  std::vector<bool> keep(remotes.size(), false);
+  for (const NeededHead& n : needed_heads(local)) {
+    std::vector<size_t> holders;
+    for (size_t r = 0; r < remotes.size(); ++r) {
+      if (holds(remotes[r], n)) holders.push_back(r);
+    }
+    if (!holders.empty()) keep[gen::pick(rng, holders)] = true;
+  }
+  std::vector<Layout> out;
+  for (size_t r = 0; r < remotes.size(); ++r) {
+    if (keep[r]) out.push_back(remotes[r]);
+  }
+  return out;
+}
+
 // Builds case `index`; `rng` is left positioned for the case's further draws.
 Case make_case(uint64_t seed, uint64_t index, gen::Rng& rng) {
   Case c;
   c.seed = seed;
   c.index = index;
   c.recipe = gen::random_recipe(rng);
-  const std::vector<uint32_t> tps = gen::valid_tp_sizes(c.recipe);
+  const std::vector<uint32_t> tps = gen::valid_tp_sizes(c.recipe, gen::chance(rng, 10) ? 16 : 8);
   const uint32_t local_tp = gen::pick(rng, tps);
   c.remote_tp = gen::pick(rng, tps);
 
@@ -87,18 +158,30 @@ Case make_case(uint64_t seed, uint64_t index, gen::Rng& rng) {
   const unsigned size = static_cast<unsigned>(gen::draw(rng, 0, 99));
   o.num_tokens = size < 50 ? gen::draw(rng, 1, 64) : size < 92 ? gen::draw(rng, 1, 300) : gen::draw(rng, 300, 1000);
   const unsigned skip = static_cast<unsigned>(gen::draw(rng, 0, 99));
-  o.skip_tokens = skip < 40 ? 0 : gen::draw(rng, 0, o.num_tokens - 1);
+  // Sometimes the receiver has every token: only scratch blocks move then.
+  o.skip_tokens = skip < 40 ? 0 : skip < 97 ? gen::draw(rng, 0, o.num_tokens - 1) : o.num_tokens;
 
   c.local_shape = gen::random_instance(rng, c.recipe, local_tp, o.num_tokens);
   c.remote_shape = gen::random_instance(rng, c.recipe, c.remote_tp, o.num_tokens);
   const uint32_t rank = static_cast<uint32_t>(gen::draw(rng, 0, local_tp - 1));
   c.local = gen::make_rank_layout(c.recipe, c.local_shape, rank);
   c.remotes = gen::make_instance(c.recipe, c.remote_shape);
+  if (gen::chance(rng, 10)) {
+    // Ranks of one instance laid out differently (the model allows it):
+    // same block sizes and num_blocks, each rank its own physical order.
+    for (uint32_t r = 1; r < c.remote_tp; ++r) {
+      const gen::InstanceShape own = gen::random_instance(rng, c.recipe, c.remote_tp, o.num_tokens, &c.remote_shape);
+      c.remotes[r] = gen::make_rank_layout(c.recipe, own, r);
+    }
+  }
   if (gen::chance(rng, 30)) gen::shuffle(rng, c.remotes);
 
   o.local_ids = random_ids(rng);
   o.remote_ids = gen::chance(rng, 70) ? o.local_ids : random_ids(rng);
-  c.request = gen::make_request(rng, c.local, c.remotes[0], o);
+  c.request = gen::make_request(rng, c.local, c.remotes, o);
+  // Sometimes only some remote ranks: one holder of each head the local
+  // rank needs (the planner must take a subset that holds them all).
+  if (c.remotes.size() > 1 && gen::chance(rng, 15)) c.remotes = covering_subset(rng, c.local, c.remotes);
   return c;
 }
 
@@ -353,7 +436,7 @@ void report(const Case& c, const Outcome& o) {
 TEST(PlanPropertyTest, RandomLayoutsOfEveryShapeValidate) {
   // make_rank_layout() aborts on an invalid layout; this also checks that the
   // generator reaches its shapes.
-  uint64_t overlays = 0, one_tensor = 0, kernel = 0, split = 0, empty = 0, cases = 0;
+  uint64_t overlays = 0, one_tensor = 0, kernel = 0, inner = 0, junk = 0, split = 0, empty = 0, cases = 0;
   for (uint64_t i : case_indices(std::min<uint64_t>(num_cases(), 500))) {
     gen::Rng rng(gen::case_seed(base_seed() ^ 0x5eed, i));
     gen::ModelRecipe recipe = gen::random_recipe(rng);
@@ -364,8 +447,12 @@ TEST(PlanPropertyTest, RandomLayoutsOfEveryShapeValidate) {
       for (const gen::FamilyShape& f : s.families) {
         one_tensor += f.one_tensor;
         split += f.components.size() < recipe.groups[f.group].components.size();
+        junk += f.junk_unit_strides;
       }
-      for (const gen::GroupShape& g : s.groups) kernel += g.kernel_ratio > 1;
+      for (const gen::GroupShape& g : s.groups) {
+        kernel += g.kernel_ratio > 1;
+        inner += g.inner_split > 1;
+      }
       ++cases;
     }
     for (const gen::GroupRecipe& g : recipe.groups) {
@@ -373,13 +460,17 @@ TEST(PlanPropertyTest, RandomLayoutsOfEveryShapeValidate) {
     }
   }
   std::printf("[ generator ] %llu instances: %llu with overlays, %llu one-tensor families, %llu split families, "
-              "%llu kernel-paged groups, %llu empty components\n",
+              "%llu with junk unit strides, %llu kernel-paged groups, %llu with three position axes, "
+              "%llu empty components\n",
               (unsigned long long)cases, (unsigned long long)overlays, (unsigned long long)one_tensor,
-              (unsigned long long)split, (unsigned long long)kernel, (unsigned long long)empty);
+              (unsigned long long)split, (unsigned long long)junk, (unsigned long long)kernel,
+              (unsigned long long)inner, (unsigned long long)empty);
   if (std::getenv("KVB_PROPERTY_CASE") == nullptr && cases >= 100) {
     EXPECT_GT(overlays, 0u);
     EXPECT_GT(one_tensor, 0u);
     EXPECT_GT(kernel, 0u);
+    EXPECT_GT(inner, 0u);
+    EXPECT_GT(junk, 0u);
     EXPECT_GT(split, 0u);
     EXPECT_GT(empty, 0u);
   }
@@ -477,10 +568,10 @@ TEST(PlanPropertyTest, InvalidRequestsAndMismatchedLayoutsReturnErrorsNeverPlans
   std::map<std::string, uint64_t> counts;
   for (uint64_t i : case_indices(std::max<uint64_t>(num_cases() / 2, 1))) {
     gen::Rng rng(gen::case_seed(base_seed() ^ 0xbad, i));
-    Case c = make_case(base_seed() ^ 0xbad, i, rng);
+    Case c = make_case(base_seed(), i, rng);  // labelled with the run's seed: KVB_PROPERTY_* reruns it
     Inputs in{c.local, c.remotes, c.request};
     Expectation e;
-    const unsigned which = static_cast<unsigned>(gen::draw(rng, 0, 7));
+    const unsigned which = static_cast<unsigned>(gen::draw(rng, 0, 11));
     const bool on_local = gen::chance(rng, 50);
     auto list_of = [&](const std::string& group) -> std::vector<int64_t>& {
       GroupBlocks& b = in.request.blocks.at(group);
@@ -489,16 +580,27 @@ TEST(PlanPropertyTest, InvalidRequestsAndMismatchedLayoutsReturnErrorsNeverPlans
     auto num_blocks_of = [&](const std::string& group) {
       return (on_local ? in.local : in.remotes[0]).find_group(group)->num_blocks;
     };
+    // With skip_tokens == num_tokens no token or state block moves, so the
+    // edits below would touch blocks that move nothing.
+    const bool all_skipped = in.request.skip_tokens == in.request.num_tokens;
+    if ((which == 0 || which == 1 || which == 3) && all_skipped) continue;
     if (which == 0) {
       const Group* g = pick_group(rng, in.local, [](const Group& x) { return x.kind != GroupKind::kState; });
       if (g == nullptr) continue;
       list_of(g->name).pop_back();
       e = {"short list", "a block list of group '" + g->name + "' one entry too short", Code::kInvalidArgument};
-    } else if (which == 1 || which == 2) {
+    } else if (which == 1) {
       // The last entry always moves: the final token, state or scratch block.
       const Group* g = pick_group(rng, in.local, [](const Group&) { return true; });
-      list_of(g->name).back() = static_cast<int64_t>(num_blocks_of(g->name) + (which == 1 ? 0 : 1000));
-      e = {"id >= num_blocks", "a block id of group '" + g->name + "' at or past num_blocks", Code::kOutOfRange};
+      list_of(g->name).back() = static_cast<int64_t>(num_blocks_of(g->name));
+      e = {"id == num_blocks", "the block id of the last entry of group '" + g->name + "' == num_blocks",
+           Code::kOutOfRange};
+    } else if (which == 2) {
+      // Any entry, moving or not: plan.h rejects every id past num_blocks.
+      const Group* g = pick_group(rng, in.local, [](const Group&) { return true; });
+      std::vector<int64_t>& ids = list_of(g->name);
+      ids[gen::draw(rng, 0, ids.size() - 1)] = static_cast<int64_t>(num_blocks_of(g->name) + gen::draw(rng, 0, 1000));
+      e = {"id > num_blocks", "a block id of group '" + g->name + "' at or past num_blocks", Code::kOutOfRange};
     } else if (which == 3) {
       const Group* g = pick_group(rng, in.local, [](const Group&) { return true; });
       list_of(g->name).back() = -1;
@@ -531,6 +633,46 @@ TEST(PlanPropertyTest, InvalidRequestsAndMismatchedLayoutsReturnErrorsNeverPlans
       e = {"overlay id clash", "overlaid groups '" + in.local.groups[a].name + "' and '" + in.local.groups[b].name +
                "' sharing a local block id",
            Code::kInvalidArgument, /*or_plan_that_verifies=*/true};
+    } else if (which == 8) {
+      // One local block id listed twice for moving blocks of one group.
+      const Group* g = pick_group(rng, in.local, [&](const Group& x) {
+        if (x.kind != GroupKind::kAttention && x.kind != GroupKind::kSlidingWindow) return false;
+        const gen::PositionRange r = gen::moving_positions(x, in.request.num_tokens, in.request.skip_tokens);
+        return r.count() > 0 && (r.end - 1) / x.positions_per_block() > r.first / x.positions_per_block();
+      });
+      if (g == nullptr) continue;
+      std::vector<int64_t>& ids = in.request.blocks.at(g->name).local;
+      ids[ids.size() - 2] = ids.back();
+      // An error, or, when the two entries' moving positions sit at
+      // different places of the block (no byte written twice), a plan that
+      // verifies.
+      e = {"duplicate local id", "local block id " + std::to_string(ids.back()) + " listed twice in group '" +
+                                     g->name + "'",
+           Code::kInvalidArgument, /*or_plan_that_verifies=*/true};
+    } else if (which == 9) {
+      const Group* g = pick_group(rng, in.local, [](const Group& x) { return x.kind == GroupKind::kScratch; });
+      if (g == nullptr) continue;
+      list_of(g->name).push_back(list_of(g->name).front());
+      e = {"scratch list of 2", "a scratch list of group '" + g->name + "' with two entries", Code::kInvalidArgument};
+    } else if (which == 10) {
+      if (in.remotes.size() < 2) continue;
+      Layout& r = in.remotes[gen::draw(rng, 0, in.remotes.size() - 1)];
+      r.tp_size *= 2;
+      e = {"mixed tp_size", "remote ranks of different tp_size", Code::kIncompatible};
+    } else if (which == 11) {
+      // Remove every holder of one needed head of a component that moves.
+      std::vector<NeededHead> candidates;
+      for (const NeededHead& n : needed_heads(in.local)) {
+        const Group* g = in.local.find_group(n.group);
+        const bool moves = g->kind == GroupKind::kScratch || in.request.skip_tokens < in.request.num_tokens;
+        if (!n.replicated && !n.empty && moves) candidates.push_back(n);
+      }
+      if (candidates.empty()) continue;
+      const NeededHead n = gen::pick(rng, candidates);
+      std::erase_if(in.remotes, [&](const Layout& r) { return holds(r, n); });
+      if (in.remotes.empty()) continue;
+      e = {"head not held", "no remote rank holding head " + std::to_string(n.head) + " of '" + n.component + "'",
+           Code::kIncompatible};
     } else {
       gen::ModelRecipe other = c.recipe;
       std::string what;
@@ -542,7 +684,7 @@ TEST(PlanPropertyTest, InvalidRequestsAndMismatchedLayoutsReturnErrorsNeverPlans
       o.num_tokens = c.request.num_tokens;
       o.skip_tokens = c.request.skip_tokens;
       o.local_unused_as_minus_one_percent = o.remote_unused_as_minus_one_percent = 0;
-      in.request = gen::make_request(rng, in.local, in.remotes[0], o);
+      in.request = gen::make_request(rng, in.local, in.remotes, o);
       e = {"identity", "a remote identity differing in " + what, Code::kIncompatible};
     }
     ++checked;

@@ -29,6 +29,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,7 @@ inline uint64_t draw(Rng& rng, uint64_t lo, uint64_t hi) { return lo + rng() % (
 // True with probability percent / 100.
 inline bool chance(Rng& rng, unsigned percent) { return rng() % 100 < percent; }
 template <typename T>
-const T& pick(Rng& rng, const std::vector<T>& values) {
+T pick(Rng& rng, const std::vector<T>& values) {
   return values[draw(rng, 0, values.size() - 1)];
 }
 template <typename T>
@@ -129,8 +130,10 @@ inline ModelRecipe random_recipe(Rng& rng) {
   const uint64_t num_groups = pick(rng, std::vector<uint64_t>{1, 1, 2, 2, 3, 4});
   // Mostly a power-of-two head family so that several TP sizes fit; sometimes
   // a 3 that pins TP to few sizes.
-  const std::vector<uint32_t> head_totals =
-      chance(rng, 15) ? std::vector<uint32_t>{1, 3} : std::vector<uint32_t>{1, 2, 4, 8};
+  const unsigned family = static_cast<unsigned>(draw(rng, 0, 99));
+  const std::vector<uint32_t> head_totals = family < 15   ? std::vector<uint32_t>{1, 3}
+                                            : family < 22 ? std::vector<uint32_t>{2, 16}
+                                                          : std::vector<uint32_t>{1, 2, 4, 8};
   static const std::vector<std::string> kNames = {"k", "v", "latent", "rope", "index", "tail", "conv", "ssm"};
   uint32_t layer_counter = 0;
   for (uint64_t gi = 0; gi < num_groups; ++gi) {
@@ -183,11 +186,13 @@ inline ModelRecipe random_recipe(Rng& rng) {
 // The physical layout of one instance.
 
 // Dims of a tensor family, nested outermost first; the cell is innermost.
+// kKernel, kPosition and kInner are the digits of the position within a block
+// (outermost first: kernel page, position, a further split of it).
 // kComponent is the level at which the family's components sit side by side
 // (innermost: packed into one cell; outer: K/V split at that level). kLayer
 // exists only when the family's layers share one tensor.
-enum class Dim : uint8_t { kBlock, kHead, kKernel, kPosition, kComponent, kLayer };
-inline constexpr size_t kNumDims = 6;
+enum class Dim : uint8_t { kBlock, kHead, kKernel, kPosition, kInner, kComponent, kLayer };
+inline constexpr size_t kNumDims = 7;
 
 // One tensor family: some components of one group, the same in every layer.
 struct FamilyShape {
@@ -202,12 +207,14 @@ struct FamilyShape {
   uint64_t tail_slack = 0;         // bytes after the last cell
   int alias = -1;                  // index of the overlay this family is part of
   bool shuffle_axes = false;       // write the axes in a random order
+  bool junk_unit_strides = false;  // give axes of size 1 arbitrary strides (never used)
   uint64_t axes_seed = 0;
 };
 
 struct GroupShape {
   uint64_t block_tokens = 0;
   uint64_t kernel_ratio = 1;         // kernel pages per block: two position axes when > 1
+  uint64_t inner_split = 1;          // a third position axis (the innermost digit) when > 1
   bool omit_unit_position = false;   // one position per block written with no position axis
 };
 
@@ -241,14 +248,19 @@ inline constexpr uint64_t kMaxStateBlocks = 4;
 
 // A random shape for `recipe` with TP `tp_size`, where num_blocks is large
 // enough for requests of up to `max_tokens` tokens made by make_request().
-inline InstanceShape random_instance(Rng& rng, const ModelRecipe& recipe, uint32_t tp_size, uint64_t max_tokens) {
+// With `same_blocks`, the block sizes and num_blocks are those of that shape
+// (another rank of the same instance laid out differently); the rest is drawn.
+inline InstanceShape random_instance(Rng& rng, const ModelRecipe& recipe, uint32_t tp_size, uint64_t max_tokens,
+                                     const InstanceShape* same_blocks = nullptr) {
   InstanceShape s;
   s.tp_size = tp_size;
   s.tensor_order_seed = rng();
   const uint64_t base_positions = pick(rng, std::vector<uint64_t>{1, 2, 4, 4, 8, 8, 16, 6});
   for (const GroupRecipe& g : recipe.groups) {
     GroupShape gs;
-    if (g.kind == GroupKind::kScratch) {
+    if (same_blocks != nullptr) {
+      gs.block_tokens = same_blocks->groups[s.groups.size()].block_tokens;
+    } else if (g.kind == GroupKind::kScratch) {
       gs.block_tokens = g.scratch_block_tokens;
     } else if (g.kind == GroupKind::kState) {
       gs.block_tokens = pick(rng, std::vector<uint64_t>{1, 4, 16, 64});
@@ -263,6 +275,11 @@ inline InstanceShape random_instance(Rng& rng, const ModelRecipe& recipe, uint32
         if (positions % r == 0) ratios.push_back(r);
       }
       gs.kernel_ratio = chance(rng, 50) ? 1 : pick(rng, ratios);
+      std::vector<uint64_t> splits;
+      for (uint64_t d : {2, 3, 4}) {
+        if ((positions / gs.kernel_ratio) % d == 0) splits.push_back(d);
+      }
+      if (!splits.empty() && chance(rng, 20)) gs.inner_split = pick(rng, splits);
       gs.omit_unit_position = positions == 1 && chance(rng, 50);
     }
     s.groups.push_back(gs);
@@ -277,7 +294,7 @@ inline InstanceShape random_instance(Rng& rng, const ModelRecipe& recipe, uint32
     else if (g.kind == GroupKind::kScratch) need += 1;
     else need += token_list_length(s.groups[gi].block_tokens, max_tokens);
   }
-  s.num_blocks = need + draw(rng, 0, 8);
+  s.num_blocks = same_blocks != nullptr ? same_blocks->num_blocks : need + draw(rng, 0, 8);
 
   // Families: split each group's components into packs of one head kind.
   for (size_t gi = 0; gi < recipe.groups.size(); ++gi) {
@@ -305,6 +322,7 @@ inline InstanceShape random_instance(Rng& rng, const ModelRecipe& recipe, uint32
         if (token_indexed(g.kind)) {
           if (gs.kernel_ratio > 1) f.dims.push_back(Dim::kKernel);
           if (!gs.omit_unit_position) f.dims.push_back(Dim::kPosition);
+          if (gs.inner_split > 1) f.dims.push_back(Dim::kInner);
         }
         if (f.one_tensor) f.dims.push_back(Dim::kLayer);
         if (chance(rng, 60)) {
@@ -318,6 +336,7 @@ inline InstanceShape random_instance(Rng& rng, const ModelRecipe& recipe, uint32
           if (f.sharded && heads_first) usual.push_back(Dim::kHead);
           if (gs.kernel_ratio > 1) usual.push_back(Dim::kKernel);
           if (token_indexed(g.kind) && !gs.omit_unit_position) usual.push_back(Dim::kPosition);
+          if (gs.inner_split > 1) usual.push_back(Dim::kInner);
           if (f.sharded && !heads_first) usual.push_back(Dim::kHead);
           if (chance(rng, 70)) usual.push_back(Dim::kComponent);
           else usual.insert(usual.begin() + draw(rng, 0, usual.size()), Dim::kComponent);
@@ -330,6 +349,7 @@ inline InstanceShape random_instance(Rng& rng, const ModelRecipe& recipe, uint32
         f.base_offset = chance(rng, 25) ? pick(rng, std::vector<uint64_t>{8, 64, 4096}) : 0;
         f.tail_slack = chance(rng, 25) ? pick(rng, std::vector<uint64_t>{1, 100}) : 0;
         f.shuffle_axes = chance(rng, 30);
+        f.junk_unit_strides = chance(rng, 20);
         f.axes_seed = rng();
         s.families.push_back(std::move(f));
       }
@@ -387,7 +407,8 @@ inline FamilyGeometry family_geometry(const ModelRecipe& recipe, const InstanceS
   geo.size[dim_index(Dim::kHead)] =
       f.sharded ? shard_heads(g.components[f.components[0]].total_heads, s.tp_size, rank).count : 1;
   geo.size[dim_index(Dim::kKernel)] = gs.kernel_ratio;
-  geo.size[dim_index(Dim::kPosition)] = positions / gs.kernel_ratio;
+  geo.size[dim_index(Dim::kPosition)] = positions / gs.kernel_ratio / gs.inner_split;
+  geo.size[dim_index(Dim::kInner)] = gs.inner_split;
   geo.size[dim_index(Dim::kComponent)] = f.components.size();
   geo.size[dim_index(Dim::kLayer)] = g.layers.size();
   const size_t comp_at = std::find(f.dims.begin(), f.dims.end(), Dim::kComponent) - f.dims.begin();
@@ -481,6 +502,7 @@ inline Layout make_rank_layout(const ModelRecipe& recipe, const InstanceShape& s
           c.offset += l * layer_stride;
         }
         if (f.sharded) c.heads = shard_heads(cr.total_heads, s.tp_size, rank);
+        std::vector<std::pair<Dim, Axis>> position_digits;  // in physical order
         for (size_t i = 0; i < f.dims.size(); ++i) {
           const Dim d = f.dims[i];
           if (d == Dim::kComponent || d == Dim::kLayer) continue;
@@ -488,20 +510,26 @@ inline Layout make_rank_layout(const ModelRecipe& recipe, const InstanceShape& s
           const uint64_t size = geo.size[dim_index(d)];
           AxisKind kind = d == Dim::kBlock ? AxisKind::kBlock : d == Dim::kHead ? AxisKind::kHead : AxisKind::kPosition;
           c.axes.push_back(Axis{kind, size, stride});
+          if (kind == AxisKind::kPosition) position_digits.push_back({d, c.axes.back()});
         }
-        // Position axes must read outermost first: the kernel page, then the
-        // position inside it, whatever their physical nesting.
-        const auto kernel_it = std::find(f.dims.begin(), f.dims.end(), Dim::kKernel);
-        const auto position_it = std::find(f.dims.begin(), f.dims.end(), Dim::kPosition);
-        if (kernel_it != f.dims.end() && position_it != f.dims.end() && position_it < kernel_it) {
-          std::vector<size_t> at;
-          for (size_t i = 0; i < c.axes.size(); ++i) {
-            if (c.axes[i].kind == AxisKind::kPosition) at.push_back(i);
+        // Position axes must read outermost digit first (kernel page,
+        // position, inner split), whatever their physical nesting: put them
+        // in digit order into the slots the position axes hold.
+        std::stable_sort(position_digits.begin(), position_digits.end(),
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
+        for (size_t i = 0, k = 0; i < c.axes.size(); ++i) {
+          if (c.axes[i].kind == AxisKind::kPosition) c.axes[i] = position_digits[k++].second;
+        }
+        Rng axes_rng(f.axes_seed + 1000 * l + m);
+        if (f.junk_unit_strides) {
+          // An axis of size 1 is only ever indexed 0: its stride must not matter.
+          for (Axis& a : c.axes) {
+            if (a.size == 1 && chance(axes_rng, 50)) {
+              a.stride = pick(axes_rng, std::vector<uint64_t>{0, 3, uint64_t{1} << 20, uint64_t{1} << 40});
+            }
           }
-          std::swap(c.axes[at[0]], c.axes[at[1]]);
         }
         if (f.shuffle_axes) {
-          Rng axes_rng(f.axes_seed);
           std::vector<Axis> others, positions;
           for (const Axis& a : c.axes) (a.kind == AxisKind::kPosition ? positions : others).push_back(a);
           shuffle(axes_rng, others);
@@ -584,7 +612,10 @@ inline uint64_t expected_bytes(const Layout& local, const Request& request) {
       case GroupKind::kSlidingWindow:
         positions = moving_positions(g, request.num_tokens, request.skip_tokens).count();
         break;
-      case GroupKind::kState: positions = 1; break;
+      // plan.h is silent on a request whose receiver has every token
+      // (skip_tokens == num_tokens); the planner and the verifier both move
+      // no state then, and so does this count.
+      case GroupKind::kState: positions = request.skip_tokens < request.num_tokens ? 1 : 0; break;
       case GroupKind::kScratch: positions = g.positions_per_block(); break;
     }
     for (const Layer& l : g.layers) {
@@ -609,26 +640,34 @@ struct RequestOptions {
   uint64_t max_state_blocks = kMaxStateBlocks;
 };
 
-// Groups that share a tensor, as classes of group indices (union-find).
-inline std::vector<size_t> overlay_classes(const Layout& layout) {
-  std::vector<size_t> parent(layout.groups.size());
+// Groups that share a tensor in any of `ranks` (ranks of one instance, with
+// the groups of the first), as a class index per group of the first rank.
+inline std::vector<size_t> overlay_classes(std::span<const Layout> ranks) {
+  const Layout& first = ranks.front();
+  std::vector<size_t> parent(first.groups.size());
   std::iota(parent.begin(), parent.end(), 0);
   auto find = [&](size_t x) {
     while (parent[x] != x) x = parent[x] = parent[parent[x]];
     return x;
   };
-  std::map<std::string, size_t> owner;
-  for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
-    for (const Layer& l : layout.groups[gi].layers) {
-      for (const Component& c : l.components) {
-        auto [it, fresh] = owner.emplace(c.tensor, gi);
-        if (!fresh) parent[find(gi)] = find(it->second);
+  for (const Layout& layout : ranks) {
+    std::map<std::string, size_t> owner;
+    for (const Group& g : layout.groups) {
+      const Group* same = first.find_group(g.name);
+      if (same == nullptr) continue;
+      const size_t gi = static_cast<size_t>(same - first.groups.data());
+      for (const Layer& l : g.layers) {
+        for (const Component& c : l.components) {
+          auto [it, fresh] = owner.emplace(c.tensor, gi);
+          if (!fresh) parent[find(gi)] = find(it->second);
+        }
       }
     }
   }
   for (size_t gi = 0; gi < parent.size(); ++gi) parent[gi] = find(gi);
   return parent;
 }
+inline std::vector<size_t> overlay_classes(const Layout& layout) { return overlay_classes(std::span(&layout, 1)); }
 
 namespace detail {
 
@@ -681,11 +720,12 @@ class IdPool {
 };
 
 // Block ids of every transfer group of one side.
-inline std::map<std::string, std::vector<int64_t>> side_lists(Rng& rng, const Layout& layout,
+inline std::map<std::string, std::vector<int64_t>> side_lists(Rng& rng, std::span<const Layout> ranks,
                                                               const RequestOptions& o, BlockIds mode,
                                                               unsigned unused_as_minus_one_percent,
                                                               const std::map<std::string, uint64_t>& state_len) {
-  const std::vector<size_t> cls = overlay_classes(layout);
+  const Layout& layout = ranks.front();
+  const std::vector<size_t> cls = overlay_classes(ranks);
   // Count the ids each class needs, then draw them from one pool per class.
   std::map<size_t, uint64_t> need, num_blocks;
   auto length = [&](const Group& g) -> uint64_t {
@@ -729,12 +769,14 @@ inline std::map<std::string, std::vector<int64_t>> side_lists(Rng& rng, const La
 
 }  // namespace detail
 
-// A request over `local` and `remote` (any ranks of each instance: block ids
-// and sizes are per instance). Token-indexed lists are exactly as long as
-// num_tokens needs; state lists are 1 to max_state_blocks long, independently
-// on each side; scratch lists hold one block. Groups that overlay each other
-// on a side get distinct ids there. Requires: num_blocks large enough.
-inline Request make_request(Rng& rng, const Layout& local, const Layout& remote, const RequestOptions& o) {
+// A request over `local` and the ranks `remotes` of the other instance
+// (block ids and sizes are per instance; the first remote gives the remote
+// block sizes). Token-indexed lists are exactly as long as num_tokens needs;
+// state lists are 1 to max_state_blocks long, independently on each side;
+// scratch lists hold one block. Groups that overlay each other in any rank of
+// a side get distinct ids there. Requires: num_blocks large enough.
+inline Request make_request(Rng& rng, const Layout& local, std::span<const Layout> remotes,
+                            const RequestOptions& o) {
   Request r;
   r.num_tokens = o.num_tokens;
   r.skip_tokens = o.skip_tokens;
@@ -745,10 +787,10 @@ inline Request make_request(Rng& rng, const Layout& local, const Layout& remote,
       remote_state[g.name] = draw(rng, 1, o.max_state_blocks);
     }
   }
-  auto lists_local =
-      detail::side_lists(rng, local, o, o.local_ids, o.local_unused_as_minus_one_percent, local_state);
+  auto lists_local = detail::side_lists(rng, std::span(&local, 1), o, o.local_ids,
+                                       o.local_unused_as_minus_one_percent, local_state);
   auto lists_remote =
-      detail::side_lists(rng, remote, o, o.remote_ids, o.remote_unused_as_minus_one_percent, remote_state);
+      detail::side_lists(rng, remotes, o, o.remote_ids, o.remote_unused_as_minus_one_percent, remote_state);
   for (auto& [name, ids] : lists_local) {
     GroupBlocks& gb = r.blocks[name];
     gb.local = std::move(ids);

@@ -1,0 +1,215 @@
+// Planning cost of a 128k-token request, against the cost of copying the same
+// bytes with memcpy on this machine, and the descriptor counts against the
+// usual one-per-(layer, block) scheme.
+//
+// Counters (per benchmark; run with --benchmark_counters_tabular=true):
+//   descriptors    descriptors in the plan
+//   bytes          bytes the plan moves into the local rank
+//   plan_ms        mean wall time of one plan() call
+//   memcpy_ms      one memcpy of `bytes` (through two buffers of at most 1
+//                  GiB, chunk by chunk), best of two, measured in this run
+//   plan_pct       plan_ms / memcpy_ms in percent (target: <= 2)
+//   B_per_desc     bytes of plan memory per descriptor (capacity * 32 / size)
+//   naive          naive_descriptor_count(): one per (layer, component, block
+//                  pair, source rank)
+//   naive_x        naive / descriptors
+//   layer_blocks   one per (layer, moving local block): what a per-(layer,
+//                  block) scheme posts; layer_blocks_x = layer_blocks / descriptors
+//
+// Scenarios (decode pulls; local = decode rank 0, remotes = every prefill
+// rank); the TP sizes, orders and block ids are in each name.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvbridge/layout.h"
+#include "kvbridge/plan.h"
+#include "kvbridge/presets.h"
+#include "plan/random_layout.h"
+
+namespace kvbridge {
+namespace {
+
+namespace gen = ::kvbridge::testing;
+
+constexpr uint64_t kTokens = 128 * 1024;
+constexpr uint64_t kMaxBuffer = uint64_t{1} << 30;
+
+struct Scenario {
+  std::string preset;
+  uint32_t prefill_tp;
+  uint32_t decode_tp;
+  Order prefill_order;
+  Order decode_order;
+  uint64_t block_tokens;  // 0: the preset's default
+  gen::BlockIds ids;
+};
+
+std::vector<Layout> instance(const Scenario& s, uint32_t tp, Order order, uint64_t num_blocks) {
+  std::vector<Layout> ranks;
+  for (uint32_t r = 0; r < tp; ++r) {
+    Result<Layout> l = make_preset(PresetOptions{.name = s.preset, .tp_size = tp, .tp_rank = r,
+                                                 .block_tokens = s.block_tokens, .order = order,
+                                                 .num_blocks = num_blocks});
+    if (!l) {
+      std::fprintf(stderr, "plan_bench: %s\n", l.error().to_string().c_str());
+      std::exit(1);
+    }
+    ranks.push_back(std::move(*l));
+  }
+  return ranks;
+}
+
+// Enough blocks for kTokens in every group, overlaid groups included.
+uint64_t num_blocks_for(const Scenario& s) {
+  Result<Layout> probe = make_preset(PresetOptions{.name = s.preset, .block_tokens = s.block_tokens, .num_blocks = 1});
+  uint64_t need = 64;
+  if (probe) {
+    for (const Group& g : probe->groups) {
+      need += g.kind == GroupKind::kState ? gen::kMaxStateBlocks
+                                          : gen::token_list_length(g.block_tokens, kTokens);
+    }
+  }
+  return need;
+}
+
+// (layer, block) pairs with moving positions in the local rank: what a
+// per-(layer, block) scheme posts at the least.
+uint64_t layer_blocks(const Layout& local, const Request& request) {
+  uint64_t n = 0;
+  for (const Group& g : local.groups) {
+    if (!g.transfer) continue;
+    uint64_t blocks = 1;
+    if (g.kind == GroupKind::kAttention || g.kind == GroupKind::kSlidingWindow) {
+      const gen::PositionRange r = gen::moving_positions(g, request.num_tokens, request.skip_tokens);
+      const uint64_t per = g.positions_per_block();
+      blocks = r.count() == 0 ? 0 : (r.end - 1) / per - r.first / per + 1;
+    }
+    n += blocks * g.layers.size();
+  }
+  return n;
+}
+
+// Two pre-faulted buffers of up to kMaxBuffer bytes, shared by every benchmark.
+struct Buffers {
+  std::unique_ptr<char[]> src, dst;
+  uint64_t size = 0;
+};
+Buffers& buffers(uint64_t want) {
+  static Buffers b;
+  want = std::min(want, kMaxBuffer);
+  if (b.size < want) {
+    b.src.reset();
+    b.dst.reset();
+    b.src.reset(new char[want]);
+    b.dst.reset(new char[want]);
+    std::memset(b.src.get(), 0x5a, want);
+    std::memset(b.dst.get(), 0, want);
+    b.size = want;
+  }
+  return b;
+}
+
+// Seconds to memcpy `bytes` chunk by chunk, best of two passes.
+double memcpy_seconds(uint64_t bytes) {
+  if (bytes == 0) return 0;
+  Buffers& b = buffers(bytes);
+  double best = 1e30;
+  for (int pass = 0; pass < 2; ++pass) {
+    const auto start = std::chrono::steady_clock::now();
+    for (uint64_t done = 0; done < bytes;) {
+      const uint64_t n = std::min(b.size, bytes - done);
+      std::memcpy(b.dst.get(), b.src.get(), n);
+      benchmark::ClobberMemory();
+      done += n;
+    }
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+
+void BM_Plan(benchmark::State& state, Scenario s) {
+  const uint64_t num_blocks = num_blocks_for(s);
+  const std::vector<Layout> prefill = instance(s, s.prefill_tp, s.prefill_order, num_blocks);
+  const std::vector<Layout> decode = instance(s, s.decode_tp, s.decode_order, num_blocks);
+  const Layout& local = decode.front();
+  gen::Rng rng(0x6b76627269646765ULL);
+  gen::RequestOptions o;
+  o.num_tokens = kTokens;
+  o.local_ids = o.remote_ids = s.ids;
+  o.local_unused_as_minus_one_percent = o.remote_unused_as_minus_one_percent = 0;
+  const Request request = gen::make_request(rng, local, prefill, o);
+
+  Result<Plan> first = plan(local, prefill, request);
+  if (!first) {
+    state.SkipWithError(first.error().to_string().c_str());
+    return;
+  }
+  double plan_seconds = 0;
+  uint64_t calls = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    Result<Plan> p = plan(local, prefill, request);
+    plan_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++calls;
+    benchmark::DoNotOptimize(p);
+  }
+  const Plan& p = *first;
+  const double plan_ms = 1e3 * plan_seconds / static_cast<double>(std::max<uint64_t>(calls, 1));
+  const double memcpy_ms = 1e3 * memcpy_seconds(p.bytes);
+  const double descriptors = static_cast<double>(p.descriptors.size());
+  const double naive = static_cast<double>(naive_descriptor_count(local, prefill, request));
+  const double pairs = static_cast<double>(layer_blocks(local, request));
+  state.counters["descriptors"] = descriptors;
+  state.counters["bytes"] = static_cast<double>(p.bytes);
+  state.counters["plan_ms"] = plan_ms;
+  state.counters["memcpy_ms"] = memcpy_ms;
+  state.counters["plan_pct"] = memcpy_ms > 0 ? 100.0 * plan_ms / memcpy_ms : 0;
+  state.counters["B_per_desc"] =
+      descriptors > 0 ? static_cast<double>(p.descriptors.capacity() * sizeof(Descriptor)) / descriptors : 0;
+  state.counters["naive"] = naive;
+  state.counters["naive_x"] = descriptors > 0 ? naive / descriptors : 0;
+  state.counters["layer_blocks"] = pairs;
+  state.counters["layer_blocks_x"] = descriptors > 0 ? pairs / descriptors : 0;
+}
+
+constexpr auto kL = Order::kLBHNC;
+constexpr auto kN = Order::kLBNHC;
+constexpr auto kB = Order::kBLHNC;
+constexpr auto kSeq = gen::BlockIds::kConsecutive;
+constexpr auto kShuf = gen::BlockIds::kShuffled;
+
+BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/consecutive,
+                  Scenario{"llama3-70b", 8, 8, kL, kL, 16, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/shuffled,
+                  Scenario{"llama3-70b", 8, 8, kL, kL, 16, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_BLHNC/D_TP8_BLHNC/b16/consecutive,
+                  Scenario{"llama3-70b", 8, 8, kB, kB, 16, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_BLHNC/D_TP8_BLHNC/b16/shuffled,
+                  Scenario{"llama3-70b", 8, 8, kB, kB, 16, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_LBHNC/D_TP2_LBHNC/b16/shuffled,
+                  Scenario{"llama3-70b", 8, 2, kL, kL, 16, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Plan, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/consecutive,
+                  Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Plan, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/shuffled,
+                  Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Plan, glm5_flash/P_TP4_LBHNC/D_TP4_LBHNC/b2304/consecutive,
+                  Scenario{"glm5-flash", 4, 4, kL, kL, 0, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Plan, glm5_flash/P_TP4_BLHNC/D_TP4_BLHNC/b2304/shuffled,
+                  Scenario{"glm5-flash", 4, 4, kB, kB, 0, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Plan, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/consecutive,
+                  Scenario{"qwen3-next", 4, 2, kN, kN, 64, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Plan, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/shuffled,
+                  Scenario{"qwen3-next", 4, 2, kN, kN, 64, kShuf})->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace kvbridge
+
+BENCHMARK_MAIN();
