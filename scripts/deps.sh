@@ -8,7 +8,9 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libxxhash-dev libcli11-dev
   clang-14 libclang-rt-14-dev
-  python3 jq
+  python3 jq iproute2
+  libucx-dev ucx-utils iperf3
+  gnuplot-nox
 )
 
 missing=()

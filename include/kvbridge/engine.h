@@ -1,0 +1,165 @@
+// kvbridge/engine.h: registered memory, peers, and asynchronous transfers.
+//
+// One Engine per process. It registers memory (deduplicating identical
+// registrations and merging overlapping ones), publishes self-describing,
+// versioned metadata that a peer needs to reach it (docs/formats/engine-metadata.md),
+// connects to peers from their metadata, and executes batches of copies
+// between local registrations and a peer's registrations as reads (peer ->
+// local) or writes (local -> peer), with an optional notification delivered
+// to the peer after the last byte. Transports (local, cma, tcp, ucx) are
+// chosen per peer from what both sides offer, in the engine's preference order.
+//
+// Safety contract:
+//  - Every item is checked before anything is posted: the local handle and
+//    range against this engine's registrations, the remote range against the
+//    peer's advertised registrations. Out of bounds fails the whole submit;
+//    nothing moves.
+//  - A transfer ends exactly once as kDone, kFailed (first error, bytes
+//    completed) or kCancelled. Transfers have deadlines: nothing waits forever.
+//  - After cancel() returns, no further byte of that transfer lands in local
+//    memory (for reads) and none is sent from it (for writes).
+//  - A registration cannot be removed while a transfer uses it.
+//
+// Thread-safety: every method may be called from any thread. Work runs on the
+// engine's own threads. Ownership: registered memory stays owned by the
+// caller and must stay valid until deregister_memory() returns OK.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvbridge/status.h"
+
+namespace kvbridge {
+
+using RegionId = uint32_t;    // a local registration handle, or a peer's
+using PeerId = uint32_t;      // a connected peer
+using TransferId = uint64_t;  // a submitted transfer
+
+enum class TransferOp : uint8_t { kRead, kWrite };
+enum class TransferState : uint8_t { kInProgress, kDone, kFailed, kCancelled };
+std::string_view transfer_state_name(TransferState state);
+
+// One copy of a transfer. Offsets are from the start of each registration.
+struct TransferItem {
+  RegionId local = 0;
+  uint64_t local_offset = 0;
+  RegionId remote = 0;  // the id the peer advertised in its metadata
+  uint64_t remote_offset = 0;
+  uint64_t bytes = 0;
+};
+
+struct TransferStatus {
+  TransferState state = TransferState::kInProgress;
+  Status error;              // kFailed: the first error; kCancelled: why
+  uint64_t bytes_done = 0;   // bytes known to have completed
+  uint64_t bytes_total = 0;
+};
+
+struct Notification {
+  std::string peer;     // the sender's engine name
+  std::string message;
+};
+
+struct EngineOptions {
+  std::string name = "kvbridge";  // shown to peers and in errors
+  // Transports in order of preference; empty means every available one
+  // (local, cma, tcp, ucx). A peer is reached by the first one both offer.
+  std::vector<std::string> transports;
+  std::string host = "127.0.0.1";  // address the tcp and control listeners bind
+  uint32_t tcp_streams = 4;        // connections per peer for tcp
+  uint32_t threads = 2;            // worker threads
+  std::chrono::milliseconds default_timeout{30000};
+};
+
+// A transport this engine can or cannot use, and why.
+struct TransportReport {
+  std::string name;
+  bool available = false;
+  std::string reason;  // why not, e.g. "ptrace_scope 3 forbids process_vm_readv"
+};
+
+inline constexpr size_t kLatencyBuckets = 16;  // 2^k microseconds, k = 0..15 (last: more)
+
+struct EngineMetrics {
+  uint64_t transfers_submitted = 0, transfers_done = 0, transfers_failed = 0, transfers_cancelled = 0;
+  uint64_t descriptors = 0, bytes_read = 0, bytes_written = 0;
+  uint64_t notifications_sent = 0, notifications_received = 0;
+  std::array<uint64_t, kLatencyBuckets> latency_us_buckets{};  // completed transfers by latency
+};
+
+class Engine {
+ public:
+  // Starts the engine's threads and listeners. kUnavailable when a transport
+  // named in options.transports cannot run here (the message says why).
+  static Result<std::unique_ptr<Engine>> create(const EngineOptions& options);
+
+  // Cancels every transfer still in progress (each completes as kCancelled),
+  // closes peers, joins threads.
+  virtual ~Engine() = default;
+
+  virtual const std::string& name() const = 0;
+  virtual std::vector<TransportReport> transports() const = 0;
+
+  // Registers [base, base + bytes) of kind `memory` ("host", or "cuda:N"
+  // when built with CUDA). Registering the same range again returns the same
+  // id (reference counted); overlapping ranges are merged for the transports.
+  // kInvalidArgument for a null or empty range or an unknown memory kind.
+  virtual Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory = "host") = 0;
+  // Drops one reference. kUnavailable while a transfer uses it (nothing
+  // changes); kNotFound for an unknown id.
+  virtual Status deregister_memory(RegionId id) = 0;
+
+  // The bytes a peer passes to connect(): versioned, bounded (at most
+  // kMaxEngineMetadataBytes), listing transports and registrations.
+  // Registrations made later need a fresh metadata() and refresh().
+  virtual std::string metadata() const = 0;
+
+  // Connects to the peer described by `metadata` (one connection per peer
+  // name, reused: connecting again returns the same id and refreshes the
+  // peer's registrations). kInvalidArgument for malformed metadata,
+  // kIncompatible for a version mismatch, kUnavailable when no transport is
+  // shared (the message lists both sides' transports).
+  virtual Result<PeerId> connect(std::string_view metadata) = 0;
+
+  // Submits a transfer and returns at once. `notification`, when not empty,
+  // is delivered to the peer after the last byte. Errors (nothing is posted):
+  // kNotFound for an unknown peer or region, kOutOfRange for an item outside
+  // a registration (naming the item and region), kInvalidArgument for an
+  // empty batch or a zero-length item.
+  virtual Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
+                                    std::string notification, std::chrono::milliseconds timeout) = 0;
+  Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
+                            std::string notification = {}) {
+    return submit(peer, op, items, std::move(notification), std::chrono::milliseconds(0));
+  }
+
+  // The state of a transfer; kNotFound in `error` for an unknown id.
+  virtual TransferStatus status(TransferId id) const = 0;
+  // Waits until the transfer ends or `timeout` passes (then kInProgress).
+  virtual TransferStatus wait(TransferId id, std::chrono::milliseconds timeout) = 0;
+  // Cancels; when it returns no further byte of the transfer lands locally.
+  // OK also when the transfer had already ended (its state is kept).
+  virtual Status cancel(TransferId id) = 0;
+  // Forgets an ended transfer. kUnavailable while in progress.
+  virtual Status release(TransferId id) = 0;
+
+  // Sends a notification on its own, after every earlier transfer to the peer.
+  virtual Status notify(PeerId peer, std::string message) = 0;
+  // Notifications received since the last call, in arrival order per peer.
+  virtual std::vector<Notification> take_notifications() = 0;
+
+  virtual EngineMetrics metrics() const = 0;
+  // Prometheus text exposition of metrics(), names prefixed "kvbridge_".
+  virtual std::string metrics_prometheus() const = 0;
+};
+
+inline constexpr size_t kMaxEngineMetadataBytes = size_t{1} << 20;
+
+}  // namespace kvbridge

@@ -1,0 +1,201 @@
+// The engine: construction, transports, registrations, metadata,
+// notifications and teardown. Peers are in peers.cc, submit in submit.cc.
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "engine/engine_impl.h"
+
+namespace kvbridge {
+
+std::string_view transfer_state_name(TransferState state) {
+  switch (state) {
+    case TransferState::kInProgress: return "in_progress";
+    case TransferState::kDone: return "done";
+    case TransferState::kFailed: return "failed";
+    case TransferState::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
+  std::vector<TransportReport> reports;
+  KVB_ASSIGN_OR_RETURN(auto transports, engine_internal::make_transports(options, &reports));
+  return engine_internal::create_engine(options, std::move(transports), std::move(reports));
+}
+
+}  // namespace kvbridge
+
+namespace kvbridge::engine_internal {
+namespace {
+
+const char* const kKnownTransports[] = {"local", "cma", "tcp", "ucx"};
+
+Result<std::unique_ptr<transport::Transport>> make_one(const std::string& name, const EngineOptions& options) {
+  if (name == "local") return transport::make_local_transport();
+  if (name == "cma") return transport::make_cma_transport();
+  if (name == "tcp") return transport::make_tcp_transport(options.host, options.tcp_streams);
+  if (name == "ucx") return transport::make_ucx_transport();
+  return Status::invalid_argument("unknown transport '" + name + "' (known: local, cma, tcp, ucx)");
+}
+
+}  // namespace
+
+Result<std::vector<std::unique_ptr<transport::Transport>>> make_transports(const EngineOptions& options,
+                                                                           std::vector<TransportReport>* reports) {
+  const bool explicit_list = !options.transports.empty();
+  std::vector<std::string> names = options.transports;
+  if (!explicit_list) names.assign(std::begin(kKnownTransports), std::end(kKnownTransports));
+  std::vector<std::unique_ptr<transport::Transport>> out;
+  for (const std::string& name : names) {
+    if (std::count(names.begin(), names.end(), name) > 1) {
+      return Status::invalid_argument("transport '" + name + "' is listed more than once");
+    }
+    Result<std::unique_ptr<transport::Transport>> t = make_one(name, options);
+    if (!t.ok() && t.error().code() == Code::kInvalidArgument) return t.error();
+    if (!t.ok() && explicit_list) {
+      return Status::unavailable("transport '" + name + "' cannot run here: " + t.error().message());
+    }
+    reports->push_back(TransportReport{name, t.ok(), t.ok() ? "" : t.error().message()});
+    if (t.ok()) out.push_back(std::move(*t));
+  }
+  return out;
+}
+
+Result<std::unique_ptr<Engine>> create_engine(const EngineOptions& options,
+                                              std::vector<std::unique_ptr<transport::Transport>> transports,
+                                              std::vector<TransportReport> reports, EngineHooks hooks) {
+  if (options.name.empty() || options.name.size() > kMaxNameBytes) {
+    return Status::invalid_argument("engine name must be 1 to " + std::to_string(kMaxNameBytes) + " bytes");
+  }
+  if (reports.empty()) {
+    for (const auto& t : transports) reports.push_back(TransportReport{std::string(t->name()), true, ""});
+  }
+  auto engine = std::make_unique<EngineImpl>(options, std::move(transports), std::move(reports), std::move(hooks));
+  KVB_RETURN_IF_ERROR(engine->init());
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+EngineImpl::EngineImpl(const EngineOptions& options, std::vector<std::unique_ptr<transport::Transport>> transports,
+                       std::vector<TransportReport> reports, EngineHooks hooks)
+    : options_(options), reports_(std::move(reports)), hooks_(std::move(hooks)), transports_(std::move(transports)) {}
+
+Status EngineImpl::init() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
+    return Status::io_error("gethostname failed: the engine needs a host identity for its metadata");
+  }
+  hostname_ = host;
+  pid_ = static_cast<uint64_t>(::getpid());
+  std::vector<transport::Transport*> raw;
+  for (const auto& t : transports_) raw.push_back(t.get());
+  registry_ = std::make_unique<Registry>(std::move(raw));
+  KVB_ASSIGN_OR_RETURN(control_, Control::create(options_.host, options_.name,
+                                                 [this](Notification n) { on_notification(std::move(n)); }));
+  Transfers::Callbacks callbacks;
+  callbacks.release_regions = [this](const std::vector<RegionId>& regions) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (RegionId r : regions) registry_->release(r);
+  };
+  callbacks.drop_notification = hooks_.drop_notification;
+  transfers_ = std::make_unique<Transfers>(options_.threads, &metrics_, std::move(callbacks));
+  return Status();
+}
+
+EngineImpl::~EngineImpl() {
+  // Closing channels first wakes workers waiting for acknowledgements, so
+  // the transfers can end promptly.
+  std::vector<std::shared_ptr<Peer>> peers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, p] : peers_) peers.push_back(p);
+  }
+  if (control_) {
+    for (auto& p : peers) control_->close(p->channel);
+  }
+  if (transfers_) transfers_->shutdown();
+  control_.reset();
+  peers.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peers_.clear();
+  }
+  transfers_.reset();
+  registry_.reset();
+  transports_.clear();
+}
+
+Result<RegionId> EngineImpl::register_memory(void* base, uint64_t bytes, std::string_view memory) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t before = registry_->num_regions();
+  KVB_ASSIGN_OR_RETURN(RegionId id, registry_->add(base, bytes, memory));
+  if (registry_->num_regions() > before) {
+    // The metadata bound is a promise to peers; keep it at registration.
+    Result<std::string> encoded = encode_metadata(describe_locked());
+    if (!encoded.ok()) {
+      (void)registry_->remove(id);
+      return encoded.error().with_context("register_memory");
+    }
+  }
+  return id;
+}
+
+Status EngineImpl::deregister_memory(RegionId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return registry_->remove(id);
+}
+
+EngineMetadata EngineImpl::describe_locked() const {
+  EngineMetadata m;
+  m.name = options_.name;
+  m.pid = pid_;
+  m.hostname = hostname_;
+  m.control_address = control_->address();
+  for (const auto& t : transports_) m.transports.push_back(MetadataTransport{std::string(t->name()), t->address()});
+  registry_->describe(&m);
+  return m;
+}
+
+std::string EngineImpl::metadata() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<std::string> encoded = encode_metadata(describe_locked());
+  // register_memory() keeps the encoding within bounds, and everything else
+  // in it is checked at create(); an error here is a bug.
+  assert(encoded.ok());
+  return encoded.ok() ? *encoded : std::string();
+}
+
+void EngineImpl::on_notification(Notification n) {
+  std::lock_guard<std::mutex> lock(notes_mu_);
+  notes_.push_back(std::move(n));
+  metrics_.notification_received();
+}
+
+std::vector<Notification> EngineImpl::take_notifications() {
+  std::lock_guard<std::mutex> lock(notes_mu_);
+  std::vector<Notification> out;
+  out.swap(notes_);
+  return out;
+}
+
+Status EngineImpl::notify(PeerId peer, std::string message) {
+  std::shared_ptr<Peer> p;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return Status::not_found("notify: peer " + std::to_string(peer) + " is not connected");
+    p = it->second;
+  }
+  if (message.size() > kMaxControlPayload) {
+    return Status::resource_exhausted("notify: message is " + std::to_string(message.size()) + " bytes, more than " +
+                                      std::to_string(kMaxControlPayload));
+  }
+  const Clock::time_point deadline = Clock::now() + options_.default_timeout;
+  KVB_RETURN_IF_ERROR(transfers_->wait_peer(p->connection, deadline).with_context("notify"));
+  const bool drop = hooks_.drop_notification && hooks_.drop_notification();
+  KVB_RETURN_IF_ERROR(p->channel->notify(message, deadline, drop).with_context("notify"));
+  metrics_.notification_sent();
+  return Status();
+}
+
+}  // namespace kvbridge::engine_internal

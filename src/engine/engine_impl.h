@@ -1,0 +1,117 @@
+// engine/engine_impl.h: the Engine implementation, for the engine's own
+// files and for tests that build an engine around their own transports.
+//
+// EngineImpl divides as the files do: bookkeeping of memory (registry.h),
+// the wire description (metadata.h), peers and transport choice (peers.cc),
+// checking and resolving a batch (submit.cc), execution (transfers.h),
+// control connections (control.h), counters (metrics.h).
+//
+// Thread-safety: as Engine. mu_ is the registry lock of transport.h: it
+// guards the registry and the peer table, and transports' add_segment,
+// remove_segment and connect run under it. Ownership and teardown order:
+// transports outlive links, links outlive transfers, and the destructor
+// closes channels, ends transfers, stops the control thread, drops peers,
+// then transports, so every child dies before its parent.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/control.h"
+#include "engine/metadata.h"
+#include "engine/metrics.h"
+#include "engine/registry.h"
+#include "engine/transfers.h"
+#include "kvbridge/engine.h"
+#include "transport/transport.h"
+
+namespace kvbridge::engine_internal {
+
+// Test hooks; all optional.
+struct EngineHooks {
+  // Called before each notification is sent (after a transfer or notify());
+  // true drops it: nothing is sent, and the sender waits for an
+  // acknowledgement that never comes (so the transfer fails by its deadline).
+  std::function<bool()> drop_notification;
+};
+
+// Builds the transports that `options` asks for (every known one when empty,
+// skipping those that cannot run here), in preference order, and reports on
+// each. kInvalidArgument for an unknown name, kUnavailable when a transport
+// named explicitly cannot run.
+Result<std::vector<std::unique_ptr<transport::Transport>>> make_transports(const EngineOptions& options,
+                                                                           std::vector<TransportReport>* reports);
+
+// An engine over the given transports (in preference order).
+Result<std::unique_ptr<Engine>> create_engine(const EngineOptions& options,
+                                              std::vector<std::unique_ptr<transport::Transport>> transports,
+                                              std::vector<TransportReport> reports = {}, EngineHooks hooks = {});
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const EngineOptions& options, std::vector<std::unique_ptr<transport::Transport>> transports,
+             std::vector<TransportReport> reports, EngineHooks hooks);
+  ~EngineImpl() override;
+  Status init();
+
+  const std::string& name() const override { return options_.name; }
+  std::vector<TransportReport> transports() const override { return reports_; }
+  Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory) override;
+  Status deregister_memory(RegionId id) override;
+  std::string metadata() const override;
+  Result<PeerId> connect(std::string_view metadata) override;
+  Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items, std::string notification,
+                            std::chrono::milliseconds timeout) override;
+  TransferStatus status(TransferId id) const override { return transfers_->status(id); }
+  TransferStatus wait(TransferId id, std::chrono::milliseconds timeout) override { return transfers_->wait(id, timeout); }
+  Status cancel(TransferId id) override { return transfers_->cancel(id); }
+  Status release(TransferId id) override { return transfers_->release(id); }
+  Status notify(PeerId peer, std::string message) override;
+  std::vector<Notification> take_notifications() override;
+  EngineMetrics metrics() const override { return metrics_.snapshot(); }
+  std::string metrics_prometheus() const override { return metrics_.prometheus(); }
+
+ private:
+  struct Peer {
+    PeerId id = 0;
+    uint64_t connection = 0;  // changes when the peer restarts (new pid)
+    EngineMetadata metadata;
+    std::map<RegionId, MetadataRegion> regions;
+    std::string transport;  // the chosen transport's name
+    std::shared_ptr<transport::Link> link;
+    std::shared_ptr<Channel> channel;
+  };
+
+  // Requires mu_. The metadata of this engine as it stands.
+  EngineMetadata describe_locked() const;
+  // Requires mu_. Picks the transport and opens a link and a channel.
+  Status open_peer_locked(Peer& peer);
+  void on_notification(Notification n);
+
+  const EngineOptions options_;
+  const std::vector<TransportReport> reports_;
+  const EngineHooks hooks_;
+  std::string hostname_;
+  uint64_t pid_ = 0;
+  // Declared first so they are destroyed last (after every Link).
+  std::vector<std::unique_ptr<transport::Transport>> transports_;
+  Metrics metrics_;
+
+  mutable std::mutex mu_;  // the registry lock
+  std::unique_ptr<Registry> registry_;
+  std::map<PeerId, std::shared_ptr<Peer>> peers_;
+  PeerId next_peer_ = 1;
+  uint64_t next_connection_ = 1;
+
+  std::unique_ptr<Control> control_;
+  std::unique_ptr<Transfers> transfers_;
+
+  std::mutex notes_mu_;
+  std::vector<Notification> notes_;
+};
+
+}  // namespace kvbridge::engine_internal

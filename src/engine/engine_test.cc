@@ -1,0 +1,132 @@
+// The engine as a whole, over the local transport: creation, registration
+// through metadata, transport choice, and the Prometheus text. The transfer
+// behaviour is in tests/conformance.
+#include <gtest/gtest.h>
+
+#include "engine/engine_impl.h"
+#include "engine/metadata.h"
+#include "kvbridge/engine.h"
+
+namespace kvbridge {
+namespace {
+
+std::unique_ptr<Engine> make(const std::string& name, std::vector<std::string> transports = {"local"}) {
+  EngineOptions o;
+  o.name = name;
+  o.transports = std::move(transports);
+  Result<std::unique_ptr<Engine>> e = Engine::create(o);
+  EXPECT_TRUE(e.ok()) << e.error().to_string();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+TEST(EngineTest, UnknownOrUnavailableTransportsAreRefusedAtCreate) {
+  EngineOptions o;
+  o.transports = {"carrier-pigeon"};
+  Result<std::unique_ptr<Engine>> e = Engine::create(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.error().code(), Code::kInvalidArgument);
+  EXPECT_NE(e.error().message().find("carrier-pigeon"), std::string::npos);
+  // Asking for a transport that cannot run here is refused with its reason;
+  // one that can must start. ucx is either, depending on the build.
+  Result<std::unique_ptr<Engine>> any = Engine::create(EngineOptions{});
+  ASSERT_TRUE(any.ok()) << any.error().to_string();
+  for (const TransportReport& t : (*any)->transports()) {
+    o.transports = {t.name};
+    e = Engine::create(o);
+    if (t.available) {
+      EXPECT_TRUE(e.ok()) << t.name << ": " << e.error().to_string();
+    } else {
+      ASSERT_FALSE(e.ok()) << t.name;
+      EXPECT_EQ(e.error().code(), Code::kUnavailable);
+      EXPECT_NE(e.error().message().find(t.name), std::string::npos) << e.error().to_string();
+    }
+  }
+  o.transports = {"local", "local"};
+  EXPECT_EQ(Engine::create(o).error().code(), Code::kInvalidArgument);
+}
+
+TEST(EngineTest, DefaultTransportsReportWhatIsMissingAndWhy) {
+  EngineOptions o;
+  Result<std::unique_ptr<Engine>> e = Engine::create(o);
+  ASSERT_TRUE(e.ok()) << e.error().to_string();
+  std::vector<TransportReport> reports = (*e)->transports();
+  ASSERT_EQ(reports.size(), 4u);
+  EXPECT_EQ(reports[0].name, "local");
+  EXPECT_TRUE(reports[0].available);
+  for (const TransportReport& r : reports) {
+    EXPECT_TRUE(r.available || !r.reason.empty()) << r.name;
+  }
+}
+
+TEST(EngineTest, MetadataDescribesMergedSegmentsAndEveryRegion) {
+  std::unique_ptr<Engine> e = make("a");
+  std::vector<uint8_t> memory(1 << 16);
+  RegionId whole = *e->register_memory(memory.data(), memory.size());
+  RegionId view = *e->register_memory(memory.data() + 100, 1000);
+  EXPECT_EQ(*e->register_memory(memory.data() + 100, 1000), view);
+  Result<engine_internal::EngineMetadata> m = engine_internal::decode_metadata(e->metadata());
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_EQ(m->name, "a");
+  EXPECT_EQ(m->segments.size(), 1u);
+  ASSERT_EQ(m->regions.size(), 2u);
+  EXPECT_EQ(m->find_region(view)->bytes, 1000u);
+  EXPECT_EQ(m->find_region(whole)->segment, m->find_region(view)->segment);
+  EXPECT_LE(e->metadata().size(), kMaxEngineMetadataBytes);
+  EXPECT_TRUE(e->deregister_memory(view).ok());
+  EXPECT_TRUE(e->deregister_memory(view).ok());
+  EXPECT_EQ(e->deregister_memory(view).code(), Code::kNotFound);
+}
+
+TEST(EngineTest, MalformedOrIncompatibleMetadataIsRejectedAtConnect) {
+  std::unique_ptr<Engine> e = make("a");
+  EXPECT_EQ(e->connect("").error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(e->connect("garbage that is not metadata").error().code(), Code::kInvalidArgument);
+  std::string md = make("b")->metadata();
+  md[4] = 9;  // version
+  Result<PeerId> p = e->connect(md);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.error().code(), Code::kIncompatible);
+}
+
+TEST(EngineTest, NoSharedTransportListsBothSidesAndTheReasons) {
+  std::unique_ptr<Engine> a = make("a", {"local"});
+  std::unique_ptr<Engine> b = make("b", {"tcp"});
+  Result<PeerId> p = a->connect(b->metadata());
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.error().code(), Code::kUnavailable);
+  const std::string& m = p.error().message();
+  EXPECT_NE(m.find("this engine offers [local]"), std::string::npos) << m;
+  EXPECT_NE(m.find("the peer offers [tcp]"), std::string::npos) << m;
+  EXPECT_NE(m.find("local: the peer does not offer it"), std::string::npos) << m;
+}
+
+TEST(EngineTest, LocalRefusesAPeerInAnotherProcess) {
+  std::unique_ptr<Engine> a = make("a");
+  Result<engine_internal::EngineMetadata> m = engine_internal::decode_metadata(make("b")->metadata());
+  ASSERT_TRUE(m.ok());
+  m->pid += 1;
+  Result<PeerId> p = a->connect(*engine_internal::encode_metadata(*m));
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.error().message().find("not this process"), std::string::npos) << p.error().to_string();
+}
+
+TEST(EngineTest, PrometheusTextCountsTransfers) {
+  std::unique_ptr<Engine> a = make("a");
+  std::unique_ptr<Engine> b = make("b");
+  std::vector<uint8_t> x(4096, 1), y(4096, 2);
+  RegionId rx = *a->register_memory(x.data(), x.size());
+  RegionId ry = *b->register_memory(y.data(), y.size());
+  PeerId peer = *a->connect(b->metadata());
+  TransferItem item{rx, 0, ry, 0, 4096};
+  TransferId id = *a->submit(peer, TransferOp::kRead, std::span<const TransferItem>(&item, 1));
+  EXPECT_EQ(a->wait(id, std::chrono::seconds(30)).state, TransferState::kDone);
+  EXPECT_EQ(x[4095], 2);
+  const std::string text = a->metrics_prometheus();
+  EXPECT_NE(text.find("kvbridge_transfers_total{state=\"done\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("kvbridge_bytes_total{op=\"read\"} 4096"), std::string::npos) << text;
+  EXPECT_NE(text.find("kvbridge_transfer_latency_seconds_count 1"), std::string::npos) << text;
+  EXPECT_EQ(transfer_state_name(TransferState::kCancelled), "cancelled");
+}
+
+}  // namespace
+}  // namespace kvbridge

@@ -1,0 +1,92 @@
+// engine/registry.h: this engine's registered memory.
+//
+// A region is what a caller registered (base, bytes, memory kind) and names
+// with a RegionId. Registering the same range again returns the same id and
+// counts a reference. Transports never see regions: they see segments, the
+// unions of overlapping regions, so that two views of one allocation are
+// registered with a transport once. Merging or splitting segments replaces
+// them (add the new ones, then remove the old ones), and gives them fresh
+// segment ids, so a peer holding stale metadata names a segment that no
+// longer exists and gets an error rather than bytes that moved.
+//
+// A region has an in-use count: transfers hold it from submit until they
+// end, and a region in use cannot be deregistered.
+//
+// Thread-safety: none of its own. The engine calls every method with its
+// registry lock held, which is also the lock under which transports'
+// add_segment/remove_segment run (transport.h). Ownership: the memory stays
+// the caller's; the transports are borrowed and outlive the registry.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/metadata.h"
+#include "kvbridge/engine.h"
+#include "transport/transport.h"
+
+namespace kvbridge::engine_internal {
+
+struct Region {
+  RegionId id = 0;
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  std::string memory;
+  uint32_t segment = 0;
+  uint32_t refs = 0;    // registrations of this exact range
+  uint32_t in_use = 0;  // transfers holding it
+};
+
+class Registry {
+ public:
+  explicit Registry(std::vector<transport::Transport*> transports) : transports_(std::move(transports)) {}
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // See Engine::register_memory. A transport's add_segment error is returned
+  // with the transport's name, and nothing changes.
+  Result<RegionId> add(void* base, uint64_t bytes, std::string_view memory);
+  // See Engine::deregister_memory.
+  Status remove(RegionId id);
+
+  // The local address of [offset, offset + bytes) in region `id`. kNotFound
+  // for an unknown region, kOutOfRange outside it; `what` prefixes the message
+  // ("item 3").
+  Result<uint8_t*> resolve(RegionId id, uint64_t offset, uint64_t bytes, std::string_view what) const;
+
+  // In-use counting; requires a known id.
+  void acquire(RegionId id);
+  void release(RegionId id);
+
+  // Appends segments (keys in transports' order) and regions to `m`.
+  void describe(EngineMetadata* m) const;
+
+  const Region* find(RegionId id) const;
+  size_t num_regions() const { return regions_.size(); }
+  size_t num_segments() const { return segments_.size(); }
+
+ private:
+  struct SegmentEntry {
+    transport::Segment segment;
+    std::vector<std::string> keys;  // per transport
+  };
+  // Registers a new segment [begin, end) with every transport; on failure
+  // unregisters it from those that took it.
+  Result<uint32_t> add_segment(uint8_t* begin, uint8_t* end, const std::string& memory);
+  void drop_segment(uint32_t id);
+
+  std::vector<transport::Transport*> transports_;
+  std::map<RegionId, Region> regions_;
+  std::map<uint32_t, SegmentEntry> segments_;
+  RegionId next_region_ = 1;
+  uint32_t next_segment_ = 1;
+};
+
+// Whether `memory` names a kind this build can register ("host"); the reason
+// when not.
+Status check_memory_kind(std::string_view memory);
+
+}  // namespace kvbridge::engine_internal

@@ -1,0 +1,81 @@
+// Submitting a transfer: check every item, resolve it to a transport Copy,
+// hold the local regions, split into chunks, hand to the transfer table.
+//
+// All checks happen under the registry lock before anything is queued, so a
+// batch with one bad item moves nothing, and a region cannot be deregistered
+// between its check and its use (it is held in use from here until the
+// transfer ends).
+#include <algorithm>
+
+#include "common/checked.h"
+#include "engine/engine_impl.h"
+
+namespace kvbridge::engine_internal {
+
+Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
+                                      std::string notification, std::chrono::milliseconds timeout) {
+  if (items.empty()) return Status::invalid_argument("submit: the batch is empty");
+  if (notification.size() > kMaxControlPayload) {
+    return Status::resource_exhausted("submit: notification is " + std::to_string(notification.size()) +
+                                      " bytes, more than " + std::to_string(kMaxControlPayload));
+  }
+  if (timeout.count() <= 0) timeout = options_.default_timeout;
+  auto t = std::make_shared<Transfer>();
+  t->op = op;
+  t->notification = std::move(notification);
+  t->timeout = timeout;
+  std::vector<transport::Copy> copies;
+  copies.reserve(items.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return Status::not_found("submit: peer " + std::to_string(peer) + " is not connected");
+    const Peer& p = *it->second;
+    KVB_RETURN_IF_ERROR(p.channel->health().with_context("submit"));
+    const std::string& peer_name = p.metadata.name;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const TransferItem& item = items[i];
+      const std::string what = "submit: item " + std::to_string(i);
+      if (item.bytes == 0) return Status::invalid_argument(what + " has 0 bytes");
+      KVB_ASSIGN_OR_RETURN(uint8_t* local, registry_->resolve(item.local, item.local_offset, item.bytes, what));
+      auto r = p.regions.find(item.remote);
+      if (r == p.regions.end()) {
+        return Status::not_found(what + ": peer '" + peer_name + "' advertises no region " +
+                                 std::to_string(item.remote) + " (connect() again with fresh metadata?)");
+      }
+      uint64_t end = 0;
+      if (!checked_add(item.remote_offset, item.bytes, &end) || end > r->second.bytes) {
+        return Status::out_of_range(what + ": remote range [" + std::to_string(item.remote_offset) + ", " +
+                                    std::to_string(item.remote_offset) + " + " + std::to_string(item.bytes) +
+                                    ") is outside peer '" + peer_name + "' region " + std::to_string(item.remote) +
+                                    " of " + std::to_string(r->second.bytes) + " bytes");
+      }
+      copies.push_back(transport::Copy{local, r->second.base + item.remote_offset, item.bytes, r->second.segment});
+      t->bytes_total += item.bytes;
+    }
+    for (const TransferItem& item : items) t->regions.push_back(item.local);
+    std::sort(t->regions.begin(), t->regions.end());
+    t->regions.erase(std::unique(t->regions.begin(), t->regions.end()), t->regions.end());
+    for (RegionId r : t->regions) registry_->acquire(r);
+    t->connection = p.connection;
+    t->peer_name = peer_name;
+    t->link = p.link;
+    t->channel = p.channel;
+  }
+  for (auto& chunk : split_copies(std::move(copies), options_.threads)) {
+    t->chunks.emplace_back();
+    t->chunks.back().copies = std::move(chunk);
+  }
+  t->start = Clock::now();
+  t->deadline = t->start + timeout;
+  Result<TransferId> id = transfers_->start(t);
+  if (!id.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (RegionId r : t->regions) registry_->release(r);
+    return id;
+  }
+  metrics_.submitted(items.size());
+  return id;
+}
+
+}  // namespace kvbridge::engine_internal

@@ -1,0 +1,308 @@
+// Transfer execution: workers, deadlines, cancel, notification, completion.
+#include "engine/transfers.h"
+
+#include <algorithm>
+
+namespace kvbridge::engine_internal {
+namespace {
+
+// Below these a batch is one chunk: splitting costs a queue hop per chunk and
+// buys nothing for a batch one thread moves in microseconds.
+constexpr uint64_t kSplitMinBytes = uint64_t{2} << 20;
+constexpr size_t kSplitMinCopies = 2048;
+
+std::string transfer_name(const Transfer& t) {
+  return "transfer " + std::to_string(t.id) + " with peer '" + t.peer_name + "'";
+}
+
+}  // namespace
+
+std::vector<std::vector<transport::Copy>> split_copies(std::vector<transport::Copy> copies, size_t parts) {
+  uint64_t total = 0;
+  for (const transport::Copy& c : copies) total += c.bytes;
+  std::vector<std::vector<transport::Copy>> out;
+  if (parts <= 1 || (total < kSplitMinBytes && copies.size() < kSplitMinCopies)) {
+    out.push_back(std::move(copies));
+    return out;
+  }
+  const uint64_t target = (total + parts - 1) / parts;
+  out.emplace_back();
+  uint64_t in_chunk = 0;
+  for (transport::Copy c : copies) {
+    while (c.bytes > 0) {
+      if (in_chunk >= target && out.size() < parts) {
+        out.emplace_back();
+        in_chunk = 0;
+      }
+      const uint64_t room = out.size() < parts ? target - std::min(target, in_chunk) : c.bytes;
+      const uint64_t take = std::min(c.bytes, std::max<uint64_t>(room, 1));
+      out.back().push_back(transport::Copy{c.local, c.remote, take, c.segment});
+      in_chunk += take;
+      c.local += take;
+      c.remote += take;
+      c.bytes -= take;
+    }
+  }
+  return out;
+}
+
+Transfers::Transfers(size_t threads, Metrics* metrics, Callbacks callbacks)
+    : metrics_(metrics), callbacks_(std::move(callbacks)) {
+  for (size_t i = 0; i < std::max<size_t>(threads, 1); ++i) workers_.emplace_back([this] { worker(); });
+  timer_ = std::thread([this] { timer(); });
+}
+
+Transfers::~Transfers() { shutdown(); }
+
+std::shared_ptr<Transfer> Transfers::find(TransferId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = table_.find(id);
+  return it == table_.end() ? nullptr : it->second;
+}
+
+Result<TransferId> Transfers::start(std::shared_ptr<Transfer> t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return Status::unavailable("engine is shutting down");
+  t->id = next_id_++;
+  t->chunks_left = t->chunks.size();
+  table_.emplace(t->id, t);
+  for (size_t i = 0; i < t->chunks.size(); ++i) queue_.push_back(Job{t, i});
+  const bool earliest = deadlines_.empty() || t->deadline < deadlines_.begin()->first;
+  deadlines_.emplace(t->deadline, t);
+  work_cv_.notify_all();
+  if (earliest) timer_cv_.notify_all();
+  return t->id;
+}
+
+void Transfers::stop_locked(Transfer& t, Status why, bool cancelled) {
+  if (t.stop) return;
+  t.stop = true;
+  t.cancelled = cancelled;
+  t.stop_reason = std::move(why);
+  for (Chunk& c : t.chunks) c.control.cancel.store(true, std::memory_order_release);
+}
+
+void Transfers::finish_locked(Transfer& t) {
+  if (t.ended) return;
+  if (t.stop) {
+    t.state = t.cancelled ? TransferState::kCancelled : TransferState::kFailed;
+    t.error = t.stop_reason;
+  } else {
+    t.state = TransferState::kDone;
+  }
+  // Regions first: whoever sees the end may deregister at once.
+  if (callbacks_.release_regions) callbacks_.release_regions(t.regions);
+  uint64_t done = 0;
+  for (const Chunk& c : t.chunks) done += c.control.bytes_done.load(std::memory_order_acquire);
+  if (t.state == TransferState::kDone) done = t.bytes_total;
+  metrics_->ended(t.state, t.op, done, Clock::now() - t.start);
+  t.ended = true;
+  t.cv.notify_all();
+}
+
+void Transfers::worker() {
+  while (true) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and nothing left to skip
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    run_chunk(job.t, job.chunk);
+  }
+}
+
+void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
+  Transfer& t = *tp;
+  Chunk& chunk = t.chunks[index];
+  {
+    std::lock_guard<std::mutex> lock(t.mu);
+    if (!t.stop && Clock::now() >= t.deadline) {
+      stop_locked(t, Status::timeout(transfer_name(t) + " passed its deadline of " + std::to_string(t.timeout.count()) +
+                                     " ms before it started"), false);
+    }
+    if (t.stop || t.ended) {
+      --t.chunks_left;
+      if (t.running == 0) finish_locked(t);
+      return;
+    }
+    ++t.running;
+    chunk.control.deadline = t.deadline;
+  }
+  Status s = t.link->run(t.op, chunk.copies, chunk.control);
+  bool notify = false;
+  {
+    std::lock_guard<std::mutex> lock(t.mu);
+    --t.running;
+    --t.chunks_left;
+    // A run that saw the stop flag reports kCancelled; the cause is already
+    // recorded, so only an error from a run that was not told to stop counts.
+    if (!s.ok() && !t.stop) stop_locked(t, s.with_context(transfer_name(t)), false);
+    if (t.running == 0 && (t.stop || t.chunks_left == 0)) {
+      if (!t.stop && !t.notification.empty()) {
+        notify = true;
+        t.notifying = true;
+      } else {
+        finish_locked(t);
+      }
+    }
+    t.cv.notify_all();
+  }
+  if (notify) send_notification(tp);
+}
+
+void Transfers::send_notification(const std::shared_ptr<Transfer>& tp) {
+  Transfer& t = *tp;
+  const bool drop = callbacks_.drop_notification && callbacks_.drop_notification();
+  Status s = t.channel ? t.channel->notify(t.notification, t.deadline, drop)
+                       : Status::unavailable("no control connection to peer '" + t.peer_name + "'");
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (t.ended) return;  // cancelled, timed out or the peer went while we waited
+  if (s.ok()) {
+    metrics_->notification_sent();
+  } else {
+    stop_locked(t, s.with_context(transfer_name(t) + ": notification"), false);
+  }
+  finish_locked(t);
+}
+
+void Transfers::timer() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    if (deadlines_.empty()) {
+      timer_cv_.wait(lock);
+      continue;
+    }
+    auto first = deadlines_.begin();
+    if (Clock::now() < first->first) {
+      timer_cv_.wait_until(lock, first->first);
+      continue;
+    }
+    std::shared_ptr<Transfer> t = first->second.lock();
+    deadlines_.erase(first);
+    if (!t) continue;
+    lock.unlock();
+    {
+      std::lock_guard<std::mutex> tl(t->mu);
+      if (!t->ended) {
+        stop_locked(*t, Status::timeout(transfer_name(*t) + " passed its deadline of " +
+                                        std::to_string(t->timeout.count()) + " ms" +
+                                        (t->notifying ? " waiting for the peer to acknowledge the notification" : "")),
+                    false);
+        // With runs executing, the last one to return ends the transfer.
+        if (t->running == 0) finish_locked(*t);
+      }
+    }
+    lock.lock();
+  }
+}
+
+TransferStatus Transfers::status(TransferId id) const {
+  std::shared_ptr<Transfer> t = find(id);
+  TransferStatus out;
+  if (!t) {
+    out.state = TransferState::kFailed;
+    out.error = Status::not_found("transfer " + std::to_string(id) + " is unknown (never submitted, or released)");
+    return out;
+  }
+  std::lock_guard<std::mutex> lock(t->mu);
+  out.state = t->state;
+  out.error = t->error;
+  out.bytes_total = t->bytes_total;
+  for (const Chunk& c : t->chunks) out.bytes_done += c.control.bytes_done.load(std::memory_order_acquire);
+  if (t->state == TransferState::kDone) out.bytes_done = t->bytes_total;
+  return out;
+}
+
+TransferStatus Transfers::wait(TransferId id, std::chrono::milliseconds timeout) {
+  std::shared_ptr<Transfer> t = find(id);
+  if (t) {
+    std::unique_lock<std::mutex> lock(t->mu);
+    t->cv.wait_for(lock, timeout, [&] { return t->ended; });
+  }
+  return status(id);
+}
+
+Status Transfers::cancel(TransferId id) {
+  std::shared_ptr<Transfer> t = find(id);
+  if (!t) return Status::not_found("transfer " + std::to_string(id) + " is unknown (never submitted, or released)");
+  std::unique_lock<std::mutex> lock(t->mu);
+  if (t->ended) return Status();
+  stop_locked(*t, Status::cancelled(transfer_name(*t) + " was cancelled"), true);
+  // The structural guarantee: return only when no run executes, and none can
+  // start (workers test `stop` under this lock).
+  t->cv.wait(lock, [&] { return t->running == 0; });
+  finish_locked(*t);
+  return Status();
+}
+
+Status Transfers::release(TransferId id) {
+  std::shared_ptr<Transfer> t = find(id);
+  if (!t) return Status::not_found("transfer " + std::to_string(id) + " is unknown (never submitted, or released)");
+  {
+    std::lock_guard<std::mutex> lock(t->mu);
+    if (!t->ended) return Status::unavailable("transfer " + std::to_string(id) + " is still in progress");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  table_.erase(id);
+  return Status();
+}
+
+void Transfers::fail_peer(uint64_t connection, const Status& why) {
+  std::vector<std::shared_ptr<Transfer>> hit;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, t] : table_) {
+      if (t->connection == connection) hit.push_back(t);
+    }
+  }
+  for (auto& t : hit) {
+    std::lock_guard<std::mutex> lock(t->mu);
+    if (t->ended) continue;
+    stop_locked(*t, why.with_context(transfer_name(*t)), false);
+    if (t->running == 0) finish_locked(*t);
+  }
+}
+
+Status Transfers::wait_peer(uint64_t connection, Clock::time_point deadline) {
+  std::vector<std::shared_ptr<Transfer>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, t] : table_) {
+      if (t->connection == connection) pending.push_back(t);
+    }
+  }
+  for (auto& t : pending) {
+    std::unique_lock<std::mutex> lock(t->mu);
+    if (!t->cv.wait_until(lock, deadline, [&] { return t->ended; })) {
+      return Status::timeout(transfer_name(*t) + " did not end before the deadline");
+    }
+  }
+  return Status();
+}
+
+void Transfers::shutdown() {
+  std::vector<std::shared_ptr<Transfer>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && workers_.empty()) return;
+    stopping_ = true;
+    for (auto& [id, t] : table_) all.push_back(t);
+  }
+  for (auto& t : all) {
+    std::unique_lock<std::mutex> lock(t->mu);
+    if (t->ended) continue;
+    stop_locked(*t, Status::cancelled(transfer_name(*t) + " was cancelled: the engine is shutting down"), true);
+    t->cv.wait(lock, [&] { return t->running == 0; });
+    finish_locked(*t);
+  }
+  work_cv_.notify_all();
+  timer_cv_.notify_all();
+  for (std::thread& w : workers_) w.join();
+  workers_.clear();
+  if (timer_.joinable()) timer_.join();
+}
+
+}  // namespace kvbridge::engine_internal

@@ -1,0 +1,142 @@
+// engine/transfers.h: the transfer table and the threads that execute it.
+//
+// A Transfer is a checked, resolved batch: its copies are already split into
+// chunks (one Link::run each) and its local regions are held in use. The
+// table runs chunks on a pool of worker threads, enforces deadlines with a
+// timer thread, sends the notification after every run returned OK, and ends
+// each transfer exactly once.
+//
+// The one rule everything follows: a transfer ends (its state leaves
+// kInProgress, its regions are released) only when no Link::run of it is
+// executing and none can start. Workers test `stop` and bump `running` under
+// the transfer's lock before each run; cancel, deadlines, peer loss and the
+// first error set `stop` and each RunControl's cancel flag under that lock.
+// So when cancel() returns, or any observer sees the transfer ended, every
+// run has returned, and Links promise nothing lands after they return.
+//
+// Thread-safety: every method may be called from any thread. A transfer's
+// lock may be held while the release callback takes the engine's registry
+// lock; the table lock is never held together with a transfer's lock
+// (docs/thread_model.md).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/control.h"
+#include "engine/metrics.h"
+#include "kvbridge/engine.h"
+#include "transport/transport.h"
+
+namespace kvbridge::engine_internal {
+
+struct Chunk {
+  std::vector<transport::Copy> copies;
+  transport::RunControl control;
+};
+
+struct Transfer {
+  // Set before start(), then read-only.
+  TransferId id = 0;
+  uint64_t connection = 0;  // the peer connection (link + channel) it runs on
+  std::string peer_name;
+  TransferOp op = TransferOp::kRead;
+  std::shared_ptr<transport::Link> link;
+  std::shared_ptr<Channel> channel;
+  std::string notification;
+  std::vector<RegionId> regions;  // local regions held in use, released once
+  uint64_t bytes_total = 0;
+  Clock::time_point start;
+  Clock::time_point deadline;
+  std::chrono::milliseconds timeout{0};
+  std::deque<Chunk> chunks;  // deque: RunControl cannot move
+
+  // Guarded by mu.
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  size_t chunks_left = 0;   // chunks not yet finished or skipped
+  size_t running = 0;       // Link::run calls executing now
+  bool stop = false;        // no further run starts
+  bool cancelled = false;   // stopped by cancel(): ends as kCancelled
+  bool notifying = false;   // every run returned OK; the notification is on its way
+  Status stop_reason;       // the first cause
+  bool ended = false;
+  TransferState state = TransferState::kInProgress;
+  Status error;
+};
+
+// Splits `copies` into at most `parts` chunks of about equal bytes, cutting a
+// copy where needed; small batches stay one chunk.
+std::vector<std::vector<transport::Copy>> split_copies(std::vector<transport::Copy> copies, size_t parts);
+
+class Transfers {
+ public:
+  struct Callbacks {
+    // Releases a transfer's local regions; called once per transfer, with
+    // the transfer's lock held, before the end becomes visible.
+    std::function<void(const std::vector<RegionId>&)> release_regions;
+    // Fault injection: whether to drop the next notification.
+    std::function<bool()> drop_notification;
+  };
+
+  Transfers(size_t threads, Metrics* metrics, Callbacks callbacks);
+  // Requires shutdown() to have been called.
+  ~Transfers();
+
+  // Assigns the id, records and queues the transfer; returns the id.
+  // kUnavailable after shutdown() (the caller still owns the regions).
+  Result<TransferId> start(std::shared_ptr<Transfer> t);
+
+  TransferStatus status(TransferId id) const;
+  TransferStatus wait(TransferId id, std::chrono::milliseconds timeout);
+  Status cancel(TransferId id);
+  Status release(TransferId id);
+
+  // Ends every transfer on peer connection `connection` still in progress
+  // as kFailed with `why` (once its runs return).
+  void fail_peer(uint64_t connection, const Status& why);
+  // Waits until every transfer on `connection` submitted so far has ended.
+  Status wait_peer(uint64_t connection, Clock::time_point deadline);
+
+  // Cancels everything in progress (kCancelled, "engine is shutting down"),
+  // waits for runs to return, joins the threads.
+  void shutdown();
+
+ private:
+  struct Job {
+    std::shared_ptr<Transfer> t;
+    size_t chunk = 0;
+  };
+  std::shared_ptr<Transfer> find(TransferId id) const;
+  void worker();
+  void timer();
+  void run_chunk(const std::shared_ptr<Transfer>& t, size_t chunk);
+  void send_notification(const std::shared_ptr<Transfer>& t);
+  // Requires t.mu held. Stops the transfer with `why` unless already stopped.
+  static void stop_locked(Transfer& t, Status why, bool cancelled);
+  // Requires t.mu held, t.running == 0. Ends the transfer once.
+  void finish_locked(Transfer& t);
+
+  Metrics* const metrics_;
+  const Callbacks callbacks_;
+
+  mutable std::mutex mu_;  // guards everything below
+  std::condition_variable work_cv_, timer_cv_;
+  bool stopping_ = false;
+  TransferId next_id_ = 1;
+  std::map<TransferId, std::shared_ptr<Transfer>> table_;
+  std::deque<Job> queue_;
+  std::multimap<Clock::time_point, std::weak_ptr<Transfer>> deadlines_;
+  std::vector<std::thread> workers_;
+  std::thread timer_;
+};
+
+}  // namespace kvbridge::engine_internal

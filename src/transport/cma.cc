@@ -1,0 +1,401 @@
+// The cma transport: another process on the same host, through Linux's
+// cross-memory attach, process_vm_readv(2) / process_vm_writev(2).
+//
+// Permission: the kernel allows these calls when the caller may ptrace the
+// target with PTRACE_MODE_ATTACH_REALCREDS (same uid and a dumpable target, or
+// CAP_SYS_PTRACE), further restricted by Yama's kernel.yama.ptrace_scope
+// (1: only descendants or a process that named us with PR_SET_PTRACER; 2:
+// only CAP_SYS_PTRACE; 3: never), and seccomp filters may refuse the syscall
+// outright. So make_cma_transport() probes the syscall on itself (catches
+// ENOSYS and seccomp) and reads the Yama policy, and can_reach() makes a real
+// one-byte read from the peer, which is the only reliable answer for a pair.
+//
+// Host and process identity: the address blob carries the pid, the process's
+// start time, the boot id (/proc/sys/kernel/random/boot_id) and the pid
+// namespace, so a peer on another host, in another pid namespace, or a stale
+// pid now used by another process is refused with a clear reason. A Link holds
+// a pidfd (pidfd_open(2)); it turns readable when the peer exits, so a run
+// never reads or writes a recycled pid.
+//
+// Threads: a run of at least kParallelBytes is split by bytes over up to
+// kMaxThreads threads of its own (capped by the CPU count), because one
+// thread's process_vm_readv does not saturate memory bandwidth; smaller runs
+// use the calling engine thread only. Runs on one Link may overlap.
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace kvbridge::transport {
+namespace {
+
+constexpr uint64_t kParallelBytes = uint64_t{8} << 20;
+constexpr unsigned kMaxThreads = 4;
+// At most this many bytes per syscall, so that cancel and the deadline are
+// seen within a few milliseconds.
+constexpr uint64_t kSyscallBytes = uint64_t{64} << 20;
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string hostname() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
+std::string pid_namespace(pid_t pid) {
+  char buf[128] = {};
+  std::string path = "/proc/" + std::to_string(pid) + "/ns/pid";
+  ssize_t n = ::readlink(path.c_str(), buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+// Field 22 of /proc/<pid>/stat: start time in clock ticks since boot; with
+// the pid it names one process for the life of the boot.
+std::string start_time(pid_t pid) {
+  std::string stat = read_first_line("/proc/" + std::to_string(pid) + "/stat");
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos) return {};
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && (rest >> field); ++i) {
+    if (i == 22) return field;
+  }
+  return {};
+}
+
+// The Yama policy, or -1 when Yama is not present.
+int ptrace_scope() {
+  std::string v = read_first_line("/proc/sys/kernel/yama/ptrace_scope");
+  if (v.empty()) return -1;
+  return std::atoi(v.c_str());
+}
+
+bool has_cap_sys_ptrace() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("CapEff:", 0) == 0) {
+      uint64_t caps = std::strtoull(line.c_str() + 7, nullptr, 16);
+      return (caps >> 19) & 1;  // CAP_SYS_PTRACE
+    }
+  }
+  return false;
+}
+
+std::string policy_text() {
+  int scope = ptrace_scope();
+  std::string s = scope < 0 ? "no Yama ptrace policy" : "kernel.yama.ptrace_scope=" + std::to_string(scope);
+  s += has_cap_sys_ptrace() ? ", CAP_SYS_PTRACE held" : ", no CAP_SYS_PTRACE";
+  return s;
+}
+
+struct Identity {
+  std::string pid, start, boot, pidns, host;
+};
+
+std::string format_identity(const Identity& id) {
+  return "pid=" + id.pid + " start=" + id.start + " boot=" + id.boot + " pidns=" + id.pidns + " host=" + id.host;
+}
+
+Identity parse_identity(std::string_view blob) {
+  Identity id;
+  std::istringstream in{std::string(blob.substr(0, 1024))};
+  std::string token;
+  while (in >> token) {
+    size_t eq = token.find('=');
+    if (eq == std::string::npos) continue;
+    std::string key = token.substr(0, eq), value = token.substr(eq + 1);
+    if (key == "pid") id.pid = value;
+    else if (key == "start") id.start = value;
+    else if (key == "boot") id.boot = value;
+    else if (key == "pidns") id.pidns = value;
+    else if (key == "host") id.host = value;
+  }
+  return id;
+}
+
+std::string peer_text(const std::string& name, uint64_t pid) {
+  return "cma peer '" + name + "' (pid " + std::to_string(pid) + ")";
+}
+
+// A list of iovecs consumed from the front as the kernel reports progress.
+class IovList {
+ public:
+  void push(void* base, uint64_t len) {
+    if (!iov_.empty() && static_cast<uint8_t*>(iov_.back().iov_base) + iov_.back().iov_len == base) {
+      iov_.back().iov_len += len;
+    } else {
+      iov_.push_back({base, len});
+    }
+  }
+  bool done() const { return index_ == iov_.size(); }
+  // Copies the next at most IOV_MAX entries, at most `max_bytes` in all,
+  // into `window`.
+  void window(uint64_t max_bytes, std::vector<iovec>& window) const {
+    window.clear();
+    for (size_t i = index_; i < iov_.size() && window.size() < IOV_MAX && max_bytes > 0; ++i) {
+      iovec v = iov_[i];
+      v.iov_len = std::min<uint64_t>(v.iov_len, max_bytes);
+      max_bytes -= v.iov_len;
+      window.push_back(v);
+    }
+  }
+  void advance(uint64_t bytes) {
+    while (bytes > 0 && index_ < iov_.size()) {
+      iovec& v = iov_[index_];
+      if (bytes < v.iov_len) {
+        v.iov_base = static_cast<uint8_t*>(v.iov_base) + bytes;
+        v.iov_len -= bytes;
+        return;
+      }
+      bytes -= v.iov_len;
+      ++index_;
+    }
+  }
+
+ private:
+  std::vector<iovec> iov_;
+  size_t index_ = 0;
+};
+
+class CmaLink final : public Link {
+ public:
+  CmaLink(pid_t pid, int pidfd, std::string name) : pid_(pid), pidfd_(pidfd), who_(peer_text(name, pid)) {}
+  ~CmaLink() override {
+    if (pidfd_ >= 0) ::close(pidfd_);
+  }
+
+  Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) override {
+    uint64_t total = 0;
+    for (const Copy& c : copies) total += c.bytes;
+    if (total == 0) return Status();
+    KVB_RETURN_IF_ERROR(check_alive());
+    unsigned threads = 1;
+    if (total >= kParallelBytes) {
+      threads = std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, kMaxThreads);
+      threads = static_cast<unsigned>(std::min<uint64_t>(threads, total / (kParallelBytes / 2)));
+    }
+    if (threads <= 1) return run_share(op, copies, control, nullptr);
+
+    // Shares of about equal bytes; copies are cut at share boundaries.
+    std::vector<std::vector<Copy>> shares(threads);
+    uint64_t per_share = (total + threads - 1) / threads, in_share = 0;
+    size_t share = 0;
+    for (const Copy& c : copies) {
+      for (uint64_t done = 0; done < c.bytes;) {
+        if (in_share == per_share && share + 1 < threads) {
+          ++share;
+          in_share = 0;
+        }
+        uint64_t n = share + 1 == threads ? c.bytes - done : std::min(c.bytes - done, per_share - in_share);
+        shares[share].push_back(Copy{c.local + done, c.remote + done, n, c.segment});
+        done += n;
+        in_share += n;
+      }
+    }
+    std::atomic<bool> abort{false};
+    std::vector<Status> results(threads);
+    std::vector<std::thread> helpers;
+    for (unsigned i = 1; i < threads; ++i) {
+      helpers.emplace_back([&, i] {
+        results[i] = run_share(op, shares[i], control, &abort);
+        if (!results[i].ok()) abort.store(true);
+      });
+    }
+    results[0] = run_share(op, shares[0], control, &abort);
+    if (!results[0].ok()) abort.store(true);
+    for (auto& t : helpers) t.join();
+    Status first;
+    for (Status& s : results) {
+      if (!s.ok() && (first.ok() || (first.code() == Code::kCancelled && s.code() != Code::kCancelled))) first = s;
+    }
+    return first;
+  }
+
+  Status refresh(const PeerInfo&) override { return Status(); }
+
+ private:
+  Status check_alive() const {
+    if (pidfd_ < 0) return Status();
+    pollfd p{pidfd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) return Status::io_error(who_ + " has exited");
+    return Status();
+  }
+
+  Status run_share(TransferOp op, std::span<const Copy> copies, RunControl& control,
+                   const std::atomic<bool>* abort) const {
+    IovList local, remote;
+    for (const Copy& c : copies) {
+      local.push(c.local, c.bytes);
+      remote.push(reinterpret_cast<void*>(c.remote), c.bytes);
+    }
+    std::vector<iovec> lw, rw;
+    lw.reserve(IOV_MAX);
+    rw.reserve(IOV_MAX);
+    const char* verb = op == TransferOp::kRead ? "process_vm_readv" : "process_vm_writev";
+    while (!local.done()) {
+      if (control.cancel.load(std::memory_order_relaxed)) return Status::cancelled(who_ + ": cancelled");
+      if (abort && abort->load(std::memory_order_relaxed)) return Status::cancelled(who_ + ": aborted");
+      if (Clock::now() >= control.deadline)
+        return Status::timeout(who_ + ": deadline passed with " + std::to_string(control.bytes_done.load()) +
+                               " bytes done");
+      local.window(kSyscallBytes, lw);
+      remote.window(kSyscallBytes, rw);
+      ssize_t n = op == TransferOp::kRead
+                      ? ::process_vm_readv(pid_, lw.data(), lw.size(), rw.data(), rw.size(), 0)
+                      : ::process_vm_writev(pid_, lw.data(), lw.size(), rw.data(), rw.size(), 0);
+      if (n < 0) {
+        int err = errno;
+        if (err == EINTR || err == ENOMEM || err == EAGAIN) continue;
+        if (err == ESRCH) return Status::io_error(who_ + " is gone (" + verb + ": ESRCH)");
+        if (err == EPERM)
+          return Status::unavailable(who_ + ": " + verb + " not permitted (" + policy_text() + ")");
+        KVB_RETURN_IF_ERROR(check_alive());
+        return Status::io_error(who_ + ": " + verb + ": " + std::strerror(err));
+      }
+      if (n == 0) {
+        // The kernel stops at the first remote range it cannot access.
+        KVB_RETURN_IF_ERROR(check_alive());
+        return Status::io_error(who_ + ": " + verb + " made no progress: remote memory at " +
+                                std::to_string(reinterpret_cast<uint64_t>(rw[0].iov_base)) + " is not mapped");
+      }
+      local.advance(static_cast<uint64_t>(n));
+      remote.advance(static_cast<uint64_t>(n));
+      control.bytes_done.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    }
+    return Status();
+  }
+
+  pid_t pid_;
+  int pidfd_;
+  std::string who_;
+};
+
+class CmaTransport final : public Transport {
+ public:
+  explicit CmaTransport(Identity self) : self_(std::move(self)) {}
+
+  std::string_view name() const override { return "cma"; }
+  std::string address() const override { return format_identity(self_); }
+
+  Status can_reach(const PeerInfo& peer) const override {
+    std::string who = peer_text(peer.name, peer.pid);
+    if (peer.pid == 0 || peer.pid > static_cast<uint64_t>(INT_MAX))
+      return Status::unavailable(who + ": no valid pid advertised");
+    Identity other = parse_identity(peer.address);
+    if (!other.boot.empty()) {
+      if (other.boot != self_.boot)
+        return Status::unavailable(who + " is on another host (host '" + other.host + "' boot id " + other.boot +
+                                   ", here '" + self_.host + "' boot id " + self_.boot + ")");
+      if (!other.pidns.empty() && other.pidns != self_.pidns)
+        return Status::unavailable(who + " is in another pid namespace (" + other.pidns + " vs " + self_.pidns +
+                                   ")");
+    } else if (!peer.hostname.empty() && peer.hostname != self_.host) {
+      return Status::unavailable(who + " is on another host ('" + peer.hostname + "', here '" + self_.host + "')");
+    }
+    if (!other.pid.empty() && other.pid != std::to_string(peer.pid))
+      return Status::unavailable(who + ": advertised pid " + other.pid + " differs from the peer's pid");
+    pid_t pid = static_cast<pid_t>(peer.pid);
+    if (!other.start.empty() && start_time(pid) != other.start)
+      return Status::unavailable(who + " is gone (pid reused or process exited)");
+    // A real one-byte read: the only reliable answer to "may we".
+    for (const PeerSegment& seg : peer.segments) {
+      if (seg.bytes == 0) continue;
+      uint8_t byte = 0;
+      iovec l{&byte, 1}, r{reinterpret_cast<void*>(seg.base), 1};
+      if (::process_vm_readv(pid, &l, 1, &r, 1, 0) == 1) return Status();
+      int err = errno;
+      if (err == EPERM)
+        return Status::unavailable(who + ": the kernel refuses process_vm_readv (EPERM; " + policy_text() +
+                                   "): the peer must run as the same user and be dumpable, or this process "
+                                   "needs CAP_SYS_PTRACE, or the peer must call prctl(PR_SET_PTRACER)");
+      if (err == ESRCH) return Status::unavailable(who + " does not exist (ESRCH)");
+      if (err != EFAULT) return Status::unavailable(who + ": probe failed: " + std::strerror(err));
+      // EFAULT: permitted, but that segment is not mapped; try the next one.
+    }
+    if (::kill(pid, 0) != 0 && errno == ESRCH) return Status::unavailable(who + " does not exist");
+    return Status();
+  }
+
+  Result<std::string> add_segment(const Segment& segment) override {
+    if (segment.memory != "host")
+      return Status::invalid_argument("cma: segment " + std::to_string(segment.id) + " is '" + segment.memory +
+                                      "' memory; cma moves host memory only");
+    return std::string();
+  }
+  Status remove_segment(uint32_t) override { return Status(); }
+
+  Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) override {
+    KVB_RETURN_IF_ERROR(can_reach(peer));
+    pid_t pid = static_cast<pid_t>(peer.pid);
+    int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd < 0 && errno == ESRCH) return Status::unavailable(peer_text(peer.name, peer.pid) + " does not exist");
+    // Without pidfd_open (ENOSYS before Linux 5.3) the start time check above
+    // is the only guard against a recycled pid.
+    return std::unique_ptr<Link>(std::make_unique<CmaLink>(pid, pidfd, peer.name));
+  }
+
+ private:
+  Identity self_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> make_cma_transport() {
+  int scope = ptrace_scope();
+  if (scope == 3)
+    return Status::unavailable("cma: kernel.yama.ptrace_scope=3 forbids process_vm_readv between processes");
+  if (scope == 2 && !has_cap_sys_ptrace())
+    return Status::unavailable(
+        "cma: kernel.yama.ptrace_scope=2 allows process_vm_readv only with CAP_SYS_PTRACE, which this process lacks");
+  // The syscall itself, on ourselves: ENOSYS (kernel without
+  // CONFIG_CROSS_MEMORY_ATTACH) or EPERM (a seccomp filter, as in some
+  // container runtimes) mean it cannot work at all.
+  static const uint64_t probe_value = 0x6b76627269646765;
+  uint64_t got = 0;
+  iovec l{&got, sizeof got}, r{const_cast<uint64_t*>(&probe_value), sizeof probe_value};
+  ssize_t n = ::process_vm_readv(::getpid(), &l, 1, &r, 1, 0);
+  if (n != static_cast<ssize_t>(sizeof got) || got != probe_value) {
+    int err = errno;
+    if (n < 0 && err == ENOSYS)
+      return Status::unavailable("cma: this kernel has no process_vm_readv (CONFIG_CROSS_MEMORY_ATTACH is off)");
+    if (n < 0 && err == EPERM)
+      return Status::unavailable("cma: process_vm_readv is refused even on this process (EPERM: a seccomp filter?)");
+    return Status::unavailable(std::string("cma: process_vm_readv probe failed: ") +
+                               (n < 0 ? std::strerror(err) : "short read"));
+  }
+  Identity self;
+  self.pid = std::to_string(::getpid());
+  self.start = start_time(::getpid());
+  self.boot = read_first_line("/proc/sys/kernel/random/boot_id");
+  self.pidns = pid_namespace(::getpid());
+  self.host = hostname();
+  for (char& c : self.host) {
+    if (c == ' ' || c == '=') c = '_';
+  }
+  for (char& c : self.pidns) {
+    if (c == ' ') c = '_';
+  }
+  return std::unique_ptr<Transport>(std::make_unique<CmaTransport>(std::move(self)));
+}
+
+}  // namespace kvbridge::transport

@@ -1,0 +1,290 @@
+// The cma transport at the Transport/Link level, against a real child
+// process that holds memory with a known pattern.
+#include <signal.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "transport/transport.h"
+
+namespace kvbridge::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kChildBytes = uint64_t{72} << 20;
+
+uint8_t pattern(uint64_t i) { return static_cast<uint8_t>((i * 131 + (i >> 11) * 7 + 5) & 0xff); }
+
+// A child that fills kChildBytes with pattern(), reports the address through
+// a pipe, and waits until its command pipe closes (or it is killed).
+struct Child {
+  pid_t pid = -1;
+  uint64_t base = 0;
+
+  void start() {
+    int up[2], down[2];
+    ASSERT_EQ(::pipe(up), 0);
+    ASSERT_EQ(::pipe(down), 0);
+    pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(up[0]);
+      ::close(down[1]);
+      auto* mem = static_cast<uint8_t*>(::malloc(kChildBytes));
+      for (uint64_t i = 0; i < kChildBytes; ++i) mem[i] = pattern(i);
+      uint64_t addr = reinterpret_cast<uint64_t>(mem);
+      if (::write(up[1], &addr, sizeof addr) != sizeof addr) ::_exit(1);
+      char c;
+      while (::read(down[0], &c, 1) > 0) {
+      }
+      ::_exit(0);
+    }
+    ::close(up[1]);
+    ::close(down[0]);
+    command_fd = down[1];
+    ASSERT_EQ(::read(up[0], &base, sizeof base), static_cast<ssize_t>(sizeof base));
+    ::close(up[0]);
+  }
+  void kill() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+    if (command_fd >= 0) ::close(command_fd);
+    command_fd = -1;
+  }
+  // Reads the child's memory directly, independent of the transport.
+  std::vector<uint8_t> peek(uint64_t offset, uint64_t bytes) const {
+    std::vector<uint8_t> out(bytes);
+    iovec l{out.data(), bytes}, r{reinterpret_cast<void*>(base + offset), bytes};
+    EXPECT_EQ(::process_vm_readv(pid, &l, 1, &r, 1, 0), static_cast<ssize_t>(bytes));
+    return out;
+  }
+  int command_fd = -1;
+};
+
+class CmaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto t = make_cma_transport();
+    if (!t.ok()) GTEST_SKIP() << "cma unavailable here: " << t.error().to_string();
+    transport_ = std::move(*t);
+    child_.start();
+    local_.assign(kChildBytes, 0);
+    auto link = transport_->connect(peer());
+    ASSERT_TRUE(link.ok()) << link.error().to_string();
+    link_ = std::move(*link);
+  }
+  void TearDown() override { child_.kill(); }
+
+  // What the engine would pass: the child's pid, and (as the child's engine
+  // would advertise) our own transport's identity with the child's pid. A
+  // forked child shares boot id and pid namespace but not the start time,
+  // so the start time is left out here.
+  PeerInfo peer() const {
+    PeerInfo p;
+    p.name = "child";
+    p.pid = static_cast<uint64_t>(child_.pid);
+    std::string a = transport_->address();
+    std::string out;
+    for (size_t pos = 0; pos < a.size();) {
+      size_t end = a.find(' ', pos);
+      if (end == std::string::npos) end = a.size();
+      std::string token = a.substr(pos, end - pos);
+      if (token.rfind("pid=", 0) == 0) token = "pid=" + std::to_string(child_.pid);
+      if (token.rfind("start=", 0) != 0) out += token + " ";
+      pos = end + 1;
+    }
+    p.address = out;
+    p.segments.push_back({1, child_.base, kChildBytes, ""});
+    return p;
+  }
+
+  // ~7.5 GiB of copies that cannot finish quickly. The run splits them by
+  // bytes over 1 to 4 threads; destinations repeat only within a twelfth of
+  // the list, so no two threads write the same local bytes (no data race).
+  std::vector<Copy> long_copies() {
+    std::vector<Copy> copies;
+    for (uint64_t i = 0; i < 1200; ++i) copies.push_back(copy((i / 100) * (6 << 20), 0, 6 << 20));
+    return copies;
+  }
+
+  Copy copy(uint64_t local_offset, uint64_t remote_offset, uint64_t bytes) {
+    return Copy{local_.data() + local_offset, child_.base + remote_offset, bytes, 1};
+  }
+
+  Status run(TransferOp op, const std::vector<Copy>& copies, std::chrono::milliseconds timeout = 20s) {
+    RunControl control;
+    control.deadline = Clock::now() + timeout;
+    Status s = link_->run(op, copies, control);
+    if (s.ok()) {
+      uint64_t total = 0;
+      for (const Copy& c : copies) total += c.bytes;
+      EXPECT_EQ(control.bytes_done.load(), total);
+    }
+    return s;
+  }
+
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Link> link_;
+  Child child_;
+  std::vector<uint8_t> local_;
+};
+
+TEST_F(CmaTest, AddressNamesThisHostAndProcess) {
+  std::string a = transport_->address();
+  EXPECT_NE(a.find("pid=" + std::to_string(::getpid())), std::string::npos) << a;
+  EXPECT_NE(a.find("boot="), std::string::npos) << a;
+  EXPECT_TRUE(transport_->can_reach(peer()).ok());
+}
+
+TEST_F(CmaTest, CannotReachAnotherHostAndSaysWhy) {
+  PeerInfo p = peer();
+  std::string a = p.address;
+  size_t boot = a.find("boot=") + 5;
+  a[boot] = a[boot] == '0' ? '1' : '0';
+  p.address = a;
+  Status s = transport_->can_reach(p);
+  EXPECT_EQ(s.code(), Code::kUnavailable);
+  EXPECT_NE(s.message().find("another host"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("'child'"), std::string::npos) << s.message();
+}
+
+TEST_F(CmaTest, CannotReachAProcessThatDoesNotExist) {
+  PeerInfo p = peer();
+  p.pid = 0;
+  EXPECT_EQ(transport_->can_reach(p).code(), Code::kUnavailable);
+  Child gone;
+  gone.start();
+  p = peer();
+  p.pid = static_cast<uint64_t>(gone.pid);
+  p.address.clear();
+  gone.kill();
+  Status s = transport_->can_reach(p);
+  EXPECT_EQ(s.code(), Code::kUnavailable) << s.to_string();
+  EXPECT_NE(s.message().find(std::to_string(p.pid)), std::string::npos) << s.message();
+}
+
+TEST_F(CmaTest, ReadsEverySize) {
+  for (uint64_t size : {uint64_t{1}, uint64_t{4095}, uint64_t{4096}, uint64_t{4097}, uint64_t{1} << 20,
+                        uint64_t{64} << 20}) {
+    std::fill(local_.begin(), local_.end(), 0);
+    ASSERT_TRUE(run(TransferOp::kRead, {copy(5, 3, size)}).ok()) << size;
+    for (uint64_t i = 0; i < size; ++i) ASSERT_EQ(local_[5 + i], pattern(3 + i)) << size << " at " << i;
+    EXPECT_EQ(local_[4], 0);
+    EXPECT_EQ(local_[5 + size], 0);
+  }
+}
+
+TEST_F(CmaTest, WritesEverySize) {
+  for (uint64_t i = 0; i < local_.size(); ++i) local_[i] = static_cast<uint8_t>(~pattern(i));
+  for (uint64_t size : {uint64_t{1}, uint64_t{4095}, uint64_t{4096}, uint64_t{4097}, uint64_t{1} << 20,
+                        uint64_t{64} << 20}) {
+    ASSERT_TRUE(run(TransferOp::kWrite, {copy(11, 9, size)}).ok()) << size;
+    std::vector<uint8_t> got = child_.peek(8, size + 2);
+    EXPECT_EQ(got[0], pattern(8));
+    ASSERT_TRUE(std::equal(local_.begin() + 11, local_.begin() + 11 + size, got.begin() + 1)) << size;
+    EXPECT_EQ(got[size + 1], pattern(9 + size));
+  }
+}
+
+TEST_F(CmaTest, BatchOf10000ShuffledDescriptors) {
+  constexpr uint64_t kBlock = 2048, kCount = 10000;
+  std::vector<uint64_t> order(kCount);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  std::vector<Copy> copies;
+  for (uint64_t i = 0; i < kCount; ++i) copies.push_back(copy(i * kBlock, order[i] * kBlock, kBlock));
+  ASSERT_TRUE(run(TransferOp::kRead, copies).ok());
+  for (uint64_t i = 0; i < kCount; ++i) {
+    for (uint64_t b = 0; b < kBlock; b += 97) ASSERT_EQ(local_[i * kBlock + b], pattern(order[i] * kBlock + b));
+  }
+  for (uint64_t i = 0; i < kCount * kBlock; ++i) local_[i] = static_cast<uint8_t>(i * 3);
+  ASSERT_TRUE(run(TransferOp::kWrite, copies).ok());
+  std::vector<uint8_t> got = child_.peek(0, kCount * kBlock);
+  for (uint64_t i = 0; i < kCount; ++i) {
+    ASSERT_TRUE(std::equal(local_.begin() + i * kBlock, local_.begin() + (i + 1) * kBlock,
+                           got.begin() + order[i] * kBlock))
+        << i;
+  }
+}
+
+TEST_F(CmaTest, ConcurrentRunsOnOneLink) {
+  std::vector<std::thread> threads;
+  std::vector<Status> results(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      uint64_t off = uint64_t(t) * (16 << 20);
+      for (int round = 0; round < 5 && results[t].ok(); ++round)
+        results[t] = run(TransferOp::kRead, {copy(off, off + 1, (12 << 20) + round)});
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (auto& s : results) EXPECT_TRUE(s.ok()) << s.to_string();
+  for (int t = 0; t < 4; ++t) {
+    uint64_t off = uint64_t(t) * (16 << 20);
+    for (uint64_t i = 0; i < (12 << 20); i += 4099) ASSERT_EQ(local_[off + i], pattern(off + 1 + i));
+  }
+}
+
+TEST_F(CmaTest, CancelStopsBeforeRunReturnsAndNothingLandsAfter) {
+  RunControl control;
+  control.cancel.store(true);
+  EXPECT_EQ(link_->run(TransferOp::kRead, std::vector<Copy>{copy(0, 0, 4096)}, control).code(), Code::kCancelled);
+  EXPECT_EQ(local_[0], 0) << "a run cancelled before it starts moves nothing";
+
+  RunControl running;
+  running.deadline = Clock::now() + 20s;
+  std::vector<Copy> copies = long_copies();
+  Status result;
+  std::thread t([&] { result = link_->run(TransferOp::kRead, copies, running); });
+  while (running.bytes_done.load() < (64 << 20)) std::this_thread::sleep_for(1ms);
+  running.cancel.store(true);
+  t.join();
+  EXPECT_EQ(result.code(), Code::kCancelled) << result.to_string();
+  // Scribble over the destination: a late byte would overwrite the marks.
+  std::fill(local_.begin(), local_.begin() + (64 << 20), 0xAB);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_TRUE(std::all_of(local_.begin(), local_.begin() + (64 << 20), [](uint8_t b) { return b == 0xAB; }));
+}
+
+TEST_F(CmaTest, DeadlineEndsARunThatCannotFinish) {
+  std::vector<Copy> copies = long_copies();
+  auto start = Clock::now();
+  Status s = run(TransferOp::kRead, copies, 100ms);
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.to_string();
+  EXPECT_LT(Clock::now() - start, 2s);
+}
+
+TEST_F(CmaTest, PeerKilledMidTransferIsAnIoErrorNamingThePeer) {
+  RunControl control;
+  control.deadline = Clock::now() + 20s;
+  std::vector<Copy> copies = long_copies();
+  Status result;
+  std::thread t([&] { result = link_->run(TransferOp::kRead, copies, control); });
+  while (control.bytes_done.load() < (64 << 20)) std::this_thread::sleep_for(1ms);
+  pid_t pid = child_.pid;
+  child_.kill();
+  t.join();
+  EXPECT_EQ(result.code(), Code::kIoError) << result.to_string();
+  EXPECT_NE(result.message().find("pid " + std::to_string(pid)), std::string::npos) << result.message();
+  EXPECT_EQ(run(TransferOp::kRead, {copy(0, 0, 1)}).code(), Code::kIoError);
+}
+
+TEST_F(CmaTest, UnmappedPeerMemoryIsAnIoError) {
+  Copy bad{local_.data(), 0x1000, 16, 1};
+  Status s = run(TransferOp::kRead, {bad});
+  EXPECT_EQ(s.code(), Code::kIoError) << s.to_string();
+}
+
+}  // namespace
+}  // namespace kvbridge::transport

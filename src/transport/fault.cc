@@ -1,0 +1,171 @@
+// The fault-injecting wrapper transport (fault.h).
+#include "transport/fault.h"
+
+#include <algorithm>
+#include <thread>
+
+namespace kvbridge::transport {
+
+void Faults::fail_run(uint64_t nth, Status error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_.emplace(started_ + std::max<uint64_t>(nth, 1), std::move(error));
+}
+
+void Faults::truncate_run(uint64_t nth, uint64_t bytes, Status error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  truncate_at_ = started_ + std::max<uint64_t>(nth, 1);
+  truncate_bytes_ = bytes;
+  truncate_error_ = std::move(error);
+}
+
+void Faults::set_delay(std::chrono::milliseconds per_copy) {
+  std::lock_guard<std::mutex> lock(mu_);
+  delay_ = per_copy;
+}
+
+void Faults::set_cancel_linger(std::chrono::milliseconds linger) {
+  std::lock_guard<std::mutex> lock(mu_);
+  linger_ = linger;
+}
+
+void Faults::drop_notifications(uint64_t count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  drops_ = count;
+}
+
+void Faults::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_.reset();
+  truncate_at_.reset();
+  delay_ = linger_ = std::chrono::milliseconds(0);
+  drops_ = 0;
+}
+
+bool Faults::take_notification_drop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (drops_ == 0) return false;
+  --drops_;
+  return true;
+}
+
+uint64_t Faults::runs_started() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return started_;
+}
+
+uint64_t Faults::runs_active() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return active_;
+}
+
+Faults::Plan Faults::begin_run() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t n = ++started_;
+  ++active_;
+  Plan p;
+  if (fail_ && fail_->first == n) {
+    p.fail = fail_->second;
+    fail_.reset();
+  }
+  if (truncate_at_ && *truncate_at_ == n) {
+    p.truncate_bytes = truncate_bytes_;
+    p.truncate_error = truncate_error_;
+    truncate_at_.reset();
+  }
+  p.delay = delay_;
+  p.linger = linger_;
+  return p;
+}
+
+void Faults::end_run() {
+  std::lock_guard<std::mutex> lock(mu_);
+  --active_;
+}
+
+namespace {
+
+class FaultLink final : public Link {
+ public:
+  FaultLink(std::unique_ptr<Link> inner, std::shared_ptr<Faults> faults)
+      : inner_(std::move(inner)), faults_(std::move(faults)) {}
+
+  Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) override {
+    Faults::Plan plan = faults_->begin_run();
+    Status s = execute(plan, op, copies, control);
+    faults_->end_run();
+    return s;
+  }
+
+  Status refresh(const PeerInfo& peer) override { return inner_->refresh(peer); }
+
+ private:
+  Status execute(const Faults::Plan& plan, TransferOp op, std::span<const Copy> copies, RunControl& control) {
+    if (plan.fail) return *plan.fail;
+    if (!plan.truncate_bytes && plan.delay.count() == 0 && plan.linger.count() == 0) {
+      return inner_->run(op, copies, control);
+    }
+    // Copy by copy, through a private RunControl, so this wrapper decides
+    // when the inner link stops (the linger) and can cut a copy short.
+    uint64_t budget = plan.truncate_bytes.value_or(UINT64_MAX);
+    std::optional<Clock::time_point> stop_seen;
+    auto should_return = [&]() -> std::optional<Status> {
+      const bool cancel = control.cancel.load(std::memory_order_acquire);
+      if (!cancel && Clock::now() < control.deadline) return std::nullopt;
+      if (!stop_seen) stop_seen = Clock::now();
+      if (Clock::now() - *stop_seen < plan.linger) return std::nullopt;
+      return cancel ? Status::cancelled("fault: run cancelled") : Status::timeout("fault: run passed its deadline");
+    };
+    for (const Copy& c : copies) {
+      for (auto slept = std::chrono::milliseconds(0); slept < plan.delay;) {
+        if (auto r = should_return()) return *r;
+        const auto step = std::min(plan.delay - slept, std::chrono::milliseconds(2));
+        std::this_thread::sleep_for(step);
+        slept += step;
+      }
+      if (auto r = should_return()) return *r;
+      Copy part = c;
+      part.bytes = std::min(part.bytes, budget);
+      if (part.bytes > 0) {
+        RunControl inner_control;
+        Status s = inner_->run(op, std::span<const Copy>(&part, 1), inner_control);
+        control.bytes_done.fetch_add(inner_control.bytes_done.load(std::memory_order_acquire),
+                                     std::memory_order_release);
+        if (!s.ok()) return s;
+        budget -= part.bytes;
+      }
+      if (plan.truncate_bytes && budget == 0) return plan.truncate_error;
+    }
+    if (plan.truncate_bytes) return plan.truncate_error;
+    return Status();
+  }
+
+  std::unique_ptr<Link> inner_;
+  std::shared_ptr<Faults> faults_;
+};
+
+class FaultTransport final : public Transport {
+ public:
+  FaultTransport(std::unique_ptr<Transport> inner, std::shared_ptr<Faults> faults)
+      : inner_(std::move(inner)), faults_(std::move(faults)) {}
+  std::string_view name() const override { return inner_->name(); }
+  std::string address() const override { return inner_->address(); }
+  Status can_reach(const PeerInfo& peer) const override { return inner_->can_reach(peer); }
+  Result<std::string> add_segment(const Segment& segment) override { return inner_->add_segment(segment); }
+  Status remove_segment(uint32_t id) override { return inner_->remove_segment(id); }
+  Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) override {
+    KVB_ASSIGN_OR_RETURN(std::unique_ptr<Link> link, inner_->connect(peer));
+    return std::unique_ptr<Link>(std::make_unique<FaultLink>(std::move(link), faults_));
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::shared_ptr<Faults> faults_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_fault_transport(std::unique_ptr<Transport> inner, std::shared_ptr<Faults> faults) {
+  return std::make_unique<FaultTransport>(std::move(inner), std::move(faults));
+}
+
+}  // namespace kvbridge::transport

@@ -1,0 +1,75 @@
+// transport/fault.h: a fault-injecting wrapper around any Transport.
+//
+// The wrapper has the inner transport's name and address, so a peer sees
+// nothing different; its Links pass runs to the inner Link unless a fault
+// is armed. Faults are armed on a shared Faults object, which tests keep:
+//  - fail_run(n, error): the nth run from now returns `error`, moving nothing;
+//  - truncate_run(n, bytes, error): the nth run moves its first `bytes`
+//    bytes, counts them in bytes_done, then returns `error`;
+//  - set_delay(d): a slow link: every run sleeps `d` before each copy, and
+//    passes copies to the inner Link one at a time;
+//  - set_cancel_linger(d): a link slow to notice cancel and deadlines: once
+//    it sees one it keeps copying for up to `d` before returning (still
+//    honouring the Link contract: nothing lands after run() returns);
+//  - drop_notifications(n): the engine drops the next n notifications (the
+//    engine asks take_notification_drop() through its test hook, because
+//    notifications travel on the control connection, not through a Link).
+// It also counts runs, so a test can check that none is executing.
+//
+// Thread-safety: Faults is safe from any thread; the wrapper is as the inner
+// transport. Ownership: the wrapper owns the inner transport and shares the
+// Faults object with the test.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "transport/transport.h"
+
+namespace kvbridge::transport {
+
+class Faults {
+ public:
+  void fail_run(uint64_t nth, Status error);
+  void truncate_run(uint64_t nth, uint64_t bytes, Status error);
+  void set_delay(std::chrono::milliseconds per_copy);
+  void set_cancel_linger(std::chrono::milliseconds linger);
+  void drop_notifications(uint64_t count);
+  // Disarms everything (counters stay).
+  void clear();
+
+  // True once per armed drop.
+  bool take_notification_drop();
+
+  uint64_t runs_started() const;
+  uint64_t runs_active() const;  // runs that started and have not returned
+
+  // What one run should do; used by the wrapper's Link.
+  struct Plan {
+    std::optional<Status> fail;
+    std::optional<uint64_t> truncate_bytes;
+    Status truncate_error;
+    std::chrono::milliseconds delay{0};
+    std::chrono::milliseconds linger{0};
+  };
+  Plan begin_run();
+  void end_run();
+
+ private:
+  mutable std::mutex mu_;
+  uint64_t started_ = 0, active_ = 0;
+  std::optional<std::pair<uint64_t, Status>> fail_;  // absolute run number
+  std::optional<uint64_t> truncate_at_;
+  uint64_t truncate_bytes_ = 0;
+  Status truncate_error_;
+  std::chrono::milliseconds delay_{0}, linger_{0};
+  uint64_t drops_ = 0;
+};
+
+// Wraps `inner`. Requires both non-null.
+std::unique_ptr<Transport> make_fault_transport(std::unique_ptr<Transport> inner, std::shared_ptr<Faults> faults);
+
+}  // namespace kvbridge::transport

@@ -1,0 +1,114 @@
+// The local transport: a peer engine in this same process, reached by memcpy.
+//
+// It is the reference the conformance suite trusts, so it does the least
+// that is correct: each copy is one memcpy, cut into slices of kSliceBytes so
+// that a cancel or a deadline is seen within one slice, and bytes_done grows
+// slice by slice. The engine has already checked every address against the
+// peer's advertised segments; the link checks again that each copy lies in a
+// segment the peer advertised (refresh() keeps that list), because a stale
+// address in the same process would be silent corruption.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+
+#include "transport/transport.h"
+
+namespace kvbridge::transport {
+namespace {
+
+constexpr uint64_t kSliceBytes = uint64_t{1} << 20;
+
+std::string this_hostname() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+class LocalLink final : public Link {
+ public:
+  explicit LocalLink(const PeerInfo& peer) { (void)refresh(peer); }
+
+  Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) override {
+    {
+      std::shared_lock<std::shared_mutex> lock(mu_);
+      for (const Copy& c : copies) {
+        auto s = segments_.find(c.segment);
+        if (s == segments_.end() || c.remote < s->second.first || c.bytes > s->second.second ||
+            c.remote - s->second.first > s->second.second - c.bytes) {
+          return Status::out_of_range("local: copy to peer '" + peer_ + "' address " + std::to_string(c.remote) +
+                                      " is outside its segment " + std::to_string(c.segment));
+        }
+      }
+    }
+    for (const Copy& c : copies) {
+      for (uint64_t done = 0; done < c.bytes;) {
+        if (control.cancel.load(std::memory_order_acquire)) {
+          return Status::cancelled("local: run to peer '" + peer_ + "' cancelled");
+        }
+        if (Clock::now() >= control.deadline) return Status::timeout("local: run to peer '" + peer_ + "' passed its deadline");
+        const uint64_t n = std::min(kSliceBytes, c.bytes - done);
+        uint8_t* remote = reinterpret_cast<uint8_t*>(c.remote) + done;
+        if (op == TransferOp::kRead) {
+          std::memcpy(c.local + done, remote, n);
+        } else {
+          std::memcpy(remote, c.local + done, n);
+        }
+        done += n;
+        control.bytes_done.fetch_add(n, std::memory_order_release);
+      }
+    }
+    return Status();
+  }
+
+  Status refresh(const PeerInfo& peer) override {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    peer_ = peer.name;
+    segments_.clear();
+    for (const PeerSegment& s : peer.segments) segments_[s.id] = {s.base, s.bytes};
+    return Status();
+  }
+
+ private:
+  std::shared_mutex mu_;
+  std::string peer_;
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> segments_;  // id -> (base, bytes)
+};
+
+class LocalTransport final : public Transport {
+ public:
+  std::string_view name() const override { return "local"; }
+  std::string address() const override { return std::to_string(pid_); }
+  Status can_reach(const PeerInfo& peer) const override {
+    if (peer.pid != pid_ || peer.hostname != hostname_) {
+      return Status::unavailable("peer '" + peer.name + "' is process " + std::to_string(peer.pid) + " on host '" +
+                                 peer.hostname + "', not this process " + std::to_string(pid_) + " on '" +
+                                 hostname_ + "'");
+    }
+    return Status();
+  }
+  Result<std::string> add_segment(const Segment& segment) override {
+    if (segment.memory != "host") return Status::invalid_argument("local: memory kind '" + segment.memory + "' is not host");
+    return std::string();
+  }
+  Status remove_segment(uint32_t) override { return Status(); }
+  Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) override {
+    KVB_RETURN_IF_ERROR(can_reach(peer));
+    return std::unique_ptr<Link>(std::make_unique<LocalLink>(peer));
+  }
+
+ private:
+  const uint64_t pid_ = static_cast<uint64_t>(::getpid());
+  const std::string hostname_ = this_hostname();
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> make_local_transport() {
+  return std::unique_ptr<Transport>(std::make_unique<LocalTransport>());
+}
+
+}  // namespace kvbridge::transport

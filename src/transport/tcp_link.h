@@ -1,0 +1,76 @@
+// transport/tcp_link.h: the client half of the tcp transport, a Link to one
+// peer over several TCP streams.
+//
+// A run spreads its copies over up to `streams` streams by bytes (small runs
+// use one), each driven by its own thread (the caller's for the first) as a
+// non-blocking state machine that pipelines request frames and receives
+// replies straight into local memory (reads) or sends straight from it
+// (writes, complete when every WRITE_ACK arrived).
+//
+// Streams are pooled: concurrent runs take idle streams, or wait for one
+// within their deadline. A stream whose run ended other than OK (cancel,
+// deadline, error, a peer's ERROR frame) is closed, so no byte of that run can
+// land later and the next run dials a fresh one: a stream is always either
+// idle between frames or closed, never in between.
+//
+// Thread-safety: run() may be called concurrently.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "transport/tcp_socket.h"
+#include "transport/transport.h"
+
+namespace kvbridge::transport::tcp {
+
+struct TcpPeer {
+  std::string name;  // the peer engine's name, for messages
+  HostPort address;
+  uint64_t instance = 0;  // from the address blob, checked by the hello
+  std::string local_label;
+};
+
+// The address blob: "host:port/instance" (instance in hex).
+std::string format_address(const HostPort& hp, uint64_t instance);
+Result<TcpPeer> parse_address(std::string_view blob, std::string peer_name);
+
+class TcpLink : public Link {
+ public:
+  // Dials one stream (and says hello) within `connect_timeout` to check that
+  // the peer is there. kIoError / kUnavailable naming the peer otherwise.
+  static Result<std::unique_ptr<TcpLink>> create(TcpPeer peer, uint32_t streams,
+                                                 std::chrono::milliseconds connect_timeout);
+  ~TcpLink() override;
+
+  Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) override;
+  // The server checks ranges against its own registrations, so nothing to do.
+  Status refresh(const PeerInfo& peer) override;
+
+ private:
+  struct Stream {
+    int fd = -1;
+  };
+
+  TcpLink(TcpPeer peer, uint32_t streams);
+  Status open(Stream& stream, const IoLimits& limits);
+  void close(Stream& stream);
+  // Takes between 1 and `wanted` idle streams, waiting within `limits`.
+  Result<std::vector<Stream*>> acquire(size_t wanted, const IoLimits& limits);
+  void release(const std::vector<Stream*>& streams);
+  Status run_stream(Stream& stream, TransferOp op, std::span<const Copy> copies, RunControl& control,
+                    const std::atomic<bool>& abort);
+
+  TcpPeer peer_;
+  std::string who_;  // "tcp peer 'name' (host:port)"
+  std::vector<std::unique_ptr<Stream>> all_;
+  std::mutex mutex_;
+  std::condition_variable idle_cv_;
+  std::vector<Stream*> idle_;
+};
+
+}  // namespace kvbridge::transport::tcp

@@ -1,0 +1,114 @@
+// transport/transport.h: the seam between the engine and the ways bytes move.
+//
+// A Transport is one way of moving bytes (local memcpy, cma, tcp, ucx). The
+// engine owns one instance of each available transport, tells it about local
+// memory segments, and asks it for a Link to a peer. A Link executes resolved
+// copies (raw local pointers and the peer's virtual addresses) synchronously
+// on the calling engine thread. The engine does all checking (bounds, peer
+// registrations) before calling a Link; a transport must still never trust
+// numbers that come from the network (tcp frames, ucx messages).
+//
+// Notifications do not go through transports: the engine sends them on its
+// control connection after Link::run() returned OK, which for writes means
+// every byte is in the peer's memory (transports must guarantee that: e.g.
+// tcp waits for the peer's acknowledgements, ucx flushes the endpoint).
+//
+// Thread-safety: add_segment/remove_segment/connect are called with the
+// engine's registry lock held, never concurrently with each other. Link::run
+// may be called from several engine threads at once on one Link.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kvbridge/engine.h"
+#include "kvbridge/status.h"
+
+namespace kvbridge::transport {
+
+using Clock = std::chrono::steady_clock;
+
+// A merged span of registered local memory.
+struct Segment {
+  uint32_t id = 0;
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  std::string memory = "host";
+};
+
+// What a peer advertised for one transport: its address blob and, per
+// segment, the key blob the transport returned from add_segment on that peer.
+struct PeerSegment {
+  uint32_t id = 0;
+  uint64_t base = 0;  // the peer's virtual address
+  uint64_t bytes = 0;
+  std::string key;    // transport-specific (a UCX rkey); may be empty
+};
+
+struct PeerInfo {
+  std::string name;      // the peer engine's name
+  uint64_t pid = 0;
+  std::string hostname;  // host identity, to decide whether local/cma apply
+  std::string address;   // this transport's address blob on the peer
+  std::vector<PeerSegment> segments;
+};
+
+// One resolved copy: `bytes` between local pointer `local` and the peer's
+// address `remote` inside its segment `segment`.
+struct Copy {
+  uint8_t* local = nullptr;
+  uint64_t remote = 0;
+  uint64_t bytes = 0;
+  uint32_t segment = 0;
+};
+
+// Progress of one run: bytes completed, updated as it goes; `cancel` is set by
+// the engine (cancel or deadline) and must be checked between chunks.
+struct RunControl {
+  std::atomic<bool> cancel{false};
+  std::atomic<uint64_t> bytes_done{0};
+  Clock::time_point deadline = Clock::time_point::max();
+};
+
+class Link {
+ public:
+  virtual ~Link() = default;
+  // Executes `copies` as reads (peer -> local) or writes (local -> peer).
+  // Returns OK when every byte completed (for writes: is in the peer's
+  // memory), kCancelled when control.cancel was seen, kTimeout past the
+  // deadline, or the first error (kIoError naming the peer, ...). When it
+  // returns, for any outcome, no further byte of these copies lands in local
+  // memory or leaves it.
+  virtual Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) = 0;
+  // The peer's segments changed (it registered more memory).
+  virtual Status refresh(const PeerInfo& peer) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string_view name() const = 0;
+  // This engine's address blob for peers (bounded, at most 4 KiB).
+  virtual std::string address() const = 0;
+  // Whether this transport can reach `peer` at all (e.g. cma: same host and
+  // ptrace allowed). The reason when not.
+  virtual Status can_reach(const PeerInfo& peer) const = 0;
+  // A local segment appeared; returns its key blob for the metadata (at most
+  // 4 KiB; empty when the transport needs none).
+  virtual Result<std::string> add_segment(const Segment& segment) = 0;
+  virtual Status remove_segment(uint32_t id) = 0;
+  virtual Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) = 0;
+};
+
+// Factories. Each returns kUnavailable, saying why, when it cannot run here.
+Result<std::unique_ptr<Transport>> make_local_transport();
+Result<std::unique_ptr<Transport>> make_cma_transport();
+Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, uint32_t streams);
+Result<std::unique_ptr<Transport>> make_ucx_transport();
+
+}  // namespace kvbridge::transport
