@@ -92,13 +92,18 @@ struct Unit {
   std::vector<Side> remote;  // per remote layout index (only sources are used)
   std::vector<HeadRun> runs;
   uint64_t remote_inner = 1;  // gcd of the sources' inner position axis sizes
+  // A whole local block is one segment: one block and one inner run on both
+  // sides, of the same size (the common case; emitted without divisions).
+  bool block_is_segment = false;
 };
 
 class Emitter {
  public:
-  Emitter(size_t local_tensors, std::vector<Descriptor>* out) : last_(local_tensors, -1), out_(out) {}
+  Emitter(size_t local_tensors, std::vector<Descriptor>* out, std::vector<SourceTotals>* totals)
+      : last_(local_tensors, -1), out_(out), totals_(totals) {}
 
   void emit(uint16_t src, uint16_t lt, uint64_t lo, uint16_t rt, uint64_t ro, uint64_t n) {
+    (*totals_)[src].bytes += n;
     int64_t& li = last_[lt];
     if (li >= 0) {
       Descriptor& d = (*out_)[static_cast<size_t>(li)];
@@ -111,13 +116,16 @@ class Emitter {
     }
     li = static_cast<int64_t>(out_->size());
     out_->push_back({src, lt, rt, 0, lo, ro, n});
+    (*totals_)[src].descriptors += 1;
   }
 
   bool unordered() const { return unordered_; }
+  void reserve(uint64_t more) { out_->reserve(out_->size() + more); }
 
  private:
   std::vector<int64_t> last_;
   std::vector<Descriptor>* out_;
+  std::vector<SourceTotals>* totals_;  // per source: bytes, descriptors emitted
   bool unordered_ = false;
 };
 
@@ -162,6 +170,17 @@ void emit_block(Emitter& e, const GroupMove& m, const Unit& u, uint64_t i) {
   const uint64_t p_begin = std::max(m.begin, i * m.local_ppb);
   const uint64_t p_end = std::min(m.end, (i + 1) * m.local_ppb);
   const Side& L = u.local;
+  if (u.block_is_segment && p_end - p_begin == m.local_ppb) {
+    // Position i * ppb starts the block on both sides (list entry i).
+    const uint64_t rb = static_cast<uint64_t>(m.remote_ids[i]);
+    const uint64_t lbase = L.offset + lb * L.block_stride;
+    for (const HeadRun& run : u.runs) {
+      const Side& R = u.remote[run.source];
+      emit_segment(e, u, run, lbase + run.local_head * L.head_stride,
+                   R.offset + rb * R.block_stride + run.remote_head * R.head_stride, m.local_ppb);
+    }
+    return;
+  }
   const uint64_t kl = L.inner_size();
   const bool runs_outer = u.runs.size() > 1 && L.head_stride > L.outer_stride();
   auto segment = [&](const HeadRun& run, uint64_t p, uint64_t n) {
@@ -234,6 +253,8 @@ Result<std::vector<Unit>> make_units(const Layout& local, std::span<const Layout
       KVB_ASSIGN_OR_RETURN(u.runs, plan_internal::head_runs(local, remotes, by_rank, m, l, c));
       u.remote_inner = 0;
       for (const HeadRun& run : u.runs) u.remote_inner = std::gcd(u.remote_inner, u.remote[run.source].inner_size());
+      u.block_is_segment = m.local_ppb == m.remote_ppb && u.local.inner_size() == m.local_ppb &&
+                           u.remote_inner == m.remote_ppb;
       units.push_back(std::move(u));
       c = last + 1;
     }
@@ -256,6 +277,14 @@ Status emit_group(Emitter& e, const Layout& local, std::span<const Layout> remot
   std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
     return a.local.tensor != b.local.tensor ? a.local.tensor < b.local.tensor : a.local.offset < b.local.offset;
   });
+  // Reserve for the pieces if nothing merged, so that a plan that cannot
+  // merge (shuffled ids) never reallocates; the slack is returned at the end.
+  uint64_t pieces = 0;
+  for (const Unit& u : units) {
+    const uint64_t per_block = u.block_is_segment ? 1 : m.local_ppb / std::min(u.local.inner_size(), u.remote_inner);
+    pieces += entries.size() * u.runs.size() * std::max<uint64_t>(per_block, 1);
+  }
+  e.reserve(std::min<uint64_t>(pieces, uint64_t{1} << 26));
   for (size_t s = 0; s < units.size();) {
     size_t t = s;
     while (t < units.size() && units[t].local.tensor == units[s].local.tensor) ++t;
@@ -324,23 +353,21 @@ Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Re
   KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, plan_internal::check_remotes(local, remotes));
   KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, plan_internal::group_moves(local, remotes, request));
   Plan p;
-  Emitter e(local.tensors.size(), &p.descriptors);
+  p.sources.resize(remotes.size());
+  for (size_t r = 0; r < remotes.size(); ++r) p.sources[r].tp_rank = remotes[r].tp_rank;
+  Emitter e(local.tensors.size(), &p.descriptors, &p.sources);
   for (const GroupMove& m : moves) {
     KVB_RETURN_IF_ERROR(emit_group(e, local, remotes, by_rank, m));
   }
   if (e.unordered()) {
     KVB_RETURN_IF_ERROR(sort_and_merge(local, p.descriptors));
+    for (SourceTotals& t : p.sources) t.descriptors = 0;
+    for (const Descriptor& d : p.descriptors) p.sources[d.source].descriptors += 1;
   } else {
     order_by_tensor(local.tensors.size(), p.descriptors);
   }
   if (p.descriptors.capacity() > p.descriptors.size() + p.descriptors.size() / 8) p.descriptors.shrink_to_fit();
-  p.sources.resize(remotes.size());
-  for (size_t r = 0; r < remotes.size(); ++r) p.sources[r].tp_rank = remotes[r].tp_rank;
-  for (const Descriptor& d : p.descriptors) {
-    p.sources[d.source].descriptors += 1;
-    p.sources[d.source].bytes += d.bytes;
-    p.bytes += d.bytes;
-  }
+  for (const SourceTotals& t : p.sources) p.bytes += t.bytes;
   return p;
 }
 

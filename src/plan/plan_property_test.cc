@@ -643,12 +643,10 @@ TEST(PlanPropertyTest, InvalidRequestsAndMismatchedLayoutsReturnErrorsNeverPlans
       if (g == nullptr) continue;
       std::vector<int64_t>& ids = in.request.blocks.at(g->name).local;
       ids[ids.size() - 2] = ids.back();
-      // An error, or, when the two entries' moving positions sit at
-      // different places of the block (no byte written twice), a plan that
-      // verifies.
+      // Always an error: a block holds one stretch of a request.
       e = {"duplicate local id", "local block id " + std::to_string(ids.back()) + " listed twice in group '" +
                                      g->name + "'",
-           Code::kInvalidArgument, /*or_plan_that_verifies=*/true};
+           Code::kInvalidArgument, /*or_plan_that_verifies=*/false};
     } else if (which == 9) {
       const Group* g = pick_group(rng, in.local, [](const Group& x) { return x.kind == GroupKind::kScratch; });
       if (g == nullptr) continue;

@@ -355,6 +355,14 @@ TEST(PlannerErrorTest, RejectsOneBlockIdGivenToTwoAliasingGroups) {
   EXPECT_TRUE(plan(l, std::vector<Layout>{l}, r).has_value());
 }
 
+TEST(PlannerErrorTest, RejectsABlockListedTwiceInOneList) {
+  Layout l = rank_of(1, 0);
+  expect_error(plan(l, std::vector<Layout>{l}, req(12, {3, 1, 3}, {4, 5, 6})), Code::kInvalidArgument,
+               "group 'full' local block 3 is listed twice (entries 0 and 2)");
+  expect_error(plan(l, std::vector<Layout>{l}, req(12, {0, 1, 2}, {6, 5, 6})), Code::kInvalidArgument,
+               "remote block 6 is listed twice");
+}
+
 TEST(PlannerTest, NaiveCountIsOnePerLayerComponentBlockAndSource) {
   // 2 layers x 2 components x 3 blocks x 1 source = 12 against the plan's 2.
   Layout l = rank_of(1, 0);

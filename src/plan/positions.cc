@@ -38,6 +38,38 @@ Status check_ids(const std::string& where, std::string_view side, const std::vec
   return Status();
 }
 
+// No block id may appear twice in one list: two positions of a request never
+// share a block. Ascending lists (the usual allocator output) are checked in
+// one pass; others sort a copy.
+Status check_distinct(const std::string& where, std::string_view side, const std::vector<int64_t>& ids) {
+  bool ascending = true;
+  int64_t prev = -1;
+  for (int64_t id : ids) {
+    if (id < 0) continue;
+    if (id <= prev) {
+      ascending = false;
+      break;
+    }
+    prev = id;
+  }
+  if (ascending) return Status();
+  std::vector<int64_t> sorted;
+  sorted.reserve(ids.size());
+  for (int64_t id : ids) {
+    if (id >= 0) sorted.push_back(id);
+  }
+  std::sort(sorted.begin(), sorted.end());
+  auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  if (dup == sorted.end()) return Status();
+  std::vector<size_t> at;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] == *dup) at.push_back(i);
+  }
+  return Status::invalid_argument(where + " " + std::string(side) + " block " + std::to_string(*dup) +
+                                  " is listed twice (entries " + std::to_string(at[0]) + " and " +
+                                  std::to_string(at[1]) + ")");
+}
+
 }  // namespace
 
 Result<std::vector<GroupMove>> group_moves(const Layout& local, std::span<const Layout> remotes,
@@ -74,6 +106,8 @@ Result<std::vector<GroupMove>> group_moves(const Layout& local, std::span<const 
     if (rg0 == nullptr) return Status::invalid_argument("no remote layouts given");
     const std::vector<int64_t>& lids = it->second.local;
     const std::vector<int64_t>& rids = it->second.remote;
+    KVB_RETURN_IF_ERROR(check_distinct(where, "local", lids));
+    KVB_RETURN_IF_ERROR(check_distinct(where, "remote", rids));
     m.local_ppb = g.positions_per_block();
     m.remote_ppb = rg0->positions_per_block();
     const uint64_t tps = g.tokens_per_state;

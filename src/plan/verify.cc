@@ -123,32 +123,65 @@ uint16_t tensor_index(const Layout& l, const std::string& name) {
   return static_cast<uint16_t>(l.find_tensor(name) - l.tensors.data());
 }
 
-// Fills every cell of the listed blocks of remote rank `r` with its pattern.
+// The request positions a group moves, by the verifier's own reading of
+// DESIGN.md: [first, last); a state group moves its final state (first 0,
+// last 1), a scratch group every position of its one block.
+struct Moving {
+  uint64_t first = 0, last = 0;
+};
+
+Moving moving_positions(const Group& g, const Request& request) {
+  Moving m;
+  const uint64_t tps = g.tokens_per_state;
+  if (g.kind == GroupKind::kAttention || g.kind == GroupKind::kSlidingWindow) {
+    uint64_t t0 = request.skip_tokens;
+    if (g.kind == GroupKind::kSlidingWindow && request.num_tokens > *g.window_tokens) {
+      t0 = std::max(t0, request.num_tokens - *g.window_tokens);
+    }
+    if (t0 < request.num_tokens) {
+      m.first = t0 / tps;
+      m.last = (request.num_tokens + tps - 1) / tps;
+    }
+  } else if (g.kind == GroupKind::kState) {
+    m.last = request.skip_tokens < request.num_tokens ? 1 : 0;
+  } else {
+    m.last = g.positions_per_block();
+  }
+  return m;
+}
+
+// Fills, in remote rank `r`'s memory, every cell that holds a moving position
+// of the request (every head the rank holds) with its pattern. Everything else
+// keeps its untouched value, so a plan reading a wrong position, head, block
+// or an earlier state reads bytes that match no expected pattern.
 void fill_remote(const Layout& local, const Layout& r, const Request& request, SparseMemory& mem) {
   std::vector<uint8_t> buf;
   for (size_t gi = 0; gi < local.groups.size(); ++gi) {
     const Group& lg = local.groups[gi];
     const Group* g = r.find_group(lg.name);
     auto it = request.blocks.find(lg.name);
-    if (g == nullptr || it == request.blocks.end()) continue;
+    if (g == nullptr || it == request.blocks.end() || !lg.transfer) continue;
     const std::vector<int64_t>& ids = it->second.remote;
     const uint64_t ppb = g->positions_per_block();
-    for (size_t j = 0; j < ids.size(); ++j) {
-      if (ids[j] < 0) continue;
+    const Moving m = moving_positions(*g, request);
+    for (uint64_t p = m.first; p < m.last; ++p) {
+      uint64_t entry = p / ppb, in_block = p % ppb, semantic = p;
+      if (g->kind == GroupKind::kState) {
+        entry = ids.size() - 1;
+        in_block = 0;
+        semantic = kFinalState;
+      }
+      if (entry >= ids.size() || ids[entry] < 0) continue;
+      const uint64_t block = static_cast<uint64_t>(ids[entry]);
       for (size_t l = 0; l < g->layers.size(); ++l) {
         for (size_t c = 0; c < g->layers[l].components.size(); ++c) {
           const Component& comp = g->layers[l].components[c];
           if (comp.empty()) continue;
-          buf.resize(comp.cell_bytes);
           const uint16_t t = tensor_index(r, comp.tensor);
           for (uint64_t h = 0; h < comp.local_heads(); ++h) {
             const uint64_t global = comp.heads ? comp.heads->first + h : 0;
-            for (uint64_t p = 0; p < ppb; ++p) {
-              uint64_t pos = j * ppb + p;
-              if (g->kind == GroupKind::kState) pos = j + 1 == ids.size() ? kFinalState : j;
-              pattern(Coordinate{gi, l, c, pos, global}.seed(), comp.cell_bytes, buf);
-              mem.write(t, *cell_offset(comp, {static_cast<uint64_t>(ids[j]), h, p}), buf.data(), buf.size());
-            }
+            pattern(Coordinate{gi, l, c, semantic, global}.seed(), comp.cell_bytes, buf);
+            mem.write(t, *cell_offset(comp, {block, h, in_block}), buf.data(), buf.size());
           }
         }
       }
@@ -168,9 +201,14 @@ Result<VerifyReport> verify(const Plan& plan, const Layout& local, std::span<con
   VerifyReport report;
   SparseMemory local_mem(0);
   std::vector<SparseMemory> remote_mem;
+  std::vector<bool> used(remotes.size(), false);
+  for (const Descriptor& d : plan.descriptors) {
+    if (d.source < used.size()) used[d.source] = true;
+  }
+  remote_mem.reserve(remotes.size());
   for (size_t r = 0; r < remotes.size(); ++r) {
     remote_mem.emplace_back(r + 1);
-    fill_remote(local, remotes[r], request, remote_mem.back());
+    if (used[r]) fill_remote(local, remotes[r], request, remote_mem.back());
   }
 
   // Execute, checking bounds and collecting written ranges.
@@ -224,24 +262,8 @@ Result<VerifyReport> verify(const Plan& plan, const Layout& local, std::span<con
     if (it == request.blocks.end()) return Status::invalid_argument("request lacks group " + q(g.name));
     const std::vector<int64_t>& ids = it->second.local;
     const uint64_t ppb = g.positions_per_block();
-    // Positions that move, as [first, last) plus a mapping to (list entry,
-    // position in block, semantic position).
-    uint64_t first = 0, last = 0;
-    const uint64_t tps = g.tokens_per_state;
-    if (g.kind == GroupKind::kAttention || g.kind == GroupKind::kSlidingWindow) {
-      uint64_t t0 = request.skip_tokens;
-      if (g.kind == GroupKind::kSlidingWindow && request.num_tokens > *g.window_tokens) {
-        t0 = std::max(t0, request.num_tokens - *g.window_tokens);
-      }
-      if (t0 < request.num_tokens) {
-        first = t0 / tps;
-        last = (request.num_tokens + tps - 1) / tps;
-      }
-    } else if (g.kind == GroupKind::kState) {
-      last = request.skip_tokens < request.num_tokens ? 1 : 0;
-    } else {
-      last = ppb;
-    }
+    const Moving mv = moving_positions(g, request);
+    const uint64_t first = mv.first, last = mv.last;
     for (uint64_t p = first; p < last; ++p) {
       uint64_t entry = p / ppb, in_block = p % ppb, semantic = p;
       if (g.kind == GroupKind::kState) {
