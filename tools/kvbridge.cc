@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
       add_identity_command(app),
       add_plan_command(app),
       add_demo_command(app),
+      add_bench_command(app),
   };
   try {
     app.parse(argc, argv);

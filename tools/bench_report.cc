@@ -1,0 +1,200 @@
+// Table, JSON, targets and chart of `kvbridge bench`.
+#include "bench_report.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "bench_peer.h"
+
+namespace kvbridge::cli::bench {
+namespace {
+
+std::string fixed(double v, int digits) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(digits) << v;
+  return s.str();
+}
+
+std::string size_name(uint64_t bytes) {
+  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return std::to_string(bytes >> 20) + "MiB";
+  if (bytes >= 1024 && bytes % 1024 == 0) return std::to_string(bytes >> 10) + "KiB";
+  return std::to_string(bytes);
+}
+
+}  // namespace
+
+void print_table(std::ostream& out, const std::vector<BenchRow>& rows) {
+  std::vector<std::vector<std::string>> cells = {{"transport", "op", "block_bytes", "pattern", "batch", "gbps",
+                                                  "latency_us", "baseline", "baseline_gbps", "ratio"}};
+  for (const BenchRow& r : rows) {
+    cells.push_back({r.transport, r.op, std::to_string(r.block_bytes), r.pattern, std::to_string(r.batch),
+                     fixed(r.gbps, 2), fixed(r.latency_us, 1), r.baseline.empty() ? "-" : r.baseline,
+                     r.baseline_gbps > 0 ? fixed(r.baseline_gbps, 2) : "-", r.ratio > 0 ? fixed(r.ratio, 2) : "-"});
+  }
+  std::vector<size_t> width(cells[0].size(), 0);
+  for (const auto& line : cells)
+    for (size_t i = 0; i < line.size(); ++i) width[i] = std::max(width[i], line[i].size());
+  for (const auto& line : cells) {
+    for (size_t i = 0; i < line.size(); ++i) {
+      // Text columns left-aligned, numbers right-aligned.
+      const bool text = i == 0 || i == 1 || i == 3 || i == 7;
+      out << (i ? "  " : "") << (text ? std::left : std::right) << std::setw(static_cast<int>(width[i])) << line[i];
+    }
+    out << "\n";
+  }
+  out << std::right;
+}
+
+std::string rows_json(const std::vector<BenchRow>& rows) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const BenchRow& r : rows) {
+    nlohmann::json o = {{"transport", r.transport}, {"op", r.op},
+                        {"block_bytes", r.block_bytes}, {"pattern", r.pattern},
+                        {"batch", r.batch},         {"gbps", r.gbps},
+                        {"latency_us", r.latency_us}, {"baseline", r.baseline},
+                        {"baseline_gbps", r.baseline_gbps}, {"ratio", r.ratio}};
+    if (r.transport == "tcp") {
+      o["ucx_tcp_gbps"] = r.ucx_tcp_gbps;
+      o["ucx_tcp_ratio"] = r.ucx_tcp_ratio;
+    }
+    a.push_back(std::move(o));
+  }
+  return a.dump(1);
+}
+
+void print_targets(std::ostream& out, const std::vector<BenchRow>& rows, double iperf3, double ucx_tcp) {
+  auto verdict = [](bool measured, bool met) { return !measured ? "n/a" : met ? "met" : "MISSED"; };
+  auto worst = [&](const std::string& transport, auto filter) {
+    const BenchRow* w = nullptr;
+    for (const BenchRow& r : rows) {
+      if (r.transport == transport && r.ratio > 0 && filter(r) && (!w || r.ratio < w->ratio)) w = &r;
+    }
+    return w;
+  };
+  auto describe = [](const BenchRow* r) {
+    if (!r) return std::string("no rows");
+    return "worst " + fixed(r->ratio, 2) + " (" + r->op + " " + size_name(r->block_bytes) + " " + r->pattern +
+           " batch " + std::to_string(r->batch) + ": " + fixed(r->gbps, 2) + " vs " + fixed(r->baseline_gbps, 2) +
+           " Gbit/s)";
+  };
+  out << "targets (issue 4):\n";
+  const BenchRow* w = worst("local", [](const BenchRow& r) { return r.block_bytes >= 65536; });
+  out << "  local >= 0.90 x memcpy, blocks >= 64 KiB: " << describe(w) << ": " << verdict(w, w && w->ratio >= 0.9)
+      << "\n";
+  w = worst("cma", [](const BenchRow&) { return true; });
+  out << "  cma >= 0.90 x raw process_vm_readv/writev: " << describe(w) << ": " << verdict(w, w && w->ratio >= 0.9)
+      << "\n";
+  // tcp is judged on its bulk row: reads of the largest block, contiguous, at
+  // the largest batch (the shape of iperf3's stream and of ucp_get 1 MiB).
+  const BenchRow* best = nullptr;
+  for (const BenchRow& r : rows) {
+    if (r.transport != "tcp" || r.op != "read" || r.pattern != "contiguous") continue;
+    if (!best || r.block_bytes > best->block_bytes || (r.block_bytes == best->block_bytes && r.batch > best->batch))
+      best = &r;
+  }
+  const double tcp_best = best ? best->gbps : 0;
+  const std::string where = best ? " (read " + size_name(best->block_bytes) + " contiguous batch " +
+                                       std::to_string(best->batch) + ")"
+                                 : "";
+  out << "  tcp >= 0.80 x iperf3 single stream: " << fixed(tcp_best, 2) << " vs " << fixed(iperf3, 2)
+      << " Gbit/s = " << (iperf3 > 0 ? fixed(tcp_best / iperf3, 2) : "-") << where << ": "
+      << verdict(best && iperf3 > 0, iperf3 > 0 && tcp_best >= 0.8 * iperf3) << "\n";
+  out << "  tcp >= 2 x ucx_perftest ucp_get UCX_TLS=tcp 1 MiB: " << fixed(tcp_best, 2) << " vs " << fixed(ucx_tcp, 2)
+      << " Gbit/s = " << (ucx_tcp > 0 ? fixed(tcp_best / ucx_tcp, 2) : "-") << ": "
+      << verdict(best && ucx_tcp > 0, ucx_tcp > 0 && tcp_best >= 2 * ucx_tcp) << "\n";
+  w = worst("ucx", [](const BenchRow&) { return true; });
+  out << "  ucx >= 0.90 x ucx_perftest: " << describe(w) << ": " << verdict(w, w && w->ratio >= 0.9) << "\n";
+  for (const char* t : {"local", "cma", "tcp", "ucx"}) {
+    w = worst(t, [](const BenchRow& r) { return r.block_bytes == 2048 && r.batch == 10000; });
+    if (!w) continue;
+    out << "  " << t << " batch of 10,000 x 2 KiB >= 0.90 x baseline: " << describe(w) << ": "
+        << verdict(true, w->ratio >= 0.9) << "\n";
+  }
+}
+
+Status plot_png(const std::vector<BenchRow>& rows, const std::string& png) {
+  if (!have_program("gnuplot")) return Status::unavailable("gnuplot is not installed (Debian: gnuplot-nox)");
+  std::vector<std::string> transports;
+  for (const BenchRow& r : rows) {
+    if (std::find(transports.begin(), transports.end(), r.transport) == transports.end()) transports.push_back(r.transport);
+  }
+  if (transports.empty()) return Status::invalid_argument("bench: nothing to plot");
+  std::ostringstream g;
+  g << "set terminal pngcairo size 1400," << 380 * transports.size() << " font 'sans,10' noenhanced\n";
+  g << "set output '" << png << "'\n";
+  g << "set multiplot layout " << transports.size() << ",2 title 'kvbridge bench: engine (solid: contiguous, "
+       "dashed: shuffled) vs baseline (dotted, contiguous)'\n";
+  g << "set logscale x 2\nset grid\nset key outside right top\nset ylabel 'Gbit/s (log)'\nset logscale y 10\n";
+  int block_id = 0;
+  for (const std::string& t : transports) {
+    // Panel 1: against block size, each block at its largest batch.
+    // Panel 2: against batch, at the smallest block size.
+    std::map<uint64_t, uint64_t> max_batch;
+    uint64_t min_block = UINT64_MAX;
+    for (const BenchRow& r : rows) {
+      if (r.transport != t) continue;
+      max_batch[r.block_bytes] = std::max(max_batch[r.block_bytes], r.batch);
+      min_block = std::min(min_block, r.block_bytes);
+    }
+    for (int panel = 0; panel < 2; ++panel) {
+      std::vector<std::string> plots;
+      std::string baseline_name;
+      for (const char* op : {"read", "write"}) {
+        for (const char* pattern : {"contiguous", "shuffled"}) {
+          const std::string name = "$d" + std::to_string(block_id++);
+          g << name << " << EOD\n";
+          for (const BenchRow& r : rows) {
+            if (r.transport != t || r.op != op || r.pattern != pattern) continue;
+            if (panel == 0 && r.batch != max_batch[r.block_bytes]) continue;
+            if (panel == 1 && r.block_bytes != min_block) continue;
+            g << (panel == 0 ? r.block_bytes / 1024.0 : static_cast<double>(r.batch)) << " " << r.gbps << " "
+              << r.baseline_gbps << "\n";
+            if (!r.baseline.empty()) baseline_name = r.baseline;
+          }
+          g << "EOD\n";
+          const std::string color = std::string(op) == "read" ? "'#1f77b4'" : "'#d62728'";
+          const bool shuffled = std::string(pattern) == "shuffled";
+          plots.push_back(name + " using 1:2 with linespoints lw 2 pt 7 dt " + (shuffled ? "2" : "1") + " lc rgb " +
+                          color + " title '" + op + " " + pattern + "'");
+          if (!shuffled) {
+            plots.push_back(name + " using 1:($3 > 0 ? $3 : 1/0) with linespoints lw 1 pt 6 dt 3 lc rgb " + color +
+                            " title '" + op + " baseline'");
+          }
+        }
+      }
+      if (panel == 0) {
+        g << "set xlabel 'block size (KiB), at the largest batch'\n";
+      } else {
+        g << "set xlabel 'batch (descriptors), " << size_name(min_block) << " blocks'\n";
+      }
+      g << "set title '" << t << (baseline_name.empty() ? "" : " vs " + baseline_name) << "'\n";
+      g << "plot ";
+      for (size_t i = 0; i < plots.size(); ++i) g << (i ? ", " : "") << plots[i];
+      g << "\n";
+    }
+  }
+  g << "unset multiplot\n";
+  char path[] = "/tmp/kvbridge-bench-XXXXXX.gp";
+  const int fd = ::mkstemps(path, 3);
+  if (fd < 0) return Status::io_error("bench: cannot create a temporary gnuplot script");
+  ::close(fd);
+  {
+    std::ofstream f(path);
+    f << g.str();
+  }
+  const ShellOutput r = run_shell(std::string("timeout 60 gnuplot ") + path);
+  ::unlink(path);
+  if (!r.ok) return Status::io_error("bench: gnuplot failed to write '" + png + "'");
+  return Status();
+}
+
+}  // namespace kvbridge::cli::bench
