@@ -10,6 +10,7 @@
 #include <iostream>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cli.h"
@@ -98,10 +99,14 @@ int run_demo(const DemoArgs& a) {
   if (!prefill) return fail(prefill.error().with_context("prefill"));
   Result<std::vector<Layout>> decode = instance(a.preset, a.decode, a.num_blocks);
   if (!decode) return fail(decode.error().with_context("decode"));
-  std::printf("kvbridge demo: %s, prefill TP %u (%s, block %llu) -> decode TP %u (%s, block %llu)\n",
-              a.preset.c_str(), a.prefill.tp, a.prefill.order.c_str(),
-              static_cast<unsigned long long>((*prefill)[0].groups[0].block_tokens), a.decode.tp,
-              a.decode.order.c_str(), static_cast<unsigned long long>((*decode)[0].groups[0].block_tokens));
+  auto blocks = [](const Side& s, const Layout& l) {
+    std::string b = std::to_string(l.groups[0].block_tokens);
+    if (s.kernel_block_tokens != 0) b += "/" + std::to_string(s.kernel_block_tokens) + "-token kernel blocks";
+    return b;
+  };
+  std::printf("kvbridge demo: %s, prefill TP %u (%s, block %s) -> decode TP %u (%s, block %s)\n", a.preset.c_str(),
+              a.prefill.tp, a.prefill.order.c_str(), blocks(a.prefill, (*prefill)[0]).c_str(), a.decode.tp,
+              a.decode.order.c_str(), blocks(a.decode, (*decode)[0]).c_str());
   std::printf("compatibility hash %s on both sides\n\n", compatibility_hash_hex((*prefill)[0]).c_str());
   std::printf("%-4s %-7s %-7s %-5s %12s %14s %12s %8s %10s  %s\n", "req", "tokens", "cached", "rank", "descriptors",
               "bytes", "naive", "ratio", "plan_us", "verified");

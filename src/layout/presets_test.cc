@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvbridge/layout.h"
+#include "kvbridge/layout_json.h"
 
 namespace kvbridge {
 namespace {
@@ -105,6 +106,31 @@ TEST(PresetsTest, EveryPresetValidatesAtEveryTpOrderAndTwoBlockSizes) {
       }
     }
   }
+}
+
+TEST(PresetsTest, EveryPresetRoundTripsThroughJsonExactly) {
+  // parse(to_json(x)) == x, and writing the parsed value gives the same text,
+  // pretty and on one line, at every TP size, rank 0 and the last rank.
+  size_t checked = 0;
+  for (const std::string& name : preset_names()) {
+    for (uint32_t tp : {1u, 2u, 4u, 8u}) {
+      for (uint32_t rank : {0u, tp - 1}) {
+        for (Order order : all_orders()) {
+          Result<Layout> layout = make_preset(options(name, tp, rank, order, 0));
+          ASSERT_TRUE(layout.ok()) << layout.status().to_string();
+          for (int indent : {-1, 2}) {
+            const std::string text = to_json(*layout, indent);
+            Result<Layout> back = parse_layout(text);
+            ASSERT_TRUE(back.ok()) << name << " tp " << tp << ": " << back.status().to_string();
+            EXPECT_EQ(*back, *layout) << name << " tp " << tp << " rank " << rank << " " << order_name(order);
+            EXPECT_EQ(to_json(*back, indent), text);
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, preset_names().size() * 4 * 2 * all_orders().size() * 2);
 }
 
 TEST(PresetsTest, EveryPresetTakesTpSixteen) {
