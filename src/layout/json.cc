@@ -224,15 +224,7 @@ OrderedJson group_json(const Group& g) {
 }  // namespace
 
 Result<Layout> parse_layout(std::string_view json) {
-  // Types are checked before every access, so nothing below should throw;
-  // this keeps the no-exception contract even for allocation failure.
-  try {
-    return read_layout(json);
-  } catch (const std::bad_alloc&) {
-    return Status::resource_exhausted("out of memory while parsing the layout");
-  } catch (const std::exception& e) {
-    return Status::internal(std::string("unexpected error while parsing the layout: ") + e.what());
-  }
+  return json_io::guarded<Layout>("layout", [&] { return read_layout(json); });
 }
 
 std::string to_json(const Layout& layout, int indent) {

@@ -14,7 +14,9 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -41,6 +43,20 @@ std::string write(const OrderedJson& value, int indent);
 // ever sees deep input), and kInvalidArgument for a syntax error (with line
 // and column) or an object that repeats a key (with the path).
 Result<Json> parse_document(std::string_view text);
+
+// Runs `read` (a parser that checks types before every access) and turns
+// anything it still throws into a Status, so no exception crosses the
+// library boundary even on allocation failure. `what` names the document.
+template <typename T, typename F>
+Result<T> guarded(std::string_view what, F&& read) {
+  try {
+    return read();
+  } catch (const std::bad_alloc&) {
+    return Status::resource_exhausted("out of memory while parsing the " + std::string(what));
+  } catch (const std::exception& e) {
+    return Status::internal("unexpected error while parsing the " + std::string(what) + ": " + e.what());
+  }
+}
 
 // Paths. The root is the empty path. A key that is not a plain identifier
 // ([A-Za-z0-9_-]+) is written quoted in brackets: blocks["a b"].

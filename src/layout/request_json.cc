@@ -88,13 +88,7 @@ Result<Request> read_request(std::string_view text) {
 }  // namespace
 
 Result<Request> parse_request(std::string_view json) {
-  try {
-    return read_request(json);
-  } catch (const std::bad_alloc&) {
-    return Status::resource_exhausted("out of memory while parsing the request");
-  } catch (const std::exception& e) {
-    return Status::internal(std::string("unexpected error while parsing the request: ") + e.what());
-  }
+  return json_io::guarded<Request>("request", [&] { return read_request(json); });
 }
 
 std::string to_json(const Request& request, int indent) {
