@@ -31,6 +31,9 @@
 
 namespace kvbridge::transport::ucx {
 
+// How long connect() waits for a peer to answer the endpoint wireup.
+constexpr std::chrono::seconds kWireupTimeout{10};
+
 Status to_status(ucs_status_t status, std::string_view what, std::string_view peer) {
   if (status == UCS_OK) return Status();
   std::string msg = "ucx";
@@ -142,6 +145,13 @@ Worker::~Worker() {
     quit_.store(true);
     wake();
     thread_.join();
+  }
+  // Let queued protocol messages (wireup answers to peers) go out before the
+  // worker is destroyed; bounded, and the progress thread has exited.
+  if (worker_) {
+    const Clock::time_point limit = Clock::now() + std::chrono::milliseconds(20);
+    while (ucp_worker_progress(worker_.get()) != 0 && Clock::now() < limit) {
+    }
   }
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
@@ -490,6 +500,38 @@ Status Worker::open(Endpoint& e) {
       return err;
     }
     e.rkeys[id] = std::move(rkey);
+  }
+  // Finish the wireup now: a flush completes once the peer has answered. An
+  // endpoint torn down (on either side) while wireup messages are still
+  // queued trips an assertion inside UCX 1.13 (ucp_request_send_state_ff:
+  // "got REP message"), and an unreachable peer is better reported here.
+  ucp_request_param_t fp{};
+  void* flush = ucp_ep_flush_nbx(e.ep, &fp);
+  if (UCS_PTR_IS_ERR(flush)) {
+    Status err = to_status(UCS_PTR_STATUS(flush), "ucp_ep_flush_nbx (wireup)", e.peer);
+    close(e);
+    return err;
+  }
+  if (flush != nullptr) {
+    const Clock::time_point limit = Clock::now() + kWireupTimeout;
+    ucs_status_t fs;
+    while ((fs = ucp_request_check_status(flush)) == UCS_INPROGRESS && Clock::now() < limit) {
+      ucp_worker_progress(worker_.get());
+    }
+    if (fs == UCS_INPROGRESS) {
+      ucp_request_cancel(worker_.get(), flush);
+      wait_request(flush);
+      close(e);
+      return Status::timeout("ucx peer '" + e.peer + "': no answer to the endpoint wireup within " +
+                             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(kWireupTimeout).count()) +
+                             " ms");
+    }
+    ucp_request_free(flush);
+    if (fs != UCS_OK) {
+      Status err = to_status(fs, "ucp_ep_flush_nbx (wireup)", e.peer);
+      close(e);
+      return err;
+    }
   }
   return Status();
 }
