@@ -30,9 +30,7 @@ namespace {
 
 using namespace bench;
 
-// Long enough for the largest transfer (256 MiB) on a slow link, short
-// because the engine keeps each transfer's deadline entry until it passes
-// (Transfers::deadlines_), so memory grows with transfers/s x this.
+// Long enough for the largest transfer (256 MiB) on a slow link.
 constexpr std::chrono::milliseconds kTransferTimeout{15000};
 
 struct PeerArgs {

@@ -33,27 +33,31 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
     const Peer& p = *it->second;
     KVB_RETURN_IF_ERROR(p.channel->health().with_context("submit"));
     const std::string& peer_name = p.metadata.name;
+    // Error messages are built only on error: a context string per item would
+    // cost more than the checks for a large batch of small items.
+    auto what = [](size_t i) { return "submit: item " + std::to_string(i); };
     for (size_t i = 0; i < items.size(); ++i) {
       const TransferItem& item = items[i];
-      const std::string what = "submit: item " + std::to_string(i);
-      if (item.bytes == 0) return Status::invalid_argument(what + " has 0 bytes");
-      KVB_ASSIGN_OR_RETURN(uint8_t* local, registry_->resolve(item.local, item.local_offset, item.bytes, what));
+      if (item.bytes == 0) return Status::invalid_argument(what(i) + " has 0 bytes");
+      Result<uint8_t*> resolved = registry_->resolve(item.local, item.local_offset, item.bytes, std::string_view());
+      if (!resolved.ok()) return Status(resolved.error().code(), what(i) + resolved.error().message());
+      uint8_t* local = *resolved;
       auto r = p.regions.find(item.remote);
       if (r == p.regions.end()) {
-        return Status::not_found(what + ": peer '" + peer_name + "' advertises no region " +
+        return Status::not_found(what(i) + ": peer '" + peer_name + "' advertises no region " +
                                  std::to_string(item.remote) + " (connect() again with fresh metadata?)");
       }
       uint64_t end = 0;
       if (!checked_add(item.remote_offset, item.bytes, &end) || end > r->second.bytes) {
-        return Status::out_of_range(what + ": remote range [" + std::to_string(item.remote_offset) + ", " +
+        return Status::out_of_range(what(i) + ": remote range [" + std::to_string(item.remote_offset) + ", " +
                                     std::to_string(item.remote_offset) + " + " + std::to_string(item.bytes) +
                                     ") is outside peer '" + peer_name + "' region " + std::to_string(item.remote) +
                                     " of " + std::to_string(r->second.bytes) + " bytes");
       }
       copies.push_back(transport::Copy{local, r->second.base + item.remote_offset, item.bytes, r->second.segment});
       t->bytes_total += item.bytes;
+      if (t->regions.empty() || t->regions.back() != item.local) t->regions.push_back(item.local);
     }
-    for (const TransferItem& item : items) t->regions.push_back(item.local);
     std::sort(t->regions.begin(), t->regions.end());
     t->regions.erase(std::unique(t->regions.begin(), t->regions.end()), t->regions.end());
     for (RegionId r : t->regions) registry_->acquire(r);

@@ -1,7 +1,12 @@
 // Transfer execution: workers, deadlines, cancel, notification, completion.
 #include "engine/transfers.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <climits>
 
 namespace kvbridge::engine_internal {
 namespace {
@@ -16,6 +21,31 @@ std::string transfer_name(const Transfer& t) {
 }
 
 }  // namespace
+
+void WakeTokens::release(uint32_t n) {
+  if (n == 0) return;
+  tokens_.fetch_add(n, std::memory_order_seq_cst);
+  // A sleeper counted itself before its futex_wait re-checks tokens_, so
+  // either it sees the new tokens there or it is counted here and woken.
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&tokens_), FUTEX_WAKE_PRIVATE,
+              static_cast<int>(std::min<uint32_t>(n, INT_MAX)), nullptr, nullptr, 0);
+  }
+}
+
+void WakeTokens::acquire() {
+  while (true) {
+    uint32_t v = tokens_.load(std::memory_order_acquire);
+    while (v > 0) {
+      if (tokens_.compare_exchange_weak(v, v - 1, std::memory_order_acquire)) return;
+    }
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    // Sleeps only while tokens_ is still 0 (EAGAIN otherwise); EINTR and
+    // spurious wake-ups just loop.
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&tokens_), FUTEX_WAIT_PRIVATE, 0u, nullptr, nullptr, 0);
+    sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
 
 std::vector<std::vector<transport::Copy>> split_copies(std::vector<transport::Copy> copies, size_t parts) {
   uint64_t total = 0;
@@ -61,17 +91,50 @@ std::shared_ptr<Transfer> Transfers::find(TransferId id) const {
 }
 
 Result<TransferId> Transfers::start(std::shared_ptr<Transfer> t) {
+  TransferId id = 0;
+  const size_t chunks = t->chunks.size();
+  bool earliest = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Status::unavailable("engine is shutting down");
+    id = t->id = next_id_++;
+    t->chunks_left = chunks;
+    t->queued = chunks;
+    // Entries leave the queue when transfers end, so it is often empty; the
+    // timer needs waking only when it would sleep past this deadline.
+    earliest = t->deadline < timer_wake_;
+    if (earliest) timer_wake_ = t->deadline;
+    t->deadline_entry = deadlines_.emplace(t->deadline, t);
+    t->has_deadline = true;
+    for (size_t i = 0; i < chunks; ++i) queue_.push_back(Job{t, i});
+    table_.emplace(id, std::move(t));
+  }
+  // One token per queued chunk: wakes at most that many workers.
+  work_sem_.release(static_cast<uint32_t>(chunks));
+  if (earliest) timer_cv_.notify_one();
+  return id;
+}
+
+std::optional<size_t> Transfers::take_queued(Transfer& t) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) return Status::unavailable("engine is shutting down");
-  t->id = next_id_++;
-  t->chunks_left = t->chunks.size();
-  table_.emplace(t->id, t);
-  for (size_t i = 0; i < t->chunks.size(); ++i) queue_.push_back(Job{t, i});
-  const bool earliest = deadlines_.empty() || t->deadline < deadlines_.begin()->first;
-  deadlines_.emplace(t->deadline, t);
-  work_cv_.notify_all();
-  if (earliest) timer_cv_.notify_all();
-  return t->id;
+  if (t.queued == 0) return std::nullopt;
+  // The last one queued: workers take from the front, so a split transfer
+  // still runs on them and this thread at once.
+  for (auto it = queue_.rbegin(); it != queue_.rend(); ++it) {
+    if (it->t.get() != &t) continue;
+    const size_t chunk = it->chunk;
+    queue_.erase(std::next(it).base());
+    --t.queued;
+    return chunk;
+  }
+  return std::nullopt;  // not reached: queued counts t's jobs in queue_
+}
+
+void Transfers::forget_deadline(Transfer& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!t.has_deadline) return;
+  deadlines_.erase(t.deadline_entry);
+  t.has_deadline = false;
 }
 
 void Transfers::stop_locked(Transfer& t, Status why, bool cancelled) {
@@ -102,13 +165,17 @@ void Transfers::finish_locked(Transfer& t) {
 
 void Transfers::worker() {
   while (true) {
+    work_sem_.acquire();
     Job job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and nothing left to skip
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.empty()) {
+        if (stopping_) return;  // nothing left to skip
+        continue;               // a wait() ran the chunk of this token itself
+      }
       job = std::move(queue_.front());
       queue_.pop_front();
+      --job.t->queued;
     }
     run_chunk(job.t, job.chunk);
   }
@@ -117,6 +184,7 @@ void Transfers::worker() {
 void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
   Transfer& t = *tp;
   Chunk& chunk = t.chunks[index];
+  bool skipped = false, ended = false;
   {
     std::lock_guard<std::mutex> lock(t.mu);
     if (!t.stop && Clock::now() >= t.deadline) {
@@ -126,10 +194,16 @@ void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
     if (t.stop || t.ended) {
       --t.chunks_left;
       if (t.running == 0) finish_locked(t);
-      return;
+      skipped = true;
+    } else {
+      ++t.running;
+      chunk.control.deadline = t.deadline;
     }
-    ++t.running;
-    chunk.control.deadline = t.deadline;
+    ended = t.ended;
+  }
+  if (skipped) {
+    if (ended) forget_deadline(t);
+    return;
   }
   Status s = t.link->run(t.op, chunk.copies, chunk.control);
   bool notify = false;
@@ -148,8 +222,10 @@ void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
         finish_locked(t);
       }
     }
+    ended = t.ended;
     t.cv.notify_all();
   }
+  if (ended) forget_deadline(t);
   if (notify) send_notification(tp);
 }
 
@@ -158,31 +234,37 @@ void Transfers::send_notification(const std::shared_ptr<Transfer>& tp) {
   const bool drop = callbacks_.drop_notification && callbacks_.drop_notification();
   Status s = t.channel ? t.channel->notify(t.notification, t.deadline, drop)
                        : Status::unavailable("no control connection to peer '" + t.peer_name + "'");
-  std::lock_guard<std::mutex> lock(t.mu);
-  if (t.ended) return;  // cancelled, timed out or the peer went while we waited
-  if (s.ok()) {
-    metrics_->notification_sent();
-  } else {
-    stop_locked(t, s.with_context(transfer_name(t) + ": notification"), false);
+  {
+    std::lock_guard<std::mutex> lock(t.mu);
+    if (t.ended) return;  // cancelled, timed out or the peer went while we waited
+    if (s.ok()) {
+      metrics_->notification_sent();
+    } else {
+      stop_locked(t, s.with_context(transfer_name(t) + ": notification"), false);
+    }
+    finish_locked(t);
   }
-  finish_locked(t);
+  forget_deadline(t);
 }
 
 void Transfers::timer() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     if (deadlines_.empty()) {
+      timer_wake_ = Clock::time_point::max();
       timer_cv_.wait(lock);
       continue;
     }
     auto first = deadlines_.begin();
     if (Clock::now() < first->first) {
+      timer_wake_ = first->first;
       timer_cv_.wait_until(lock, first->first);
       continue;
     }
     std::shared_ptr<Transfer> t = first->second.lock();
     deadlines_.erase(first);
     if (!t) continue;
+    t->has_deadline = false;
     lock.unlock();
     {
       std::lock_guard<std::mutex> tl(t->mu);
@@ -199,30 +281,53 @@ void Transfers::timer() {
   }
 }
 
+TransferStatus Transfers::status_of(const Transfer& t) {
+  TransferStatus out;
+  std::lock_guard<std::mutex> lock(t.mu);
+  out.state = t.state;
+  out.error = t.error;
+  out.bytes_total = t.bytes_total;
+  for (const Chunk& c : t.chunks) out.bytes_done += c.control.bytes_done.load(std::memory_order_acquire);
+  if (t.state == TransferState::kDone) out.bytes_done = t.bytes_total;
+  return out;
+}
+
 TransferStatus Transfers::status(TransferId id) const {
   std::shared_ptr<Transfer> t = find(id);
-  TransferStatus out;
   if (!t) {
+    TransferStatus out;
     out.state = TransferState::kFailed;
     out.error = Status::not_found("transfer " + std::to_string(id) + " is unknown (never submitted, or released)");
     return out;
   }
-  std::lock_guard<std::mutex> lock(t->mu);
-  out.state = t->state;
-  out.error = t->error;
-  out.bytes_total = t->bytes_total;
-  for (const Chunk& c : t->chunks) out.bytes_done += c.control.bytes_done.load(std::memory_order_acquire);
-  if (t->state == TransferState::kDone) out.bytes_done = t->bytes_total;
-  return out;
+  return status_of(*t);
 }
 
 TransferStatus Transfers::wait(TransferId id, std::chrono::milliseconds timeout) {
   std::shared_ptr<Transfer> t = find(id);
-  if (t) {
-    std::unique_lock<std::mutex> lock(t->mu);
-    t->cv.wait_for(lock, timeout, [&] { return t->ended; });
+  if (!t) return status(id);
+  const Clock::time_point now = Clock::now();
+  // Saturates: a timeout too large for a time_point waits without limit.
+  const bool forever = timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now);
+  const Clock::time_point until = forever ? Clock::time_point::max() : now + timeout;
+  // Help only when this wait would last past the transfer's deadline anyway:
+  // a run returns by then (Links watch the deadline, and so does the
+  // notification), so running here never makes wait() overrun its timeout by
+  // more than a Link takes to notice the deadline. run_chunk keeps the same
+  // bookkeeping as on a worker (running, chunks_left, stop, finish_locked),
+  // so cancel() still waits for these runs and the transfer ends once.
+  if (until >= t->deadline) {
+    while (std::optional<size_t> chunk = take_queued(*t)) run_chunk(t, *chunk);
   }
-  return status(id);
+  {
+    std::unique_lock<std::mutex> lock(t->mu);
+    if (forever) {
+      t->cv.wait(lock, [&] { return t->ended; });
+    } else {
+      t->cv.wait_until(lock, until, [&] { return t->ended; });
+    }
+  }
+  return status_of(*t);
 }
 
 Status Transfers::cancel(TransferId id) {
@@ -235,6 +340,8 @@ Status Transfers::cancel(TransferId id) {
   // start (workers test `stop` under this lock).
   t->cv.wait(lock, [&] { return t->running == 0; });
   finish_locked(*t);
+  lock.unlock();
+  forget_deadline(*t);
   return Status();
 }
 
@@ -247,6 +354,10 @@ Status Transfers::release(TransferId id) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   table_.erase(id);
+  if (t->has_deadline) {  // ended on a path that had not removed it yet
+    deadlines_.erase(t->deadline_entry);
+    t->has_deadline = false;
+  }
   return Status();
 }
 
@@ -259,10 +370,15 @@ void Transfers::fail_peer(uint64_t connection, const Status& why) {
     }
   }
   for (auto& t : hit) {
-    std::lock_guard<std::mutex> lock(t->mu);
-    if (t->ended) continue;
-    stop_locked(*t, why.with_context(transfer_name(*t)), false);
-    if (t->running == 0) finish_locked(*t);
+    bool ended = false;
+    {
+      std::lock_guard<std::mutex> lock(t->mu);
+      if (t->ended) continue;
+      stop_locked(*t, why.with_context(transfer_name(*t)), false);
+      if (t->running == 0) finish_locked(*t);
+      ended = t->ended;
+    }
+    if (ended) forget_deadline(*t);
   }
 }
 
@@ -298,7 +414,7 @@ void Transfers::shutdown() {
     t->cv.wait(lock, [&] { return t->running == 0; });
     finish_locked(*t);
   }
-  work_cv_.notify_all();
+  work_sem_.release(static_cast<uint32_t>(workers_.size()));
   timer_cv_.notify_all();
   for (std::thread& w : workers_) w.join();
   workers_.clear();

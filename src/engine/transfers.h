@@ -27,6 +27,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <atomic>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +44,10 @@ struct Chunk {
   std::vector<transport::Copy> copies;
   transport::RunControl control;
 };
+
+struct Transfer;
+// Deadlines of transfers in progress, earliest first.
+using DeadlineQueue = std::multimap<Clock::time_point, std::weak_ptr<Transfer>>;
 
 struct Transfer {
   // Set before start(), then read-only.
@@ -71,6 +77,26 @@ struct Transfer {
   bool ended = false;
   TransferState state = TransferState::kInProgress;
   Status error;
+
+  // Guarded by the table lock (Transfers::mu_), not by mu.
+  size_t queued = 0;                    // its chunks still in the work queue
+  bool has_deadline = false;            // deadline_entry is in the deadline queue
+  DeadlineQueue::iterator deadline_entry;  // erased when the transfer ends or is released
+};
+
+// A counting semaphore on a Linux futex, for waking workers. Unlike
+// pthread_cond_signal, release() never blocks (glibc's can wait for an earlier
+// group of waiters to drain); unlike std::counting_semaphore, acquire() never
+// spins, so a worker that just went idle does not snatch the chunk a wait()
+// is about to run on its own thread.
+class WakeTokens {
+ public:
+  void release(uint32_t n);
+  void acquire();
+
+ private:
+  std::atomic<uint32_t> tokens_{0};
+  std::atomic<uint32_t> sleepers_{0};
 };
 
 // Splits `copies` into at most `parts` chunks of about equal bytes, cutting a
@@ -96,6 +122,10 @@ class Transfers {
   Result<TransferId> start(std::shared_ptr<Transfer> t);
 
   TransferStatus status(TransferId id) const;
+  // Waits for the transfer to end. When the wait may last past the
+  // transfer's deadline anyway, the calling thread first runs the
+  // transfer's chunks still queued (as a worker would), instead of sleeping
+  // while a worker wakes up to run them.
   TransferStatus wait(TransferId id, std::chrono::milliseconds timeout);
   Status cancel(TransferId id);
   Status release(TransferId id);
@@ -116,6 +146,11 @@ class Transfers {
     size_t chunk = 0;
   };
   std::shared_ptr<Transfer> find(TransferId id) const;
+  static TransferStatus status_of(const Transfer& t);
+  // Takes one of t's chunks off the work queue (the last queued), if any.
+  std::optional<size_t> take_queued(Transfer& t);
+  // Requires no lock held. Removes t's deadline entry once t ended.
+  void forget_deadline(Transfer& t);
   void worker();
   void timer();
   void run_chunk(const std::shared_ptr<Transfer>& t, size_t chunk);
@@ -129,12 +164,20 @@ class Transfers {
   const Callbacks callbacks_;
 
   mutable std::mutex mu_;  // guards everything below
-  std::condition_variable work_cv_, timer_cv_;
+  std::condition_variable timer_cv_;
+  // One token per chunk queued (and one per worker at shutdown). A worker
+  // takes a token, then a job if one is left (wait() may have taken it), so
+  // there are never fewer tokens than queued jobs. A semaphore rather than a
+  // condition variable: see WakeTokens.
+  WakeTokens work_sem_;
   bool stopping_ = false;
   TransferId next_id_ = 1;
   std::map<TransferId, std::shared_ptr<Transfer>> table_;
   std::deque<Job> queue_;
-  std::multimap<Clock::time_point, std::weak_ptr<Transfer>> deadlines_;
+  DeadlineQueue deadlines_;  // an entry per transfer not yet ended (or released)
+  // When the timer wakes next (max: only when notified). start() wakes it
+  // only for a deadline earlier than that.
+  Clock::time_point timer_wake_ = Clock::time_point::max();
   std::vector<std::thread> workers_;
   std::thread timer_;
 };

@@ -168,6 +168,39 @@ TEST_P(TransportConformance, CancelMeansNoFurtherByteLands) {
   EXPECT_EQ(m.transfers_failed + m.transfers_done, 0u);
 }
 
+TEST_P(TransportConformance, CancelWhileWaitRunsTheTransfer) {
+  // wait() runs a transfer's queued chunks on the calling thread; a cancel()
+  // from another thread must still wait for that run, and the transfer ends
+  // once, as kCancelled.
+  faults_->set_delay(5ms);
+  faults_->set_cancel_linger(200ms);
+  std::vector<TransferItem> items;
+  for (int k = 0; k < 400; ++k) items.push_back(item(k * 4096, k * 4096, 4096));
+  Result<TransferId> id = engine_->submit(peer_id_, TransferOp::kRead, items);
+  ASSERT_TRUE(id.ok()) << id.error().to_string();
+  bool cancel_ok = false;
+  uint64_t active_after_cancel = 1;
+  std::vector<uint8_t> snapshot;
+  std::thread canceller([&] {
+    EXPECT_TRUE(await_progress(*id));
+    cancel_ok = engine_->cancel(*id).ok();
+    active_after_cancel = faults_->runs_active();
+    snapshot = local_;
+  });
+  TransferStatus st = engine_->wait(*id, kWaitLimit);
+  canceller.join();
+  EXPECT_TRUE(cancel_ok);
+  EXPECT_EQ(active_after_cancel, 0u) << "cancel() returned while a run was executing";
+  EXPECT_EQ(st.state, TransferState::kCancelled) << st.error.to_string();
+  std::this_thread::sleep_for(300ms);
+  EXPECT_TRUE(snapshot == local_) << "bytes landed in local memory after cancel() returned";
+  EXPECT_TRUE(engine_->release(*id).ok());
+  EXPECT_TRUE(engine_->deregister_memory(local_region_).ok()) << "the region was still held after cancel";
+  EngineMetrics m = engine_->metrics();
+  EXPECT_EQ(m.transfers_cancelled, 1u);
+  EXPECT_EQ(m.transfers_failed + m.transfers_done, 0u);
+}
+
 TEST_P(TransportConformance, OutOfBoundsIsRejectedAndNothingMoves) {
   auto expect_rejected = [&](std::vector<TransferItem> items, Code code, const std::string& fragment) {
     Result<TransferId> id = engine_->submit(peer_id_, TransferOp::kWrite, items);
