@@ -32,7 +32,7 @@
 #include "kvbridge/layout.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
-#include "plan/random_layout.h"
+#include "plan/random_request.h"
 
 namespace kvbridge {
 namespace {

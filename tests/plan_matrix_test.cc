@@ -22,7 +22,7 @@
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
 #include "kvbridge/verify.h"
-#include "plan/random_layout.h"
+#include "plan/random_request.h"
 
 namespace kvbridge {
 namespace {

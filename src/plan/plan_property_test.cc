@@ -25,7 +25,7 @@
 #include "kvbridge/layout_json.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/verify.h"
-#include "plan/random_layout.h"
+#include "plan/random_request.h"
 
 namespace kvbridge {
 namespace {
