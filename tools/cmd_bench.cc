@@ -210,6 +210,16 @@ int run_bench(BenchArgs args) {
   }
   std::vector<BenchRow> rows;
   RunState state;
+  // The ucx target compares the engine with ucx_perftest "for the same
+  // transport": left to itself, perftest picks shared memory and copies one
+  // cache-hot buffer. Pin one UCX transport for the engine, its peer process
+  // and perftest alike (before any thread or UCX context exists).
+  bool pinned_ucx_tls = false;
+  if (std::find(args.transports.begin(), args.transports.end(), "ucx") != args.transports.end() &&
+      std::getenv("UCX_TLS") == nullptr) {
+    ::setenv("UCX_TLS", "tcp", 1);
+    pinned_ucx_tls = true;
+  }
   const bool want_tcp = std::find(args.transports.begin(), args.transports.end(), "tcp") != args.transports.end();
   if (want_tcp) {
     // External baselines first, while nothing of ours runs.
@@ -255,6 +265,10 @@ int run_bench(BenchArgs args) {
     if (state.iperf3_gbps > 0) std::cout << "iperf3 single stream, loopback: " << state.iperf3_gbps << " Gbit/s\n";
     if (state.ucx_tcp_gbps > 0)
       std::cout << "ucx_perftest ucp_get UCX_TLS=tcp 1 MiB: " << state.ucx_tcp_gbps << " Gbit/s\n";
+    if (pinned_ucx_tls) {
+      std::cout << "ucx rows: UCX_TLS=tcp for the engine, its peer and ucx_perftest (UCX_TLS was unset; set it to "
+                   "measure another UCX transport)\n";
+    }
     if (!state.ucx_perftest.empty()) {
       std::cout << "note: ucx_perftest moves one buffer of the message size again and again (cache-hot); the engine "
                    "walks a "
