@@ -1,0 +1,137 @@
+// content.h: a pattern written on the remote ranks, moved by a plan, checks
+// on the local rank for presets across TP pairs, block sizes and orders; any
+// stale, missing or misplaced byte is found and located.
+#include "kvbridge/content.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "kvbridge/plan.h"
+#include "kvbridge/presets.h"
+#include "plan/random_request.h"
+
+namespace kvbridge {
+namespace {
+
+struct Rank {
+  Layout layout;
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<std::span<uint8_t>> spans;
+  explicit Rank(Layout l) : layout(std::move(l)) {
+    for (const Tensor& t : layout.tensors) bytes.emplace_back(t.bytes, 0xa5);
+    for (auto& b : bytes) spans.emplace_back(b);
+  }
+};
+
+Layout preset(const std::string& name, uint32_t tp, uint32_t rank, uint64_t block, Order order, uint64_t blocks = 16) {
+  PresetOptions o;
+  o.name = name;
+  o.tp_size = tp;
+  o.tp_rank = rank;
+  o.block_tokens = block;
+  o.order = order;
+  o.num_blocks = blocks;
+  Result<Layout> l = make_preset(o);
+  EXPECT_TRUE(l.ok()) << l.error().to_string();
+  return *l;
+}
+
+// Fills the remote ranks, executes the plan with memcpy, checks the local rank.
+ContentReport move_and_check(const std::string& name, uint32_t ptp, uint32_t dtp, uint64_t pblock, uint64_t dblock,
+                             uint64_t seed, bool stale = false, uint64_t blocks = 16) {
+  std::vector<Rank> remote;
+  std::vector<Layout> remote_layouts;
+  for (uint32_t r = 0; r < ptp; ++r) {
+    remote.emplace_back(preset(name, ptp, r, pblock, Order::kBLHNC, blocks));
+    remote_layouts.push_back(remote.back().layout);
+  }
+  Rank local(preset(name, dtp, dtp - 1, dblock, Order::kLBHNC, blocks));
+  testing::Rng rng(seed);
+  testing::RequestOptions ro;
+  ro.num_tokens = 1 + rng() % (2 * std::max(remote_layouts[0].groups[0].block_tokens, local.layout.groups[0].block_tokens));
+  ro.skip_tokens = seed % 2 ? rng() % ro.num_tokens : 0;
+  ro.max_state_blocks = 2;
+  const Request q = testing::make_request(rng, local.layout, remote_layouts, ro);
+  for (Rank& r : remote) {
+    EXPECT_TRUE(fill_request(r.layout, q, RequestSide::kRemote, 0, stale ? seed + 1 : seed, r.spans).ok());
+  }
+  Result<Plan> p = plan(local.layout, remote_layouts, q);
+  EXPECT_TRUE(p.ok()) << p.error().to_string();
+  for (const Descriptor& d : p->descriptors) {
+    std::memcpy(local.spans[d.local_tensor].data() + d.local_offset,
+                remote[remote_layouts[d.source].tp_rank].spans[d.remote_tensor].data() + d.remote_offset, d.bytes);
+  }
+  Result<ContentReport> c = check_request(local.layout, q, RequestSide::kLocal, q.skip_tokens, seed, local.spans);
+  EXPECT_TRUE(c.ok()) << c.error().to_string();
+  return *c;
+}
+
+TEST(ContentTest, PlannedPullsCheckCleanAcrossPresetsAndTp) {
+  for (std::string name : {"llama3-8b", "gpt-oss", "mla-with-draft", "deepseek-v3.2"}) {
+    for (auto [ptp, dtp] : {std::pair{1u, 2u}, {2u, 1u}, {2u, 4u}, {4u, 2u}}) {
+      for (uint64_t seed = 1; seed <= 3; ++seed) {
+        const ContentReport r = move_and_check(name, ptp, dtp, 0, 0, seed);
+        EXPECT_EQ(r.bad_cells, 0u) << name << " TP" << ptp << "->" << dtp << " seed " << seed << ": " << r.first_error;
+        EXPECT_GT(r.cells, 0u) << name;
+      }
+    }
+  }
+}
+
+// The hybrid presets are large per block: one TP pair each, few blocks.
+TEST(ContentTest, PlannedPullsCheckCleanForHybridPresets) {
+  for (std::string name : {"qwen3-next", "glm5-flash"}) {
+    for (uint64_t seed = 1; seed <= 2; ++seed) {
+      const ContentReport r = move_and_check(name, 2, 4, 0, 0, seed, false, 10);
+      EXPECT_EQ(r.bad_cells, 0u) << name << " seed " << seed << ": " << r.first_error;
+      EXPECT_GT(r.cells, 0u) << name;
+    }
+  }
+}
+
+TEST(ContentTest, DataOfAnotherRequestNeverPasses) {
+  const ContentReport r = move_and_check("llama3-8b", 2, 4, 0, 0, 4, /*stale=*/true);
+  EXPECT_EQ(r.bad_cells, r.cells);
+  EXPECT_NE(r.first_error.find("group 'full'"), std::string::npos) << r.first_error;
+}
+
+TEST(ContentTest, ACorruptByteIsLocatedWithItsToken) {
+  Rank local(preset("llama3-8b", 1, 0, 16, Order::kLBHNC));
+  Request q;
+  q.num_tokens = 40;
+  q.blocks["full"] = {{3, 5, 7}, {0, 1, 2}};
+  ASSERT_TRUE(fill_request(local.layout, q, RequestSide::kLocal, 0, 9, local.spans).ok());
+  Result<ContentReport> clean = check_request(local.layout, q, RequestSide::kLocal, 0, 9, local.spans);
+  ASSERT_TRUE(clean.ok());
+  EXPECT_EQ(clean->bad_cells, 0u);
+  // Corrupt one byte of token 20 (block entry 1 = id 5, position 4), layer 0, k, head 0.
+  const Component& k = local.layout.groups[0].layers[0].components[0];
+  const uint64_t off = *cell_offset(k, {5, 0, 4});
+  local.spans[0][off + 3] ^= 0xff;
+  Result<ContentReport> bad = check_request(local.layout, q, RequestSide::kLocal, 0, 9, local.spans);
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->bad_cells, 1u);
+  EXPECT_EQ(bad->first_bad_token, 20u);
+  EXPECT_NE(bad->first_error.find("position 20"), std::string::npos) << bad->first_error;
+  EXPECT_NE(bad->first_error.find("byte 3"), std::string::npos) << bad->first_error;
+  // From token 32 on, the corrupt cell is not part of the check.
+  Result<ContentReport> tail = check_request(local.layout, q, RequestSide::kLocal, 32, 9, local.spans);
+  EXPECT_EQ(tail->bad_cells, 0u);
+}
+
+TEST(ContentTest, RejectsMemoryThatDoesNotMatchTheLayout) {
+  Rank local(preset("llama3-8b", 1, 0, 16, Order::kLBHNC));
+  Request q;
+  q.num_tokens = 4;
+  q.blocks["full"] = {{0}, {0}};
+  std::vector<std::span<uint8_t>> few(local.spans.begin(), local.spans.begin() + 1);
+  Status s = fill_request(local.layout, q, RequestSide::kLocal, 0, 1, few);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  q.blocks["full"] = {{99}, {0}};
+  s = fill_request(local.layout, q, RequestSide::kLocal, 0, 1, local.spans);
+  EXPECT_NE(s.message().find("past num_blocks"), std::string::npos) << s.to_string();
+}
+
+}  // namespace
+}  // namespace kvbridge
