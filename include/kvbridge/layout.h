@@ -195,4 +195,16 @@ std::string compatibility_hash_hex(const Layout& layout);
 //   "group 'mla' layer 'layers.0' component 'rope': cell_bytes differs: 128 vs 64".
 Status check_compatible(const Layout& local, const Layout& remote);
 
+// Compares two identity_text() outputs, typically this rank's and one a peer
+// sent over the side channel. Returns OK when they are byte-for-byte equal;
+// otherwise kIncompatible naming the first field that differs in the words
+// check_compatible() uses for the layouts they came from, e.g.
+//   "group 'full' layer 'layers.0' component 'k': heads.total differs: 8 vs 4".
+// Either text may be arbitrary bytes (the remote one comes from a peer): the
+// work is linear in the input, and when a text is not a well-formed identity
+// the message falls back to the first differing line,
+//   "identity line 7 differs: '<local line>' vs '<remote line>'",
+// with each value cut to about 120 bytes and control bytes escaped as \xNN.
+Status compare_identity_text(std::string_view local, std::string_view remote);
+
 }  // namespace kvbridge

@@ -2,10 +2,14 @@
 //
 // The identity text is line-based with length-prefixed names, so a name can
 // hold any byte without making two different identities print the same.
+// compare_identity_text() reads the text back with a strict cursor parser (a
+// length prefix, not a newline, ends a name) and then walks the parsed texts in
+// the order check_compatible() walks layouts, so both name the same field.
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -136,6 +140,208 @@ Status check_compatible(const Layout& a, const Layout& b) {
     }
   }
   return Status();
+}
+
+namespace {
+
+// Values shown from peer bytes are cut and escaped so that a hostile identity
+// cannot flood a log or smuggle control characters into it.
+constexpr size_t kShownBytes = 120;
+
+std::string shown(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < kShownBytes; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f || c == '\\') {
+      char buf[5];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (s.size() > kShownBytes) out += "...";
+  return out;
+}
+
+std::string sq(std::string_view s) { return "'" + shown(s) + "'"; }
+
+// An identity text parsed back; every view points into the text.
+struct TextComponent {
+  std::string_view name, cell_bytes, heads;
+};
+struct TextLayer {
+  std::string_view name;
+  std::vector<TextComponent> components;
+};
+struct TextGroup {
+  std::string_view name, kind, tokens_per_state, window_tokens;
+  std::vector<TextLayer> layers;
+};
+struct TextIdentity {
+  std::string_view model, dtype;
+  std::vector<TextGroup> groups;
+};
+
+// A cursor over identity text. Every read checks the bytes left, so any input
+// ends in either a parse or a clean failure; each step consumes at least one
+// byte, so the parse is linear.
+class IdentityReader {
+ public:
+  explicit IdentityReader(std::string_view text) : text_(text) {}
+
+  bool done() const { return pos_ == text_.size(); }
+  bool peek(std::string_view literal) const { return text_.substr(pos_).substr(0, literal.size()) == literal; }
+  bool literal(std::string_view lit) {
+    if (!peek(lit)) return false;
+    pos_ += lit.size();
+    return true;
+  }
+  // "<key> <len>:<bytes>", as put_name() writes it.
+  bool name(std::string_view key, std::string_view* out) {
+    if (!literal(key) || !literal(" ")) return false;
+    uint64_t len = 0;
+    size_t digits = 0;
+    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9' && digits < 10) {
+      len = len * 10 + static_cast<uint64_t>(text_[pos_] - '0');
+      ++pos_;
+      ++digits;
+    }
+    if (digits == 0 || !literal(":") || len > text_.size() - pos_) return false;
+    *out = text_.substr(pos_, len);
+    pos_ += len;
+    return true;
+  }
+  // " <key> <token>" where the token runs to the next space or newline.
+  bool field(std::string_view key, std::string_view* out) {
+    if (!literal(" ") || !literal(key) || !literal(" ")) return false;
+    const size_t start = pos_;
+    while (pos_ < text_.size() && text_[pos_] != ' ' && text_[pos_] != '\n') ++pos_;
+    *out = text_.substr(start, pos_ - start);
+    return !out->empty();
+  }
+
+ private:
+  std::string_view text_;
+  size_t pos_ = 0;
+};
+
+bool parse_identity(std::string_view text, TextIdentity* id) {
+  IdentityReader r(text);
+  if (!r.literal("kvbridge.identity/1\n")) return false;
+  if (!r.name("model", &id->model) || !r.literal("\n")) return false;
+  if (!r.name("dtype", &id->dtype) || !r.literal("\n")) return false;
+  while (!r.done()) {
+    TextGroup g;
+    if (!r.name("group", &g.name) || !r.field("kind", &g.kind) || !r.field("tokens_per_state", &g.tokens_per_state) ||
+        !r.field("window_tokens", &g.window_tokens) || !r.literal("\n"))
+      return false;
+    while (r.peek(" layer ")) {
+      TextLayer l;
+      if (!r.name(" layer", &l.name) || !r.literal("\n")) return false;
+      while (r.peek("  component ")) {
+        TextComponent c;
+        if (!r.name("  component", &c.name) || !r.field("cell_bytes", &c.cell_bytes) || !r.field("heads", &c.heads) ||
+            !r.literal("\n"))
+          return false;
+        l.components.push_back(c);
+      }
+      g.layers.push_back(std::move(l));
+    }
+    id->groups.push_back(std::move(g));
+  }
+  return true;
+}
+
+Status text_differs(const std::string& where, std::string_view field, std::string_view a, std::string_view b,
+                    bool quoted) {
+  std::string m = where.empty() ? std::string() : where + ": ";
+  m += std::string(field) + " differs: " + (quoted ? sq(a) : shown(a)) + " vs " + (quoted ? sq(b) : shown(b));
+  return Status::incompatible(std::move(m));
+}
+
+// The first differing field, in check_compatible()'s order; OK if none.
+Status compare_parsed(const TextIdentity& a, const TextIdentity& b) {
+  if (a.model != b.model) return text_differs("", "model", a.model, b.model, true);
+  if (a.dtype != b.dtype) return text_differs("", "dtype", a.dtype, b.dtype, true);
+  // The first group of each name counts, as Layout::find_group() finds it.
+  std::map<std::string_view, const TextGroup*> ma, mb;
+  for (const TextGroup& g : a.groups) ma.emplace(g.name, &g);
+  for (const TextGroup& g : b.groups) mb.emplace(g.name, &g);
+  for (const TextGroup& g : a.groups) {
+    if (!mb.count(g.name)) return Status::incompatible("group " + sq(g.name) + " exists on the local side only");
+  }
+  for (const TextGroup& g : b.groups) {
+    if (!ma.count(g.name)) return Status::incompatible("group " + sq(g.name) + " exists on the remote side only");
+  }
+  for (const TextGroup& x : a.groups) {
+    const TextGroup& y = *mb.at(x.name);
+    const std::string where = "group " + sq(x.name);
+    if (x.kind != y.kind) return text_differs(where, "kind", x.kind, y.kind, false);
+    if (x.tokens_per_state != y.tokens_per_state)
+      return text_differs(where, "tokens_per_state", x.tokens_per_state, y.tokens_per_state, false);
+    if (x.window_tokens != y.window_tokens)
+      return text_differs(where, "window_tokens", x.window_tokens, y.window_tokens, false);
+    if (x.layers.size() != y.layers.size())
+      return text_differs(where, "layer count", std::to_string(x.layers.size()), std::to_string(y.layers.size()),
+                          false);
+    for (size_t i = 0; i < x.layers.size(); ++i) {
+      const TextLayer& lx = x.layers[i];
+      const TextLayer& ly = y.layers[i];
+      if (lx.name != ly.name) return text_differs(where, "layer " + std::to_string(i) + " name", lx.name, ly.name, true);
+      const std::string lwhere = where + " layer " + sq(lx.name);
+      if (lx.components.size() != ly.components.size())
+        return text_differs(lwhere, "component count", std::to_string(lx.components.size()),
+                            std::to_string(ly.components.size()), false);
+      for (size_t j = 0; j < lx.components.size(); ++j) {
+        const TextComponent& cx = lx.components[j];
+        const TextComponent& cy = ly.components[j];
+        if (cx.name != cy.name)
+          return text_differs(lwhere, "component " + std::to_string(j) + " name", cx.name, cy.name, true);
+        const std::string cwhere = lwhere + " component " + sq(cx.name);
+        if (cx.cell_bytes != cy.cell_bytes) return text_differs(cwhere, "cell_bytes", cx.cell_bytes, cy.cell_bytes, false);
+        if (cx.heads != cy.heads) return text_differs(cwhere, "heads.total", cx.heads, cy.heads, false);
+      }
+    }
+  }
+  return Status();
+}
+
+// The line-by-line fallback for texts that do not parse (or that differ in a
+// way the fields do not show, such as a duplicated group).
+Status first_differing_line(std::string_view a, std::string_view b) {
+  size_t pa = 0, pb = 0;
+  for (uint64_t line = 1;; ++line) {
+    const size_t ea = std::min(a.find('\n', pa), a.size());
+    const size_t eb = std::min(b.find('\n', pb), b.size());
+    const bool end_a = pa >= a.size(), end_b = pb >= b.size();
+    std::string_view la = end_a ? std::string_view() : a.substr(pa, ea - pa);
+    std::string_view lb = end_b ? std::string_view() : b.substr(pb, eb - pb);
+    const bool nl_a = ea < a.size(), nl_b = eb < b.size();
+    if (end_a != end_b || la != lb || nl_a != nl_b) {
+      auto show = [](bool end, std::string_view l, bool nl) {
+        if (end) return std::string("(end of text)");
+        return sq(l) + (nl ? "" : " (no newline)");
+      };
+      return Status::incompatible("identity line " + std::to_string(line) + " differs: " + show(end_a, la, nl_a) +
+                                  " vs " + show(end_b, lb, nl_b));
+    }
+    if (end_a) return Status::internal("identity texts differ but no line does");  // unreachable: a == b
+    pa = ea + 1;
+    pb = eb + 1;
+  }
+}
+
+}  // namespace
+
+Status compare_identity_text(std::string_view local, std::string_view remote) {
+  if (local == remote) return Status();
+  TextIdentity a, b;
+  if (parse_identity(local, &a) && parse_identity(remote, &b)) {
+    Status s = compare_parsed(a, b);
+    if (!s.ok()) return s;
+  }
+  return first_differing_line(local, remote);
 }
 
 }  // namespace kvbridge

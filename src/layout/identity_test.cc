@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "kvbridge/layout.h"
+#include "kvbridge/presets.h"
 #include "layout/test_layouts.h"
 
 namespace kvbridge {
@@ -111,6 +112,118 @@ TEST(IdentityTest, HashIsStableAcrossRuns) {
   EXPECT_EQ(t.rfind("kvbridge.identity/1\nmodel 8:tiny-gqa\ndtype 4:bf16\n", 0), 0u) << t;
   EXPECT_EQ(compatibility_hash_hex(a).size(), 16u);
   EXPECT_EQ(compatibility_hash(a), compatibility_hash(small_gqa()));
+}
+
+// compare_identity_text() on the texts of two layouts says what
+// check_compatible() says about the layouts.
+void expect_same_verdict(const Layout& a, const Layout& b) {
+  Status layouts = check_compatible(a, b);
+  Status texts = compare_identity_text(identity_text(a), identity_text(b));
+  EXPECT_EQ(texts.code(), layouts.code()) << texts.to_string() << " / " << layouts.to_string();
+  EXPECT_EQ(texts.message(), layouts.message());
+}
+
+TEST(CompareIdentityTextTest, AgreesWithCheckCompatibleOnEachField) {
+  const Layout base = small_gqa();
+  std::vector<Layout> others;
+  others.push_back(small_gqa(2, 4, 2, 2, 16, 100));  // compatible
+  others.push_back(base);
+  others.back().model = "other";
+  others.push_back(base);
+  others.back().dtype = "fp8";
+  others.push_back(base);
+  others.back().groups[0].layers[1].components[1].cell_bytes = 8;
+  others.push_back(small_gqa(2, 8, 4));
+  others.push_back(base);
+  others.back().groups[0].layers[0].components[0].heads.reset();
+  others.push_back(base);
+  others.back().groups[0].kind = GroupKind::kSlidingWindow;
+  others.back().groups[0].window_tokens = 4;
+  others.push_back(base);
+  others.back().groups[0].tokens_per_state = 4;
+  others.push_back(base);
+  others.back().groups[0].name = "swa";
+  others.push_back(small_gqa(3));
+  others.push_back(base);
+  others.back().groups[0].layers[1].name = "blocks.1";
+  others.push_back(base);
+  others.back().groups[0].layers[0].components[1].name = "value";
+  others.push_back(base);
+  others.back().groups[0].layers[0].components.pop_back();
+  for (const Layout& other : others) {
+    expect_same_verdict(base, other);
+    expect_same_verdict(other, base);
+  }
+}
+
+TEST(CompareIdentityTextTest, AgreesWithCheckCompatibleOnEveryPresetPair) {
+  std::vector<Layout> layouts;
+  for (const std::string& name : preset_names()) {
+    Result<Layout> l = make_preset({.name = name});
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+    layouts.push_back(*l);
+  }
+  for (const Layout& a : layouts)
+    for (const Layout& b : layouts) expect_same_verdict(a, b);
+}
+
+TEST(CompareIdentityTextTest, NamesTheComponentWhoseHeadsDiffer) {
+  Result<Layout> a = make_preset({.name = "llama3-8b"});
+  ASSERT_TRUE(a.ok());
+  Layout b = *a;
+  b.groups[0].layers[0].components[0].heads->total = 4;
+  Status s = compare_identity_text(identity_text(*a), identity_text(b));
+  EXPECT_EQ(s.code(), Code::kIncompatible);
+  EXPECT_EQ(s.message(), "group 'full' layer 'layers.0' component 'k': heads.total differs: 8 vs 4");
+}
+
+TEST(CompareIdentityTextTest, FallsBackToTheFirstDifferingLine) {
+  const std::string a = identity_text(small_gqa());
+  Status s = compare_identity_text(a, "kvbridge.identity/2\nwhatever\n");
+  EXPECT_EQ(s.code(), Code::kIncompatible);
+  EXPECT_EQ(s.message(), "identity line 1 differs: 'kvbridge.identity/1' vs 'kvbridge.identity/2'");
+  s = compare_identity_text(a, "");
+  EXPECT_EQ(s.message(), "identity line 1 differs: 'kvbridge.identity/1' vs (end of text)");
+  s = compare_identity_text(a, a.substr(0, a.size() - 1));
+  EXPECT_NE(s.message().find("(no newline)"), std::string::npos) << s.message();
+  // A group listed twice parses, and the fields agree; the lines do not.
+  Layout twice = small_gqa();
+  std::string t = identity_text(twice);
+  std::string group = t.substr(t.find("group "));
+  s = compare_identity_text(t, t + group);
+  EXPECT_EQ(s.code(), Code::kIncompatible);
+  EXPECT_NE(s.message().find("identity line"), std::string::npos) << s.message();
+}
+
+TEST(CompareIdentityTextTest, CutsAndEscapesPeerBytes) {
+  const std::string a = identity_text(small_gqa());
+  std::string b = a;
+  b.replace(b.find("tiny-gqa"), 8, std::string(5000, 'x') + "\x01\x1b");
+  Status s = compare_identity_text(a, b);
+  EXPECT_EQ(s.code(), Code::kIncompatible);
+  EXPECT_LT(s.message().size(), 400u) << s.message();
+  Layout c = small_gqa();
+  c.model = "evil\x1b[2J\n";
+  s = compare_identity_text(a, identity_text(c));
+  EXPECT_EQ(s.message(), "model differs: 'tiny-gqa' vs 'evil\\x1b[2J\\x0a'");
+}
+
+TEST(CompareIdentityTextTest, SurvivesEveryTruncationAndByteFlip) {
+  const std::string a = identity_text(small_gqa(3));
+  for (size_t n = 0; n < a.size(); ++n) {
+    Status s = compare_identity_text(a, a.substr(0, n));
+    EXPECT_EQ(s.code(), Code::kIncompatible) << n;
+    std::string flipped = a;
+    flipped[n] = static_cast<char>(flipped[n] ^ 0x5a);
+    s = compare_identity_text(a, flipped);
+    EXPECT_EQ(s.code(), Code::kIncompatible) << n;
+    EXPECT_FALSE(s.message().empty());
+  }
+  // Length prefixes that point past the end, or hold too many digits.
+  for (const char* bad : {"kvbridge.identity/1\nmodel 99999999999999999999:x\n",
+                          "kvbridge.identity/1\nmodel 4294967296:x\n", "kvbridge.identity/1\nmodel :\n"}) {
+    EXPECT_EQ(compare_identity_text(a, bad).code(), Code::kIncompatible) << bad;
+  }
 }
 
 }  // namespace
