@@ -8,6 +8,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libxxhash-dev libcli11-dev
   clang-14 libclang-rt-14-dev
+  libssl-dev
   python3 jq iproute2
   libucx-dev ucx-utils iperf3
   gnuplot-nox
