@@ -76,6 +76,11 @@ struct EngineOptions {
   uint32_t tcp_streams = 4;        // connections per peer for tcp
   uint32_t threads = 2;            // worker threads
   std::chrono::milliseconds default_timeout{30000};
+  // Fault injection, for tests and `kvbridge demo --inject`; empty in
+  // production. Comma-separated: "delay=MS" (every copy of every transport
+  // sleeps MS first: a slow link), "drop-notifications=N" (the next N
+  // notifications this engine sends are lost on the way).
+  std::string faults;
 };
 
 // A transport this engine can or cannot use, and why.

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "engine/engine_impl.h"
+#include "transport/fault.h"
 
 namespace kvbridge {
 
@@ -18,10 +19,52 @@ std::string_view transfer_state_name(TransferState state) {
   return "unknown";
 }
 
+namespace {
+
+// Parses EngineOptions::faults into an armed Faults object (null when empty).
+Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec) {
+  if (spec.empty()) return std::shared_ptr<transport::Faults>();
+  auto faults = std::make_shared<transport::Faults>();
+  while (!spec.empty()) {
+    const size_t comma = spec.find(',');
+    const std::string_view item = spec.substr(0, comma);
+    spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
+    const size_t eq = item.find('=');
+    const std::string_view key = item.substr(0, eq);
+    const std::string value(eq == std::string_view::npos ? std::string_view() : item.substr(eq + 1));
+    uint64_t n = 0;
+    bool number = !value.empty() && value.size() <= 9;
+    for (char c : value) {
+      number = number && c >= '0' && c <= '9';
+      if (number) n = n * 10 + static_cast<uint64_t>(c - '0');
+    }
+    if (!number) {
+      return Status::invalid_argument("engine faults: '" + std::string(item) + "' needs a number (e.g. delay=5)");
+    }
+    if (key == "delay") {
+      faults->set_delay(std::chrono::milliseconds(n));
+    } else if (key == "drop-notifications") {
+      faults->drop_notifications(n);
+    } else {
+      return Status::invalid_argument("engine faults: unknown fault '" + std::string(key) +
+                                      "' (known: delay, drop-notifications)");
+    }
+  }
+  return faults;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
   std::vector<TransportReport> reports;
+  KVB_ASSIGN_OR_RETURN(std::shared_ptr<transport::Faults> faults, parse_faults(options.faults));
   KVB_ASSIGN_OR_RETURN(auto transports, engine_internal::make_transports(options, &reports));
-  return engine_internal::create_engine(options, std::move(transports), std::move(reports));
+  engine_internal::EngineHooks hooks;
+  if (faults) {
+    for (auto& t : transports) t = transport::make_fault_transport(std::move(t), faults);
+    hooks.drop_notification = [faults] { return faults->take_notification_drop(); };
+  }
+  return engine_internal::create_engine(options, std::move(transports), std::move(reports), std::move(hooks));
 }
 
 }  // namespace kvbridge
