@@ -1,0 +1,239 @@
+// kvbridge/connector.h: the P/D connector, in the shape of the KV-connector
+// interfaces serving engines already have.
+//
+// Pull mode: a prefill instance computes a request's KV and keeps its blocks;
+// each decode rank plans the request against the prefill ranks' layouts and
+// reads the bytes. Three roles:
+//
+//  - PrefillScheduler (one per prefill instance): holds a finished request's
+//    blocks under a lease, renewed by the readers' heartbeats, and says when
+//    they may be freed: when every expected reader reported done, when the
+//    lease expires, or when the request is aborted and no reader is left.
+//    Each held request is released exactly once.
+//  - DecodeScheduler (one per decode instance): tracks requests waiting for
+//    remote KV, collects each rank's load result, and reports each request
+//    once as finished, failed (policy kFail) or to be recomputed from a token
+//    (policy kRecompute), or aborted.
+//  - ConnectorWorker (one per rank, both instances): registers the rank's
+//    tensors with an Engine, serves its metadata on a side channel (the
+//    handshake: docs/formats/handshake.md), fetches remote ranks' metadata once
+//    per remote rank, and runs plans as engine reads. It reports each load's
+//    result with the first token whose KV did not arrive whole, sends
+//    heartbeats and done messages to the prefill ranks it reads from, and, on
+//    the prefill side, reports readers' heartbeats and done messages.
+//
+// The schedulers are pure bookkeeping (time is passed in), so an engine can
+// drive them from its own loop; the worker runs on the engine's threads plus
+// one thread of its own for heartbeats and completions.
+//
+// Messages between workers travel as engine notifications:
+// "kvb/1 hb <request>" and "kvb/1 done <request>", from the decode rank's
+// engine to each prefill rank it reads from; the sender is the engine name.
+//
+// Thread-safety: the schedulers are not thread-safe (one owner); every
+// ConnectorWorker method may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvbridge/engine.h"
+#include "kvbridge/layout.h"
+#include "kvbridge/layout_json.h"
+#include "kvbridge/status.h"
+
+namespace kvbridge {
+
+using RequestId = uint64_t;
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// ---------------------------------------------------------------------------
+// Scheduler side.
+
+enum class ReleaseReason : uint8_t { kRead, kLeaseExpired, kAborted };
+std::string_view release_reason_name(ReleaseReason reason);
+
+struct Release {
+  RequestId request = 0;
+  ReleaseReason reason = ReleaseReason::kRead;
+  std::vector<std::string> readers_missing;  // expected readers that never reported done
+};
+
+class PrefillScheduler {
+ public:
+  explicit PrefillScheduler(std::chrono::milliseconds lease = std::chrono::seconds(30)) : lease_(lease) {}
+
+  // Holds `request` until each of `readers` (decode engine names) reported
+  // done, or the lease (renewed by heartbeats) expires. kAlreadyExists when
+  // held; kInvalidArgument for an empty reader set.
+  Status hold(RequestId request, std::set<std::string> readers, SteadyTime now);
+  // A reader's heartbeat renews the lease; unknown requests are ignored
+  // (a late message after release), and so are readers not expected.
+  void heartbeat(RequestId request, const std::string& reader, SteadyTime now);
+  void reader_done(RequestId request, const std::string& reader, SteadyTime now);
+  // Aborts: the blocks are released once no reader is reading (now, if every
+  // reader is done or none ever heartbeated; else at the next done or at
+  // lease expiry). kNotFound when not held.
+  Status abort(RequestId request, SteadyTime now);
+  // Requests whose blocks may be freed now, each exactly once.
+  std::vector<Release> take_releases(SteadyTime now);
+
+  size_t held() const { return held_.size(); }
+  std::optional<SteadyTime> next_expiry() const;
+
+ private:
+  struct Held {
+    std::set<std::string> waiting;
+    bool heard = false;  // any heartbeat or done
+    bool aborted = false;
+    SteadyTime expires;
+  };
+  std::chrono::milliseconds lease_;
+  std::map<RequestId, Held> held_;
+  std::vector<Release> ready_;
+};
+
+enum class FailurePolicy : uint8_t { kFail, kRecompute };
+Result<FailurePolicy> parse_failure_policy(std::string_view name);  // "fail", "recompute"
+
+// One rank's result for one request (ConnectorWorker::take_results()).
+struct LoadResult {
+  RequestId request = 0;
+  Status error;                   // OK when every byte arrived
+  bool aborted = false;
+  uint64_t first_bad_token = 0;   // error: KV before this token arrived whole
+  uint64_t bytes = 0, descriptors = 0;
+  uint64_t naive_descriptors = 0; // one per (layer, component, block) for comparison
+  std::chrono::microseconds transfer_time{0};  // first submit to last completion
+  std::vector<uint32_t> sources;  // prefill tp_ranks read from
+};
+
+enum class Outcome : uint8_t { kFinished, kFailed, kRecompute, kAborted };
+std::string_view outcome_name(Outcome outcome);
+
+struct RequestOutcome {
+  RequestId request = 0;
+  Outcome outcome = Outcome::kFinished;
+  Status error;                   // the first rank's error (by rank order)
+  uint64_t recompute_from = 0;    // kRecompute: the first token to recompute
+};
+
+class DecodeScheduler {
+ public:
+  DecodeScheduler(uint32_t ranks, FailurePolicy policy) : ranks_(ranks), policy_(policy) {}
+
+  // A request now waits for remote KV from every rank, until `deadline`.
+  // `skip_tokens` is what the instance had already (recompute never goes below).
+  Status expect(RequestId request, uint64_t skip_tokens, SteadyTime deadline);
+  // A rank's load result; kNotFound for a request not waiting, kInvalidArgument
+  // for a rank out of range or reported twice.
+  Status rank_result(uint32_t rank, const LoadResult& result);
+  // A rank is gone: every request waiting on it fails naming the rank.
+  void rank_lost(uint32_t rank, const Status& why);
+  Status abort(RequestId request);
+  // Ended requests, each exactly once; requests past their deadline fail.
+  std::vector<RequestOutcome> take_outcomes(SteadyTime now);
+  size_t waiting() const { return waiting_.size(); }
+
+ private:
+  struct Waiting {
+    uint64_t skip = 0;
+    SteadyTime deadline;
+    std::map<uint32_t, LoadResult> results;
+  };
+  void settle(RequestId id, Waiting& w);
+  uint32_t ranks_;
+  FailurePolicy policy_;
+  std::map<RequestId, Waiting> waiting_;
+  std::vector<RequestOutcome> ended_;
+};
+
+// ---------------------------------------------------------------------------
+// Worker side.
+
+struct WorkerOptions {
+  std::string instance_id;            // e.g. "prefill-0"; names this rank with its tp_rank
+  std::string side_channel_host = "127.0.0.1";
+  std::string secret;                 // shared secret for the handshake; empty: none
+  std::chrono::milliseconds handshake_timeout{5000};
+  std::chrono::milliseconds transfer_timeout{30000};
+  std::chrono::milliseconds heartbeat_interval{1000};
+  // Fault injection (tests, `kvbridge demo --inject`): the side channel
+  // advertises this handshake version / answers with garbage or truncated
+  // bytes ("garbage", "truncate").
+  uint16_t advertise_version = 0;     // 0: the real one
+  std::string reply_fault;
+};
+
+// What a reader told this (prefill) rank.
+struct ReaderEvent {
+  enum class Kind : uint8_t { kHeartbeat, kDone } kind = Kind::kHeartbeat;
+  RequestId request = 0;
+  std::string reader;  // the decode engine's name
+};
+
+struct WorkerStats {
+  uint64_t handshakes = 0;        // remote ranks fetched (once per remote rank per instance)
+  uint64_t handshakes_served = 0; // served by this rank's side channel
+  uint64_t handshakes_rejected = 0;
+  std::string last_rejection;
+  uint64_t loads_started = 0, loads_ok = 0, loads_failed = 0, loads_aborted = 0;
+  uint64_t notifications_failed = 0;
+  std::string last_notification_error;
+};
+
+class ConnectorWorker {
+ public:
+  // Registers each tensor of `layout` (memory given per tensor, in layout
+  // order, each exactly the tensor's bytes) with `engine`, and starts the
+  // side channel. The engine and the memory must outlive the worker.
+  static Result<std::unique_ptr<ConnectorWorker>> create(Engine& engine, const Layout& layout,
+                                                         std::span<const std::span<uint8_t>> tensors,
+                                                         const WorkerOptions& options);
+  // Cancels every load in progress (as abort()), stops the side channel.
+  virtual ~ConnectorWorker() = default;
+
+  virtual std::string side_channel_address() const = 0;
+  virtual const Layout& layout() const = 0;
+
+  // The side channels of a remote instance's ranks, in tp_rank order. Their
+  // metadata is fetched on the first load from that instance, once per rank.
+  virtual Status add_remote(const std::string& instance, std::vector<std::string> rank_addresses) = 0;
+
+  // What the handshake told this rank about a remote instance's ranks, in
+  // tp_rank order (for tools: the demo's raw process_vm_readv baseline).
+  // kNotFound before the first load from that instance.
+  struct RemoteRankView {
+    Layout layout;
+    int32_t pid = 0;
+    std::vector<uint64_t> tensor_bases;  // per layout tensor
+  };
+  virtual Result<std::vector<RemoteRankView>> remote_ranks(const std::string& instance) const = 0;
+
+  // Decode side: plans `request` (local ids = this rank's blocks, remote ids
+  // = the prefill instance's) and starts reading. Errors before anything
+  // moves (handshake, plan, submit) come back here; the caller then reports
+  // the load as failed at its first token.
+  virtual Status start_load(RequestId request, const std::string& instance, const Request& blocks) = 0;
+  // Cancels the request's transfers; when it returns no byte of it lands in
+  // local memory. Its result comes with aborted = true. kNotFound if unknown.
+  virtual Status abort(RequestId request) = 0;
+  // Loads that ended since the last call.
+  virtual std::vector<LoadResult> take_results() = 0;
+  // Waits until a result is ready or `timeout` passes.
+  virtual void wait_results(std::chrono::milliseconds timeout) = 0;
+
+  // Prefill side: readers' heartbeats and done messages since the last call.
+  virtual std::vector<ReaderEvent> take_reader_events() = 0;
+
+  virtual WorkerStats stats() const = 0;
+};
+
+}  // namespace kvbridge

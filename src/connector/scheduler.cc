@@ -1,0 +1,202 @@
+// The scheduler-side roles of connector.h: leases on the prefill instance,
+// request tracking and the failure policy on the decode instance.
+#include <algorithm>
+
+#include "kvbridge/connector.h"
+
+namespace kvbridge {
+
+std::string_view release_reason_name(ReleaseReason reason) {
+  switch (reason) {
+    case ReleaseReason::kRead: return "read";
+    case ReleaseReason::kLeaseExpired: return "lease_expired";
+    case ReleaseReason::kAborted: return "aborted";
+  }
+  return "unknown";
+}
+
+std::string_view outcome_name(Outcome outcome) {
+  switch (outcome) {
+    case Outcome::kFinished: return "finished";
+    case Outcome::kFailed: return "failed";
+    case Outcome::kRecompute: return "recompute";
+    case Outcome::kAborted: return "aborted";
+  }
+  return "unknown";
+}
+
+Result<FailurePolicy> parse_failure_policy(std::string_view name) {
+  if (name == "fail") return FailurePolicy::kFail;
+  if (name == "recompute") return FailurePolicy::kRecompute;
+  return Status::invalid_argument("unknown failure policy '" + std::string(name) + "' (known: fail, recompute)");
+}
+
+// --- PrefillScheduler -------------------------------------------------------
+
+Status PrefillScheduler::hold(RequestId request, std::set<std::string> readers, SteadyTime now) {
+  if (readers.empty()) return Status::invalid_argument("request " + std::to_string(request) + ": no expected reader");
+  if (held_.count(request) != 0) {
+    return Status::already_exists("request " + std::to_string(request) + " is already held");
+  }
+  held_[request] = Held{std::move(readers), false, false, now + lease_};
+  return Status();
+}
+
+void PrefillScheduler::heartbeat(RequestId request, const std::string& reader, SteadyTime now) {
+  auto it = held_.find(request);
+  if (it == held_.end() || it->second.waiting.count(reader) == 0) return;
+  it->second.heard = true;
+  it->second.expires = std::max(it->second.expires, now + lease_);
+}
+
+void PrefillScheduler::reader_done(RequestId request, const std::string& reader, SteadyTime now) {
+  auto it = held_.find(request);
+  if (it == held_.end() || it->second.waiting.erase(reader) == 0) return;
+  it->second.heard = true;
+  it->second.expires = std::max(it->second.expires, now + lease_);
+  if (it->second.waiting.empty()) {
+    ready_.push_back(Release{request, it->second.aborted ? ReleaseReason::kAborted : ReleaseReason::kRead, {}});
+    held_.erase(it);
+  }
+}
+
+Status PrefillScheduler::abort(RequestId request, SteadyTime) {
+  auto it = held_.find(request);
+  if (it == held_.end()) return Status::not_found("request " + std::to_string(request) + " is not held");
+  it->second.aborted = true;
+  if (!it->second.heard) {  // nobody started reading: free now
+    ready_.push_back(Release{request, ReleaseReason::kAborted,
+                             {it->second.waiting.begin(), it->second.waiting.end()}});
+    held_.erase(it);
+  }
+  return Status();
+}
+
+std::vector<Release> PrefillScheduler::take_releases(SteadyTime now) {
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->second.expires <= now) {
+      ready_.push_back(Release{it->first, ReleaseReason::kLeaseExpired,
+                               {it->second.waiting.begin(), it->second.waiting.end()}});
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::vector<Release> out;
+  out.swap(ready_);
+  return out;
+}
+
+std::optional<SteadyTime> PrefillScheduler::next_expiry() const {
+  std::optional<SteadyTime> next;
+  for (const auto& [id, h] : held_) {
+    if (!next || h.expires < *next) next = h.expires;
+  }
+  return next;
+}
+
+// --- DecodeScheduler --------------------------------------------------------
+
+Status DecodeScheduler::expect(RequestId request, uint64_t skip_tokens, SteadyTime deadline) {
+  if (waiting_.count(request) != 0) {
+    return Status::already_exists("request " + std::to_string(request) + " is already waiting");
+  }
+  waiting_[request] = Waiting{skip_tokens, deadline, {}};
+  return Status();
+}
+
+Status DecodeScheduler::rank_result(uint32_t rank, const LoadResult& result) {
+  auto it = waiting_.find(result.request);
+  if (it == waiting_.end()) {
+    return Status::not_found("request " + std::to_string(result.request) + " is not waiting for KV");
+  }
+  if (rank >= ranks_) {
+    return Status::invalid_argument("rank " + std::to_string(rank) + " is past the instance's " +
+                                    std::to_string(ranks_) + " ranks");
+  }
+  if (!it->second.results.emplace(rank, result).second) {
+    return Status::invalid_argument("rank " + std::to_string(rank) + " reported request " +
+                                    std::to_string(result.request) + " twice");
+  }
+  if (it->second.results.size() == ranks_) {
+    settle(it->first, it->second);
+    waiting_.erase(it);
+  }
+  return Status();
+}
+
+// Every rank reported: the request ends as the worst of its ranks.
+void DecodeScheduler::settle(RequestId id, Waiting& w) {
+  RequestOutcome out{id, Outcome::kFinished, Status(), 0};
+  bool aborted = false, failed = false;
+  uint64_t first_bad = ~uint64_t{0};
+  for (const auto& [rank, r] : w.results) {
+    aborted = aborted || r.aborted;
+    if (!r.error.ok() && !r.aborted) {
+      if (!failed) out.error = r.error.with_context("decode rank " + std::to_string(rank));
+      failed = true;
+      first_bad = std::min(first_bad, r.first_bad_token);
+    }
+  }
+  if (aborted) {
+    out.outcome = Outcome::kAborted;
+    if (out.error.ok()) out.error = Status::cancelled("request " + std::to_string(id) + " was aborted");
+  } else if (failed) {
+    out.outcome = policy_ == FailurePolicy::kRecompute ? Outcome::kRecompute : Outcome::kFailed;
+    out.recompute_from = std::max(first_bad, w.skip);
+  }
+  ended_.push_back(std::move(out));
+}
+
+void DecodeScheduler::rank_lost(uint32_t rank, const Status& why) {
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (it->second.results.count(rank) != 0) {
+      ++it;
+      continue;
+    }
+    LoadResult lost;
+    lost.request = it->first;
+    lost.error = why.with_context("decode rank " + std::to_string(rank) + " is gone");
+    lost.first_bad_token = it->second.skip;
+    it->second.results.emplace(rank, lost);
+    if (it->second.results.size() == ranks_) {
+      settle(it->first, it->second);
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Status DecodeScheduler::abort(RequestId request) {
+  auto it = waiting_.find(request);
+  if (it == waiting_.end()) return Status::not_found("request " + std::to_string(request) + " is not waiting");
+  ended_.push_back(RequestOutcome{request, Outcome::kAborted,
+                                  Status::cancelled("request " + std::to_string(request) + " was aborted"), 0});
+  waiting_.erase(it);
+  return Status();
+}
+
+std::vector<RequestOutcome> DecodeScheduler::take_outcomes(SteadyTime now) {
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (it->second.deadline > now) {
+      ++it;
+      continue;
+    }
+    std::string missing;
+    for (uint32_t r = 0; r < ranks_; ++r) {
+      if (it->second.results.count(r) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    RequestOutcome out{it->first, policy_ == FailurePolicy::kRecompute ? Outcome::kRecompute : Outcome::kFailed,
+                       Status::timeout("request " + std::to_string(it->first) +
+                                       ": no load result from decode rank(s) " + missing + " by the deadline"),
+                       it->second.skip};
+    ended_.push_back(std::move(out));
+    it = waiting_.erase(it);
+  }
+  std::vector<RequestOutcome> out;
+  out.swap(ended_);
+  return out;
+}
+
+}  // namespace kvbridge

@@ -1,0 +1,427 @@
+// ConnectorWorker: registration, side channel, remote ranks, loads as engine
+// reads, and the heartbeat/done messages between workers (connector.h).
+//
+// Bookkeeping is under mu_. One thread of the worker ("pump") watches
+// transfers, ends loads, sends heartbeats and done messages (engine notify()
+// waits for the peer's acknowledgement, so it runs outside mu_), and drains
+// the engine's notifications into reader events.
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "connector/side_channel.h"
+#include "kvbridge/connector.h"
+#include "kvbridge/plan.h"
+
+namespace kvbridge {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::string_view kMessagePrefix = "kvb/1 ";
+
+struct RemoteRank {
+  connector::RankInfo info;
+  Layout layout;
+  std::optional<PeerId> peer;  // connected on first use as a source
+};
+
+struct RemoteInstance {
+  std::vector<std::string> addresses;
+  std::vector<RemoteRank> ranks;  // fetched, in tp_rank order (empty until the first load)
+};
+
+struct Load {
+  RequestId request = 0;
+  std::string instance;
+  uint64_t first_token = 0;
+  std::vector<std::pair<uint32_t, TransferId>> transfers;  // (source tp_rank, id)
+  std::vector<PeerId> peers;                               // per source, same order
+  LoadResult result;
+  Clock::time_point started;
+  bool aborted = false;
+};
+
+class WorkerImpl final : public ConnectorWorker {
+ public:
+  WorkerImpl(Engine& engine, Layout layout, const WorkerOptions& options)
+      : engine_(engine), layout_(std::move(layout)), options_(options) {}
+
+  ~WorkerImpl() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      for (auto& [id, load] : loads_) {
+        for (auto& [src, t] : load.transfers) (void)engine_.cancel(t);
+      }
+    }
+    cv_.notify_all();
+    if (pump_.joinable()) pump_.join();
+    server_.reset();
+    for (auto& [id, load] : loads_) {
+      for (auto& [src, t] : load.transfers) (void)engine_.release(t);
+    }
+    for (RegionId r : regions_) (void)engine_.deregister_memory(r);
+  }
+
+  Status init(std::span<const std::span<uint8_t>> tensors) {
+    if (tensors.size() != layout_.tensors.size()) {
+      return Status::invalid_argument("memory for " + std::to_string(tensors.size()) + " tensors given, the layout has " +
+                                      std::to_string(layout_.tensors.size()));
+    }
+    connector::RankInfo info;
+    info.instance_id = options_.instance_id;
+    info.rank = layout_.tp_rank;
+    info.tp_size = layout_.tp_size;
+    info.pid = static_cast<int32_t>(::getpid());
+    info.layout_json = to_json(layout_, -1);
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      if (tensors[t].size() != layout_.tensors[t].bytes) {
+        return Status::invalid_argument("memory for tensor '" + layout_.tensors[t].name + "' is " +
+                                        std::to_string(tensors[t].size()) + " bytes, the layout says " +
+                                        std::to_string(layout_.tensors[t].bytes));
+      }
+      KVB_ASSIGN_OR_RETURN(RegionId id, engine_.register_memory(tensors[t].data(), tensors[t].size(),
+                                                                layout_.tensors[t].memory));
+      regions_.push_back(id);
+      info.tensors.push_back(connector::TensorRegion{layout_.tensors[t].name, id,
+                                                     reinterpret_cast<uint64_t>(tensors[t].data()),
+                                                     tensors[t].size()});
+    }
+    info.engine_metadata = engine_.metadata();
+    connector::SideChannelOptions sc;
+    sc.host = options_.side_channel_host;
+    sc.secret = options_.secret;
+    sc.timeout = options_.handshake_timeout;
+    if (options_.advertise_version != 0) sc.advertise_version = options_.advertise_version;
+    if (options_.reply_fault == "garbage") {
+      sc.reply_fault = connector::SideChannelOptions::ReplyFault::kGarbage;
+    } else if (options_.reply_fault == "truncate") {
+      sc.reply_fault = connector::SideChannelOptions::ReplyFault::kTruncate;
+    } else if (!options_.reply_fault.empty()) {
+      return Status::invalid_argument("unknown reply fault '" + options_.reply_fault + "' (known: garbage, truncate)");
+    }
+    identity_ = identity_text(layout_);
+    hash_ = compatibility_hash(layout_);
+    KVB_ASSIGN_OR_RETURN(server_, connector::SideChannelServer::start(sc, identity_, hash_, std::move(info)));
+    pump_ = std::thread([this] { pump(); });
+    return Status();
+  }
+
+  std::string side_channel_address() const override { return server_->address(); }
+  const Layout& layout() const override { return layout_; }
+
+  Status add_remote(const std::string& instance, std::vector<std::string> rank_addresses) override {
+    if (rank_addresses.empty()) return Status::invalid_argument("instance '" + instance + "' has no rank");
+    std::lock_guard<std::mutex> lock(mu_);
+    RemoteInstance& r = remotes_[instance];
+    if (!r.ranks.empty() && r.addresses != rank_addresses) {
+      return Status::already_exists("instance '" + instance + "' is already known with other addresses");
+    }
+    r.addresses = std::move(rank_addresses);
+    return Status();
+  }
+
+  Result<std::vector<RemoteRankView>> remote_ranks(const std::string& instance) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = remotes_.find(instance);
+    if (it == remotes_.end() || it->second.ranks.empty()) {
+      return Status::not_found("no handshake with instance '" + instance + "' yet");
+    }
+    std::vector<RemoteRankView> out;
+    for (const RemoteRank& r : it->second.ranks) {
+      RemoteRankView v{r.layout, r.info.pid, {}};
+      for (const connector::TensorRegion& t : r.info.tensors) v.tensor_bases.push_back(t.base);
+      out.push_back(std::move(v));
+    }
+    return out;
+  }
+
+  Status start_load(RequestId request, const std::string& instance, const Request& blocks) override {
+    KVB_RETURN_IF_ERROR(fetch_remote(instance));
+    std::unique_lock<std::mutex> lock(mu_);
+    if (loads_.count(request) != 0) return Status::already_exists("request " + std::to_string(request) + " is loading");
+    RemoteInstance& remote = remotes_[instance];
+    std::vector<Layout> layouts;
+    for (const RemoteRank& r : remote.ranks) layouts.push_back(r.layout);
+    KVB_ASSIGN_OR_RETURN(Plan p, plan(layout_, layouts, blocks));
+    Load load;
+    load.request = request;
+    load.instance = instance;
+    load.first_token = blocks.skip_tokens;
+    load.result.request = request;
+    load.result.bytes = p.bytes;
+    load.result.descriptors = p.descriptors.size();
+    load.result.naive_descriptors = naive_descriptor_count(layout_, layouts, blocks);
+    // One batch per source rank, in the plan's (local address) order.
+    std::vector<std::vector<TransferItem>> items(layouts.size());
+    for (const Descriptor& d : p.descriptors) {
+      const RemoteRank& src = remote.ranks[d.source];
+      items[d.source].push_back(TransferItem{regions_[d.local_tensor], d.local_offset,
+                                             src.info.tensors[d.remote_tensor].region, d.remote_offset, d.bytes});
+    }
+    load.started = Clock::now();
+    for (size_t s = 0; s < items.size(); ++s) {
+      if (items[s].empty()) continue;
+      RemoteRank& src = remote.ranks[s];
+      Status st = connect_peer(src);
+      Result<TransferId> id = st.ok() ? engine_.submit(*src.peer, TransferOp::kRead, items[s], std::string(),
+                                                       options_.transfer_timeout)
+                                      : Result<TransferId>(st);
+      if (!id.ok()) {
+        for (auto& [r, t] : load.transfers) {
+          (void)engine_.cancel(t);
+          (void)engine_.release(t);
+        }
+        return id.error().with_context("request " + std::to_string(request) + ": reading from " + instance +
+                                       " rank " + std::to_string(s));
+      }
+      load.transfers.emplace_back(static_cast<uint32_t>(s), *id);
+      load.peers.push_back(*src.peer);
+      load.result.sources.push_back(static_cast<uint32_t>(s));
+    }
+    ++stats_.loads_started;
+    loads_.emplace(request, std::move(load));
+    lock.unlock();
+    cv_.notify_all();
+    return Status();
+  }
+
+  Status abort(RequestId request) override {
+    std::vector<TransferId> ids;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = loads_.find(request);
+      if (it == loads_.end()) return Status::not_found("request " + std::to_string(request) + " is not loading");
+      it->second.aborted = true;
+      for (auto& [src, t] : it->second.transfers) ids.push_back(t);
+    }
+    // cancel() returns once no byte of the transfer can land any more.
+    for (TransferId t : ids) KVB_RETURN_IF_ERROR(engine_.cancel(t));
+    cv_.notify_all();
+    return Status();
+  }
+
+  std::vector<LoadResult> take_results() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<LoadResult> out;
+    out.swap(results_);
+    return out;
+  }
+
+  void wait_results(std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    results_cv_.wait_for(lock, timeout, [&] { return !results_.empty(); });
+  }
+
+  std::vector<ReaderEvent> take_reader_events() override {
+    drain_notifications();
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<ReaderEvent> out;
+    out.swap(events_);
+    return out;
+  }
+
+  WorkerStats stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    WorkerStats s = stats_;
+    s.handshakes_served = server_->served();
+    s.handshakes_rejected = server_->rejected();
+    s.last_rejection = server_->last_rejection();
+    return s;
+  }
+
+ private:
+  // Fetches every rank of `instance` once (the handshake), outside mu_.
+  Status fetch_remote(const std::string& instance) {
+    std::vector<std::string> addresses;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = remotes_.find(instance);
+      if (it == remotes_.end()) return Status::not_found("unknown remote instance '" + instance + "'");
+      if (!it->second.ranks.empty()) return Status();
+      addresses = it->second.addresses;
+    }
+    std::lock_guard<std::mutex> fetch(fetch_mu_);  // one handshake round per instance at a time
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!remotes_[instance].ranks.empty()) return Status();
+    }
+    connector::SideChannelOptions sc;
+    sc.secret = options_.secret;
+    sc.timeout = options_.handshake_timeout;
+    std::vector<RemoteRank> ranks;
+    for (size_t r = 0; r < addresses.size(); ++r) {
+      const std::string who = instance + " rank " + std::to_string(r);
+      Result<connector::RankInfo> fetched = connector::fetch_rank_info(addresses[r], identity_, hash_, sc);
+      if (!fetched.ok()) return fetched.error().with_context(who);
+      connector::RankInfo info = std::move(*fetched);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.handshakes;
+      }
+      Result<Layout> parsed = parse_layout(info.layout_json);
+      if (!parsed.ok()) return parsed.error().with_context(who + " layout");
+      Layout l = std::move(*parsed);
+      KVB_RETURN_IF_ERROR(check_compatible(layout_, l).with_context(instance + " rank " + std::to_string(r)));
+      if (l.tp_rank != r || l.tp_size != addresses.size() || info.tensors.size() != l.tensors.size()) {
+        return Status::incompatible(instance + " rank " + std::to_string(r) + " at " + addresses[r] +
+                                    " describes itself as rank " + std::to_string(l.tp_rank) + " of " +
+                                    std::to_string(l.tp_size) + " with " + std::to_string(info.tensors.size()) +
+                                    " tensor regions");
+      }
+      ranks.push_back(RemoteRank{std::move(info), std::move(l), std::nullopt});
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    remotes_[instance].ranks = std::move(ranks);
+    return Status();
+  }
+
+  // Requires mu_. Engine connect is a local operation plus a control
+  // connection to the peer; done once per source rank.
+  Status connect_peer(RemoteRank& r) {
+    if (r.peer) return Status();
+    KVB_ASSIGN_OR_RETURN(PeerId id, engine_.connect(r.info.engine_metadata));
+    r.peer = id;
+    return Status();
+  }
+
+  void drain_notifications() {
+    std::vector<Notification> got = engine_.take_notifications();
+    if (got.empty()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Notification& n : got) {
+      std::string_view m = n.message;
+      if (m.substr(0, kMessagePrefix.size()) != kMessagePrefix) continue;
+      m.remove_prefix(kMessagePrefix.size());
+      ReaderEvent e;
+      if (m.substr(0, 3) == "hb ") {
+        e.kind = ReaderEvent::Kind::kHeartbeat;
+        m.remove_prefix(3);
+      } else if (m.substr(0, 5) == "done ") {
+        e.kind = ReaderEvent::Kind::kDone;
+        m.remove_prefix(5);
+      } else {
+        continue;
+      }
+      uint64_t id = 0;
+      bool digits = !m.empty() && m.size() <= 20;
+      for (char c : m) digits = digits && c >= '0' && c <= '9';
+      if (!digits) continue;
+      for (char c : m) id = id * 10 + static_cast<uint64_t>(c - '0');
+      e.request = id;
+      e.reader = std::move(n.peer);
+      events_.push_back(std::move(e));
+    }
+  }
+
+  void send(PeerId peer, const std::string& message) {
+    Status s = engine_.notify(peer, message);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.notifications_failed;
+      stats_.last_notification_error = s.to_string();
+    }
+  }
+
+  // Ends loads whose transfers all ended; sends heartbeats; drains messages.
+  void pump() {
+    Clock::time_point next_beat = Clock::now() + options_.heartbeat_interval;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(loads_.empty() ? 20 : 1));
+      if (stop_) break;
+      std::vector<std::pair<PeerId, std::string>> messages;
+      for (auto it = loads_.begin(); it != loads_.end();) {
+        Load& load = it->second;
+        bool ended = true;
+        for (auto& [src, t] : load.transfers) ended = ended && engine_.status(t).state != TransferState::kInProgress;
+        if (!ended) {
+          ++it;
+          continue;
+        }
+        finish(load);
+        for (PeerId p : load.peers) messages.emplace_back(p, std::string(kMessagePrefix) + "done " + std::to_string(load.request));
+        results_.push_back(std::move(load.result));
+        it = loads_.erase(it);
+      }
+      if (Clock::now() >= next_beat) {
+        next_beat = Clock::now() + options_.heartbeat_interval;
+        for (auto& [id, load] : loads_) {
+          for (PeerId p : load.peers) messages.emplace_back(p, std::string(kMessagePrefix) + "hb " + std::to_string(id));
+        }
+      }
+      const bool any_result = !results_.empty();
+      lock.unlock();
+      if (any_result) results_cv_.notify_all();
+      for (auto& [peer, m] : messages) send(peer, m);
+      drain_notifications();
+      lock.lock();
+    }
+  }
+
+  // Requires mu_: every transfer of `load` ended. The first error by source
+  // order wins; transfers finish in no particular order, so a failed load's
+  // first bad token is its first moved token.
+  void finish(Load& load) {
+    load.result.transfer_time = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - load.started);
+    load.result.aborted = load.aborted;
+    for (auto& [src, t] : load.transfers) {
+      TransferStatus st = engine_.status(t);
+      (void)engine_.release(t);
+      if (st.state == TransferState::kDone || !load.result.error.ok()) continue;
+      load.result.error = st.error.ok() ? Status::internal("transfer ended as " +
+                                                           std::string(transfer_state_name(st.state)))
+                                        : st.error;
+      load.result.error = load.result.error.with_context(
+          "request " + std::to_string(load.request) + ": reading from " + load.instance + " rank " +
+          std::to_string(src) + " (" + std::to_string(st.bytes_done) + " of " + std::to_string(st.bytes_total) +
+          " bytes)");
+    }
+    if (load.aborted && load.result.error.ok()) {
+      load.result.error = Status::cancelled("request " + std::to_string(load.request) + " was aborted");
+    }
+    load.result.first_bad_token = load.first_token;
+    if (load.aborted) {
+      ++stats_.loads_aborted;
+    } else if (load.result.error.ok()) {
+      ++stats_.loads_ok;
+    } else {
+      ++stats_.loads_failed;
+    }
+  }
+
+  Engine& engine_;
+  const Layout layout_;
+  const WorkerOptions options_;
+  std::string identity_;
+  uint64_t hash_ = 0;
+  std::vector<RegionId> regions_;
+  std::unique_ptr<connector::SideChannelServer> server_;
+
+  mutable std::mutex mu_;
+  std::mutex fetch_mu_;
+  std::condition_variable cv_, results_cv_;
+  bool stop_ = false;
+  std::map<std::string, RemoteInstance> remotes_;
+  std::map<RequestId, Load> loads_;
+  std::vector<LoadResult> results_;
+  std::vector<ReaderEvent> events_;
+  WorkerStats stats_;
+  std::thread pump_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ConnectorWorker>> ConnectorWorker::create(Engine& engine, const Layout& layout,
+                                                                 std::span<const std::span<uint8_t>> tensors,
+                                                                 const WorkerOptions& options) {
+  KVB_RETURN_IF_ERROR(validate(layout).with_context("worker layout"));
+  auto w = std::make_unique<WorkerImpl>(engine, layout, options);
+  KVB_RETURN_IF_ERROR(w->init(tensors));
+  return std::unique_ptr<ConnectorWorker>(std::move(w));
+}
+
+}  // namespace kvbridge

@@ -1,0 +1,205 @@
+// ConnectorWorker in one process: prefill and decode ranks, each with its own
+// engine over the local transport (one with a fault wrapper where a test
+// needs a slow link), handshakes over the side channel, plans, reads,
+// heartbeats and done messages, abort.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "engine/engine_impl.h"
+#include "kvbridge/connector.h"
+#include "kvbridge/content.h"
+#include "kvbridge/presets.h"
+#include "transport/fault.h"
+
+namespace kvbridge {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Rank {
+  Layout layout;
+  std::vector<std::vector<uint8_t>> mem;
+  std::vector<std::span<uint8_t>> spans;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<ConnectorWorker> worker;
+};
+
+struct InstanceOptions {
+  std::string id;
+  uint32_t tp = 1;
+  uint64_t block_tokens = 16;
+  WorkerOptions worker;
+  std::shared_ptr<transport::Faults> faults;  // wraps the local transport when set
+};
+
+InstanceOptions opts(std::string id, uint32_t tp) {
+  InstanceOptions o;
+  o.id = std::move(id);
+  o.tp = tp;
+  return o;
+}
+
+std::vector<std::unique_ptr<Rank>> instance(const InstanceOptions& o) {
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (uint32_t r = 0; r < o.tp; ++r) {
+    auto rank = std::make_unique<Rank>();
+    PresetOptions p;
+    p.name = "llama3-8b";
+    p.tp_size = o.tp;
+    p.tp_rank = r;
+    p.block_tokens = o.block_tokens;
+    p.num_blocks = 8;
+    rank->layout = *make_preset(p);
+    for (const Tensor& t : rank->layout.tensors) rank->mem.emplace_back(t.bytes, 0xa5);
+    for (auto& m : rank->mem) rank->spans.emplace_back(m);
+    EngineOptions e;
+    e.name = o.id + "/r" + std::to_string(r);
+    e.transports = {"local"};
+    e.default_timeout = 2s;
+    std::vector<std::unique_ptr<transport::Transport>> ts;
+    std::unique_ptr<transport::Transport> local = *transport::make_local_transport();
+    ts.push_back(o.faults ? transport::make_fault_transport(std::move(local), o.faults) : std::move(local));
+    Result<std::unique_ptr<Engine>> engine = engine_internal::create_engine(e, std::move(ts));
+    EXPECT_TRUE(engine.ok()) << engine.error().to_string();
+    rank->engine = std::move(*engine);
+    WorkerOptions w = o.worker;
+    w.instance_id = o.id;
+    Result<std::unique_ptr<ConnectorWorker>> worker = ConnectorWorker::create(*rank->engine, rank->layout, rank->spans, w);
+    EXPECT_TRUE(worker.ok()) << worker.error().to_string();
+    rank->worker = std::move(*worker);
+    ranks.push_back(std::move(rank));
+  }
+  return ranks;
+}
+
+std::vector<std::string> addresses(const std::vector<std::unique_ptr<Rank>>& ranks) {
+  std::vector<std::string> out;
+  for (const auto& r : ranks) out.push_back(r->worker->side_channel_address());
+  return out;
+}
+
+// 40 tokens: prefill blocks {4,5,6} of 16 tokens, decode blocks {1,2,3}.
+Request request(uint64_t skip = 0) {
+  Request q;
+  q.num_tokens = 40;
+  q.skip_tokens = skip;
+  q.blocks["full"] = {{1, 2, 3}, {4, 5, 6}};
+  return q;
+}
+
+LoadResult wait_one(ConnectorWorker& w) {
+  for (int i = 0; i < 500; ++i) {
+    std::vector<LoadResult> r = w.take_results();
+    if (!r.empty()) return r.front();
+    w.wait_results(10ms);
+  }
+  ADD_FAILURE() << "no load result within 5 s";
+  return {};
+}
+
+TEST(WorkerTest, PullsTwoPrefillRanksIntoOneDecodeRankByteExactWithOneHandshakePerRank) {
+  auto prefill = instance(opts("prefill", 2));
+  auto decode = instance(opts("decode", 1));
+  for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
+  ConnectorWorker& d = *decode[0]->worker;
+  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+  for (RequestId id : {1, 2}) {
+    ASSERT_TRUE(d.start_load(id, "prefill", request(id == 2 ? 16 : 0)).ok());
+    LoadResult r = wait_one(d);
+    ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+    EXPECT_EQ(r.request, static_cast<RequestId>(id));
+    EXPECT_EQ(r.sources, (std::vector<uint32_t>{0, 1}));
+    EXPECT_GT(r.bytes, 0u);
+    EXPECT_GT(r.descriptors, 0u);
+    EXPECT_GT(r.naive_descriptors, 0u);
+    Result<ContentReport> c = check_request(decode[0]->layout, request(id == 2 ? 16 : 0), RequestSide::kLocal,
+                                            id == 2 ? 16 : 0, 11, decode[0]->spans);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c->bad_cells, 0u) << c->first_error;
+  }
+  EXPECT_EQ(d.stats().handshakes, 2u);  // once per remote rank, not per request
+  EXPECT_EQ(d.stats().loads_ok, 2u);
+  // Each prefill rank hears "done" for both requests from the decode rank.
+  for (auto& p : prefill) {
+    std::vector<ReaderEvent> done;
+    for (int i = 0; i < 200 && done.size() < 2; ++i) {
+      for (ReaderEvent& e : p->worker->take_reader_events()) {
+        if (e.kind == ReaderEvent::Kind::kDone) done.push_back(e);
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_EQ(done.size(), 2u);
+    EXPECT_EQ(done[0].reader, "decode/r0");
+    EXPECT_EQ(p->worker->stats().handshakes_served, 1u);
+  }
+}
+
+TEST(WorkerTest, AbortStopsEveryByteAndReportsTheLoadAsAborted) {
+  auto prefill = instance(opts("prefill", 1));
+  auto faults = std::make_shared<transport::Faults>();
+  InstanceOptions o = opts("decode", 1);
+  o.faults = faults;
+  o.worker.heartbeat_interval = 10ms;
+  auto decode = instance(o);
+  ASSERT_TRUE(fill_request(prefill[0]->layout, request(), RequestSide::kRemote, 0, 3, prefill[0]->spans).ok());
+  ConnectorWorker& d = *decode[0]->worker;
+  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+  faults->set_delay(5ms);  // per copy: the load takes far longer than the test
+  ASSERT_TRUE(d.start_load(9, "prefill", request()).ok());
+  std::this_thread::sleep_for(60ms);
+  ASSERT_TRUE(d.abort(9).ok());
+  const std::vector<std::vector<uint8_t>> after = decode[0]->mem;
+  LoadResult r = wait_one(d);
+  EXPECT_TRUE(r.aborted);
+  EXPECT_EQ(r.error.code(), Code::kCancelled) << r.error.to_string();
+  std::this_thread::sleep_for(50ms);
+  EXPECT_TRUE(after == decode[0]->mem) << "a byte landed after abort() returned";
+  EXPECT_EQ(d.abort(9).code(), Code::kNotFound);
+  // The prefill rank heard heartbeats while the load ran, then done.
+  bool heartbeat = false, done = false;
+  for (int i = 0; i < 200 && !done; ++i) {
+    for (ReaderEvent& e : prefill[0]->worker->take_reader_events()) {
+      heartbeat = heartbeat || e.kind == ReaderEvent::Kind::kHeartbeat;
+      done = done || e.kind == ReaderEvent::Kind::kDone;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(heartbeat);
+  EXPECT_TRUE(done);
+}
+
+TEST(WorkerTest, HandshakeFailuresComeBackFromStartLoadNamingTheCause) {
+  InstanceOptions po = opts("prefill", 1);
+  po.worker.secret = "s3cret";
+  auto prefill = instance(po);
+  InstanceOptions wrong = opts("decode", 1);
+  wrong.worker.secret = "guess";
+  auto decode = instance(wrong);
+  ASSERT_TRUE(decode[0]->worker->add_remote("prefill", addresses(prefill)).ok());
+  Status s = decode[0]->worker->start_load(1, "prefill", request());
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("secret"), std::string::npos) << s.to_string();
+  EXPECT_EQ(decode[0]->worker->start_load(1, "nowhere", request()).code(), Code::kNotFound);
+  InstanceOptions vo = opts("prefill-v2", 1);
+  vo.worker.advertise_version = 2;
+  auto v2 = instance(vo);
+  auto plain = instance(opts("decode2", 1));
+  ASSERT_TRUE(plain[0]->worker->add_remote("p", addresses(v2)).ok());
+  s = plain[0]->worker->start_load(1, "p", request());
+  EXPECT_NE(s.message().find("version"), std::string::npos) << s.to_string();
+}
+
+TEST(WorkerTest, PlanErrorsComeBackBeforeAnythingMoves) {
+  auto prefill = instance(opts("prefill", 1));
+  auto decode = instance(opts("decode", 1));
+  ASSERT_TRUE(decode[0]->worker->add_remote("prefill", addresses(prefill)).ok());
+  Request q = request();
+  q.blocks["full"].local = {1, 2, 99};
+  Status s = decode[0]->worker->start_load(1, "prefill", q);
+  EXPECT_EQ(s.code(), Code::kOutOfRange) << s.to_string();
+  EXPECT_EQ(decode[0]->engine->metrics().transfers_submitted, 0u);
+}
+
+}  // namespace
+}  // namespace kvbridge
