@@ -1,0 +1,115 @@
+// tools/demo.h: `kvbridge demo`, the P/D demo with real processes.
+//
+// The driver (this process) plays both instances' schedulers and the router
+// in front of them: it forks one process per rank (a prefill instance of
+// --prefill-tp ranks and --decode-instances decode instances of --decode-tp
+// ranks), allocates block ids from per-instance block pools, and sends each
+// rank commands over a socketpair as JSON lines. Prefill ranks fill their
+// blocks with a deterministic function of the KV's semantic coordinates
+// (content.h); decode ranks pull through ConnectorWorker (handshake, plan,
+// engine reads), check every byte, and at the end scan their whole memory for
+// any byte outside what the requests still hold (a write outside the plan or
+// a late write after abort). Leases, heartbeats and done messages run as in
+// production: decode workers tell prefill workers, which tell the driver.
+//
+// Thread-safety: the driver is single-threaded; each rank process runs its
+// command loop on one thread plus the connector's and engine's threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kvbridge/status.h"
+
+namespace kvbridge::cli::demo {
+
+struct SideArgs {
+  uint32_t tp = 1;
+  uint64_t block_tokens = 0;         // 0: the preset's
+  uint64_t kernel_block_tokens = 0;  // 0: the preset's
+  std::string order = "LBHNC";
+  std::string netns;                 // run the ranks in this network namespace
+  std::string host = "127.0.0.1";    // address the ranks listen on
+};
+
+// What --inject can do; each is one of the fault cases.
+enum class Inject : uint8_t {
+  kNone, kKillPrefill, kKillDecode, kDropNotification, kStall, kVersion, kHash,
+  kWrongSecret, kMissingSecret, kMalformed, kTruncated, kAbort, kLease,
+};
+Result<Inject> parse_inject(std::string_view name);
+std::string_view inject_name(Inject inject);
+std::string inject_names();  // for --help
+
+struct DemoArgs {
+  std::string preset = "qwen3-next";
+  SideArgs prefill{2, 64, 0, "BLHNC", "", "127.0.0.1"};
+  SideArgs decode{4, 128, 0, "LBHNC", "", "127.0.0.1"};
+  uint32_t decode_instances = 1;
+  uint32_t requests = 12;
+  uint64_t num_blocks = 0;  // 0: enough for the requests
+  uint64_t max_tokens = 0;  // 0: the preset's choice
+  uint64_t seed = 1;
+  std::string transport = "cma";
+  std::string policy = "fail";
+  std::string secret;
+  Inject inject = Inject::kNone;
+  std::chrono::milliseconds lease{30000};
+  std::chrono::milliseconds transfer_timeout{20000};
+  bool json = false;
+  bool progress = true;
+};
+
+// Runs the demo; returns the exit code (0: every request ended cleanly as the
+// injected fault predicts, nothing leaked, nothing stray).
+int run(const DemoArgs& args);
+
+// ---------------------------------------------------------------------------
+// Between driver and ranks.
+
+// A socket carrying JSON objects, one per line.
+class Channel {
+ public:
+  explicit Channel(int fd = -1) : fd_(fd) {}
+  ~Channel();
+  Channel(Channel&& o) noexcept : fd_(o.fd_), in_(std::move(o.in_)) { o.fd_ = -1; }
+  Channel& operator=(Channel&& o) noexcept {
+    if (this != &o) {
+      close();
+      fd_ = o.fd_;
+      in_ = std::move(o.in_);
+      o.fd_ = -1;
+    }
+    return *this;
+  }
+  int fd() const { return fd_; }
+  Status send(const nlohmann::json& message);
+  // Reads what is available; appends whole messages. kIoError at end of
+  // stream (the other side exited), kInvalidArgument for a bad line.
+  Status receive(std::vector<nlohmann::json>& out);
+  void close();
+
+ private:
+  int fd_;
+  std::string in_;
+};
+
+// What a rank process is told at fork.
+struct RankConfig {
+  std::string instance;  // "prefill" or "decode-N"
+  bool prefill = false;
+  uint32_t rank = 0;
+  uint64_t num_blocks = 0;
+  SideArgs side;
+  const DemoArgs* args = nullptr;
+};
+
+// The body of a rank process: never returns.
+[[noreturn]] void rank_main(const RankConfig& config, int fd);
+
+}  // namespace kvbridge::cli::demo

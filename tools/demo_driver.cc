@@ -1,0 +1,530 @@
+// The driver of `kvbridge demo` (demo.h): forks the ranks, plays both
+// instances' schedulers and block allocators, runs the requests one after the
+// other (each decode rank of the target instance loads in parallel), injects
+// the chosen fault, and collects what the report needs.
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "demo_driver.h"
+#include "kvbridge/presets.h"
+
+namespace kvbridge::cli::demo {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+// The engine's block allocator, stand-in: one pool of ids per instance shared
+// by its groups (overlaid groups never share an id), with double frees seen.
+class BlockPool {
+ public:
+  explicit BlockPool(uint64_t n) {
+    for (uint64_t b = 0; b < n; ++b) free_.push_back(static_cast<int64_t>(b));
+  }
+  std::optional<std::vector<int64_t>> allocate(uint64_t count, std::mt19937_64& rng) {
+    if (count > free_.size()) return std::nullopt;
+    std::vector<int64_t> ids;
+    for (uint64_t i = 0; i < count; ++i) {
+      // Mostly consecutive, as allocators hand out, with some jumps.
+      const size_t at = rng() % 4 == 0 ? rng() % free_.size() : 0;
+      ids.push_back(free_[at]);
+      used_.insert(free_[at]);
+      free_.erase(free_.begin() + static_cast<long>(at));
+    }
+    return ids;
+  }
+  void release(const std::vector<int64_t>& ids) {
+    for (int64_t id : ids) {
+      if (used_.erase(id) == 0) {
+        ++double_frees_;
+      } else {
+        free_.push_back(id);
+      }
+    }
+  }
+  uint64_t in_use() const { return used_.size(); }
+  uint64_t double_frees() const { return double_frees_; }
+
+ private:
+  std::deque<int64_t> free_;
+  std::set<int64_t> used_;
+  uint64_t double_frees_ = 0;
+};
+
+struct Proc {
+  pid_t pid = -1;
+  Channel ch;
+  std::string instance, engine, side_channel;
+  uint32_t rank = 0, decode_instance = 0;
+  bool prefill = false, alive = true, ready = false, killed = false;
+  std::optional<json> final;
+};
+
+// What is in flight for the current request.
+struct Current {
+  RequestId id = 0;
+  uint32_t acks = 0;  // prefilled / raw / freed / aborted / recomputed replies
+  std::vector<json> replies;
+};
+
+Layout layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_blocks) {
+  PresetOptions p;
+  p.name = a.preset;
+  p.tp_size = s.tp;
+  p.block_tokens = s.block_tokens;
+  p.kernel_block_tokens = s.kernel_block_tokens;
+  p.order = *parse_order(s.order);
+  p.num_blocks = num_blocks;
+  return *make_preset(p);
+}
+
+uint64_t blocks_for(const Group& g, uint64_t tokens) {
+  if (g.kind == GroupKind::kState || g.kind == GroupKind::kScratch) return 1;
+  return (tokens + g.block_tokens - 1) / g.block_tokens;
+}
+
+uint64_t blocks_per_request(const Layout& l, uint64_t tokens) {
+  uint64_t n = 0;
+  for (const Group& g : l.groups) n += g.transfer ? blocks_for(g, tokens) : 0;
+  return n;
+}
+
+class Driver {
+ public:
+  explicit Driver(const DemoArgs& a) : a_(a), rng_(a.seed) { sum_.args = &a_; }
+
+  Status run() {
+    KVB_RETURN_IF_ERROR(check_args());
+    const auto t0 = Clock::now();
+    KVB_RETURN_IF_ERROR(spawn());
+    KVB_RETURN_IF_ERROR(wait_ready());
+    for (uint32_t i = 0; i < a_.requests; ++i) {
+      KVB_RETURN_IF_ERROR(one_request(i));
+      progress(i + 1);
+    }
+    drain_leases();
+    finish();
+    sum_.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    sum_.leaked_blocks = ppool_->in_use() + psched_.held();
+    sum_.double_frees = ppool_->double_frees();
+    for (const BlockPool& p : dpools_) {
+      sum_.leaked_blocks += p.in_use();
+      sum_.double_frees += p.double_frees();
+    }
+    return Status();
+  }
+
+  ~Driver() {
+    for (auto& p : procs_) {
+      if (p->alive && p->pid > 0) ::kill(p->pid, SIGKILL);
+      if (p->pid > 0) ::waitpid(p->pid, nullptr, 0);
+    }
+  }
+
+  const Summary& summary() const { return sum_; }
+
+ private:
+  Status check_args() {
+    KVB_ASSIGN_OR_RETURN(Order po, parse_order(a_.prefill.order));
+    KVB_ASSIGN_OR_RETURN(Order dord, parse_order(a_.decode.order));
+    (void)po;
+    (void)dord;
+    KVB_ASSIGN_OR_RETURN(FailurePolicy policy, parse_failure_policy(a_.policy));
+    (void)policy;
+    if (a_.requests == 0) return Status::invalid_argument("--requests must be at least 1");
+    if (a_.decode_instances == 0) return Status::invalid_argument("--decode-instances must be at least 1");
+    for (const SideArgs* s : {&a_.prefill, &a_.decode}) {
+      PresetOptions p;
+      p.name = a_.preset;
+      p.tp_size = s->tp;
+      p.block_tokens = s->block_tokens;
+      p.kernel_block_tokens = s->kernel_block_tokens;
+      p.num_blocks = 1;
+      Result<Layout> l = make_preset(p);
+      if (!l.ok()) return l.error().with_context(s == &a_.prefill ? "prefill" : "decode");
+    }
+    const Layout p1 = layout_of(a_, a_.prefill, 1), d1 = layout_of(a_, a_.decode, 1);
+    uint64_t max_block = 1;
+    for (const Layout* l : {&p1, &d1}) {
+      for (const Group& g : l->groups) {
+        if (g.kind == GroupKind::kAttention || g.kind == GroupKind::kSlidingWindow) {
+          max_block = std::max(max_block, g.block_tokens);
+        }
+      }
+    }
+    max_tokens_ = a_.max_tokens ? a_.max_tokens : std::min<uint64_t>(4096, std::max<uint64_t>(1024, 4 * max_block));
+    const uint64_t need = std::max(blocks_per_request(p1, max_tokens_), blocks_per_request(d1, max_tokens_));
+    sum_.num_blocks = a_.num_blocks ? a_.num_blocks : need + 2;
+    if (sum_.num_blocks < need) {
+      return Status::invalid_argument("--num-blocks " + std::to_string(sum_.num_blocks) + " is fewer than the " +
+                                      std::to_string(need) + " blocks a request of " + std::to_string(max_tokens_) +
+                                      " tokens needs");
+    }
+    player_ = layout_of(a_, a_.prefill, sum_.num_blocks);
+    dlayout_ = layout_of(a_, a_.decode, sum_.num_blocks);
+    ppool_.emplace(sum_.num_blocks);
+    for (uint32_t i = 0; i < a_.decode_instances; ++i) {
+      dpools_.emplace_back(sum_.num_blocks);
+      dscheds_.emplace_back(a_.decode.tp, *parse_failure_policy(a_.policy));
+    }
+    psched_ = PrefillScheduler(a_.lease);
+    return Status();
+  }
+
+  // Forks every rank before any thread exists in this process.
+  Status spawn() {
+    auto add = [&](bool prefill, uint32_t inst, uint32_t rank) -> Status {
+      int sv[2];
+      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return Status::io_error("socketpair failed");
+      auto p = std::make_unique<Proc>();
+      p->prefill = prefill;
+      p->rank = rank;
+      p->decode_instance = inst;
+      p->instance = prefill ? "prefill" : "decode-" + std::to_string(inst);
+      std::fflush(nullptr);
+      const pid_t pid = ::fork();
+      if (pid < 0) return Status::io_error("fork failed");
+      if (pid == 0) {
+        ::close(sv[0]);
+        for (auto& other : procs_) other->ch.close();
+        RankConfig c{p->instance, prefill, rank, sum_.num_blocks, prefill ? a_.prefill : a_.decode, &a_};
+        rank_main(c, sv[1]);
+      }
+      ::close(sv[1]);
+      p->pid = pid;
+      p->ch = Channel(sv[0]);
+      procs_.push_back(std::move(p));
+      return Status();
+    };
+    for (uint32_t r = 0; r < a_.prefill.tp; ++r) KVB_RETURN_IF_ERROR(add(true, 0, r));
+    for (uint32_t i = 0; i < a_.decode_instances; ++i) {
+      for (uint32_t r = 0; r < a_.decode.tp; ++r) KVB_RETURN_IF_ERROR(add(false, i, r));
+    }
+    return Status();
+  }
+
+  Status wait_ready() {
+    const auto deadline = Clock::now() + 120s;
+    while (std::any_of(procs_.begin(), procs_.end(), [](auto& p) { return p->alive && !p->ready; })) {
+      if (Clock::now() > deadline) return Status::timeout("ranks did not start within 120 s");
+      pump(5ms);
+      for (auto& p : procs_) {
+        if (!p->alive && !p->ready) return Status::unavailable("rank " + p->engine + " exited at start");
+      }
+    }
+    std::vector<std::string> addrs;
+    for (auto& p : procs_) {
+      if (p->prefill) addrs.push_back(p->side_channel);
+    }
+    for (auto& p : procs_) {
+      if (!p->prefill) KVB_RETURN_IF_ERROR(p->ch.send({{"cmd", "remote"}, {"instance", "prefill"}, {"ranks", addrs}}));
+    }
+    return Status();
+  }
+
+  // Reads every rank's messages for up to `wait`, dispatches them, and
+  // frees what the schedulers release.
+  void pump(std::chrono::milliseconds wait) {
+    std::vector<pollfd> fds;
+    for (auto& p : procs_) fds.push_back({p->ch.fd(), POLLIN, 0});
+    ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
+    const auto now = Clock::now();
+    for (auto& p : procs_) {
+      if (!p->alive) continue;
+      std::vector<json> in;
+      Status s = p->ch.receive(in);
+      for (json& m : in) dispatch(*p, m, now);
+      if (!s.ok()) lost(*p);
+    }
+    for (const Release& r : psched_.take_releases(now)) {
+      ++sum_.releases[std::string(release_reason_name(r.reason))];
+      auto it = prefill_blocks_.find(r.request);
+      if (it != prefill_blocks_.end()) {
+        ppool_->release(it->second);
+        prefill_blocks_.erase(it);
+      }
+    }
+    for (uint32_t i = 0; i < dscheds_.size(); ++i) {
+      for (RequestOutcome& o : dscheds_[i].take_outcomes(now)) outcomes_.push_back(std::move(o));
+    }
+  }
+
+  void lost(Proc& p) {
+    p.alive = false;
+    int status = 0;
+    ::waitpid(p.pid, &status, 0);
+    p.ch.close();
+    const std::string how = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                                : "exited with status " + std::to_string(WEXITSTATUS(status));
+    if (!p.killed && !(WIFEXITED(status) && WEXITSTATUS(status) == 0 && p.final)) {
+      sum_.rank_errors.push_back(p.engine + " " + how);
+    }
+    if (!p.prefill) dscheds_[p.decode_instance].rank_lost(p.rank, Status::io_error(p.engine + " " + how));
+  }
+
+  void dispatch(Proc& p, json& m, Clock::time_point now) {
+    const std::string ev = m.value("ev", "");
+    const RequestId id = m.value("req", RequestId{0});
+    if (ev == "ready") {
+      p.ready = true;
+      p.side_channel = m.value("side_channel", "");
+      p.engine = m.value("engine", "");
+    } else if (ev == "reader") {
+      if (m.value("kind", "") == "done") {
+        psched_.reader_done(id, m.value("reader", ""), now);
+      } else {
+        psched_.heartbeat(id, m.value("reader", ""), now);
+      }
+    } else if (ev == "loaded") {
+      LoadResult r;
+      r.request = id;
+      r.aborted = m.value("aborted", false);
+      if (!m.value("ok", false)) r.error = Status::io_error(m.value("error", ""));
+      r.first_bad_token = m.value("first_bad_token", uint64_t{0});
+      loads_[id].push_back(m);
+      (void)dscheds_[p.decode_instance].rank_result(p.rank, r);  // not waiting: aborted already
+    } else if (ev == "final") {
+      p.final = m;
+    } else if (ev == "fatal" || ev == "error") {
+      sum_.rank_errors.push_back((p.engine.empty() ? p.instance + "/r" + std::to_string(p.rank) : p.engine) + ": " +
+                                 m.value("error", ""));
+    } else if (id == current_.id) {
+      ++current_.acks;
+      current_.replies.push_back(m);
+    }
+  }
+
+  std::vector<Proc*> ranks_of(bool prefill, uint32_t inst) {
+    std::vector<Proc*> out;
+    for (auto& p : procs_) {
+      if (p->alive && p->prefill == prefill && (prefill || p->decode_instance == inst)) out.push_back(p.get());
+    }
+    return out;
+  }
+
+  // Sends `cmd` to `ranks` and waits for one reply from each still alive.
+  Status round(const std::vector<Proc*>& ranks, const json& cmd, std::chrono::milliseconds timeout) {
+    current_.acks = 0;
+    current_.replies.clear();
+    for (Proc* p : ranks) (void)p->ch.send(cmd);
+    const auto deadline = Clock::now() + timeout;
+    auto alive = [&] { return std::count_if(ranks.begin(), ranks.end(), [](Proc* p) { return p->alive; }); };
+    while (current_.acks < static_cast<uint32_t>(alive())) {
+      if (Clock::now() > deadline) {
+        return Status::timeout("no '" + cmd.value("cmd", "") + "' reply within " + std::to_string(timeout.count()) +
+                               " ms");
+      }
+      pump(2ms);
+    }
+    return Status();
+  }
+
+  Result<Request> make_request(RequestRecord& rec) {
+    Request q;
+    q.num_tokens = rec.tokens;
+    q.skip_tokens = rec.skip;
+    std::vector<int64_t> pids, dids;
+    for (const Group& g : dlayout_.groups) {
+      if (!g.transfer) continue;
+      const Group* pg = player_.find_group(g.name);
+      const uint64_t pn = blocks_for(*pg, rec.tokens), dn = blocks_for(g, rec.tokens);
+      std::optional<std::vector<int64_t>> p, d;
+      for (auto until = Clock::now() + a_.lease + 2s;;) {
+        p = ppool_->allocate(pn, rng_);
+        if (p) d = dpools_[rec.decode_instance].allocate(dn, rng_);
+        if (p && d) break;
+        if (p) ppool_->release(*p);
+        if (Clock::now() > until) return Status::resource_exhausted("no free blocks for request " + std::to_string(rec.id));
+        pump(5ms);  // blocks come back as leases end
+      }
+      pids.insert(pids.end(), p->begin(), p->end());
+      dids.insert(dids.end(), d->begin(), d->end());
+      q.blocks[g.name] = {*d, *p};
+    }
+    prefill_blocks_[rec.id] = pids;
+    decode_blocks_ = dids;
+    return q;
+  }
+
+  uint32_t fault_index() const {
+    const bool last = a_.inject == Inject::kKillPrefill || a_.inject == Inject::kKillDecode;
+    return last ? a_.requests - 1 : a_.requests / 2;
+  }
+
+  Status one_request(uint32_t i) {
+    RequestRecord rec;
+    rec.id = 1000 + i;
+    rec.decode_instance = i % a_.decode_instances;
+    rec.tokens = 1 + rng_() % max_tokens_;
+    rec.skip = i % 3 == 1 ? rng_() % rec.tokens : 0;  // a prefix hit on the decode side
+    const bool fault = a_.inject != Inject::kNone && i == fault_index();
+    KVB_ASSIGN_OR_RETURN(Request q, make_request(rec));
+    current_.id = rec.id;
+    const std::string qjson = to_json(q, -1);
+    const uint64_t seed = a_.seed * 1000003 + rec.id;
+    const std::vector<Proc*> prefill = ranks_of(true, 0), decode = ranks_of(false, rec.decode_instance);
+    KVB_RETURN_IF_ERROR(round(prefill, {{"cmd", "prefill"}, {"req", rec.id}, {"request", json::parse(qjson)},
+                                        {"seed", seed}}, 60s));
+    std::set<std::string> readers;
+    for (Proc* p : decode) readers.insert(p->engine);
+    KVB_RETURN_IF_ERROR(psched_.hold(rec.id, readers, Clock::now()));
+    if (fault && a_.inject == Inject::kLease) {
+      // Nobody reads: the lease alone must free the blocks.
+      while (prefill_blocks_.count(rec.id) != 0) pump(5ms);
+      rec.outcome = "lease_expired";
+      rec.error = "lease of " + std::to_string(a_.lease.count()) + " ms expired with no reader";
+      return end_request(rec, decode);
+    }
+    DecodeScheduler& ds = dscheds_[rec.decode_instance];
+    KVB_RETURN_IF_ERROR(ds.expect(rec.id, rec.skip, Clock::now() + a_.transfer_timeout + 10s));
+    loads_.erase(rec.id);
+    current_.acks = 0;
+    for (Proc* p : decode) {
+      (void)p->ch.send({{"cmd", "load"}, {"req", rec.id}, {"instance", "prefill"}, {"request", json::parse(qjson)},
+                        {"seed", seed}});
+    }
+    if (fault) inject(rec, decode);
+    std::optional<RequestOutcome> out;
+    while (!out) {
+      pump(2ms);
+      for (auto it = outcomes_.begin(); it != outcomes_.end(); ++it) {
+        if (it->request == rec.id) {
+          out = *it;
+          outcomes_.erase(it);
+          break;
+        }
+      }
+    }
+    rec.outcome = std::string(outcome_name(out->outcome));
+    if (!out->error.ok()) rec.error = out->error.message();
+    for (const json& l : loads_[rec.id]) {
+      rec.bytes += l.value("bytes", uint64_t{0});
+      rec.descriptors += l.value("descriptors", uint64_t{0});
+      rec.naive += l.value("naive", uint64_t{0});
+      rec.transfer_us = std::max(rec.transfer_us, l.value("transfer_us", uint64_t{0}));
+      rec.verify_bad += l.value("verify_bad", uint64_t{0});
+      if (rec.verify_error.empty()) rec.verify_error = l.value("verify_error", "");
+    }
+    if (out->outcome == Outcome::kFinished) {
+      Status s = round(decode, {{"cmd", "raw"}, {"req", rec.id}, {"instance", "prefill"}}, 60s);
+      for (const json& r : current_.replies) rec.raw_us = std::max(rec.raw_us, r.value("us", uint64_t{0}));
+      if (!s.ok()) sum_.rank_errors.push_back("raw baseline: " + s.to_string());
+    } else if (out->outcome == Outcome::kRecompute) {
+      KVB_RETURN_IF_ERROR(round(decode, {{"cmd", "recompute"}, {"req", rec.id}, {"from", out->recompute_from}}, 60s));
+      for (const json& r : current_.replies) rec.verify_bad += r.value("verify_bad", uint64_t{0});
+      rec.outcome = "recomputed";
+    }
+    if (out->outcome != Outcome::kFinished) (void)psched_.abort(rec.id, Clock::now());
+    return end_request(rec, decode);
+  }
+
+  void inject(RequestRecord& rec, const std::vector<Proc*>& decode) {
+    std::this_thread::sleep_for(40ms);  // let the transfers start
+    Proc* victim = nullptr;
+    if (a_.inject == Inject::kKillPrefill) victim = ranks_of(true, 0).front();
+    if (a_.inject == Inject::kKillDecode) victim = decode.front();
+    if (victim) {
+      victim->killed = true;
+      ::kill(victim->pid, SIGKILL);
+      return;
+    }
+    if (a_.inject == Inject::kAbort) {
+      (void)dscheds_[rec.decode_instance].abort(rec.id);
+      Status s = round(decode, {{"cmd", "abort"}, {"req", rec.id}}, 30s);
+      if (!s.ok()) sum_.rank_errors.push_back("abort: " + s.to_string());
+      (void)psched_.abort(rec.id, Clock::now());
+    }
+  }
+
+  // The decode instance frees the request's blocks (its ranks poison them).
+  Status end_request(RequestRecord& rec, const std::vector<Proc*>& decode) {
+    Status s = round(decode, {{"cmd", "free"}, {"req", rec.id}}, 30s);
+    dpools_[rec.decode_instance].release(decode_blocks_);
+    decode_blocks_.clear();
+    sum_.requests.push_back(rec);
+    return s;
+  }
+
+  void drain_leases() {
+    const auto deadline = Clock::now() + a_.lease + 5s;
+    while (psched_.held() != 0 && Clock::now() < deadline) pump(5ms);
+  }
+
+  void finish() {
+    for (auto& p : procs_) {
+      if (p->alive) (void)p->ch.send({{"cmd", "finish"}});
+    }
+    const auto deadline = Clock::now() + 60s;
+    while (Clock::now() < deadline &&
+           std::any_of(procs_.begin(), procs_.end(), [](auto& p) { return p->alive; })) {
+      pump(5ms);
+    }
+    for (auto& p : procs_) {
+      if (!p->final) continue;
+      const json& f = *p->final;
+      sum_.stray_bytes += f.value("stray_bytes", uint64_t{0});
+      if (sum_.first_stray.empty() && f.value("stray_bytes", uint64_t{0}) > 0) {
+        sum_.first_stray = p->engine + " " + f.value("first_stray", "");
+      }
+      sum_.handshakes += f.value("handshakes", uint64_t{0});
+      sum_.handshakes_rejected += f.value("rejected", uint64_t{0});
+      if (!f.value("last_rejection", "").empty()) sum_.last_rejection = f.value("last_rejection", "");
+      sum_.notifications_failed += f.value("notifications_failed", uint64_t{0});
+      if (!f.value("last_notification_error", "").empty()) {
+        sum_.last_notification_error = f.value("last_notification_error", "");
+      }
+    }
+  }
+
+  void progress(uint32_t done) {
+    if (!a_.progress || !::isatty(STDERR_FILENO)) return;
+    const int width = 30, filled = static_cast<int>(width * done / a_.requests);
+    std::fprintf(stderr, "\r[%.*s%*s] %u/%u requests", filled, "##############################", width - filled, "",
+                 done, a_.requests);
+    if (done == a_.requests) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  }
+
+  DemoArgs a_;
+  Summary sum_;
+  std::mt19937_64 rng_;
+  uint64_t max_tokens_ = 0;
+  Layout player_, dlayout_;
+  std::optional<BlockPool> ppool_;
+  std::vector<BlockPool> dpools_;
+  PrefillScheduler psched_;
+  std::vector<DecodeScheduler> dscheds_;
+  std::vector<std::unique_ptr<Proc>> procs_;
+  std::map<RequestId, std::vector<int64_t>> prefill_blocks_;
+  std::vector<int64_t> decode_blocks_;
+  std::map<RequestId, std::vector<json>> loads_;
+  std::vector<RequestOutcome> outcomes_;
+  Current current_;
+};
+
+}  // namespace
+
+int run(const DemoArgs& args) {
+  Driver d(args);
+  Status s = d.run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "kvbridge: demo: %s\n", s.to_string().c_str());
+    return 1;
+  }
+  print_report(d.summary());
+  return clean(d.summary()) ? 0 : 1;
+}
+
+}  // namespace kvbridge::cli::demo

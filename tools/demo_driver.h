@@ -1,0 +1,50 @@
+// tools/demo_driver.h: the driver side of `kvbridge demo` (demo.h): the
+// records it keeps while the demo runs, which demo_report.cc turns into the
+// table and the JSON object.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "demo.h"
+#include "kvbridge/connector.h"
+
+namespace kvbridge::cli::demo {
+
+// One request as the driver saw it end.
+struct RequestRecord {
+  RequestId id = 0;
+  uint32_t decode_instance = 0;
+  uint64_t tokens = 0, skip = 0;
+  std::string outcome;       // finished, failed, recompute(d), aborted, lease_expired
+  std::string error;         // the first error, when not finished
+  uint64_t bytes = 0;        // summed over decode ranks
+  uint64_t descriptors = 0;  // summed over decode ranks
+  uint64_t naive = 0;
+  uint64_t transfer_us = 0;  // slowest decode rank
+  uint64_t raw_us = 0;       // slowest decode rank, raw process_vm_readv
+  uint64_t verify_bad = 0;   // cells that did not check
+  std::string verify_error;
+};
+
+struct Summary {
+  const DemoArgs* args = nullptr;
+  std::vector<RequestRecord> requests;
+  uint64_t leaked_blocks = 0, double_frees = 0, stray_bytes = 0;
+  std::string first_stray;
+  uint64_t handshakes = 0, handshakes_rejected = 0, notifications_failed = 0;
+  std::string last_rejection, last_notification_error;
+  std::map<std::string, uint64_t> releases;  // by ReleaseReason name
+  std::vector<std::string> rank_errors;      // fatal errors and abnormal exits
+  double seconds = 0;
+  uint64_t num_blocks = 0;
+};
+
+// Prints the table (or with --json one object) to stdout.
+void print_report(const Summary& s);
+// Whether the run is clean for its --inject (the exit code).
+bool clean(const Summary& s);
+
+}  // namespace kvbridge::cli::demo

@@ -1,0 +1,287 @@
+// One rank process of `kvbridge demo` (demo.h): builds its layout, allocates
+// and registers its tensors, runs a ConnectorWorker, and serves the driver's
+// commands until "finish".
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+#include <map>
+
+#include "demo.h"
+#include "kvbridge/connector.h"
+#include "kvbridge/content.h"
+#include "kvbridge/plan.h"
+#include "kvbridge/presets.h"
+
+namespace kvbridge::cli::demo {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+constexpr uint8_t kSentinel = 0xa5;  // every decode byte no request holds
+
+struct Held {
+  Request request;
+  uint64_t seed = 0;
+};
+
+class Rank {
+ public:
+  Rank(const RankConfig& c, int fd) : c_(c), ch_(fd) {}
+
+  Status init() {
+    const DemoArgs& a = *c_.args;
+    if (!c_.side.netns.empty()) {
+      const std::string path = "/var/run/netns/" + c_.side.netns;
+      const int ns = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (ns < 0 || ::setns(ns, CLONE_NEWNET) != 0) {
+        return Status::unavailable("cannot enter network namespace " + path + ": " + std::strerror(errno));
+      }
+      ::close(ns);
+    }
+    PresetOptions p;
+    p.name = a.preset;
+    p.tp_size = c_.side.tp;
+    p.tp_rank = c_.rank;
+    p.block_tokens = c_.side.block_tokens;
+    p.kernel_block_tokens = c_.side.kernel_block_tokens;
+    KVB_ASSIGN_OR_RETURN(p.order, parse_order(c_.side.order));
+    p.num_blocks = c_.num_blocks;
+    KVB_ASSIGN_OR_RETURN(layout_, make_preset(p));
+    if (c_.prefill && a.inject == Inject::kHash) layout_.dtype = "fp8_e4m3";  // a peer built for another dtype
+    for (const Tensor& t : layout_.tensors) {
+      void* m = ::mmap(nullptr, t.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) return Status::resource_exhausted("mmap of tensor '" + t.name + "' failed");
+      if (!c_.prefill) std::memset(m, kSentinel, t.bytes);
+      spans_.emplace_back(static_cast<uint8_t*>(m), t.bytes);
+    }
+    EngineOptions e;
+    e.name = c_.instance + "/r" + std::to_string(c_.rank);
+    e.transports = {a.transport};
+    e.host = c_.side.host;
+    e.default_timeout = std::min<std::chrono::milliseconds>(a.transfer_timeout, std::chrono::seconds(5));
+    if (!c_.prefill) {
+      switch (a.inject) {
+        case Inject::kKillPrefill:
+        case Inject::kKillDecode:
+        case Inject::kAbort: e.faults = "delay=3"; break;
+        case Inject::kStall: e.faults = "delay=1000"; break;
+        case Inject::kDropNotification: e.faults = "drop-notifications=1"; break;
+        default: break;
+      }
+    }
+    KVB_ASSIGN_OR_RETURN(engine_, Engine::create(e));
+    WorkerOptions w;
+    w.instance_id = c_.instance;
+    w.side_channel_host = c_.side.host;
+    w.secret = a.secret;
+    w.transfer_timeout = a.transfer_timeout;
+    w.heartbeat_interval = std::clamp<std::chrono::milliseconds>(a.lease / 4, std::chrono::milliseconds(50),
+                                                                 std::chrono::milliseconds(1000));
+    if (c_.prefill) {
+      if (a.inject == Inject::kVersion) w.advertise_version = 2;
+      if (a.inject == Inject::kMalformed) w.reply_fault = "garbage";
+      if (a.inject == Inject::kTruncated) w.reply_fault = "truncate";
+      if (a.inject == Inject::kWrongSecret || a.inject == Inject::kMissingSecret) w.secret = "prefill-secret";
+    } else if (a.inject == Inject::kWrongSecret) {
+      w.secret = "a-wrong-guess";
+    }
+    KVB_ASSIGN_OR_RETURN(worker_, ConnectorWorker::create(*engine_, layout_, spans_, w));
+    return ch_.send({{"ev", "ready"}, {"side_channel", worker_->side_channel_address()}, {"engine", e.name}});
+  }
+
+  // Serves commands until "finish" or the driver goes away.
+  Status loop() {
+    for (;;) {
+      pollfd p{ch_.fd(), POLLIN, 0};
+      ::poll(&p, 1, 2);
+      std::vector<json> in;
+      KVB_RETURN_IF_ERROR(ch_.receive(in));
+      for (const json& m : in) {
+        if (m.value("cmd", "") == "finish") return finish();
+        Status s = command(m);
+        if (!s.ok()) KVB_RETURN_IF_ERROR(ch_.send({{"ev", "error"}, {"error", s.to_string()}}));
+      }
+      for (LoadResult& r : worker_->take_results()) KVB_RETURN_IF_ERROR(loaded(r));
+      for (ReaderEvent& e : worker_->take_reader_events()) {
+        KVB_RETURN_IF_ERROR(ch_.send({{"ev", "reader"}, {"req", e.request}, {"reader", e.reader},
+                                      {"kind", e.kind == ReaderEvent::Kind::kDone ? "done" : "hb"}}));
+      }
+    }
+  }
+
+ private:
+  Status command(const json& m) {
+    const std::string cmd = m.value("cmd", "");
+    const RequestId id = m.value("req", RequestId{0});
+    if (cmd == "remote") {
+      return worker_->add_remote(m.at("instance").get<std::string>(), m.at("ranks").get<std::vector<std::string>>());
+    }
+    if (cmd == "prefill" || cmd == "load") {
+      KVB_ASSIGN_OR_RETURN(Request q, parse_request(m.at("request").dump()));
+      held_[id] = Held{q, m.at("seed").get<uint64_t>()};
+      if (cmd == "prefill") {
+        KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kRemote, 0, held_[id].seed, spans_));
+        return ch_.send({{"ev", "prefilled"}, {"req", id}});
+      }
+      Status s = worker_->start_load(id, m.at("instance").get<std::string>(), q);
+      if (s.ok()) return s;
+      LoadResult r;
+      r.request = id;
+      r.error = s;
+      r.first_bad_token = q.skip_tokens;
+      return loaded(r);
+    }
+    if (cmd == "abort") {
+      const auto t0 = Clock::now();
+      Status s = worker_->abort(id);
+      return ch_.send({{"ev", "aborted"}, {"req", id}, {"ok", s.ok()}, {"error", s.ok() ? "" : s.to_string()},
+                       {"us", std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count()}});
+    }
+    if (cmd == "recompute") return recompute(id, m.at("from").get<uint64_t>());
+    if (cmd == "raw") return raw(id, m.at("instance").get<std::string>());
+    if (cmd == "free") {
+      // The engine frees the request's blocks: poison them again, so that the
+      // final scan finds any byte written later or outside the plan.
+      auto it = held_.find(id);
+      if (it != held_.end() && !c_.prefill) {
+        KVB_RETURN_IF_ERROR(for_each_cell(layout_, it->second.request, RequestSide::kLocal, 0,
+                                          [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
+                                            std::memset(spans_[t].data() + off, kSentinel, n);
+                                          }));
+      }
+      held_.erase(id);
+      return ch_.send({{"ev", "freed"}, {"req", id}});
+    }
+    return Status::invalid_argument("unknown command '" + cmd + "'");
+  }
+
+  // A load ended: check every byte it was to bring, report.
+  Status loaded(const LoadResult& r) {
+    json out = {{"ev", "loaded"},
+                {"req", r.request},
+                {"ok", r.error.ok()},
+                {"aborted", r.aborted},
+                {"error", r.error.ok() ? "" : r.error.to_string()},
+                {"code", std::string(code_name(r.error.code()))},
+                {"first_bad_token", r.first_bad_token},
+                {"bytes", r.bytes},
+                {"descriptors", r.descriptors},
+                {"naive", r.naive_descriptors},
+                {"transfer_us", r.transfer_time.count()},
+                {"verify_bad", 0},
+                {"verify_error", ""}};
+    auto it = held_.find(r.request);
+    if (r.error.ok() && it != held_.end()) {
+      KVB_ASSIGN_OR_RETURN(ContentReport c, check_request(layout_, it->second.request, RequestSide::kLocal,
+                                                          it->second.request.skip_tokens, it->second.seed, spans_));
+      out["verify_bad"] = c.bad_cells;
+      out["verify_error"] = c.first_error;
+      out["verify_bytes"] = c.bytes;
+    }
+    return ch_.send(out);
+  }
+
+  // Policy recompute: the engine recomputes the KV from token `from` (here:
+  // writes what prefill would have), and the whole request is checked.
+  Status recompute(RequestId id, uint64_t from) {
+    auto it = held_.find(id);
+    if (it == held_.end()) return Status::not_found("request " + std::to_string(id) + " is not held");
+    const Request& q = it->second.request;
+    KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kLocal, from, it->second.seed, spans_));
+    KVB_ASSIGN_OR_RETURN(ContentReport c,
+                         check_request(layout_, q, RequestSide::kLocal, q.skip_tokens, it->second.seed, spans_));
+    return ch_.send({{"ev", "recomputed"}, {"req", id}, {"verify_bad", c.bad_cells}, {"verify_error", c.first_error}});
+  }
+
+  // The baseline: process_vm_readv of the same plan's descriptors, one iovec
+  // each, IOV_MAX per call, from each source process, on this thread.
+  Status raw(RequestId id, const std::string& instance) {
+    auto it = held_.find(id);
+    if (it == held_.end()) return Status::not_found("request " + std::to_string(id) + " is not held");
+    KVB_ASSIGN_OR_RETURN(std::vector<ConnectorWorker::RemoteRankView> remotes, worker_->remote_ranks(instance));
+    std::vector<Layout> layouts;
+    for (const auto& r : remotes) layouts.push_back(r.layout);
+    KVB_ASSIGN_OR_RETURN(Plan p, plan(layout_, layouts, it->second.request));
+    std::vector<std::vector<iovec>> local(remotes.size()), remote(remotes.size());
+    for (const Descriptor& d : p.descriptors) {
+      local[d.source].push_back({spans_[d.local_tensor].data() + d.local_offset, d.bytes});
+      remote[d.source].push_back(
+          {reinterpret_cast<void*>(remotes[d.source].tensor_bases[d.remote_tensor] + d.remote_offset), d.bytes});
+    }
+    const auto t0 = Clock::now();
+    uint64_t moved = 0;
+    for (size_t s = 0; s < remotes.size(); ++s) {
+      for (size_t i = 0; i < local[s].size(); i += IOV_MAX) {
+        const unsigned long n = std::min<size_t>(IOV_MAX, local[s].size() - i);
+        const ssize_t got = ::process_vm_readv(remotes[s].pid, &local[s][i], n, &remote[s][i], n, 0);
+        if (got < 0) return Status::io_error(std::string("raw process_vm_readv: ") + std::strerror(errno));
+        moved += static_cast<uint64_t>(got);
+      }
+    }
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+    return ch_.send({{"ev", "raw"}, {"req", id}, {"us", us}, {"bytes", moved}});
+  }
+
+  // Every byte no request holds must still be the sentinel.
+  Status finish() {
+    uint64_t stray = 0;
+    std::string first;
+    if (!c_.prefill) {
+      for (size_t t = 0; t < spans_.size(); ++t) {
+        const uint8_t* b = spans_[t].data();
+        for (uint64_t i = 0; i < spans_[t].size(); ++i) {
+          if (b[i] == kSentinel) continue;
+          if (stray++ == 0) first = "tensor '" + layout_.tensors[t].name + "' offset " + std::to_string(i);
+        }
+      }
+    }
+    const WorkerStats s = worker_->stats();
+    const EngineMetrics m = engine_->metrics();
+    return ch_.send({{"ev", "final"},
+                     {"stray_bytes", stray},
+                     {"first_stray", first},
+                     {"held", held_.size()},
+                     {"handshakes", s.handshakes},
+                     {"served", s.handshakes_served},
+                     {"rejected", s.handshakes_rejected},
+                     {"last_rejection", s.last_rejection},
+                     {"notifications_failed", s.notifications_failed},
+                     {"last_notification_error", s.last_notification_error},
+                     {"transfers_failed", m.transfers_failed},
+                     {"transfers_cancelled", m.transfers_cancelled}});
+  }
+
+  const RankConfig& c_;
+  Channel ch_;
+  Layout layout_;
+  std::vector<std::span<uint8_t>> spans_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ConnectorWorker> worker_;
+  std::map<RequestId, Held> held_;
+};
+
+}  // namespace
+
+void rank_main(const RankConfig& config, int fd) {
+  int code = 0;
+  {
+    Rank rank(config, fd);
+    Status s = rank.init();
+    if (s.ok()) s = rank.loop();
+    if (!s.ok()) {
+      Channel ch(::dup(fd));
+      (void)ch.send({{"ev", "fatal"}, {"error", s.to_string()}});
+      code = 1;
+    }
+  }
+  std::fflush(nullptr);
+  ::_exit(code);
+}
+
+}  // namespace kvbridge::cli::demo

@@ -1,0 +1,167 @@
+// The report of `kvbridge demo`: a table, or one JSON object with --json, and
+// whether the run was clean for its --inject.
+#include <algorithm>
+#include <cstdio>
+
+#include "demo_driver.h"
+
+namespace kvbridge::cli::demo {
+namespace {
+
+using nlohmann::json;
+
+struct Figures {
+  uint64_t ok = 0, failed = 0, recomputed = 0, aborted = 0, lease_expired = 0, verify_failures = 0;
+  uint64_t bytes = 0, descriptors = 0, naive = 0, transfer_us = 0, raw_us = 0, raw_bytes = 0;
+  double p50_ms = 0, p99_ms = 0;
+  std::vector<std::string> errors;
+};
+
+Figures figures(const Summary& s) {
+  Figures f;
+  std::vector<uint64_t> lat;
+  for (const RequestRecord& r : s.requests) {
+    if (r.verify_bad > 0) ++f.verify_failures;
+    if (r.outcome == "finished") {
+      ++f.ok;
+      f.bytes += r.bytes;
+      f.descriptors += r.descriptors;
+      f.naive += r.naive;
+      f.transfer_us += r.transfer_us;
+      if (r.raw_us > 0) {
+        f.raw_us += r.raw_us;
+        f.raw_bytes += r.bytes;
+      }
+      lat.push_back(r.transfer_us);
+    } else {
+      if (r.outcome == "recomputed") ++f.recomputed;
+      if (r.outcome == "aborted") ++f.aborted;
+      if (r.outcome == "lease_expired") ++f.lease_expired;
+      if (r.outcome == "failed" || r.outcome == "lease_expired") ++f.failed;
+      if (!r.error.empty() && f.errors.size() < 8) f.errors.push_back("request " + std::to_string(r.id) + ": " + r.error);
+    }
+  }
+  std::sort(lat.begin(), lat.end());
+  auto pct = [&](double p) {
+    if (lat.empty()) return 0.0;
+    const size_t i = std::min(lat.size() - 1, static_cast<size_t>(p * static_cast<double>(lat.size() - 1) + 0.5));
+    return static_cast<double>(lat[i]) / 1000.0;
+  };
+  f.p50_ms = pct(0.50);
+  f.p99_ms = pct(0.99);
+  return f;
+}
+
+double gbps(uint64_t bytes, uint64_t us) { return us == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(us) / 1000.0; }
+
+}  // namespace
+
+bool clean(const Summary& s) {
+  const Figures f = figures(s);
+  const uint64_t total = s.requests.size();
+  if (s.leaked_blocks != 0 || s.stray_bytes != 0 || s.double_frees != 0 || f.verify_failures != 0) return false;
+  if (!s.rank_errors.empty() || total != s.args->requests) return false;
+  auto released = [&](const char* why) {
+    auto it = s.releases.find(why);
+    return it == s.releases.end() ? uint64_t{0} : it->second;
+  };
+  switch (s.args->inject) {
+    case Inject::kNone: return f.ok == total;
+    case Inject::kAbort: return f.aborted == 1 && f.ok + 1 == total;
+    case Inject::kLease: return f.lease_expired == 1 && released("lease_expired") >= 1 && f.ok + 1 == total;
+    case Inject::kDropNotification:
+      return f.ok == total && s.notifications_failed >= 1 && released("lease_expired") >= 1;
+    default: return f.ok < total && !f.errors.empty();
+  }
+}
+
+void print_report(const Summary& s) {
+  const DemoArgs& a = *s.args;
+  const Figures f = figures(s);
+  const double g = gbps(f.bytes, f.transfer_us), raw = gbps(f.raw_bytes, f.raw_us);
+  const double per_req = f.ok ? static_cast<double>(f.descriptors) / static_cast<double>(f.ok) : 0.0;
+  const double naive_per_req = f.ok ? static_cast<double>(f.naive) / static_cast<double>(f.ok) : 0.0;
+  if (a.json) {
+    json j = {{"preset", a.preset},
+              {"prefill_tp", a.prefill.tp},
+              {"decode_tp", a.decode.tp},
+              {"decode_instances", a.decode_instances},
+              {"transport", a.transport},
+              {"policy", a.policy},
+              {"inject", std::string(inject_name(a.inject))},
+              {"requests", s.requests.size()},
+              {"ok", f.ok},
+              {"failed", f.failed},
+              {"recomputed", f.recomputed},
+              {"aborted", f.aborted},
+              {"verify_failures", f.verify_failures},
+              {"stray_bytes", s.stray_bytes},
+              {"leaked_blocks", s.leaked_blocks},
+              {"double_frees", s.double_frees},
+              {"bytes", f.bytes},
+              {"descriptors_per_request", per_req},
+              {"baseline_descriptors_per_request", naive_per_req},
+              {"gbps", g},
+              {"raw_gbps", raw},
+              {"ratio", raw > 0 ? g / raw : 0.0},
+              {"p50_ms", f.p50_ms},
+              {"p99_ms", f.p99_ms},
+              {"handshakes", s.handshakes},
+              {"handshakes_rejected", s.handshakes_rejected},
+              {"last_rejection", s.last_rejection},
+              {"notifications_failed", s.notifications_failed},
+              {"last_notification_error", s.last_notification_error},
+              {"releases", s.releases},
+              {"errors", f.errors},
+              {"rank_errors", s.rank_errors},
+              {"seconds", s.seconds},
+              {"clean", clean(s)}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  auto blocks = [](const SideArgs& side) {
+    std::string b = side.block_tokens ? std::to_string(side.block_tokens) + "-token blocks" : "preset blocks";
+    if (side.kernel_block_tokens) b += ", " + std::to_string(side.kernel_block_tokens) + "-token kernel blocks";
+    return b;
+  };
+  std::printf("kvbridge demo: %s, prefill TP %u (%s, %s) -> %u decode instance(s) of TP %u (%s, %s)\n",
+              a.preset.c_str(), a.prefill.tp, a.prefill.order.c_str(), blocks(a.prefill).c_str(), a.decode_instances,
+              a.decode.tp, a.decode.order.c_str(), blocks(a.decode).c_str());
+  std::printf("transport %s, failure policy %s, injected fault: %s; %zu requests in %.1f s\n\n", a.transport.c_str(),
+              a.policy.c_str(), std::string(inject_name(a.inject)).c_str(), s.requests.size(), s.seconds);
+  auto released = [&](const char* why) {
+    auto it = s.releases.find(why);
+    return it == s.releases.end() ? 0ull : static_cast<unsigned long long>(it->second);
+  };
+  std::printf("  requests          %llu ok, %llu failed, %llu recomputed, %llu aborted\n",
+              static_cast<unsigned long long>(f.ok), static_cast<unsigned long long>(f.failed),
+              static_cast<unsigned long long>(f.recomputed), static_cast<unsigned long long>(f.aborted));
+  std::printf("  verify failures   %llu (every byte of every load checked), stray bytes %llu\n",
+              static_cast<unsigned long long>(f.verify_failures), static_cast<unsigned long long>(s.stray_bytes));
+  std::printf("  blocks leaked     %llu (prefill releases: %llu read, %llu lease expired, %llu aborted; %llu double frees)\n",
+              static_cast<unsigned long long>(s.leaked_blocks), released("read"), released("lease_expired"),
+              released("aborted"), static_cast<unsigned long long>(s.double_frees));
+  std::printf("  bytes moved       %.1f MB\n", static_cast<double>(f.bytes) / 1e6);
+  std::printf("  descriptors       %.1f per request (one per (layer, component, block): %.1f, %.1fx more)\n", per_req,
+              naive_per_req, per_req > 0 ? naive_per_req / per_req : 0.0);
+  std::printf("  throughput        %.2f GB/s; raw process_vm_readv, same descriptors: %.2f GB/s (ratio %.2f)\n", g, raw,
+              raw > 0 ? g / raw : 0.0);
+  std::printf("  transfer latency  p50 %.2f ms, p99 %.2f ms\n", f.p50_ms, f.p99_ms);
+  std::printf("  handshakes        %llu (once per remote rank per decode rank), %llu rejected\n",
+              static_cast<unsigned long long>(s.handshakes), static_cast<unsigned long long>(s.handshakes_rejected));
+  if (!s.last_rejection.empty()) std::printf("  last rejection    %s\n", s.last_rejection.c_str());
+  if (s.notifications_failed) {
+    std::printf("  notifications     %llu failed: %s\n", static_cast<unsigned long long>(s.notifications_failed),
+                s.last_notification_error.c_str());
+  }
+  if (!s.first_stray.empty()) std::printf("  first stray byte  %s\n", s.first_stray.c_str());
+  for (const std::string& e : f.errors) std::printf("  error: %s\n", e.c_str());
+  for (const std::string& e : s.rank_errors) std::printf("  rank error: %s\n", e.c_str());
+  for (const RequestRecord& r : s.requests) {
+    if (r.verify_bad) std::printf("  verify: request %llu: %s\n", static_cast<unsigned long long>(r.id), r.verify_error.c_str());
+  }
+  std::printf("\n%s\n", clean(s) ? "clean: every request ended as expected, nothing leaked, nothing stray"
+                                  : "NOT CLEAN: see above");
+}
+
+}  // namespace kvbridge::cli::demo
