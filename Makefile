@@ -41,7 +41,7 @@ test-asan: deps $(BUILD_ASAN)/build.ninja
 # The engine, transport and conformance tests under ThreadSanitizer. UCX is
 # off here: libucm patches madvise, which glibc calls at thread exit, and
 # TSan's interceptor crashes inside that hook.
-TSAN_TESTS ?= engine_test conformance_test tcp_test tcp_protocol_test cma_test
+TSAN_TESTS ?= engine_test conformance_test tcp_test tcp_protocol_test cma_test handshake_test connector_test
 empty :=
 space := $(empty) $(empty)
 

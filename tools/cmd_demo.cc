@@ -45,7 +45,14 @@ Command add_demo_command(CLI::App& root) {
   app->add_option("--transfer-timeout-ms", *timeout_ms, "Deadline of each load (default 20000; 500 with --inject stall)");
   app->add_flag("--json", args->json, "Print one JSON object instead of the table");
   app->add_flag("!--no-progress", args->progress, "No progress bar");
-  return {app, [args, inject, lease_ms, timeout_ms] {
+  return {app, [app, args, inject, lease_ms, timeout_ms] {
+            // The default run shows different block sizes on the two sides.
+            const bool blocks_given = app->get_option("--prefill-block-tokens")->count() +
+                                          app->get_option("--decode-block-tokens")->count() > 0;
+            if (args->preset == "qwen3-next" && !blocks_given) {
+              args->prefill.block_tokens = 64;
+              args->decode.block_tokens = 128;
+            }
             Result<demo::Inject> i = demo::parse_inject(*inject);
             if (!i.ok()) return fail(i.error());
             args->inject = *i;

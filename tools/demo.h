@@ -48,8 +48,10 @@ std::string inject_names();  // for --help
 
 struct DemoArgs {
   std::string preset = "qwen3-next";
-  SideArgs prefill{2, 64, 0, "BLHNC", "", "127.0.0.1"};
-  SideArgs decode{4, 128, 0, "LBHNC", "", "127.0.0.1"};
+  // Block sizes 0 take the preset's; with the default preset and no block
+  // option given, the CLI picks 64 (prefill) and 128 (decode) tokens.
+  SideArgs prefill{2, 0, 0, "BLHNC", "", "127.0.0.1"};
+  SideArgs decode{4, 0, 0, "LBHNC", "", "127.0.0.1"};
   uint32_t decode_instances = 1;
   uint32_t requests = 12;
   uint64_t num_blocks = 0;  // 0: enough for the requests

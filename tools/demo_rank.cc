@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -43,6 +44,13 @@ class Rank {
         return Status::unavailable("cannot enter network namespace " + path + ": " + std::strerror(errno));
       }
       ::close(ns);
+      // As `ip netns exec` does: a private /sys that shows this namespace's
+      // network devices (UCX finds its interfaces there).
+      if (::unshare(CLONE_NEWNS) != 0 || ::mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0 ||
+          ::umount2("/sys", MNT_DETACH) != 0 || ::mount(c_.side.netns.c_str(), "/sys", "sysfs", 0, nullptr) != 0) {
+        return Status::unavailable("cannot remount /sys inside network namespace " + c_.side.netns + ": " +
+                                   std::strerror(errno));
+      }
     }
     PresetOptions p;
     p.name = a.preset;

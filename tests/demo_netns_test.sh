@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The demo across two "hosts": the prefill ranks in one network namespace,
+# the decode ranks in another, joined by a veth pair, over tcp and over ucx
+# (UCX_TLS=tcp). Creates namespaces kvbd-a-PID / kvbd-b-PID with
+# 10.232.0.1/30 and 10.232.0.2/30, runs `kvbridge demo --json` for each
+# transport and checks the report is clean with every request verified.
+# Cleans up on any exit.
+#
+# Usage: demo_netns_test.sh PATH/TO/kvbridge
+# Exit 77 (ctest's SKIP_RETURN_CODE) with a printed reason when not root or
+# when network namespaces cannot be created here.
+set -euo pipefail
+kvb=${1:?usage: demo_netns_test.sh PATH/TO/kvbridge}
+skip() { echo "SKIP: demo_netns_test: $*"; exit 77; }
+
+[[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces (uid $(id -u))"
+command -v ip >/dev/null || skip "the ip command (iproute2) is not installed"
+
+ns_a=kvbd-a-$$
+ns_b=kvbd-b-$$
+veth_a=kvbda$$
+veth_b=kvbdb$$
+work=$(mktemp -d)
+cleanup() {
+  ip netns del "$ns_a" 2>/dev/null || true
+  ip netns del "$ns_b" 2>/dev/null || true
+  ip link del "$veth_a" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if ! err=$(ip netns add "$ns_a" 2>&1); then
+  skip "cannot create a network namespace: $err"
+fi
+ip netns add "$ns_b"
+ip link add "$veth_a" type veth peer name "$veth_b"
+ip link set "$veth_a" netns "$ns_a"
+ip link set "$veth_b" netns "$ns_b"
+ip -n "$ns_a" addr add 10.232.0.1/30 dev "$veth_a"
+ip -n "$ns_b" addr add 10.232.0.2/30 dev "$veth_b"
+for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
+ip -n "$ns_a" link set "$veth_a" up
+ip -n "$ns_b" link set "$veth_b" up
+
+status=0
+for transport in tcp ucx; do
+  out=$work/$transport.json
+  if ! UCX_TLS=tcp timeout 180 "$kvb" demo --json --no-progress --transport "$transport" --requests 3 \
+       --prefill-netns "$ns_a" --prefill-host 10.232.0.1 --decode-netns "$ns_b" --decode-host 10.232.0.2 \
+       > "$out" 2> "$work/$transport.err"; then
+    if [[ $transport == ucx ]] && grep -q "transport 'ucx' cannot run here" "$out" "$work/$transport.err"; then
+      echo "SKIP: ucx: the ucx transport is not built here"
+      continue
+    fi
+    echo "FAIL: $transport: the demo exited non-zero"; cat "$out" "$work/$transport.err" | tail -40
+    status=1
+    continue
+  fi
+  if ! /usr/bin/python3 - "$out" "$transport" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = sys.argv[2]
+bad = [k for k in ("leaked_blocks", "stray_bytes", "verify_failures", "double_frees", "failed") if r[k] != 0]
+assert not bad and r["ok"] == 3 and r["clean"], f"{t}: {bad}: {json.dumps(r)[:1500]}"
+print(f"ok   {t} across namespaces: {r['ok']} requests verified, {r['bytes']} bytes, {r['gbps']:.2f} GB/s, "
+      f"{r['handshakes']} handshakes")
+PY
+  then
+    status=1
+  fi
+done
+exit $status
