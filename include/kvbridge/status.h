@@ -34,6 +34,7 @@ enum class Code : uint8_t {
   kCancelled,         // the operation was cancelled
   kIoError,           // the OS or the network failed
   kInternal,          // a broken invariant: a bug in kvbridge
+  kPermissionDenied,  // authentication failed: a missing or wrong shared secret
 };
 
 // The lower-case name of a code ("invalid_argument"), stable for tools.
@@ -57,6 +58,7 @@ class [[nodiscard]] Status {
   static Status cancelled(std::string m) { return {Code::kCancelled, std::move(m)}; }
   static Status io_error(std::string m) { return {Code::kIoError, std::move(m)}; }
   static Status internal(std::string m) { return {Code::kInternal, std::move(m)}; }
+  static Status permission_denied(std::string m) { return {Code::kPermissionDenied, std::move(m)}; }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

@@ -560,11 +560,11 @@ Status reject_status(const ClientConnection& conn, const Frame& frame, std::stri
   if (!r.ok()) return conn.fail(Code::kInvalidArgument, "malformed handshake: " + r.error().message());
   switch (r->code) {
     case RejectCode::kAuthRequired:
-      return conn.fail(Code::kIncompatible, "authentication failed: peer requires a shared secret");
+      return conn.fail(Code::kPermissionDenied, "authentication failed: peer requires a shared secret");
     case RejectCode::kAuthUnsupported:
-      return conn.fail(Code::kIncompatible, "authentication failed: this side has a shared secret but the peer has none");
+      return conn.fail(Code::kPermissionDenied, "authentication failed: this side has a shared secret but the peer has none");
     case RejectCode::kAuthFailed:
-      return conn.fail(Code::kIncompatible, "authentication failed: wrong shared secret");
+      return conn.fail(Code::kPermissionDenied, "authentication failed: wrong shared secret");
     case RejectCode::kHashMismatch: {
       Status diff = compare_identity_text(local_identity, r->identity);
       return conn.fail(Code::kIncompatible,
@@ -595,7 +595,7 @@ Result<RankInfo> fetch_rank_info(std::string_view address, std::string_view loca
   if (has_secret) {
     // We asked for proof: anything but a Challenge means the peer skipped it.
     if (frame.header.type != FrameType::kChallenge) {
-      return conn.fail(Code::kIncompatible,
+      return conn.fail(Code::kPermissionDenied,
                        "authentication failed: this side has a shared secret but the peer has none (it sent " +
                            frame_type_name(frame.header.type) + ")");
     }
@@ -603,7 +603,7 @@ Result<RankInfo> fetch_rank_info(std::string_view address, std::string_view loca
     if (!challenge.ok()) return conn.fail(Code::kInvalidArgument, "malformed handshake: " + challenge.error().message());
     if (!mac_equal(challenge->mac, server_mac(options.secret, nonce, challenge->nonce))) {
       // Sending no proof to a peer that could not prove itself.
-      return conn.fail(Code::kIncompatible, "authentication failed: wrong shared secret");
+      return conn.fail(Code::kPermissionDenied, "authentication failed: wrong shared secret");
     }
     Proof proof{client_mac(options.secret, challenge->nonce, nonce)};
     KVB_RETURN_IF_ERROR(conn.send(encode_frame(FrameType::kProof, encode_proof(proof)), "Proof"));

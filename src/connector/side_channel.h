@@ -120,11 +120,10 @@ class SideChannelServer {
 // starts with "side channel <address>: " and names the cause:
 //   kIncompatible: "handshake version mismatch: local 1, peer 2";
 //     "compatibility hash mismatch (local 691f..., peer 12ab...): <the first
-//     differing field, from compare_identity_text()>"; "authentication failed:
-//     peer requires a shared secret" / "...: wrong shared secret" / "...: this
-//     side has a shared secret but the peer has none". (status.h has no
-//     permission code; authentication failures are kIncompatible: two valid
-//     configurations that cannot talk, and not worth a retry.)
+//     differing field, from compare_identity_text()>";
+//   kPermissionDenied: "authentication failed: peer requires a shared
+//     secret" / "...: wrong shared secret" / "...: this side has a shared
+//     secret but the peer has none";
 //   kInvalidArgument: "malformed handshake: <the decoder's words>", e.g.
 //     "Metadata frame length 4294967295 exceeds 25165824", "truncated Metadata
 //     frame: peer closed after 100 of 200 payload bytes";

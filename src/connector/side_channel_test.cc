@@ -158,7 +158,7 @@ TEST(SideChannelTest, NamesTheFirstDifferingFieldOnAHashMismatch) {
 TEST(SideChannelTest, RefusesAWrongSecret) {
   Side side = side_of(preset("llama3-8b"));
   auto server = start(side, fast("right"));
-  expect_error(fetch_rank_info(server->address(), side.identity, side.hash, fast("wrong")), Code::kIncompatible,
+  expect_error(fetch_rank_info(server->address(), side.identity, side.hash, fast("wrong")), Code::kPermissionDenied,
                "authentication failed: wrong shared secret");
   // The client does not prove itself to a server that could not; the server
   // sees it leave.
@@ -169,7 +169,7 @@ TEST(SideChannelTest, RefusesAWrongSecret) {
 TEST(SideChannelTest, RefusesAClientWithoutTheServersSecret) {
   Side side = side_of(preset("llama3-8b"));
   auto server = start(side, fast("right"));
-  expect_error(fetch_rank_info(server->address(), side.identity, side.hash, fast()), Code::kIncompatible,
+  expect_error(fetch_rank_info(server->address(), side.identity, side.hash, fast()), Code::kPermissionDenied,
                "authentication failed: peer requires a shared secret");
   EXPECT_EQ(server->rejected(), 1u);
   EXPECT_NE(server->last_rejection().find("offered no shared secret"), std::string::npos);
@@ -178,7 +178,7 @@ TEST(SideChannelTest, RefusesAClientWithoutTheServersSecret) {
 TEST(SideChannelTest, ClientWithASecretRefusesAServerWithout) {
   Side side = side_of(preset("llama3-8b"));
   auto server = start(side, fast());
-  expect_error(fetch_rank_info(server->address(), side.identity, side.hash, fast("mine")), Code::kIncompatible,
+  expect_error(fetch_rank_info(server->address(), side.identity, side.hash, fast("mine")), Code::kPermissionDenied,
                "authentication failed: this side has a shared secret but the peer has none");
 }
 
