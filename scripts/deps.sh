@@ -12,6 +12,8 @@ PACKAGES=(
   python3 jq iproute2
   libucx-dev ucx-utils iperf3
   gnuplot-nox
+  redis-server redis-tools libhiredis-dev
+  python3-pybind11 python3-pytest python3-numpy python3-torch
 )
 
 missing=()
