@@ -331,7 +331,21 @@ class WorkerImpl final : public ConnectorWorker {
     Clock::time_point next_beat = Clock::now() + options_.heartbeat_interval;
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
-      cv_.wait_for(lock, std::chrono::milliseconds(loads_.empty() ? 20 : 1));
+      // Sleep until a transfer in flight ends (engine wait, outside mu_), or
+      // a new load, abort or stop wakes us.
+      std::optional<TransferId> watch;
+      for (auto& [id, load] : loads_) {
+        for (auto& [src, t] : load.transfers) {
+          if (!watch && engine_.status(t).state == TransferState::kInProgress) watch = t;
+        }
+      }
+      if (watch) {
+        lock.unlock();
+        (void)engine_.wait(*watch, std::chrono::milliseconds(2));
+        lock.lock();
+      } else {
+        cv_.wait_for(lock, std::chrono::milliseconds(loads_.empty() ? 20 : 1));
+      }
       if (stop_) break;
       std::vector<std::pair<PeerId, std::string>> messages;
       for (auto it = loads_.begin(); it != loads_.end();) {
