@@ -5,7 +5,7 @@ the demo with --json and checks the report: the run is clean (no leaked
 block, no stray or unverified byte, no double free), the requests ended as
 the fault predicts, and the error names the cause.
 
-Usage: demo_test.py PATH/TO/kvbridge [CASE...]
+Usage: demo_test.py PATH/TO/kvbridge [CASE...]   (no case: all but "matrix")
 """
 import json
 import subprocess
@@ -47,7 +47,12 @@ def errors_mention(name, r, text):
     check(name, text in joined, f"no error mentions {text!r}: {joined[:1500]}")
 
 
+ran = []
+
+
 def case(name):
+    ran.append(name)
+
     def wrap(fn):
         if (ONLY and name not in ONLY) or (name == "matrix" and name not in ONLY):
             return fn
@@ -159,6 +164,10 @@ def _(name):
     check(name, not bad, f"{len(bad)} of {len(names) * 9} runs failed:\n" + "\n".join(bad))
 
 
+unknown = ONLY - set(ran)
+if unknown:
+    print(f"unknown case(s): {' '.join(sorted(unknown))}")
+    sys.exit(2)
 if failures:
     print(f"{len(failures)} case(s) failed: {' '.join(failures)}")
     sys.exit(1)

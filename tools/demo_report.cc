@@ -147,6 +147,11 @@ void print_report(const Summary& s) {
   std::printf("  throughput        %.2f GB/s; raw process_vm_readv, same descriptors: %.2f GB/s (ratio %.2f)\n", g, raw,
               raw > 0 ? g / raw : 0.0);
   std::printf("  transfer latency  p50 %.2f ms, p99 %.2f ms\n", f.p50_ms, f.p99_ms);
+  if (a.inject == Inject::kKillPrefill || a.inject == Inject::kKillDecode || a.inject == Inject::kAbort ||
+      a.inject == Inject::kStall) {
+    std::printf("                    (--inject %s slows every copy on the decode side, so that the fault lands mid-transfer)\n",
+                std::string(inject_name(a.inject)).c_str());
+  }
   std::printf("  handshakes        %llu (once per remote rank per decode rank), %llu rejected\n",
               static_cast<unsigned long long>(s.handshakes), static_cast<unsigned long long>(s.handshakes_rejected));
   if (!s.last_rejection.empty()) std::printf("  last rejection    %s\n", s.last_rejection.c_str());
