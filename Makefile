@@ -9,7 +9,7 @@ JOBS        ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test test-asan test-tsan fuzz fuzz-short bench clean
+.PHONY: all deps build demo test test-asan test-tsan fuzz fuzz-short bench clean install-python
 
 all: build
 
@@ -32,7 +32,7 @@ test: build
 	$(MAKE) --no-print-directory fuzz-short
 
 $(BUILD_ASAN)/build.ninja: CMakeLists.txt | deps
-	cmake -G Ninja -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DKVB_SANITIZE=address,undefined -DKVB_BENCH=OFF
+	cmake -G Ninja -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DKVB_SANITIZE=address,undefined -DKVB_BENCH=OFF -DKVB_PYTHON=OFF
 
 test-asan: deps $(BUILD_ASAN)/build.ninja
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
@@ -46,7 +46,7 @@ empty :=
 space := $(empty) $(empty)
 
 $(BUILD_TSAN)/build.ninja: CMakeLists.txt | deps
-	cmake -G Ninja -S . -B $(BUILD_TSAN) -DKVB_SANITIZE=thread -DKVB_UCX=OFF -DKVB_BENCH=OFF
+	cmake -G Ninja -S . -B $(BUILD_TSAN) -DKVB_SANITIZE=thread -DKVB_UCX=OFF -DKVB_BENCH=OFF -DKVB_PYTHON=OFF
 
 test-tsan: deps $(BUILD_TSAN)/build.ninja
 	cmake --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TESTS) kvb_conformance_peer
@@ -54,7 +54,7 @@ test-tsan: deps $(BUILD_TSAN)/build.ninja
 	  -R '^($(subst $(space),|,$(strip $(TSAN_TESTS))))$$'
 
 $(BUILD_FUZZ)/build.ninja: CMakeLists.txt | deps
-	CC=clang-14 CXX=clang++-14 cmake -G Ninja -S . -B $(BUILD_FUZZ) -DKVB_FUZZ=ON -DKVB_TESTS=OFF -DKVB_BENCH=OFF -DKVB_TOOLS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	CC=clang-14 CXX=clang++-14 cmake -G Ninja -S . -B $(BUILD_FUZZ) -DKVB_FUZZ=ON -DKVB_TESTS=OFF -DKVB_BENCH=OFF -DKVB_TOOLS=OFF -DKVB_PYTHON=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
 fuzz: deps $(BUILD_FUZZ)/build.ninja
 	cmake --build $(BUILD_FUZZ) -j $(JOBS)
@@ -65,6 +65,20 @@ fuzz-short:
 
 bench: build
 	scripts/bench.sh $(BUILD)
+
+# The Python package `kvbridge` (extension + pure-Python files) for
+# /usr/bin/python3, no network: copied as a plain package directory into
+# PYTHON_PREFIX (default: this user's site-packages, so `/usr/bin/python3 -c
+# "import kvbridge"` works from anywhere). PYTHON_PREFIX=/some/dir puts it
+# there instead (then add /some/dir to PYTHONPATH).
+PYTHON_PREFIX ?= $(shell /usr/bin/python3 -c 'import site; print(site.getusersitepackages())')
+
+install-python: build
+	mkdir -p $(PYTHON_PREFIX)
+	rm -rf $(PYTHON_PREFIX)/kvbridge
+	cp -r $(BUILD)/python/kvbridge $(PYTHON_PREFIX)/kvbridge
+	@echo "installed kvbridge into $(PYTHON_PREFIX)/kvbridge"
+	cd / && PYTHONPATH=$(PYTHON_PREFIX) /usr/bin/python3 -c 'import kvbridge; print("kvbridge", kvbridge.__version__, "from", kvbridge.__file__)'
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ) $(BUILD_TSAN)

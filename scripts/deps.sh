@@ -13,7 +13,7 @@ PACKAGES=(
   libucx-dev ucx-utils iperf3
   gnuplot-nox
   redis-server redis-tools libhiredis-dev
-  python3-pybind11 python3-pytest python3-numpy python3-torch
+  python3-dev python3-pybind11 python3-pytest python3-numpy python3-torch
 )
 
 missing=()

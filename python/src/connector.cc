@@ -1,0 +1,451 @@
+// The P/D connector roles: connector.h.
+//
+// The schedulers are pure bookkeeping and run with the GIL held (which also
+// gives them the single owner they require). Time is a time.monotonic()
+// value in seconds (None: now); on Linux both it and steady_clock read
+// CLOCK_MONOTONIC. The worker's blocking calls (create, start_load with its
+// first handshake, abort, wait_results, close) release the GIL.
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <set>
+
+#include "engine_wrapper.h"
+#include "kvbridge/connector.h"
+
+namespace kvbridge::python {
+namespace {
+
+using std::chrono::milliseconds;
+constexpr milliseconds kWaitSlice{100};
+
+double seconds_of(std::chrono::microseconds us) { return static_cast<double>(us.count()) / 1e6; }
+
+// The Python ConnectorWorker: holds its engine (the parent) and the objects
+// that own its tensors' memory, and buffers results taken while waiting.
+class PyWorker {
+ public:
+  PyWorker(py::object engine, std::vector<py::object> tensors, std::unique_ptr<ConnectorWorker> worker)
+      : engine_obj_(std::move(engine)), tensors_(std::move(tensors)), worker_(std::move(worker)) {
+    engine_obj_.cast<PyEngine&>().add_worker();
+  }
+  ~PyWorker() {
+    if (worker_) {
+      worker_.reset();
+      engine_obj_.cast<PyEngine&>().remove_worker();
+    }
+  }
+
+  ConnectorWorker& get() {
+    if (!worker_) throw_status(Status::unavailable("the ConnectorWorker is closed"));
+    return *worker_;
+  }
+  bool closed() const { return worker_ == nullptr; }
+
+  void close() {
+    if (!worker_) return;
+    {
+      py::gil_scoped_release nogil;
+      worker_.reset();
+    }
+    engine_obj_.cast<PyEngine&>().remove_worker();
+    tensors_.clear();
+  }
+
+  std::vector<LoadResult> take_results() {
+    std::vector<LoadResult> out = std::move(pending_);
+    pending_.clear();
+    for (LoadResult& r : get().take_results()) out.push_back(std::move(r));
+    return out;
+  }
+
+  // Waits in slices, running Python's signal handlers between them; true when
+  // a result is ready to take.
+  bool wait_results(milliseconds timeout) {
+    ConnectorWorker& w = get();
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (!pending_.empty()) return true;
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+      std::vector<LoadResult> got;
+      {
+        py::gil_scoped_release nogil;
+        w.wait_results(std::clamp(left, milliseconds(0), kWaitSlice));
+        got = w.take_results();
+      }
+      for (LoadResult& r : got) pending_.push_back(std::move(r));
+      if (!pending_.empty()) return true;
+      if (left <= kWaitSlice) return false;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
+
+  // Waits for the results of `requests`; kTimeout naming the missing ones.
+  std::map<RequestId, LoadResult> collect(const std::set<RequestId>& requests, milliseconds timeout) {
+    std::map<RequestId, LoadResult> out;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      std::vector<LoadResult> keep;
+      for (LoadResult& r : take_results()) {
+        if (requests.count(r.request) != 0) {
+          out[r.request] = std::move(r);
+        } else {
+          keep.push_back(std::move(r));
+        }
+      }
+      pending_ = std::move(keep);
+      if (out.size() == requests.size()) return out;
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left <= milliseconds(0)) {
+        std::string missing;
+        for (RequestId id : requests) {
+          if (out.count(id) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(id);
+        }
+        throw_status(Status::timeout("no load result for request(s) " + missing + " within the timeout"));
+      }
+      // Results of other requests stay in pending_; wait for new ones.
+      ConnectorWorker& w = get();
+      std::vector<LoadResult> got;
+      {
+        py::gil_scoped_release nogil;
+        w.wait_results(std::min(left, kWaitSlice));
+        got = w.take_results();
+      }
+      for (LoadResult& r : got) pending_.push_back(std::move(r));
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
+
+ private:
+  py::object engine_obj_;
+  std::vector<py::object> tensors_;
+  std::unique_ptr<ConnectorWorker> worker_;
+  std::vector<LoadResult> pending_;
+};
+
+void bind_schedulers(py::module_& m) {
+  py::class_<Release>(m, "Release", "A held request whose blocks may be freed now (PrefillScheduler).")
+      .def_readonly("request", &Release::request)
+      .def_property_readonly("reason", [](const Release& r) { return std::string(release_reason_name(r.reason)); },
+                             "'read', 'lease_expired' or 'aborted'.")
+      .def_readonly("readers_missing", &Release::readers_missing, "Expected readers that never reported done.")
+      .def("__repr__", [](const Release& r) {
+        return "Release(request=" + std::to_string(r.request) + ", reason='" +
+               std::string(release_reason_name(r.reason)) + "')";
+      });
+
+  py::class_<PrefillScheduler>(m, "PrefillScheduler",
+                               "Prefill instance bookkeeping: holds a finished request's blocks under a lease\n"
+                               "(renewed by readers' heartbeats) and says, once per request, when they may be\n"
+                               "freed: every expected reader reported done ('read'), the lease expired, or the\n"
+                               "request was aborted and no reader is left. Times are time.monotonic() seconds\n"
+                               "(None: now). Not thread-safe: one owner.")
+      .def(py::init([](py::object lease) { return PrefillScheduler(to_millis(lease, std::chrono::seconds(30))); }),
+           py::arg("lease") = 30.0, "lease: seconds a held request survives without a heartbeat.")
+      .def(
+          "hold",
+          [](PrefillScheduler& s, RequestId request, std::set<std::string> readers, py::object now) {
+            check(s.hold(request, std::move(readers), to_steady(now)));
+          },
+          py::arg("request"), py::arg("readers"), py::arg("now") = py::none(),
+          "Holds `request` until each reader (decode engine names) reported done or the lease expires.\n"
+          "Raises AlreadyExists when held, InvalidArgument for no readers.")
+      .def(
+          "heartbeat",
+          [](PrefillScheduler& s, RequestId request, const std::string& reader, py::object now) {
+            s.heartbeat(request, reader, to_steady(now));
+          },
+          py::arg("request"), py::arg("reader"), py::arg("now") = py::none(), "A reader's heartbeat renews the lease.")
+      .def(
+          "reader_done",
+          [](PrefillScheduler& s, RequestId request, const std::string& reader, py::object now) {
+            s.reader_done(request, reader, to_steady(now));
+          },
+          py::arg("request"), py::arg("reader"), py::arg("now") = py::none())
+      .def(
+          "on_reader_event",
+          [](PrefillScheduler& s, const ReaderEvent& e, py::object now) {
+            if (e.kind == ReaderEvent::Kind::kDone) {
+              s.reader_done(e.request, e.reader, to_steady(now));
+            } else {
+              s.heartbeat(e.request, e.reader, to_steady(now));
+            }
+          },
+          py::arg("event"), py::arg("now") = py::none(),
+          "Feeds a ReaderEvent from ConnectorWorker.take_reader_events() (heartbeat or done).")
+      .def(
+          "abort", [](PrefillScheduler& s, RequestId request, py::object now) { check(s.abort(request, to_steady(now))); },
+          py::arg("request"), py::arg("now") = py::none(),
+          "Aborts; blocks are released once no reader is reading. Raises NotFound when not held.")
+      .def(
+          "take_releases", [](PrefillScheduler& s, py::object now) { return s.take_releases(to_steady(now)); },
+          py::arg("now") = py::none(), "Requests whose blocks may be freed now, each exactly once.")
+      .def_property_readonly("held", &PrefillScheduler::held)
+      .def(
+          "next_expiry",
+          [](const PrefillScheduler& s) -> std::optional<double> {
+            auto t = s.next_expiry();
+            return t ? std::optional<double>(from_steady(*t)) : std::nullopt;
+          },
+          "The earliest lease expiry as a time.monotonic() value, or None.");
+
+  py::class_<RequestOutcome>(m, "RequestOutcome", "How a request ended on the decode instance (DecodeScheduler).")
+      .def_readonly("request", &RequestOutcome::request)
+      .def_property_readonly("outcome", [](const RequestOutcome& o) { return std::string(outcome_name(o.outcome)); },
+                             "'finished', 'failed', 'recompute' or 'aborted'.")
+      .def_readonly("error", &RequestOutcome::error, "The first rank's error (a Status).")
+      .def_readonly("recompute_from", &RequestOutcome::recompute_from, "'recompute': the first token to recompute.")
+      .def("__repr__", [](const RequestOutcome& o) {
+        return "RequestOutcome(request=" + std::to_string(o.request) + ", outcome='" +
+               std::string(outcome_name(o.outcome)) + "'" + (o.error.ok() ? "" : ", error=" + o.error.to_string()) +
+               ")";
+      });
+
+  py::class_<DecodeScheduler>(m, "DecodeScheduler",
+                              "Decode instance bookkeeping: tracks requests waiting for remote KV, collects\n"
+                              "each rank's LoadResult, and ends each request exactly once as 'finished',\n"
+                              "'failed' (policy 'fail'), 'recompute' (policy 'recompute') or 'aborted'.\n"
+                              "Not thread-safe: one owner.")
+      .def(py::init([](uint32_t ranks, const std::string& policy) {
+             return DecodeScheduler(ranks, unwrap(parse_failure_policy(policy)));
+           }),
+           py::arg("ranks"), py::arg("policy") = "fail", "ranks: the decode instance's TP size.")
+      .def(
+          "expect",
+          [](DecodeScheduler& s, RequestId request, uint64_t skip_tokens, py::object deadline, py::object timeout) {
+            const auto d = deadline.is_none()
+                               ? std::chrono::steady_clock::now() + to_millis(timeout, std::chrono::seconds(30))
+                               : to_steady(deadline);
+            check(s.expect(request, skip_tokens, d));
+          },
+          py::arg("request"), py::arg("skip_tokens") = 0, py::arg("deadline") = py::none(), py::arg("timeout") = 30.0,
+          "The request now waits for remote KV from every rank until `deadline` (time.monotonic()\n"
+          "seconds; None: now + timeout seconds).")
+      .def(
+          "rank_result",
+          [](DecodeScheduler& s, uint32_t rank, const LoadResult& r) { check(s.rank_result(rank, r)); },
+          py::arg("rank"), py::arg("result"),
+          "A rank's LoadResult. Raises NotFound for a request not waiting, InvalidArgument for a rank\n"
+          "out of range or reported twice.")
+      .def(
+          "rank_lost",
+          [](DecodeScheduler& s, uint32_t rank, py::object why) {
+            s.rank_lost(rank, py::isinstance<Status>(why) ? why.cast<Status>()
+                                                          : Status::unavailable(py::str(why).cast<std::string>()));
+          },
+          py::arg("rank"), py::arg("why"), "A rank is gone (why: a Status or a message): its requests fail.")
+      .def("abort", [](DecodeScheduler& s, RequestId request) { check(s.abort(request)); }, py::arg("request"))
+      .def(
+          "take_outcomes", [](DecodeScheduler& s, py::object now) { return s.take_outcomes(to_steady(now)); },
+          py::arg("now") = py::none(), "Ended requests, each exactly once; requests past their deadline fail.")
+      .def_property_readonly("waiting", &DecodeScheduler::waiting);
+}
+
+void bind_worker_values(py::module_& m) {
+  py::class_<LoadResult>(m, "LoadResult",
+                         "One rank's result for one request: error is OK when every byte arrived; otherwise\n"
+                         "first_bad_token is the first token whose KV did not arrive whole.")
+      .def(py::init([](RequestId request, const Status& error, bool aborted, uint64_t first_bad_token) {
+             LoadResult r;
+             r.request = request;
+             r.error = error;
+             r.aborted = aborted;
+             r.first_bad_token = first_bad_token;
+             return r;
+           }),
+           py::arg("request"), py::arg("error") = Status(), py::arg("aborted") = false, py::arg("first_bad_token") = 0,
+           "For a load that failed before it started (start_load raised): report it to the\n"
+           "DecodeScheduler with the error and the request's skip_tokens as first_bad_token.")
+      .def_readwrite("request", &LoadResult::request)
+      .def_readwrite("error", &LoadResult::error)
+      .def_readwrite("aborted", &LoadResult::aborted)
+      .def_readwrite("first_bad_token", &LoadResult::first_bad_token)
+      .def_readonly("bytes", &LoadResult::bytes)
+      .def_readonly("descriptors", &LoadResult::descriptors)
+      .def_readonly("naive_descriptors", &LoadResult::naive_descriptors)
+      .def_property_readonly("transfer_time", [](const LoadResult& r) { return seconds_of(r.transfer_time); },
+                             "Seconds from the first submit to the last completion.")
+      .def_readonly("sources", &LoadResult::sources, "Prefill tp_ranks read from.")
+      .def_property_readonly("ok", [](const LoadResult& r) { return r.error.ok() && !r.aborted; })
+      .def("__repr__", [](const LoadResult& r) {
+        return "<kvbridge.LoadResult request=" + std::to_string(r.request) +
+               (r.error.ok() ? std::string(" ok") : " error=" + r.error.to_string()) +
+               (r.aborted ? " aborted" : "") + " bytes=" + std::to_string(r.bytes) +
+               " descriptors=" + std::to_string(r.descriptors) + ">";
+      });
+
+  py::class_<ReaderEvent>(m, "ReaderEvent", "A reader's heartbeat or done message, seen by a prefill rank.")
+      .def_property_readonly(
+          "kind", [](const ReaderEvent& e) { return e.kind == ReaderEvent::Kind::kDone ? "done" : "heartbeat"; },
+          "'heartbeat' or 'done'.")
+      .def_readonly("request", &ReaderEvent::request)
+      .def_readonly("reader", &ReaderEvent::reader, "The decode engine's name.")
+      .def("__repr__", [](const ReaderEvent& e) {
+        return std::string("ReaderEvent(kind='") + (e.kind == ReaderEvent::Kind::kDone ? "done" : "heartbeat") +
+               "', request=" + std::to_string(e.request) + ", reader='" + e.reader + "')";
+      });
+
+  py::class_<WorkerStats>(m, "WorkerStats", "Counters of a ConnectorWorker.")
+      .def_readonly("handshakes", &WorkerStats::handshakes)
+      .def_readonly("handshakes_served", &WorkerStats::handshakes_served)
+      .def_readonly("handshakes_rejected", &WorkerStats::handshakes_rejected)
+      .def_readonly("last_rejection", &WorkerStats::last_rejection)
+      .def_readonly("loads_started", &WorkerStats::loads_started)
+      .def_readonly("loads_ok", &WorkerStats::loads_ok)
+      .def_readonly("loads_failed", &WorkerStats::loads_failed)
+      .def_readonly("loads_aborted", &WorkerStats::loads_aborted)
+      .def_readonly("notifications_failed", &WorkerStats::notifications_failed)
+      .def_readonly("last_notification_error", &WorkerStats::last_notification_error);
+
+  py::class_<ConnectorWorker::RemoteRankView>(m, "RemoteRankView", "What the handshake told about a remote rank.")
+      .def_readonly("layout", &ConnectorWorker::RemoteRankView::layout)
+      .def_readonly("pid", &ConnectorWorker::RemoteRankView::pid)
+      .def_readonly("tensor_bases", &ConnectorWorker::RemoteRankView::tensor_bases);
+}
+
+void bind_worker(py::module_& m) {
+  py::class_<PyWorker>(m, "ConnectorWorker",
+                       "The connector on one rank (prefill or decode): registers the rank's tensors with an\n"
+                       "Engine, serves its metadata on a side channel (side_channel_address), fetches each\n"
+                       "remote rank's metadata once (the handshake, on the first load from an instance),\n"
+                       "plans each request and runs it as engine reads, sends heartbeats and done messages\n"
+                       "to the prefill ranks it reads from, and reports LoadResults. On the prefill side it\n"
+                       "reports readers' messages (take_reader_events).\n\n"
+                       "The worker holds its Engine and the tensor objects: close it (or leave the `with`\n"
+                       "block) before closing the engine. Every method may be called from any thread;\n"
+                       "blocking ones release the GIL.")
+      .def(py::init([](py::object engine, const Layout& layout, py::object tensors, const std::string& instance_id,
+                       const std::string& side_channel_host, const std::string& secret, py::object handshake_timeout,
+                       py::object transfer_timeout, py::object heartbeat_interval, uint16_t advertise_version,
+                       const std::string& reply_fault) {
+             PyEngine& pe = engine.cast<PyEngine&>();
+             std::vector<std::string> names;
+             for (const Tensor& t : layout.tensors) names.push_back(t.name);
+             std::vector<Memory> mems = memories_of(tensors, names, true);
+             std::vector<std::span<uint8_t>> spans;
+             std::vector<py::object> owners;
+             for (size_t i = 0; i < mems.size(); ++i) {
+               if (mems[i].memory != layout.tensors[i].memory) {
+                 throw_status(Status::invalid_argument("tensor '" + names[i] + "' is " + mems[i].memory +
+                                                       " memory but the layout says " + layout.tensors[i].memory));
+               }
+               spans.emplace_back(mems[i].data, mems[i].bytes);
+               owners.push_back(py::isinstance<py::dict>(tensors)
+                                    ? py::reinterpret_borrow<py::object>(tensors[py::str(names[i])])
+                                    : py::reinterpret_borrow<py::object>(tensors.cast<py::sequence>()[i]));
+             }
+             WorkerOptions o;
+             o.instance_id = instance_id;
+             o.side_channel_host = side_channel_host;
+             o.secret = secret;
+             o.handshake_timeout = to_millis(handshake_timeout, o.handshake_timeout);
+             o.transfer_timeout = to_millis(transfer_timeout, o.transfer_timeout);
+             o.heartbeat_interval = to_millis(heartbeat_interval, o.heartbeat_interval);
+             o.advertise_version = advertise_version;
+             o.reply_fault = reply_fault;
+             Engine& e = pe.get();
+             Result<std::unique_ptr<ConnectorWorker>> w = [&] {
+               py::gil_scoped_release nogil;
+               return ConnectorWorker::create(e, layout, spans, o);
+             }();
+             return std::make_unique<PyWorker>(engine, std::move(owners), unwrap(std::move(w)));
+           }),
+           py::arg("engine"), py::arg("layout"), py::arg("tensors"), py::arg("instance_id"),
+           py::arg("side_channel_host") = "127.0.0.1", py::arg("secret") = "", py::arg("handshake_timeout") = 5.0,
+           py::arg("transfer_timeout") = 30.0, py::arg("heartbeat_interval") = 1.0, py::arg("advertise_version") = 0,
+           py::arg("reply_fault") = "",
+           "Registers each tensor of `layout` with `engine` and starts the side channel.\n\n"
+           "tensors: one object per layout tensor (list in layout order, or dict by tensor name), each\n"
+           "exactly the tensor's bytes and of its memory kind: torch tensors, numpy arrays, buffers.\n"
+           "instance_id: e.g. 'prefill-0'. secret: shared secret of the handshake ('' = none).\n"
+           "Timeouts and the heartbeat interval are seconds. advertise_version and reply_fault inject\n"
+           "handshake faults (tests only).")
+      .def_property_readonly("side_channel_address", [](PyWorker& w) { return w.get().side_channel_address(); },
+                             "host:port of this rank's side channel: give it to the other instance's add_remote().")
+      .def_property_readonly("layout", [](PyWorker& w) { return w.get().layout(); })
+      .def(
+          "add_remote",
+          [](PyWorker& w, const std::string& instance, std::vector<std::string> addresses) {
+            check(w.get().add_remote(instance, std::move(addresses)));
+          },
+          py::arg("instance"), py::arg("rank_addresses"),
+          "The side channel addresses of a remote instance's ranks, in tp_rank order.")
+      .def(
+          "remote_ranks",
+          [](PyWorker& w, const std::string& instance) { return unwrap(w.get().remote_ranks(instance)); },
+          py::arg("instance"),
+          "What the handshake told about a remote instance's ranks. Raises NotFound before the first\n"
+          "load from it.")
+      .def(
+          "start_load",
+          [](PyWorker& w, RequestId request, const std::string& instance, const Request& blocks) {
+            ConnectorWorker& c = w.get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c.start_load(request, instance, blocks);
+            }
+            check(s);
+          },
+          py::arg("request"), py::arg("instance"), py::arg("blocks"),
+          "Decode side: plans `blocks` (local ids = this rank's blocks, remote ids = the prefill\n"
+          "instance's) and starts reading; the first load from an instance does the handshake (GIL\n"
+          "released). Errors before anything moves raise here: Incompatible naming the differing\n"
+          "layout field, PermissionDenied for a wrong secret, Unavailable, the planner's errors.")
+      .def(
+          "abort",
+          [](PyWorker& w, RequestId request) {
+            ConnectorWorker& c = w.get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c.abort(request);
+            }
+            check(s);
+          },
+          py::arg("request"),
+          "Cancels a load; when it returns no byte of it lands in local memory. Its LoadResult comes\n"
+          "with aborted=True. Raises NotFound for an unknown request.")
+      .def("take_results", &PyWorker::take_results, "LoadResults of loads that ended since the last call.")
+      .def(
+          "wait_results", [](PyWorker& w, py::object timeout) { return w.wait_results(to_millis(timeout, milliseconds(0))); },
+          py::arg("timeout"),
+          "Waits (GIL released) until a result is ready or `timeout` seconds pass; True when one is.")
+      .def(
+          "collect",
+          [](PyWorker& w, py::object requests, py::object timeout) {
+            std::set<RequestId> ids;
+            if (py::isinstance<py::int_>(requests)) {
+              ids.insert(requests.cast<RequestId>());
+            } else {
+              for (py::handle h : requests) ids.insert(h.cast<RequestId>());
+            }
+            return w.collect(ids, to_millis(timeout, std::chrono::seconds(60)));
+          },
+          py::arg("requests"), py::arg("timeout") = 60.0,
+          "Waits for the LoadResults of `requests` (an id or ids) and returns {request: LoadResult}.\n"
+          "Results of other requests stay for take_results(). Raises Timeout naming the missing ones.")
+      .def("take_reader_events", [](PyWorker& w) { return w.get().take_reader_events(); },
+           "Prefill side: readers' heartbeats and done messages since the last call.")
+      .def("stats", [](PyWorker& w) { return w.get().stats(); })
+      .def_property_readonly("closed", &PyWorker::closed)
+      .def("close", &PyWorker::close,
+           "Cancels every load in progress, stops the side channel and deregisters the tensors.\n"
+           "Idempotent.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyWorker& w, py::args) { w.close(); })
+      .def("__repr__", [](PyWorker& w) {
+        return w.closed() ? std::string("<kvbridge.ConnectorWorker (closed)>")
+                          : "<kvbridge.ConnectorWorker side_channel=" + w.get().side_channel_address() + ">";
+      });
+}
+
+}  // namespace
+
+void bind_connector(py::module_& m) {
+  bind_schedulers(m);
+  bind_worker_values(m);
+  bind_worker(m);
+}
+
+}  // namespace kvbridge::python

@@ -1,0 +1,352 @@
+// Engine: engine.h.
+//
+// Blocking calls (create, connect, wait, cancel, close) release the GIL.
+// wait() sleeps in slices of at most 100 ms and takes the GIL between them
+// to run Python's signal handlers, so Ctrl-C interrupts a long wait.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+
+#include "engine_wrapper.h"
+
+namespace kvbridge::python {
+namespace {
+
+using std::chrono::milliseconds;
+constexpr milliseconds kWaitSlice{100};
+constexpr milliseconds kForever{std::chrono::hours(24 * 365)};
+
+TransferOp op_of(py::handle op) {
+  if (py::isinstance<py::str>(op)) {
+    const std::string s = op.cast<std::string>();
+    if (s == "read") return TransferOp::kRead;
+    if (s == "write") return TransferOp::kWrite;
+    throw_status(Status::invalid_argument("op must be 'read' or 'write', not '" + s + "'"));
+  }
+  return op.cast<TransferOp>();
+}
+
+// items: a sequence of TransferItem, or anything numpy reads as an (N, 5)
+// array of unsigned integers (local, local_offset, remote, remote_offset, bytes).
+std::vector<TransferItem> items_of(py::handle items) {
+  std::vector<TransferItem> out;
+  if (py::isinstance<py::sequence>(items) && !py::isinstance<py::array>(items)) {
+    py::sequence s = py::reinterpret_borrow<py::sequence>(items);
+    if (s.size() > 0 && py::isinstance<TransferItem>(s[0])) {
+      for (py::handle h : s) out.push_back(h.cast<TransferItem>());
+      return out;
+    }
+    if (s.size() == 0) return out;
+  }
+  auto a = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>::ensure(items);
+  if (!a || a.ndim() != 2 || a.shape(1) != 5) {
+    PyErr_Clear();
+    throw_status(Status::invalid_argument(
+        "items must be TransferItems or an (N, 5) array of (local, local_offset, remote, remote_offset, bytes)"));
+  }
+  auto r = a.unchecked<2>();
+  for (py::ssize_t i = 0; i < r.shape(0); ++i) {
+    out.push_back(TransferItem{static_cast<RegionId>(r(i, 0)), r(i, 1), static_cast<RegionId>(r(i, 2)), r(i, 3),
+                               r(i, 4)});
+  }
+  return out;
+}
+
+TransferStatus wait_interruptibly(Engine& e, TransferId id, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    TransferStatus s;
+    {
+      py::gil_scoped_release nogil;
+      s = e.wait(id, std::clamp(left, milliseconds(0), kWaitSlice));
+    }
+    if (s.state != TransferState::kInProgress || left <= kWaitSlice) return s;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+std::string bytes_of(py::handle h) {
+  if (py::isinstance<py::bytes>(h)) return h.cast<std::string>();
+  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+  return py::bytes(py::reinterpret_borrow<py::object>(h)).cast<std::string>();
+}
+
+void bind_values(py::module_& m) {
+  py::enum_<TransferOp>(m, "TransferOp", "read: peer -> local; write: local -> peer.")
+      .value("READ", TransferOp::kRead)
+      .value("WRITE", TransferOp::kWrite);
+  py::enum_<TransferState>(m, "TransferState", "How a transfer stands; it ends exactly once.")
+      .value("IN_PROGRESS", TransferState::kInProgress)
+      .value("DONE", TransferState::kDone)
+      .value("FAILED", TransferState::kFailed)
+      .value("CANCELLED", TransferState::kCancelled);
+
+  py::class_<TransferItem>(m, "TransferItem",
+                           "One copy of a transfer; offsets from the start of each registration.")
+      .def(py::init([](RegionId local, uint64_t local_offset, RegionId remote, uint64_t remote_offset,
+                       uint64_t bytes) { return TransferItem{local, local_offset, remote, remote_offset, bytes}; }),
+           py::arg("local"), py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"), py::arg("bytes"))
+      .def_readwrite("local", &TransferItem::local)
+      .def_readwrite("local_offset", &TransferItem::local_offset)
+      .def_readwrite("remote", &TransferItem::remote)
+      .def_readwrite("remote_offset", &TransferItem::remote_offset)
+      .def_readwrite("bytes", &TransferItem::bytes)
+      .def("__repr__", [](const TransferItem& i) {
+        return "TransferItem(local=" + std::to_string(i.local) + ", local_offset=" + std::to_string(i.local_offset) +
+               ", remote=" + std::to_string(i.remote) + ", remote_offset=" + std::to_string(i.remote_offset) +
+               ", bytes=" + std::to_string(i.bytes) + ")";
+      });
+
+  py::class_<TransferStatus>(m, "TransferStatus",
+                             "A transfer's state; error is a Status (the first error when FAILED, why when "
+                             "CANCELLED).")
+      .def_readonly("state", &TransferStatus::state)
+      .def_readonly("error", &TransferStatus::error)
+      .def_readonly("bytes_done", &TransferStatus::bytes_done)
+      .def_readonly("bytes_total", &TransferStatus::bytes_total)
+      .def_property_readonly("ok", [](const TransferStatus& s) { return s.state == TransferState::kDone; },
+                             "True when DONE.")
+      .def_property_readonly("finished", [](const TransferStatus& s) { return s.state != TransferState::kInProgress; },
+                             "True when the transfer ended (DONE, FAILED or CANCELLED).")
+      .def(
+          "raise_if_failed",
+          [](const TransferStatus& s) {
+            if (s.state == TransferState::kFailed || s.state == TransferState::kCancelled) {
+              check(s.error.ok() ? Status::internal("transfer ended without an error") : s.error);
+            }
+          },
+          "Raises the error's kvbridge exception when FAILED or CANCELLED (Cancelled, Timeout, ...).")
+      .def("__repr__", [](const TransferStatus& s) {
+        return "<kvbridge.TransferStatus " + std::string(transfer_state_name(s.state)) + " " +
+               std::to_string(s.bytes_done) + "/" + std::to_string(s.bytes_total) + " bytes" +
+               (s.error.ok() ? "" : " error=" + s.error.to_string()) + ">";
+      });
+
+  py::class_<Notification>(m, "Notification", "A message a peer sent; peer is the sender's engine name.")
+      .def_readonly("peer", &Notification::peer)
+      .def_property_readonly("message", [](const Notification& n) { return py::bytes(n.message); },
+                             "The message bytes.")
+      .def_property_readonly(
+          "text", [](const Notification& n) { return py::bytes(n.message).attr("decode")("utf-8", "replace"); },
+          "The message decoded as UTF-8.")
+      .def("__repr__", [](const Notification& n) {
+        return "Notification(peer='" + n.peer + "', message=" + std::string(py::repr(py::bytes(n.message))) + ")";
+      });
+
+  py::class_<TransportReport>(m, "TransportReport", "A transport this engine can or cannot use, and why.")
+      .def_readonly("name", &TransportReport::name)
+      .def_readonly("available", &TransportReport::available)
+      .def_readonly("reason", &TransportReport::reason)
+      .def("__repr__", [](const TransportReport& t) {
+        return "TransportReport(name='" + t.name + "', available=" + (t.available ? "True" : "False") +
+               (t.reason.empty() ? "" : ", reason='" + t.reason + "'") + ")";
+      });
+
+  py::class_<EngineMetrics>(m, "EngineMetrics", "Counters of an engine (Engine.metrics()).")
+      .def_readonly("transfers_submitted", &EngineMetrics::transfers_submitted)
+      .def_readonly("transfers_done", &EngineMetrics::transfers_done)
+      .def_readonly("transfers_failed", &EngineMetrics::transfers_failed)
+      .def_readonly("transfers_cancelled", &EngineMetrics::transfers_cancelled)
+      .def_readonly("descriptors", &EngineMetrics::descriptors)
+      .def_readonly("bytes_read", &EngineMetrics::bytes_read)
+      .def_readonly("bytes_written", &EngineMetrics::bytes_written)
+      .def_readonly("notifications_sent", &EngineMetrics::notifications_sent)
+      .def_readonly("notifications_received", &EngineMetrics::notifications_received)
+      .def_readonly("latency_us_buckets", &EngineMetrics::latency_us_buckets,
+                    "Completed transfers by latency: bucket k counts < 2^k us (the last: the rest).")
+      .def("to_dict", [](const EngineMetrics& e) {
+        py::dict d;
+        d["transfers_submitted"] = e.transfers_submitted;
+        d["transfers_done"] = e.transfers_done;
+        d["transfers_failed"] = e.transfers_failed;
+        d["transfers_cancelled"] = e.transfers_cancelled;
+        d["descriptors"] = e.descriptors;
+        d["bytes_read"] = e.bytes_read;
+        d["bytes_written"] = e.bytes_written;
+        d["notifications_sent"] = e.notifications_sent;
+        d["notifications_received"] = e.notifications_received;
+        d["latency_us_buckets"] = e.latency_us_buckets;
+        return d;
+      });
+}
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+  bind_values(m);
+  py::class_<PyEngine>(m, "Engine",
+                       "Registered memory, peers and asynchronous transfers: one per process.\n\n"
+                       "An Engine registers memory (torch CPU tensors, numpy arrays, any writable buffer; CUDA\n"
+                       "tensors in a build with CUDA), publishes metadata() that a peer passes to connect(),\n"
+                       "and runs batches of copies as reads (peer -> local) or writes (local -> peer), each\n"
+                       "ending exactly once as DONE, FAILED or CANCELLED, with an optional notification to\n"
+                       "the peer after the last byte. Transports (local, cma, tcp, ucx) are chosen per peer.\n\n"
+                       "The engine keeps a reference to every registered object until deregister_memory()\n"
+                       "or close(), so its memory cannot be freed under a transfer. Blocking calls release\n"
+                       "the GIL; every method may be called from any thread. Use it as a context manager,\n"
+                       "or call close(), to stop its threads deterministically.\n\n"
+                       "    with kvbridge.Engine(name='prefill/r0', transports=['cma']) as engine:\n"
+                       "        region = engine.register_memory(kv_cache)  # a torch tensor\n"
+                       "        blob = engine.metadata()                  # send to the peer")
+      .def(py::init([](const std::string& name, std::optional<std::vector<std::string>> transports,
+                       const std::string& host, uint32_t tcp_streams, uint32_t threads, py::object default_timeout,
+                       const std::string& faults) {
+             EngineOptions o;
+             o.name = name;
+             if (transports) o.transports = *transports;
+             o.host = host;
+             o.tcp_streams = tcp_streams;
+             o.threads = threads;
+             o.default_timeout = to_millis(default_timeout, o.default_timeout);
+             o.faults = faults;
+             Result<std::unique_ptr<Engine>> e = [&] {
+               py::gil_scoped_release nogil;
+               return Engine::create(o);
+             }();
+             return std::make_unique<PyEngine>(unwrap(std::move(e)));
+           }),
+           py::arg("name") = "kvbridge", py::arg("transports") = py::none(), py::arg("host") = "127.0.0.1",
+           py::arg("tcp_streams") = 4, py::arg("threads") = 2, py::arg("default_timeout") = 30.0,
+           py::arg("faults") = "",
+           "Starts the engine's threads and listeners.\n\n"
+           "name: shown to peers and in errors (unique per peer pair). transports: preference order, e.g.\n"
+           "['cma', 'tcp']; None = every available one. host: address the tcp and control listeners\n"
+           "bind. default_timeout: seconds (or a timedelta) for transfers submitted without one.\n"
+           "faults: fault injection for tests ('delay=MS', 'drop-notifications=N').\n"
+           "Raises Unavailable when a named transport cannot run here (the message says why).")
+      .def_property_readonly("name", [](PyEngine& e) { return e.get().name(); })
+      .def("transports", [](PyEngine& e) { return e.get().transports(); },
+           "Every transport with whether this engine can use it, and why not.")
+      .def(
+          "register_memory",
+          [](PyEngine& e, py::object obj, std::optional<std::string> memory) {
+            Memory mem = memory_of(obj, true, "register_memory");
+            if (memory) mem.memory = *memory;
+            Engine& engine = e.get();
+            Result<RegionId> id = [&] {
+              py::gil_scoped_release nogil;
+              return engine.register_memory(mem.data, mem.bytes, mem.memory);
+            }();
+            const RegionId region = unwrap(std::move(id));
+            e.keep(region, obj);
+            return region;
+          },
+          py::arg("obj"), py::arg("memory") = py::none(),
+          "Registers the memory of `obj` and returns its region id. obj: a contiguous torch tensor\n"
+          "(CPU; CUDA in a build with CUDA), a writable C-contiguous numpy array or buffer, or a\n"
+          "(data_ptr, bytes[, memory]) tuple for memory owned elsewhere. memory overrides the kind\n"
+          "('host' or 'cuda:N'). Registering the same range again returns the same id (counted).\n"
+          "The engine keeps a reference to `obj` until deregister_memory(). Raises InvalidArgument\n"
+          "for an empty range, a non-contiguous tensor or an unsupported memory kind.")
+      .def(
+          "deregister_memory",
+          [](PyEngine& e, RegionId id) {
+            check(e.get().deregister_memory(id));
+            e.drop(id);
+          },
+          py::arg("region"),
+          "Drops one reference to a registration. Raises Unavailable while a transfer uses it,\n"
+          "NotFound for an unknown id.")
+      .def("metadata", [](PyEngine& e) { return py::bytes(e.get().metadata()); },
+           "The bytes a peer passes to connect(): transports and registrations. Registrations made\n"
+           "later need a fresh metadata() and connect() again (which refreshes the peer).")
+      .def(
+          "connect",
+          [](PyEngine& e, py::bytes metadata) {
+            const std::string md = metadata;
+            Engine& engine = e.get();
+            Result<PeerId> r = [&] {
+              py::gil_scoped_release nogil;
+              return engine.connect(md);
+            }();
+            return unwrap(std::move(r));
+          },
+          py::arg("metadata"),
+          "Connects to the peer whose metadata() this is; returns its peer id (the same id again for\n"
+          "the same peer, with its registrations refreshed). Raises InvalidArgument for malformed\n"
+          "metadata, Incompatible for a version mismatch, Unavailable when no transport is shared.")
+      .def(
+          "submit",
+          [](PyEngine& e, PeerId peer, py::object op, py::object items, py::object notification,
+             py::object timeout) {
+            const TransferOp o = op_of(op);
+            std::vector<TransferItem> v = items_of(items);
+            std::string note = notification.is_none() ? std::string() : bytes_of(notification);
+            const milliseconds t = to_millis(timeout, milliseconds(0));
+            Engine& engine = e.get();
+            Result<TransferId> r = [&] {
+              py::gil_scoped_release nogil;
+              return engine.submit(peer, o, v, std::move(note), t);
+            }();
+            return unwrap(std::move(r));
+          },
+          py::arg("peer"), py::arg("op"), py::arg("items"), py::arg("notification") = py::none(),
+          py::arg("timeout") = py::none(),
+          "Submits a transfer and returns its id at once.\n\n"
+          "op: 'read' (peer -> local) or 'write', or a TransferOp. items: a list of TransferItem, or\n"
+          "an (N, 5) integer array/list of (local region, local offset, remote region, remote offset,\n"
+          "bytes) such as Plan.transfer_items(). notification: str/bytes delivered to the peer after\n"
+          "the last byte. timeout: seconds (None: the engine's default_timeout).\n"
+          "Every item is checked first; on error nothing moves: NotFound (peer, region), OutOfRange\n"
+          "(naming the item and region), InvalidArgument (empty batch, zero-length item).")
+      .def("status", [](PyEngine& e, TransferId id) { return e.get().status(id); }, py::arg("transfer"),
+           "The TransferStatus of a transfer (error NotFound for an unknown id).")
+      .def(
+          "wait",
+          [](PyEngine& e, TransferId id, py::object timeout) {
+            return wait_interruptibly(e.get(), id, to_millis(timeout, kForever));
+          },
+          py::arg("transfer"), py::arg("timeout") = py::none(),
+          "Waits (GIL released) until the transfer ends or `timeout` seconds pass, and returns its\n"
+          "TransferStatus (IN_PROGRESS on timeout). None waits until it ends: every transfer has a\n"
+          "deadline. Does not raise for a failed transfer: call raise_if_failed() on the result.")
+      .def(
+          "cancel",
+          [](PyEngine& e, TransferId id) {
+            Engine& engine = e.get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = engine.cancel(id);
+            }
+            check(s);
+          },
+          py::arg("transfer"),
+          "Cancels a transfer; when it returns no further byte of it lands in local memory. No error\n"
+          "when it had already ended.")
+      .def("release", [](PyEngine& e, TransferId id) { check(e.get().release(id)); }, py::arg("transfer"),
+           "Forgets an ended transfer. Raises Unavailable while it is in progress.")
+      .def(
+          "notify",
+          [](PyEngine& e, PeerId peer, py::object message) {
+            Engine& engine = e.get();
+            std::string msg = bytes_of(message);
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = engine.notify(peer, std::move(msg));
+            }
+            check(s);
+          },
+          py::arg("peer"), py::arg("message"),
+          "Sends a notification (str or bytes) after every earlier transfer to the peer.")
+      .def("take_notifications", [](PyEngine& e) { return e.get().take_notifications(); },
+           "Notifications received since the last call, in arrival order per peer.")
+      .def("metrics", [](PyEngine& e) { return e.get().metrics(); }, "The engine's EngineMetrics.")
+      .def("metrics_prometheus", [](PyEngine& e) { return e.get().metrics_prometheus(); },
+           "Prometheus text exposition of metrics() (names prefixed 'kvbridge_').")
+      .def_property_readonly("closed", &PyEngine::closed)
+      .def("close", &PyEngine::close,
+           "Cancels every transfer in progress, closes peers and joins threads (GIL released), then\n"
+           "drops the references to registered objects. Raises Unavailable while a ConnectorWorker of\n"
+           "this engine is open. Idempotent.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyEngine& e, py::args) { e.close(); })
+      .def("__repr__", [](PyEngine& e) {
+        return e.closed() ? std::string("<kvbridge.Engine (closed)>") : "<kvbridge.Engine '" + e.get().name() + "'>";
+      });
+}
+
+}  // namespace kvbridge::python

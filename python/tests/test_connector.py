@@ -1,0 +1,123 @@
+"""Connector roles: the schedulers, and workers doing P/D in one process
+(the two-process torch transfer is test_pd_torch.py)."""
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import kvbridge
+from conftest import NUM_BLOCKS, torch_caches, torch_spec
+
+
+def test_prefill_scheduler_releases_once_when_every_reader_is_done():
+    s = kvbridge.PrefillScheduler(lease=10.0)
+    now = time.monotonic()
+    s.hold(1, {"d0", "d1"}, now=now)
+    assert s.held == 1 and s.next_expiry() == pytest.approx(now + 10.0, abs=1e-3)
+    s.heartbeat(1, "d0", now=now + 1)
+    s.reader_done(1, "d0", now=now + 2)
+    assert s.take_releases(now=now + 2) == []
+    s.reader_done(1, "d1", now=now + 3)
+    (r,) = s.take_releases(now=now + 3)
+    assert (r.request, r.reason, r.readers_missing) == (1, "read", [])
+    assert s.take_releases(now=now + 100) == []
+
+
+def test_prefill_scheduler_lease_expiry_names_missing_readers():
+    s = kvbridge.PrefillScheduler(lease=1.0)
+    now = time.monotonic()
+    s.hold(2, {"d0"}, now=now)
+    (r,) = s.take_releases(now=now + 2)
+    assert r.reason == "lease_expired" and r.readers_missing == ["d0"]
+
+
+def test_decode_scheduler_policies():
+    s = kvbridge.DecodeScheduler(ranks=2, policy="recompute")
+    s.expect(1, skip_tokens=16, timeout=10)
+    s.rank_result(0, kvbridge.LoadResult(1))
+    s.rank_result(1, kvbridge.LoadResult(1, kvbridge.Status("unavailable", "peer gone"), first_bad_token=32))
+    (o,) = s.take_outcomes()
+    assert (o.outcome, o.recompute_from, o.error.message) == ("recompute", 32, "decode rank 1: peer gone")
+    f = kvbridge.DecodeScheduler(ranks=1)
+    f.expect(2, deadline=time.monotonic() - 1)
+    (o,) = f.take_outcomes()
+    assert o.outcome == "failed" and o.error.code == "timeout"
+    with pytest.raises(kvbridge.NotFound):
+        f.rank_result(0, kvbridge.LoadResult(99))
+    with pytest.raises(kvbridge.InvalidArgument):
+        kvbridge.DecodeScheduler(1, policy="maybe")
+
+
+@pytest.fixture
+def workers():
+    """A prefill and a decode worker over torch caches in this process."""
+    p, d = torch_caches(fill_seed=3), torch_caches()
+    lp, ld = kvbridge.layout_from_tensors(torch_spec(p)), kvbridge.layout_from_tensors(torch_spec(d))
+    with kvbridge.Engine(name="prefill/r0") as ep, kvbridge.Engine(name="decode/r0") as ed:
+        with kvbridge.ConnectorWorker(ep, lp, p, instance_id="prefill", heartbeat_interval=0.05) as wp, \
+                kvbridge.ConnectorWorker(ed, ld, {n: t for n, t in zip(ld.tensor_names, d)},
+                                         instance_id="decode") as wd:
+            wd.add_remote("prefill", [wp.side_channel_address])
+            yield p, d, wp, wd
+
+
+def test_load_moves_blocks_and_readers_report_done(workers):
+    p, d, wp, wd = workers
+    wd.start_load(5, "prefill", kvbridge.Request(24, {"full": ([2, 3], [6, 1])}))
+    result = wd.collect([5], timeout=20)[5]
+    assert result.ok and result.sources == [0] and result.bytes > 0, result
+    for got, want in zip(d, p):
+        assert torch.equal(got[:, 2].view(torch.int16), want[:, 6].view(torch.int16))
+        assert torch.equal(got[:, 3, :8].view(torch.int16), want[:, 1, :8].view(torch.int16))
+        assert not got[:, 3, 8:].view(torch.int16).any()
+    deadline = time.monotonic() + 10
+    events = []
+    while not any(e.kind == "done" for e in events) and time.monotonic() < deadline:
+        events += wp.take_reader_events()
+        time.sleep(0.01)
+    assert any(e.kind == "done" and e.request == 5 and e.reader == "decode/r0" for e in events)
+    assert wd.stats().handshakes == 1 and wp.stats().handshakes_served == 1
+    (view,) = wd.remote_ranks("prefill")
+    assert view.layout == wp.layout and len(view.tensor_bases) == len(p)
+
+
+def test_wait_results_and_take_results(workers):
+    _, _, _, wd = workers
+    wd.start_load(6, "prefill", kvbridge.Request(16, {"full": ([0], [0])}))
+    assert wd.wait_results(timeout=20)
+    (r,) = wd.take_results()
+    assert r.request == 6 and r.ok and r.transfer_time >= 0
+    assert not wd.wait_results(timeout=0.05)
+    with pytest.raises(kvbridge.Timeout, match="request"):
+        wd.collect(77, timeout=0.1)
+    with pytest.raises(kvbridge.NotFound):
+        wd.abort(12345)
+
+
+def test_a_mismatched_handshake_raises_incompatible_naming_the_field():
+    p, d = torch_caches(fill_seed=1), torch_caches()
+    lp, ld = kvbridge.layout_from_tensors(torch_spec(p)), kvbridge.layout_from_tensors(torch_spec(d, dtype="fp8_e4m3"))
+    with kvbridge.Engine(name="prefill/r0") as ep, kvbridge.Engine(name="decode/r0") as ed, \
+            kvbridge.ConnectorWorker(ep, lp, p, instance_id="prefill") as wp, \
+            kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode") as wd:
+        wd.add_remote("prefill", [wp.side_channel_address])
+        with pytest.raises(kvbridge.Incompatible, match="dtype differs") as e:
+            wd.start_load(1, "prefill", kvbridge.Request(16, {"full": ([0], [0])}))
+        assert e.value.code == "incompatible"
+
+
+def test_worker_checks_memory_and_holds_its_engine():
+    d = torch_caches()
+    ld = kvbridge.layout_from_tensors(torch_spec(d))
+    with kvbridge.Engine(name="w") as e:
+        with pytest.raises(kvbridge.InvalidArgument):
+            kvbridge.ConnectorWorker(e, ld, d[:1], instance_id="x")
+        with pytest.raises(kvbridge.NotFound, match="kv.1"):
+            kvbridge.ConnectorWorker(e, ld, {"kv.0": d[0]}, instance_id="x")
+        w = kvbridge.ConnectorWorker(e, ld, d, instance_id="x")
+        with pytest.raises(kvbridge.Unavailable, match="ConnectorWorker"):
+            e.close()  # the worker is still open
+        w.close()
+        with pytest.raises(kvbridge.Unavailable):
+            w.stats()
