@@ -257,8 +257,11 @@ void Transfers::timer() {
     }
     auto first = deadlines_.begin();
     if (Clock::now() < first->first) {
-      timer_wake_ = first->first;
-      timer_cv_.wait_until(lock, first->first);
+      // A copy: wait_until reads its argument while the lock is released,
+      // and another thread may erase the node meanwhile.
+      const Clock::time_point wake = first->first;
+      timer_wake_ = wake;
+      timer_cv_.wait_until(lock, wake);
       continue;
     }
     std::shared_ptr<Transfer> t = first->second.lock();

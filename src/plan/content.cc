@@ -82,6 +82,8 @@ struct CellVisit {
   size_t tensor;
   uint64_t offset, bytes, token, seed;  // seed: of the coordinate, before the request seed
   const char* group;
+  const char* layer_name;
+  const char* component_name;
   size_t layer, component;
   uint64_t position, head;
 };
@@ -129,7 +131,8 @@ Status walk(const Layout& layout, const Request& request, RequestSide side, uint
             const uint64_t global = comp.heads ? comp.heads->first + h : 0;
             KVB_ASSIGN_OR_RETURN(uint64_t off, cell_offset(comp, {block, h, in_block}));
             const uint64_t seed = mix(mix(mix(mix(mix(gseed) ^ l) ^ c) ^ semantic) ^ global);
-            fn(CellVisit{t, off, comp.cell_bytes, token, seed, g.name.c_str(), l, c, semantic, global});
+            fn(CellVisit{t, off, comp.cell_bytes, token, seed, g.name.c_str(), g.layers[l].name.c_str(),
+                         comp.name.c_str(), l, c, semantic, global});
           }
         }
       }
@@ -173,8 +176,8 @@ Result<ContentReport> check_request(const Layout& layout, const Request& request
       char hex[64];
       std::snprintf(hex, sizeof hex, "holds 0x%02x, expected 0x%02x", got[k], want[k]);
       report.first_error = "tensor '" + layout.tensors[v.tensor].name + "' offset " + std::to_string(v.offset + k) +
-                           " (group '" + v.group + "' layer " + std::to_string(v.layer) + " component " +
-                           std::to_string(v.component) + " position " +
+                           " (group '" + v.group + "' layer '" + v.layer_name + "' component '" +
+                           v.component_name + "' position " +
                            (v.position == kFinalState ? std::string("final-state") : std::to_string(v.position)) +
                            " head " + std::to_string(v.head) + " byte " + std::to_string(k) + ") " + hex;
     }

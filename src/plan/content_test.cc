@@ -93,7 +93,7 @@ TEST(ContentTest, PlannedPullsCheckCleanForHybridPresets) {
 TEST(ContentTest, DataOfAnotherRequestNeverPasses) {
   const ContentReport r = move_and_check("llama3-8b", 2, 4, 0, 0, 4, /*stale=*/true);
   EXPECT_EQ(r.bad_cells, r.cells);
-  EXPECT_NE(r.first_error.find("group 'full'"), std::string::npos) << r.first_error;
+  EXPECT_NE(r.first_error.find("group 'full' layer 'layers.0' component 'k'"), std::string::npos) << r.first_error;
 }
 
 TEST(ContentTest, ACorruptByteIsLocatedWithItsToken) {
