@@ -34,6 +34,7 @@ Command add_identity_command(CLI::App& root);
 Command add_plan_command(CLI::App& root);
 Command add_demo_command(CLI::App& root);
 Command add_bench_command(CLI::App& root);
+Command add_store_command(CLI::App& root);
 
 // The whole of a file, or of stdin for "-". kIoError names the path.
 Result<std::string> read_input(const std::string& path);

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
       add_plan_command(app),
       add_demo_command(app),
       add_bench_command(app),
+      add_store_command(app),
   };
   try {
     app.parse(argc, argv);

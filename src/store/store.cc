@@ -1,0 +1,88 @@
+// The shared part of the prefix store: see kvbridge/store.h.
+#include "kvbridge/store.h"
+
+#include <cstdlib>
+
+#include "store/store_impl.h"
+
+namespace kvbridge {
+
+uint8_t* Store::Impl::allocate_locked(uint64_t bytes) {
+  for (;;) {
+    if (uint8_t* b = memory.allocate(bytes)) return b;
+    auto oldest = staging.end();
+    for (auto it = staging.begin(); it != staging.end(); ++it) {
+      if (it->second.writers == 0 && (oldest == staging.end() || it->second.seq < oldest->second.seq)) oldest = it;
+    }
+    if (oldest == staging.end()) return nullptr;
+    memory.release(oldest->second.data, oldest->second.bytes);
+    staging.erase(oldest);
+  }
+}
+
+Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Store::~Store() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (auto& [key, s] : impl_->staging) impl_->memory.release(s.data, s.bytes);
+  impl_->staging.clear();
+}
+
+Result<std::shared_ptr<Store>> Store::create(StoreOptions options) {
+  if (options.hash_block_tokens == 0) return Status::invalid_argument("store: hash_block_tokens must be positive");
+  if (options.memory_bytes == 0) return Status::invalid_argument("store: memory_bytes must be positive");
+  if (options.redis && options.redis->host.empty()) return Status::invalid_argument("store: redis host is empty");
+  return std::shared_ptr<Store>(new Store(std::make_unique<Impl>(std::move(options))));
+}
+
+const StoreOptions& Store::options() const { return impl_->options; }
+
+StoreStats Store::stats() const {
+  StoreStats s;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    const auto& m = impl_->memory;
+    s.memory_objects = m.object_count();
+    s.memory_bytes = m.object_bytes();
+    s.capacity_bytes = m.capacity_bytes();
+    s.pooled_bytes = m.pooled_bytes();
+    s.staging_objects = impl_->staging.size();
+    s.pinned_objects = m.pinned_count();
+    s.evictions = m.evictions();
+    s.rejected = impl_->rejected;
+    s.published = impl_->published;
+    s.memory_hits = impl_->memory_hits;
+    s.redis_hits = impl_->redis_hits;
+    s.misses = impl_->misses;
+    s.redis_bad_objects = impl_->redis_bad_objects;
+  }
+  if (impl_->redis) {
+    const store_internal::RedisCounters c = impl_->redis->counters();
+    s.redis_configured = true;
+    s.redis_up = c.up;
+    s.redis_writes = c.writes;
+    s.redis_errors = c.errors;
+    s.redis_skipped = c.skipped;
+  }
+  return s;
+}
+
+Result<Store::RedisInfo> Store::redis_info() {
+  if (!impl_->redis) return Status::not_found("store: no shared tier is configured");
+  RedisInfo info;
+  const std::vector<std::string> dbsize = {"DBSIZE"};
+  KVB_ASSIGN_OR_RETURN(std::string keys, impl_->redis->command(dbsize));
+  info.keys = std::strtoull(keys.c_str(), nullptr, 10);
+  const std::vector<std::string> memory = {"INFO", "memory"};
+  KVB_ASSIGN_OR_RETURN(std::string text, impl_->redis->command(memory));
+  const size_t at = text.find("used_memory:");
+  if (at != std::string::npos) info.used_memory_bytes = std::strtoull(text.c_str() + at + 12, nullptr, 10);
+  return info;
+}
+
+void Store::clear_memory(bool keep_buffers) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->memory.clear(keep_buffers);
+}
+
+}  // namespace kvbridge

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `kvbridge store` end to end across processes: a TP 8 instance with 32-token
+# blocks puts a prefix into a real redis-server, a TP 2 instance with 16-token
+# blocks in another process gets it and checks it byte for byte (so the keys
+# agree across processes), stat sees it, and bench prints the JSON rows.
+# Usage: store_cli_test.sh path/to/kvbridge
+set -euo pipefail
+KVB="$1"
+command -v redis-server >/dev/null || { echo "redis-server not installed"; exit 77; }
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --loglevel warning >/dev/null 2>&1 &
+RPID=$!
+trap 'kill -9 $RPID 2>/dev/null || true; wait $RPID 2>/dev/null || true' EXIT
+for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
+
+put=$("$KVB" store put --redis 127.0.0.1:"$PORT" --preset llama3-8b --tp 8 --block-tokens 32 --tokens 300 --json)
+echo "put: $put"
+get=$("$KVB" store get --redis 127.0.0.1:"$PORT" --preset llama3-8b --tp 2 --block-tokens 16 --tokens 300 --json)
+echo "get: $get"
+stat=$("$KVB" store stat --redis 127.0.0.1:"$PORT" --preset llama3-8b --tokens 300 --json)
+echo "stat: $stat"
+# Another prompt, or another salt of the key, misses.
+miss=$("$KVB" store get --redis 127.0.0.1:"$PORT" --preset llama3-8b --tokens 300 --token-seed 2 --json)
+python3 - "$put" "$get" "$stat" "$miss" <<'PY'
+import json, sys
+put, get, stat, miss = (json.loads(a) for a in sys.argv[1:5])
+assert put["objects_published"] == 18 and put["redis_writes"] == 18 and put["redis_errors"] == 0, put
+assert get["hit_tokens"] == 288 and get["bad_cells"] == 0 and get["cells_checked"] > 0, get
+assert get["redis_objects"] == 18 and get["memory_objects"] == 18, get  # rank 0 fetches, rank 1 reads memory
+assert stat["hit_tokens"] == 288 and stat["redis_keys"] == 18, stat
+assert miss["hit_tokens"] == 0, miss
+PY
+# Redis gone: a miss, not a hang or a crash.
+kill -9 $RPID; wait $RPID 2>/dev/null || true
+down=$(timeout 20 "$KVB" store get --redis 127.0.0.1:"$PORT" --preset llama3-8b --tokens 300 --json)
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["hit_tokens"]==0 and d["redis_errors"]>=1, d' "$down"
+bench=$("$KVB" store bench --json --bench-mib 8 --repeat 1 --lookup-tokens 8192)
+python3 - "$bench" <<'PY'
+import json, sys
+rows = json.loads(sys.argv[1])
+assert isinstance(rows, list) and rows, rows
+need = {"tier", "op", "value_bytes", "gbps", "baseline", "baseline_gbps", "ratio"}
+for r in rows:
+    assert need <= set(r), r
+    assert r["gbps"] > 0 and r["baseline_gbps"] > 0, r
+assert {(r["tier"], r["op"]) for r in rows} >= {("memory", "put"), ("memory", "get"), ("memory", "lookup"),
+                                                ("redis", "put"), ("redis", "get")}, rows
+PY
+echo "store_cli_test: ok"

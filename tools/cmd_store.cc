@@ -1,0 +1,157 @@
+// `kvbridge store put|get|stat|bench`: the prefix store on synthetic requests.
+//
+// put and get build every rank of an instance of a preset in this process,
+// with deterministic content (content.h), so get checks byte for byte what it
+// read, whatever TP size and block size wrote it. Several processes share
+// objects through --redis. bench measures each tier against memcpy and
+// redis-benchmark in the same run (docs/store.md, "Bench").
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <random>
+
+#include "cli.h"
+#include "kvbridge/content.h"
+#include "kvbridge/presets.h"
+#include "kvbridge/store.h"
+#include "store_bench.h"
+
+namespace kvbridge::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+Result<RedisOptions> parse_redis(const std::string& spec) {
+  RedisOptions r;
+  const size_t colon = spec.rfind(':');
+  r.host = colon == std::string::npos ? spec : spec.substr(0, colon);
+  if (colon != std::string::npos) {
+    char* end = nullptr;
+    const unsigned long p = std::strtoul(spec.c_str() + colon + 1, &end, 10);
+    if (*end != '\0' || p == 0 || p > 65535) return Status::invalid_argument("--redis: bad port in '" + spec + "'");
+    r.port = static_cast<uint16_t>(p);
+  }
+  return r;
+}
+
+int run_put_get(const StoreArgs& a, bool is_put) {
+  StoreOptions o;
+  o.hash_block_tokens = a.hash_block_tokens;
+  o.memory_bytes = a.memory_mib << 20;
+  if (!a.redis.empty()) {
+    Result<RedisOptions> r = parse_redis(a.redis);
+    if (!r.ok()) return fail(r.error());
+    o.redis = *r;
+  }
+  Result<std::shared_ptr<Store>> store = Store::create(o);
+  if (!store.ok()) return fail(store.error());
+  Result<SyntheticInstance> inst = SyntheticInstance::create(*store, a, a.num_tokens);
+  if (!inst.ok()) return fail(inst.error());
+  const std::vector<uint32_t> tokens = synthetic_tokens(a.token_seed, a.num_tokens);
+  json out;
+  out["preset"] = a.preset;
+  out["tp"] = a.tp;
+  out["block_tokens"] = inst->ranks[0]->layout.groups[0].block_tokens;
+  out["hash_block_tokens"] = a.hash_block_tokens;
+  out["num_tokens"] = a.num_tokens;
+  if (is_put) {
+    if (Status s = inst->fill(a.num_tokens, a.content_seed); !s.ok()) return fail(s);
+    Result<PutResult> p = inst->put(tokens, a.num_tokens);
+    if (!p.ok()) return fail(p.error());
+    out["parts_written"] = p->parts_written;
+    out["objects_present"] = p->objects_present;
+    out["objects_published"] = p->objects_published;
+    out["objects_rejected"] = p->objects_rejected;
+    out["bytes_copied"] = p->bytes_copied;
+  } else {
+    Result<GetCheck> g = inst->get_and_check(tokens, a.num_tokens, a.content_seed);
+    if (!g.ok()) return fail(g.error());
+    out["hit_tokens"] = g->hit_tokens;
+    out["bytes_copied"] = g->bytes_copied;
+    out["memory_objects"] = g->memory_objects;
+    out["redis_objects"] = g->redis_objects;
+    out["cells_checked"] = g->cells;
+    out["bad_cells"] = g->bad_cells;
+    if (g->bad_cells) out["first_error"] = g->first_error;
+  }
+  const StoreStats s = (*store)->stats();
+  out["redis_writes"] = s.redis_writes;
+  out["redis_errors"] = s.redis_errors;
+  std::cout << out.dump(a.json ? -1 : 2) << "\n";
+  if (!is_put && out["bad_cells"].get<uint64_t>() != 0) return kExitError;
+  return 0;
+}
+
+int run_stat(const StoreArgs& a) {
+  StoreOptions o;
+  o.hash_block_tokens = a.hash_block_tokens;
+  if (!a.redis.empty()) {
+    Result<RedisOptions> r = parse_redis(a.redis);
+    if (!r.ok()) return fail(r.error());
+    o.redis = *r;
+  }
+  Result<std::shared_ptr<Store>> store = Store::create(o);
+  if (!store.ok()) return fail(store.error());
+  json out;
+  Result<SyntheticInstance> inst = SyntheticInstance::create(*store, a, 0);
+  if (!inst.ok()) return fail(inst.error());
+  const std::vector<uint32_t> tokens = synthetic_tokens(a.token_seed, a.num_tokens);
+  Result<LookupResult> l = inst->stores[0].lookup(tokens);
+  if (!l.ok()) return fail(l.error());
+  out["preset"] = a.preset;
+  out["num_tokens"] = a.num_tokens;
+  out["hit_tokens"] = l->hit_tokens;
+  out["resume_align_tokens"] = inst->stores[0].resume_align_tokens();
+  out["memory_objects"] = l->memory_objects;
+  out["redis_objects"] = l->redis_objects;
+  if (!a.redis.empty()) {
+    Result<Store::RedisInfo> info = (*store)->redis_info();
+    if (!info.ok()) return fail(info.error());
+    out["redis_keys"] = info->keys;
+    out["redis_used_memory_bytes"] = info->used_memory_bytes;
+  }
+  const StoreStats s = (*store)->stats();
+  out["redis_errors"] = s.redis_errors;
+  std::cout << out.dump(a.json ? -1 : 2) << "\n";
+  return 0;
+}
+
+void add_common(CLI::App* app, StoreArgs* a) {
+  app->add_option("--preset", a->preset, "Preset (kvbridge presets)");
+  app->add_option("--tp", a->tp, "TP size of the instance (every rank runs here)");
+  app->add_option("--block-tokens", a->block_tokens, "Tokens per block (0: the preset's)");
+  app->add_option("--order", a->order, "Physical order: LBHNC, LBNHC or BLHNC");
+  app->add_option("--hash-block-tokens", a->hash_block_tokens, "Tokens per hash block (object)");
+  app->add_option("--tokens", a->num_tokens, "Tokens of the synthetic prompt");
+  app->add_option("--token-seed", a->token_seed, "Seed of the synthetic token ids");
+  app->add_option("--content-seed", a->content_seed, "Seed of the KV content pattern");
+  app->add_option("--redis", a->redis, "Shared tier HOST:PORT (default: memory only)");
+  app->add_option("--memory-mib", a->memory_mib, "Memory tier capacity in MiB");
+  app->add_flag("--json", a->json, "One-line JSON");
+}
+
+}  // namespace
+
+Command add_store_command(CLI::App& root) {
+  auto args = std::make_shared<StoreArgs>();
+  CLI::App* app = root.add_subcommand("store", "The prefix store: put, get, stat, bench on synthetic requests");
+  app->require_subcommand(1);
+  CLI::App* put = app->add_subcommand("put", "Fill every rank of an instance and put its prefix");
+  CLI::App* get = app->add_subcommand("get", "Get a prefix into every rank of an instance and check it byte for byte");
+  CLI::App* stat = app->add_subcommand("stat", "Look up a prefix; with --redis, the shared tier's size");
+  CLI::App* bench = app->add_subcommand("bench", "Throughput of each tier against memcpy and redis-benchmark");
+  for (CLI::App* c : {put, get, stat, bench}) add_common(c, args.get());
+  bench->add_option("--bench-mib", args->bench_mib, "MiB moved per measured put or get");
+  bench->add_option("--repeat", args->repeat, "Measurements per row (the best is kept)");
+  bench->add_option("--lookup-tokens", args->lookup_tokens, "Prefix length for the lookup row");
+  return {app, [=]() -> int {
+            if (put->parsed()) return run_put_get(*args, true);
+            if (get->parsed()) return run_put_get(*args, false);
+            if (stat->parsed()) return run_stat(*args);
+            return run_store_bench(*args);
+          }};
+}
+
+}  // namespace kvbridge::cli

@@ -1,0 +1,372 @@
+// `kvbridge store bench`: each tier against its baseline, measured in the
+// same run (docs/store.md, "Bench").
+//
+// Rows: memory put/get against memcpy of the same bytes in object-sized
+// chunks; redis put/get against `redis-benchmark -t set,get -d <object bytes>
+// -P <pipeline depth> -c 1` on the same server (one connection, like the
+// tier); lookup of a long prefix against getting that prefix's bytes. Every
+// row has tier, op, value_bytes, bytes, seconds, gbps, baseline,
+// baseline_gbps and ratio (gbps / baseline_gbps: higher is better). Each
+// figure is the best of --repeat runs.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include "cli.h"
+#include "kvbridge/content.h"
+#include "store_bench.h"
+
+namespace kvbridge::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A redis-server child on a free loopback port, killed on exit.
+class RedisChild {
+ public:
+  Status start() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    close(fd);
+    port_ = ntohs(a.sin_port);
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      const int devnull = open("/dev/null", O_WRONLY);
+      if (devnull >= 0) {
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+      }
+      const std::string p = std::to_string(port_);
+      execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--loglevel", "warning", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    for (int i = 0; i < 250; ++i) {
+      const int c = socket(AF_INET, SOCK_STREAM, 0);
+      a.sin_port = htons(port_);
+      const bool ok = connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+      close(c);
+      if (ok) return Status();
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return Status::unavailable("could not start redis-server (install Debian's redis-server)");
+  }
+  ~RedisChild() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+};
+
+// rps of SET and GET from redis-benchmark's --csv output.
+Result<std::pair<double, double>> redis_benchmark(const RedisOptions& r, uint64_t value_bytes, uint64_t count) {
+  const std::string cmd = "redis-benchmark -h " + r.host + " -p " + std::to_string(r.port) +
+                          " -t set,get -d " + std::to_string(value_bytes) + " -P " +
+                          std::to_string(r.pipeline_depth) + " -c 1 -n " + std::to_string(count) +
+                          " -q --csv 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return Status::unavailable("cannot run redis-benchmark");
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), f)) out += buf;
+  pclose(f);
+  auto rps = [&](const std::string& test) -> double {
+    const size_t at = out.find("\"" + test + "\",\"");
+    return at == std::string::npos ? 0.0 : std::atof(out.c_str() + at + test.size() + 4);
+  };
+  const double set = rps("SET"), get = rps("GET");
+  if (set <= 0 || get <= 0) return Status::unavailable("redis-benchmark printed no SET/GET figures: " + out);
+  return std::make_pair(set, get);
+}
+
+// memcpy of `bytes` from the instance's rank memory into `dst` in chunks of
+// `chunk` bytes: the baseline of a tier that moves the same bytes.
+double memcpy_seconds(SyntheticInstance& inst, std::vector<uint8_t>& dst, uint64_t bytes, uint64_t chunk) {
+  const auto t0 = Clock::now();
+  uint64_t done = 0;
+  for (auto& r : inst.ranks) {
+    for (auto& t : r->spans) {
+      for (uint64_t off = 0; off < t.size() && done < bytes; off += chunk) {
+        const uint64_t n = std::min({chunk, t.size() - off, bytes - done});
+        std::memcpy(dst.data() + done, t.data() + off, n);
+        done += n;
+      }
+    }
+  }
+  while (done < bytes) {  // more bytes than the rank memory holds: go round
+    const uint64_t n = std::min(chunk, bytes - done);
+    std::memcpy(dst.data() + done, dst.data(), n);
+    done += n;
+  }
+  return seconds_since(t0);
+}
+
+json row(const std::string& tier, const std::string& op, uint64_t value_bytes, uint64_t bytes, double s,
+         const std::string& baseline, double baseline_gbps) {
+  json j;
+  j["tier"] = tier;
+  j["op"] = op;
+  j["value_bytes"] = value_bytes;
+  j["bytes"] = bytes;
+  j["seconds"] = s;
+  j["gbps"] = s > 0 ? static_cast<double>(bytes) / s / 1e9 : 0.0;
+  j["baseline"] = baseline;
+  j["baseline_gbps"] = baseline_gbps;
+  j["ratio"] = baseline_gbps > 0 ? j["gbps"].get<double>() / baseline_gbps : 0.0;
+  return j;
+}
+
+// A one-group, one-layer layout with 16-byte cells: lookups cost the same for
+// any object size (hashing the tokens, probing each object), so the lookup
+// row fills a long prefix without allocating its real bytes.
+Layout lookup_layout(uint64_t block_tokens, uint64_t num_blocks) {
+  Layout l;
+  l.model = "store-bench-lookup";
+  l.dtype = "bf16";
+  l.tensors.push_back({"kv", num_blocks * block_tokens * 16, "host"});
+  Group g;
+  g.name = "full";
+  g.block_tokens = block_tokens;
+  g.num_blocks = num_blocks;
+  Component c;
+  c.name = "k";
+  c.tensor = "kv";
+  c.cell_bytes = 16;
+  c.axes = {{AxisKind::kBlock, num_blocks, block_tokens * 16}, {AxisKind::kPosition, block_tokens, 16}};
+  g.layers.push_back({"layers.0", {c}});
+  l.groups.push_back(g);
+  return l;
+}
+
+// Best seconds of a lookup of `n` tokens from a store whose memory (or only
+// Redis) holds them.
+Result<double> lookup_seconds(const StoreArgs& a, std::optional<RedisOptions> redis, uint64_t n) {
+  StoreOptions o;
+  o.hash_block_tokens = a.hash_block_tokens;
+  o.memory_bytes = uint64_t{1} << 30;
+  o.redis = redis;
+  o.extra_keys = {"bench-lookup"};
+  KVB_ASSIGN_OR_RETURN(auto store, Store::create(o));
+  const uint64_t H = a.hash_block_tokens;
+  RankMem m(lookup_layout(H, n / H + 1));
+  KVB_ASSIGN_OR_RETURN(RankStore rs, RankStore::create(store, m.layout));
+  Request r;
+  r.num_tokens = n;
+  for (uint64_t i = 0; i < n / H; ++i) r.blocks["full"].local.push_back(static_cast<int64_t>(i));
+  r.blocks["full"].remote = r.blocks["full"].local;
+  const std::vector<uint32_t> tokens = synthetic_tokens(a.token_seed + 77, n);
+  KVB_ASSIGN_OR_RETURN(PutResult p, rs.put(tokens, r, m.memory()));
+  (void)p;
+  if (redis) store->clear_memory();  // Redis only: the lookup asks Redis
+  double best = 1e30;
+  for (uint32_t i = 0; i < std::max<uint32_t>(a.repeat, 3); ++i) {
+    const auto t0 = Clock::now();
+    KVB_ASSIGN_OR_RETURN(LookupResult l, rs.lookup(tokens));
+    best = std::min(best, seconds_since(t0));
+    if (l.hit_tokens != n / H * H) {
+      return Status::internal("lookup bench: hit " + std::to_string(l.hit_tokens) + " of " + std::to_string(n));
+    }
+  }
+  return best;
+}
+
+struct TierFigures {
+  double put_gbps = 0, get_gbps = 0;
+};
+
+Result<TierFigures> bench_tier(const StoreArgs& a, std::optional<RedisOptions> redis, uint64_t bench_bytes,
+                               uint64_t* value_bytes, double* bytes_per_token, json& rows) {
+  const std::string tier = redis ? "redis" : "memory";
+  // Bytes per token and per object, from one hash block.
+  {
+    StoreOptions o;
+    o.hash_block_tokens = a.hash_block_tokens;
+    KVB_ASSIGN_OR_RETURN(auto probe, Store::create(o));
+    KVB_ASSIGN_OR_RETURN(SyntheticInstance inst, SyntheticInstance::create(probe, a, a.hash_block_tokens * 64));
+    const uint64_t n = inst.stores[0].resume_align_tokens();
+    KVB_RETURN_IF_ERROR(inst.fill(n, a.content_seed));
+    KVB_ASSIGN_OR_RETURN(PutResult p, inst.put(synthetic_tokens(1, n), n));
+    const StoreStats s = probe->stats();
+    *value_bytes = s.memory_bytes / std::max<uint64_t>(1, s.memory_objects);
+    *bytes_per_token = static_cast<double>(p.bytes_copied) / static_cast<double>(n);
+  }
+  const uint64_t align = [&] {
+    StoreOptions o;
+    o.hash_block_tokens = a.hash_block_tokens;
+    auto s = Store::create(o);
+    auto i = SyntheticInstance::create(*s, a, 0);
+    return i.ok() ? i->stores[0].resume_align_tokens() : a.hash_block_tokens;
+  }();
+  uint64_t n = static_cast<uint64_t>(static_cast<double>(bench_bytes) / *bytes_per_token) / align * align;
+  n = std::max(n, align);
+  StoreOptions o;
+  o.hash_block_tokens = a.hash_block_tokens;
+  // Room for one set of objects and some, not two: puts of new prefixes
+  // evict the last set and reuse its buffers (a full cache's steady state).
+  o.memory_bytes = static_cast<uint64_t>(static_cast<double>(n) * *bytes_per_token * 1.5) + (*value_bytes) * 8;
+  o.redis = redis;
+  KVB_ASSIGN_OR_RETURN(auto store, Store::create(o));
+  KVB_ASSIGN_OR_RETURN(SyntheticInstance writer, SyntheticInstance::create(store, a, n));
+  KVB_RETURN_IF_ERROR(writer.fill(n, a.content_seed));
+  double put_s = 1e30;
+  uint64_t put_bytes = 0;
+  std::vector<uint32_t> last;
+  for (uint32_t rep = 0; rep <= a.repeat; ++rep) {
+    last = synthetic_tokens(a.token_seed * 1000 + rep, n);
+    const auto t0 = Clock::now();
+    KVB_ASSIGN_OR_RETURN(PutResult p, writer.put(last, n));
+    const double s = seconds_since(t0);
+    if (p.objects_rejected) return Status::internal("bench: objects rejected");
+    if (rep > 0 || a.repeat == 0) put_s = std::min(put_s, s);
+    put_bytes = p.bytes_copied;
+  }
+  TierFigures f;
+  // Get: a reader of the same geometry.
+  double get_s = 1e30;
+  uint64_t get_bytes = 0;
+  // From Redis: one reader store whose memory tier is emptied before each
+  // get (its buffers kept, as in a running cache), so every object comes
+  // from Redis and is promoted.
+  std::shared_ptr<Store> from = store;
+  if (redis) {
+    KVB_ASSIGN_OR_RETURN(from, Store::create(o));
+  }
+  KVB_ASSIGN_OR_RETURN(SyntheticInstance reader, SyntheticInstance::create(from, a, n));
+  for (uint32_t rep = 0; rep <= a.repeat; ++rep) {
+    SyntheticInstance* inst = &reader;
+    if (redis) from->clear_memory(true);
+    // Touch the destination as a running engine's cache would be.
+    for (auto& r : inst->ranks) {
+      for (auto& b : r->bytes) std::memset(b.data(), 1, b.size());
+    }
+    uint64_t bytes = 0, hit = n;
+    const auto t0 = Clock::now();
+    for (size_t r = 0; r < inst->ranks.size(); ++r) {
+      KVB_ASSIGN_OR_RETURN(GetResult g, inst->stores[r].get(last, inst->request(r, n), inst->ranks[r]->memory()));
+      bytes += g.bytes_copied;
+      hit = std::min(hit, g.hit_tokens);
+    }
+    const double s = seconds_since(t0);
+    if (hit != n) return Status::internal("bench: get hit " + std::to_string(hit) + " of " + std::to_string(n));
+    if (rep == 0) {
+      KVB_ASSIGN_OR_RETURN(GetCheck c, inst->check(hit, a.content_seed));
+      if (c.bad_cells) return Status::internal("bench: the get read wrong bytes: " + c.first_error);
+    }
+    if (rep > 0 || a.repeat == 0) get_s = std::min(get_s, s);
+    get_bytes = bytes;
+  }
+  f.put_gbps = static_cast<double>(put_bytes) / put_s / 1e9;
+  f.get_gbps = static_cast<double>(get_bytes) / get_s / 1e9;
+  if (!redis) {
+    std::vector<uint8_t> dst(std::max(put_bytes, get_bytes));
+    std::memset(dst.data(), 0, dst.size());
+    double base_put = 1e30, base_get = 1e30;
+    for (uint32_t rep = 0; rep < std::max<uint32_t>(a.repeat, 1); ++rep) {
+      base_put = std::min(base_put, memcpy_seconds(writer, dst, put_bytes, *value_bytes));
+      base_get = std::min(base_get, memcpy_seconds(writer, dst, get_bytes, *value_bytes));
+    }
+    rows.push_back(row(tier, "put", *value_bytes, put_bytes, put_s, "memcpy",
+                       static_cast<double>(put_bytes) / base_put / 1e9));
+    rows.push_back(row(tier, "get", *value_bytes, get_bytes, get_s, "memcpy",
+                       static_cast<double>(get_bytes) / base_get / 1e9));
+  } else {
+    const uint64_t objects = std::max<uint64_t>(32, store->stats().published);
+    KVB_ASSIGN_OR_RETURN(auto rps, redis_benchmark(*redis, *value_bytes, objects));
+    rows.push_back(row(tier, "put", *value_bytes, put_bytes, put_s, "redis-benchmark SET",
+                       rps.first * static_cast<double>(*value_bytes) / 1e9));
+    rows.push_back(row(tier, "get", *value_bytes, get_bytes, get_s, "redis-benchmark GET",
+                       rps.second * static_cast<double>(*value_bytes) / 1e9));
+  }
+  return f;
+}
+
+}  // namespace
+
+int run_store_bench(const StoreArgs& a) {
+  json rows = json::array();
+  const uint64_t bench_bytes = a.bench_mib << 20;
+  uint64_t value_bytes = 0;
+  double bytes_per_token = 0;
+  Result<TierFigures> mem = bench_tier(a, std::nullopt, bench_bytes, &value_bytes, &bytes_per_token, rows);
+  if (!mem.ok()) return fail(mem.error());
+  const uint64_t prefix_bytes = static_cast<uint64_t>(bytes_per_token * static_cast<double>(a.lookup_tokens));
+  Result<double> lk = lookup_seconds(a, std::nullopt, a.lookup_tokens);
+  if (!lk.ok()) return fail(lk.error());
+  json lr = row("memory", "lookup", value_bytes, prefix_bytes, *lk, "memory get of the prefix", mem->get_gbps);
+  lr["prefix_tokens"] = a.lookup_tokens;
+  lr["time_fraction"] = *lk / (static_cast<double>(prefix_bytes) / (mem->get_gbps * 1e9));
+  rows.push_back(lr);
+
+  RedisChild child;
+  std::optional<RedisOptions> redis;
+  if (!a.redis.empty()) {
+    RedisOptions r;
+    const size_t colon = a.redis.rfind(':');
+    r.host = a.redis.substr(0, colon);
+    r.port = static_cast<uint16_t>(std::atoi(a.redis.c_str() + colon + 1));
+    redis = r;
+  } else if (Status s = child.start(); s.ok()) {
+    RedisOptions r;
+    r.port = child.port();
+    redis = r;
+  } else {
+    std::cerr << "kvbridge: store bench: " << s.to_string() << "; redis rows skipped\n";
+  }
+  if (redis) {
+    // Redis holds every set put: keep it smaller than the memory rows.
+    Result<TierFigures> rt = bench_tier(a, redis, std::min<uint64_t>(bench_bytes, uint64_t{128} << 20),
+                                        &value_bytes, &bytes_per_token, rows);
+    if (!rt.ok()) return fail(rt.error());
+    Result<double> rl = lookup_seconds(a, redis, a.lookup_tokens);
+    if (!rl.ok()) return fail(rl.error());
+    json r = row("redis", "lookup", value_bytes, prefix_bytes, *rl, "redis get of the prefix", rt->get_gbps);
+    r["prefix_tokens"] = a.lookup_tokens;
+    r["time_fraction"] = *rl / (static_cast<double>(prefix_bytes) / (rt->get_gbps * 1e9));
+    rows.push_back(r);
+  }
+  for (json& r : rows) r["preset"] = a.preset;
+  if (a.json) {
+    std::cout << rows.dump() << "\n";
+    return 0;
+  }
+  std::printf("%-7s %-7s %12s %10s %9s  %-26s %9s %7s\n", "tier", "op", "value_bytes", "bytes", "GB/s", "baseline",
+              "GB/s", "ratio");
+  for (const json& r : rows) {
+    std::printf("%-7s %-7s %12llu %10llu %9.2f  %-26s %9.2f %7.3f\n", r["tier"].get<std::string>().c_str(),
+                r["op"].get<std::string>().c_str(), static_cast<unsigned long long>(r["value_bytes"].get<uint64_t>()),
+                static_cast<unsigned long long>(r["bytes"].get<uint64_t>()), r["gbps"].get<double>(),
+                r["baseline"].get<std::string>().c_str(), r["baseline_gbps"].get<double>(), r["ratio"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace kvbridge::cli
