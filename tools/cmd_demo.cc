@@ -9,7 +9,8 @@ namespace {
 
 void add_side(CLI::App* app, const std::string& name, demo::SideArgs& s) {
   app->add_option("--" + name + "-tp", s.tp, "TP size of the " + name + " instance")->capture_default_str();
-  app->add_option("--" + name + "-block-tokens", s.block_tokens, name + " logical block tokens (0: preset default)")
+  app->add_option("--" + name + "-block-tokens", s.block_tokens, name + " logical block tokens (0: preset default; qwen3-next's default run: " +
+                      (name == "prefill" ? "64" : "128") + ")")
       ->capture_default_str();
   app->add_option("--" + name + "-kernel-block-tokens", s.kernel_block_tokens,
                   name + " kernel block tokens (0: preset default)")
