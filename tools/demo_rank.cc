@@ -77,7 +77,7 @@ class Rank {
       switch (a.inject) {
         case Inject::kKillPrefill:
         case Inject::kKillDecode:
-        case Inject::kAbort: e.faults = "delay=3"; break;
+        case Inject::kAbort: e.faults = "delay=5"; break;
         case Inject::kStall: e.faults = "delay=1000"; break;
         case Inject::kDropNotification: e.faults = "drop-notifications=1"; break;
         default: break;
