@@ -142,6 +142,25 @@ def _(name):
     check(name, r["ok"] == 3, f"ok {r['ok']}")
 
 
+@case("bad-input")
+def _(name):
+    bad = {
+        ("--transport", "foo"): "use cma, tcp or ucx",
+        ("--preset", "nope"): "unknown preset 'nope'",
+        ("--decode-tp", "3"): "the TP size must divide",
+        ("--policy", "x"): "unknown failure policy 'x'",
+        ("--inject", "x"): "unknown fault 'x'",
+        ("--requests", "0"): "--requests must be at least 1",
+        ("--prefill-order", "XYZ"): "unknown order 'XYZ'",
+        ("--num-blocks", "2"): "is fewer than the",
+        ("--prefill-netns", "kvb-no-such-ns"): "cannot enter network namespace",
+    }
+    for args, text in bad.items():
+        p = subprocess.run([KVB, "demo", "--no-progress", *args], capture_output=True, text=True, timeout=60)
+        check(name, p.returncode == 1, f"{args}: exit {p.returncode}, expected 1")
+        check(name, text in p.stderr, f"{args}: stderr does not say {text!r}: {p.stderr[-500:]}")
+
+
 # The targets: zero verification failures and zero leaked blocks for every
 # preset and every TP pair in {1,2,4} x {1,2,4} (two requests each, one with
 # a prefix hit). Run as its own ctest entry: `demo_test.py KVB matrix`.

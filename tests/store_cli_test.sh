@@ -2,7 +2,10 @@
 # `kvbridge store` end to end across processes: a TP 8 instance with 32-token
 # blocks puts a prefix into a real redis-server, a TP 2 instance with 16-token
 # blocks in another process gets it and checks it byte for byte (so the keys
-# agree across processes), stat sees it, and bench prints the JSON rows.
+# agree across processes), stat sees it; the ranks of a TP 2 instance put as
+# two processes (`put --rank`) and a TP 4 instance reads the objects they
+# assembled in Redis, while one rank alone makes no hit; and bench prints the
+# JSON rows.
 # Usage: store_cli_test.sh path/to/kvbridge
 set -euo pipefail
 KVB="$1"
@@ -30,6 +33,29 @@ assert get["redis_objects"] == 18 and get["memory_objects"] == 18, get  # rank 0
 assert stat["hit_tokens"] == 288 and stat["redis_keys"] == 18, stat
 assert miss["hit_tokens"] == 0, miss
 PY
+# One process per rank: the parts meet in Redis. Both ranks at once, then a
+# reader of another TP and block size. Prompt 3: only rank 0 puts, no hit.
+for preset in llama3-8b qwen3-next; do
+  "$KVB" store put --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 2 --rank 0 --tokens 256 --token-seed 5 --json >/tmp/kvb_store_r0.$$ &
+  P0=$!
+  "$KVB" store put --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 2 --rank 1 --tokens 256 --token-seed 5 --json >/tmp/kvb_store_r1.$$
+  wait $P0
+  r0=$(cat /tmp/kvb_store_r0.$$); r1=$(cat /tmp/kvb_store_r1.$$); rm -f /tmp/kvb_store_r0.$$ /tmp/kvb_store_r1.$$
+  echo "rank puts ($preset): $r0 $r1"
+  got=$("$KVB" store get --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 4 --block-tokens 128 --tokens 256 --token-seed 5 --json)
+  echo "get at tp 4 ($preset): $got"
+  "$KVB" store put --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 2 --rank 0 --tokens 256 --token-seed 3 --json >/dev/null
+  half=$("$KVB" store get --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 1 --tokens 256 --token-seed 3 --json)
+  python3 - "$r0" "$r1" "$got" "$half" <<'PY'
+import json, sys
+r0, r1, got, half = (json.loads(a) for a in sys.argv[1:5])
+assert r0["parts_written"] > 0 and r0["parts_written"] == r1["parts_written"], (r0, r1)
+assert r0["objects_published"] + r1["objects_published"] == r0["parts_written"], (r0, r1)
+assert r0["redis_errors"] == 0 and r1["redis_errors"] == 0, (r0, r1)
+assert got["hit_tokens"] == 256 and got["bad_cells"] == 0 and got["cells_checked"] > 0, got
+assert half["hit_tokens"] == 0, half
+PY
+done
 # Redis gone: a miss, not a hang or a crash.
 kill -9 $RPID; wait $RPID 2>/dev/null || true
 down=$(timeout 20 "$KVB" store get --redis 127.0.0.1:"$PORT" --preset llama3-8b --tokens 300 --json)

@@ -144,6 +144,10 @@ class Driver {
     KVB_ASSIGN_OR_RETURN(FailurePolicy policy, parse_failure_policy(a_.policy));
     (void)policy;
     if (a_.requests == 0) return Status::invalid_argument("--requests must be at least 1");
+    if (a_.transport != "cma" && a_.transport != "tcp" && a_.transport != "ucx") {
+      return Status::invalid_argument("--transport '" + a_.transport +
+                                      "': the demo's ranks are processes; use cma, tcp or ucx");
+    }
     if (a_.decode_instances == 0) return Status::invalid_argument("--decode-instances must be at least 1");
     for (const SideArgs* s : {&a_.prefill, &a_.decode}) {
       PresetOptions p;
@@ -221,7 +225,11 @@ class Driver {
       if (Clock::now() > deadline) return Status::timeout("ranks did not start within 120 s");
       pump(5ms);
       for (auto& p : procs_) {
-        if (!p->alive && !p->ready) return Status::unavailable("rank " + p->engine + " exited at start");
+        if (!p->alive && !p->ready) {
+          std::string why;
+          for (const std::string& e : sum_.rank_errors) why += (why.empty() ? "" : "; ") + e;
+          return Status::unavailable(p->instance + " rank " + std::to_string(p->rank) + " could not start: " + why);
+        }
       }
     }
     std::vector<std::string> addrs;
@@ -268,10 +276,11 @@ class Driver {
     p.ch.close();
     const std::string how = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
                                                 : "exited with status " + std::to_string(WEXITSTATUS(status));
+    const std::string name = p.engine.empty() ? p.instance + "/r" + std::to_string(p.rank) : p.engine;
     if (!p.killed && !(WIFEXITED(status) && WEXITSTATUS(status) == 0 && p.final)) {
-      sum_.rank_errors.push_back(p.engine + " " + how);
+      sum_.rank_errors.push_back(name + " " + how);
     }
-    if (!p.prefill) dscheds_[p.decode_instance].rank_lost(p.rank, Status::io_error(p.engine + " " + how));
+    if (!p.prefill) dscheds_[p.decode_instance].rank_lost(p.rank, Status::io_error(name + " " + how));
   }
 
   void dispatch(Proc& p, json& m, Clock::time_point now) {
