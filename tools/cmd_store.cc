@@ -3,7 +3,8 @@
 // put and get build every rank of an instance of a preset in this process,
 // with deterministic content (content.h), so get checks byte for byte what it
 // read, whatever TP size and block size wrote it. Several processes share
-// objects through --redis. bench measures each tier against memcpy and
+// objects through --redis; `put --rank R` runs one rank of an instance, as an
+// engine with one process per rank does, and the parts meet in Redis. bench measures each tier against memcpy and
 // redis-benchmark in the same run (docs/store.md, "Bench").
 #include <nlohmann/json.hpp>
 
@@ -45,6 +46,12 @@ int run_put_get(const StoreArgs& a, bool is_put) {
     if (!r.ok()) return fail(r.error());
     o.redis = *r;
   }
+  // One rank of an instance in this process: the other ranks are other
+  // processes, so the parts meet in Redis.
+  if (a.rank >= 0) {
+    if (a.redis.empty()) return fail(Status::invalid_argument("store put --rank needs --redis (the parts meet there)"));
+    o.assembly = Assembly::kShared;
+  }
   Result<std::shared_ptr<Store>> store = Store::create(o);
   if (!store.ok()) return fail(store.error());
   Result<SyntheticInstance> inst = SyntheticInstance::create(*store, a, a.num_tokens);
@@ -53,6 +60,7 @@ int run_put_get(const StoreArgs& a, bool is_put) {
   json out;
   out["preset"] = a.preset;
   out["tp"] = a.tp;
+  if (a.rank >= 0) out["rank"] = a.rank;
   out["block_tokens"] = inst->ranks[0]->layout.groups[0].block_tokens;
   out["hash_block_tokens"] = a.hash_block_tokens;
   out["num_tokens"] = a.num_tokens;
@@ -78,6 +86,7 @@ int run_put_get(const StoreArgs& a, bool is_put) {
   }
   const StoreStats s = (*store)->stats();
   out["redis_writes"] = s.redis_writes;
+  out["redis_parts"] = s.redis_parts;
   out["redis_errors"] = s.redis_errors;
   std::cout << out.dump(a.json ? -1 : 2) << "\n";
   if (!is_put && out["bad_cells"].get<uint64_t>() != 0) return kExitError;
@@ -120,7 +129,7 @@ int run_stat(const StoreArgs& a) {
 
 void add_common(CLI::App* app, StoreArgs* a) {
   app->add_option("--preset", a->preset, "Preset (kvbridge presets)");
-  app->add_option("--tp", a->tp, "TP size of the instance (every rank runs here)");
+  app->add_option("--tp", a->tp, "TP size of the instance (every rank runs here, unless put --rank)");
   app->add_option("--block-tokens", a->block_tokens, "Tokens per block (0: the preset's)");
   app->add_option("--order", a->order, "Physical order: LBHNC, LBNHC or BLHNC");
   app->add_option("--hash-block-tokens", a->hash_block_tokens, "Tokens per hash block (object)");
@@ -138,11 +147,14 @@ Command add_store_command(CLI::App& root) {
   auto args = std::make_shared<StoreArgs>();
   CLI::App* app = root.add_subcommand("store", "The prefix store: put, get, stat, bench on synthetic requests");
   app->require_subcommand(1);
-  CLI::App* put = app->add_subcommand("put", "Fill every rank of an instance and put its prefix");
+  CLI::App* put = app->add_subcommand("put", "Fill every rank of an instance (or one: --rank) and put its prefix");
   CLI::App* get = app->add_subcommand("get", "Get a prefix into every rank of an instance and check it byte for byte");
   CLI::App* stat = app->add_subcommand("stat", "Look up a prefix; with --redis, the shared tier's size");
   CLI::App* bench = app->add_subcommand("bench", "Throughput of each tier against memcpy and redis-benchmark");
   for (CLI::App* c : {put, get, stat, bench}) add_common(c, args.get());
+  put->add_option("--rank", args->rank,
+                  "Put only the part of this rank of the TP instance (the other ranks run as other processes; "
+                  "the parts meet in --redis)");
   bench->add_option("--bench-mib", args->bench_mib, "MiB moved per measured put or get");
   bench->add_option("--repeat", args->repeat, "Measurements per row (the best is kept)");
   bench->add_option("--lookup-tokens", args->lookup_tokens, "Prefix length for the lookup row");

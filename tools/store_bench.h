@@ -17,6 +17,7 @@ namespace kvbridge::cli {
 struct StoreArgs {
   std::string preset = "llama3-8b";
   uint32_t tp = 1;
+  int64_t rank = -1;  // put: only this rank of the instance (its part), -1: every rank
   uint64_t block_tokens = 0;
   std::string order = "LBHNC";
   uint64_t hash_block_tokens = 16;
@@ -46,9 +47,9 @@ struct GetCheck {
   std::string first_error;
 };
 
-// Every rank of an instance of a preset, with memory for requests of up to
-// max_tokens. Block ids start at 1; groups that overlay one tensor get
-// disjoint id ranges.
+// Every rank of an instance of a preset (or only args.rank when set), with
+// memory for requests of up to max_tokens. Block ids start at 1; groups that
+// overlay one tensor get disjoint id ranges.
 struct SyntheticInstance {
   static Result<SyntheticInstance> create(std::shared_ptr<Store> store, const StoreArgs& args, uint64_t max_tokens);
   Request request(size_t rank, uint64_t num_tokens) const;

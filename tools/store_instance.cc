@@ -71,7 +71,11 @@ Result<SyntheticInstance> SyntheticInstance::create(std::shared_ptr<Store> store
     inst.stride = static_cast<int64_t>(per_group);
     o.num_blocks = 1 + per_group * probe.groups.size();
   }
+  if (a.rank >= static_cast<int64_t>(a.tp)) {
+    return Status::invalid_argument("--rank " + std::to_string(a.rank) + " is not below --tp " + std::to_string(a.tp));
+  }
   for (uint32_t r = 0; r < a.tp; ++r) {
+    if (a.rank >= 0 && r != static_cast<uint64_t>(a.rank)) continue;
     o.tp_rank = r;
     KVB_ASSIGN_OR_RETURN(Layout l, make_preset(o));
     KVB_ASSIGN_OR_RETURN(RankStore rs, RankStore::create(store, l));

@@ -13,9 +13,10 @@
 //  - Store: the shared part, one per process: the memory tier (host memory,
 //    capacity in bytes, LRU, objects pinned by readers never evicted), the
 //    optional shared tier on Redis (write-through, reads from the nearest
-//    tier, promotion on hit), and the staging of objects that several ranks
+//    tier, promotion on hit), and the assembly of objects that several ranks
 //    write (an object becomes visible once every rank of the writing instance
-//    has written its part).
+//    has written its part: in this process, or in Redis when the ranks are
+//    separate processes, StoreOptions::assembly).
 //  - RankStore: one rank's view (its layout), which puts, looks up and gets
 //    requests. docs/store.md has the rules: which groups and blocks are stored,
 //    and the lookup rule (a hit needs every group that resuming there needs).
@@ -55,8 +56,27 @@ struct RedisOptions {
   // (counted) instead of paying a timeout each, then one reconnect is tried.
   std::chrono::milliseconds retry_interval{1000};
   std::string key_prefix = "kvb1:";
-  // Commands in flight per round trip.
+  // Value-sized commands in flight (GETs, SETs, part transactions).
   uint32_t pipeline_depth = 16;
+  // Lifetime of an object still being assembled from parts in Redis
+  // (Assembly::kShared), refreshed by every part: a writer that dies half way
+  // leaves a staging key that expires, never an object.
+  std::chrono::milliseconds incomplete_ttl{60000};
+};
+
+// Where the parts of an object meet when the writing instance has TP > 1
+// (each rank writes its head slice of every object).
+enum class Assembly {
+  // Every rank of a writing instance puts through this Store (one process):
+  // parts meet in memory and the whole object goes to Redis in one SET.
+  kInProcess,
+  // Ranks may run in separate processes (one per rank, the usual
+  // deployment): each rank writes its part into Redis, where the object
+  // appears once every part is there (docs/formats/store-object.md). The
+  // memory tier holds only whole objects, so a rank's part is not kept here;
+  // gets bring the whole object from Redis. Needs `redis`; without it parts
+  // meet in memory as with kInProcess. TP sizes up to 64.
+  kShared,
 };
 
 struct StoreOptions {
@@ -71,6 +91,7 @@ struct StoreOptions {
   uint64_t memory_bytes = uint64_t{1} << 30;
   // The shared tier; absent: memory only.
   std::optional<RedisOptions> redis;
+  Assembly assembly = Assembly::kInProcess;
 };
 
 struct StoreStats {
@@ -91,7 +112,8 @@ struct StoreStats {
   // Shared tier.
   bool redis_configured = false;
   bool redis_up = false;
-  uint64_t redis_writes = 0;      // objects written
+  uint64_t redis_writes = 0;      // objects written (whole, or completed by a part)
+  uint64_t redis_parts = 0;       // parts written (Assembly::kShared)
   uint64_t redis_errors = 0;      // failed operations (connect, timeout, error reply)
   uint64_t redis_skipped = 0;     // operations skipped while Redis was down
   uint64_t redis_bad_objects = 0; // objects that failed the format or checksum check
@@ -131,8 +153,8 @@ class Store {
 
 struct PutResult {
   uint64_t parts_written = 0;      // objects whose part this rank wrote
-  uint64_t objects_present = 0;    // skipped: already visible in memory
-  uint64_t objects_published = 0;  // became visible with this call
+  uint64_t objects_present = 0;    // skipped: already visible (memory, or Redis with kShared)
+  uint64_t objects_published = 0;  // became visible with this call (here, or in Redis with kShared)
   uint64_t objects_rejected = 0;   // did not fit the memory tier
   uint64_t bytes_copied = 0;       // bytes copied out of the rank's memory
 };
@@ -188,8 +210,13 @@ class RankStore {
   // memory: attention positions [request.skip_tokens, hit), the window before
   // the hit, the state at the hit into the list entry that holds it (entry
   // ceil(hit / block_tokens) - 1). Objects are pinned while they are read;
-  // objects read from Redis are promoted into memory. A hit of 0 writes
-  // nothing. Errors as for put().
+  // objects read from Redis are promoted into memory and copied into the
+  // rank as they arrive. A hit of 0 writes nothing, with one exception: when
+  // an object fails in the middle of the get (Redis dies, a corrupt object),
+  // the hit drops below what the lookup promised, and blocks of the request
+  // past the returned hit (at or after skip_tokens: the request's own, which
+  // prefill computes) may already hold bytes of later objects. Errors as for
+  // put().
   Result<GetResult> get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory);
 
   struct Impl;

@@ -100,11 +100,22 @@ Result<Canonical> Canonical::create(const Layout& rank, uint64_t H) {
           wc.heads = *comp.heads;
           wc.offset += uint64_t{comp.heads->first} * comp.cell_bytes;
           wc.axes.push_back({AxisKind::kHead, comp.heads->count, comp.cell_bytes});
-          if (!writes_heads(rank, *comp.heads)) geo.skip.push_back({off, off + bytes});
+          if (!writes_heads(rank, *comp.heads)) {
+            geo.skip.push_back({off, off + bytes});
+          } else {
+            const uint64_t row = total * comp.cell_bytes;
+            const uint64_t first = uint64_t{comp.heads->first} * comp.cell_bytes;
+            const uint64_t run = uint64_t{comp.heads->count} * comp.cell_bytes;
+            for (uint64_t p = 0; p < geo.positions; ++p) {
+              geo.part.push_back({off + p * row + first, off + p * row + first + run});
+            }
+          }
         } else if (li % rank.tp_size != rank.tp_rank) {
           // A replicated component is written once: by rank (layer index mod
           // TP), which spreads the writes over the ranks.
           geo.skip.push_back({off, off + bytes});
+        } else {
+          geo.part.push_back({off, off + bytes});
         }
         rl.components.push_back(std::move(rc));
         wl.components.push_back(std::move(wc));
@@ -125,6 +136,15 @@ Result<Canonical> Canonical::create(const Layout& rank, uint64_t H) {
       }
     }
     geo.skip = std::move(merged);
+    merged.clear();
+    for (const auto& r : geo.part) {
+      if (!merged.empty() && merged.back().second == r.first) {
+        merged.back().second = r.second;
+      } else {
+        merged.push_back(r);
+      }
+    }
+    geo.part = std::move(merged);
     c.read_.tensors.push_back({"store." + std::to_string(gi), geo.object_bytes, "host"});
     c.read_.groups.push_back(std::move(cg));
     c.write_.groups.push_back(std::move(wg));

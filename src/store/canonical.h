@@ -39,6 +39,10 @@ struct GroupGeometry {
   // Object byte ranges [begin, end) this rank must not write: replicated
   // components another rank writes, heads another rank holds too.
   std::vector<std::pair<uint64_t, uint64_t>> skip;
+  // Object byte ranges [begin, end) this rank writes (its part: the heads it
+  // holds and writes, the replicated components it writes), in order and
+  // merged. Over all ranks of an instance the parts cover the payload.
+  std::vector<std::pair<uint64_t, uint64_t>> part;
 };
 
 // The copies that move one object to or from rank block 0, and how they

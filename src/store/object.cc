@@ -40,7 +40,17 @@ void write_header(uint8_t* o, const ObjectKey& key, uint64_t object_bytes, uint6
   put_le(o + 52, H, 4);
 }
 
-Status check_object(std::span<const uint8_t> o, const ObjectKey& key, uint64_t object_bytes, uint64_t H) {
+void write_part_header(uint8_t* o, const ObjectKey& key, uint64_t object_bytes, uint64_t H) {
+  write_header(o, key, object_bytes, H, false);
+  put_le(o + 48, kFlagAssembled, 4);
+}
+
+bool has_checksum(const uint8_t* o) { return (get_le(o + 48, 4) & kFlagChecksum) != 0; }
+
+uint64_t payload_checksum(const uint8_t* payload, uint64_t bytes) { return XXH3_64bits(payload, bytes); }
+
+Status check_object(std::span<const uint8_t> o, const ObjectKey& key, uint64_t object_bytes, uint64_t H,
+                    const uint64_t* payload_hash) {
   auto bad = [&](const std::string& what) {
     return Status::invalid_argument("store object " + key.text("") + ": " + what);
   };
@@ -56,7 +66,8 @@ Status check_object(std::span<const uint8_t> o, const ObjectKey& key, uint64_t o
   if (get_le(o.data() + 32, 8) != object_bytes) return bad("header size differs");
   if (get_le(o.data() + 52, 4) != (H & 0xffffffffu)) return bad("hash_block_tokens differs");
   if (get_le(o.data() + 48, 4) & kFlagChecksum) {
-    const uint64_t sum = XXH3_64bits(o.data() + kHeaderBytes, object_bytes - kHeaderBytes);
+    const uint64_t sum =
+        payload_hash ? *payload_hash : XXH3_64bits(o.data() + kHeaderBytes, object_bytes - kHeaderBytes);
     if (sum != get_le(o.data() + 40, 8)) return bad("payload checksum mismatch");
   }
   return Status();

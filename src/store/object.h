@@ -16,16 +16,36 @@ namespace kvbridge::store_internal {
 
 inline constexpr uint32_t kObjectVersion = 1;
 inline constexpr uint32_t kFlagChecksum = 1;
+// Assembled in the shared tier from the parts of several ranks: no checksum
+// (no rank has the whole payload); bytes 56..63 are the part bitmap.
+inline constexpr uint32_t kFlagAssembled = 2;
+// The part bitmap of an assembled object: header bytes [56, 64), part r is
+// bit 0x80 >> (r % 8) of byte 56 + r / 8 (Redis SETBIT numbering), so at most
+// 64 parts.
+inline constexpr uint64_t kPartBitmapByte = 56;
+inline constexpr uint32_t kMaxParts = 64;
 
 // Writes the header into object[0, 64). With `checksum`, computes the payload
 // checksum (object[64, object_bytes)).
 void write_header(uint8_t* object, const ObjectKey& key, uint64_t object_bytes, uint64_t hash_block_tokens,
                   bool checksum);
 
+// Writes the header of an object assembled from parts (kFlagAssembled, no
+// checksum, an empty part bitmap). Ranks write object[0, kPartBitmapByte) of
+// it, which is the same from every rank.
+void write_part_header(uint8_t* object, const ObjectKey& key, uint64_t object_bytes, uint64_t hash_block_tokens);
+
+// True when the header (at least 64 bytes) says the payload has a checksum.
+bool has_checksum(const uint8_t* object);
+
+// XXH3-64 of a payload, the checksum of the header.
+uint64_t payload_checksum(const uint8_t* payload, uint64_t bytes);
+
 // OK when `object` is the object `key` of `object_bytes` bytes for hash
 // blocks of `hash_block_tokens`, with a matching checksum when it has one;
-// otherwise kInvalidArgument naming the field.
+// otherwise kInvalidArgument naming the field. `payload_hash`, when given, is
+// the payload's checksum computed by the caller (as the bytes arrived).
 Status check_object(std::span<const uint8_t> object, const ObjectKey& key, uint64_t object_bytes,
-                    uint64_t hash_block_tokens);
+                    uint64_t hash_block_tokens, const uint64_t* payload_hash = nullptr);
 
 }  // namespace kvbridge::store_internal

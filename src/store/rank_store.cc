@@ -1,233 +1,116 @@
-// One rank's puts, lookups and gets: see kvbridge/store.h and docs/store.md.
+// One rank's lookups and gets, and RankStore's surface: see kvbridge/store.h
+// and docs/store.md. Puts are in rank_store_put.cc.
 //
-// A put selects the hash blocks of each stored group (selection.h), reserves
-// a staging buffer per object under the store lock, copies its head slice
-// into the buffers through a plan from its layout into the canonical write
-// view (outside the lock), and publishes each object whose every rank has
-// written: into the memory tier, then through to Redis. A get computes the
-// presence of every object of the prefix (memory, then Redis for what memory
-// lacks), applies the lookup rule, pins what the hit needs (fetching from
-// Redis into memory: promotion), and copies through a plan from the canonical
-// read view into its layout. An object that vanishes between the lookup and
-// the pin lowers the hit and the rule runs again.
+// A get computes the presence of every object of the prefix (memory, then
+// Redis for what memory lacks), applies the lookup rule, pins what the hit
+// needs (fetching from Redis into memory: promotion, each object copied into
+// the rank as it arrives), and copies the rest through a plan from the
+// canonical read view into its layout. An object that vanishes between the
+// lookup and the pin lowers the hit and the rule runs again.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <numeric>
+
+#include <xxhash.h>
 
 #include "kvbridge/plan.h"
 #include "kvbridge/store.h"
-#include "store/canonical.h"
 #include "store/object.h"
-#include "store/selection.h"
-#include "store/store_impl.h"
+#include "store/rank_store_impl.h"
 
 namespace kvbridge {
 
 using store_internal::Canonical;
+using store_internal::canonical_ids;
 using store_internal::GroupPresence;
-
-struct RankStore::Impl {
-  std::shared_ptr<Store> store;
-  Store::Impl* s = nullptr;
-  Layout layout;
-  Canonical canonical;
-  BlockHash seed;
-  uint64_t H = 0;
-  uint64_t align = 0;
-  std::vector<size_t> stored;  // indices of stored groups
-
-  ObjectKey key(size_t gi, const std::vector<BlockHash>& hashes, uint64_t j) const {
-    return {hashes[j], canonical.geometry(gi).id};
-  }
-  Result<const GroupBlocks*> blocks(const Request& r, size_t gi) const {
-    auto it = r.blocks.find(layout.groups[gi].name);
-    if (it == r.blocks.end()) {
-      return Status::invalid_argument("store: request has no block list for group '" + layout.groups[gi].name + "'");
-    }
-    return &it->second;
-  }
-  Result<PutResult> put(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory);
-  Result<std::vector<GroupPresence>> presence(const std::vector<BlockHash>& hashes, uint64_t* redis_found);
-  Result<GetResult> get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory, bool copy);
-};
+using store_internal::truncated;
 
 namespace {
 
-// The rank block list covering tokens [0, end): its first ceil(end / bt) ids.
-std::vector<int64_t> truncated(const std::vector<int64_t>& ids, uint64_t end, uint64_t bt) {
-  const uint64_t n = std::min<uint64_t>(ids.size(), (end + bt - 1) / bt);
-  return std::vector<int64_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
-}
+// Promotion: objects read from Redis go straight into memory-tier buffers
+// (RedisTier::get receives each value into the buffer named here), are
+// checksummed as their bytes arrive (while they are in cache), checked, and
+// become visible pinned for the reader. A value of the wrong size is dropped
+// unread; a buffer whose value did not arrive whole goes back to the pool.
+class Promotion final : public store_internal::GetSink {
+ public:
+  struct Target {
+    ObjectKey key;
+    uint64_t bytes;
+    const uint8_t** out;  // set to the pinned object's bytes
+  };
+  // `ready(i, bytes)`, when set, runs after target i is promoted, outside
+  // the store lock, while its bytes are still in cache.
+  Promotion(Store::Impl& s, uint64_t H, std::span<const Target> targets,
+            std::function<void(size_t, const uint8_t*)> ready)
+      : s_(s), H_(H), targets_(targets), ready_(std::move(ready)), state_(XXH3_createState()),
+        buffers_(targets.size(), nullptr) {}
+  ~Promotion() override {
+    std::lock_guard<std::mutex> lock(s_.mu);
+    for (size_t i = 0; i < buffers_.size(); ++i) s_.memory.release(buffers_[i], targets_[i].bytes);
+    XXH3_freeState(state_);
+  }
 
-// Canonical ids for objects [a, a + k): -1 before, then 0..k-1.
-std::vector<int64_t> canonical_ids(uint64_t a, uint64_t k) {
-  std::vector<int64_t> ids(a + k, -1);
-  std::iota(ids.begin() + static_cast<std::ptrdiff_t>(a), ids.end(), int64_t{0});
-  return ids;
-}
+  uint8_t* buffer(size_t i, uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(s_.mu);
+    if (bytes != targets_[i].bytes) {
+      ++s_.redis_bad_objects;
+      return nullptr;
+    }
+    buffers_[i] = s_.allocate_locked(bytes);
+    return buffers_[i];
+  }
+  void received(size_t i, uint64_t offset, uint64_t n) override {
+    // The checksum covers the payload; whether there is one, the header says.
+    const uint64_t end = offset + n;
+    if (end <= store_internal::kHeaderBytes) return;
+    if (offset <= store_internal::kHeaderBytes) {
+      hashing_ = store_internal::has_checksum(buffers_[i]);
+      if (hashing_) XXH3_64bits_reset(state_);
+      offset = store_internal::kHeaderBytes;
+    }
+    if (hashing_) XXH3_64bits_update(state_, buffers_[i] + offset, end - offset);
+  }
+  void done(size_t i) override {
+    const Target& t = targets_[i];
+    const uint64_t sum = hashing_ ? XXH3_64bits_digest(state_) : 0;
+    const Status ok = store_internal::check_object({buffers_[i], t.bytes}, t.key, t.bytes, H_, &sum);
+    {
+      std::lock_guard<std::mutex> lock(s_.mu);
+      if (!ok.ok()) {
+        ++s_.redis_bad_objects;
+        s_.memory.release(buffers_[i], t.bytes);
+      } else {
+        s_.memory.insert(t.key, buffers_[i], t.bytes, 1);  // pinned for this read
+        *t.out = s_.memory.pin(t.key);
+        s_.memory.unpin(t.key);
+        promoted_.push_back(t.key);
+      }
+    }
+    buffers_[i] = nullptr;
+    hashing_ = false;
+    if (ok.ok() && ready_) ready_(i, *t.out);
+  }
+  // Hands over the pins of the promoted objects.
+  void finish(std::vector<ObjectKey>* pinned, uint64_t* promoted) {
+    pinned->insert(pinned->end(), promoted_.begin(), promoted_.end());
+    *promoted += promoted_.size();
+    promoted_.clear();
+  }
+
+ private:
+  Store::Impl& s_;
+  uint64_t H_;
+  std::span<const Target> targets_;
+  std::function<void(size_t, const uint8_t*)> ready_;
+  XXH3_state_t* state_;
+  bool hashing_ = false;
+  std::vector<uint8_t*> buffers_;  // handed to Redis, not yet done
+  std::vector<ObjectKey> promoted_;
+};
 
 }  // namespace
-
-Result<PutResult> RankStore::Impl::put(std::span<const uint32_t> tokens, const Request& request,
-                                       TensorMemory memory) {
-  if (request.num_tokens > tokens.size()) {
-    return Status::invalid_argument("store: request.num_tokens " + std::to_string(request.num_tokens) +
-                                    " exceeds the " + std::to_string(tokens.size()) + " tokens given");
-  }
-  KVB_RETURN_IF_ERROR(store_internal::check_memory(layout, memory));
-  const std::vector<BlockHash> hashes = chain_hashes(seed, H, tokens.first(request.num_tokens));
-  const uint32_t tp = layout.tp_size, rank = layout.tp_rank;
-  const bool checksum = s->redis != nullptr;
-  PutResult result;
-  std::vector<std::pair<ObjectKey, uint64_t>> published;  // pinned until written through
-
-  for (size_t gi : stored) {
-    const Group& g = layout.groups[gi];
-    const auto& geo = canonical.geometry(gi);
-    KVB_ASSIGN_OR_RETURN(const GroupBlocks* list, blocks(request, gi));
-    KVB_ASSIGN_OR_RETURN(auto selected, store_internal::select_blocks(g, list->local, request.num_tokens,
-                                                                      request.skip_tokens, H));
-    struct Item {
-      uint64_t j;
-      int64_t state_id;
-      StagingKey key;
-      uint8_t* data;
-    };
-    std::vector<Item> items;
-    {
-      std::lock_guard<std::mutex> lock(s->mu);
-      for (const auto& sel : selected) {
-        const StagingKey sk{key(gi, hashes, sel.block), tp};
-        if (s->memory.contains(sk.key)) {
-          ++result.objects_present;
-          continue;
-        }
-        auto it = s->staging.find(sk);
-        if (it == s->staging.end()) {
-          uint8_t* buf = s->allocate_locked(geo.object_bytes);
-          if (buf == nullptr) {
-            ++result.objects_rejected;
-            ++s->rejected;
-            continue;
-          }
-          Staging st;
-          st.data = buf;
-          st.bytes = geo.object_bytes;
-          st.done.assign(tp, 0);
-          st.seq = s->next_seq++;
-          it = s->staging.emplace(sk, std::move(st)).first;
-        } else if (it->second.done[rank]) {
-          ++result.objects_present;  // this rank's part is in already
-          continue;
-        }
-        ++it->second.writers;
-        items.push_back({sel.block, sel.state_block_id, sk, it->second.data});
-      }
-    }
-    // Copy, one plan per run of consecutive objects (per object for state and
-    // sliding-window groups: the plan cuts a window to the run's last tokens,
-    // and a state plan moves one state).
-    const bool per_object = g.kind != GroupKind::kAttention;
-    Status copy_status;
-    // The fast path: one cached plan per object position (canonical.h).
-    size_t done = 0;
-    for (; done < items.size(); ++done) {
-      const Item& it = items[done];
-      const uint64_t phase = g.kind == GroupKind::kState ? 0 : (it.j * H % g.block_tokens) / H;
-      const store_internal::ObjectPlan* op = canonical.object_plan(gi, true, phase);
-      if (op == nullptr) break;
-      const int64_t b = g.kind == GroupKind::kState ? it.state_id : list->local[it.j * H / g.block_tokens];
-      if (b < 0 || static_cast<uint64_t>(b) >= g.num_blocks) {
-        copy_status = Status::out_of_range("store: put group '" + g.name + "': block id " + std::to_string(b) +
-                                           " is not below num_blocks " + std::to_string(g.num_blocks));
-        break;
-      }
-      result.bytes_copied += store_internal::put_object(*op, memory, static_cast<uint64_t>(b), it.data, geo.skip);
-    }
-    for (size_t i = done; i < items.size() && copy_status.ok();) {
-      size_t e = i + 1;
-      while (!per_object && e < items.size() && items[e].j == items[e - 1].j + 1) ++e;
-      const uint64_t a = items[i].j, k = e - i;
-      Request sub;
-      GroupBlocks& gb = sub.blocks[g.name];
-      if (g.kind == GroupKind::kState) {
-        sub.num_tokens = (a + 1) * H;
-        gb.local = {0};
-        gb.remote = {items[i].state_id};
-      } else {
-        sub.num_tokens = (a + k) * H;
-        sub.skip_tokens = a * H;
-        gb.local = canonical_ids(a, k);
-        gb.remote = truncated(list->local, sub.num_tokens, g.block_tokens);
-      }
-      const Layout& view = canonical.rank_view(gi);
-      Result<Plan> p = plan(canonical.write_view(gi, k), std::span<const Layout>(&view, 1), sub);
-      if (!p.ok()) {
-        copy_status = p.error().with_context("store: put group '" + g.name + "'");
-        break;
-      }
-      std::vector<uint8_t*> bufs;
-      for (size_t x = i; x < e; ++x) bufs.push_back(items[x].data);
-      result.bytes_copied += store_internal::copy_into_objects(*p, memory, bufs, geo.object_bytes, geo.skip);
-      i = e;
-    }
-    // Mark the parts done; publish complete objects.
-    std::vector<Staging> complete;
-    std::vector<StagingKey> complete_keys;
-    {
-      std::lock_guard<std::mutex> lock(s->mu);
-      for (const Item& it : items) {
-        auto st = s->staging.find(it.key);
-        if (st == s->staging.end()) continue;
-        --st->second.writers;
-        if (copy_status.ok() && !st->second.done[rank]) {
-          st->second.done[rank] = 1;
-          ++st->second.done_count;
-          ++result.parts_written;
-        }
-        if (st->second.done_count == tp && st->second.writers == 0) {
-          complete.push_back(st->second);
-          complete_keys.push_back(it.key);
-          s->staging.erase(st);
-        }
-      }
-    }
-    for (size_t c = 0; c < complete.size(); ++c) {
-      store_internal::write_header(complete[c].data, complete_keys[c].key, complete[c].bytes, H, checksum);
-    }
-    {
-      std::lock_guard<std::mutex> lock(s->mu);
-      for (size_t c = 0; c < complete.size(); ++c) {
-        const uint32_t pins = checksum ? 1 : 0;
-        if (s->memory.insert(complete_keys[c].key, complete[c].data, complete[c].bytes, pins)) {
-          ++result.objects_published;
-          ++s->published;
-        }
-        if (checksum) published.push_back({complete_keys[c].key, complete[c].bytes});
-      }
-    }
-    KVB_RETURN_IF_ERROR(copy_status);
-  }
-  // Write through to Redis, outside the store lock; the objects are pinned.
-  if (s->redis && !published.empty()) {
-    std::vector<std::string> keys;
-    std::vector<std::span<const uint8_t>> values;
-    {
-      std::lock_guard<std::mutex> lock(s->mu);
-      for (const auto& [k, bytes] : published) {
-        uint64_t n = 0;
-        const uint8_t* d = s->memory.pin(k, &n);
-        s->memory.unpin(k);  // still pinned by the publish pin
-        keys.push_back(k.text(s->redis->options().key_prefix));
-        values.emplace_back(d, n);
-      }
-    }
-    s->redis->put(keys, values);
-    std::lock_guard<std::mutex> lock(s->mu);
-    for (const auto& [k, bytes] : published) s->memory.unpin(k);
-  }
-  return result;
-}
 
 Result<std::vector<GroupPresence>> RankStore::Impl::presence(const std::vector<BlockHash>& hashes,
                                                              uint64_t* redis_found) {
@@ -262,6 +145,20 @@ Result<std::vector<GroupPresence>> RankStore::Impl::presence(const std::vector<B
   return out;
 }
 
+int64_t RankStore::Impl::copy_out_fast(size_t gi, const Request& request, uint64_t skip, uint64_t j,
+                                       TensorMemory memory, const uint8_t* object) {
+  const Group& g = layout.groups[gi];
+  if (g.kind == GroupKind::kState || skip % H != 0) return -1;
+  auto it = request.blocks.find(g.name);
+  if (it == request.blocks.end()) return -1;
+  const std::vector<int64_t>& ids = it->second.local;
+  const uint64_t entry = j * H / g.block_tokens;
+  if (entry >= ids.size() || ids[entry] < 0 || static_cast<uint64_t>(ids[entry]) >= g.num_blocks) return -1;
+  const store_internal::ObjectPlan* op = canonical.object_plan(gi, false, (j * H % g.block_tokens) / H);
+  if (op == nullptr) return -1;
+  return static_cast<int64_t>(store_internal::get_object(*op, memory, static_cast<uint64_t>(ids[entry]), object));
+}
+
 Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory,
                                        bool copy) {
   if (request.num_tokens > tokens.size()) {
@@ -277,6 +174,7 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
   // Per stored group: the needed blocks and their pinned bytes.
   std::vector<std::vector<uint64_t>> needed(stored.size());
   std::vector<std::vector<const uint8_t*>> data(stored.size());
+  std::vector<std::vector<uint8_t>> early(stored.size());  // copied into the rank as it arrived
   std::vector<ObjectKey> pinned;
   auto unpin_all = [&] {
     std::lock_guard<std::mutex> lock(s->mu);
@@ -295,6 +193,7 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
       for (size_t o = 0; o < stored.size(); ++o) {
         needed[o] = store_internal::needed_blocks(layout.groups[stored[o]], hit, skip, H);
         data[o].assign(needed[o].size(), nullptr);
+        early[o].assign(needed[o].size(), 0);
         for (size_t x = 0; x < needed[o].size(); ++x) {
           const ObjectKey k = key(stored[o], hashes, needed[o][x]);
           if (!copy) {
@@ -314,25 +213,23 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
     if (!fetch.empty() && s->redis) {
       std::vector<std::string> keys;
       for (const auto& [o, x] : fetch) keys.push_back(key(stored[o], hashes, needed[o][x]).text(s->redis->options().key_prefix));
-      s->redis->get(keys, [&](size_t i, std::span<const uint8_t> bytes) {
+      std::vector<Promotion::Target> targets;
+      for (const auto& [o, x] : fetch) {
+        targets.push_back({key(stored[o], hashes, needed[o][x]), canonical.geometry(stored[o]).object_bytes,
+                           &data[o][x]});
+      }
+      // Copy each promoted object into the rank as it arrives, from cache,
+      // on the fast path (the rest is copied below).
+      auto ready = [&](size_t i, const uint8_t* bytes) {
         const auto [o, x] = fetch[i];
-        const size_t gi = stored[o];
-        const ObjectKey k = key(gi, hashes, needed[o][x]);
-        const uint64_t n = canonical.geometry(gi).object_bytes;
-        std::lock_guard<std::mutex> lock(s->mu);
-        if (!store_internal::check_object(bytes, k, n, H).ok()) {
-          ++s->redis_bad_objects;
-          return;
+        if (const int64_t n = copy_out_fast(stored[o], request, skip, needed[o][x], memory, bytes); n >= 0) {
+          early[o][x] = 1;
+          result.bytes_copied += static_cast<uint64_t>(n);
         }
-        uint8_t* buf = s->allocate_locked(n);
-        if (buf == nullptr) return;
-        std::memcpy(buf, bytes.data(), n);
-        s->memory.insert(k, buf, n, 1);  // promotion, pinned for this read
-        data[o][x] = s->memory.pin(k);
-        s->memory.unpin(k);
-        pinned.push_back(k);
-        ++result.redis_objects;
-      });
+      };
+      Promotion sink(*s, H, targets, copy ? std::function<void(size_t, const uint8_t*)>(ready) : nullptr);
+      s->redis->get(keys, sink);
+      sink.finish(&pinned, &result.redis_objects);
     }
     for (const auto& [o, x] : fetch) {
       if (data[o][x] == nullptr) {
@@ -368,16 +265,18 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
       const std::vector<int64_t>& ids = (*list)->local;
       size_t x = 0;
       for (; x < needed[o].size(); ++x) {
-        const uint64_t j = needed[o][x];
-        const uint64_t entry = j * H / g.block_tokens;
-        const store_internal::ObjectPlan* op = canonical.object_plan(gi, false, (j * H % g.block_tokens) / H);
-        if (op == nullptr) break;
+        if (early[o][x]) continue;  // copied as it arrived from Redis
+        const int64_t n = copy_out_fast(gi, request, skip, needed[o][x], memory, data[o][x]);
+        if (n >= 0) {
+          result.bytes_copied += static_cast<uint64_t>(n);
+          continue;
+        }
+        const uint64_t entry = needed[o][x] * H / g.block_tokens;
         if (entry >= ids.size() || ids[entry] < 0 || static_cast<uint64_t>(ids[entry]) >= g.num_blocks) {
           st = Status::invalid_argument("store: get group '" + g.name + "': entry " + std::to_string(entry) +
                                         " of the block list is missing, -1 or past num_blocks");
-          break;
         }
-        result.bytes_copied += store_internal::get_object(*op, memory, static_cast<uint64_t>(ids[entry]), data[o][x]);
+        break;  // an error, or no cached plan applies
       }
       if (!st.ok()) break;
       if (x == needed[o].size()) continue;
@@ -428,6 +327,11 @@ Result<RankStore> RankStore::create(std::shared_ptr<Store> store, const Layout& 
   impl->H = store->options().hash_block_tokens;
   KVB_ASSIGN_OR_RETURN(impl->canonical, Canonical::create(layout, impl->H));
   impl->s = store->impl_.get();
+  if (impl->s->options.assembly == Assembly::kShared && layout.tp_size > store_internal::kMaxParts) {
+    return Status::invalid_argument("store: assembly in the shared tier takes TP sizes up to " +
+                                    std::to_string(store_internal::kMaxParts) + ", not " +
+                                    std::to_string(layout.tp_size));
+  }
   impl->store = std::move(store);
   impl->layout = layout;
   impl->seed = chain_seed(layout, impl->H, impl->s->options.extra_keys);

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -107,8 +108,11 @@ class RedisStoreTest : public ::testing::Test {
   void SetUp() override {
     if (!server_.start()) GTEST_SKIP() << "redis-server could not be started (scripts/deps.sh installs it)";
   }
-  std::shared_ptr<Store> store(uint64_t H = 16, std::chrono::milliseconds timeout = 2000ms) {
+  std::shared_ptr<Store> store(uint64_t H = 16, std::chrono::milliseconds timeout = 2000ms,
+                               Assembly assembly = Assembly::kInProcess,
+                               std::chrono::milliseconds incomplete_ttl = 60000ms) {
     StoreOptions o;
+    o.assembly = assembly;
     o.hash_block_tokens = H;
     o.memory_bytes = uint64_t{512} << 20;
     RedisOptions r;
@@ -116,10 +120,16 @@ class RedisStoreTest : public ::testing::Test {
     r.command_timeout = timeout;
     r.connect_timeout = 300ms;
     r.retry_interval = 500ms;
+    r.incomplete_ttl = incomplete_ttl;
     o.redis = r;
     return *Store::create(o);
   }
   RedisServer server_;
+
+ public:
+  std::shared_ptr<Store> shared_store(std::chrono::milliseconds ttl) {
+    return store(16, 2000ms, Assembly::kShared, ttl);
+  }
 };
 
 struct Rank {
@@ -127,9 +137,11 @@ struct Rank {
   RankStore store;
 };
 
-std::vector<Rank> ranks(const std::shared_ptr<Store>& s, uint32_t tp, uint64_t bt) {
+// The ranks of an instance of llama3-8b at TP `tp` (only rank `only` when set).
+std::vector<Rank> ranks(const std::shared_ptr<Store>& s, uint32_t tp, uint64_t bt, int only = -1) {
   std::vector<Rank> out;
   for (uint32_t r = 0; r < tp; ++r) {
+    if (only >= 0 && r != static_cast<uint32_t>(only)) continue;
     RankMemory m(preset("llama3-8b", tp, r, bt, 8));
     Result<RankStore> rs = RankStore::create(s, m.layout);
     out.push_back({std::move(m), std::move(*rs)});
@@ -187,6 +199,104 @@ TEST_F(RedisStoreTest, AnInstanceInAnotherProcessReadsWhatOneWrote) {
   EXPECT_EQ(st.redis_errors, 0u);
 }
 
+// Runs `body` in a child process; returns a pid to pass to wait_ok().
+template <typename F>
+pid_t spawn(F body) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(body() && !::testing::Test::HasFailure() ? 0 : 1);
+  return pid;
+}
+
+// Waits for a child (with a deadline: a hung child fails the test, killed).
+bool wait_ok(pid_t pid) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      ADD_FAILURE() << "child " << pid << " did not finish in 20 s";
+      return false;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+// Puts the part of rank `rank` of a TP `tp` instance from a store of its own
+// (one process per rank): true when the put wrote a part of every object.
+bool put_rank(RedisStoreTest* t, uint32_t tp, uint32_t rank, const std::vector<uint32_t>& toks, uint64_t n,
+              uint64_t objects, std::chrono::milliseconds ttl = 60000ms);
+
+bool put_rank(RedisStoreTest* t, uint32_t tp, uint32_t rank, const std::vector<uint32_t>& toks, uint64_t n,
+              uint64_t objects, std::chrono::milliseconds ttl) {
+  auto s = t->shared_store(ttl);
+  auto r = ranks(s, tp, 16, static_cast<int>(rank));
+  Rank& me = r[0];
+  EXPECT_TRUE(fill_request(me.mem.layout, make_request(me.mem.layout, n), RequestSide::kLocal, 0, 5,
+                           me.mem.memory()).ok());
+  Result<PutResult> p = me.store.put(toks, make_request(me.mem.layout, n), me.mem.memory());
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  if (!p.ok()) return false;
+  EXPECT_EQ(p->parts_written, objects);
+  EXPECT_EQ(s->stats().redis_errors, 0u);
+  EXPECT_EQ(s->stats().memory_objects, 0u) << "a part is not an object";
+  return p->parts_written == objects;
+}
+
+TEST_F(RedisStoreTest, RanksInSeparateProcessesAssembleObjectsInRedis) {
+  const std::vector<uint32_t> t = tokens(61, 100);
+  // A TP 2 instance, one process per rank, both putting at once.
+  const pid_t a = spawn([&] { return put_rank(this, 2, 0, t, 100, 6); });
+  const pid_t b = spawn([&] { return put_rank(this, 2, 1, t, 100, 6); });
+  ASSERT_TRUE(wait_ok(a));
+  ASSERT_TRUE(wait_ok(b));
+  // Only whole objects are left: the staging keys became the object keys.
+  auto s = store();
+  EXPECT_EQ(s->redis_info()->keys, 6u);
+  // A TP 4 instance with 32-token blocks reads it byte for byte.
+  auto r = ranks(s, 4, 32);
+  EXPECT_EQ(r[0].store.lookup(t)->redis_objects, 6u);
+  EXPECT_EQ(get_all(r, t, 100, 5), 96u);
+  EXPECT_EQ(s->stats().redis_bad_objects, 0u);
+  // Putting again finds the objects and writes nothing.
+  EXPECT_TRUE(wait_ok(spawn([&] {
+    auto w = store(16, 2000ms, Assembly::kShared);
+    auto rk = ranks(w, 2, 16, 1);
+    EXPECT_TRUE(fill_request(rk[0].mem.layout, make_request(rk[0].mem.layout, 100), RequestSide::kLocal, 0, 5,
+                             rk[0].mem.memory()).ok());
+    Result<PutResult> p = rk[0].store.put(t, make_request(rk[0].mem.layout, 100), rk[0].mem.memory());
+    return p.ok() && p->objects_present == 6 && p->parts_written == 0 && p->bytes_copied == 0;
+  })));
+}
+
+TEST_F(RedisStoreTest, AnObjectMissingAPartIsAMissAndItsPartExpires) {
+  const std::vector<uint32_t> t = tokens(71, 64);
+  // Only rank 0 of a TP 2 instance writes (rank 1 died): nothing is visible.
+  ASSERT_TRUE(wait_ok(spawn([&] { return put_rank(this, 2, 0, t, 64, 4, 300ms); })));
+  auto s = store();
+  auto r = ranks(s, 1, 16);
+  EXPECT_EQ(r[0].store.lookup(t)->hit_tokens, 0u);
+  EXPECT_EQ(get_all(r, t, 64, 5), 0u);
+  store_internal::RedisTier tier(*s->options().redis);
+  const std::string object = ObjectKey{r[0].store.hashes(t)[0], 0}.text(s->options().redis->key_prefix);
+  std::vector<std::string> pttl = {"PTTL", object + ".tp2"};
+  Result<std::string> left = tier.command(pttl);
+  ASSERT_TRUE(left.ok());
+  EXPECT_GT(std::stoll(*left), 0) << "the incomplete object has a TTL";
+  EXPECT_LE(std::stoll(*left), 300);
+  // Past the TTL the half is gone: rank 1's part alone does not make an
+  // object of it.
+  std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(s->redis_info()->keys, 0u);
+  ASSERT_TRUE(wait_ok(spawn([&] { return put_rank(this, 2, 1, t, 64, 4); })));
+  EXPECT_EQ(r[0].store.lookup(t)->hit_tokens, 0u);
+  // Rank 0 again: now complete.
+  ASSERT_TRUE(wait_ok(spawn([&] { return put_rank(this, 2, 0, t, 64, 4); })));
+  EXPECT_EQ(get_all(r, t, 64, 5), 64u);
+  EXPECT_EQ(s->redis_info()->keys, 4u);
+}
+
 TEST_F(RedisStoreTest, RedisDownInTheMiddleOfARunDegradesToMisses) {
   auto a = store();
   auto b = store();
@@ -228,6 +338,64 @@ TEST_F(RedisStoreTest, AStalledRedisTimesOutAndComesBack) {
   EXPECT_TRUE(b->stats().redis_up);
 }
 
+// The tier's own GET reader and SET writer (they bypass hiredis) across value
+// sizes around its buffer and direct-receive thresholds, with absent keys in
+// between and a window smaller than the batch.
+TEST_F(RedisStoreTest, TheTierMovesValuesOfEverySizeByteExact) {
+  RedisOptions o = *store()->options().redis;
+  o.pipeline_depth = 3;
+  store_internal::RedisTier tier(o);
+  const std::vector<uint64_t> sizes = {0, 1, 1024, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, (256 << 10) + 7,
+                                       3 << 20};
+  std::vector<std::string> keys;
+  std::vector<std::vector<uint8_t>> values;
+  std::vector<std::span<const uint8_t>> spans;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    keys.push_back("t:" + std::to_string(i));
+    values.emplace_back(sizes[i]);
+    for (uint64_t b = 0; b < sizes[i]; ++b) values.back()[b] = static_cast<uint8_t>(b * 31 + i);
+    spans.emplace_back(values.back());
+  }
+  ASSERT_EQ(tier.put(keys, spans), keys.size());
+  // Read them back interleaved with absent keys, twice over one connection.
+  std::vector<std::string> ask;
+  for (const std::string& k : keys) {
+    ask.push_back(k);
+    ask.push_back(k + ":absent");
+  }
+  struct Sink : store_internal::GetSink {
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<uint64_t> arrived;
+    std::vector<int> finished;
+    explicit Sink(size_t n) : got(n), arrived(n, 0), finished(n, 0) {}
+    uint8_t* buffer(size_t i, uint64_t bytes) override {
+      got[i].assign(bytes + 1, 0xee);  // one guard byte
+      return got[i].data();
+    }
+    void received(size_t i, uint64_t offset, uint64_t n) override {
+      EXPECT_EQ(offset, arrived[i]);
+      arrived[i] += n;
+    }
+    void done(size_t i) override { ++finished[i]; }
+  };
+  for (int round = 0; round < 2; ++round) {
+    Sink sink(ask.size());
+    ASSERT_TRUE(tier.get(ask, sink));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ(sink.finished[2 * i], 1) << "size " << sizes[i];
+      EXPECT_EQ(sink.finished[2 * i + 1], 0);
+      EXPECT_EQ(sink.arrived[2 * i], sizes[i]);
+      ASSERT_EQ(sink.got[2 * i].size(), sizes[i] + 1);
+      EXPECT_TRUE(std::equal(values[i].begin(), values[i].end(), sink.got[2 * i].begin())) << "size " << sizes[i];
+      EXPECT_EQ(sink.got[2 * i][sizes[i]], 0xee) << "wrote past the value";
+    }
+  }
+  // hiredis and the tier's own I/O stay in step on one connection.
+  std::vector<std::string> dbsize = {"DBSIZE"};
+  EXPECT_EQ(*tier.command(dbsize), std::to_string(keys.size()));
+  EXPECT_EQ(tier.counters().errors, 0u);
+}
+
 TEST_F(RedisStoreTest, ACorruptObjectIsAMiss) {
   auto a = store();
   auto wa = ranks(a, 1, 16);
@@ -248,6 +416,16 @@ TEST_F(RedisStoreTest, ACorruptObjectIsAMiss) {
   auto rb = ranks(b, 1, 16);
   EXPECT_EQ(get_all(rb, t, 64, 4), 32u);
   EXPECT_EQ(b->stats().redis_bad_objects, 1u);
+  // A value of the wrong size (the second block's, cut short) is dropped
+  // unread, and the connection stays usable.
+  const std::string key1 = ObjectKey{wa[0].store.hashes(t)[1], 0}.text(a->options().redis->key_prefix);
+  std::vector<std::string> cut = {"SET", key1, v->substr(0, 5000)};
+  ASSERT_TRUE(tier.command(cut).ok());
+  auto c = store();
+  auto rc = ranks(c, 1, 16);
+  EXPECT_EQ(get_all(rc, t, 64, 4), 16u);
+  EXPECT_EQ(c->stats().redis_bad_objects, 2u) << "the cut one and the corrupt one";
+  EXPECT_EQ(c->stats().redis_errors, 0u);
 }
 
 }  // namespace

@@ -5,15 +5,49 @@
 // read(2)/write(2) fails with EAGAIN after command_timeout and the context
 // reports REDIS_ERR_IO. A context with err set cannot be reused (hiredis
 // README), so every failure frees it.
+//
+// get() and put() do not go through hiredis: hiredis reads 16 KiB at a time into a
+// stack buffer, appends that to its own buffer and copies each bulk string
+// into a reply object, three passes over every value before the store sees
+// it. Reading GET replies (RESP bulk strings, "$<len>\r\n<bytes>\r\n") is
+// small enough to do here, and lets a large value go from the socket straight
+// into its final buffer in 256 KiB recv(2) calls. Likewise a SET goes out
+// with sendmsg(2) straight from the object, not via a copy into hiredis's
+// output buffer. The same socket timeouts bound every recv/send.
 #include "store/redis_tier.h"
 
 #include <hiredis/hiredis.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
+#include <cerrno>
 #include <cstring>
 
 namespace kvbridge::store_internal {
 namespace {
+
+// Values bigger than this are received straight into their buffer; smaller
+// ones (and the rest of a large one below this) through in_, which also
+// picks up the next replies' headers in the same recv.
+constexpr uint64_t kDirectBytes = 64 << 10;
+// One recv into a value at most this much, so the caller's checksum of the
+// range reads it from cache.
+constexpr uint64_t kChunkBytes = 256 << 10;
+constexpr size_t kInBytes = 256 << 10;
+constexpr size_t kMaxLineBytes = 64 << 10;
+
+// Completes an object assembled under a staging key (KEYS[1]): once its part
+// bitmap (bytes ARGV[2]..ARGV[3]) has ARGV[1] bits, the staging key becomes
+// the object key (KEYS[2]) without the staging TTL. Atomic with the part's
+// writes (it runs inside their MULTI/EXEC), so exactly one transaction
+// publishes and an object key never holds a partial object. When the object
+// exists already the staging key is dropped.
+constexpr const char* kCompleteScript =
+    "if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('DEL', KEYS[1]) return 2 end "
+    "if redis.call('BITCOUNT', KEYS[1], ARGV[2], ARGV[3]) >= tonumber(ARGV[1]) then "
+    "redis.call('RENAME', KEYS[1], KEYS[2]) redis.call('PERSIST', KEYS[2]) return 1 end "
+    "return 0";
 
 timeval to_timeval(std::chrono::milliseconds ms) {
   timeval tv;
@@ -56,30 +90,15 @@ struct ReplyDeleter {
 };
 using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
-}  // namespace
-
-struct RedisTier::Functions {
-  redisReplyObjectFunctions fn;
-  const redisReplyObjectFunctions* defaults = nullptr;
-};
-
-// hiredis calls createString with the bulk string still in its read buffer
-// (read.h, redisReplyObjectFunctions); the default copies it into a new
-// allocation. For a top-level string while a sink is set, hand the bytes to
-// the sink and return a reply without a copy (str NULL, len kept);
-// freeReplyObject frees a NULL str harmlessly.
-void* RedisTier::create_string(const redisReadTask* task, char* str, size_t len) {
-  auto* self = static_cast<RedisTier*>(task->privdata);
-  if (self != nullptr && self->sink_ && task->parent == nullptr && task->type == REDIS_REPLY_STRING) {
-    self->sink_(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(str), len));
-    auto* r = static_cast<redisReply*>(calloc(1, sizeof(redisReply)));
-    if (r == nullptr) return nullptr;
-    r->type = REDIS_REPLY_STRING;
-    r->len = len;
-    return r;
-  }
-  return self->functions_->defaults->createString(task, str, len);
+void append_bulk(std::string& out, std::string_view s) {
+  out += '$';
+  out += std::to_string(s.size());
+  out += "\r\n";
+  out.append(s);
+  out += "\r\n";
 }
+
+}  // namespace
 
 RedisTier::RedisTier(RedisOptions options) : options_(std::move(options)) {}
 
@@ -94,6 +113,7 @@ void RedisTier::fail_locked(const char* /*what*/) {
     redisFree(ctx_);
     ctx_ = nullptr;
   }
+  in_head_ = in_tail_ = 0;
   down_until_ = std::chrono::steady_clock::now() + options_.retry_interval;
 }
 
@@ -112,52 +132,176 @@ bool RedisTier::connect_locked() {
     fail_locked("timeout");
     return false;
   }
-  // Keep the reader's buffer between replies: by default hiredis frees it
-  // once idle and above 16 KiB (REDIS_READER_MAX_BUF), so every object-sized
-  // reply would grow it again from nothing, faulting in fresh pages.
-  ctx_->reader->maxbuf = 0;
-  if (!functions_) functions_ = std::make_unique<Functions>();
-  functions_->defaults = ctx_->reader->fn;
-  functions_->fn = *ctx_->reader->fn;
-  functions_->fn.createString = &RedisTier::create_string;
-  ctx_->reader->fn = &functions_->fn;
-  ctx_->reader->privdata = this;
+  in_head_ = in_tail_ = 0;
   counters_.up = true;
+  return true;
+}
+
+bool RedisTier::raw_ready_locked() {
+  // hiredis must hold nothing unread or unsent: its reader and the socket are
+  // in step after every hiredis operation, which reads all its replies.
+  if (ctx_->reader->pos != ctx_->reader->len || (ctx_->obuf != nullptr && ctx_->obuf[0] != '\0')) {
+    fail_locked("hiredis holds unread bytes");
+    return false;
+  }
+  in_head_ = in_tail_ = 0;
+  return true;
+}
+
+bool RedisTier::send_iov_locked(iovec* iov, int count) {
+  while (count > 0) {
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = static_cast<size_t>(count);
+    ssize_t n = ::sendmsg(ctx_->fd, &m, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;  // EAGAIN: SO_SNDTIMEO expired
+    while (count > 0 && static_cast<size_t>(n) >= iov->iov_len) {
+      n -= static_cast<ssize_t>(iov->iov_len);
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + n;
+      iov->iov_len -= static_cast<size_t>(n);
+    }
+  }
   return true;
 }
 
 size_t RedisTier::put(std::span<const std::string> keys, std::span<const std::span<const uint8_t>> values) {
   std::lock_guard<std::mutex> lock(mu_);
   SigpipeGuard guard;
-  size_t written = 0;
+  if (keys.empty()) return 0;
+  if (!connect_locked() || !raw_ready_locked()) return 0;
+  // Each SET goes out with sendmsg(2) from the value's own bytes (hiredis
+  // would first copy the value into its output buffer); `depth` are in flight.
   const size_t depth = std::max<uint32_t>(1, options_.pipeline_depth);
-  for (size_t i = 0; i < keys.size(); i += depth) {
-    if (!connect_locked()) return written;
-    const size_t end = std::min(keys.size(), i + depth);
-    for (size_t k = i; k < end; ++k) {
-      const char* argv[3] = {"SET", keys[k].data(), reinterpret_cast<const char*>(values[k].data())};
-      const size_t lens[3] = {3, keys[k].size(), values[k].size()};
-      if (redisAppendCommandArgv(ctx_, 3, argv, lens) != REDIS_OK) {
-        fail_locked("append");
-        return written;
-      }
+  size_t written = 0;
+  auto read_reply = [&] {
+    std::string_view line;
+    if (!read_line_locked(&line) || line != "+OK") {
+      fail_locked(line.empty() || line[0] != '-' ? "SET reply" : "SET error reply");
+      return false;
     }
-    for (size_t k = i; k < end; ++k) {
-      void* r = nullptr;
-      if (redisGetReply(ctx_, &r) != REDIS_OK) {
-        fail_locked("SET");
-        return written;
-      }
-      Reply reply(static_cast<redisReply*>(r));
-      if (reply->type == REDIS_REPLY_ERROR) {
-        fail_locked("SET error reply");
-        return written;
-      }
-      ++written;
-      ++counters_.writes;
+    ++written;
+    ++counters_.writes;
+    return true;
+  };
+  static constexpr char kCrlf[] = "\r\n";
+  for (size_t k = 0; k < keys.size(); ++k) {
+    out_ = "*3\r\n$3\r\nSET\r\n";
+    append_bulk(out_, keys[k]);
+    out_ += '$';
+    out_ += std::to_string(values[k].size());
+    out_ += kCrlf;
+    iovec iov[3] = {{out_.data(), out_.size()},
+                    {const_cast<uint8_t*>(values[k].data()), values[k].size()},
+                    {const_cast<char*>(kCrlf), 2}};
+    if (!send_iov_locked(iov, 3)) {
+      fail_locked("SET send");
+      return written;
     }
+    if (k + 1 - written >= depth && !read_reply()) return written;
+  }
+  while (written < keys.size()) {
+    if (!read_reply()) return written;
   }
   return written;
+}
+
+std::vector<PartOutcome> RedisTier::put_parts(std::span<const PartWrite> parts) {
+  std::vector<PartOutcome> out(parts.size(), PartOutcome::kFailed);
+  std::lock_guard<std::mutex> lock(mu_);
+  SigpipeGuard guard;
+  const size_t depth = std::max<uint32_t>(1, options_.pipeline_depth);
+  const std::string ttl = std::to_string(std::max<int64_t>(1, options_.incomplete_ttl.count()));
+  for (size_t i = 0; i < parts.size(); i += depth) {
+    if (!connect_locked()) return out;
+    const size_t end = std::min(parts.size(), i + depth);
+    std::vector<size_t> replies(end - i);  // replies of each transaction
+    for (size_t k = i; k < end; ++k) {
+      const PartWrite& p = parts[k];
+      size_t n = 0;
+      auto append = [&](int argc, const char** argv, const size_t* lens) {
+        ++n;
+        return redisAppendCommandArgv(ctx_, argc, argv, lens) == REDIS_OK;
+      };
+      bool ok = true;
+      {
+        const char* argv[1] = {"MULTI"};
+        const size_t lens[1] = {5};
+        ok = ok && append(1, argv, lens);
+      }
+      auto setrange = [&](uint64_t begin, uint64_t end_byte) {
+        const std::string off = std::to_string(begin);
+        const char* argv[4] = {"SETRANGE", p.staging_key.data(), off.data(),
+                               reinterpret_cast<const char*>(p.object + begin)};
+        const size_t lens[4] = {8, p.staging_key.size(), off.size(), end_byte - begin};
+        return append(4, argv, lens);
+      };
+      if (p.header_bytes) ok = ok && setrange(0, p.header_bytes);
+      for (const auto& [b, e] : p.ranges) ok = ok && setrange(b, e);
+      const std::string bit = std::to_string(p.part_bit);
+      {
+        const char* argv[4] = {"SETBIT", p.staging_key.data(), bit.data(), "1"};
+        const size_t lens[4] = {6, p.staging_key.size(), bit.size(), 1};
+        ok = ok && append(4, argv, lens);
+      }
+      {
+        const char* argv[3] = {"PEXPIRE", p.staging_key.data(), ttl.data()};
+        const size_t lens[3] = {7, p.staging_key.size(), ttl.size()};
+        ok = ok && append(3, argv, lens);
+      }
+      {
+        const std::string count = std::to_string(p.parts), b0 = std::to_string(p.bitmap_byte_begin),
+                          b1 = std::to_string(p.bitmap_byte_end);
+        const char* argv[8] = {"EVAL", kCompleteScript, "2", p.staging_key.data(), p.object_key.data(),
+                               count.data(), b0.data(), b1.data()};
+        const size_t lens[8] = {4, std::strlen(kCompleteScript), 1, p.staging_key.size(), p.object_key.size(),
+                                count.size(), b0.size(), b1.size()};
+        ok = ok && append(8, argv, lens);
+      }
+      {
+        const char* argv[1] = {"EXEC"};
+        const size_t lens[1] = {4};
+        ok = ok && append(1, argv, lens);
+      }
+      if (!ok) {
+        fail_locked("append");
+        return out;
+      }
+      replies[k - i] = n;
+    }
+    for (size_t k = i; k < end; ++k) {
+      for (size_t r = 0; r < replies[k - i]; ++r) {
+        void* raw = nullptr;
+        if (redisGetReply(ctx_, &raw) != REDIS_OK) {
+          fail_locked("part transaction");
+          return out;
+        }
+        Reply reply(static_cast<redisReply*>(raw));
+        if (reply->type == REDIS_REPLY_ERROR) {
+          // A queued command rejected (e.g. OOM): EXEC aborts the whole
+          // transaction; nothing of this part was written.
+          fail_locked("part transaction error reply");
+          return out;
+        }
+        if (r + 1 < replies[k - i]) continue;
+        // EXEC: an array whose last element is the script's result.
+        if (reply->type != REDIS_REPLY_ARRAY || reply->elements == 0 ||
+            reply->element[reply->elements - 1]->type != REDIS_REPLY_INTEGER) {
+          fail_locked("part transaction: unexpected EXEC reply");
+          return out;
+        }
+        const long long v = reply->element[reply->elements - 1]->integer;
+        out[k] = v == 1 ? PartOutcome::kPublished : v == 2 ? PartOutcome::kPresent : PartOutcome::kWritten;
+        if (v == 0 || v == 1) ++counters_.parts;
+        if (v == 1) ++counters_.writes;
+      }
+    }
+  }
+  return out;
 }
 
 std::vector<uint8_t> RedisTier::exists(std::span<const std::string> keys) {
@@ -190,38 +334,134 @@ std::vector<uint8_t> RedisTier::exists(std::span<const std::string> keys) {
   return out;
 }
 
-bool RedisTier::get(std::span<const std::string> keys,
-                    const std::function<void(size_t, std::span<const uint8_t>)>& found) {
-  std::lock_guard<std::mutex> lock(mu_);
-  SigpipeGuard guard;
-  const size_t depth = std::max<uint32_t>(1, options_.pipeline_depth);
-  for (size_t i = 0; i < keys.size(); i += depth) {
-    if (!connect_locked()) return false;
-    const size_t end = std::min(keys.size(), i + depth);
-    for (size_t k = i; k < end; ++k) {
-      const char* argv[2] = {"GET", keys[k].data()};
-      const size_t lens[2] = {3, keys[k].size()};
-      if (redisAppendCommandArgv(ctx_, 2, argv, lens) != REDIS_OK) {
-        fail_locked("append");
-        return false;
+bool RedisTier::send_all_locked(const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::send(ctx_->fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;  // EAGAIN: SO_SNDTIMEO expired
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool RedisTier::fill_locked() {
+  if (in_.size() < kInBytes) in_.resize(kInBytes);
+  if (in_head_ == in_tail_) {
+    in_head_ = in_tail_ = 0;
+  } else if (in_tail_ == in_.size()) {
+    std::memmove(in_.data(), in_.data() + in_head_, in_tail_ - in_head_);
+    in_tail_ -= in_head_;
+    in_head_ = 0;
+  }
+  for (;;) {
+    const ssize_t n = ::recv(ctx_->fd, in_.data() + in_tail_, in_.size() - in_tail_, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;  // 0: closed; EAGAIN: SO_RCVTIMEO expired
+    in_tail_ += static_cast<size_t>(n);
+    return true;
+  }
+}
+
+bool RedisTier::read_line_locked(std::string_view* line) {
+  size_t scanned = in_head_;
+  for (;;) {
+    const uint8_t* begin = in_.data() + in_head_;
+    for (size_t p = std::max(scanned, in_head_ + 1); p < in_tail_; ++p) {
+      if (in_[p] == '\n' && in_[p - 1] == '\r') {
+        *line = std::string_view(reinterpret_cast<const char*>(begin), p - 1 - in_head_);
+        in_head_ = p + 1;
+        return true;
       }
     }
-    for (size_t k = i; k < end; ++k) {
-      void* r = nullptr;
-      sink_ = [&found, k](std::span<const uint8_t> bytes) { found(k, bytes); };
-      const int rc = redisGetReply(ctx_, &r);
-      sink_ = nullptr;
-      if (rc != REDIS_OK) {
-        fail_locked("GET");
+    if (in_tail_ - in_head_ > kMaxLineBytes) return false;
+    const size_t seen = in_tail_ - in_head_;
+    if (!fill_locked()) return false;  // may move the unread bytes to the front
+    scanned = in_head_ + seen;
+  }
+}
+
+bool RedisTier::read_value_locked(size_t i, uint64_t bytes, GetSink& sink) {
+  uint8_t* dst = sink.buffer(i, bytes);
+  uint64_t got = 0;
+  while (got < bytes) {
+    if (in_head_ == in_tail_) {
+      const uint64_t left = bytes - got;
+      if (dst != nullptr && left >= kDirectBytes) {
+        const ssize_t n = ::recv(ctx_->fd, dst + got, std::min(left, kChunkBytes), 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        sink.received(i, got, static_cast<uint64_t>(n));
+        got += static_cast<uint64_t>(n);
+        continue;
+      }
+      if (!fill_locked()) return false;
+    }
+    const uint64_t take = std::min<uint64_t>(bytes - got, in_tail_ - in_head_);
+    if (dst != nullptr) {
+      std::memcpy(dst + got, in_.data() + in_head_, take);
+      sink.received(i, got, take);
+    }
+    in_head_ += take;
+    got += take;
+  }
+  while (in_tail_ - in_head_ < 2) {
+    if (!fill_locked()) return false;
+  }
+  if (in_[in_head_] != '\r' || in_[in_head_ + 1] != '\n') return false;
+  in_head_ += 2;
+  if (dst != nullptr) sink.done(i);
+  return true;
+}
+
+bool RedisTier::get(std::span<const std::string> keys, GetSink& sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SigpipeGuard guard;
+  if (keys.empty()) return true;
+  if (!connect_locked()) return false;
+  if (!raw_ready_locked()) return false;
+  // A sliding window: up to `depth` GETs in flight, topped up whenever half
+  // of them have been answered, so Redis always has the next reply to send.
+  const size_t depth = std::max<uint32_t>(1, options_.pipeline_depth);
+  size_t sent = 0;
+  auto send_upto = [&](size_t n) {
+    out_.clear();
+    for (; sent < n; ++sent) {
+      out_ += "*2\r\n$3\r\nGET\r\n";
+      append_bulk(out_, keys[sent]);
+    }
+    return send_all_locked(out_);
+  };
+  if (!send_upto(std::min(keys.size(), depth))) {
+    fail_locked("GET send");
+    return false;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (sent < keys.size() && sent - i <= depth / 2 && !send_upto(std::min(keys.size(), i + depth))) {
+      fail_locked("GET send");
+      return false;
+    }
+    std::string_view line;
+    if (!read_line_locked(&line) || line.empty()) {
+      fail_locked("GET reply");
+      return false;
+    }
+    if (line[0] != '$') {
+      fail_locked(line[0] == '-' ? "GET error reply" : "GET: unexpected reply");
+      return false;
+    }
+    if (line == "$-1") continue;  // absent
+    uint64_t bytes = 0;
+    for (size_t c = 1; c < line.size(); ++c) {
+      if (line[c] < '0' || line[c] > '9' || bytes > (uint64_t{1} << 40)) {
+        fail_locked("GET: bad bulk length");
         return false;
       }
-      Reply reply(static_cast<redisReply*>(r));
-      if (reply->type == REDIS_REPLY_STRING && reply->str != nullptr) {
-        found(k, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(reply->str), reply->len));
-      } else if (reply->type == REDIS_REPLY_ERROR) {
-        fail_locked("GET error reply");
-        return false;
-      }
+      bytes = bytes * 10 + static_cast<uint64_t>(line[c] - '0');
+    }
+    if (!read_value_locked(i, bytes, sink)) {
+      fail_locked("GET value");
+      return false;
     }
   }
   return true;
@@ -251,6 +491,7 @@ Result<std::string> RedisTier::command(std::span<const std::string> args) {
     case REDIS_REPLY_STRING:
     case REDIS_REPLY_STATUS: return std::string(reply->str, reply->len);
     case REDIS_REPLY_ERROR: return Status::io_error("redis: " + std::string(reply->str, reply->len));
+    case REDIS_REPLY_NIL: return Status::not_found("redis: nil reply");
     default: return std::string();
   }
 }

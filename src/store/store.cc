@@ -61,6 +61,7 @@ StoreStats Store::stats() const {
     s.redis_configured = true;
     s.redis_up = c.up;
     s.redis_writes = c.writes;
+    s.redis_parts = c.parts;
     s.redis_errors = c.errors;
     s.redis_skipped = c.skipped;
   }

@@ -145,6 +145,40 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
+// The parts ranks write when they assemble an object in Redis
+// (GroupGeometry::part): over the ranks of an instance they cover the payload
+// exactly once, so an object whose every part bit is set is whole.
+TEST(StoreTest, PartsOfEveryRankCoverThePayloadExactlyOnce) {
+  const std::vector<std::pair<std::string, std::vector<uint32_t>>> cases = {
+      {"llama3-8b", {1, 2, 8, 16}}, {"deepseek-v3", {1, 4}}, {"qwen3-next", {2, 8}}, {"gpt-oss", {8}},
+      {"mla-with-draft", {2, 8}}};
+  for (const auto& [name, tps] : cases) {
+    for (uint32_t tp : tps) {
+      std::vector<store_internal::Canonical> ranks;
+      for (uint32_t r = 0; r < tp; ++r) {
+        Result<store_internal::Canonical> c = store_internal::Canonical::create(preset(name, tp, r, 64, 2), 16);
+        ASSERT_TRUE(c.ok()) << name << " tp " << tp << ": " << c.status().to_string();
+        ranks.push_back(std::move(*c));
+      }
+      for (size_t gi = 0; gi < ranks[0].num_groups(); ++gi) {
+        if (!ranks[0].geometry(gi).stored) continue;
+        const uint64_t n = ranks[0].geometry(gi).object_bytes;
+        std::vector<uint8_t> writes(n, 0);
+        for (const auto& c : ranks) {
+          for (const auto& [b, e] : c.geometry(gi).part) {
+            ASSERT_LE(e, n);
+            for (uint64_t i = b; i < e; ++i) ++writes[i];
+          }
+        }
+        for (uint64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(writes[i], i < store_internal::kHeaderBytes ? 0 : 1)
+              << name << " tp " << tp << " group " << gi << " byte " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(StoreTest, ScratchGroupsAreNeverStoredAndIdsStayStable) {
   // glm5-flash: mla, indexer (2 hash blocks each), indexer_tail (scratch:
   // never), kda.0-3 (the state at 1152 each).

@@ -1,0 +1,76 @@
+// RankStore's state, shared by rank_store.cc (create, lookup, get) and
+// rank_store_put.cc (put). Not a public header.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvbridge/store.h"
+#include "store/canonical.h"
+#include "store/redis_tier.h"
+#include "store/selection.h"
+#include "store/store_impl.h"
+
+namespace kvbridge {
+
+struct RankStore::Impl {
+  std::shared_ptr<Store> store;
+  Store::Impl* s = nullptr;
+  Layout layout;
+  store_internal::Canonical canonical;
+  BlockHash seed;
+  uint64_t H = 0;
+  uint64_t align = 0;
+  std::vector<size_t> stored;  // indices of stored groups
+
+  ObjectKey key(size_t gi, const std::vector<BlockHash>& hashes, uint64_t j) const {
+    return {hashes[j], canonical.geometry(gi).id};
+  }
+  Result<const GroupBlocks*> blocks(const Request& r, size_t gi) const {
+    auto it = r.blocks.find(layout.groups[gi].name);
+    if (it == r.blocks.end()) {
+      return Status::invalid_argument("store: request has no block list for group '" + layout.groups[gi].name + "'");
+    }
+    return &it->second;
+  }
+  // One object a put writes (its part of): hash block j, the state's block
+  // id for a state group, and where its bytes go.
+  struct Item {
+    uint64_t j;
+    int64_t state_id;
+    ObjectKey key;
+    uint8_t* data;
+  };
+  bool shared_assembly() const {
+    return s->options.assembly == Assembly::kShared && s->redis != nullptr && layout.tp_size > 1;
+  }
+  Result<PutResult> put(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory);
+  // Copies the rank's part of each item from `memory` into item.data.
+  Status copy_in(size_t gi, const GroupBlocks& list, std::span<const Item> items, TensorMemory memory,
+                 uint64_t* copied);
+  Status put_in_process(size_t gi, const GroupBlocks& list, TensorMemory memory,
+                        const std::vector<BlockHash>& hashes, std::span<const store_internal::Selected> selected,
+                        PutResult* result);
+  Status put_parts(size_t gi, const GroupBlocks& list, TensorMemory memory, const std::vector<BlockHash>& hashes,
+                   std::span<const store_internal::Selected> selected, PutResult* result);
+  Result<std::vector<store_internal::GroupPresence>> presence(const std::vector<BlockHash>& hashes, uint64_t* redis_found);
+  Result<GetResult> get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory, bool copy);
+  // Copies object j of group gi into the rank with its cached per-object
+  // plan. Returns the bytes copied, or -1 when that path does not apply
+  // (then the get's general copy does it, or reports the error).
+  int64_t copy_out_fast(size_t gi, const Request& request, uint64_t skip, uint64_t j, TensorMemory memory,
+                        const uint8_t* object);
+};
+
+namespace store_internal {
+
+// The rank block list covering tokens [0, end): its first ceil(end / bt) ids.
+std::vector<int64_t> truncated(const std::vector<int64_t>& ids, uint64_t end, uint64_t bt);
+// Canonical ids for objects [a, a + k): -1 before, then 0..k-1.
+std::vector<int64_t> canonical_ids(uint64_t a, uint64_t k);
+
+}  // namespace store_internal
+}  // namespace kvbridge

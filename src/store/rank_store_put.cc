@@ -1,0 +1,291 @@
+// One rank's puts: see kvbridge/store.h, docs/store.md and rank_store.cc.
+//
+// A put selects the hash blocks of each stored group (selection.h) and copies
+// the rank's head slice of each into an object-sized buffer through a plan
+// from its layout into the canonical write view. In process
+// (Assembly::kInProcess) the buffers are staging buffers that every rank of
+// the instance fills; the put that completes one publishes it into the memory
+// tier and then through to Redis. With Assembly::kShared the buffers are
+// scratch, and the rank writes its part into Redis, where the last part
+// publishes the object.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+
+#include "kvbridge/plan.h"
+#include "store/object.h"
+#include "store/rank_store_impl.h"
+
+namespace kvbridge {
+
+using store_internal::canonical_ids;
+using store_internal::truncated;
+
+namespace store_internal {
+
+std::vector<int64_t> truncated(const std::vector<int64_t>& ids, uint64_t end, uint64_t bt) {
+  const uint64_t n = std::min<uint64_t>(ids.size(), (end + bt - 1) / bt);
+  return std::vector<int64_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+std::vector<int64_t> canonical_ids(uint64_t a, uint64_t k) {
+  std::vector<int64_t> ids(a + k, -1);
+  std::iota(ids.begin() + static_cast<std::ptrdiff_t>(a), ids.end(), int64_t{0});
+  return ids;
+}
+
+}  // namespace store_internal
+
+Status RankStore::Impl::copy_in(size_t gi, const GroupBlocks& list, std::span<const Item> items, TensorMemory memory,
+                                uint64_t* copied) {
+  const Group& g = layout.groups[gi];
+  const auto& geo = canonical.geometry(gi);
+  // The fast path: one cached plan per object position (canonical.h).
+  size_t done = 0;
+  for (; done < items.size(); ++done) {
+    const Item& it = items[done];
+    const uint64_t phase = g.kind == GroupKind::kState ? 0 : (it.j * H % g.block_tokens) / H;
+    const store_internal::ObjectPlan* op = canonical.object_plan(gi, true, phase);
+    if (op == nullptr) break;
+    const int64_t b = g.kind == GroupKind::kState ? it.state_id : list.local[it.j * H / g.block_tokens];
+    if (b < 0 || static_cast<uint64_t>(b) >= g.num_blocks) {
+      return Status::out_of_range("store: put group '" + g.name + "': block id " + std::to_string(b) +
+                                  " is not below num_blocks " + std::to_string(g.num_blocks));
+    }
+    *copied += store_internal::put_object(*op, memory, static_cast<uint64_t>(b), it.data, geo.skip);
+  }
+  // Otherwise one plan per run of consecutive objects (per object for state
+  // and sliding-window groups: the plan cuts a window to the run's last
+  // tokens, and a state plan moves one state).
+  const bool per_object = g.kind != GroupKind::kAttention;
+  for (size_t i = done; i < items.size();) {
+    size_t e = i + 1;
+    while (!per_object && e < items.size() && items[e].j == items[e - 1].j + 1) ++e;
+    const uint64_t a = items[i].j, k = e - i;
+    Request sub;
+    GroupBlocks& gb = sub.blocks[g.name];
+    if (g.kind == GroupKind::kState) {
+      sub.num_tokens = (a + 1) * H;
+      gb.local = {0};
+      gb.remote = {items[i].state_id};
+    } else {
+      sub.num_tokens = (a + k) * H;
+      sub.skip_tokens = a * H;
+      gb.local = canonical_ids(a, k);
+      gb.remote = truncated(list.local, sub.num_tokens, g.block_tokens);
+    }
+    const Layout& view = canonical.rank_view(gi);
+    Result<Plan> p = plan(canonical.write_view(gi, k), std::span<const Layout>(&view, 1), sub);
+    if (!p.ok()) return p.error().with_context("store: put group '" + g.name + "'");
+    std::vector<uint8_t*> bufs;
+    for (size_t x = i; x < e; ++x) bufs.push_back(items[x].data);
+    *copied += store_internal::copy_into_objects(*p, memory, bufs, geo.object_bytes, geo.skip);
+    i = e;
+  }
+  return Status();
+}
+
+Result<PutResult> RankStore::Impl::put(std::span<const uint32_t> tokens, const Request& request,
+                                       TensorMemory memory) {
+  if (request.num_tokens > tokens.size()) {
+    return Status::invalid_argument("store: request.num_tokens " + std::to_string(request.num_tokens) +
+                                    " exceeds the " + std::to_string(tokens.size()) + " tokens given");
+  }
+  KVB_RETURN_IF_ERROR(store_internal::check_memory(layout, memory));
+  const std::vector<BlockHash> hashes = chain_hashes(seed, H, tokens.first(request.num_tokens));
+  PutResult result;
+  for (size_t gi : stored) {
+    KVB_ASSIGN_OR_RETURN(const GroupBlocks* list, blocks(request, gi));
+    KVB_ASSIGN_OR_RETURN(auto selected, store_internal::select_blocks(layout.groups[gi], list->local,
+                                                                      request.num_tokens, request.skip_tokens, H));
+    if (shared_assembly()) {
+      KVB_RETURN_IF_ERROR(put_parts(gi, *list, memory, hashes, selected, &result));
+    } else {
+      KVB_RETURN_IF_ERROR(put_in_process(gi, *list, memory, hashes, selected, &result));
+    }
+  }
+  return result;
+}
+
+Status RankStore::Impl::put_in_process(size_t gi, const GroupBlocks& list, TensorMemory memory,
+                                       const std::vector<BlockHash>& hashes,
+                                       std::span<const store_internal::Selected> selected, PutResult* result) {
+  const auto& geo = canonical.geometry(gi);
+  const uint32_t tp = layout.tp_size, rank = layout.tp_rank;
+  const bool checksum = s->redis != nullptr;
+  std::vector<Item> items;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    for (const auto& sel : selected) {
+      const StagingKey sk{key(gi, hashes, sel.block), tp};
+      if (s->memory.contains(sk.key)) {
+        ++result->objects_present;
+        continue;
+      }
+      auto it = s->staging.find(sk);
+      if (it == s->staging.end()) {
+        uint8_t* buf = s->allocate_locked(geo.object_bytes);
+        if (buf == nullptr) {
+          ++result->objects_rejected;
+          ++s->rejected;
+          continue;
+        }
+        Staging st;
+        st.data = buf;
+        st.bytes = geo.object_bytes;
+        st.done.assign(tp, 0);
+        st.seq = s->next_seq++;
+        it = s->staging.emplace(sk, std::move(st)).first;
+      } else if (it->second.done[rank]) {
+        ++result->objects_present;  // this rank's part is in already
+        continue;
+      }
+      ++it->second.writers;
+      items.push_back({sel.block, sel.state_block_id, sk.key, it->second.data});
+    }
+  }
+  const Status copy_status = copy_in(gi, list, items, memory, &result->bytes_copied);
+  // Mark the parts done; publish complete objects.
+  std::vector<Staging> complete;
+  std::vector<ObjectKey> complete_keys;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    for (const Item& it : items) {
+      auto st = s->staging.find({it.key, tp});
+      if (st == s->staging.end()) continue;
+      --st->second.writers;
+      if (copy_status.ok() && !st->second.done[rank]) {
+        st->second.done[rank] = 1;
+        ++st->second.done_count;
+        ++result->parts_written;
+      }
+      if (st->second.done_count == tp && st->second.writers == 0) {
+        complete.push_back(st->second);
+        complete_keys.push_back(it.key);
+        s->staging.erase(st);
+      }
+    }
+  }
+  for (size_t c = 0; c < complete.size(); ++c) {
+    store_internal::write_header(complete[c].data, complete_keys[c], complete[c].bytes, H, checksum);
+  }
+  std::vector<ObjectKey> published;  // pinned until written through
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    for (size_t c = 0; c < complete.size(); ++c) {
+      const uint32_t pins = checksum ? 1 : 0;
+      if (s->memory.insert(complete_keys[c], complete[c].data, complete[c].bytes, pins)) {
+        ++result->objects_published;
+        ++s->published;
+      }
+      if (checksum) published.push_back(complete_keys[c]);
+    }
+  }
+  // Write through to Redis, outside the store lock; the objects are pinned.
+  if (s->redis && !published.empty()) {
+    std::vector<std::string> keys;
+    std::vector<std::span<const uint8_t>> values;
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      for (const ObjectKey& k : published) {
+        uint64_t n = 0;
+        const uint8_t* d = s->memory.pin(k, &n);
+        s->memory.unpin(k);  // still pinned by the publish pin
+        keys.push_back(k.text(s->redis->options().key_prefix));
+        values.emplace_back(d, n);
+      }
+    }
+    s->redis->put(keys, values);
+    std::lock_guard<std::mutex> lock(s->mu);
+    for (const ObjectKey& k : published) s->memory.unpin(k);
+  }
+  return copy_status;
+}
+
+// Assembly in Redis (docs/formats/store-object.md): the rank copies its part
+// into object-sized scratch buffers (from the memory tier's pool, returned
+// right after), then writes its byte ranges and its part bit; Redis publishes
+// the object when the last part lands. Nothing enters the memory tier: it
+// holds whole objects only, and a get promotes the whole object from Redis.
+Status RankStore::Impl::put_parts(size_t gi, const GroupBlocks& list, TensorMemory memory,
+                                  const std::vector<BlockHash>& hashes,
+                                  std::span<const store_internal::Selected> selected, PutResult* result) {
+  const auto& geo = canonical.geometry(gi);
+  const std::string& prefix = s->redis->options().key_prefix;
+  const std::string suffix = ".tp" + std::to_string(layout.tp_size);
+  // Objects visible anywhere are skipped: memory first, then one pipelined
+  // EXISTS for the rest.
+  std::vector<store_internal::Selected> todo;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    for (const auto& sel : selected) {
+      if (s->memory.contains(key(gi, hashes, sel.block))) {
+        ++result->objects_present;
+      } else {
+        todo.push_back(sel);
+      }
+    }
+  }
+  std::vector<std::string> keys;
+  for (const auto& sel : todo) keys.push_back(key(gi, hashes, sel.block).text(prefix));
+  const std::vector<uint8_t> there = s->redis->exists(keys);
+  // In batches, so scratch memory stays at a batch of objects.
+  const size_t batch = 2 * std::max<uint32_t>(1, s->redis->options().pipeline_depth);
+  for (size_t b = 0; b < todo.size(); b += batch) {
+    std::vector<Item> items;
+    std::vector<size_t> index;  // into todo/keys
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      for (size_t i = b; i < std::min(todo.size(), b + batch); ++i) {
+        if (there[i]) {
+          ++result->objects_present;
+          continue;
+        }
+        uint8_t* buf = s->allocate_locked(geo.object_bytes);
+        if (buf == nullptr) {
+          ++result->objects_rejected;
+          ++s->rejected;
+          continue;
+        }
+        items.push_back({todo[i].block, todo[i].state_block_id, key(gi, hashes, todo[i].block), buf});
+        index.push_back(i);
+      }
+    }
+    Status st = copy_in(gi, list, items, memory, &result->bytes_copied);
+    if (st.ok()) {
+      std::vector<store_internal::PartWrite> parts(items.size());
+      for (size_t x = 0; x < items.size(); ++x) {
+        store_internal::write_part_header(items[x].data, items[x].key, geo.object_bytes, H);
+        store_internal::PartWrite& p = parts[x];
+        p.object_key = std::move(keys[index[x]]);
+        p.staging_key = p.object_key + suffix;
+        p.object = items[x].data;
+        p.ranges = geo.part;
+        p.header_bytes = store_internal::kPartBitmapByte;
+        p.part_bit = store_internal::kPartBitmapByte * 8 + layout.tp_rank;
+        p.bitmap_byte_begin = store_internal::kPartBitmapByte;
+        p.bitmap_byte_end = store_internal::kHeaderBytes - 1;
+        p.parts = layout.tp_size;
+      }
+      for (store_internal::PartOutcome o : s->redis->put_parts(parts)) {
+        switch (o) {
+          case store_internal::PartOutcome::kFailed: break;
+          case store_internal::PartOutcome::kWritten: ++result->parts_written; break;
+          case store_internal::PartOutcome::kPublished:
+            ++result->parts_written;
+            ++result->objects_published;
+            break;
+          case store_internal::PartOutcome::kPresent: ++result->objects_present; break;
+        }
+      }
+    }
+    std::lock_guard<std::mutex> lock(s->mu);
+    for (const Item& it : items) s->memory.release(it.data, geo.object_bytes);
+    KVB_RETURN_IF_ERROR(st);
+  }
+  return Status();
+}
+
+
+}  // namespace kvbridge
