@@ -38,10 +38,10 @@ test-asan: deps $(BUILD_ASAN)/build.ninja
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS)
 
-# The engine, transport and conformance tests under ThreadSanitizer. UCX is
+# The engine, transport, conformance, connector and store tests under ThreadSanitizer. UCX is
 # off here: libucm patches madvise, which glibc calls at thread exit, and
 # TSan's interceptor crashes inside that hook.
-TSAN_TESTS ?= engine_test conformance_test tcp_test tcp_protocol_test cma_test handshake_test connector_test
+TSAN_TESTS ?= engine_test conformance_test tcp_test tcp_protocol_test cma_test handshake_test connector_test store_test store_redis_test
 empty :=
 space := $(empty) $(empty)
 
