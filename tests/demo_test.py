@@ -68,8 +68,9 @@ def case(name):
 
 @case("default")
 def _(name):
-    r = demo("--requests", "4")
+    r = demo("--requests", "4", "--verify-plans")
     clean(name, r)
+    check(name, r["plans_verified"] == 16, f"plans verified {r['plans_verified']}, expected 4 requests x 4 ranks")
     check(name, r["ok"] == 4 and r["failed"] == 0, f"ok {r['ok']} failed {r['failed']}")
     check(name, r["bytes"] > 0 and r["gbps"] > 0 and r["raw_gbps"] > 0, "no throughput figures")
     check(name, 0 < r["descriptors_per_request"] < r["baseline_descriptors_per_request"],
@@ -174,10 +175,12 @@ def _(name):
         for ptp in (1, 2, 4):
             for dtp in (1, 2, 4):
                 r = demo("--preset", preset, "--prefill-tp", str(ptp), "--decode-tp", str(dtp), "--requests", "2",
-                         "--max-tokens", "600")
+                         "--max-tokens", "600", "--verify-plans")
                 try:
                     clean(f"{preset} TP{ptp}->TP{dtp}", r)
                     check(f"{preset} TP{ptp}->TP{dtp}", r["ok"] == 2, f"ok {r['ok']}: {r['errors']}")
+                    check(f"{preset} TP{ptp}->TP{dtp}", r["plans_verified"] == 2 * dtp,
+                          f"plans verified {r['plans_verified']}, expected {2 * dtp}")
                 except AssertionError as e:
                     bad.append(str(e)[:400])
     check(name, not bad, f"{len(bad)} of {len(names) * 9} runs failed:\n" + "\n".join(bad))

@@ -63,6 +63,7 @@ struct DemoArgs {
   Inject inject = Inject::kNone;
   std::chrono::milliseconds lease{30000};
   std::chrono::milliseconds transfer_timeout{20000};
+  bool verify_plans = false;  // each decode rank checks every plan with verify() first
   bool json = false;
   bool progress = true;
 };

@@ -491,6 +491,7 @@ class Driver {
       sum_.handshakes_rejected += f.value("rejected", uint64_t{0});
       if (!f.value("last_rejection", "").empty()) sum_.last_rejection = f.value("last_rejection", "");
       sum_.notifications_failed += f.value("notifications_failed", uint64_t{0});
+      sum_.plans_verified += f.value("plans_verified", uint64_t{0});
       if (!f.value("last_notification_error", "").empty()) {
         sum_.last_notification_error = f.value("last_notification_error", "");
       }

@@ -89,6 +89,7 @@ class Rank {
     w.side_channel_host = c_.side.host;
     w.secret = a.secret;
     w.transfer_timeout = a.transfer_timeout;
+    w.verify_plans = a.verify_plans;
     w.heartbeat_interval = std::clamp<std::chrono::milliseconds>(a.lease / 4, std::chrono::milliseconds(50),
                                                                  std::chrono::milliseconds(1000));
     if (c_.prefill) {
@@ -260,6 +261,7 @@ class Rank {
                      {"rejected", s.handshakes_rejected},
                      {"last_rejection", s.last_rejection},
                      {"notifications_failed", s.notifications_failed},
+                     {"plans_verified", s.plans_verified},
                      {"last_notification_error", s.last_notification_error},
                      {"transfers_failed", m.transfers_failed},
                      {"transfers_cancelled", m.transfers_cancelled}});

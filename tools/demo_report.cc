@@ -110,6 +110,7 @@ void print_report(const Summary& s) {
               {"handshakes_rejected", s.handshakes_rejected},
               {"last_rejection", s.last_rejection},
               {"notifications_failed", s.notifications_failed},
+              {"plans_verified", s.plans_verified},
               {"last_notification_error", s.last_notification_error},
               {"releases", s.releases},
               {"errors", f.errors},
@@ -154,6 +155,9 @@ void print_report(const Summary& s) {
   }
   std::printf("  handshakes        %llu (once per remote rank per decode rank), %llu rejected\n",
               static_cast<unsigned long long>(s.handshakes), static_cast<unsigned long long>(s.handshakes_rejected));
+  if (a.verify_plans) {
+    std::printf("  plans verified    %llu (verify() before each load)\n", static_cast<unsigned long long>(s.plans_verified));
+  }
   if (!s.last_rejection.empty()) std::printf("  last rejection    %s\n", s.last_rejection.c_str());
   if (s.notifications_failed) {
     std::printf("  notifications     %llu failed: %s\n", static_cast<unsigned long long>(s.notifications_failed),

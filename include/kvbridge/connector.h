@@ -165,6 +165,10 @@ struct WorkerOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds transfer_timeout{30000};
   std::chrono::milliseconds heartbeat_interval{1000};
+  // Check every plan with verify() (verify.h) before it runs: the load fails
+  // (kInternal, naming the first wrong byte) instead of moving a wrong byte.
+  // Costs a simulated execution per request; for tests and debugging.
+  bool verify_plans = false;
   // Fault injection (tests, `kvbridge demo --inject`): the side channel
   // advertises this handshake version / answers with garbage or truncated
   // bytes ("garbage", "truncate").
@@ -185,6 +189,7 @@ struct WorkerStats {
   uint64_t handshakes_rejected = 0;
   std::string last_rejection;
   uint64_t loads_started = 0, loads_ok = 0, loads_failed = 0, loads_aborted = 0;
+  uint64_t plans_verified = 0, plans_rejected = 0;  // with WorkerOptions::verify_plans
   uint64_t notifications_failed = 0;
   std::string last_notification_error;
 };

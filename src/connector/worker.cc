@@ -15,6 +15,7 @@
 #include "connector/side_channel.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/plan.h"
+#include "kvbridge/verify.h"
 
 namespace kvbridge {
 namespace {
@@ -22,15 +23,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::string_view kMessagePrefix = "kvb/1 ";
 
-struct RemoteRank {
-  connector::RankInfo info;
-  Layout layout;
-  std::optional<PeerId> peer;  // connected on first use as a source
+// What the handshakes told us about a remote instance's ranks, in tp_rank
+// order; immutable once fetched, so loads plan from it without the lock.
+struct Fetched {
+  std::vector<connector::RankInfo> infos;
+  std::vector<Layout> layouts;
 };
 
 struct RemoteInstance {
   std::vector<std::string> addresses;
-  std::vector<RemoteRank> ranks;  // fetched, in tp_rank order (empty until the first load)
+  std::shared_ptr<const Fetched> fetched;   // null until the first load
+  std::vector<std::optional<PeerId>> peers;  // per rank, connected on first use as a source
 };
 
 struct Load {
@@ -117,7 +120,7 @@ class WorkerImpl final : public ConnectorWorker {
     if (rank_addresses.empty()) return Status::invalid_argument("instance '" + instance + "' has no rank");
     std::lock_guard<std::mutex> lock(mu_);
     RemoteInstance& r = remotes_[instance];
-    if (!r.ranks.empty() && r.addresses != rank_addresses) {
+    if (r.fetched && r.addresses != rank_addresses) {
       return Status::already_exists("instance '" + instance + "' is already known with other addresses");
     }
     r.addresses = std::move(rank_addresses);
@@ -127,13 +130,14 @@ class WorkerImpl final : public ConnectorWorker {
   Result<std::vector<RemoteRankView>> remote_ranks(const std::string& instance) const override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = remotes_.find(instance);
-    if (it == remotes_.end() || it->second.ranks.empty()) {
+    if (it == remotes_.end() || !it->second.fetched) {
       return Status::not_found("no handshake with instance '" + instance + "' yet");
     }
+    const Fetched& f = *it->second.fetched;
     std::vector<RemoteRankView> out;
-    for (const RemoteRank& r : it->second.ranks) {
-      RemoteRankView v{r.layout, r.info.pid, {}};
-      for (const connector::TensorRegion& t : r.info.tensors) v.tensor_bases.push_back(t.base);
+    for (size_t r = 0; r < f.infos.size(); ++r) {
+      RemoteRankView v{f.layouts[r], f.infos[r].pid, {}};
+      for (const connector::TensorRegion& t : f.infos[r].tensors) v.tensor_bases.push_back(t.base);
       out.push_back(std::move(v));
     }
     return out;
@@ -143,10 +147,24 @@ class WorkerImpl final : public ConnectorWorker {
     KVB_RETURN_IF_ERROR(fetch_remote(instance));
     std::unique_lock<std::mutex> lock(mu_);
     if (loads_.count(request) != 0) return Status::already_exists("request " + std::to_string(request) + " is loading");
-    RemoteInstance& remote = remotes_[instance];
-    std::vector<Layout> layouts;
-    for (const RemoteRank& r : remote.ranks) layouts.push_back(r.layout);
+    const std::shared_ptr<const Fetched> fetched = remotes_[instance].fetched;
+    lock.unlock();
+    // Planning (and verifying) runs outside the lock, on the immutable snapshot.
+    const std::vector<Layout>& layouts = fetched->layouts;
     KVB_ASSIGN_OR_RETURN(Plan p, plan(layout_, layouts, blocks));
+    if (options_.verify_plans) {
+      // The verifier's independent rules on simulated memory: a plan that
+      // would move one wrong byte is refused before anything moves.
+      Result<VerifyReport> v = verify(p, layout_, layouts, blocks);
+      if (!v.ok()) {
+        std::lock_guard<std::mutex> stats_lock(mu_);
+        ++stats_.plans_rejected;
+        return v.error().with_context("request " + std::to_string(request) + ": plan from " + instance +
+                                      " failed verification");
+      }
+      std::lock_guard<std::mutex> stats_lock(mu_);
+      ++stats_.plans_verified;
+    }
     Load load;
     load.request = request;
     load.instance = instance;
@@ -158,16 +176,18 @@ class WorkerImpl final : public ConnectorWorker {
     // One batch per source rank, in the plan's (local address) order.
     std::vector<std::vector<TransferItem>> items(layouts.size());
     for (const Descriptor& d : p.descriptors) {
-      const RemoteRank& src = remote.ranks[d.source];
       items[d.source].push_back(TransferItem{regions_[d.local_tensor], d.local_offset,
-                                             src.info.tensors[d.remote_tensor].region, d.remote_offset, d.bytes});
+                                             fetched->infos[d.source].tensors[d.remote_tensor].region,
+                                             d.remote_offset, d.bytes});
     }
+    lock.lock();
+    if (loads_.count(request) != 0) return Status::already_exists("request " + std::to_string(request) + " is loading");
+    RemoteInstance& remote = remotes_[instance];
     load.started = Clock::now();
     for (size_t s = 0; s < items.size(); ++s) {
       if (items[s].empty()) continue;
-      RemoteRank& src = remote.ranks[s];
-      Status st = connect_peer(src);
-      Result<TransferId> id = st.ok() ? engine_.submit(*src.peer, TransferOp::kRead, items[s], std::string(),
+      Status st = connect_peer(remote, s);
+      Result<TransferId> id = st.ok() ? engine_.submit(*remote.peers[s], TransferOp::kRead, items[s], std::string(),
                                                        options_.transfer_timeout)
                                       : Result<TransferId>(st);
       if (!id.ok()) {
@@ -179,7 +199,7 @@ class WorkerImpl final : public ConnectorWorker {
                                        " rank " + std::to_string(s));
       }
       load.transfers.emplace_back(static_cast<uint32_t>(s), *id);
-      load.peers.push_back(*src.peer);
+      load.peers.push_back(*remote.peers[s]);
       load.result.sources.push_back(static_cast<uint32_t>(s));
     }
     ++stats_.loads_started;
@@ -241,23 +261,23 @@ class WorkerImpl final : public ConnectorWorker {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = remotes_.find(instance);
       if (it == remotes_.end()) return Status::not_found("unknown remote instance '" + instance + "'");
-      if (!it->second.ranks.empty()) return Status();
+      if (it->second.fetched) return Status();
       addresses = it->second.addresses;
     }
     std::lock_guard<std::mutex> fetch(fetch_mu_);  // one handshake round per instance at a time
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!remotes_[instance].ranks.empty()) return Status();
+      if (remotes_[instance].fetched) return Status();
     }
     connector::SideChannelOptions sc;
     sc.secret = options_.secret;
     sc.timeout = options_.handshake_timeout;
-    std::vector<RemoteRank> ranks;
+    auto fetched = std::make_shared<Fetched>();
     for (size_t r = 0; r < addresses.size(); ++r) {
       const std::string who = instance + " rank " + std::to_string(r);
-      Result<connector::RankInfo> fetched = connector::fetch_rank_info(addresses[r], identity_, hash_, sc);
-      if (!fetched.ok()) return fetched.error().with_context(who);
-      connector::RankInfo info = std::move(*fetched);
+      Result<connector::RankInfo> got = connector::fetch_rank_info(addresses[r], identity_, hash_, sc);
+      if (!got.ok()) return got.error().with_context(who);
+      connector::RankInfo info = std::move(*got);
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.handshakes;
@@ -272,19 +292,22 @@ class WorkerImpl final : public ConnectorWorker {
                                     std::to_string(l.tp_size) + " with " + std::to_string(info.tensors.size()) +
                                     " tensor regions");
       }
-      ranks.push_back(RemoteRank{std::move(info), std::move(l), std::nullopt});
+      fetched->infos.push_back(std::move(info));
+      fetched->layouts.push_back(std::move(l));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    remotes_[instance].ranks = std::move(ranks);
+    RemoteInstance& r = remotes_[instance];
+    r.peers.assign(fetched->infos.size(), std::nullopt);
+    r.fetched = std::move(fetched);
     return Status();
   }
 
   // Requires mu_. Engine connect is a local operation plus a control
   // connection to the peer; done once per source rank.
-  Status connect_peer(RemoteRank& r) {
-    if (r.peer) return Status();
-    KVB_ASSIGN_OR_RETURN(PeerId id, engine_.connect(r.info.engine_metadata));
-    r.peer = id;
+  Status connect_peer(RemoteInstance& r, size_t rank) {
+    if (r.peers[rank]) return Status();
+    KVB_ASSIGN_OR_RETURN(PeerId id, engine_.connect(r.fetched->infos[rank].engine_metadata));
+    r.peers[rank] = id;
     return Status();
   }
 

@@ -135,6 +135,23 @@ TEST(WorkerTest, PullsTwoPrefillRanksIntoOneDecodeRankByteExactWithOneHandshakeP
   }
 }
 
+TEST(WorkerTest, VerifiesEveryPlanBeforeItRunsWhenAsked) {
+  auto prefill = instance(opts("prefill", 2));
+  InstanceOptions o = opts("decode", 1);
+  o.worker.verify_plans = true;
+  auto decode = instance(o);
+  for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 5, r->spans).ok());
+  ConnectorWorker& d = *decode[0]->worker;
+  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+  ASSERT_TRUE(d.start_load(1, "prefill", request()).ok());
+  LoadResult r = wait_one(d);
+  ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+  EXPECT_EQ(d.stats().plans_verified, 1u);
+  EXPECT_EQ(d.stats().plans_rejected, 0u);
+  Result<ContentReport> c = check_request(decode[0]->layout, request(), RequestSide::kLocal, 0, 5, decode[0]->spans);
+  EXPECT_EQ(c->bad_cells, 0u) << c->first_error;
+}
+
 TEST(WorkerTest, AbortStopsEveryByteAndReportsTheLoadAsAborted) {
   auto prefill = instance(opts("prefill", 1));
   auto faults = std::make_shared<transport::Faults>();
