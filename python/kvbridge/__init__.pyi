@@ -349,6 +349,8 @@ class WorkerStats:
     loads_ok: int
     loads_failed: int
     loads_aborted: int
+    plans_verified: int
+    plans_rejected: int
     notifications_failed: int
     last_notification_error: str
 
@@ -361,7 +363,7 @@ class ConnectorWorker:
     def __init__(self, engine: Engine, layout: Layout, tensors: Tensors, instance_id: str,
                  side_channel_host: str = "127.0.0.1", secret: str = "", handshake_timeout: Seconds = 5.0,
                  transfer_timeout: Seconds = 30.0, heartbeat_interval: Seconds = 1.0, advertise_version: int = 0,
-                 reply_fault: str = "") -> None: ...
+                 reply_fault: str = "", verify_plans: bool = False) -> None: ...
     @property
     def side_channel_address(self) -> str: ...
     @property

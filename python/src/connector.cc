@@ -294,6 +294,8 @@ void bind_worker_values(py::module_& m) {
       .def_readonly("loads_ok", &WorkerStats::loads_ok)
       .def_readonly("loads_failed", &WorkerStats::loads_failed)
       .def_readonly("loads_aborted", &WorkerStats::loads_aborted)
+      .def_readonly("plans_verified", &WorkerStats::plans_verified)
+      .def_readonly("plans_rejected", &WorkerStats::plans_rejected)
       .def_readonly("notifications_failed", &WorkerStats::notifications_failed)
       .def_readonly("last_notification_error", &WorkerStats::last_notification_error);
 
@@ -317,7 +319,7 @@ void bind_worker(py::module_& m) {
       .def(py::init([](py::object engine, const Layout& layout, py::object tensors, const std::string& instance_id,
                        const std::string& side_channel_host, const std::string& secret, py::object handshake_timeout,
                        py::object transfer_timeout, py::object heartbeat_interval, uint16_t advertise_version,
-                       const std::string& reply_fault) {
+                       const std::string& reply_fault, bool verify_plans) {
              PyEngine& pe = engine.cast<PyEngine&>();
              std::vector<std::string> names;
              for (const Tensor& t : layout.tensors) names.push_back(t.name);
@@ -343,6 +345,7 @@ void bind_worker(py::module_& m) {
              o.heartbeat_interval = to_millis(heartbeat_interval, o.heartbeat_interval);
              o.advertise_version = advertise_version;
              o.reply_fault = reply_fault;
+             o.verify_plans = verify_plans;
              Engine& e = pe.get();
              Result<std::unique_ptr<ConnectorWorker>> w = [&] {
                py::gil_scoped_release nogil;
@@ -353,13 +356,13 @@ void bind_worker(py::module_& m) {
            py::arg("engine"), py::arg("layout"), py::arg("tensors"), py::arg("instance_id"),
            py::arg("side_channel_host") = "127.0.0.1", py::arg("secret") = "", py::arg("handshake_timeout") = 5.0,
            py::arg("transfer_timeout") = 30.0, py::arg("heartbeat_interval") = 1.0, py::arg("advertise_version") = 0,
-           py::arg("reply_fault") = "",
+           py::arg("reply_fault") = "", py::arg("verify_plans") = false,
            "Registers each tensor of `layout` with `engine` and starts the side channel.\n\n"
            "tensors: one object per layout tensor (list in layout order, or dict by tensor name), each\n"
            "exactly the tensor's bytes and of its memory kind: torch tensors, numpy arrays, buffers.\n"
            "instance_id: e.g. 'prefill-0'. secret: shared secret of the handshake ('' = none).\n"
            "Timeouts and the heartbeat interval are seconds. advertise_version and reply_fault inject\n"
-           "handshake faults (tests only).")
+           "handshake faults (tests only). verify_plans: check every plan with verify() before it runs.")
       .def_property_readonly("side_channel_address", [](PyWorker& w) { return w.get().side_channel_address(); },
                              "host:port of this rank's side channel: give it to the other instance's add_remote().")
       .def_property_readonly("layout", [](PyWorker& w) { return w.get().layout(); })

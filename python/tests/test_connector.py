@@ -121,3 +121,15 @@ def test_worker_checks_memory_and_holds_its_engine():
         w.close()
         with pytest.raises(kvbridge.Unavailable):
             w.stats()
+
+
+def test_verify_plans_checks_each_plan_before_it_runs():
+    p, d = torch_caches(fill_seed=4), torch_caches()
+    lp, ld = kvbridge.layout_from_tensors(torch_spec(p)), kvbridge.layout_from_tensors(torch_spec(d))
+    with kvbridge.Engine(name="prefill/r0") as ep, kvbridge.Engine(name="decode/r0") as ed:
+        with kvbridge.ConnectorWorker(ep, lp, p, instance_id="prefill") as wp, \
+                kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode", verify_plans=True) as wd:
+            wd.add_remote("prefill", [wp.side_channel_address])
+            wd.start_load(7, "prefill", kvbridge.Request(24, {"full": ([2, 3], [6, 1])}))
+            assert wd.collect([7], timeout=20)[7].ok
+            assert (wd.stats().plans_verified, wd.stats().plans_rejected) == (1, 0)
