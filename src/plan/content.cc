@@ -6,15 +6,12 @@
 #include <cstring>
 #include <vector>
 
+#include "plan/moving.h"
+
 namespace kvbridge {
 namespace {
 
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using plan_internal::mix;
 
 uint64_t name_hash(std::string_view s) {  // FNV-1a: stable, no per-process seed
   uint64_t h = 0xcbf29ce484222325ull;
@@ -23,32 +20,6 @@ uint64_t name_hash(std::string_view s) {  // FNV-1a: stable, no per-process seed
 }
 
 constexpr uint64_t kFinalState = ~uint64_t{0};
-
-// The positions of a group held at tokens >= first_token, and the entry of
-// the block list that holds each.
-struct Range {
-  uint64_t first = 0, last = 0;
-};
-
-Range held(const Group& g, const Request& r, uint64_t first_token) {
-  Range m;
-  const uint64_t tps = g.tokens_per_state;
-  if (g.kind == GroupKind::kAttention || g.kind == GroupKind::kSlidingWindow) {
-    uint64_t t0 = first_token;
-    if (g.kind == GroupKind::kSlidingWindow && r.num_tokens > *g.window_tokens) {
-      t0 = std::max(t0, r.num_tokens - *g.window_tokens);
-    }
-    if (t0 < r.num_tokens) {
-      m.first = t0 / tps;
-      m.last = (r.num_tokens + tps - 1) / tps;
-    }
-  } else if (g.kind == GroupKind::kState) {
-    m.last = first_token < r.num_tokens ? 1 : 0;
-  } else {
-    m.last = g.positions_per_block();
-  }
-  return m;
-}
 
 // Writes the pattern of one cell (a word at a time) into `out`.
 void pattern(uint64_t seed, uint64_t n, uint8_t* out) {
@@ -98,7 +69,7 @@ Status walk(const Layout& layout, const Request& request, RequestSide side, uint
     }
     const std::vector<int64_t>& ids = side == RequestSide::kLocal ? it->second.local : it->second.remote;
     const uint64_t ppb = g.positions_per_block();
-    const Range m = held(g, request, first_token);
+    const plan_internal::Moving m = plan_internal::moving_positions(g, request, first_token);
     const uint64_t gseed = name_hash(g.name);
     for (uint64_t p = m.first; p < m.last; ++p) {
       uint64_t entry = p / ppb, in_block = p % ppb, semantic = p, token = p * g.tokens_per_state;

@@ -1,7 +1,8 @@
 // verify(): executes a plan against simulated memory and checks every byte.
 //
 // Written without the planner's helpers: its own rules for which positions
-// move, its own remote-rank lookup (any rank holding the global head is a
+// move (plan/moving.h, shared with content.cc, not with the planner), its
+// own remote-rank lookup (any rank holding the global head is a
 // valid source: the verifier checks the bytes, not the planner's choice), and
 // cell addresses from cell_offset() one cell at a time.
 #include <algorithm>
@@ -13,21 +14,19 @@
 #include <vector>
 
 #include "kvbridge/verify.h"
+#include "plan/moving.h"
 
 namespace kvbridge {
 namespace {
+
+using plan_internal::mix;
+using plan_internal::Moving;
+using plan_internal::moving_positions;
 
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kFinalState = ~uint64_t{0};
 
 std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
-
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // The pattern of a cell: a function of its semantic coordinate only.
 struct Coordinate {
@@ -123,33 +122,6 @@ uint16_t tensor_index(const Layout& l, const std::string& name) {
   return static_cast<uint16_t>(l.find_tensor(name) - l.tensors.data());
 }
 
-// The request positions a group moves, by the verifier's own reading of
-// DESIGN.md: [first, last); a state group moves its final state (first 0,
-// last 1), a scratch group every position of its one block.
-struct Moving {
-  uint64_t first = 0, last = 0;
-};
-
-Moving moving_positions(const Group& g, const Request& request) {
-  Moving m;
-  const uint64_t tps = g.tokens_per_state;
-  if (g.kind == GroupKind::kAttention || g.kind == GroupKind::kSlidingWindow) {
-    uint64_t t0 = request.skip_tokens;
-    if (g.kind == GroupKind::kSlidingWindow && request.num_tokens > *g.window_tokens) {
-      t0 = std::max(t0, request.num_tokens - *g.window_tokens);
-    }
-    if (t0 < request.num_tokens) {
-      m.first = t0 / tps;
-      m.last = (request.num_tokens + tps - 1) / tps;
-    }
-  } else if (g.kind == GroupKind::kState) {
-    m.last = request.skip_tokens < request.num_tokens ? 1 : 0;
-  } else {
-    m.last = g.positions_per_block();
-  }
-  return m;
-}
-
 // Fills, in remote rank `r`'s memory, every cell that holds a moving position
 // of the request (every head the rank holds) with its pattern. Everything else
 // keeps its untouched value, so a plan reading a wrong position, head, block
@@ -163,7 +135,7 @@ void fill_remote(const Layout& local, const Layout& r, const Request& request, S
     if (g == nullptr || it == request.blocks.end() || !lg.transfer) continue;
     const std::vector<int64_t>& ids = it->second.remote;
     const uint64_t ppb = g->positions_per_block();
-    const Moving m = moving_positions(*g, request);
+    const Moving m = moving_positions(*g, request, request.skip_tokens);
     for (uint64_t p = m.first; p < m.last; ++p) {
       uint64_t entry = p / ppb, in_block = p % ppb, semantic = p;
       if (g->kind == GroupKind::kState) {
@@ -262,7 +234,7 @@ Result<VerifyReport> verify(const Plan& plan, const Layout& local, std::span<con
     if (it == request.blocks.end()) return Status::invalid_argument("request lacks group " + q(g.name));
     const std::vector<int64_t>& ids = it->second.local;
     const uint64_t ppb = g.positions_per_block();
-    const Moving mv = moving_positions(g, request);
+    const Moving mv = moving_positions(g, request, request.skip_tokens);
     const uint64_t first = mv.first, last = mv.last;
     for (uint64_t p = first; p < last; ++p) {
       uint64_t entry = p / ppb, in_block = p % ppb, semantic = p;
