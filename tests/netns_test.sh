@@ -12,36 +12,16 @@ set -euo pipefail
 peer=${1:?usage: netns_test.sh PATH/TO/tcp_netns_peer}
 skip() { echo "SKIP: netns_test: $*"; exit 77; }
 
-[[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces (uid $(id -u))"
-command -v ip >/dev/null || skip "the ip command (iproute2) is not installed"
-
-ns_a=kvb-a-$$
-ns_b=kvb-b-$$
-veth_a=kvba$$
-veth_b=kvbb$$
 work=$(mktemp -d)
 server_pid=
 cleanup() {
   [[ -n $server_pid ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
-  ip netns del "$ns_a" 2>/dev/null || true
-  ip netns del "$ns_b" 2>/dev/null || true
-  ip link del "$veth_a" 2>/dev/null || true
+  netns_cleanup
   rm -rf "$work"
 }
 trap cleanup EXIT
-
-if ! err=$(ip netns add "$ns_a" 2>&1); then
-  skip "cannot create a network namespace: $err"
-fi
-ip netns add "$ns_b"
-ip link add "$veth_a" type veth peer name "$veth_b"
-ip link set "$veth_a" netns "$ns_a"
-ip link set "$veth_b" netns "$ns_b"
-ip -n "$ns_a" addr add 10.231.0.1/30 dev "$veth_a"
-ip -n "$ns_b" addr add 10.231.0.2/30 dev "$veth_b"
-for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
-ip -n "$ns_a" link set "$veth_a" up
-ip -n "$ns_b" link set "$veth_b" up
+source "$(dirname "$0")/netns_lib.sh"
+netns_pair kvb 10.231.0
 
 ip netns exec "$ns_a" "$peer" serve 10.231.0.1 "$work/server" &
 server_pid=$!
