@@ -75,19 +75,24 @@ struct Proc {
 // What is in flight for the current request.
 struct Current {
   RequestId id = 0;
-  uint32_t acks = 0;  // prefilled / raw / freed / aborted / recomputed replies
-  std::vector<json> replies;
+  std::vector<json> replies;  // prefilled / raw / freed / aborted / recomputed replies
 };
 
-Layout layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_blocks) {
+// Rank 0's layout of one side; errors name the side.
+Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_blocks) {
+  const char* side = &s == &a.prefill ? "prefill" : "decode";
   PresetOptions p;
   p.name = a.preset;
   p.tp_size = s.tp;
   p.block_tokens = s.block_tokens;
   p.kernel_block_tokens = s.kernel_block_tokens;
-  p.order = *parse_order(s.order);
+  Result<Order> order = parse_order(s.order);
+  if (!order.ok()) return order.error().with_context(side);
+  p.order = *order;
   p.num_blocks = num_blocks;
-  return *make_preset(p);
+  Result<Layout> l = make_preset(p);
+  if (!l.ok()) return l.error().with_context(side);
+  return l;
 }
 
 uint64_t blocks_for(const Group& g, uint64_t tokens) {
@@ -137,29 +142,15 @@ class Driver {
 
  private:
   Status check_args() {
-    KVB_ASSIGN_OR_RETURN(Order po, parse_order(a_.prefill.order));
-    KVB_ASSIGN_OR_RETURN(Order dord, parse_order(a_.decode.order));
-    (void)po;
-    (void)dord;
     KVB_ASSIGN_OR_RETURN(FailurePolicy policy, parse_failure_policy(a_.policy));
-    (void)policy;
     if (a_.requests == 0) return Status::invalid_argument("--requests must be at least 1");
     if (a_.transport != "cma" && a_.transport != "tcp" && a_.transport != "ucx") {
       return Status::invalid_argument("--transport '" + a_.transport +
                                       "': the demo's ranks are processes; use cma, tcp or ucx");
     }
     if (a_.decode_instances == 0) return Status::invalid_argument("--decode-instances must be at least 1");
-    for (const SideArgs* s : {&a_.prefill, &a_.decode}) {
-      PresetOptions p;
-      p.name = a_.preset;
-      p.tp_size = s->tp;
-      p.block_tokens = s->block_tokens;
-      p.kernel_block_tokens = s->kernel_block_tokens;
-      p.num_blocks = 1;
-      Result<Layout> l = make_preset(p);
-      if (!l.ok()) return l.error().with_context(s == &a_.prefill ? "prefill" : "decode");
-    }
-    const Layout p1 = layout_of(a_, a_.prefill, 1), d1 = layout_of(a_, a_.decode, 1);
+    KVB_ASSIGN_OR_RETURN(const Layout p1, layout_of(a_, a_.prefill, 1));
+    KVB_ASSIGN_OR_RETURN(const Layout d1, layout_of(a_, a_.decode, 1));
     uint64_t max_block = 1;
     for (const Layout* l : {&p1, &d1}) {
       for (const Group& g : l->groups) {
@@ -176,12 +167,12 @@ class Driver {
                                       std::to_string(need) + " blocks a request of " + std::to_string(max_tokens_) +
                                       " tokens needs");
     }
-    player_ = layout_of(a_, a_.prefill, sum_.num_blocks);
-    dlayout_ = layout_of(a_, a_.decode, sum_.num_blocks);
+    KVB_ASSIGN_OR_RETURN(player_, layout_of(a_, a_.prefill, sum_.num_blocks));
+    KVB_ASSIGN_OR_RETURN(dlayout_, layout_of(a_, a_.decode, sum_.num_blocks));
     ppool_.emplace(sum_.num_blocks);
     for (uint32_t i = 0; i < a_.decode_instances; ++i) {
       dpools_.emplace_back(sum_.num_blocks);
-      dscheds_.emplace_back(a_.decode.tp, *parse_failure_policy(a_.policy));
+      dscheds_.emplace_back(a_.decode.tp, policy);
     }
     psched_ = PrefillScheduler(a_.lease);
     return Status();
@@ -310,7 +301,6 @@ class Driver {
       sum_.rank_errors.push_back((p.engine.empty() ? p.instance + "/r" + std::to_string(p.rank) : p.engine) + ": " +
                                  m.value("error", ""));
     } else if (id == current_.id) {
-      ++current_.acks;
       current_.replies.push_back(m);
     }
   }
@@ -325,12 +315,11 @@ class Driver {
 
   // Sends `cmd` to `ranks` and waits for one reply from each still alive.
   Status round(const std::vector<Proc*>& ranks, const json& cmd, std::chrono::milliseconds timeout) {
-    current_.acks = 0;
     current_.replies.clear();
     for (Proc* p : ranks) (void)p->ch.send(cmd);
     const auto deadline = Clock::now() + timeout;
     auto alive = [&] { return std::count_if(ranks.begin(), ranks.end(), [](Proc* p) { return p->alive; }); };
-    while (current_.acks < static_cast<uint32_t>(alive())) {
+    while (current_.replies.size() < static_cast<size_t>(alive())) {
       if (Clock::now() > deadline) {
         return Status::timeout("no '" + cmd.value("cmd", "") + "' reply within " + std::to_string(timeout.count()) +
                                " ms");
@@ -399,7 +388,6 @@ class Driver {
     DecodeScheduler& ds = dscheds_[rec.decode_instance];
     KVB_RETURN_IF_ERROR(ds.expect(rec.id, rec.skip, Clock::now() + a_.transfer_timeout + 10s));
     loads_.erase(rec.id);
-    current_.acks = 0;
     for (Proc* p : decode) {
       (void)p->ch.send({{"cmd", "load"}, {"req", rec.id}, {"instance", "prefill"}, {"request", json::parse(qjson)},
                         {"seed", seed}});

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -330,10 +331,8 @@ class WorkerImpl final : public ConnectorWorker {
         continue;
       }
       uint64_t id = 0;
-      bool digits = !m.empty() && m.size() <= 20;
-      for (char c : m) digits = digits && c >= '0' && c <= '9';
-      if (!digits) continue;
-      for (char c : m) id = id * 10 + static_cast<uint64_t>(c - '0');
+      const auto [end, ec] = std::from_chars(m.data(), m.data() + m.size(), id);
+      if (m.empty() || ec != std::errc() || end != m.data() + m.size()) continue;
       e.request = id;
       e.reader = std::move(n.peer);
       events_.push_back(std::move(e));

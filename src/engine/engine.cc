@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 
 #include "engine/engine_impl.h"
 #include "transport/fault.h"
@@ -31,14 +32,10 @@ Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec) {
     spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
     const size_t eq = item.find('=');
     const std::string_view key = item.substr(0, eq);
-    const std::string value(eq == std::string_view::npos ? std::string_view() : item.substr(eq + 1));
+    const std::string_view value = eq == std::string_view::npos ? std::string_view() : item.substr(eq + 1);
     uint64_t n = 0;
-    bool number = !value.empty() && value.size() <= 9;
-    for (char c : value) {
-      number = number && c >= '0' && c <= '9';
-      if (number) n = n * 10 + static_cast<uint64_t>(c - '0');
-    }
-    if (!number) {
+    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+    if (value.empty() || ec != std::errc() || end != value.data() + value.size() || n > 999999999) {
       return Status::invalid_argument("engine faults: '" + std::string(item) + "' needs a number (e.g. delay=5)");
     }
     if (key == "delay") {
