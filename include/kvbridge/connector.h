@@ -24,7 +24,8 @@
 //
 // The schedulers are pure bookkeeping (time is passed in), so an engine can
 // drive them from its own loop; the worker runs on the engine's threads plus
-// one thread of its own for heartbeats and completions.
+// two of its own: the side channel's server and a pump for completions,
+// heartbeats and done messages (docs/connector.md, "Threads").
 //
 // Messages between workers travel as engine notifications:
 // "kvb/1 hb <request>" and "kvb/1 done <request>", from the decode rank's
