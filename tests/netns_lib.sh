@@ -11,10 +11,10 @@
 # netns_cleanup from their handler.
 
 netns_cleanup() {
-  [[ -n ${ns_a:-} ]] && ip netns del "$ns_a" 2>/dev/null
-  [[ -n ${ns_b:-} ]] && ip netns del "$ns_b" 2>/dev/null
-  [[ -n ${veth_a:-} ]] && ip link del "$veth_a" 2>/dev/null
-  return 0
+  # Each may already be gone (deleting a namespace deletes its veth end).
+  if [[ -n ${ns_a:-} ]]; then ip netns del "$ns_a" 2>/dev/null || true; fi
+  if [[ -n ${ns_b:-} ]]; then ip netns del "$ns_b" 2>/dev/null || true; fi
+  if [[ -n ${veth_a:-} ]]; then ip link del "$veth_a" 2>/dev/null || true; fi
 }
 
 netns_pair() {
