@@ -348,33 +348,26 @@ class WorkerImpl final : public ConnectorWorker {
     }
   }
 
-  // Ends loads whose transfers all ended; sends heartbeats; drains messages.
+  // Ends loads whose transfers all ended; sends heartbeats; drains messages;
+  // then sleeps in engine wait on a transfer still in flight (outside mu_),
+  // or, with nothing in flight, until a new load or stop wakes it.
   void pump() {
     Clock::time_point next_beat = Clock::now() + options_.heartbeat_interval;
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
-      // Sleep until a transfer in flight ends (engine wait, outside mu_), or
-      // a new load, abort or stop wakes us.
-      std::optional<TransferId> watch;
-      for (auto& [id, load] : loads_) {
-        for (auto& [src, t] : load.transfers) {
-          if (!watch && engine_.status(t).state == TransferState::kInProgress) watch = t;
-        }
-      }
-      if (watch) {
-        lock.unlock();
-        (void)engine_.wait(*watch, std::chrono::milliseconds(2));
-        lock.lock();
-      } else {
-        cv_.wait_for(lock, std::chrono::milliseconds(loads_.empty() ? 20 : 1));
-      }
-      if (stop_) break;
       std::vector<std::pair<PeerId, std::string>> messages;
+      std::optional<TransferId> watch;
       for (auto it = loads_.begin(); it != loads_.end();) {
         Load& load = it->second;
-        bool ended = true;
-        for (auto& [src, t] : load.transfers) ended = ended && engine_.status(t).state != TransferState::kInProgress;
-        if (!ended) {
+        std::optional<TransferId> running;
+        for (auto& [src, t] : load.transfers) {
+          if (engine_.status(t).state == TransferState::kInProgress) {
+            running = t;
+            break;
+          }
+        }
+        if (running) {
+          if (!watch) watch = running;
           ++it;
           continue;
         }
@@ -394,7 +387,9 @@ class WorkerImpl final : public ConnectorWorker {
       if (any_result) results_cv_.notify_all();
       for (auto& [peer, m] : messages) send(peer, m);
       drain_notifications();
+      if (watch) (void)engine_.wait(*watch, std::chrono::milliseconds(2));
       lock.lock();
+      if (!watch && !stop_ && loads_.empty()) cv_.wait_for(lock, std::chrono::milliseconds(20));
     }
   }
 
