@@ -39,7 +39,7 @@ Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec) {
       return Status::invalid_argument("engine faults: '" + std::string(item) + "' needs a number (e.g. delay=5)");
     }
     if (key == "delay") {
-      faults->set_delay(std::chrono::milliseconds(n));
+      faults->set_delay(std::chrono::milliseconds(n), UINT64_MAX);  // per copy, as documented
     } else if (key == "drop-notifications") {
       faults->drop_notifications(n);
     } else {

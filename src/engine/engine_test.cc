@@ -3,6 +3,9 @@
 // behaviour is in tests/conformance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "engine/engine_impl.h"
 #include "engine/metadata.h"
 #include "kvbridge/engine.h"
@@ -126,6 +129,102 @@ TEST(EngineTest, PrometheusTextCountsTransfers) {
   EXPECT_NE(text.find("kvbridge_bytes_total{op=\"read\"} 4096"), std::string::npos) << text;
   EXPECT_NE(text.find("kvbridge_transfer_latency_seconds_count 1"), std::string::npos) << text;
   EXPECT_EQ(transfer_state_name(TransferState::kCancelled), "cancelled");
+}
+
+// EngineOptions::inline_bytes: a small transfer on a same-host transport has
+// ended when submit() returns; a larger one, or one with a notification,
+// goes to the engine's threads and still completes.
+TEST(EngineTest, SmallSameHostTransfersHaveEndedWhenSubmitReturns) {
+  std::unique_ptr<Engine> a = make("a");
+  std::unique_ptr<Engine> b = make("b");
+  std::vector<uint8_t> x(1 << 20, 1), y(1 << 20, 2);
+  RegionId rx = *a->register_memory(x.data(), x.size());
+  RegionId ry = *b->register_memory(y.data(), y.size());
+  PeerId peer = *a->connect(b->metadata());
+  TransferItem small{rx, 0, ry, 0, 4096};
+  TransferId id = *a->submit(peer, TransferOp::kRead, std::span<const TransferItem>(&small, 1));
+  TransferStatus st = a->status(id);
+  EXPECT_EQ(st.state, TransferState::kDone);
+  EXPECT_EQ(st.bytes_done, 4096u);
+  EXPECT_EQ(x[0], 2);
+  EXPECT_EQ(x[4095], 2);
+  EXPECT_EQ(x[4096], 1);
+  EXPECT_TRUE(a->release(id).ok());
+  // Above inline_bytes (256 KiB): queued, done by wait().
+  TransferItem large{rx, 0, ry, 0, 1 << 20};
+  std::fill(y.begin(), y.end(), 3);
+  id = *a->submit(peer, TransferOp::kRead, std::span<const TransferItem>(&large, 1));
+  EXPECT_EQ(a->wait(id, std::chrono::seconds(30)).state, TransferState::kDone);
+  EXPECT_EQ(x[(1 << 20) - 1], 3);
+  // With a notification: the notification is sent after the bytes, by a
+  // worker (it waits for the peer's acknowledgement).
+  id = *a->submit(peer, TransferOp::kWrite, std::span<const TransferItem>(&small, 1), "note");
+  EXPECT_EQ(a->wait(id, std::chrono::seconds(30)).state, TransferState::kDone);
+  std::vector<Notification> got;
+  for (int i = 0; i < 300 && got.empty(); ++i) {
+    got = b->take_notifications();
+    if (got.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message, "note");
+  EngineMetrics m = a->metrics();
+  EXPECT_EQ(m.transfers_submitted, 3u);
+  EXPECT_EQ(m.transfers_done, 3u);
+}
+
+TEST(EngineTest, InlineBytesZeroRunsEverythingOnTheEngineThreads) {
+  EngineOptions o;
+  o.name = "a";
+  o.transports = {"local"};
+  o.inline_bytes = 0;
+  std::unique_ptr<Engine> a = std::move(*Engine::create(o));
+  std::unique_ptr<Engine> b = make("b");
+  std::vector<uint8_t> x(4096, 1), y(4096, 2);
+  RegionId rx = *a->register_memory(x.data(), x.size());
+  RegionId ry = *b->register_memory(y.data(), y.size());
+  PeerId peer = *a->connect(b->metadata());
+  TransferItem item{rx, 0, ry, 0, 4096};
+  for (int i = 0; i < 50; ++i) {
+    TransferId id = *a->submit(peer, TransferOp::kRead, std::span<const TransferItem>(&item, 1));
+    ASSERT_EQ(a->wait(id, std::chrono::seconds(30)).state, TransferState::kDone);
+    ASSERT_TRUE(a->release(id).ok());
+  }
+  EXPECT_EQ(x[4095], 2);
+}
+
+// Items adjacent on both sides are merged into one copy; items adjacent on
+// one side only, out of order, or repeated are not. Every byte lands where
+// its item says, and metrics count the items as submitted.
+TEST(EngineTest, AdjacentItemsMergeWithoutChangingWhatLandsWhere) {
+  for (uint64_t inline_bytes : {uint64_t{0}, uint64_t{256} << 10}) {
+    EngineOptions o;
+    o.name = "a";
+    o.transports = {"local"};
+    o.inline_bytes = inline_bytes;
+    std::unique_ptr<Engine> a = std::move(*Engine::create(o));
+    std::unique_ptr<Engine> b = make("b");
+    constexpr uint64_t kSize = 64 * 1024;
+    std::vector<uint8_t> x(kSize, 0), y(kSize);
+    for (uint64_t i = 0; i < kSize; ++i) y[i] = static_cast<uint8_t>(i * 7 + i / 251);
+    RegionId rx = *a->register_memory(x.data(), x.size());
+    RegionId ry = *b->register_memory(y.data(), y.size());
+    PeerId peer = *a->connect(b->metadata());
+    const std::vector<TransferItem> items = {
+        {rx, 0, ry, 0, 1000},         {rx, 1000, ry, 1000, 24},      // adjacent on both sides
+        {rx, 1024, ry, 1024, 1024},                                  // and again
+        {rx, 2048, ry, 8192, 512},                                   // adjacent locally only
+        {rx, 2560, ry, 8704, 512},                                   // adjacent on both again
+        {rx, 4096, ry, 3072, 1024},                                  // adjacent remotely only
+        {rx, 8192, ry, 16384, 100},   {rx, 8292, ry, 16384, 100},    // the same remote bytes twice
+        {rx, 20000, ry, 30000, 4000}, {rx, 16000, ry, 26000, 4000},  // adjacent, but in reverse order
+    };
+    TransferId id = *a->submit(peer, TransferOp::kRead, items);
+    ASSERT_EQ(a->wait(id, std::chrono::seconds(30)).state, TransferState::kDone);
+    std::vector<uint8_t> want(kSize, 0);
+    for (const TransferItem& it : items) std::copy_n(y.begin() + it.remote_offset, it.bytes, want.begin() + it.local_offset);
+    EXPECT_TRUE(x == want) << "inline_bytes " << inline_bytes;
+    EXPECT_EQ(a->metrics().descriptors, items.size());
+  }
 }
 
 }  // namespace

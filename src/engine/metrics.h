@@ -31,6 +31,13 @@ class Metrics {
     transfers_submitted_.fetch_add(1, std::memory_order_relaxed);
     descriptors_.fetch_add(descriptors, std::memory_order_relaxed);
   }
+  // Undoes submitted() for a transfer the table refused (shutting down).
+  // Counted before the transfer starts, so a transfer that ends on the
+  // submitting thread is never seen ended before it was submitted.
+  void unsubmitted(uint64_t descriptors) {
+    transfers_submitted_.fetch_sub(1, std::memory_order_relaxed);
+    descriptors_.fetch_sub(descriptors, std::memory_order_relaxed);
+  }
   // One call per transfer, when it ends; `bytes` are the bytes moved.
   void ended(TransferState state, TransferOp op, uint64_t bytes, std::chrono::nanoseconds latency);
   void notification_sent() { notifications_sent_.fetch_add(1, std::memory_order_relaxed); }

@@ -1,5 +1,6 @@
-// Submitting a transfer: check every item, resolve it to a transport Copy,
-// hold the local regions, split into chunks, hand to the transfer table.
+// Submitting a transfer: check every item, resolve it to a transport Copy
+// (merging items adjacent on both sides), hold the local regions, split into
+// chunks, hand to the transfer table.
 //
 // All checks happen under the registry lock before anything is queued, so a
 // batch with one bad item moves nothing, and a region cannot be deregistered
@@ -54,7 +55,17 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
                                     ") is outside peer '" + peer_name + "' region " + std::to_string(item.remote) +
                                     " of " + std::to_string(r->second.bytes) + " bytes");
       }
-      copies.push_back(transport::Copy{local, r->second.base + item.remote_offset, item.bytes, r->second.segment});
+      const uint64_t remote = r->second.base + item.remote_offset;
+      // Items adjacent on both sides become one copy: a planner's
+      // consecutive blocks, or a caller's per-block items, cost the
+      // transport one operation (one memcpy, iovec, put or get) each run.
+      transport::Copy* last = copies.empty() ? nullptr : &copies.back();
+      if (last != nullptr && last->segment == r->second.segment && last->local + last->bytes == local &&
+          last->remote + last->bytes == remote) {
+        last->bytes += item.bytes;
+      } else {
+        copies.push_back(transport::Copy{local, remote, item.bytes, r->second.segment});
+      }
       t->bytes_total += item.bytes;
       if (t->regions.empty() || t->regions.back() != item.local) t->regions.push_back(item.local);
     }
@@ -72,13 +83,15 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
   }
   t->start = Clock::now();
   t->deadline = t->start + timeout;
-  Result<TransferId> id = transfers_->start(t);
+  const bool here = t->notification.empty() && t->bytes_total <= options_.inline_bytes && t->link->runs_inline();
+  metrics_.submitted(items.size());
+  Result<TransferId> id = transfers_->start(t, here);
   if (!id.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     for (RegionId r : t->regions) registry_->release(r);
+    metrics_.unsubmitted(items.size());
     return id;
   }
-  metrics_.submitted(items.size());
   return id;
 }
 

@@ -90,9 +90,25 @@ std::shared_ptr<Transfer> Transfers::find(TransferId id) const {
   return it == table_.end() ? nullptr : it->second;
 }
 
-Result<TransferId> Transfers::start(std::shared_ptr<Transfer> t) {
+Result<TransferId> Transfers::start(std::shared_ptr<Transfer> t, bool here) {
   TransferId id = 0;
   const size_t chunks = t->chunks.size();
+  if (here) {
+    // No deadline entry: the runs watch the deadline themselves, and the
+    // transfer ends before anyone else can hold its id. It is in the table
+    // while it runs, so shutdown() and fail_peer() still see it.
+    std::shared_ptr<Transfer> keep = t;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return Status::unavailable("engine is shutting down");
+      id = t->id = next_id_++;
+      t->chunks_left = chunks;
+      t->queued = 0;
+      table_.emplace(id, std::move(t));
+    }
+    for (size_t i = 0; i < chunks; ++i) run_chunk(keep, i);
+    return id;
+  }
   bool earliest = false;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -119,7 +119,10 @@ class Transfers {
 
   // Assigns the id, records and queues the transfer; returns the id.
   // kUnavailable after shutdown() (the caller still owns the regions).
-  Result<TransferId> start(std::shared_ptr<Transfer> t);
+  // With `here`, the transfer (which must have no notification) is not
+  // queued: its chunks run on the calling thread, with the bookkeeping a
+  // worker keeps, so it has ended when start() returns.
+  Result<TransferId> start(std::shared_ptr<Transfer> t, bool here = false);
 
   TransferStatus status(TransferId id) const;
   // Waits for the transfer to end. When the wait may last past the

@@ -232,6 +232,7 @@ class CmaLink final : public Link {
   }
 
   Status refresh(const PeerInfo&) override { return Status(); }
+  bool runs_inline() const override { return true; }
 
  private:
   Status check_alive() const {

@@ -18,9 +18,10 @@ void Faults::truncate_run(uint64_t nth, uint64_t bytes, Status error) {
   truncate_error_ = std::move(error);
 }
 
-void Faults::set_delay(std::chrono::milliseconds per_copy) {
+void Faults::set_delay(std::chrono::milliseconds per_piece, uint64_t piece_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  delay_ = per_copy;
+  delay_ = per_piece;
+  delay_piece_ = std::max<uint64_t>(piece_bytes, 1);
 }
 
 void Faults::set_cancel_linger(std::chrono::milliseconds linger) {
@@ -48,6 +49,11 @@ bool Faults::take_notification_drop() {
   return true;
 }
 
+bool Faults::slows_runs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return delay_.count() > 0 || linger_.count() > 0;
+}
+
 uint64_t Faults::runs_started() const {
   std::lock_guard<std::mutex> lock(mu_);
   return started_;
@@ -73,6 +79,7 @@ Faults::Plan Faults::begin_run() {
     truncate_at_.reset();
   }
   p.delay = delay_;
+  p.delay_piece = delay_piece_;
   p.linger = linger_;
   return p;
 }
@@ -97,6 +104,9 @@ class FaultLink final : public Link {
   }
 
   Status refresh(const PeerInfo& peer) override { return inner_->refresh(peer); }
+  // As the inner link, unless runs are armed to be slow: a test's slow
+  // transfer must stay on the engine's threads, where it can be cancelled.
+  bool runs_inline() const override { return inner_->runs_inline() && !faults_->slows_runs(); }
 
  private:
   Status execute(const Faults::Plan& plan, TransferOp op, std::span<const Copy> copies, RunControl& control) {
@@ -115,25 +125,29 @@ class FaultLink final : public Link {
       if (Clock::now() - *stop_seen < plan.linger) return std::nullopt;
       return cancel ? Status::cancelled("fault: run cancelled") : Status::timeout("fault: run passed its deadline");
     };
+    // Without a delay a copy is one piece.
+    const uint64_t piece = plan.delay.count() > 0 ? plan.delay_piece : UINT64_MAX;
     for (const Copy& c : copies) {
-      for (auto slept = std::chrono::milliseconds(0); slept < plan.delay;) {
+      for (uint64_t off = 0; off < c.bytes;) {
+        for (auto slept = std::chrono::milliseconds(0); slept < plan.delay;) {
+          if (auto r = should_return()) return *r;
+          const auto step = std::min(plan.delay - slept, std::chrono::milliseconds(2));
+          std::this_thread::sleep_for(step);
+          slept += step;
+        }
         if (auto r = should_return()) return *r;
-        const auto step = std::min(plan.delay - slept, std::chrono::milliseconds(2));
-        std::this_thread::sleep_for(step);
-        slept += step;
+        Copy part{c.local + off, c.remote + off, std::min({c.bytes - off, piece, budget}), c.segment};
+        off += std::min(c.bytes - off, piece);
+        if (part.bytes > 0) {
+          RunControl inner_control;
+          Status s = inner_->run(op, std::span<const Copy>(&part, 1), inner_control);
+          control.bytes_done.fetch_add(inner_control.bytes_done.load(std::memory_order_acquire),
+                                       std::memory_order_release);
+          if (!s.ok()) return s;
+          budget -= part.bytes;
+        }
+        if (plan.truncate_bytes && budget == 0) return plan.truncate_error;
       }
-      if (auto r = should_return()) return *r;
-      Copy part = c;
-      part.bytes = std::min(part.bytes, budget);
-      if (part.bytes > 0) {
-        RunControl inner_control;
-        Status s = inner_->run(op, std::span<const Copy>(&part, 1), inner_control);
-        control.bytes_done.fetch_add(inner_control.bytes_done.load(std::memory_order_acquire),
-                                     std::memory_order_release);
-        if (!s.ok()) return s;
-        budget -= part.bytes;
-      }
-      if (plan.truncate_bytes && budget == 0) return plan.truncate_error;
     }
     if (plan.truncate_bytes) return plan.truncate_error;
     return Status();

@@ -6,8 +6,11 @@
 //  - fail_run(n, error): the nth run from now returns `error`, moving nothing;
 //  - truncate_run(n, bytes, error): the nth run moves its first `bytes`
 //    bytes, counts them in bytes_done, then returns `error`;
-//  - set_delay(d): a slow link: every run sleeps `d` before each copy, and
-//    passes copies to the inner Link one at a time;
+//  - set_delay(d, piece): a slow link: every run passes its copies to the
+//    inner Link one piece (at most `piece` bytes, a page by default) at a
+//    time and sleeps `d` before each. Pieces, not copies: the engine merges
+//    items adjacent on both sides into one copy, so a test's 100 adjacent
+//    4 KiB items are one copy by the time a Link sees them;
 //  - set_cancel_linger(d): a link slow to notice cancel and deadlines: once
 //    it sees one it keeps copying for up to `d` before returning (still
 //    honouring the Link contract: nothing lands after run() returns);
@@ -35,7 +38,8 @@ class Faults {
  public:
   void fail_run(uint64_t nth, Status error);
   void truncate_run(uint64_t nth, uint64_t bytes, Status error);
-  void set_delay(std::chrono::milliseconds per_copy);
+  static constexpr uint64_t kDefaultDelayPiece = 4096;
+  void set_delay(std::chrono::milliseconds per_piece, uint64_t piece_bytes = kDefaultDelayPiece);
   void set_cancel_linger(std::chrono::milliseconds linger);
   void drop_notifications(uint64_t count);
   // Disarms everything (counters stay).
@@ -44,6 +48,9 @@ class Faults {
   // True once per armed drop.
   bool take_notification_drop();
 
+  // Whether a delay or a cancel linger is armed: runs are then slow, and
+  // the engine must not run them on a submitting thread.
+  bool slows_runs() const;
   uint64_t runs_started() const;
   uint64_t runs_active() const;  // runs that started and have not returned
 
@@ -53,6 +60,7 @@ class Faults {
     std::optional<uint64_t> truncate_bytes;
     Status truncate_error;
     std::chrono::milliseconds delay{0};
+    uint64_t delay_piece = kDefaultDelayPiece;
     std::chrono::milliseconds linger{0};
   };
   Plan begin_run();
@@ -66,6 +74,7 @@ class Faults {
   uint64_t truncate_bytes_ = 0;
   Status truncate_error_;
   std::chrono::milliseconds delay_{0}, linger_{0};
+  uint64_t delay_piece_ = kDefaultDelayPiece;
   uint64_t drops_ = 0;
 };
 

@@ -78,6 +78,8 @@ class LocalLink final : public Link {
     return Status();
   }
 
+  bool runs_inline() const override { return true; }
+
   Status refresh(const PeerInfo& peer) override {
     std::unique_lock<std::shared_mutex> lock(mu_);
     peer_ = peer.name;

@@ -87,6 +87,11 @@ class Link {
   virtual Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) = 0;
   // The peer's segments changed (it registered more memory).
   virtual Status refresh(const PeerInfo& peer) = 0;
+  // True when a run is a host-memory copy that finishes in time bounded by
+  // its bytes, never waiting on a network or a peer's progress (local,
+  // cma). The engine may then execute small transfers on the submitting
+  // thread (EngineOptions::inline_bytes). False by default.
+  virtual bool runs_inline() const { return false; }
 };
 
 class Transport {
