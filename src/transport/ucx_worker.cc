@@ -33,6 +33,9 @@ namespace kvbridge::transport::ucx {
 
 // How long connect() waits for a peer to answer the endpoint wireup.
 constexpr std::chrono::seconds kWireupTimeout{10};
+// How long the thread keeps progressing after its last work before it arms
+// the worker and sleeps.
+constexpr std::chrono::microseconds kSpinBeforeSleep{200};
 
 Status to_status(ucs_status_t status, std::string_view what, std::string_view peer) {
   if (status == UCS_OK) return Status();
@@ -220,6 +223,7 @@ bool Worker::drain_queues() {
 
 void Worker::loop() {
   epoll_event events[2];
+  Clock::time_point last_busy = Clock::now();
   while (true) {
     bool had_work = drain_queues();
     if (quit_.load() && jobs_.empty() && !pending_.load()) break;
@@ -232,7 +236,18 @@ void Worker::loop() {
       }
     }
     unsigned progressed = ucp_worker_progress(worker_.get());
-    if (had_work || progressed > 0 || !jobs_.empty() || pending_.load()) continue;
+    if (had_work || progressed > 0 || !jobs_.empty() || pending_.load()) {
+      last_busy = Clock::now();
+      continue;
+    }
+    // Just idle: keep progressing for a moment before sleeping. A peer's
+    // reply (a flush acknowledgement, the next request of a stream of small
+    // transfers) usually comes within microseconds, and waking from
+    // epoll_wait costs tens of them.
+    if (Clock::now() - last_busy < kSpinBeforeSleep) {
+      std::this_thread::yield();
+      continue;
+    }
     // Idle: sleep until the worker has an event or a caller wakes us. The
     // timeout only bounds the damage of a transport that fails to signal.
     if (ucp_worker_arm(worker_.get()) == UCS_ERR_BUSY) continue;
