@@ -77,10 +77,9 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
     t->link = p.link;
     t->channel = p.channel;
   }
-  for (auto& chunk : split_copies(std::move(copies), options_.threads)) {
-    t->chunks.emplace_back();
-    t->chunks.back().copies = std::move(chunk);
-  }
+  std::vector<std::vector<transport::Copy>> parts = split_copies(std::move(copies), options_.threads);
+  t->chunks.reset(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) t->chunks[i].copies = std::move(parts[i]);
   t->start = Clock::now();
   t->deadline = t->start + timeout;
   const bool here = t->notification.empty() && t->bytes_total <= options_.inline_bytes && t->link->runs_inline();

@@ -98,6 +98,7 @@ Result<TransferId> Transfers::start(std::shared_ptr<Transfer> t, bool here) {
     // transfer ends before anyone else can hold its id. It is in the table
     // while it runs, so shutdown() and fail_peer() still see it.
     std::shared_ptr<Transfer> keep = t;
+    t->run_here = true;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return Status::unavailable("engine is shutting down");
@@ -147,6 +148,7 @@ std::optional<size_t> Transfers::take_queued(Transfer& t) {
 }
 
 void Transfers::forget_deadline(Transfer& t) {
+  if (t.run_here) return;  // never had an entry
   std::lock_guard<std::mutex> lock(mu_);
   if (!t.has_deadline) return;
   deadlines_.erase(t.deadline_entry);
@@ -203,7 +205,9 @@ void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
   bool skipped = false, ended = false;
   {
     std::lock_guard<std::mutex> lock(t.mu);
-    if (!t.stop && Clock::now() >= t.deadline) {
+    // A chunk run where it was submitted has not waited in a queue: its
+    // deadline is its timeout away, and the Link watches it from here.
+    if (!t.stop && !t.run_here && Clock::now() >= t.deadline) {
       stop_locked(t, Status::timeout(transfer_name(t) + " passed its deadline of " + std::to_string(t.timeout.count()) +
                                      " ms before it started"), false);
     }

@@ -138,30 +138,43 @@ std::string peer_text(const std::string& name, uint64_t pid) {
 }
 
 // A list of iovecs consumed from the front as the kernel reports progress.
+// The first kInline entries live in the object: a small run (the common
+// batch of a few blocks) allocates nothing.
 class IovList {
  public:
+  static constexpr size_t kInline = 16;
+
   void push(void* base, uint64_t len) {
-    if (!iov_.empty() && static_cast<uint8_t*>(iov_.back().iov_base) + iov_.back().iov_len == base) {
-      iov_.back().iov_len += len;
-    } else {
-      iov_.push_back({base, len});
+    if (size_ > 0) {
+      iovec& last = at(size_ - 1);
+      if (static_cast<uint8_t*>(last.iov_base) + last.iov_len == base) {
+        last.iov_len += len;
+        return;
+      }
     }
+    if (size_ < kInline) {
+      inline_[size_] = {base, len};
+    } else {
+      more_.push_back({base, len});
+    }
+    ++size_;
   }
-  bool done() const { return index_ == iov_.size(); }
+  bool done() const { return index_ == size_; }
   // Copies the next at most IOV_MAX entries, at most `max_bytes` in all,
-  // into `window`.
-  void window(uint64_t max_bytes, std::vector<iovec>& window) const {
-    window.clear();
-    for (size_t i = index_; i < iov_.size() && window.size() < IOV_MAX && max_bytes > 0; ++i) {
-      iovec v = iov_[i];
+  // into `window`; returns how many.
+  size_t window(uint64_t max_bytes, iovec* window) const {
+    size_t n = 0;
+    for (size_t i = index_; i < size_ && n < IOV_MAX && max_bytes > 0; ++i) {
+      iovec v = at(i);
       v.iov_len = std::min<uint64_t>(v.iov_len, max_bytes);
       max_bytes -= v.iov_len;
-      window.push_back(v);
+      window[n++] = v;
     }
+    return n;
   }
   void advance(uint64_t bytes) {
-    while (bytes > 0 && index_ < iov_.size()) {
-      iovec& v = iov_[index_];
+    while (bytes > 0 && index_ < size_) {
+      iovec& v = at(index_);
       if (bytes < v.iov_len) {
         v.iov_base = static_cast<uint8_t*>(v.iov_base) + bytes;
         v.iov_len -= bytes;
@@ -173,7 +186,12 @@ class IovList {
   }
 
  private:
-  std::vector<iovec> iov_;
+  iovec& at(size_t i) { return i < kInline ? inline_[i] : more_[i - kInline]; }
+  const iovec& at(size_t i) const { return i < kInline ? inline_[i] : more_[i - kInline]; }
+
+  iovec inline_[kInline];
+  std::vector<iovec> more_;
+  size_t size_ = 0;
   size_t index_ = 0;
 };
 
@@ -184,11 +202,27 @@ class CmaLink final : public Link {
     if (pidfd_ >= 0) ::close(pidfd_);
   }
 
+  // The peer's liveness is checked once per run, where it proves most: a
+  // read after its last syscall (a pidfd still not readable then means the
+  // peer lived through every syscall, so its pid named it throughout and
+  // every byte came from it), a write before its first (bytes cannot be
+  // recalled; a pid is reused only after its process exited and was reaped,
+  // and a peer that exits mid-run fails the syscall with ESRCH).
   Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) override {
+    if (op == TransferOp::kWrite) KVB_RETURN_IF_ERROR(check_alive());
+    Status s = run_checked(op, copies, control);
+    if (s.ok() && op == TransferOp::kRead) KVB_RETURN_IF_ERROR(check_alive());
+    return s;
+  }
+
+  Status refresh(const PeerInfo&) override { return Status(); }
+  bool runs_inline() const override { return true; }
+
+ private:
+  Status run_checked(TransferOp op, std::span<const Copy> copies, RunControl& control) {
     uint64_t total = 0;
     for (const Copy& c : copies) total += c.bytes;
     if (total == 0) return Status();
-    KVB_RETURN_IF_ERROR(check_alive());
     unsigned threads = 1;
     if (total >= kParallelBytes) {
       threads = std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, kMaxThreads);
@@ -231,10 +265,6 @@ class CmaLink final : public Link {
     return first;
   }
 
-  Status refresh(const PeerInfo&) override { return Status(); }
-  bool runs_inline() const override { return true; }
-
- private:
   Status check_alive() const {
     if (pidfd_ < 0) return Status();
     pollfd p{pidfd_, POLLIN, 0};
@@ -249,21 +279,20 @@ class CmaLink final : public Link {
       local.push(c.local, c.bytes);
       remote.push(reinterpret_cast<void*>(c.remote), c.bytes);
     }
-    std::vector<iovec> lw, rw;
-    lw.reserve(IOV_MAX);
-    rw.reserve(IOV_MAX);
+    iovec lw[IOV_MAX], rw[IOV_MAX];  // 32 KiB of stack, no allocation per run
     const char* verb = op == TransferOp::kRead ? "process_vm_readv" : "process_vm_writev";
-    while (!local.done()) {
+    // Cancel and the deadline are checked before every syscall but the
+    // first: the engine checked both just before starting the run.
+    for (bool first = true; !local.done(); first = false) {
       if (control.cancel.load(std::memory_order_relaxed)) return Status::cancelled(who_ + ": cancelled");
       if (abort && abort->load(std::memory_order_relaxed)) return Status::cancelled(who_ + ": aborted");
-      if (Clock::now() >= control.deadline)
+      if (!first && Clock::now() >= control.deadline)
         return Status::timeout(who_ + ": deadline passed with " + std::to_string(control.bytes_done.load()) +
                                " bytes done");
-      local.window(kSyscallBytes, lw);
-      remote.window(kSyscallBytes, rw);
-      ssize_t n = op == TransferOp::kRead
-                      ? ::process_vm_readv(pid_, lw.data(), lw.size(), rw.data(), rw.size(), 0)
-                      : ::process_vm_writev(pid_, lw.data(), lw.size(), rw.data(), rw.size(), 0);
+      const size_t ln = local.window(kSyscallBytes, lw);
+      const size_t rn = remote.window(kSyscallBytes, rw);
+      ssize_t n = op == TransferOp::kRead ? ::process_vm_readv(pid_, lw, ln, rw, rn, 0)
+                                          : ::process_vm_writev(pid_, lw, ln, rw, rn, 0);
       if (n < 0) {
         int err = errno;
         if (err == EINTR || err == ENOMEM || err == EAGAIN) continue;

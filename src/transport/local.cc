@@ -49,7 +49,9 @@ class LocalLink final : public Link {
     // Cancel and the deadline are checked, and bytes_done published, once
     // per kSliceBytes of progress across copies (and at the end), not per
     // copy: for small copies those checks cost as much as the memcpy.
-    uint64_t budget = 0;   // bytes that may be copied before the next check
+    // The first check comes after the first slice: the engine checked both
+    // just before starting the run.
+    uint64_t budget = kSliceBytes;  // bytes that may be copied before the next check
     uint64_t pending = 0;  // bytes copied but not yet added to bytes_done
     for (const Copy& c : copies) {
       for (uint64_t done = 0; done < c.bytes;) {
