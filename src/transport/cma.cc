@@ -28,8 +28,15 @@
 #include <sys/uio.h>
 #include <unistd.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/random.h>
 
 #include <algorithm>
+#include <array>
+#include <charconv>
+#include <mutex>
+#include <optional>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -108,12 +115,77 @@ std::string policy_text() {
   return s;
 }
 
+constexpr size_t kCanaryBytes = 16;
+using CanaryValue = std::array<uint8_t, kCanaryBytes>;
+
+// Where a peer's canary lives and what it holds.
+struct CanaryRef {
+  uint64_t address = 0;
+  CanaryValue value{};
+};
+
+void randomize(CanaryValue* c) {
+  size_t got = 0;
+  while (got < c->size()) {
+    ssize_t n = ::getrandom(c->data() + got, c->size() - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+}
+
+// This process's canary: on a page of its own (never freed, so a peer can
+// read it for the life of the process), re-randomised in forked children,
+// whose copy of the page would otherwise claim to be this process.
+CanaryValue* process_canary() {
+  static CanaryValue* canary = [] {
+    void* page = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    auto* c = page == MAP_FAILED ? new CanaryValue() : static_cast<CanaryValue*>(page);
+    randomize(c);
+    ::pthread_atfork(nullptr, nullptr, [] { randomize(process_canary()); });
+    return c;
+  }();
+  return canary;
+}
+
+std::string format_canary() {
+  static const char* digits = "0123456789abcdef";
+  const CanaryValue& c = *process_canary();
+  std::string out = std::to_string(reinterpret_cast<uint64_t>(&c)) + ":";
+  for (uint8_t b : c) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+// "ADDR:HEX" (decimal address, 32 hex digits); nullopt when malformed.
+std::optional<CanaryRef> parse_canary(std::string_view text) {
+  const size_t colon = text.find(':');
+  if (colon == std::string_view::npos || text.size() - colon - 1 != 2 * kCanaryBytes) return std::nullopt;
+  CanaryRef ref;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + colon, ref.address);
+  if (ec != std::errc() || end != text.data() + colon || ref.address == 0) return std::nullopt;
+  auto nibble = [](char ch) -> int {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < kCanaryBytes; ++i) {
+    const int hi = nibble(text[colon + 1 + 2 * i]), lo = nibble(text[colon + 2 + 2 * i]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    ref.value[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  return ref;
+}
+
 struct Identity {
-  std::string pid, start, boot, pidns, host;
+  std::string pid, start, boot, pidns, host, canary;
 };
 
 std::string format_identity(const Identity& id) {
-  return "pid=" + id.pid + " start=" + id.start + " boot=" + id.boot + " pidns=" + id.pidns + " host=" + id.host;
+  std::string out =
+      "pid=" + id.pid + " start=" + id.start + " boot=" + id.boot + " pidns=" + id.pidns + " host=" + id.host;
+  if (!id.canary.empty()) out += " canary=" + id.canary;
+  return out;
 }
 
 Identity parse_identity(std::string_view blob) {
@@ -129,6 +201,7 @@ Identity parse_identity(std::string_view blob) {
     else if (key == "boot") id.boot = value;
     else if (key == "pidns") id.pidns = value;
     else if (key == "host") id.host = value;
+    else if (key == "canary") id.canary = value;
   }
   return id;
 }
@@ -160,14 +233,16 @@ class IovList {
     ++size_;
   }
   bool done() const { return index_ == size_; }
-  // Copies the next at most IOV_MAX entries, at most `max_bytes` in all,
-  // into `window`; returns how many.
-  size_t window(uint64_t max_bytes, iovec* window) const {
+  // Copies the next at most `max_entries` entries, at most `max_bytes` in
+  // all, into `window`; returns how many, and their bytes in `bytes`.
+  size_t window(uint64_t max_bytes, size_t max_entries, iovec* window, uint64_t* bytes) const {
     size_t n = 0;
-    for (size_t i = index_; i < size_ && n < IOV_MAX && max_bytes > 0; ++i) {
+    *bytes = 0;
+    for (size_t i = index_; i < size_ && n < max_entries && max_bytes > 0; ++i) {
       iovec v = at(i);
       v.iov_len = std::min<uint64_t>(v.iov_len, max_bytes);
       max_bytes -= v.iov_len;
+      *bytes += v.iov_len;
       window[n++] = v;
     }
     return n;
@@ -197,21 +272,24 @@ class IovList {
 
 class CmaLink final : public Link {
  public:
-  CmaLink(pid_t pid, int pidfd, std::string name) : pid_(pid), pidfd_(pidfd), who_(peer_text(name, pid)) {}
+  CmaLink(pid_t pid, int pidfd, std::string name, std::optional<CanaryRef> canary)
+      : pid_(pid), pidfd_(pidfd), who_(peer_text(name, pid)), canary_(canary) {}
   ~CmaLink() override {
     if (pidfd_ >= 0) ::close(pidfd_);
   }
 
-  // The peer's liveness is checked once per run, where it proves most: a
-  // read after its last syscall (a pidfd still not readable then means the
-  // peer lived through every syscall, so its pid named it throughout and
-  // every byte came from it), a write before its first (bytes cannot be
-  // recalled; a pid is reused only after its process exited and was reaped,
-  // and a peer that exits mid-run fails the syscall with ESRCH).
+  // The peer's identity is checked where it proves most. A read: its last
+  // syscall also reads the peer's canary (see the top of this file), or,
+  // for a peer that advertises none, the pidfd is polled after the last
+  // syscall (not readable then: the peer lived through every syscall, so
+  // its pid named it throughout). A write: the pidfd before the first
+  // syscall (bytes cannot be recalled; a pid is reused only after its
+  // process exited and was reaped, and a peer that exits mid-run fails the
+  // syscall with ESRCH).
   Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) override {
     if (op == TransferOp::kWrite) KVB_RETURN_IF_ERROR(check_alive());
     Status s = run_checked(op, copies, control);
-    if (s.ok() && op == TransferOp::kRead) KVB_RETURN_IF_ERROR(check_alive());
+    if (s.ok() && op == TransferOp::kRead && !canary_) KVB_RETURN_IF_ERROR(check_alive());
     return s;
   }
 
@@ -279,8 +357,12 @@ class CmaLink final : public Link {
       local.push(c.local, c.bytes);
       remote.push(reinterpret_cast<void*>(c.remote), c.bytes);
     }
+    uint64_t remaining = 0;
+    for (const Copy& c : copies) remaining += c.bytes;
     iovec lw[IOV_MAX], rw[IOV_MAX];  // 32 KiB of stack, no allocation per run
-    const char* verb = op == TransferOp::kRead ? "process_vm_readv" : "process_vm_writev";
+    const bool read = op == TransferOp::kRead;
+    const char* verb = read ? "process_vm_readv" : "process_vm_writev";
+    bool verified = false;  // a read's canary matched
     // Cancel and the deadline are checked before every syscall but the
     // first: the engine checked both just before starting the run.
     for (bool first = true; !local.done(); first = false) {
@@ -289,10 +371,30 @@ class CmaLink final : public Link {
       if (!first && Clock::now() >= control.deadline)
         return Status::timeout(who_ + ": deadline passed with " + std::to_string(control.bytes_done.load()) +
                                " bytes done");
-      const size_t ln = local.window(kSyscallBytes, lw);
-      const size_t rn = remote.window(kSyscallBytes, rw);
-      ssize_t n = op == TransferOp::kRead ? ::process_vm_readv(pid_, lw, ln, rw, rn, 0)
-                                          : ::process_vm_writev(pid_, lw, ln, rw, rn, 0);
+      // One entry of each window is kept for the canary.
+      uint64_t lb = 0, rb = 0;
+      size_t ln = local.window(kSyscallBytes, IOV_MAX - 1, lw, &lb);
+      size_t rn = remote.window(kSyscallBytes, IOV_MAX - 1, rw, &rb);
+      const uint64_t data = std::min(lb, rb);
+      // The last syscall of a read (it covers what remains) reads the canary too.
+      const bool with_canary = read && canary_ && lb == remaining && rb == remaining;
+      CanaryValue seen{};
+      if (with_canary) {
+        lw[ln++] = iovec{seen.data(), kCanaryBytes};
+        rw[rn++] = iovec{reinterpret_cast<void*>(canary_->address), kCanaryBytes};
+      }
+      ssize_t n = read ? ::process_vm_readv(pid_, lw, ln, rw, rn, 0) : ::process_vm_writev(pid_, lw, ln, rw, rn, 0);
+      if (with_canary && n >= 0 && static_cast<uint64_t>(n) >= data) {
+        // Every data byte was read; the canary decides whether they count.
+        if (static_cast<uint64_t>(n) != data + kCanaryBytes || seen != canary_->value) {
+          KVB_RETURN_IF_ERROR(check_alive());
+          return Status::io_error(who_ + ": pid " + std::to_string(pid_) +
+                                  " no longer holds the peer's canary: it names another process (the peer "
+                                  "exited and its pid was reused); the read fails, its bytes are not the peer's");
+        }
+        verified = true;
+        n = static_cast<ssize_t>(data);
+      }
       if (n < 0) {
         int err = errno;
         if (err == EINTR || err == ENOMEM || err == EAGAIN) continue;
@@ -310,14 +412,18 @@ class CmaLink final : public Link {
       }
       local.advance(static_cast<uint64_t>(n));
       remote.advance(static_cast<uint64_t>(n));
+      remaining -= static_cast<uint64_t>(n);
       control.bytes_done.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
     }
+    // Not reached: the syscall that read the last bytes covered what remained.
+    if (read && canary_ && !verified) return Status::internal(who_ + ": a read ended without its canary check");
     return Status();
   }
 
   pid_t pid_;
   int pidfd_;
   std::string who_;
+  std::optional<CanaryRef> canary_;  // none: the peer advertised none (older kvbridge)
 };
 
 class CmaTransport final : public Transport {
@@ -347,6 +453,20 @@ class CmaTransport final : public Transport {
     pid_t pid = static_cast<pid_t>(peer.pid);
     if (!other.start.empty() && start_time(pid) != other.start)
       return Status::unavailable(who + " is gone (pid reused or process exited)");
+    if (!other.canary.empty()) {
+      std::optional<CanaryRef> canary = parse_canary(other.canary);
+      if (!canary) {
+        return Status::invalid_argument(who + " advertises a malformed canary '" + other.canary.substr(0, 80) +
+                                        "' (expected ADDRESS:32 hex digits)");
+      }
+      CanaryValue seen{};
+      iovec l{seen.data(), kCanaryBytes}, r{reinterpret_cast<void*>(canary->address), kCanaryBytes};
+      const ssize_t n = ::process_vm_readv(pid, &l, 1, &r, 1, 0);
+      if (n == static_cast<ssize_t>(kCanaryBytes) && seen != canary->value)
+        return Status::unavailable(who + " does not hold the canary it advertised: pid " + std::to_string(pid) +
+                                   " names another process");
+      // Other failures (EPERM, ESRCH, EFAULT) are explained by the probe below.
+    }
     // A real one-byte read: the only reliable answer to "may we".
     for (const PeerSegment& seg : peer.segments) {
       if (seg.bytes == 0) continue;
@@ -381,7 +501,10 @@ class CmaTransport final : public Transport {
     if (pidfd < 0 && errno == ESRCH) return Status::unavailable(peer_text(peer.name, peer.pid) + " does not exist");
     // Without pidfd_open (ENOSYS before Linux 5.3) the start time check above
     // is the only guard against a recycled pid.
-    return std::unique_ptr<Link>(std::make_unique<CmaLink>(pid, pidfd, peer.name));
+    std::optional<CanaryRef> canary;
+    const Identity other = parse_identity(peer.address);
+    if (!other.canary.empty()) canary = parse_canary(other.canary);  // well formed: can_reach checked
+    return std::unique_ptr<Link>(std::make_unique<CmaLink>(pid, pidfd, peer.name, canary));
   }
 
  private:
@@ -419,6 +542,7 @@ Result<std::unique_ptr<Transport>> make_cma_transport() {
   self.boot = read_first_line("/proc/sys/kernel/random/boot_id");
   self.pidns = pid_namespace(::getpid());
   self.host = hostname();
+  self.canary = format_canary();
   for (char& c : self.host) {
     if (c == ' ' || c == '=') c = '_';
   }

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -23,11 +25,15 @@ constexpr uint64_t kChildBytes = uint64_t{72} << 20;
 
 uint8_t pattern(uint64_t i) { return static_cast<uint8_t>((i * 131 + (i >> 11) * 7 + 5) & 0xff); }
 
-// A child that fills kChildBytes with pattern(), reports the address through
-// a pipe, and waits until its command pipe closes (or it is killed).
+// A child that fills kChildBytes with pattern(), makes its own cma
+// transport, reports the buffer's address and the transport's address blob
+// (with its own pid, start time and canary) through a pipe, and waits until
+// its command pipe closes (or it is killed). Command 'c' overwrites its
+// canary, as if another process now had its pid.
 struct Child {
   pid_t pid = -1;
   uint64_t base = 0;
+  std::string address;
 
   void start() {
     int up[2], down[2];
@@ -40,10 +46,20 @@ struct Child {
       ::close(down[1]);
       auto* mem = static_cast<uint8_t*>(::malloc(kChildBytes));
       for (uint64_t i = 0; i < kChildBytes; ++i) mem[i] = pattern(i);
-      uint64_t addr = reinterpret_cast<uint64_t>(mem);
+      auto t = make_cma_transport();
+      const std::string a = t.ok() ? (*t)->address() : std::string();
+      const uint64_t addr = reinterpret_cast<uint64_t>(mem);
+      const uint32_t len = static_cast<uint32_t>(a.size());
       if (::write(up[1], &addr, sizeof addr) != sizeof addr) ::_exit(1);
+      if (::write(up[1], &len, sizeof len) != sizeof len) ::_exit(1);
+      if (::write(up[1], a.data(), a.size()) != static_cast<ssize_t>(a.size())) ::_exit(1);
       char c;
       while (::read(down[0], &c, 1) > 0) {
+        const size_t at = a.find("canary=");
+        if (c == 'c' && at != std::string::npos) {
+          auto* canary = reinterpret_cast<uint8_t*>(std::strtoull(a.c_str() + at + 7, nullptr, 10));
+          for (int i = 0; i < 16; ++i) canary[i] ^= 0x5a;
+        }
       }
       ::_exit(0);
     }
@@ -51,8 +67,17 @@ struct Child {
     ::close(down[0]);
     command_fd = down[1];
     ASSERT_EQ(::read(up[0], &base, sizeof base), static_cast<ssize_t>(sizeof base));
+    uint32_t len = 0;
+    ASSERT_EQ(::read(up[0], &len, sizeof len), static_cast<ssize_t>(sizeof len));
+    address.resize(len);
+    for (size_t got = 0; got < len;) {
+      const ssize_t n = ::read(up[0], address.data() + got, len - got);
+      ASSERT_GT(n, 0);
+      got += static_cast<size_t>(n);
+    }
     ::close(up[0]);
   }
+  void command(char c) { ASSERT_EQ(::write(command_fd, &c, 1), 1); }
   void kill() {
     if (pid > 0) {
       ::kill(pid, SIGKILL);
@@ -86,25 +111,13 @@ class CmaTest : public ::testing::Test {
   }
   void TearDown() override { child_.kill(); }
 
-  // What the engine would pass: the child's pid, and (as the child's engine
-  // would advertise) our own transport's identity with the child's pid. A
-  // forked child shares boot id and pid namespace but not the start time,
-  // so the start time is left out here.
+  // What the engine would pass: the child's pid and the address blob its
+  // own transport made.
   PeerInfo peer() const {
     PeerInfo p;
     p.name = "child";
     p.pid = static_cast<uint64_t>(child_.pid);
-    std::string a = transport_->address();
-    std::string out;
-    for (size_t pos = 0; pos < a.size();) {
-      size_t end = a.find(' ', pos);
-      if (end == std::string::npos) end = a.size();
-      std::string token = a.substr(pos, end - pos);
-      if (token.rfind("pid=", 0) == 0) token = "pid=" + std::to_string(child_.pid);
-      if (token.rfind("start=", 0) != 0) out += token + " ";
-      pos = end + 1;
-    }
-    p.address = out;
+    p.address = child_.address;
     p.segments.push_back({1, child_.base, kChildBytes, ""});
     return p;
   }
@@ -278,6 +291,56 @@ TEST_F(CmaTest, PeerKilledMidTransferIsAnIoErrorNamingThePeer) {
   EXPECT_EQ(result.code(), Code::kIoError) << result.to_string();
   EXPECT_NE(result.message().find("pid " + std::to_string(pid)), std::string::npos) << result.message();
   EXPECT_EQ(run(TransferOp::kRead, {copy(0, 0, 1)}).code(), Code::kIoError);
+}
+
+// The liveness canary (cma.cc): a read's last syscall also reads the 16
+// random bytes the peer advertised; if they differ, the pid names another
+// process and the read fails rather than report its bytes as the peer's.
+TEST_F(CmaTest, AReadFailsWhenThePidNoLongerHoldsThePeersCanary) {
+  EXPECT_NE(child_.address.find("canary="), std::string::npos) << child_.address;
+  ASSERT_TRUE(run(TransferOp::kRead, {copy(0, 0, 4096)}).ok());
+  std::vector<Copy> many;
+  for (uint64_t i = 0; i < 3000; ++i) many.push_back(copy(i * 8192, i * 4096, 4096));  // > IOV_MAX: several syscalls
+  ASSERT_TRUE(run(TransferOp::kRead, many).ok());
+  child_.command('c');
+  Status s;
+  for (int i = 0; i < 200 && s.ok(); ++i) {  // the command takes effect when the child reads it
+    s = run(TransferOp::kRead, {copy(0, 0, 4096)});
+    if (s.ok()) std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(s.code(), Code::kIoError) << s.to_string();
+  EXPECT_NE(s.message().find("no longer holds the peer's canary"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("pid " + std::to_string(child_.pid)), std::string::npos) << s.message();
+  EXPECT_EQ(run(TransferOp::kRead, many).code(), Code::kIoError);
+  // Writes are checked against the pidfd; the process is alive, so they go.
+  EXPECT_TRUE(run(TransferOp::kWrite, {copy(0, 0, 4096)}).ok());
+}
+
+TEST_F(CmaTest, ConnectRefusesAPeerWithoutItsCanaryOrWithAMalformedOne) {
+  // This process's blob with the child's pid: the child's memory holds a
+  // different canary (forked children re-randomise theirs).
+  PeerInfo p = peer();
+  std::string mine = transport_->address();
+  p.address.clear();
+  for (size_t pos = 0; pos < mine.size();) {
+    size_t end = mine.find(' ', pos);
+    if (end == std::string::npos) end = mine.size();
+    std::string token = mine.substr(pos, end - pos);
+    if (token.rfind("pid=", 0) == 0) token = "pid=" + std::to_string(child_.pid);
+    if (token.rfind("start=", 0) != 0) p.address += token + " ";
+    pos = end + 1;
+  }
+  Status s = transport_->can_reach(p);
+  EXPECT_EQ(s.code(), Code::kUnavailable) << s.to_string();
+  EXPECT_NE(s.message().find("does not hold the canary it advertised"), std::string::npos) << s.message();
+  for (const char* bad : {"canary=12:zz", "canary=0:00112233445566778899aabbccddeeff", "canary=1234",
+                          "canary=99:00112233"}) {
+    p = peer();
+    p.address = p.address.substr(0, p.address.find("canary=")) + bad;
+    s = transport_->can_reach(p);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << bad << ": " << s.to_string();
+    EXPECT_NE(s.message().find("malformed canary"), std::string::npos) << s.message();
+  }
 }
 
 TEST_F(CmaTest, UnmappedPeerMemoryIsAnIoError) {
