@@ -4,6 +4,7 @@
 #include <limits.h>
 
 #include <algorithm>
+#include <array>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -63,7 +64,13 @@ Result<double> iperf3_gbps(uint32_t seconds) {
   return Status::io_error("iperf3 JSON has no end.sum_received.bits_per_second");
 }
 
-Result<double> ucx_perftest_gbps(const std::string& test, uint64_t size, uint64_t iterations, const std::string& tls) {
+namespace {
+
+// Runs a ucx_perftest server and client; the client's Final line as
+// "iters lat50 lat_avg lat_overall bw_avg bw_overall rate_avg rate_overall"
+// (latencies in microseconds, bandwidths in MiB/s).
+Result<std::array<double, 8>> ucx_perftest_final(const std::string& test, uint64_t size, uint64_t iterations,
+                                                const std::string& tls) {
   if (!have_program("ucx_perftest")) return Status::unavailable("ucx_perftest is not installed (Debian: ucx-utils)");
   const int port = free_port();
   if (port == 0) return Status::unavailable("no free TCP port for ucx_perftest");
@@ -83,10 +90,25 @@ Result<double> ucx_perftest_gbps(const std::string& test, uint64_t size, uint64_
   const size_t at = client.out.rfind("Final:");
   if (at == std::string::npos) return Status::io_error("ucx_perftest" + args + ": no Final line");
   std::istringstream words(client.out.substr(at + 6));
-  double v[8] = {};
+  std::array<double, 8> v{};
   for (double& x : v) words >> x;
-  if (!words && v[5] == 0) return Status::io_error("ucx_perftest" + args + ": cannot parse the Final line");
+  if (!words && v[5] == 0 && v[3] == 0) return Status::io_error("ucx_perftest" + args + ": cannot parse the Final line");
+  return v;
+}
+
+}  // namespace
+
+Result<double> ucx_perftest_gbps(const std::string& test, uint64_t size, uint64_t iterations, const std::string& tls) {
+  KVB_ASSIGN_OR_RETURN(auto v, ucx_perftest_final(test, size, iterations, tls));
+  if (v[5] <= 0) return Status::io_error("ucx_perftest -t " + test + ": no bandwidth in the Final line");
   return v[5] * 1048576.0 * 8 / 1e9;
+}
+
+Result<double> ucx_perftest_put_roundtrip_gbps(uint64_t size, uint64_t iterations, const std::string& tls) {
+  KVB_ASSIGN_OR_RETURN(auto v, ucx_perftest_final("ucp_put_lat", size, iterations, tls));
+  const double round_trip_us = 2 * v[3];  // lat_overall is half a round trip
+  if (round_trip_us <= 0) return Status::io_error("ucx_perftest -t ucp_put_lat: no latency in the Final line");
+  return static_cast<double>(size) * 8 / (round_trip_us * 1e3);
 }
 
 }  // namespace kvbridge::cli::bench

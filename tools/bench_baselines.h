@@ -44,5 +44,9 @@ Result<double> iperf3_gbps(uint32_t seconds);
 // message `size` bytes, `iterations`, with UCX_TLS=`tls` (empty: inherited).
 // The client's final overall bandwidth (MB/s, 2^20 bytes) in Gbit/s.
 Result<double> ucx_perftest_gbps(const std::string& test, uint64_t size, uint64_t iterations, const std::string& tls);
+// ucp_put_lat (a ping-pong whose figure is half its round trip) as the
+// throughput of one put with remote completion: `size` bytes per round trip.
+// The baseline of a batch-1 write, which is one put and a flush.
+Result<double> ucx_perftest_put_roundtrip_gbps(uint64_t size, uint64_t iterations, const std::string& tls);
 
 }  // namespace kvbridge::cli::bench

@@ -70,6 +70,8 @@ struct Baseline {
   std::string name;
   std::function<bool(const Workload&, bool read, uint64_t k)> once;
   std::function<double(const Workload&, bool read)> fixed_gbps;
+  // The row's baseline name when it depends on the row (else `name`).
+  std::function<std::string(const Workload&, bool read)> row_name;
 };
 
 // Measures every (block, pattern, batch, op) of one transport. The engine
@@ -114,7 +116,7 @@ Status measure(const std::string& transport, const BenchArgs& args, Engine& engi
           row.batch = w.batch();
           row.gbps = gbps(w.bytes_per_transfer(), t.seconds_per_call);
           row.latency_us = t.seconds_per_call * 1e6;
-          row.baseline = baseline.name;
+          row.baseline = baseline.row_name ? baseline.row_name(w, read) : baseline.name;
           if (baseline.once) {
             const Timing b = time_median([&](uint64_t k) { return baseline.once(w, read, k); }, args.min_seconds,
                                          args.reps);
@@ -137,7 +139,7 @@ Status measure(const std::string& transport, const BenchArgs& args, Engine& engi
 struct RunState {
   double iperf3_gbps = 0;
   double ucx_tcp_gbps = 0;
-  std::map<std::pair<bool, uint64_t>, double> ucx_perftest;  // (read, size) -> Gbit/s
+  std::map<std::pair<std::string, uint64_t>, double> ucx_perftest;  // (test, size) -> Gbit/s
 };
 
 Status bench_local(const BenchArgs& args, std::vector<BenchRow>& rows) {
@@ -159,7 +161,7 @@ Status bench_local(const BenchArgs& args, std::vector<BenchRow>& rows) {
                                }
                              }
                              return true;
-                           }, nullptr};
+                           }, nullptr, nullptr};
   return measure("local", args, *here, peer, lr, rr, memcpy_baseline, rows);
 }
 
@@ -186,14 +188,24 @@ Status bench_remote(const std::string& transport, const BenchArgs& args, RunStat
   } else if (transport == "ucx") {
     const char* tls_env = std::getenv("UCX_TLS");
     const std::string tls = tls_env ? tls_env : "";
+    // Per row, the ucx_perftest test that does what the row does: reads are
+    // ucp_get; a batch of writes is a stream of puts (ucp_put_bw); a batch
+    // of one write is one put and its remote completion, a round trip, which
+    // ucp_put_bw's pipelined stream never waits for: ucp_put_lat's round trip.
     baseline.name = "ucx_perftest";
+    baseline.row_name = [](const Workload& w, bool read) -> std::string {
+      if (read) return "perftest:get";
+      return w.batch() == 1 ? "perftest:put_rtt" : "perftest:put_bw";
+    };
     baseline.fixed_gbps = [&, tls](const Workload& w, bool read) {
-      const auto key = std::make_pair(read, w.block_bytes());
+      const std::string test = read ? "ucp_get" : w.batch() == 1 ? "ucp_put_lat" : "ucp_put_bw";
+      const auto key = std::make_pair(test, w.block_bytes());
       auto it = state.ucx_perftest.find(key);
       if (it != state.ucx_perftest.end()) return it->second;
       const uint64_t budget = args.quick ? (uint64_t{32} << 20) : (uint64_t{512} << 20);
       const uint64_t iterations = std::clamp<uint64_t>(budget / w.block_bytes(), 100, 20000);
-      Result<double> g = ucx_perftest_gbps(read ? "ucp_get" : "ucp_put_bw", w.block_bytes(), iterations, tls);
+      Result<double> g = test == "ucp_put_lat" ? ucx_perftest_put_roundtrip_gbps(w.block_bytes(), iterations, tls)
+                                               : ucx_perftest_gbps(test, w.block_bytes(), iterations, tls);
       if (!g.ok()) std::cerr << "bench: ucx baseline: " << g.error().to_string() << "\n";
       return state.ucx_perftest[key] = g.ok() ? *g : 0.0;
     };
@@ -270,6 +282,9 @@ int run_bench(BenchArgs args) {
                    "measure another UCX transport)\n";
     }
     if (!state.ucx_perftest.empty()) {
+      std::cout << "ucx baselines: perftest:get = ucx_perftest -t ucp_get; perftest:put_bw = -t ucp_put_bw (a "
+                   "stream of puts, for batches); perftest:put_rtt = -t ucp_put_lat's round trip (one put and its "
+                   "remote completion, as a batch of one write is)\n";
       std::cout << "note: ucx_perftest moves one buffer of the message size again and again (cache-hot); the engine "
                    "walks a "
                 << (args.buffer_bytes >> 20) << " MiB buffer, so for blocks that fit in cache the ucx ratio is pessimistic\n";
