@@ -133,10 +133,6 @@ Status EngineImpl::init() {
   KVB_ASSIGN_OR_RETURN(control_, Control::create(options_.host, options_.name,
                                                  [this](Notification n) { on_notification(std::move(n)); }));
   Transfers::Callbacks callbacks;
-  callbacks.release_regions = [this](const std::vector<RegionId>& regions) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (RegionId r : regions) registry_->release(r);
-  };
   callbacks.drop_notification = hooks_.drop_notification;
   transfers_ = std::make_unique<Transfers>(options_.threads, &metrics_, std::move(callbacks));
   return Status();

@@ -92,7 +92,14 @@ Result<RegionId> Registry::add(void* base_ptr, uint64_t bytes, std::string_view 
   }
   for (uint32_t id : merged) drop_segment(id);
   const RegionId id = next_region_++;
-  regions_.emplace(id, Region{id, base, bytes, std::string(memory), segment, 1, 0});
+  Region region;
+  region.id = id;
+  region.base = base;
+  region.bytes = bytes;
+  region.memory = std::string(memory);
+  region.segment = segment;
+  region.refs = 1;
+  regions_.emplace(id, std::move(region));
   return id;
 }
 
@@ -100,8 +107,8 @@ Status Registry::remove(RegionId id) {
   auto it = regions_.find(id);
   if (it == regions_.end()) return Status::not_found("deregister_memory: " + region_name(id) + " is not registered");
   Region& r = it->second;
-  if (r.in_use > 0) {
-    return Status::unavailable("deregister_memory: " + region_name(id) + " is used by " + std::to_string(r.in_use) +
+  if (const uint32_t users = r.in_use->load(std::memory_order_acquire); users > 0) {
+    return Status::unavailable("deregister_memory: " + region_name(id) + " is used by " + std::to_string(users) +
                                " transfer(s) in progress");
   }
   if (r.refs > 1) {
@@ -161,8 +168,13 @@ Result<uint8_t*> Registry::resolve(RegionId id, uint64_t offset, uint64_t bytes,
   return r.base + offset;
 }
 
-void Registry::acquire(RegionId id) { ++regions_.at(id).in_use; }
-void Registry::release(RegionId id) { --regions_.at(id).in_use; }
+RegionHold Registry::acquire(RegionId id) {
+  RegionHold hold = regions_.at(id).in_use;
+  hold->fetch_add(1, std::memory_order_acq_rel);
+  return hold;
+}
+
+void Registry::release(RegionId id) { release(regions_.at(id).in_use); }
 
 const Region* Registry::find(RegionId id) const {
   auto it = regions_.find(id);

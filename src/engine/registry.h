@@ -10,7 +10,11 @@
 // longer exists and gets an error rather than bytes that moved.
 //
 // A region has an in-use count: transfers hold it from submit until they
-// end, and a region in use cannot be deregistered.
+// end, and a region in use cannot be deregistered. The count is an atomic
+// that a transfer keeps a reference to: it is taken under the registry lock
+// (so a region cannot go between its check and its hold) and dropped
+// without it, so a transfer can end on any thread, including a transport's
+// own, which may not take the registry lock (transport.h).
 //
 // Thread-safety: none of its own. The engine calls every method with its
 // registry lock held, which is also the lock under which transports'
@@ -18,7 +22,9 @@
 // the caller's; the transports are borrowed and outlive the registry.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <map>
 #include <string>
 #include <string_view>
@@ -36,9 +42,13 @@ struct Region {
   uint64_t bytes = 0;
   std::string memory;
   uint32_t segment = 0;
-  uint32_t refs = 0;    // registrations of this exact range
-  uint32_t in_use = 0;  // transfers holding it
+  uint32_t refs = 0;  // registrations of this exact range
+  // Transfers holding it.
+  std::shared_ptr<std::atomic<uint32_t>> in_use = std::make_shared<std::atomic<uint32_t>>(0);
 };
+
+// A transfer's hold on a region: released by a decrement, on any thread.
+using RegionHold = std::shared_ptr<std::atomic<uint32_t>>;
 
 class Registry {
  public:
@@ -57,9 +67,11 @@ class Registry {
   // ("item 3").
   Result<uint8_t*> resolve(RegionId id, uint64_t offset, uint64_t bytes, std::string_view what) const;
 
-  // In-use counting; requires a known id.
-  void acquire(RegionId id);
+  // In-use counting; requires a known id. acquire() returns the hold;
+  // release it with release(hold) (no lock needed) or release(id).
+  RegionHold acquire(RegionId id);
   void release(RegionId id);
+  static void release(const RegionHold& hold) { hold->fetch_sub(1, std::memory_order_acq_rel); }
 
   // Appends segments (keys in transports' order) and regions to `m`.
   void describe(EngineMetadata* m) const;

@@ -71,7 +71,7 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
     }
     std::sort(t->regions.begin(), t->regions.end());
     t->regions.erase(std::unique(t->regions.begin(), t->regions.end()), t->regions.end());
-    for (RegionId r : t->regions) registry_->acquire(r);
+    for (RegionId r : t->regions) t->holds.push_back(registry_->acquire(r));
     t->connection = p.connection;
     t->peer_name = peer_name;
     t->link = p.link;
@@ -86,8 +86,7 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
   metrics_.submitted(items.size());
   Result<TransferId> id = transfers_->start(t, here);
   if (!id.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (RegionId r : t->regions) registry_->release(r);
+    for (const RegionHold& hold : t->holds) Registry::release(hold);
     metrics_.unsubmitted(items.size());
     return id;
   }

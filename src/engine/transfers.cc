@@ -93,42 +93,42 @@ std::shared_ptr<Transfer> Transfers::find(TransferId id) const {
 Result<TransferId> Transfers::start(std::shared_ptr<Transfer> t, bool here) {
   TransferId id = 0;
   const size_t chunks = t->chunks.size();
-  if (here) {
-    // No deadline entry: the runs watch the deadline themselves, and the
-    // transfer ends before anyone else can hold its id. It is in the table
-    // while it runs, so shutdown() and fail_peer() still see it.
-    std::shared_ptr<Transfer> keep = t;
-    t->run_here = true;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return Status::unavailable("engine is shutting down");
-      id = t->id = next_id_++;
-      t->chunks_left = chunks;
-      t->queued = 0;
-      table_.emplace(id, std::move(t));
-    }
-    for (size_t i = 0; i < chunks; ++i) run_chunk(keep, i);
-    return id;
-  }
+  const bool async = !here && t->link->runs_async();
   bool earliest = false;
+  std::shared_ptr<Transfer> keep = t;
+  t->run_here = here;
+  t->async = async;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return Status::unavailable("engine is shutting down");
     id = t->id = next_id_++;
     t->chunks_left = chunks;
-    t->queued = chunks;
-    // Entries leave the queue when transfers end, so it is often empty; the
-    // timer needs waking only when it would sleep past this deadline.
-    earliest = t->deadline < timer_wake_;
-    if (earliest) timer_wake_ = t->deadline;
-    t->deadline_entry = deadlines_.emplace(t->deadline, t);
-    t->has_deadline = true;
-    for (size_t i = 0; i < chunks; ++i) queue_.push_back(Job{t, i});
+    // A transfer run here has no deadline entry: its runs watch the deadline
+    // themselves, and it ends before anyone else can hold its id. It is in
+    // the table while it runs, so shutdown() and fail_peer() still see it.
+    if (!here) {
+      // Entries leave the queue when transfers end, so it is often empty;
+      // the timer needs waking only when it would sleep past this deadline.
+      earliest = t->deadline < timer_wake_;
+      if (earliest) timer_wake_ = t->deadline;
+      t->deadline_entry = deadlines_.emplace(t->deadline, t);
+      t->has_deadline = true;
+    }
+    if (!here && !async) {
+      t->queued = chunks;
+      for (size_t i = 0; i < chunks; ++i) queue_.push_back(Job{t, i});
+    }
     table_.emplace(id, std::move(t));
   }
-  // One token per queued chunk: wakes at most that many workers.
-  work_sem_.release(static_cast<uint32_t>(chunks));
   if (earliest) timer_cv_.notify_one();
+  if (here) {
+    for (size_t i = 0; i < chunks; ++i) run_chunk(keep, i);
+  } else if (async) {
+    for (size_t i = 0; i < chunks; ++i) start_chunk(keep, i);
+  } else {
+    // One token per queued chunk: wakes at most that many workers.
+    work_sem_.release(static_cast<uint32_t>(chunks));
+  }
   return id;
 }
 
@@ -172,7 +172,8 @@ void Transfers::finish_locked(Transfer& t) {
     t.state = TransferState::kDone;
   }
   // Regions first: whoever sees the end may deregister at once.
-  if (callbacks_.release_regions) callbacks_.release_regions(t.regions);
+  for (const RegionHold& hold : t.holds) Registry::release(hold);
+  t.holds.clear();
   uint64_t done = 0;
   for (const Chunk& c : t.chunks) done += c.control.bytes_done.load(std::memory_order_acquire);
   if (t.state == TransferState::kDone) done = t.bytes_total;
@@ -195,38 +196,66 @@ void Transfers::worker() {
       queue_.pop_front();
       --job.t->queued;
     }
-    run_chunk(job.t, job.chunk);
+    run_job(job.t, job.chunk);
   }
+}
+
+void Transfers::run_job(const std::shared_ptr<Transfer>& t, size_t chunk) {
+  if (chunk == kNotifyJob) {
+    send_notification(t);
+  } else {
+    run_chunk(t, chunk);
+  }
+}
+
+bool Transfers::begin_chunk(const std::shared_ptr<Transfer>& tp, size_t index, bool check_deadline) {
+  Transfer& t = *tp;
+  bool ended = false;
+  {
+    std::lock_guard<std::mutex> lock(t.mu);
+    if (check_deadline && !t.stop && Clock::now() >= t.deadline) {
+      stop_locked(t, Status::timeout(transfer_name(t) + " passed its deadline of " + std::to_string(t.timeout.count()) +
+                                     " ms before it started"), false);
+    }
+    if (!t.stop && !t.ended) {
+      ++t.running;
+      t.chunks[index].control.deadline = t.deadline;
+      return true;
+    }
+    --t.chunks_left;
+    if (t.running == 0) finish_locked(t);
+    ended = t.ended;
+  }
+  if (ended) forget_deadline(t);
+  return false;
 }
 
 void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
   Transfer& t = *tp;
+  // A chunk run where it was submitted has not waited in a queue: its
+  // deadline is its timeout away, and the Link watches it from here.
+  if (!begin_chunk(tp, index, !t.run_here)) return;
   Chunk& chunk = t.chunks[index];
-  bool skipped = false, ended = false;
+  end_chunk(tp, t.link->run(t.op, chunk.copies, chunk.control), true);
+}
+
+void Transfers::start_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
+  if (!begin_chunk(tp, index, false)) return;
   {
-    std::lock_guard<std::mutex> lock(t.mu);
-    // A chunk run where it was submitted has not waited in a queue: its
-    // deadline is its timeout away, and the Link watches it from here.
-    if (!t.stop && !t.run_here && Clock::now() >= t.deadline) {
-      stop_locked(t, Status::timeout(transfer_name(t) + " passed its deadline of " + std::to_string(t.timeout.count()) +
-                                     " ms before it started"), false);
-    }
-    if (t.stop || t.ended) {
-      --t.chunks_left;
-      if (t.running == 0) finish_locked(t);
-      skipped = true;
-    } else {
-      ++t.running;
-      chunk.control.deadline = t.deadline;
-    }
-    ended = t.ended;
+    std::lock_guard<std::mutex> lock(async_mu_);
+    ++async_callbacks_;
   }
-  if (skipped) {
-    if (ended) forget_deadline(t);
-    return;
-  }
-  Status s = t.link->run(t.op, chunk.copies, chunk.control);
-  bool notify = false;
+  Chunk& chunk = tp->chunks[index];
+  tp->link->start(tp->op, chunk.copies, chunk.control, [this, tp](Status s) {
+    end_chunk(tp, std::move(s), false);
+    std::lock_guard<std::mutex> lock(async_mu_);
+    if (--async_callbacks_ == 0) async_cv_.notify_all();
+  });
+}
+
+void Transfers::end_chunk(const std::shared_ptr<Transfer>& tp, Status s, bool can_block) {
+  Transfer& t = *tp;
+  bool notify = false, ended = false;
   {
     std::lock_guard<std::mutex> lock(t.mu);
     --t.running;
@@ -246,11 +275,28 @@ void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
     t.cv.notify_all();
   }
   if (ended) forget_deadline(t);
-  if (notify) send_notification(tp);
+  if (!notify) return;
+  if (can_block) {
+    send_notification(tp);
+    return;
+  }
+  // Sending waits for the peer's acknowledgement: a worker's job.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(Job{tp, kNotifyJob});
+    ++t.queued;
+  }
+  work_sem_.release(1);
 }
 
 void Transfers::send_notification(const std::shared_ptr<Transfer>& tp) {
   Transfer& t = *tp;
+  {
+    // Queued after asynchronous runs: it may have been cancelled, timed out
+    // or lost its peer since.
+    std::lock_guard<std::mutex> lock(t.mu);
+    if (t.ended) return;
+  }
   const bool drop = callbacks_.drop_notification && callbacks_.drop_notification();
   Status s = t.channel ? t.channel->notify(t.notification, t.deadline, drop)
                        : Status::unavailable("no control connection to peer '" + t.peer_name + "'");
@@ -340,7 +386,7 @@ TransferStatus Transfers::wait(TransferId id, std::chrono::milliseconds timeout)
   // bookkeeping as on a worker (running, chunks_left, stop, finish_locked),
   // so cancel() still waits for these runs and the transfer ends once.
   if (until >= t->deadline) {
-    while (std::optional<size_t> chunk = take_queued(*t)) run_chunk(t, *chunk);
+    while (std::optional<size_t> chunk = take_queued(*t)) run_job(t, *chunk);
   }
   {
     std::unique_lock<std::mutex> lock(t->mu);
@@ -436,6 +482,11 @@ void Transfers::shutdown() {
     stop_locked(*t, Status::cancelled(transfer_name(*t) + " was cancelled: the engine is shutting down"), true);
     t->cv.wait(lock, [&] { return t->running == 0; });
     finish_locked(*t);
+  }
+  {
+    // Every run has returned; wait for their completion callbacks to leave.
+    std::unique_lock<std::mutex> lock(async_mu_);
+    async_cv_.wait(lock, [&] { return async_callbacks_ == 0; });
   }
   work_sem_.release(static_cast<uint32_t>(workers_.size()));
   timer_cv_.notify_all();

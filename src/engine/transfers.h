@@ -6,6 +6,13 @@
 // timer thread, sends the notification after every run returned OK, and ends
 // each transfer exactly once.
 //
+// Three ways a chunk runs: on a worker thread (or a wait() that helps), on
+// the submitting thread (small same-host transfers, Link::runs_inline), or
+// handed to a link with its own thread (Link::runs_async), whose completion
+// callback does the bookkeeping a worker would; a notification after an
+// asynchronous run goes back to a worker, because sending one waits for the
+// peer's acknowledgement.
+//
 // The one rule everything follows: a transfer ends (its state leaves
 // kInProgress, its regions are released) only when no Link::run of it is
 // executing and none can start. Workers test `stop` and bump `running` under
@@ -14,10 +21,11 @@
 // So when cancel() returns, or any observer sees the transfer ended, every
 // run has returned, and Links promise nothing lands after they return.
 //
-// Thread-safety: every method may be called from any thread. A transfer's
-// lock may be held while the release callback takes the engine's registry
-// lock; the table lock is never held together with a transfer's lock
-// (docs/thread_model.md).
+// Thread-safety: every method may be called from any thread. Locks do not
+// nest: a transfer releases its regions' holds (atomics) under its own
+// lock, never the registry lock, so completion callbacks may run on a
+// transport's thread; the table lock is never held together with a
+// transfer's lock (docs/thread_model.md).
 #pragma once
 
 #include <chrono>
@@ -35,6 +43,7 @@
 
 #include "engine/control.h"
 #include "engine/metrics.h"
+#include "engine/registry.h"
 #include "kvbridge/engine.h"
 #include "transport/transport.h"
 
@@ -79,13 +88,15 @@ struct Transfer {
   std::shared_ptr<transport::Link> link;
   std::shared_ptr<Channel> channel;
   std::string notification;
-  std::vector<RegionId> regions;  // local regions held in use, released once
+  std::vector<RegionId> regions;  // local regions held in use
+  std::vector<RegionHold> holds;  // their holds, released once when the transfer ends
   uint64_t bytes_total = 0;
   Clock::time_point start;
   Clock::time_point deadline;
   std::chrono::milliseconds timeout{0};
   ChunkArray chunks;
   bool run_here = false;  // runs on the submitting thread: never queued, no deadline entry
+  bool async = false;     // runs through Link::start
 
   // Guarded by mu.
   mutable std::mutex mu;
@@ -128,9 +139,6 @@ std::vector<std::vector<transport::Copy>> split_copies(std::vector<transport::Co
 class Transfers {
  public:
   struct Callbacks {
-    // Releases a transfer's local regions; called once per transfer, with
-    // the transfer's lock held, before the end becomes visible.
-    std::function<void(const std::vector<RegionId>&)> release_regions;
     // Fault injection: whether to drop the next notification.
     std::function<bool()> drop_notification;
   };
@@ -143,7 +151,8 @@ class Transfers {
   // kUnavailable after shutdown() (the caller still owns the regions).
   // With `here`, the transfer (which must have no notification) is not
   // queued: its chunks run on the calling thread, with the bookkeeping a
-  // worker keeps, so it has ended when start() returns.
+  // worker keeps, so it has ended when start() returns. Otherwise, when its
+  // link runs_async(), its chunks are handed to the link at once.
   Result<TransferId> start(std::shared_ptr<Transfer> t, bool here = false);
 
   TransferStatus status(TransferId id) const;
@@ -166,6 +175,9 @@ class Transfers {
   void shutdown();
 
  private:
+  // A queued chunk, or (chunk == kNotifyJob) a notification to send after
+  // asynchronous runs.
+  static constexpr size_t kNotifyJob = SIZE_MAX;
   struct Job {
     std::shared_ptr<Transfer> t;
     size_t chunk = 0;
@@ -181,6 +193,16 @@ class Transfers {
   // Runs one chunk with the table's bookkeeping. A queued chunk whose
   // transfer passed its deadline while it waited is skipped.
   void run_chunk(const std::shared_ptr<Transfer>& t, size_t chunk);
+  // Runs a job taken off the queue: a chunk or a notification.
+  void run_job(const std::shared_ptr<Transfer>& t, size_t chunk);
+  // Hands one chunk to the link (Link::start).
+  void start_chunk(const std::shared_ptr<Transfer>& t, size_t chunk);
+  // Bookkeeping before a run: false when the chunk is skipped (the transfer
+  // stopped, or, with `check_deadline`, passed its deadline while queued).
+  bool begin_chunk(const std::shared_ptr<Transfer>& t, size_t chunk, bool check_deadline);
+  // Bookkeeping after a run returned `s`. A notification due is sent here
+  // when `can_block`, else queued for a worker.
+  void end_chunk(const std::shared_ptr<Transfer>& t, Status s, bool can_block);
   void send_notification(const std::shared_ptr<Transfer>& t);
   // Requires t.mu held. Stops the transfer with `why` unless already stopped.
   static void stop_locked(Transfer& t, Status why, bool cancelled);
@@ -207,6 +229,12 @@ class Transfers {
   Clock::time_point timer_wake_ = Clock::time_point::max();
   std::vector<std::thread> workers_;
   std::thread timer_;
+
+  // Completion callbacks of asynchronous runs not yet returned; shutdown()
+  // waits for them, since they use this object.
+  std::mutex async_mu_;
+  std::condition_variable async_cv_;
+  size_t async_callbacks_ = 0;
 };
 
 }  // namespace kvbridge::engine_internal

@@ -54,6 +54,11 @@ bool Faults::slows_runs() const {
   return delay_.count() > 0 || linger_.count() > 0;
 }
 
+bool Faults::arms_runs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fail_ || truncate_at_ || delay_.count() > 0 || linger_.count() > 0;
+}
+
 uint64_t Faults::runs_started() const {
   std::lock_guard<std::mutex> lock(mu_);
   return started_;
@@ -107,6 +112,24 @@ class FaultLink final : public Link {
   // As the inner link, unless runs are armed to be slow: a test's slow
   // transfer must stay on the engine's threads, where it can be cancelled.
   bool runs_inline() const override { return inner_->runs_inline() && !faults_->slows_runs(); }
+  // As the inner link while no fault of a run is armed: the faults are
+  // played on the engine's thread, by run().
+  bool runs_async() const override { return inner_->runs_async() && !faults_->arms_runs(); }
+  void start(TransferOp op, std::span<const Copy> copies, RunControl& control,
+             std::function<void(Status)> done) override {
+    Faults::Plan plan = faults_->begin_run();
+    if (plan.fail || plan.truncate_bytes || plan.delay.count() > 0 || plan.linger.count() > 0) {
+      // Armed since runs_async() said no: play it here, synchronously.
+      Status s = execute(plan, op, copies, control);
+      faults_->end_run();
+      done(std::move(s));
+      return;
+    }
+    inner_->start(op, copies, control, [faults = faults_, done = std::move(done)](Status s) {
+      faults->end_run();
+      done(std::move(s));
+    });
+  }
 
  private:
   Status execute(const Faults::Plan& plan, TransferOp op, std::span<const Copy> copies, RunControl& control) {

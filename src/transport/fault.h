@@ -51,6 +51,8 @@ class Faults {
   // Whether a delay or a cancel linger is armed: runs are then slow, and
   // the engine must not run them on a submitting thread.
   bool slows_runs() const;
+  // Whether any fault of a run (fail, truncate, delay, linger) is armed.
+  bool arms_runs() const;
   uint64_t runs_started() const;
   uint64_t runs_active() const;  // runs that started and have not returned
 

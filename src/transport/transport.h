@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -87,6 +88,20 @@ class Link {
   virtual Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) = 0;
   // The peer's segments changed (it registered more memory).
   virtual Status refresh(const PeerInfo& peer) = 0;
+  // Asynchronous runs, for links whose transport has its own thread doing
+  // the work (ucx): start() hands the copies over and returns at once;
+  // `done` is called exactly once, on any thread (the transport's own, or
+  // this one if the run fails at once), with what run() would have
+  // returned, under the same contract (when `done` runs, no further byte of
+  // these copies lands or leaves). `copies` and `control` stay valid until
+  // then. `done` must not block and must not call into the transport or
+  // take the engine's registry lock. Only called when runs_async().
+  virtual bool runs_async() const { return false; }
+  virtual void start(TransferOp op, std::span<const Copy> copies, RunControl& control,
+                     std::function<void(Status)> done) {
+    (void)op, (void)copies, (void)control;
+    done(Status::internal("this link has no asynchronous runs"));
+  }
   // True when a run is a host-memory copy that finishes in time bounded by
   // its bytes, never waiting on a network or a peer's progress (local,
   // cma). The engine may then execute small transfers on the submitting

@@ -89,6 +89,8 @@ struct Worker::Job {
     Job* job;
   }* flush_token = nullptr;  // the flush callback's user data
   bool finished = false;  // guarded by Worker::mu_
+  // Set for start(): the job is on the heap, and `done` replaces `finished`.
+  std::function<void(Status)> done;
 };
 
 Result<std::shared_ptr<Worker>> Worker::create() {
@@ -194,6 +196,20 @@ Status Worker::execute(Endpoint& endpoint, TransferOp op, std::span<const Copy> 
   return job.result;
 }
 
+void Worker::start(Endpoint& endpoint, TransferOp op, std::span<const Copy> copies, RunControl& control,
+                   std::function<void(Status)> done) {
+  auto* job = new Job();
+  job->worker = this;
+  job->endpoint = &endpoint;
+  job->op = op;
+  job->copies = copies;
+  job->control = &control;
+  job->done = std::move(done);
+  std::lock_guard<std::mutex> lock(mu_);
+  incoming_.push_back(job);
+  wake();
+}
+
 bool Worker::drain_queues() {
   if (!pending_.exchange(false)) return false;
   std::deque<Call*> calls;
@@ -267,6 +283,14 @@ void Worker::finish(size_t index) {
   jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(index));
   Endpoint& e = *job->endpoint;
   if (--e.active_runs == 0) e.retired.clear();
+  if (job->done) {
+    // Nothing refers to the job any more (no request, no flush token).
+    std::function<void(Status)> done = std::move(job->done);
+    Status result = std::move(job->result);
+    delete job;
+    done(std::move(result));
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   job->finished = true;
   cv_.notify_all();

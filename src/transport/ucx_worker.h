@@ -117,6 +117,12 @@ class Worker {
   // outcome (the Link::run contract). Requires: `endpoint` stays alive.
   Status execute(Endpoint& endpoint, TransferOp op, std::span<const Copy> copies, RunControl& control);
 
+  // As execute(), but returns at once; `done` gets the outcome on the
+  // worker thread (Link::start). Requires: `endpoint`, `copies` and
+  // `control` stay alive until then.
+  void start(Endpoint& endpoint, TransferOp op, std::span<const Copy> copies, RunControl& control,
+             std::function<void(Status)> done);
+
   // Worker thread only: opens endpoint.ep from its address and unpacks its
   // keys; closes it (by force), releasing its keys.
   Status open(Endpoint& endpoint);
