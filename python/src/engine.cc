@@ -192,7 +192,7 @@ void bind_engine(py::module_& m) {
                        "        blob = engine.metadata()                  # send to the peer")
       .def(py::init([](const std::string& name, std::optional<std::vector<std::string>> transports,
                        const std::string& host, uint32_t tcp_streams, uint32_t threads, py::object default_timeout,
-                       const std::string& faults) {
+                       const std::string& faults, uint64_t inline_bytes) {
              EngineOptions o;
              o.name = name;
              if (transports) o.transports = *transports;
@@ -201,6 +201,7 @@ void bind_engine(py::module_& m) {
              o.threads = threads;
              o.default_timeout = to_millis(default_timeout, o.default_timeout);
              o.faults = faults;
+             o.inline_bytes = inline_bytes;
              Result<std::unique_ptr<Engine>> e = [&] {
                py::gil_scoped_release nogil;
                return Engine::create(o);
@@ -209,12 +210,14 @@ void bind_engine(py::module_& m) {
            }),
            py::arg("name") = "kvbridge", py::arg("transports") = py::none(), py::arg("host") = "127.0.0.1",
            py::arg("tcp_streams") = 4, py::arg("threads") = 2, py::arg("default_timeout") = 30.0,
-           py::arg("faults") = "",
+           py::arg("faults") = "", py::arg("inline_bytes") = EngineOptions{}.inline_bytes,
            "Starts the engine's threads and listeners.\n\n"
            "name: shown to peers and in errors (unique per peer pair). transports: preference order, e.g.\n"
            "['cma', 'tcp']; None = every available one. host: address the tcp and control listeners\n"
            "bind. default_timeout: seconds (or a timedelta) for transfers submitted without one.\n"
            "faults: fault injection for tests ('delay=MS', 'drop-notifications=N').\n"
+           "inline_bytes: a transfer of at most this many bytes without a notification, over local or\n"
+           "cma, runs inside submit() (it has ended when submit returns); 0 = always on engine threads.\n"
            "Raises Unavailable when a named transport cannot run here (the message says why).")
       .def_property_readonly("name", [](PyEngine& e) { return e.get().name(); })
       .def("transports", [](PyEngine& e) { return e.get().transports(); },

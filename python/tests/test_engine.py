@@ -56,6 +56,21 @@ def test_read_and_write_between_torch_and_numpy(pair):
     assert "kvbridge_" in b.metrics_prometheus()
 
 
+@pytest.mark.parametrize("inline_bytes", [0, 1 << 18])
+def test_inline_bytes_decides_where_small_transfers_run(inline_bytes):
+    src = np.arange(4096, dtype=np.uint8)
+    dst = np.zeros(4096, np.uint8)
+    with kvbridge.Engine(name="in-a", inline_bytes=inline_bytes) as a, kvbridge.Engine(name="in-b") as b:
+        ra, rb = a.register_memory(dst), b.register_memory(src)
+        peer = a.connect(b.metadata())
+        t = a.submit(peer, "read", [(ra, 0, rb, 0, 4096)])
+        if inline_bytes:
+            # Ran inside submit(): ended before any wait.
+            assert a.status(t).state == kvbridge.TransferState.DONE
+        assert a.wait(t, timeout=10).ok
+        assert np.array_equal(dst, src)
+
+
 def test_notify_on_its_own(pair):
     a, b = pair
     peer = a.connect(b.metadata())
