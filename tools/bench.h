@@ -33,6 +33,7 @@ struct BenchArgs {
   double min_seconds = 0.1;                     // per repetition
   uint32_t reps = 5;                            // the median is reported
   uint32_t threads = 2;                         // EngineOptions::threads
+  uint64_t inline_bytes = EngineOptions{}.inline_bytes;  // EngineOptions::inline_bytes
   uint32_t tcp_streams = 4;                     // EngineOptions::tcp_streams
   uint32_t iperf_seconds = 3;
   bool quick = false;

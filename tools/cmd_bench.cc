@@ -60,6 +60,7 @@ Result<std::unique_ptr<Engine>> make_engine(const std::string& name, const std::
   o.name = name;
   o.transports = {transport};
   o.threads = args.threads;
+  o.inline_bytes = args.inline_bytes;
   o.tcp_streams = args.tcp_streams;
   return Engine::create(o);
 }
@@ -273,7 +274,7 @@ int run_bench(BenchArgs args) {
   } else {
     std::cout << "kvbridge bench: Gbit/s = 10^9 bit/s; latency = one submit() + wait(); median of " << args.reps
               << " x " << args.min_seconds << " s; buffer " << (args.buffer_bytes >> 20) << " MiB per side; engine threads "
-              << args.threads << ", baselines single-threaded\n";
+              << args.threads << ", inline_bytes " << args.inline_bytes << ", baselines single-threaded\n";
     if (state.iperf3_gbps > 0) std::cout << "iperf3 single stream, loopback: " << state.iperf3_gbps << " Gbit/s\n";
     if (state.ucx_tcp_gbps > 0)
       std::cout << "ucx_perftest ucp_get UCX_TLS=tcp 1 MiB: " << state.ucx_tcp_gbps << " Gbit/s\n";
@@ -321,6 +322,9 @@ Command add_bench_command(CLI::App& root) {
   app->add_option("--min-time", args->min_seconds, "Seconds per repetition")->check(CLI::NonNegativeNumber)->capture_default_str();
   app->add_option("--reps", args->reps, "Repetitions; the median is reported")->check(CLI::PositiveNumber)->capture_default_str();
   app->add_option("--threads", args->threads, "Engine worker threads")->check(CLI::PositiveNumber)->capture_default_str();
+  app->add_option("--inline-bytes", args->inline_bytes,
+                  "EngineOptions::inline_bytes: local/cma transfers up to this size run inside submit() (0: never)")
+      ->capture_default_str();
   app->add_option("--tcp-streams", args->tcp_streams, "tcp connections per peer")->check(CLI::PositiveNumber)->capture_default_str();
   app->add_option("--iperf-seconds", args->iperf_seconds, "iperf3 run length")->check(CLI::PositiveNumber)->capture_default_str();
   app->add_flag("--quick", args->quick, "Short run (8 MiB buffers, 5 ms x 3 repetitions): a smoke test, not a measurement");

@@ -21,8 +21,11 @@
 //  - A registration cannot be removed while a transfer uses it.
 //
 // Thread-safety: every method may be called from any thread. Work runs on the
-// engine's own threads. Ownership: registered memory stays owned by the
-// caller and must stay valid until deregister_memory() returns OK.
+// engine's own threads, on a transport's own thread (ucx), or, for a small
+// transfer on a same-host transport, inside submit() on the caller's thread
+// (EngineOptions::inline_bytes); docs/thread_model.md. Ownership: registered
+// memory stays owned by the caller and must stay valid until
+// deregister_memory() returns OK.
 #pragma once
 
 #include <array>
