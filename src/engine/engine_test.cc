@@ -22,6 +22,26 @@ std::unique_ptr<Engine> make(const std::string& name, std::vector<std::string> t
   return e.ok() ? std::move(*e) : nullptr;
 }
 
+// Engine `a` (with `options`) connected to engine `b`, each with a 4 KiB
+// buffer registered: x (a's, all 1) and y (b's, all 2).
+struct LocalPair {
+  explicit LocalPair(EngineOptions options = {}) {
+    options.name = "a";
+    options.transports = {"local"};
+    Result<std::unique_ptr<Engine>> e = Engine::create(options);
+    EXPECT_TRUE(e.ok()) << e.error().to_string();
+    a = std::move(*e);
+    b = make("b");
+    rx = *a->register_memory(x.data(), x.size());
+    ry = *b->register_memory(y.data(), y.size());
+    peer = *a->connect(b->metadata());
+  }
+  std::unique_ptr<Engine> a, b;
+  std::vector<uint8_t> x = std::vector<uint8_t>(4096, 1), y = std::vector<uint8_t>(4096, 2);
+  RegionId rx = 0, ry = 0;
+  PeerId peer = 0;
+};
+
 TEST(EngineTest, UnknownOrUnavailableTransportsAreRefusedAtCreate) {
   EngineOptions o;
   o.transports = {"carrier-pigeon"};
@@ -114,17 +134,12 @@ TEST(EngineTest, LocalRefusesAPeerInAnotherProcess) {
 }
 
 TEST(EngineTest, PrometheusTextCountsTransfers) {
-  std::unique_ptr<Engine> a = make("a");
-  std::unique_ptr<Engine> b = make("b");
-  std::vector<uint8_t> x(4096, 1), y(4096, 2);
-  RegionId rx = *a->register_memory(x.data(), x.size());
-  RegionId ry = *b->register_memory(y.data(), y.size());
-  PeerId peer = *a->connect(b->metadata());
-  TransferItem item{rx, 0, ry, 0, 4096};
-  TransferId id = *a->submit(peer, TransferOp::kRead, std::span<const TransferItem>(&item, 1));
-  EXPECT_EQ(a->wait(id, std::chrono::seconds(30)).state, TransferState::kDone);
-  EXPECT_EQ(x[4095], 2);
-  const std::string text = a->metrics_prometheus();
+  LocalPair p;
+  TransferItem item{p.rx, 0, p.ry, 0, 4096};
+  TransferId id = *p.a->submit(p.peer, TransferOp::kRead, std::span<const TransferItem>(&item, 1));
+  EXPECT_EQ(p.a->wait(id, std::chrono::seconds(30)).state, TransferState::kDone);
+  EXPECT_EQ(p.x[4095], 2);
+  const std::string text = p.a->metrics_prometheus();
   EXPECT_NE(text.find("kvbridge_transfers_total{state=\"done\"} 1"), std::string::npos) << text;
   EXPECT_NE(text.find("kvbridge_bytes_total{op=\"read\"} 4096"), std::string::npos) << text;
   EXPECT_NE(text.find("kvbridge_transfer_latency_seconds_count 1"), std::string::npos) << text;
@@ -174,22 +189,15 @@ TEST(EngineTest, SmallSameHostTransfersHaveEndedWhenSubmitReturns) {
 
 TEST(EngineTest, InlineBytesZeroRunsEverythingOnTheEngineThreads) {
   EngineOptions o;
-  o.name = "a";
-  o.transports = {"local"};
   o.inline_bytes = 0;
-  std::unique_ptr<Engine> a = std::move(*Engine::create(o));
-  std::unique_ptr<Engine> b = make("b");
-  std::vector<uint8_t> x(4096, 1), y(4096, 2);
-  RegionId rx = *a->register_memory(x.data(), x.size());
-  RegionId ry = *b->register_memory(y.data(), y.size());
-  PeerId peer = *a->connect(b->metadata());
-  TransferItem item{rx, 0, ry, 0, 4096};
+  LocalPair p(o);
+  TransferItem item{p.rx, 0, p.ry, 0, 4096};
   for (int i = 0; i < 50; ++i) {
-    TransferId id = *a->submit(peer, TransferOp::kRead, std::span<const TransferItem>(&item, 1));
-    ASSERT_EQ(a->wait(id, std::chrono::seconds(30)).state, TransferState::kDone);
-    ASSERT_TRUE(a->release(id).ok());
+    TransferId id = *p.a->submit(p.peer, TransferOp::kRead, std::span<const TransferItem>(&item, 1));
+    ASSERT_EQ(p.a->wait(id, std::chrono::seconds(30)).state, TransferState::kDone);
+    ASSERT_TRUE(p.a->release(id).ok());
   }
-  EXPECT_EQ(x[4095], 2);
+  EXPECT_EQ(p.x[4095], 2);
 }
 
 // Items adjacent on both sides are merged into one copy; items adjacent on
