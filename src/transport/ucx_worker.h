@@ -15,7 +15,7 @@
 // bytes in all, copies cut into chunks of at most kChunkBytes so that a cancel
 // or a deadline is seen within one chunk per run.
 //
-// Thread-safety: call() and execute() may be called from any thread. The
+// Thread-safety: call(), execute() and start() may be called from any thread. The
 // Endpoint and Rkey objects are confined to the worker thread: create, use
 // and destroy them only inside call() closures (or on the thread).
 // Ownership: Links hold the Worker through shared_ptr (the ucxx pattern), so
