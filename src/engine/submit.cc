@@ -27,6 +27,7 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
   t->timeout = timeout;
   std::vector<transport::Copy> copies;
   copies.reserve(items.size());
+  std::vector<RegionId> regions;  // the local regions the items use, each once
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = peers_.find(peer);
@@ -67,11 +68,11 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
         copies.push_back(transport::Copy{local, remote, item.bytes, r->second.segment});
       }
       t->bytes_total += item.bytes;
-      if (t->regions.empty() || t->regions.back() != item.local) t->regions.push_back(item.local);
+      if (regions.empty() || regions.back() != item.local) regions.push_back(item.local);
     }
-    std::sort(t->regions.begin(), t->regions.end());
-    t->regions.erase(std::unique(t->regions.begin(), t->regions.end()), t->regions.end());
-    for (RegionId r : t->regions) t->holds.push_back(registry_->acquire(r));
+    std::sort(regions.begin(), regions.end());
+    regions.erase(std::unique(regions.begin(), regions.end()), regions.end());
+    for (RegionId r : regions) t->holds.push_back(registry_->acquire(r));
     t->connection = p.connection;
     t->peer_name = peer_name;
     t->link = p.link;

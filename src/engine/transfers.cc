@@ -97,7 +97,6 @@ Result<TransferId> Transfers::start(std::shared_ptr<Transfer> t, bool here) {
   bool earliest = false;
   std::shared_ptr<Transfer> keep = t;
   t->run_here = here;
-  t->async = async;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return Status::unavailable("engine is shutting down");

@@ -88,15 +88,13 @@ struct Transfer {
   std::shared_ptr<transport::Link> link;
   std::shared_ptr<Channel> channel;
   std::string notification;
-  std::vector<RegionId> regions;  // local regions held in use
-  std::vector<RegionHold> holds;  // their holds, released once when the transfer ends
+  std::vector<RegionHold> holds;  // its local regions' holds, released once when it ends
   uint64_t bytes_total = 0;
   Clock::time_point start;
   Clock::time_point deadline;
   std::chrono::milliseconds timeout{0};
   ChunkArray chunks;
   bool run_here = false;  // runs on the submitting thread: never queued, no deadline entry
-  bool async = false;     // runs through Link::start
 
   // Guarded by mu.
   mutable std::mutex mu;

@@ -35,7 +35,6 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
-#include <mutex>
 #include <optional>
 #include <cerrno>
 #include <cstring>

@@ -118,7 +118,7 @@ class FaultLink final : public Link {
   void start(TransferOp op, std::span<const Copy> copies, RunControl& control,
              std::function<void(Status)> done) override {
     Faults::Plan plan = faults_->begin_run();
-    if (plan.fail || plan.truncate_bytes || plan.delay.count() > 0 || plan.linger.count() > 0) {
+    if (plan.any()) {
       // Armed since runs_async() said no: play it here, synchronously.
       Status s = execute(plan, op, copies, control);
       faults_->end_run();
@@ -134,9 +134,7 @@ class FaultLink final : public Link {
  private:
   Status execute(const Faults::Plan& plan, TransferOp op, std::span<const Copy> copies, RunControl& control) {
     if (plan.fail) return *plan.fail;
-    if (!plan.truncate_bytes && plan.delay.count() == 0 && plan.linger.count() == 0) {
-      return inner_->run(op, copies, control);
-    }
+    if (!plan.any()) return inner_->run(op, copies, control);
     // Copy by copy, through a private RunControl, so this wrapper decides
     // when the inner link stops (the linger) and can cut a copy short.
     uint64_t budget = plan.truncate_bytes.value_or(UINT64_MAX);

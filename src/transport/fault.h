@@ -64,6 +64,8 @@ class Faults {
     std::chrono::milliseconds delay{0};
     uint64_t delay_piece = kDefaultDelayPiece;
     std::chrono::milliseconds linger{0};
+    // Whether the run has any fault to play.
+    bool any() const { return fail || truncate_bytes || delay.count() > 0 || linger.count() > 0; }
   };
   Plan begin_run();
   void end_run();
