@@ -80,6 +80,13 @@ void print_targets(std::ostream& out, const std::vector<BenchRow>& rows, double 
     }
     return w;
   };
+  // The worst row (with its baseline's name when `named`).
+  auto describe = [](const BenchRow* r, bool named = false) {
+    if (!r) return std::string("no rows");
+    return "worst " + fixed(r->ratio, 2) + " (" + r->op + " " + size_name(r->block_bytes) + " " + r->pattern +
+           " batch " + std::to_string(r->batch) + ": " + fixed(r->gbps, 2) + " vs " + fixed(r->baseline_gbps, 2) +
+           " Gbit/s" + (named ? " " + r->baseline : std::string()) + ")";
+  };
   // The worst row, and how many of the target's rows reach `at_least`.
   auto describe_rows = [&](const BenchRow* r, const std::string& transport, auto filter, double at_least) {
     if (!r) return std::string("no rows");
@@ -89,15 +96,7 @@ void print_targets(std::ostream& out, const std::vector<BenchRow>& rows, double 
       ++n;
       if (x.ratio >= at_least) ++met;
     }
-    return "worst " + fixed(r->ratio, 2) + " (" + r->op + " " + size_name(r->block_bytes) + " " + r->pattern +
-           " batch " + std::to_string(r->batch) + ": " + fixed(r->gbps, 2) + " vs " + fixed(r->baseline_gbps, 2) +
-           " Gbit/s " + r->baseline + "), " + std::to_string(met) + " of " + std::to_string(n) + " rows met";
-  };
-  auto describe = [](const BenchRow* r) {
-    if (!r) return std::string("no rows");
-    return "worst " + fixed(r->ratio, 2) + " (" + r->op + " " + size_name(r->block_bytes) + " " + r->pattern +
-           " batch " + std::to_string(r->batch) + ": " + fixed(r->gbps, 2) + " vs " + fixed(r->baseline_gbps, 2) +
-           " Gbit/s)";
+    return describe(r, true) + ", " + std::to_string(met) + " of " + std::to_string(n) + " rows met";
   };
   out << "targets (issue 4):\n";
   auto big = [](const BenchRow& r) { return r.block_bytes >= 65536; };

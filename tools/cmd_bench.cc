@@ -193,13 +193,20 @@ Status bench_remote(const std::string& transport, const BenchArgs& args, RunStat
     // ucp_get; a batch of writes is a stream of puts (ucp_put_bw); a batch
     // of one write is one put and its remote completion, a round trip, which
     // ucp_put_bw's pipelined stream never waits for: ucp_put_lat's round trip.
-    baseline.name = "ucx_perftest";
-    baseline.row_name = [](const Workload& w, bool read) -> std::string {
-      if (read) return "perftest:get";
-      return w.batch() == 1 ? "perftest:put_rtt" : "perftest:put_bw";
+    struct PerftestTest {
+      const char* test;  // the ucx_perftest -t argument
+      const char* row;   // the row's baseline name
     };
-    baseline.fixed_gbps = [&, tls](const Workload& w, bool read) {
-      const std::string test = read ? "ucp_get" : w.batch() == 1 ? "ucp_put_lat" : "ucp_put_bw";
+    auto perftest_for = [](const Workload& w, bool read) {
+      if (read) return PerftestTest{"ucp_get", "perftest:get"};
+      return w.batch() == 1 ? PerftestTest{"ucp_put_lat", "perftest:put_rtt"} : PerftestTest{"ucp_put_bw", "perftest:put_bw"};
+    };
+    baseline.name = "ucx_perftest";
+    baseline.row_name = [perftest_for](const Workload& w, bool read) -> std::string {
+      return perftest_for(w, read).row;
+    };
+    baseline.fixed_gbps = [&, tls, perftest_for](const Workload& w, bool read) {
+      const std::string test = perftest_for(w, read).test;
       const auto key = std::make_pair(test, w.block_bytes());
       auto it = state.ucx_perftest.find(key);
       if (it != state.ucx_perftest.end()) return it->second;

@@ -21,9 +21,9 @@
 // So when cancel() returns, or any observer sees the transfer ended, every
 // run has returned, and Links promise nothing lands after they return.
 //
-// Thread-safety: every method may be called from any thread. Locks do not
-// nest: a transfer releases its regions' holds (atomics) under its own
-// lock, never the registry lock, so completion callbacks may run on a
+// Thread-safety: every method may be called from any thread. A transfer's
+// lock nests with no other: it releases its regions' holds (atomics) under
+// it, never taking the registry lock, so completion callbacks may run on a
 // transport's thread; the table lock is never held together with a
 // transfer's lock (docs/thread_model.md).
 #pragma once
