@@ -71,7 +71,11 @@ struct Notification {
 };
 
 struct EngineOptions {
-  std::string name = "kvbridge";  // shown to peers and in errors
+  // Shown to peers and in errors. Empty: a name of this engine's own,
+  // "kvbridge-<host>-<pid>-<4 hex digits>". Names need not be unique: a peer
+  // is told apart by the random instance id in its metadata, so two engines
+  // with one name are two peers, never one.
+  std::string name;
   // Transports in order of preference; empty means every available one
   // (local, cma, tcp, ucx). A peer is reached by the first one both offer.
   std::vector<std::string> transports;
@@ -136,11 +140,15 @@ class Engine {
   // Registrations made later need a fresh metadata() and refresh().
   virtual std::string metadata() const = 0;
 
-  // Connects to the peer described by `metadata` (one connection per peer
-  // name, reused: connecting again returns the same id and refreshes the
-  // peer's registrations). kInvalidArgument for malformed metadata,
-  // kIncompatible for a version mismatch, kUnavailable when no transport is
-  // shared (the message lists both sides' transports).
+  // Connects to the peer described by `metadata`. A peer is one engine:
+  // its name and the random instance id in its metadata, never the name
+  // alone. Connecting again to the same engine returns the same id and
+  // refreshes its registrations; an engine with a known name but another
+  // instance (a second engine under that name, or a restarted process) is a
+  // new peer with a new id, and once the old one's connection is gone,
+  // everything aimed at the old id fails naming both. kInvalidArgument for
+  // malformed metadata, kIncompatible for a version mismatch, kUnavailable
+  // when no transport is shared (the message lists both sides' transports).
   virtual Result<PeerId> connect(std::string_view metadata) = 0;
 
   // Submits a transfer and returns at once (a small one on a same-host

@@ -259,7 +259,7 @@ class EngineMetrics:
 Items = Union[Sequence[TransferItem], npt.ArrayLike]
 
 class Engine:
-    def __init__(self, name: str = "kvbridge", transports: Optional[List[str]] = None, host: str = "127.0.0.1",
+    def __init__(self, name: str = "", transports: Optional[List[str]] = None, host: str = "127.0.0.1",
                  tcp_streams: int = 4, threads: int = 2, default_timeout: Seconds = 30.0, faults: str = "") -> None: ...
     @property
     def name(self) -> str: ...

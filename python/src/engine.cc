@@ -208,11 +208,12 @@ void bind_engine(py::module_& m) {
              }();
              return std::make_unique<PyEngine>(unwrap(std::move(e)));
            }),
-           py::arg("name") = "kvbridge", py::arg("transports") = py::none(), py::arg("host") = "127.0.0.1",
+           py::arg("name") = "", py::arg("transports") = py::none(), py::arg("host") = "127.0.0.1",
            py::arg("tcp_streams") = 4, py::arg("threads") = 2, py::arg("default_timeout") = 30.0,
            py::arg("faults") = "", py::arg("inline_bytes") = EngineOptions{}.inline_bytes,
            "Starts the engine's threads and listeners.\n\n"
-           "name: shown to peers and in errors (unique per peer pair). transports: preference order, e.g.\n"
+           "name: shown to peers and in errors; '' = a name of this engine's own (kvbridge-<host>-<pid>-<hex>).\n"
+           "Peers are told apart by name and a random instance id, so names need not be unique. transports: preference order, e.g.\n"
            "['cma', 'tcp']; None = every available one. host: address the tcp and control listeners\n"
            "bind. default_timeout: seconds (or a timedelta) for transfers submitted without one.\n"
            "faults: fault injection for tests ('delay=MS', 'drop-notifications=N').\n"

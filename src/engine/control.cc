@@ -123,13 +123,13 @@ Status write_frame(int fd, uint16_t type, uint64_t seq, std::string_view payload
     }
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      return Status::io_error("control connection to peer '" + std::string(peer) + "': send: " + errno_text(errno));
+      return Status::io_error("control connection to peer " + std::string(peer) + ": send: " + errno_text(errno));
     }
     pollfd p{fd, POLLOUT, 0};
     int timeout = poll_ms(deadline);
     if (timeout == 0 || ::poll(&p, 1, timeout) == 0) {
       if (Clock::now() >= deadline) {
-        return Status::timeout("control connection to peer '" + std::string(peer) + "': send did not finish by the deadline");
+        return Status::timeout("control connection to peer " + std::string(peer) + ": send did not finish by the deadline");
       }
     }
   }
@@ -168,14 +168,14 @@ Status Channel::notify(std::string_view message, Clock::time_point deadline, boo
   if (!sent.ok()) {
     // A frame cut short leaves the stream unusable; a peer that stopped
     // reading is as good as gone.
-    if (end(Status::io_error("peer '" + peer_ + "' is gone: " + sent.message())) && on_gone_) on_gone_(health());
+    if (end(Status::io_error("peer " + peer_ + " is gone: " + sent.message())) && on_gone_) on_gone_(health());
     return sent;
   }
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_until(lock, deadline, [&] { return acked_seq_ >= seq || !gone_.ok(); });
   if (acked_seq_ >= seq) return Status();
   if (!gone_.ok()) return gone_;
-  return Status::timeout("peer '" + peer_ + "' did not acknowledge the notification before the deadline");
+  return Status::timeout("peer " + peer_ + " did not acknowledge the notification before the deadline");
 }
 
 struct Control::Inbound {
@@ -249,7 +249,7 @@ Result<std::shared_ptr<Channel>> Control::connect(const std::string& address, co
                                                   std::function<void(const Status&)> on_gone,
                                                   Clock::time_point deadline) {
   KVB_ASSIGN_OR_RETURN(auto host_port, split_address(address));
-  const std::string who = "control connection to peer '" + peer + "' at " + address;
+  const std::string who = "control connection to peer " + peer + " at " + address;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -300,7 +300,7 @@ void Control::close(const std::shared_ptr<Channel>& channel) {
     std::lock_guard<std::mutex> lock(mu_);
     channels_.erase(std::remove(channels_.begin(), channels_.end(), channel), channels_.end());
   }
-  channel->end(Status::unavailable("connection to peer '" + channel->peer() + "' was closed"));
+  channel->end(Status::unavailable("connection to peer " + channel->peer() + " was closed"));
   wake();
 }
 
@@ -399,7 +399,7 @@ void Control::loop() {
       if (fds[2 + num_inbound + j].revents == 0) continue;
       Channel& ch = *channels[j];
       if (read_channel(ch)) continue;
-      Status why = Status::io_error("peer '" + ch.peer_ + "' is gone: its control connection closed");
+      Status why = Status::io_error("peer " + ch.peer_ + " is gone: its control connection closed");
       {
         std::lock_guard<std::mutex> lock(mu_);
         channels_.erase(std::remove(channels_.begin(), channels_.end(), channels[j]), channels_.end());

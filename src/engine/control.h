@@ -98,7 +98,8 @@ class Control {
   // "host:port" of the listener.
   const std::string& address() const { return address_; }
 
-  // Connects to a peer's control address and says hello. `on_gone` runs once
+  // Connects to a peer's control address and says hello. `peer` names the
+  // peer in errors, as given ("'b' (instance ..., pid ...)"). `on_gone` runs once
   // if the connection ends while open (not on close): on the control thread,
   // or on the thread whose notify() found the connection broken.
   Result<std::shared_ptr<Channel>> connect(const std::string& address, const std::string& peer,

@@ -77,7 +77,7 @@ TEST(ControlTest, NotificationsAreAcknowledgedInOrder) {
   Inbox a_in, b_in;
   auto a = make("a", a_in);
   auto b = make("b", b_in);
-  Result<std::shared_ptr<Channel>> ch = a->connect(b->address(), "b", nullptr, Clock::now() + 5s);
+  Result<std::shared_ptr<Channel>> ch = a->connect(b->address(), "'b'", nullptr, Clock::now() + 5s);
   ASSERT_TRUE(ch.ok()) << ch.error().to_string();
   for (int i = 0; i < 20; ++i) ASSERT_TRUE((*ch)->notify("m" + std::to_string(i), Clock::now() + 5s).ok());
   ASSERT_EQ(b_in.size(), 20u);  // acknowledged means delivered
@@ -93,7 +93,7 @@ TEST(ControlTest, APeerThatGoesAwayIsReportedOnceAndFailsNotify) {
   auto b = make("b", b_in);
   std::atomic<int> gone{0};
   Result<std::shared_ptr<Channel>> ch =
-      a->connect(b->address(), "b", [&](const Status& why) {
+      a->connect(b->address(), "'b'", [&](const Status& why) {
         EXPECT_EQ(why.code(), Code::kIoError);
         ++gone;
       }, Clock::now() + 5s);

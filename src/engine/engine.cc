@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 
+#include "common/random.h"
 #include "engine/engine_impl.h"
 #include "transport/fault.h"
 
@@ -102,10 +104,20 @@ Result<std::vector<std::unique_ptr<transport::Transport>>> make_transports(const
   return out;
 }
 
-Result<std::unique_ptr<Engine>> create_engine(const EngineOptions& options,
+std::string default_engine_name() {
+  char host[64] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof(host), "host");
+  char suffix[8];
+  std::snprintf(suffix, sizeof(suffix), "%04x", static_cast<unsigned>(random_nonzero_u64() & 0xffff));
+  return "kvbridge-" + std::string(host) + "-" + std::to_string(::getpid()) + "-" + suffix;
+}
+
+Result<std::unique_ptr<Engine>> create_engine(const EngineOptions& given,
                                               std::vector<std::unique_ptr<transport::Transport>> transports,
                                               std::vector<TransportReport> reports, EngineHooks hooks) {
-  if (options.name.empty() || options.name.size() > kMaxNameBytes) {
+  EngineOptions options = given;
+  if (options.name.empty()) options.name = default_engine_name();
+  if (options.name.size() > kMaxNameBytes) {
     return Status::invalid_argument("engine name must be 1 to " + std::to_string(kMaxNameBytes) + " bytes");
   }
   if (reports.empty()) {
@@ -127,6 +139,7 @@ Status EngineImpl::init() {
   }
   hostname_ = host;
   pid_ = static_cast<uint64_t>(::getpid());
+  instance_ = random_nonzero_u64();
   std::vector<transport::Transport*> raw;
   for (const auto& t : transports_) raw.push_back(t.get());
   registry_ = std::make_unique<Registry>(std::move(raw));
@@ -184,6 +197,7 @@ Status EngineImpl::deregister_memory(RegionId id) {
 EngineMetadata EngineImpl::describe_locked() const {
   EngineMetadata m;
   m.name = options_.name;
+  m.instance = instance_;
   m.pid = pid_;
   m.hostname = hostname_;
   m.control_address = control_->address();
@@ -218,9 +232,7 @@ Status EngineImpl::notify(PeerId peer, std::string message) {
   std::shared_ptr<Peer> p;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = peers_.find(peer);
-    if (it == peers_.end()) return Status::not_found("notify: peer " + std::to_string(peer) + " is not connected");
-    p = it->second;
+    KVB_ASSIGN_OR_RETURN(p, find_peer_locked(peer, "notify"));
   }
   if (message.size() > kMaxControlPayload) {
     return Status::resource_exhausted("notify: message is " + std::to_string(message.size()) + " bytes, more than " +

@@ -78,8 +78,11 @@ class EngineImpl final : public Engine {
  private:
   struct Peer {
     PeerId id = 0;
-    uint64_t connection = 0;  // changes when the peer restarts (new pid)
+    uint64_t connection = 0;  // changes when the link and channel are reopened
     EngineMetadata metadata;
+    // Set when an engine of the same name but another instance connected
+    // after this one's connection was gone: who holds the name now.
+    std::string replaced_by;
     std::map<RegionId, MetadataRegion> regions;
     std::string transport;  // the chosen transport's name
     std::shared_ptr<transport::Link> link;
@@ -90,6 +93,9 @@ class EngineImpl final : public Engine {
   EngineMetadata describe_locked() const;
   // Requires mu_. Picks the transport and opens a link and a channel.
   Status open_peer_locked(Peer& peer);
+  // Requires mu_. The peer `id`, or kNotFound; kUnavailable naming both
+  // engines when its connection is gone and another engine took its name.
+  Result<std::shared_ptr<Peer>> find_peer_locked(PeerId id, std::string_view what) const;
   void on_notification(Notification n);
 
   const EngineOptions options_;
@@ -97,6 +103,7 @@ class EngineImpl final : public Engine {
   const EngineHooks hooks_;
   std::string hostname_;
   uint64_t pid_ = 0;
+  uint64_t instance_ = 0;  // random, this engine's for its whole life
   // Declared first so they are destroyed last (after every Link).
   std::vector<std::unique_ptr<transport::Transport>> transports_;
   Metrics metrics_;

@@ -7,6 +7,7 @@
 #include "engine/metadata.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 #include <unordered_map>
 
@@ -93,11 +94,10 @@ const MetadataRegion* EngineMetadata::find_region(uint32_t id) const {
   return nullptr;
 }
 
-const MetadataSegment* EngineMetadata::find_segment(uint32_t id) const {
-  for (const MetadataSegment& s : segments) {
-    if (s.id == id) return &s;
-  }
-  return nullptr;
+std::string peer_text(const EngineMetadata& m) {
+  char instance[17];
+  std::snprintf(instance, sizeof(instance), "%016llx", static_cast<unsigned long long>(m.instance));
+  return "'" + m.name + "' (instance " + instance + ", pid " + std::to_string(m.pid) + " on " + m.hostname + ")";
 }
 
 Status check_metadata(const EngineMetadata& m) {
@@ -106,6 +106,7 @@ Status check_metadata(const EngineMetadata& m) {
                                 std::to_string(kMetadataVersion));
   }
   KVB_RETURN_IF_ERROR(check_string("name", m.name, kMaxNameBytes, true));
+  if (m.instance == 0) return Status::invalid_argument("metadata: instance is 0");
   KVB_RETURN_IF_ERROR(check_string("hostname", m.hostname, kMaxNameBytes, true));
   KVB_RETURN_IF_ERROR(check_string("control_address", m.control_address, kMaxControlAddressBytes, true));
   if (m.transports.size() > kMaxTransports) {
@@ -169,6 +170,7 @@ Result<std::string> encode_metadata(const EngineMetadata& m) {
   w.u16(m.version);
   w.u16(0);  // flags, reserved
   w.str(m.name);
+  w.u64(m.instance);
   w.u64(m.pid);
   w.str(m.hostname);
   w.str(m.control_address);
@@ -217,8 +219,9 @@ Result<EngineMetadata> decode_metadata(std::string_view bytes) {
                                 std::to_string(kMetadataVersion));
   }
   KVB_RETURN_IF_ERROR(r.u16("flags", &flags));
-  if (flags != 0) return Status::invalid_argument("metadata: flags is " + std::to_string(flags) + ", must be 0 in version 1");
+  if (flags != 0) return Status::invalid_argument("metadata: flags is " + std::to_string(flags) + ", must be 0 in version 2");
   KVB_RETURN_IF_ERROR(r.str("name", kMaxNameBytes, &m.name));
+  KVB_RETURN_IF_ERROR(r.u64("instance", &m.instance));
   KVB_RETURN_IF_ERROR(r.u64("pid", &m.pid));
   KVB_RETURN_IF_ERROR(r.str("hostname", kMaxNameBytes, &m.hostname));
   KVB_RETURN_IF_ERROR(r.str("control_address", kMaxControlAddressBytes, &m.control_address));

@@ -25,7 +25,7 @@
 namespace kvbridge::engine_internal {
 
 inline constexpr uint32_t kMetadataMagic = 0x4d42564b;  // "KVBM" little-endian
-inline constexpr uint16_t kMetadataVersion = 1;
+inline constexpr uint16_t kMetadataVersion = 2;
 
 // Bounds enforced by both encode_metadata() and decode_metadata().
 inline constexpr size_t kMaxNameBytes = 256;          // engine name, hostname
@@ -63,6 +63,10 @@ struct MetadataRegion {
 struct EngineMetadata {
   uint16_t version = kMetadataVersion;
   std::string name;
+  // Random, never 0, fixed for the engine's life: two engines (in one
+  // process, or a restarted one) never share it, so a peer is (name,
+  // instance), never a name alone.
+  uint64_t instance = 0;
   uint64_t pid = 0;
   std::string hostname;
   std::string control_address;  // "host:port" of the control listener
@@ -72,8 +76,11 @@ struct EngineMetadata {
   bool operator==(const EngineMetadata&) const = default;
 
   const MetadataRegion* find_region(uint32_t id) const;
-  const MetadataSegment* find_segment(uint32_t id) const;
 };
+
+// "'name' (instance 1a2b3c4d5e6f7081, pid 123 on host)": how errors name a
+// peer, so that two engines with one name are told apart.
+std::string peer_text(const EngineMetadata& metadata);
 
 // Checks the invariants the decoder enforces (bounds, unique ids, regions
 // inside their segments, one key per transport). kInvalidArgument naming the

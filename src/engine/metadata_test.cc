@@ -11,6 +11,7 @@ namespace {
 EngineMetadata sample() {
   EngineMetadata m;
   m.name = "prefill-0";
+  m.instance = 0x1a2b3c4d5e6f7081;
   m.pid = 4242;
   m.hostname = "node-a";
   m.control_address = "127.0.0.1:5555";
@@ -60,11 +61,17 @@ TEST(MetadataTest, WrongMagicAndVersionAreNamed) {
   bad[0] = 'X';
   EXPECT_NE(decode_metadata(bad).error().message().find("magic"), std::string::npos);
   bad = encoded();
-  bad[4] = 2;
+  bad[4] = 1;  // the version before engine instances
   Result<EngineMetadata> r = decode_metadata(bad);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), Code::kIncompatible);
-  EXPECT_NE(r.error().message().find("version is 2"), std::string::npos) << r.error().to_string();
+  EXPECT_NE(r.error().message().find("version is 1 but this build reads 2"), std::string::npos) << r.error().to_string();
+}
+
+TEST(MetadataTest, AnInstanceOfZeroIsRejected) {
+  EngineMetadata m = sample();
+  m.instance = 0;
+  expect_rejected(m, Code::kInvalidArgument, "instance is 0");
 }
 
 TEST(MetadataTest, HugeCountsAreRejectedWithoutAllocating) {

@@ -69,13 +69,13 @@ Status EngineImpl::open_peer_locked(Peer& peer) {
     for (const auto& t : transports_) ours += (ours.empty() ? "" : ", ") + std::string(t->name());
     for (const auto& t : m.transports) theirs += (theirs.empty() ? "" : ", ") + t.name;
     for (const auto& r : reasons) why += "; " + r;
-    return Status::unavailable("no transport reaches peer '" + m.name + "': this engine offers [" + ours +
+    return Status::unavailable("no transport reaches peer " + peer_text(m) + ": this engine offers [" + ours +
                                "], the peer offers [" + theirs + "]" + why);
   }
   peer.connection = next_connection_++;
   const uint64_t connection = peer.connection;
   Result<std::shared_ptr<Channel>> channel = control_->connect(
-      m.control_address, m.name,
+      m.control_address, peer_text(m),
       [this, connection](const Status& why) { transfers_->fail_peer(connection, why); },
       Clock::now() + options_.default_timeout);
   if (!channel.ok()) {
@@ -86,38 +86,65 @@ Status EngineImpl::open_peer_locked(Peer& peer) {
   return Status();
 }
 
+Result<std::shared_ptr<EngineImpl::Peer>> EngineImpl::find_peer_locked(PeerId id, std::string_view what) const {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return Status::not_found(std::string(what) + ": peer " + std::to_string(id) + " is not connected");
+  const std::shared_ptr<Peer>& p = it->second;
+  if (Status health = p->channel->health(); !health.ok()) {
+    std::string why = std::string(what) + ": peer " + peer_text(p->metadata) + ": " + health.message();
+    if (!p->replaced_by.empty()) why += "; the name now belongs to " + p->replaced_by;
+    return Status(health.code(), why);
+  }
+  return p;
+}
+
 Result<PeerId> EngineImpl::connect(std::string_view bytes) {
   KVB_ASSIGN_OR_RETURN(EngineMetadata m, decode_metadata(bytes));
   std::lock_guard<std::mutex> lock(mu_);
-  auto same_name = std::find_if(peers_.begin(), peers_.end(), [&](const auto& e) { return e.second->metadata.name == m.name; });
-  if (same_name != peers_.end()) {
-    Peer& p = *same_name->second;
+  // A peer is one engine, (name, instance): never the name alone, or a
+  // second engine under a known name would inherit the first one's peer id
+  // and its region ids would resolve in the other's memory.
+  auto same = std::find_if(peers_.begin(), peers_.end(), [&](const auto& e) {
+    return e.second->metadata.name == m.name && e.second->metadata.instance == m.instance;
+  });
+  if (same != peers_.end()) {
+    Peer& p = *same->second;
     const bool same_process = p.metadata.pid == m.pid && p.metadata.hostname == m.hostname &&
                               p.metadata.control_address == m.control_address &&
                               p.metadata.transports == m.transports && p.channel->health().ok();
     if (same_process) {
       // The same engine with new registrations: refresh what items may name.
       const size_t k = find_transport(m, p.transport);
-      KVB_RETURN_IF_ERROR(p.link->refresh(peer_info(m, k)).with_context("connect: refresh peer '" + m.name + "'"));
+      KVB_RETURN_IF_ERROR(
+          p.link->refresh(peer_info(m, k)).with_context("connect: refresh peer " + peer_text(m)));
       p.regions = index_regions(m);
       p.metadata = std::move(m);
       return p.id;
     }
   }
-  // A new peer, or one that restarted or lost its connection: a fresh link
+  // A new engine, or this one after its connection was lost: a fresh link
   // and channel. Transfers on the old ones keep them alive until they end.
   auto p = std::make_shared<Peer>();
   p->metadata = std::move(m);
   p->regions = index_regions(p->metadata);
   KVB_RETURN_IF_ERROR(open_peer_locked(*p).with_context("connect"));
-  if (same_name != peers_.end()) {
-    p->id = same_name->first;
-    control_->close(same_name->second->channel);
-    same_name->second = p;
-  } else {
-    p->id = next_peer_++;
-    peers_.emplace(p->id, p);
+  if (same != peers_.end()) {
+    // The same engine again (its connection had broken): same id.
+    p->id = same->first;
+    control_->close(same->second->channel);
+    same->second = p;
+    return p->id;
   }
+  p->id = next_peer_++;
+  // Peers of this name whose connection is gone were most likely replaced
+  // by this one (a restart): say so in what their ids return from now on.
+  // Live ones are other engines that share the name; they stay as they are.
+  for (auto& [id, old] : peers_) {
+    if (old->metadata.name == p->metadata.name && !old->channel->health().ok()) {
+      old->replaced_by = peer_text(p->metadata) + ", peer " + std::to_string(p->id);
+    }
+  }
+  peers_.emplace(p->id, p);
   return p->id;
 }
 

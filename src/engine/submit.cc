@@ -30,10 +30,8 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
   std::vector<RegionId> regions;  // the local regions the items use, each once
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = peers_.find(peer);
-    if (it == peers_.end()) return Status::not_found("submit: peer " + std::to_string(peer) + " is not connected");
-    const Peer& p = *it->second;
-    KVB_RETURN_IF_ERROR(p.channel->health().with_context("submit"));
+    KVB_ASSIGN_OR_RETURN(std::shared_ptr<Peer> found, find_peer_locked(peer, "submit"));
+    const Peer& p = *found;
     const std::string& peer_name = p.metadata.name;
     // Error messages are built only on error: a context string per item would
     // cost more than the checks for a large batch of small items.
@@ -74,7 +72,7 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
     regions.erase(std::unique(regions.begin(), regions.end()), regions.end());
     for (RegionId r : regions) t->holds.push_back(registry_->acquire(r));
     t->connection = p.connection;
-    t->peer_name = peer_name;
+    t->peer_name = peer_text(p.metadata);
     t->link = p.link;
     t->channel = p.channel;
   }

@@ -17,7 +17,7 @@ constexpr uint64_t kSplitMinBytes = uint64_t{2} << 20;
 constexpr size_t kSplitMinCopies = 2048;
 
 std::string transfer_name(const Transfer& t) {
-  return "transfer " + std::to_string(t.id) + " with peer '" + t.peer_name + "'";
+  return "transfer " + std::to_string(t.id) + " with peer " + t.peer_name;
 }
 
 }  // namespace
@@ -298,7 +298,7 @@ void Transfers::send_notification(const std::shared_ptr<Transfer>& tp) {
   }
   const bool drop = callbacks_.drop_notification && callbacks_.drop_notification();
   Status s = t.channel ? t.channel->notify(t.notification, t.deadline, drop)
-                       : Status::unavailable("no control connection to peer '" + t.peer_name + "'");
+                       : Status::unavailable("no control connection to peer " + t.peer_name);
   {
     std::lock_guard<std::mutex> lock(t.mu);
     if (t.ended) return;  // cancelled, timed out or the peer went while we waited

@@ -83,7 +83,7 @@ struct Transfer {
   // Set before start(), then read-only.
   TransferId id = 0;
   uint64_t connection = 0;  // the peer connection (link + channel) it runs on
-  std::string peer_name;
+  std::string peer_name;  // peer_text() of the peer
   TransferOp op = TransferOp::kRead;
   std::shared_ptr<transport::Link> link;
   std::shared_ptr<Channel> channel;

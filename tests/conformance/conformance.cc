@@ -45,12 +45,12 @@ void ConformanceBase::TearDown() {
   peer_.reset();
 }
 
-Result<std::unique_ptr<Peer>> ConformanceBase::start_peer(const std::string& name) {
+Result<std::unique_ptr<Peer>> ConformanceBase::start_peer(const std::string& name, uint32_t seed) {
   PeerOptions o;
   o.name = name;
   o.transport = GetParam().transport;
   o.bytes = kBytes;
-  o.seed = kPeerSeed;
+  o.seed = seed;
   return GetParam().child_peer ? make_child_peer(o) : make_in_process_peer(o);
 }
 

@@ -55,7 +55,7 @@ class ConformanceBase : public ::testing::TestWithParam<ConformanceParam> {
   void SetUp() override;
   void TearDown() override;
 
-  Result<std::unique_ptr<Peer>> start_peer(const std::string& name);
+  Result<std::unique_ptr<Peer>> start_peer(const std::string& name, uint32_t seed = kPeerSeed);
   // Submits and waits (failing the test if it does not end in kWaitLimit).
   TransferStatus run(TransferOp op, const std::vector<TransferItem>& items, std::string notification = {},
                      std::chrono::milliseconds timeout = std::chrono::milliseconds(0));

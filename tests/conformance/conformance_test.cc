@@ -270,5 +270,74 @@ TEST_P(TransportConformance, ConnectingAgainReusesThePeerAndRefreshesRegions) {
   EXPECT_EQ(st.state, TransferState::kDone) << st.error.to_string();
 }
 
+// Two engines under one name are two peers: each id reads its own engine's
+// bytes and its notifications reach that engine alone, whatever the order
+// of connects and transfers (A, B, then A again).
+TEST_P(TransportConformance, TwoEnginesWithOneNameAreTwoPeers) {
+  constexpr uint32_t kOtherSeed = 11;
+  Result<std::unique_ptr<Peer>> b = start_peer("peer-a", kOtherSeed);
+  ASSERT_TRUE(b.ok()) << b.error().to_string();
+  Result<PeerId> b_id = engine_->connect((*b)->metadata());
+  ASSERT_TRUE(b_id.ok()) << b_id.error().to_string();
+  ASSERT_NE(*b_id, peer_id_) << "a second engine named 'peer-a' took the first one's peer id";
+  auto read_from = [&](PeerId peer, RegionId region, uint64_t local_offset) {
+    TransferItem it{local_region_, local_offset, region, 0, 4096};
+    Result<TransferId> id = engine_->submit(peer, TransferOp::kRead, std::vector<TransferItem>{it});
+    if (!id.ok()) return id.error();
+    TransferStatus st = engine_->wait(*id, kWaitLimit);
+    (void)engine_->release(*id);
+    return st.state == TransferState::kDone ? Status() : Status::internal(st.error.to_string());
+  };
+  ASSERT_TRUE(read_from(peer_id_, peer_->region(), 0).ok());
+  ASSERT_TRUE(read_from(*b_id, (*b)->region(), 4096).ok());
+  ASSERT_TRUE(read_from(peer_id_, peer_->region(), 8192).ok());
+  EXPECT_EQ(find_mismatch(local_.data(), 4096, kPeerSeed, 0), -1) << "the first read came from the wrong engine";
+  EXPECT_EQ(find_mismatch(local_.data() + 4096, 4096, kOtherSeed, 0), -1) << "the second read came from the wrong engine";
+  EXPECT_EQ(find_mismatch(local_.data() + 8192, 4096, kPeerSeed, 0), -1) << "the third read came from the wrong engine";
+  ASSERT_TRUE(engine_->notify(peer_id_, "done 3").ok());
+  ASSERT_TRUE(engine_->notify(*b_id, "done 4").ok());
+  std::vector<Notification> to_a = await_notifications(*peer_, 1, 10s);
+  std::vector<Notification> to_b = await_notifications(**b, 1, 10s);
+  ASSERT_EQ(to_a.size(), 1u);
+  ASSERT_EQ(to_b.size(), 1u);
+  EXPECT_EQ(to_a[0].message, "done 3");
+  EXPECT_EQ(to_b[0].message, "done 4");
+  // Connecting again to either returns its own id.
+  Result<PeerId> a_again = engine_->connect(peer_->metadata());
+  Result<PeerId> b_again = engine_->connect((*b)->metadata());
+  ASSERT_TRUE(a_again.ok() && b_again.ok());
+  EXPECT_EQ(*a_again, peer_id_);
+  EXPECT_EQ(*b_again, *b_id);
+}
+
+// A restarted engine under a known name is a new peer; the old id fails,
+// naming the old engine and the one that holds the name now.
+TEST_P(TransportConformance, ARestartedPeerIsANewPeerAndTheOldIdFailsNamingBoth) {
+  if (!GetParam().child_peer) GTEST_SKIP() << "restarting needs a peer in a child process";
+  peer_->kill();
+  const auto deadline = Clock::now() + kWaitLimit;
+  while (Clock::now() < deadline) {
+    Result<TransferId> probe = engine_->submit(peer_id_, TransferOp::kRead, std::vector<TransferItem>{item(0, 0, 1)});
+    if (!probe.ok()) break;
+    (void)engine_->wait(*probe, kWaitLimit);
+    (void)engine_->release(*probe);
+    std::this_thread::sleep_for(5ms);
+  }
+  Result<std::unique_ptr<Peer>> again = start_peer("peer-a", 13);
+  ASSERT_TRUE(again.ok()) << again.error().to_string();
+  Result<PeerId> new_id = engine_->connect((*again)->metadata());
+  ASSERT_TRUE(new_id.ok()) << new_id.error().to_string();
+  EXPECT_NE(*new_id, peer_id_);
+  Result<TransferId> old = engine_->submit(peer_id_, TransferOp::kRead, std::vector<TransferItem>{item(0, 0, 16)});
+  ASSERT_FALSE(old.ok()) << "a transfer to the old engine's id was accepted";
+  EXPECT_NE(old.error().message().find("the name now belongs to"), std::string::npos) << old.error().to_string();
+  EXPECT_NE(old.error().message().find("peer " + std::to_string(*new_id)), std::string::npos) << old.error().to_string();
+  TransferItem it{local_region_, 0, (*again)->region(), 0, 4096};
+  Result<TransferId> ok = engine_->submit(*new_id, TransferOp::kRead, std::vector<TransferItem>{it});
+  ASSERT_TRUE(ok.ok()) << ok.error().to_string();
+  EXPECT_EQ(engine_->wait(*ok, kWaitLimit).state, TransferState::kDone);
+  EXPECT_EQ(find_mismatch(local_.data(), 4096, 13, 0), -1);
+}
+
 }  // namespace
 }  // namespace kvbridge::conformance
