@@ -1,0 +1,149 @@
+// net/listener.h: the one way kvbridge accepts connections, bounded and
+// authenticated the same way for every protocol.
+//
+// A Listener owns a listening socket and one thread. It accepts connections
+// and runs the opening exchange (opening.h) on each, non-blocking, with a
+// deadline from the accept; only then does the protocol see the connection,
+// through two callbacks on the listener thread:
+//   on_open(request) decides on the client's Open body: refuse it, reply
+//     once and close (the side channel's metadata), or keep the connection;
+//   on_keep(accepted) receives a kept connection (socket, session, slot) and
+//     must hand it off without blocking (a thread of its own, a poll loop).
+// Bounds (every one has a default and is an option):
+//   - max_pending connections still in their opening exchange; when a new
+//     one arrives and the table is full, the oldest is closed, so idle
+//     connections can never lock a real client out (it finishes its opening
+//     in a few round trips, long before max_pending newer ones arrive);
+//   - open_timeout from accept to the end of the opening (and of a reply);
+//   - max_open kept connections (their slots); past it a client is refused
+//     as busy;
+//   - accept errors that mean "out of descriptors or memory" (EMFILE, ENFILE,
+//     ENOBUFS, ENOMEM) pause accepting for kAcceptBackoff instead of
+//     retrying at once, so the thread never spins;
+//   - no thread, buffer or allocation per connection beyond one frame, whose
+//     size the protocol's PayloadLimit bounds.
+// A client that speaks the frame format before the shared header is answered
+// by legacy_reply, if given, so it can say why it cannot talk.
+//
+// Thread-safety: stats() and address() from any thread; callbacks run on the
+// listener thread and must not call back into the Listener. Ownership: the
+// Listener closes every connection it still holds when destroyed; a kept
+// connection belongs to whoever received it, and its slot counts against
+// max_open until that Accepted (its slot) is destroyed.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvbridge/status.h"
+#include "net/address.h"
+#include "net/fd.h"
+#include "net/frame.h"
+#include "net/opening.h"
+#include "net/session.h"
+
+namespace kvbridge::net {
+
+inline constexpr std::chrono::milliseconds kAcceptBackoff{100};
+
+struct OpenRequest {
+  std::string peer_address;  // "127.0.0.1:40312"
+  std::string_view body;     // the client's Open body
+  bool authenticated = false;  // the client proved the shared secret
+};
+
+struct Answer {
+  enum class Kind { kRefuse, kReply, kKeep } kind = Kind::kRefuse;
+  Refusal refusal;  // kRefuse
+  uint8_t type = 0;  // kReply, kKeep: the first protocol frame (>= 16)
+  std::string payload;
+  static Answer refuse(RefuseCode code, std::string message, std::string detail = {}) {
+    Answer a;
+    a.refusal = Refusal{code, std::move(message), std::move(detail)};
+    return a;
+  }
+  static Answer reply(uint8_t type, std::string payload) { return Answer{Kind::kReply, {}, type, std::move(payload)}; }
+  static Answer keep(uint8_t type, std::string payload) { return Answer{Kind::kKeep, {}, type, std::move(payload)}; }
+};
+
+struct Accepted {
+  Fd fd;            // non-blocking
+  Session session;  // keyed when the client proved the secret
+  std::string peer_address;
+  std::string body;
+  std::shared_ptr<void> slot;  // counts against max_open while it lives
+};
+
+struct ListenerOptions {
+  std::string name;  // "side channel", "control listener": errors and stats
+  HostPort bind;
+  OpeningConfig opening;
+  PayloadLimit limit;  // the protocol's limits; must cover the opening types
+  size_t max_pending = 64;
+  size_t max_open = 256;
+  std::chrono::milliseconds open_timeout{3000};
+  int backlog = 1024;
+  std::function<Answer(const OpenRequest&)> on_open;
+  std::function<void(Accepted)> on_keep;  // required for Answer::kKeep
+  std::function<std::string(Protocol, uint16_t)> legacy_reply;  // optional
+};
+
+struct ListenerStats {
+  uint64_t accepted = 0;
+  uint64_t replied = 0;    // kReply answers sent whole
+  uint64_t kept = 0;       // connections handed to on_keep
+  uint64_t refused = 0;    // Refuse frames sent (on_open's, auth, version, malformed, busy)
+  uint64_t abandoned = 0;  // closed without an answer: deadline, client gone, evicted, errors
+  uint64_t evicted = 0;    // of those, closed for a newer connection (max_pending)
+  uint64_t accept_pauses = 0;  // times accepting paused for kAcceptBackoff
+  size_t pending = 0;
+  size_t open = 0;
+  std::string last_failure;  // "client 127.0.0.1:40312: <why>" for the last refusal or abandon
+};
+
+class Listener {
+ public:
+  // Binds and starts the thread. kInvalidArgument for missing callbacks or
+  // zero bounds; kUnavailable when the address cannot be bound.
+  static Result<std::unique_ptr<Listener>> start(ListenerOptions options);
+  ~Listener();
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  const HostPort& address() const { return address_; }
+  ListenerStats stats() const;
+
+ private:
+  struct Conn;
+  explicit Listener(ListenerOptions options);
+  void loop();
+  void accept_all();
+  void step(Conn& c, short revents);
+  void on_frame(Conn& c);
+  void answer(Conn& c);
+  void send(Conn& c, std::string bytes, bool final);
+  void refuse(Conn& c, const Refusal& refusal);
+  void abandon(Conn& c, const std::string& why);
+  void note_failure(const Conn& c, const std::string& why);
+
+  const ListenerOptions options_;
+  HostPort address_;
+  Fd listen_fd_;
+  Fd wake_fd_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::shared_ptr<std::atomic<size_t>> open_ = std::make_shared<std::atomic<size_t>>(0);
+  std::chrono::steady_clock::time_point paused_until_{};
+  mutable std::mutex mu_;  // guards stats_
+  ListenerStats stats_;
+  std::vector<std::unique_ptr<Conn>> conns_;  // the listener thread's only
+};
+
+}  // namespace kvbridge::net

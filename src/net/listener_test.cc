@@ -1,0 +1,184 @@
+#include "net/listener.h"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "net/socket.h"
+
+namespace kvbridge::net {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr OpeningLimits kLimits{256, 0};
+size_t limit(uint8_t type) { return type >= kFirstProtocolType ? 4096 : opening_limit(type, kLimits); }
+
+struct Fixture {
+  std::unique_ptr<Listener> listener;
+  std::atomic<int> kept{0};
+  std::vector<Accepted> held;
+  std::mutex mu;
+};
+
+std::unique_ptr<Fixture> start(std::string secret, size_t max_pending = 8, size_t max_open = 4,
+                               std::chrono::milliseconds open_timeout = 2000ms) {
+  auto f = std::make_unique<Fixture>();
+  ListenerOptions o;
+  o.name = "test listener";
+  o.bind = HostPort{"127.0.0.1", 0};
+  o.opening = OpeningConfig{Protocol::kControl, 2, std::move(secret), kLimits};
+  o.limit = limit;
+  o.max_pending = max_pending;
+  o.max_open = max_open;
+  o.open_timeout = open_timeout;
+  Fixture* raw = f.get();
+  o.on_open = [](const OpenRequest& r) {
+    if (r.body == "refuse me") return Answer::refuse(RefuseCode::kDenied, "not you");
+    if (r.body == "reply") return Answer::reply(16, "one answer");
+    return Answer::keep(16, std::string(r.body));
+  };
+  o.on_keep = [raw](Accepted a) {
+    std::lock_guard<std::mutex> lock(raw->mu);
+    raw->held.push_back(std::move(a));
+    ++raw->kept;
+  };
+  Result<std::unique_ptr<Listener>> l = Listener::start(std::move(o));
+  EXPECT_TRUE(l.ok()) << l.error().to_string();
+  f->listener = std::move(*l);
+  return f;
+}
+
+Result<Opened> open(const Listener& l, std::string body, std::string secret = "", Fd* keep_fd = nullptr) {
+  IoLimits limits{Clock::now() + 5s, nullptr, nullptr};
+  KVB_ASSIGN_OR_RETURN(Fd fd, dial(l.address(), limits, "test client"));
+  Result<Opened> r = open_client(fd.get(), OpeningConfig{Protocol::kControl, 2, std::move(secret), kLimits},
+                                 std::move(body), limit, limits, "test client");
+  if (keep_fd) *keep_fd = std::move(fd);
+  return r;
+}
+
+TEST(ListenerTest, KeepsRepliesAndRefusesAsTheProtocolSays) {
+  auto f = start("");
+  Result<Opened> kept = open(*f->listener, "hello");
+  ASSERT_TRUE(kept.ok()) << kept.error().to_string();
+  EXPECT_EQ(kept->payload, "hello");
+  Result<Opened> replied = open(*f->listener, "reply");
+  ASSERT_TRUE(replied.ok());
+  EXPECT_EQ(replied->payload, "one answer");
+  Result<Opened> refused = open(*f->listener, "refuse me");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code(), Code::kPermissionDenied);
+  EXPECT_NE(refused.error().message().find("not you"), std::string::npos);
+  for (int i = 0; i < 100 && f->kept.load() < 1; ++i) std::this_thread::sleep_for(10ms);
+  ListenerStats s = f->listener->stats();
+  EXPECT_EQ(s.kept, 1u);
+  EXPECT_EQ(s.replied, 1u);
+  EXPECT_EQ(s.refused, 1u);
+  EXPECT_NE(s.last_failure.find("not you"), std::string::npos);
+}
+
+TEST(ListenerTest, TheSecretIsRequiredAndKeptConnectionsAreTagged) {
+  auto f = start("s3cret");
+  EXPECT_EQ(open(*f->listener, "x").error().code(), Code::kPermissionDenied);
+  EXPECT_EQ(open(*f->listener, "x", "guess").error().code(), Code::kPermissionDenied);
+  Result<Opened> ok = open(*f->listener, "x", "s3cret");
+  ASSERT_TRUE(ok.ok()) << ok.error().to_string();
+  EXPECT_TRUE(ok->session.keyed());
+  for (int i = 0; i < 100 && f->kept.load() < 1; ++i) std::this_thread::sleep_for(10ms);
+  std::lock_guard<std::mutex> lock(f->mu);
+  ASSERT_EQ(f->held.size(), 1u);
+  EXPECT_TRUE(f->held[0].session.keyed());
+}
+
+TEST(ListenerTest, PastMaxOpenClientsAreRefusedAsBusyUntilASlotIsFreed) {
+  auto f = start("", 8, 2);
+  ASSERT_TRUE(open(*f->listener, "a").ok());
+  ASSERT_TRUE(open(*f->listener, "b").ok());
+  for (int i = 0; i < 100 && f->kept.load() < 2; ++i) std::this_thread::sleep_for(10ms);
+  Result<Opened> busy = open(*f->listener, "c");
+  ASSERT_FALSE(busy.ok());
+  EXPECT_EQ(busy.error().code(), Code::kUnavailable);
+  EXPECT_NE(busy.error().message().find("busy"), std::string::npos) << busy.error().to_string();
+  {
+    std::lock_guard<std::mutex> lock(f->mu);
+    f->held.clear();  // the slots go with the connections
+  }
+  EXPECT_TRUE(open(*f->listener, "d").ok());
+}
+
+TEST(ListenerTest, IdleConnectionsNeverLockOutARealClient) {
+  auto f = start("s3cret", 16, 64, 10s);
+  std::vector<Fd> idle;
+  for (int i = 0; i < 400; ++i) {
+    Result<Fd> fd = dial(f->listener->address(), IoLimits{Clock::now() + 5s, nullptr, nullptr}, "idle");
+    ASSERT_TRUE(fd.ok()) << fd.error().to_string();
+    idle.push_back(std::move(*fd));
+  }
+  const auto start_time = Clock::now();
+  Result<Opened> real = open(*f->listener, "real", "s3cret");
+  ASSERT_TRUE(real.ok()) << real.error().to_string();
+  EXPECT_LT(Clock::now() - start_time, 3s);
+  EXPECT_GT(f->listener->stats().evicted, 0u);
+  EXPECT_LE(f->listener->stats().pending, 16u);
+}
+
+TEST(ListenerTest, ASilentClientIsClosedAtTheOpenTimeout) {
+  auto f = start("", 8, 4, 200ms);
+  Result<Fd> fd = dial(f->listener->address(), IoLimits{Clock::now() + 5s, nullptr, nullptr}, "silent");
+  ASSERT_TRUE(fd.ok());
+  char c;
+  Status s = recv_bytes(fd->get(), &c, 1, IoLimits{Clock::now() + 5s, nullptr, nullptr}, "silent");
+  EXPECT_EQ(s.code(), Code::kIoError) << s.to_string();  // closed by the listener
+  EXPECT_NE(f->listener->stats().last_failure.find("did not finish within 200 ms"), std::string::npos);
+}
+
+// With no descriptor left, accept(2) fails with EMFILE while the listening
+// socket stays readable; the listener must pause, not spin.
+TEST(ListenerTest, OutOfDescriptorsPausesAcceptingInsteadOfSpinning) {
+  auto f = start("");
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  std::vector<Fd> fill;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    // The client: many connections the listener cannot accept.
+    std::vector<Fd> conns;
+    for (int i = 0; i < 20; ++i) {
+      Result<Fd> fd = dial(f->listener->address(), IoLimits{Clock::now() + 2s, nullptr, nullptr}, "c");
+      if (fd.ok()) conns.push_back(std::move(*fd));
+    }
+    ::sleep(3);
+    ::_exit(0);
+  }
+  // Use up this process's descriptors, then measure its CPU while the
+  // client's connections wait.
+  rlimit low = old;
+  low.rlim_cur = 64;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  while (true) {
+    int fd = ::dup(0);
+    if (fd < 0) break;
+    fill.emplace_back(fd);
+  }
+  rusage before{}, after{};
+  ::getrusage(RUSAGE_SELF, &before);
+  std::this_thread::sleep_for(1500ms);
+  ::getrusage(RUSAGE_SELF, &after);
+  fill.clear();
+  ::setrlimit(RLIMIT_NOFILE, &old);
+  auto cpu_us = [](const rusage& r) {
+    return (r.ru_utime.tv_sec + r.ru_stime.tv_sec) * 1000000L + r.ru_utime.tv_usec + r.ru_stime.tv_usec;
+  };
+  const long used = cpu_us(after) - cpu_us(before);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_LT(used, 150000) << "the listener used " << used / 1000 << " ms of CPU in 1.5 s at the descriptor limit";
+  EXPECT_GT(f->listener->stats().accept_pauses, 0u);
+}
+
+}  // namespace
+}  // namespace kvbridge::net
