@@ -86,7 +86,7 @@ FAULTS = {
     "kill-prefill": ("is gone", None),
     "kill-decode": ("decode rank 0 is gone", None),
     "stall": ("deadline", None),
-    "version": ("handshake version mismatch: local 1, peer 2", None),
+    "version": ("side channel version mismatch: local 2, peer 3", None),
     "hash": ("dtype differs: 'bf16' vs 'fp8_e4m3'", None),
     "wrong-secret": ("wrong shared secret", None),
     "missing-secret": ("requires a shared secret", None),

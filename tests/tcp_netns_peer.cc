@@ -42,12 +42,12 @@ Status run(Link& link, TransferOp op, const std::vector<Copy>& copies, std::chro
 }
 
 int serve(const std::string& host, const std::string& out_file) {
-  auto t = make_tcp_transport(host, 4);
+  auto t = make_tcp_transport(host, 4, "");
   if (!t.ok()) return fail(t.error().to_string());
   const uint64_t bytes = uint64_t{64} << 20;
   std::vector<uint8_t> mem(bytes);
   for (uint64_t i = 0; i < bytes; ++i) mem[i] = pattern(i);
-  if (auto key = (*t)->add_segment(Segment{1, mem.data(), bytes, "host"}); !key.ok())
+  if (auto key = (*t)->add_segment(Segment{1, mem.data(), bytes, "host", 3}); !key.ok())
     return fail(key.error().to_string());
   {
     std::ofstream out(out_file + ".tmp");
@@ -58,7 +58,7 @@ int serve(const std::string& host, const std::string& out_file) {
 }
 
 int client(const std::string& host, const std::string& address, uint64_t base, uint64_t bytes, bool expect_gone) {
-  auto t = make_tcp_transport(host, 4);
+  auto t = make_tcp_transport(host, 4, "");
   if (!t.ok()) return fail(t.error().to_string());
   PeerInfo peer;
   peer.name = "netns-server";
@@ -76,7 +76,8 @@ int client(const std::string& host, const std::string& address, uint64_t base, u
     double secs = std::chrono::duration<double>(Clock::now() - start).count();
     std::printf("gone: %s after %.2f s\n", s.to_string().c_str(), secs);
     bool named = s.message().find("netns-server") != std::string::npos;
-    return (s.code() == Code::kIoError || s.code() == Code::kTimeout) && named && secs < 15 ? 0 : 1;
+    const bool gone = s.code() == Code::kIoError || s.code() == Code::kTimeout || s.code() == Code::kUnavailable;
+    return gone && named && secs < 15 ? 0 : 1;
   }
   if (!link.ok()) return fail(link.error().to_string());
   std::vector<uint8_t> local(bytes, 0);

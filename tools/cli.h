@@ -36,8 +36,15 @@ Command add_demo_command(CLI::App& root);
 Command add_bench_command(CLI::App& root);
 Command add_store_command(CLI::App& root);
 
-// The whole of a file, or of stdin for "-". kIoError names the path.
-Result<std::string> read_input(const std::string& path);
+// The whole of a file, or of stdin for "-", of at most `max_bytes` (the
+// bound of kvbridge's JSON documents by default), enforced while reading.
+// kIoError names the path; kResourceExhausted past the bound.
+Result<std::string> read_input(const std::string& path, size_t max_bytes = size_t{64} << 20);
+
+// The shared secret: the contents of `file` (a trailing newline dropped) when
+// one is given, else $KVBRIDGE_SECRET, else empty (none). Never from the
+// command line, where every process of the user (and `ps`) can read it.
+Result<std::string> read_secret(const std::string& file);
 
 // Prints "kvbridge: <code>: <message>" to stderr and returns kExitError.
 int fail(const Status& status);

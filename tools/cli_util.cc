@@ -1,4 +1,5 @@
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -9,18 +10,41 @@
 
 namespace kvbridge::cli {
 
-Result<std::string> read_input(const std::string& path) {
-  std::ostringstream text;
-  if (path == "-") {
-    text << std::cin.rdbuf();
-    if (std::cin.bad()) return Status::io_error("cannot read stdin");
-    return text.str();
+Result<std::string> read_input(const std::string& path, size_t max_bytes) {
+  std::ifstream file;
+  std::istream* in = &std::cin;
+  const std::string name = path == "-" ? "stdin" : "'" + path + "'";
+  if (path != "-") {
+    file.open(path, std::ios::binary);
+    if (!file) return Status::io_error("cannot open '" + path + "': " + std::strerror(errno));
+    in = &file;
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::io_error("cannot open '" + path + "': " + std::strerror(errno));
-  text << in.rdbuf();
-  if (in.bad()) return Status::io_error("cannot read '" + path + "'");
-  return text.str();
+  // The bound holds while reading: a huge input is refused after max_bytes
+  // + 1 bytes, never buffered whole.
+  std::string text;
+  char chunk[1 << 16];
+  while (*in) {
+    in->read(chunk, sizeof chunk);
+    text.append(chunk, static_cast<size_t>(in->gcount()));
+    if (text.size() > max_bytes) {
+      return Status::resource_exhausted(name + " is larger than " + std::to_string(max_bytes >> 20) +
+                                        " MiB, the most a kvbridge document may be");
+    }
+  }
+  if (in->bad()) return Status::io_error("cannot read " + name);
+  return text;
+}
+
+Result<std::string> read_secret(const std::string& file) {
+  std::string secret;
+  if (!file.empty()) {
+    KVB_ASSIGN_OR_RETURN(secret, read_input(file, 4096));
+    while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+    if (secret.empty()) return Status::invalid_argument("secret file '" + file + "' is empty");
+    return secret;
+  }
+  if (const char* env = std::getenv("KVBRIDGE_SECRET"); env != nullptr) secret = env;
+  return secret;
 }
 
 int fail(const Status& status) {

@@ -40,7 +40,9 @@ Command add_demo_command(CLI::App& root) {
   app->add_option("--seed", args->seed, "Seed of the request generator")->capture_default_str();
   app->add_option("--transport", args->transport, "cma, tcp or ucx")->capture_default_str();
   app->add_option("--policy", args->policy, "On a failed load: fail or recompute")->capture_default_str();
-  app->add_option("--secret", args->secret, "Shared secret for the handshake");
+  auto secret_file = std::make_shared<std::string>();
+  app->add_option("--secret-file", *secret_file,
+                  "File holding the shared secret of every channel (default: $KVBRIDGE_SECRET, if set)");
   app->add_option("--inject", *inject, "Fault to inject: " + demo::inject_names())->capture_default_str();
   app->add_option("--lease-ms", *lease_ms, "Prefill lease (default 30000; 1500 with --inject)");
   app->add_option("--transfer-timeout-ms", *timeout_ms, "Deadline of each load (default 20000; 500 with --inject stall)");
@@ -48,7 +50,10 @@ Command add_demo_command(CLI::App& root) {
                 "Decode ranks check every plan with the verifier before it runs");
   app->add_flag("--json", args->json, "Print one JSON object instead of the table");
   app->add_flag("!--no-progress", args->progress, "No progress bar");
-  return {app, [app, args, inject, lease_ms, timeout_ms] {
+  return {app, [app, args, inject, lease_ms, timeout_ms, secret_file] {
+            Result<std::string> secret = read_secret(*secret_file);
+            if (!secret.ok()) return fail(secret.error());
+            args->secret = std::move(*secret);
             // The default run shows different block sizes on the two sides.
             const bool blocks_given = app->get_option("--prefill-block-tokens")->count() +
                                           app->get_option("--decode-block-tokens")->count() > 0;

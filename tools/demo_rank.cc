@@ -18,6 +18,8 @@
 #include "kvbridge/content.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
+#include "testing/engine_faults.h"
+#include "testing/fake_side_channel.h"
 
 namespace kvbridge::cli::demo {
 namespace {
@@ -68,22 +70,6 @@ class Rank {
       if (!c_.prefill) std::memset(m, kSentinel, t.bytes);
       spans_.emplace_back(static_cast<uint8_t*>(m), t.bytes);
     }
-    EngineOptions e;
-    e.name = c_.instance + "/r" + std::to_string(c_.rank);
-    e.transports = {a.transport};
-    e.host = c_.side.host;
-    e.default_timeout = std::min<std::chrono::milliseconds>(a.transfer_timeout, std::chrono::seconds(5));
-    if (!c_.prefill) {
-      switch (a.inject) {
-        case Inject::kKillPrefill:
-        case Inject::kKillDecode:
-        case Inject::kAbort: e.faults = "delay=5"; break;
-        case Inject::kStall: e.faults = "delay=1000"; break;
-        case Inject::kDropNotification: e.faults = "drop-notifications=1"; break;
-        default: break;
-      }
-    }
-    KVB_ASSIGN_OR_RETURN(engine_, Engine::create(e));
     WorkerOptions w;
     w.instance_id = c_.instance;
     w.side_channel_host = c_.side.host;
@@ -92,16 +78,48 @@ class Rank {
     w.verify_plans = a.verify_plans;
     w.heartbeat_interval = std::clamp<std::chrono::milliseconds>(a.lease / 4, std::chrono::milliseconds(50),
                                                                  std::chrono::milliseconds(1000));
+    // Decode ranks only pull: peers need no access to their memory.
+    w.remote_access = c_.prefill ? RemoteAccess::kRead : RemoteAccess::kNone;
     if (c_.prefill) {
-      if (a.inject == Inject::kVersion) w.advertise_version = 2;
-      if (a.inject == Inject::kMalformed) w.reply_fault = "garbage";
-      if (a.inject == Inject::kTruncated) w.reply_fault = "truncate";
       if (a.inject == Inject::kWrongSecret || a.inject == Inject::kMissingSecret) w.secret = "prefill-secret";
     } else if (a.inject == Inject::kWrongSecret) {
       w.secret = "a-wrong-guess";
     }
+    EngineOptions e;
+    e.name = c_.instance + "/r" + std::to_string(c_.rank);
+    e.transports = {a.transport};
+    e.host = c_.side.host;
+    e.secret = w.secret;  // one trust for the side channel, control and data
+    e.default_timeout = std::min<std::chrono::milliseconds>(a.transfer_timeout, std::chrono::seconds(5));
+    std::string faults;
+    if (!c_.prefill) {
+      switch (a.inject) {
+        case Inject::kKillPrefill:
+        case Inject::kKillDecode:
+        case Inject::kAbort: faults = "delay=5"; break;
+        case Inject::kStall: faults = "delay=1000"; break;
+        case Inject::kDropNotification: faults = "drop-notifications=1"; break;
+        default: break;
+      }
+    }
+    KVB_ASSIGN_OR_RETURN(engine_, testing::create_engine_with_faults(e, faults));
     KVB_ASSIGN_OR_RETURN(worker_, ConnectorWorker::create(*engine_, layout_, spans_, w));
-    return ch_.send({{"ev", "ready"}, {"side_channel", worker_->side_channel_address()}, {"engine", e.name}});
+    std::string address = worker_->side_channel_address();
+    if (c_.prefill && (a.inject == Inject::kVersion || a.inject == Inject::kMalformed || a.inject == Inject::kTruncated)) {
+      // A side channel that answers wrongly stands in front of the real one.
+      testing::FakeSideChannel::Options f;
+      f.mode = a.inject == Inject::kVersion     ? testing::FakeSideChannel::Mode::kOtherVersion
+               : a.inject == Inject::kMalformed ? testing::FakeSideChannel::Mode::kGarbage
+                                                : testing::FakeSideChannel::Mode::kTruncate;
+      f.host = c_.side.host;
+      f.secret = w.secret;
+      f.real_address = address;
+      f.identity = identity_text(layout_);
+      f.hash = compatibility_hash(layout_);
+      KVB_ASSIGN_OR_RETURN(fake_, testing::FakeSideChannel::start(std::move(f)));
+      address = fake_->address();
+    }
+    return ch_.send({{"ev", "ready"}, {"side_channel", address}, {"engine", e.name}});
   }
 
   // Serves commands until "finish" or the driver goes away.
@@ -273,6 +291,7 @@ class Rank {
   std::vector<std::span<uint8_t>> spans_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ConnectorWorker> worker_;
+  std::unique_ptr<testing::FakeSideChannel> fake_;  // --inject version|malformed|truncated
   std::map<RequestId, Held> held_;
 };
 

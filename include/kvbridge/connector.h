@@ -162,7 +162,11 @@ class DecodeScheduler {
 struct WorkerOptions {
   std::string instance_id;            // e.g. "prefill-0"; names this rank with its tp_rank
   std::string side_channel_host = "127.0.0.1";
-  std::string secret;                 // shared secret for the handshake; empty: none
+  // Shared secret of the side channel: must be the engine's own
+  // (EngineOptions::secret), so the handshake, the control channel and the
+  // data plane share one trust; create() refuses a worker whose secret and
+  // engine disagree on having one. Empty: none.
+  std::string secret;
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds transfer_timeout{30000};
   std::chrono::milliseconds heartbeat_interval{1000};
@@ -170,11 +174,10 @@ struct WorkerOptions {
   // (kInternal, naming the first wrong byte) instead of moving a wrong byte.
   // Costs a simulated execution per request; for tests and debugging.
   bool verify_plans = false;
-  // Fault injection (tests, `kvbridge demo --inject`): the side channel
-  // advertises this handshake version / answers with garbage or truncated
-  // bytes ("garbage", "truncate").
-  uint16_t advertise_version = 0;     // 0: the real one
-  std::string reply_fault;
+  // What peers may do to this rank's tensors: kRead for a pull-mode
+  // prefill rank (the default: decode ranks read it), kNone for a rank that
+  // only reads from others (a pull-mode decode rank).
+  RemoteAccess remote_access = RemoteAccess::kRead;
 };
 
 // What a reader told this (prefill) rank.

@@ -31,6 +31,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -66,9 +67,19 @@ struct TransferStatus {
 };
 
 struct Notification {
-  std::string peer;     // the sender's engine name
+  std::string peer;     // the sender's engine name, as its connection opened
   std::string message;
+  uint64_t peer_instance = 0;  // the sender's engine instance (with a secret: proven)
 };
+
+// What peers may do to a registration. A peer learns of a registration only
+// when it grants some access; the engine checks each remote range against
+// what the peer advertised before posting, and the tcp transport's server
+// refuses what a segment does not grant. (cma cannot enforce it: a process
+// that may ptrace this one reads and writes all of its memory.)
+enum class RemoteAccess : uint8_t { kNone = 0, kRead = 1, kWrite = 2, kReadWrite = 3 };
+std::string_view remote_access_name(RemoteAccess access);  // "none", "read", "write", "read_write"
+Result<RemoteAccess> parse_remote_access(std::string_view name);
 
 struct EngineOptions {
   // Shown to peers and in errors. Empty: a name of this engine's own,
@@ -79,7 +90,14 @@ struct EngineOptions {
   // Transports in order of preference; empty means every available one
   // (local, cma, tcp, ucx). A peer is reached by the first one both offer.
   std::vector<std::string> transports;
-  std::string host = "127.0.0.1";  // address the tcp and control listeners bind
+  // Address every listener of this engine binds (control, tcp, and the
+  // interface UCX may listen on): "host" or "[v6]".
+  std::string host = "127.0.0.1";
+  // Shared secret: when not empty, every control connection and tcp stream
+  // opens with mutual proof of it and every frame on them is tagged
+  // (docs/security.md); peers must hold the same one. Empty: none.
+  std::string secret;
+  std::chrono::milliseconds connect_timeout{5000};  // a control connection's opening, in connect()
   uint32_t tcp_streams = 4;        // connections per peer for tcp
   uint32_t threads = 2;            // worker threads
   // A transfer of at most this many bytes, without a notification, on a
@@ -90,11 +108,6 @@ struct EngineOptions {
   // 0: every transfer runs on the engine's threads.
   uint64_t inline_bytes = uint64_t{256} << 10;
   std::chrono::milliseconds default_timeout{30000};
-  // Fault injection, for tests and `kvbridge demo --inject`; empty in
-  // production. Comma-separated: "delay=MS" (every copy of every transport
-  // sleeps MS first: a slow link), "drop-notifications=N" (the next N
-  // notifications this engine sends are lost on the way).
-  std::string faults;
 };
 
 // A transport this engine can or cannot use, and why.
@@ -124,13 +137,21 @@ class Engine {
   virtual ~Engine() = default;
 
   virtual const std::string& name() const = 0;
+  // Whether the engine was created with a shared secret.
+  virtual bool has_secret() const = 0;
   virtual std::vector<TransportReport> transports() const = 0;
 
   // Registers [base, base + bytes) of kind `memory` ("host", or "cuda:N"
-  // when built with CUDA). Registering the same range again returns the same
-  // id (reference counted); overlapping ranges are merged for the transports.
-  // kInvalidArgument for a null or empty range or an unknown memory kind.
-  virtual Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory = "host") = 0;
+  // when built with CUDA), granting peers `access` to it. Registering the
+  // same range again returns the same id (reference counted); overlapping
+  // ranges are merged for the transports. kInvalidArgument for a null or
+  // empty range, an unknown memory kind, or a range that overlaps a
+  // registration of another kind or access.
+  virtual Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory,
+                                           RemoteAccess access) = 0;
+  Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory = "host") {
+    return register_memory(base, bytes, memory, RemoteAccess::kReadWrite);
+  }
   // Drops one reference. kUnavailable while a transfer uses it (nothing
   // changes); kNotFound for an unknown id.
   virtual Status deregister_memory(RegionId id) = 0;
@@ -157,8 +178,9 @@ class Engine {
   // submit(). `notification`, when not empty,
   // is delivered to the peer after the last byte. Errors (nothing is posted):
   // kNotFound for an unknown peer or region, kOutOfRange for an item outside
-  // a registration (naming the item and region), kInvalidArgument for an
-  // empty batch or a zero-length item.
+  // a registration (naming the item and region), kPermissionDenied for a
+  // remote region that does not grant the access (a read needs read, a
+  // write write), kInvalidArgument for an empty batch or a zero-length item.
   virtual Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
                                     std::string notification, std::chrono::milliseconds timeout) = 0;
   Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
@@ -176,8 +198,17 @@ class Engine {
   // Forgets an ended transfer. kUnavailable while in progress.
   virtual Status release(TransferId id) = 0;
 
-  // Sends a notification on its own, after every earlier transfer to the peer.
+  // Sends a notification on its own, after every earlier transfer to the
+  // peer, and waits for the peer's acknowledgement (up to default_timeout).
   virtual Status notify(PeerId peer, std::string message) = 0;
+  // Sends a notification at once (not after earlier transfers) without
+  // waiting: `done` runs exactly once, on an engine thread or on this one,
+  // with OK when the peer acknowledged it or the error (kTimeout past
+  // `timeout`, kIoError when the peer is gone, kNotFound for an unknown
+  // peer). `done` must not block. A stopped or slow peer delays only its own
+  // notifications.
+  virtual void notify(PeerId peer, std::string message, std::chrono::milliseconds timeout,
+                      std::function<void(Status)> done) = 0;
   // Notifications received since the last call, in arrival order per peer.
   virtual std::vector<Notification> take_notifications() = 0;
 

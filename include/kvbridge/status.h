@@ -34,7 +34,7 @@ enum class Code : uint8_t {
   kCancelled,         // the operation was cancelled
   kIoError,           // the OS or the network failed
   kInternal,          // a broken invariant: a bug in kvbridge
-  kPermissionDenied,  // authentication failed: a missing or wrong shared secret
+  kPermissionDenied,  // authentication failed (a missing or wrong secret), or an access not granted
 };
 
 // The lower-case name of a code ("invalid_argument"), stable for tools.

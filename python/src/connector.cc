@@ -318,8 +318,8 @@ void bind_worker(py::module_& m) {
                        "blocking ones release the GIL.")
       .def(py::init([](py::object engine, const Layout& layout, py::object tensors, const std::string& instance_id,
                        const std::string& side_channel_host, const std::string& secret, py::object handshake_timeout,
-                       py::object transfer_timeout, py::object heartbeat_interval, uint16_t advertise_version,
-                       const std::string& reply_fault, bool verify_plans) {
+                       py::object transfer_timeout, py::object heartbeat_interval, bool verify_plans,
+                       const std::string& remote_access) {
              PyEngine& pe = engine.cast<PyEngine&>();
              std::vector<std::string> names;
              for (const Tensor& t : layout.tensors) names.push_back(t.name);
@@ -343,9 +343,8 @@ void bind_worker(py::module_& m) {
              o.handshake_timeout = to_millis(handshake_timeout, o.handshake_timeout);
              o.transfer_timeout = to_millis(transfer_timeout, o.transfer_timeout);
              o.heartbeat_interval = to_millis(heartbeat_interval, o.heartbeat_interval);
-             o.advertise_version = advertise_version;
-             o.reply_fault = reply_fault;
              o.verify_plans = verify_plans;
+             o.remote_access = unwrap(parse_remote_access(remote_access));
              Engine& e = pe.get();
              Result<std::unique_ptr<ConnectorWorker>> w = [&] {
                py::gil_scoped_release nogil;
@@ -355,14 +354,16 @@ void bind_worker(py::module_& m) {
            }),
            py::arg("engine"), py::arg("layout"), py::arg("tensors"), py::arg("instance_id"),
            py::arg("side_channel_host") = "127.0.0.1", py::arg("secret") = "", py::arg("handshake_timeout") = 5.0,
-           py::arg("transfer_timeout") = 30.0, py::arg("heartbeat_interval") = 1.0, py::arg("advertise_version") = 0,
-           py::arg("reply_fault") = "", py::arg("verify_plans") = false,
+           py::arg("transfer_timeout") = 30.0, py::arg("heartbeat_interval") = 1.0, py::arg("verify_plans") = false,
+           py::arg("remote_access") = "read",
            "Registers each tensor of `layout` with `engine` and starts the side channel.\n\n"
            "tensors: one object per layout tensor (list in layout order, or dict by tensor name), each\n"
            "exactly the tensor's bytes and of its memory kind: torch tensors, numpy arrays, buffers.\n"
-           "instance_id: e.g. 'prefill-0'. secret: shared secret of the handshake ('' = none).\n"
-           "Timeouts and the heartbeat interval are seconds. advertise_version and reply_fault inject\n"
-           "handshake faults (tests only). verify_plans: check every plan with verify() before it runs.")
+           "instance_id: e.g. 'prefill-0'. secret: shared secret of the side channel ('' = none); it\n"
+           "must be the engine's own (Engine(secret=...)), or InvalidArgument. Timeouts and the\n"
+           "heartbeat interval are seconds. verify_plans: check every plan with verify() before it\n"
+           "runs. remote_access: what peers may do to this rank's tensors: 'read' (a pull-mode\n"
+           "prefill rank, the default) or 'none' (a rank that only reads from others).")
       .def_property_readonly("side_channel_address", [](PyWorker& w) { return w.get().side_channel_address(); },
                              "host:port of this rank's side channel: give it to the other instance's add_remote().")
       .def_property_readonly("layout", [](PyWorker& w) { return w.get().layout(); })

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "engine_wrapper.h"
+#include "testing/engine_faults.h"
 
 namespace kvbridge::python {
 namespace {
@@ -126,6 +127,7 @@ void bind_values(py::module_& m) {
 
   py::class_<Notification>(m, "Notification", "A message a peer sent; peer is the sender's engine name.")
       .def_readonly("peer", &Notification::peer)
+      .def_readonly("peer_instance", &Notification::peer_instance, "The sender engine's instance id.")
       .def_property_readonly("message", [](const Notification& n) { return py::bytes(n.message); },
                              "The message bytes.")
       .def_property_readonly(
@@ -192,7 +194,7 @@ void bind_engine(py::module_& m) {
                        "        blob = engine.metadata()                  # send to the peer")
       .def(py::init([](const std::string& name, std::optional<std::vector<std::string>> transports,
                        const std::string& host, uint32_t tcp_streams, uint32_t threads, py::object default_timeout,
-                       const std::string& faults, uint64_t inline_bytes) {
+                       const std::string& faults, uint64_t inline_bytes, const std::string& secret) {
              EngineOptions o;
              o.name = name;
              if (transports) o.transports = *transports;
@@ -200,23 +202,25 @@ void bind_engine(py::module_& m) {
              o.tcp_streams = tcp_streams;
              o.threads = threads;
              o.default_timeout = to_millis(default_timeout, o.default_timeout);
-             o.faults = faults;
              o.inline_bytes = inline_bytes;
+             o.secret = secret;
              Result<std::unique_ptr<Engine>> e = [&] {
                py::gil_scoped_release nogil;
-               return Engine::create(o);
+               return testing::create_engine_with_faults(o, faults);
              }();
              return std::make_unique<PyEngine>(unwrap(std::move(e)));
            }),
            py::arg("name") = "", py::arg("transports") = py::none(), py::arg("host") = "127.0.0.1",
            py::arg("tcp_streams") = 4, py::arg("threads") = 2, py::arg("default_timeout") = 30.0,
-           py::arg("faults") = "", py::arg("inline_bytes") = EngineOptions{}.inline_bytes,
+           py::arg("faults") = "", py::arg("inline_bytes") = EngineOptions{}.inline_bytes, py::arg("secret") = "",
            "Starts the engine's threads and listeners.\n\n"
            "name: shown to peers and in errors; '' = a name of this engine's own (kvbridge-<host>-<pid>-<hex>).\n"
            "Peers are told apart by name and a random instance id, so names need not be unique. transports: preference order, e.g.\n"
            "['cma', 'tcp']; None = every available one. host: address the tcp and control listeners\n"
            "bind. default_timeout: seconds (or a timedelta) for transfers submitted without one.\n"
-           "faults: fault injection for tests ('delay=MS', 'drop-notifications=N').\n"
+           "faults: fault injection, for tests only ('delay=MS', 'drop-notifications=N').\n"
+           "secret: shared secret of every control connection and tcp stream ('' = none); peers\n"
+           "must hold the same (docs/security.md).\n"
            "inline_bytes: a transfer of at most this many bytes without a notification, over local or\n"
            "cma, runs inside submit() (it has ended when submit returns); 0 = always on engine threads.\n"
            "Raises Unavailable when a named transport cannot run here (the message says why).")
@@ -225,23 +229,25 @@ void bind_engine(py::module_& m) {
            "Every transport with whether this engine can use it, and why not.")
       .def(
           "register_memory",
-          [](PyEngine& e, py::object obj, std::optional<std::string> memory) {
+          [](PyEngine& e, py::object obj, std::optional<std::string> memory, const std::string& access) {
             Memory mem = memory_of(obj, true, "register_memory");
             if (memory) mem.memory = *memory;
+            const RemoteAccess a = unwrap(parse_remote_access(access));
             Engine& engine = e.get();
             Result<RegionId> id = [&] {
               py::gil_scoped_release nogil;
-              return engine.register_memory(mem.data, mem.bytes, mem.memory);
+              return engine.register_memory(mem.data, mem.bytes, mem.memory, a);
             }();
             const RegionId region = unwrap(std::move(id));
             e.keep(region, obj);
             return region;
           },
-          py::arg("obj"), py::arg("memory") = py::none(),
+          py::arg("obj"), py::arg("memory") = py::none(), py::arg("access") = "read_write",
           "Registers the memory of `obj` and returns its region id. obj: a contiguous torch tensor\n"
           "(CPU; CUDA in a build with CUDA), a writable C-contiguous numpy array or buffer, or a\n"
           "(data_ptr, bytes[, memory]) tuple for memory owned elsewhere. memory overrides the kind\n"
-          "('host' or 'cuda:N'). Registering the same range again returns the same id (counted).\n"
+          "('host' or 'cuda:N'). access: what peers may do to it: 'read_write', 'read', 'write' or\n"
+          "'none'. Registering the same range again returns the same id (counted).\n"
           "The engine keeps a reference to `obj` until deregister_memory(). Raises InvalidArgument\n"
           "for an empty range, a non-contiguous tensor or an unsupported memory kind.")
       .def(

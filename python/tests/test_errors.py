@@ -121,7 +121,7 @@ def test_internal_when_verify_finds_a_wrong_plan(small_layout):
 def test_permission_denied_for_a_wrong_secret():
     p, d = torch_caches(fill_seed=1), torch_caches()
     lp, ld = kvbridge.layout_from_tensors(torch_spec(p)), kvbridge.layout_from_tensors(torch_spec(d))
-    with kvbridge.Engine(name="prefill/r0") as ep, kvbridge.Engine(name="decode/r0") as ed, \
+    with kvbridge.Engine(name="prefill/r0", secret="right") as ep, kvbridge.Engine(name="decode/r0", secret="wrong") as ed, \
             kvbridge.ConnectorWorker(ep, lp, p, instance_id="prefill", secret="right") as wp, \
             kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode", secret="wrong", handshake_timeout=5) as wd:
         wd.add_remote("prefill", [wp.side_channel_address])

@@ -1,36 +1,35 @@
 // connector/side_channel.h: the side channel through which a decode rank
 // fetches a prefill rank's metadata.
 //
-// Each prefill rank runs a SideChannelServer: one thread that accepts TCP
-// connections and answers each with the two-phase handshake of handshake.h
-// (version, optional mutual shared-secret proof, compatibility hash; then the
-// RankInfo). A decode rank calls fetch_rank_info() once per peer rank. Both
-// sides bound every wait by SideChannelOptions::timeout and every size by the
-// limits in handshake.h; the wire format and the state machine are in
-// docs/formats/handshake.md.
+// Each rank runs a SideChannelServer on a net::Listener (net/listener.h):
+// every connection opens with the shared exchange (version, the optional
+// shared secret), its Open body is the client's compatibility hash, and the
+// server answers once (handshake.h) and closes. A decode rank calls
+// fetch_rank_info() once per peer rank. The listener bounds connections still
+// opening (the oldest gives way to a new one, so idle clients cannot block a
+// real handshake), the time from accept to the answer (options.timeout), and
+// every frame's size; the wire format is docs/formats/handshake.md.
 //
-// The shared secret authenticates the two ends to each other (HMAC-SHA256
-// over fresh nonces); it does not encrypt the channel or bind it to the TCP
-// connection, so a relay in the middle can still pass the exchange along.
-// Anyone who connects learns HMAC(secret, nonces) and may guess a weak secret
-// offline: use a random one of 16 bytes or more.
+// The shared secret authenticates both ends (HMAC-SHA256 proofs over fresh
+// nonces and the whole Open frame, net/opening.h) and tags the Metadata
+// frame; it does not encrypt it. Anyone who connects learns an HMAC over
+// nonces and may guess a weak secret offline: use a random one of 16 bytes
+// or more (docs/security.md).
 //
 // Thread-safety: SideChannelServer's methods may be called from any thread;
 // fetch_rank_info() is reentrant.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <thread>
-#include <vector>
 
 #include "connector/handshake.h"
 #include "kvbridge/status.h"
+#include "net/listener.h"
 
 namespace kvbridge::connector {
 
@@ -39,78 +38,51 @@ struct SideChannelOptions {
   uint16_t port = 0;               // 0 = ephemeral (server)
   std::string secret;              // empty: no authentication; else both sides must share it
   std::chrono::milliseconds timeout{5000};  // per handshake, both sides
-  // Fault injection for tests and `kvbridge demo --inject` (server side only):
-  uint16_t advertise_version = kHandshakeVersion;  // pretend to speak another version
-  // kGarbage: random bytes instead of the server's first frame, then close.
-  // kTruncate: the first half of the Metadata frame, then close.
-  enum class ReplyFault : uint8_t { kNone, kGarbage, kTruncate } reply_fault = ReplyFault::kNone;
+  size_t max_pending = 64;         // server: connections still opening
 };
 
-// The server side. It handles up to kMaxConnections handshakes at once, each
-// bounded by options.timeout from its accept; further clients wait in the
-// listen backlog. A client that sends garbage, stops mid-frame, stays silent
-// or goes away costs one slot until its deadline and is counted in
-// rejected(); the server keeps serving.
 class SideChannelServer {
  public:
-  static constexpr size_t kMaxConnections = 8;
-
-  // Binds options.host:options.port and starts the thread. `identity` is
-  // identity_text(layout) (sent, bounded to kMaxIdentityBytes, only to an
-  // authenticated client whose hash differs), `hash` compatibility_hash(layout).
-  // Returns kInvalidArgument when `info` fails check_rank_info(), the identity
-  // is too long, or options.timeout is not positive; kUnavailable when the
-  // address cannot be bound; kIoError when a thread resource fails.
+  // Binds options.host:options.port and starts the listener. `identity` is
+  // identity_text(layout) (sent, bounded to kMaxIdentityBytes, only to a
+  // client that passed the opening exchange and whose hash differs), `hash`
+  // compatibility_hash(layout). kInvalidArgument when `info` fails
+  // check_rank_info(), the identity is too long, the host is malformed or
+  // options.timeout is not positive; kUnavailable when the address cannot be
+  // bound.
   static Result<std::unique_ptr<SideChannelServer>> start(const SideChannelOptions& options, std::string identity,
                                                           uint64_t hash, RankInfo info);
-  // Stops the thread and closes every connection, mid-handshake or not.
   ~SideChannelServer();
-  SideChannelServer(const SideChannelServer&) = delete;
-  SideChannelServer& operator=(const SideChannelServer&) = delete;
 
   // "host:port" ("[v6]:port"), with the bound port.
   std::string address() const;
-  // Replaces what later handshakes serve (e.g. after new registrations). An
-  // info that fails check_rank_info() makes later handshakes end in a Reject
-  // (code unavailable) naming the field.
+  // Replaces what later handshakes serve. An info that fails
+  // check_rank_info() makes later handshakes end in a Refuse (unavailable).
   void set_info(RankInfo info);
-  // Handshakes that ended in a Metadata frame. Counted when the server
-  // decides to send it, so a client that has its reply sees the count.
-  uint64_t served() const { return served_.load(); }
+  // Handshakes that ended in a Metadata frame (counted when the server
+  // decides to send it, so a client that has its reply sees the count).
+  uint64_t served() const;
   // Handshakes refused or abandoned (version, hash, authentication, malformed
-  // frames, deadline, client gone, injected faults). Counted like served().
-  uint64_t rejected() const { return rejected_.load(); }
+  // frames, deadline, client gone, closed for a newer connection).
+  uint64_t rejected() const;
   // "client 127.0.0.1:40312: <why>" for the last of those; empty if none.
   std::string last_rejection() const;
 
  private:
-  struct Connection;
   SideChannelServer() = default;
-  void loop();
-  void accept_all();
-  void step(Connection& c, short revents);
-  void on_frame(Connection& c);
-  void after_auth(Connection& c);
-  void send_final(Connection& c, std::string frame, bool metadata);
-  void reject(Connection& c, RejectCode code, const std::string& why, uint64_t hash = 0, std::string identity = {});
-  void abandon(Connection& c, const std::string& why);
-  void record_rejection(const Connection& c, const std::string& why);
+  net::Answer answer(const net::OpenRequest& request);
 
-  SideChannelOptions options_;
   std::string identity_;
   uint64_t hash_ = 0;
-  std::string address_;
-  int listen_fd_ = -1;
-  int wake_fd_ = -1;
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> served_{0};
-  std::atomic<uint64_t> rejected_{0};
-  mutable std::mutex mu_;  // guards info_ and last_rejection_
+  mutable std::mutex mu_;  // guards info_
   RankInfo info_;
-  std::string last_rejection_;
-  std::vector<std::unique_ptr<Connection>> connections_;  // the server thread's only
+  std::unique_ptr<net::Listener> listener_;  // last: stopped first
 };
+
+// A Refuse in the format of handshake version 1 (the frame header before the
+// shared one), so that a version 1 client says "handshake version mismatch:
+// local 1, peer 2" instead of failing on bytes it cannot read.
+std::string legacy_version_refusal(uint16_t their_version);
 
 // The client side: connects to `address` ("host:port" or "[v6]:port"), runs
 // the handshake within options.timeout (connect included), and returns the
@@ -118,18 +90,18 @@ class SideChannelServer {
 // identity_text() and compatibility_hash(); options.secret is this side's
 // secret (a non-empty one makes the peer prove it too). Every error message
 // starts with "side channel <address>: " and names the cause:
-//   kIncompatible: "handshake version mismatch: local 1, peer 2";
+//   kIncompatible: "side channel version mismatch: local 2, peer 3";
 //     "compatibility hash mismatch (local 691f..., peer 12ab...): <the first
 //     differing field, from compare_identity_text()>";
 //   kPermissionDenied: "authentication failed: peer requires a shared
 //     secret" / "...: wrong shared secret" / "...: this side has a shared
 //     secret but the peer has none";
-//   kInvalidArgument: "malformed handshake: <the decoder's words>", e.g.
-//     "Metadata frame length 4294967295 exceeds 25165824", "truncated Metadata
-//     frame: peer closed after 100 of 200 payload bytes";
+//   kInvalidArgument: "malformed handshake: <the decoder's words>", e.g. a
+//     Metadata frame cut short, or a malformed address;
 //   kTimeout: the deadline passed (the message says in which step);
-//   kUnavailable: the address cannot be resolved or the connection is refused;
-//   kIoError: the connection failed or closed before the first reply byte.
+//   kUnavailable: the address cannot be resolved, the connection is refused,
+//     or the server is busy;
+//   kIoError: the connection failed or closed before the answer.
 Result<RankInfo> fetch_rank_info(std::string_view address, std::string_view local_identity, uint64_t local_hash,
                                  const SideChannelOptions& options);
 

@@ -11,12 +11,16 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <functional>
 #include <thread>
 
 #include "kvbridge/layout.h"
 #include "kvbridge/layout_json.h"
 #include "kvbridge/presets.h"
+#include "net/frame.h"
+#include "net/opening.h"
+#include "testing/fake_side_channel.h"
 
 namespace kvbridge::connector {
 namespace {
@@ -90,6 +94,21 @@ std::string read_to_end(int fd) {
   return all;
 }
 
+net::OpeningConfig opening_config(std::string secret) {
+  return net::OpeningConfig{net::Protocol::kSideChannel, kHandshakeVersion, std::move(secret),
+                            net::OpeningLimits{kOpenBodyBytes, kMaxRefuseDetailBytes}};
+}
+
+// The Refuse frame at the start of `bytes`.
+Result<net::Refusal> refusal_in(std::string_view bytes) {
+  if (bytes.size() < net::kFrameHeaderBytes) return Status::invalid_argument("no frame");
+  KVB_ASSIGN_OR_RETURN(net::FrameHeader h, net::decode_header(bytes.substr(0, net::kFrameHeaderBytes),
+                                                              net::Protocol::kSideChannel, kHandshakeVersion,
+                                                              max_payload_bytes));
+  if (h.type != net::kRefuse) return Status::invalid_argument("not a Refuse");
+  return net::decode_refusal(bytes.substr(net::kFrameHeaderBytes, h.payload_bytes), kMaxRefuseDetailBytes);
+}
+
 void expect_error(const Result<RankInfo>& r, Code code, const std::string& fragment) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), code) << r.error().to_string();
@@ -123,16 +142,32 @@ TEST(SideChannelTest, ServesWithAMatchingSecretAndServesUpdatedInfo) {
 
 TEST(SideChannelTest, NamesBothVersionsOnAVersionMismatch) {
   Side side = side_of(preset("llama3-8b"));
-  SideChannelOptions o = fast();
-  o.advertise_version = 2;
-  auto server = start(side, o);
-  Result<RankInfo> got = fetch_rank_info(server->address(), side.identity, side.hash, fast());
+  testing::FakeSideChannel::Options f;
+  f.mode = testing::FakeSideChannel::Mode::kOtherVersion;
+  auto fake = testing::FakeSideChannel::start(f);
+  ASSERT_TRUE(fake.ok());
+  Result<RankInfo> got = fetch_rank_info((*fake)->address(), side.identity, side.hash, fast());
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.error().code(), Code::kIncompatible);
   EXPECT_EQ(got.error().message(),
-            "side channel " + server->address() + ": handshake version mismatch: local 1, peer 2");
-  EXPECT_EQ(server->rejected(), 1u);
-  EXPECT_NE(server->last_rejection().find("handshake version mismatch: local 2, peer 1"), std::string::npos)
+            "side channel " + (*fake)->address() + ": side channel version mismatch: local 2, peer 3");
+}
+
+// A client of the version before the shared frame header gets an answer in
+// its own format, so it can say why (and the server counts it).
+TEST(SideChannelTest, AnsweresAVersionOneClientInItsOwnFormat) {
+  Side side = side_of(preset("llama3-8b"));
+  auto server = start(side, fast());
+  int fd = raw_connect(server->address());
+  // Version 1 Hello: "KVBH", u16 1, type 1, reserved, u32 41, then 41 bytes.
+  std::string hello("KVBH\x01\x00\x01\x00\x29\x00\x00\x00", 12);
+  hello.append(41, '\0');
+  ASSERT_EQ(::send(fd, hello.data(), hello.size(), 0), static_cast<ssize_t>(hello.size()));
+  std::string reply = read_to_end(fd);
+  ::close(fd);
+  EXPECT_EQ(reply, legacy_version_refusal(1));
+  EXPECT_TRUE(eventually([&] { return server->rejected() == 1; }));
+  EXPECT_NE(server->last_rejection().find("side channel version mismatch: local 2, peer 1"), std::string::npos)
       << server->last_rejection();
 }
 
@@ -187,17 +222,15 @@ TEST(SideChannelTest, TellsAnUnauthenticatedClientNothingElse) {
   Side side = side_of(preset("llama3-8b"));
   auto server = start(side, fast("right"));
   int fd = raw_connect(server->address());
-  std::string hello = encode_frame(FrameType::kHello, encode_hello({false, {}, 12345}));
-  ASSERT_EQ(::send(fd, hello.data(), hello.size(), 0), static_cast<ssize_t>(hello.size()));
+  net::ClientOpening opening(opening_config(""), encode_open_body(12345));
+  const std::string& open = opening.open_frame();
+  ASSERT_EQ(::send(fd, open.data(), open.size(), 0), static_cast<ssize_t>(open.size()));
   std::string reply = read_to_end(fd);
   ::close(fd);
-  Result<Frame> f = decode_frame(reply);
-  ASSERT_TRUE(f.ok()) << f.status().to_string();
-  Result<Reject> r = decode_reject(f->payload);
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->code, RejectCode::kAuthRequired);
-  EXPECT_EQ(r->hash, 0u);
-  EXPECT_TRUE(r->identity.empty());
+  Result<net::Refusal> r = refusal_in(reply);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->code, net::RefuseCode::kAuthRequired);
+  EXPECT_TRUE(r->detail.empty());
   EXPECT_EQ(reply.find("llama3"), std::string::npos);
 }
 
@@ -205,30 +238,73 @@ TEST(SideChannelTest, RefusesAForgedProof) {
   Side side = side_of(preset("llama3-8b"));
   auto server = start(side, fast("right"));
   int fd = raw_connect(server->address());
-  std::string hello = encode_frame(FrameType::kHello, encode_hello({true, {}, side.hash}));
-  std::string proof = encode_frame(FrameType::kProof, encode_proof({}));
-  ASSERT_EQ(::send(fd, hello.data(), hello.size(), 0), static_cast<ssize_t>(hello.size()));
+  net::ClientOpening opening(opening_config("right"), encode_open_body(side.hash));
+  const std::string& open = opening.open_frame();
+  ASSERT_EQ(::send(fd, open.data(), open.size(), 0), static_cast<ssize_t>(open.size()));
+  // Whatever the Challenge says, a Proof of zeros.
+  std::string proof;
+  net::Session none;
+  net::append_frame(proof, {net::Protocol::kSideChannel, net::kProof, kHandshakeVersion, 0, false},
+                    std::string(net::kMacBytes, '\0'), none);
   ASSERT_EQ(::send(fd, proof.data(), proof.size(), 0), static_cast<ssize_t>(proof.size()));
   std::string reply = read_to_end(fd);
   ::close(fd);
-  ASSERT_GT(reply.size(), kFrameHeaderBytes + 64);
-  Result<Frame> f = decode_frame(std::string_view(reply).substr(kFrameHeaderBytes + 64));
-  ASSERT_TRUE(f.ok()) << f.status().to_string();
-  EXPECT_EQ(decode_reject(f->payload)->code, RejectCode::kAuthFailed);
+  const size_t challenge = net::kFrameHeaderBytes + 64;
+  ASSERT_GT(reply.size(), challenge);
+  Result<net::Refusal> r = refusal_in(reply.substr(challenge));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->code, net::RefuseCode::kAuthFailed);
   EXPECT_NE(server->last_rejection().find("wrong shared secret"), std::string::npos);
+  EXPECT_EQ(server->served(), 0u);
 }
 
 TEST(SideChannelTest, ReportsGarbageAndTruncatedReplies) {
   Side side = side_of(preset("llama3-8b"));
-  SideChannelOptions o = fast();
-  o.reply_fault = SideChannelOptions::ReplyFault::kGarbage;
-  auto garbage = start(side, o);
-  expect_error(fetch_rank_info(garbage->address(), side.identity, side.hash, fast()), Code::kInvalidArgument,
+  auto server = start(side, fast());
+  testing::FakeSideChannel::Options f;
+  f.mode = testing::FakeSideChannel::Mode::kGarbage;
+  auto garbage = testing::FakeSideChannel::start(f);
+  expect_error(fetch_rank_info((*garbage)->address(), side.identity, side.hash, fast()), Code::kInvalidArgument,
                "malformed handshake: bad magic");
-  o.reply_fault = SideChannelOptions::ReplyFault::kTruncate;
-  auto truncate = start(side, o);
-  expect_error(fetch_rank_info(truncate->address(), side.identity, side.hash, fast()), Code::kInvalidArgument,
-               "malformed handshake: truncated Metadata frame: peer closed after");
+  f.mode = testing::FakeSideChannel::Mode::kTruncate;
+  f.real_address = server->address();
+  f.identity = side.identity;
+  f.hash = side.hash;
+  auto truncate = testing::FakeSideChannel::start(f);
+  expect_error(fetch_rank_info((*truncate)->address(), side.identity, side.hash, fast()), Code::kInvalidArgument,
+               "malformed handshake: truncated frame: peer closed after");
+}
+
+// Idle clients that re-open as they expire (a flood) never make a real
+// handshake wait for them: the oldest opening connection gives way.
+TEST(SideChannelTest, IdleClientsThatKeepReopeningDoNotBlockARealHandshake) {
+  Side side = side_of(preset("llama3-8b"));
+  SideChannelOptions o = fast();
+  o.timeout = 5s;
+  o.max_pending = 16;
+  auto server = start(side, o);
+  std::atomic<bool> stop{false};
+  std::thread flood([&] {
+    std::vector<int> fds;
+    while (!stop.load()) {
+      fds.push_back(raw_connect(server->address()));
+      if (fds.size() > 64) {
+        ::close(fds.front());
+        fds.erase(fds.begin());
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    for (int fd : fds) ::close(fd);
+  });
+  std::this_thread::sleep_for(100ms);
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Result<RankInfo> got = fetch_rank_info(server->address(), side.identity, side.hash, o);
+    EXPECT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  }
+  stop = true;
+  flood.join();
 }
 
 // Sends `bytes` from a raw client, reads to the end, and checks the server
@@ -254,18 +330,19 @@ void expect_survives(const std::string& bytes, const std::string& why, bool clos
 }
 
 TEST(SideChannelTest, SurvivesAGarbageClient) {
-  expect_survives(std::string(64, '\x5a'), "malformed handshake: bad magic");
+  expect_survives(std::string(64, '\x5a'), "malformed: bad magic");
 }
 
 TEST(SideChannelTest, SurvivesAnOversizedLength) {
-  std::string header = encode_frame(FrameType::kHello, "").substr(0, kFrameHeaderBytes);
-  header.replace(8, 4, "\xff\xff\xff\xff");
-  expect_survives(header, "Hello frame length 4294967295 exceeds 41");
+  std::string header;
+  net::encode_header({net::Protocol::kSideChannel, net::kOpen, kHandshakeVersion, 0xffffffffu, false}, header);
+  expect_survives(header, "length 4294967295 exceeds 45");
 }
 
 TEST(SideChannelTest, SurvivesATruncatedFrame) {
-  std::string hello = encode_frame(FrameType::kHello, encode_hello({}));
-  expect_survives(hello.substr(0, 20), "client closed the connection in the middle of its Hello (after 20 bytes)", true);
+  net::ClientOpening opening(opening_config(""), encode_open_body(1));
+  expect_survives(opening.open_frame().substr(0, 20),
+                  "client closed the connection in the middle of a frame (after 20 bytes)", true);
 }
 
 TEST(SideChannelTest, SurvivesASilentClient) { expect_survives("", "did not finish within 300 ms"); }
@@ -285,7 +362,7 @@ TEST(SideChannelTest, ClientTimesOutOnASilentServer) {
   const std::string address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
   auto t0 = std::chrono::steady_clock::now();
   expect_error(fetch_rank_info(address, side.identity, side.hash, fast()), Code::kTimeout,
-               "side channel " + address + ": handshake did not finish within 300 ms (waiting for the peer's Metadata)");
+               "side channel " + address + ": deadline passed");
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
   ::close(fd);
 }
@@ -303,8 +380,8 @@ TEST(SideChannelTest, StopsWhileAClientIsMidHandshake) {
   slow.timeout = 10s;
   auto server = start(side, slow);
   int fd = raw_connect(server->address());
-  std::string hello = encode_frame(FrameType::kHello, encode_hello({}));
-  ASSERT_EQ(::send(fd, hello.data(), 5, 0), 5);
+  net::ClientOpening opening(opening_config(""), encode_open_body(1));
+  ASSERT_EQ(::send(fd, opening.open_frame().data(), 5, 0), 5);
   std::this_thread::sleep_for(20ms);
   auto t0 = std::chrono::steady_clock::now();
   server.reset();
@@ -325,6 +402,10 @@ TEST(SideChannelTest, StartRefusesBadOptionsAndInfo) {
   o = fast();
   o.host = "no.such.host.invalid";
   EXPECT_EQ(SideChannelServer::start(o, side.identity, side.hash, side.info).status().code(), Code::kUnavailable);
+  o.host = "::1:80";  // an IPv6 address without brackets
+  EXPECT_EQ(SideChannelServer::start(o, side.identity, side.hash, side.info).status().code(), Code::kInvalidArgument);
+  expect_error(fetch_rank_info("stop", side.identity, side.hash, fast()), Code::kInvalidArgument,
+               "side channel address 'stop' is not host:port");
 }
 
 }  // namespace

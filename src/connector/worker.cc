@@ -88,7 +88,7 @@ class WorkerImpl final : public ConnectorWorker {
                                         std::to_string(layout_.tensors[t].bytes));
       }
       KVB_ASSIGN_OR_RETURN(RegionId id, engine_.register_memory(tensors[t].data(), tensors[t].size(),
-                                                                layout_.tensors[t].memory));
+                                                                layout_.tensors[t].memory, options_.remote_access));
       regions_.push_back(id);
       info.tensors.push_back(connector::TensorRegion{layout_.tensors[t].name, id,
                                                      reinterpret_cast<uint64_t>(tensors[t].data()),
@@ -99,14 +99,6 @@ class WorkerImpl final : public ConnectorWorker {
     sc.host = options_.side_channel_host;
     sc.secret = options_.secret;
     sc.timeout = options_.handshake_timeout;
-    if (options_.advertise_version != 0) sc.advertise_version = options_.advertise_version;
-    if (options_.reply_fault == "garbage") {
-      sc.reply_fault = connector::SideChannelOptions::ReplyFault::kGarbage;
-    } else if (options_.reply_fault == "truncate") {
-      sc.reply_fault = connector::SideChannelOptions::ReplyFault::kTruncate;
-    } else if (!options_.reply_fault.empty()) {
-      return Status::invalid_argument("unknown reply fault '" + options_.reply_fault + "' (known: garbage, truncate)");
-    }
     identity_ = identity_text(layout_);
     hash_ = compatibility_hash(layout_);
     KVB_ASSIGN_OR_RETURN(server_, connector::SideChannelServer::start(sc, identity_, hash_, std::move(info)));
@@ -248,6 +240,11 @@ class WorkerImpl final : public ConnectorWorker {
   WorkerStats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
     WorkerStats s = stats_;
+    {
+      std::lock_guard<std::mutex> sent_lock(sent_->mu);
+      s.notifications_failed = sent_->failed;
+      s.last_notification_error = sent_->last_error;
+    }
     s.handshakes_served = server_->served();
     s.handshakes_rejected = server_->rejected();
     s.last_rejection = server_->last_rejection();
@@ -339,13 +336,18 @@ class WorkerImpl final : public ConnectorWorker {
     }
   }
 
+  // Never blocks: the engine calls back when the peer acknowledged the
+  // message, or at its deadline, or when the peer is gone; a stopped peer
+  // delays nothing else.
   void send(PeerId peer, const std::string& message) {
-    Status s = engine_.notify(peer, message);
-    if (!s.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.notifications_failed;
-      stats_.last_notification_error = s.to_string();
-    }
+    // The callback may outlive the worker (a peer that never answers): it
+    // holds only the counters.
+    engine_.notify(peer, message, options_.transfer_timeout, [sent = sent_](Status s) {
+      if (s.ok()) return;
+      std::lock_guard<std::mutex> lock(sent->mu);
+      ++sent->failed;
+      sent->last_error = s.to_string();
+    });
   }
 
   // Ends loads whose transfers all ended; sends heartbeats; drains messages;
@@ -441,6 +443,12 @@ class WorkerImpl final : public ConnectorWorker {
   std::vector<LoadResult> results_;
   std::vector<ReaderEvent> events_;
   WorkerStats stats_;
+  struct Sent {
+    std::mutex mu;
+    uint64_t failed = 0;
+    std::string last_error;
+  };
+  std::shared_ptr<Sent> sent_ = std::make_shared<Sent>();
   std::thread pump_;
 };
 
@@ -450,6 +458,12 @@ Result<std::unique_ptr<ConnectorWorker>> ConnectorWorker::create(Engine& engine,
                                                                  std::span<const std::span<uint8_t>> tensors,
                                                                  const WorkerOptions& options) {
   KVB_RETURN_IF_ERROR(validate(layout).with_context("worker layout"));
+  if (engine.has_secret() != !options.secret.empty()) {
+    return Status::invalid_argument(engine.has_secret()
+                                        ? "the engine has a shared secret but the worker has none: give both the same"
+                                        : "the worker has a shared secret but its engine has none (EngineOptions::secret): "
+                                          "give both the same");
+  }
   auto w = std::make_unique<WorkerImpl>(engine, layout, options);
   KVB_RETURN_IF_ERROR(w->init(tensors));
   return std::unique_ptr<ConnectorWorker>(std::move(w));

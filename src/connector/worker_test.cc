@@ -10,6 +10,7 @@
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
 #include "kvbridge/presets.h"
+#include "testing/fake_side_channel.h"
 #include "transport/fault.h"
 
 namespace kvbridge {
@@ -57,6 +58,7 @@ std::vector<std::unique_ptr<Rank>> instance(const InstanceOptions& o) {
     e.name = o.id + "/r" + std::to_string(r);
     e.transports = {"local"};
     e.default_timeout = 2s;
+    e.secret = o.worker.secret;  // one trust for the side channel and the engine
     std::vector<std::unique_ptr<transport::Transport>> ts;
     std::unique_ptr<transport::Transport> local = *transport::make_local_transport();
     ts.push_back(o.faults ? transport::make_fault_transport(std::move(local), o.faults) : std::move(local));
@@ -198,13 +200,36 @@ TEST(WorkerTest, HandshakeFailuresComeBackFromStartLoadNamingTheCause) {
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("secret"), std::string::npos) << s.to_string();
   EXPECT_EQ(decode[0]->worker->start_load(1, "nowhere", request()).code(), Code::kNotFound);
-  InstanceOptions vo = opts("prefill-v2", 1);
-  vo.worker.advertise_version = 2;
-  auto v2 = instance(vo);
+  testing::FakeSideChannel::Options f;
+  f.mode = testing::FakeSideChannel::Mode::kOtherVersion;
+  auto v3 = testing::FakeSideChannel::start(f);
+  ASSERT_TRUE(v3.ok());
   auto plain = instance(opts("decode2", 1));
-  ASSERT_TRUE(plain[0]->worker->add_remote("p", addresses(v2)).ok());
+  ASSERT_TRUE(plain[0]->worker->add_remote("p", {(*v3)->address()}).ok());
   s = plain[0]->worker->start_load(1, "p", request());
-  EXPECT_NE(s.message().find("version"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("version mismatch: local 2, peer 3"), std::string::npos) << s.to_string();
+}
+
+TEST(WorkerTest, AWorkerAndItsEngineMustAgreeOnHavingASecret) {
+  Layout layout = *make_preset({.name = "llama3-8b", .num_blocks = 8});
+  std::vector<std::vector<uint8_t>> mem;
+  std::vector<std::span<uint8_t>> spans;
+  for (const Tensor& t : layout.tensors) mem.emplace_back(t.bytes);
+  for (auto& m : mem) spans.emplace_back(m);
+  EngineOptions e;
+  e.transports = {"local"};
+  std::unique_ptr<Engine> plain = std::move(*Engine::create(e));
+  WorkerOptions w;
+  w.secret = "s3cret";
+  Result<std::unique_ptr<ConnectorWorker>> bad = ConnectorWorker::create(*plain, layout, spans, w);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("its engine has none"), std::string::npos) << bad.error().to_string();
+  e.secret = "s3cret";
+  std::unique_ptr<Engine> keyed = std::move(*Engine::create(e));
+  w.secret.clear();
+  bad = ConnectorWorker::create(*keyed, layout, spans, w);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("the engine has a shared secret but the worker has none"), std::string::npos);
 }
 
 TEST(WorkerTest, PlanErrorsComeBackBeforeAnythingMoves) {

@@ -1,150 +1,117 @@
-// Control connections: listener, inbound notification readers, outbound
-// channels, all polled by one thread.
+// Control connections: inbound notification readers and outbound channels,
+// polled by one thread; the listener (net/listener.h) runs the opening
+// exchange before a connection reaches it.
 //
-// Sockets are non-blocking. The control thread only reads; senders write
-// their frames themselves under the channel's send lock, polling for
-// POLLOUT until their deadline (poll(2)), and use MSG_NOSIGNAL so a peer that
-// vanished gives EPIPE instead of killing the process (send(2)).
+// Sockets are non-blocking. Frames to a peer are queued on its channel and
+// written by whichever thread gets there first under the channel's lock (the
+// caller of notify() tries at once; the control thread finishes on POLLOUT),
+// with MSG_NOSIGNAL so a vanished peer is EPIPE, not SIGPIPE (send(2)). No
+// thread ever waits for an acknowledgement: pending notifications sit in a
+// map by sequence number until their Ack, their deadline (the control
+// thread's poll timeout), or the end of the channel.
 #include "engine/control.h"
 
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
+#include <future>
 
+#include "common/text.h"
+#include "net/opening.h"
+#include "net/socket.h"
 #include "engine/metadata.h"
+#include "net/wire.h"
 
 namespace kvbridge::engine_internal {
 namespace {
 
-enum FrameType : uint16_t { kHello = 1, kNotify = 2, kAck = 3 };
+constexpr uint8_t kAccept = 16, kNotify = 17, kAck = 18;
+constexpr size_t kMaxOpenBody = 4 + kMaxNameBytes + 24;
+constexpr size_t kMaxInboundOut = 64 << 10;  // unsent Acks before a peer that does not read is dropped
 
-constexpr size_t kMaxInbound = 4096;
-
-std::string errno_text(int e) { return std::string(std::strerror(e)); }
-
-int poll_ms(Clock::time_point deadline) {
-  if (deadline == Clock::time_point::max()) return -1;
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count() + 1;
-  return static_cast<int>(std::clamp<int64_t>(left, 0, 60000));
+net::OpeningConfig opening(const ControlOptions& o) {
+  return net::OpeningConfig{net::Protocol::kControl, kControlVersion, o.secret, net::OpeningLimits{kMaxOpenBody, 0}};
 }
 
-void put(std::string& out, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-uint64_t get(std::string_view in, size_t pos, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= uint64_t{static_cast<uint8_t>(in[pos + i])} << (8 * i);
-  return v;
-}
-
-struct Frame {
-  uint16_t type = 0;
-  uint64_t seq = 0;
-  std::string_view payload;
-};
-
-// Parses the next frame from the front of `buf`. Returns 0 when more bytes
-// are needed, -1 for a malformed frame, else the frame's size.
-int64_t parse_frame(std::string_view buf, Frame* f) {
-  if (buf.size() < kControlHeaderBytes) return 0;
-  if (get(buf, 0, 4) != kControlMagic || get(buf, 4, 2) != kControlVersion) return -1;
-  f->type = static_cast<uint16_t>(get(buf, 6, 2));
-  f->seq = get(buf, 8, 8);
-  const uint64_t len = get(buf, 16, 4);
-  if (f->type < kHello || f->type > kAck || len > kMaxControlPayload) return -1;
-  if (buf.size() < kControlHeaderBytes + len) return 0;
-  f->payload = buf.substr(kControlHeaderBytes, len);
-  return static_cast<int64_t>(kControlHeaderBytes + len);
+std::string encode_identity(const ControlIdentity& id, uint64_t target) {
+  net::WireWriter w;
+  w.str(id.name);
+  w.u64(id.instance);
+  w.u64(id.pid);
+  w.u64(target);
+  return w.take();
 }
 
-// Reads what is available into `buf`. False on end of stream or error.
-bool drain(int fd, std::string* buf) {
-  char chunk[65536];
-  while (true) {
-    ssize_t n = ::recv(fd, chunk, sizeof(chunk), MSG_DONTWAIT);
-    if (n > 0) {
-      buf->append(chunk, static_cast<size_t>(n));
-      if (buf->size() > 2 * (kControlHeaderBytes + kMaxControlPayload)) return false;
-      continue;
-    }
-    if (n == 0) return false;
-    if (errno == EINTR) continue;
-    return errno == EAGAIN || errno == EWOULDBLOCK;
+Status decode_identity(std::string_view body, ControlIdentity* id, uint64_t* target) {
+  net::WireReader r(body, "control Open body");
+  KVB_RETURN_IF_ERROR(r.str("name", kMaxNameBytes, &id->name));
+  KVB_RETURN_IF_ERROR(r.u64("instance", &id->instance));
+  KVB_RETURN_IF_ERROR(r.u64("pid", &id->pid));
+  KVB_RETURN_IF_ERROR(r.u64("target", target));
+  if (id->name.empty() || id->instance == 0) return r.error("an empty name or a zero instance");
+  return r.finish();
+}
+
+std::string u64_payload(uint64_t v) {
+  net::WireWriter w;
+  w.u64(v);
+  return w.take();
+}
+
+// Writes what it can of out[pos...] without blocking. False on an error.
+bool flush(int fd, std::string& out, size_t& pos) {
+  while (pos < out.size()) {
+    const ssize_t n = ::send(fd, out.data() + pos, out.size() - pos, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (n < 0) return false;
+    pos += static_cast<size_t>(n);
   }
-}
-
-Result<std::pair<std::string, std::string>> split_address(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    return Status::invalid_argument("control address '" + address + "' is not host:port");
+  if (pos == out.size()) {
+    out.clear();
+    pos = 0;
+  } else if (pos > (1 << 16)) {
+    out.erase(0, pos);
+    pos = 0;
   }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return std::make_pair(host, address.substr(colon + 1));
+  return true;
 }
 
 }  // namespace
 
-Status write_frame(int fd, uint16_t type, uint64_t seq, std::string_view payload, Clock::time_point deadline,
-                   std::string_view peer) {
-  std::string header;
-  put(header, kControlMagic, 4);
-  put(header, kControlVersion, 2);
-  put(header, type, 2);
-  put(header, seq, 8);
-  put(header, payload.size(), 4);
-  size_t sent = 0;
-  const size_t total = header.size() + payload.size();
-  while (sent < total) {
-    iovec iov[2];
-    int n_iov = 0;
-    if (sent < header.size()) iov[n_iov++] = {header.data() + sent, header.size() - sent};
-    const size_t payload_sent = sent > header.size() ? sent - header.size() : 0;
-    if (payload_sent < payload.size()) {
-      iov[n_iov++] = {const_cast<char*>(payload.data()) + payload_sent, payload.size() - payload_sent};
-    }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(n_iov);
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n >= 0) {
-      sent += static_cast<size_t>(n);
-      continue;
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      return Status::io_error("control connection to peer " + std::string(peer) + ": send: " + errno_text(errno));
-    }
-    pollfd p{fd, POLLOUT, 0};
-    int timeout = poll_ms(deadline);
-    if (timeout == 0 || ::poll(&p, 1, timeout) == 0) {
-      if (Clock::now() >= deadline) {
-        return Status::timeout("control connection to peer " + std::string(peer) + ": send did not finish by the deadline");
-      }
-    }
+size_t control_payload_limit(uint8_t type) {
+  switch (type) {
+    case kAccept: return 8;
+    case kNotify: return 8 + kMaxControlPayload;
+    case kAck: return 8;
   }
-  return Status();
+  return net::opening_limit(type, net::OpeningLimits{kMaxOpenBody, 0});
 }
 
-Channel::~Channel() { ::close(fd_); }
+struct Control::Inbound {
+  net::Fd fd;
+  net::Session session;
+  ControlIdentity who;
+  std::string address;
+  net::FrameReader reader{net::Protocol::kControl, kControlVersion, control_payload_limit};
+  std::string out;
+  size_t out_pos = 0;
+  std::shared_ptr<void> slot;
+};
 
-bool Channel::end(Status why) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!gone_.ok()) return false;
-  gone_ = std::move(why);
-  cv_.notify_all();
-  ::shutdown(fd_, SHUT_RDWR);
-  return true;
+// --- Channel.
+
+std::vector<std::function<void(Status)>> Channel::end_locked(const Status& why) {
+  std::vector<std::function<void(Status)>> out;
+  if (!gone_.ok()) return out;
+  gone_ = why;
+  for (auto& [seq, p] : pending_) out.push_back(std::move(p.done));
+  pending_.clear();
+  ::shutdown(fd_.get(), SHUT_RDWR);
+  return out;
 }
 
 Status Channel::health() const {
@@ -152,140 +119,145 @@ Status Channel::health() const {
   return gone_;
 }
 
-Status Channel::notify(std::string_view message, Clock::time_point deadline, bool drop) {
+void Channel::notify(std::string message, Clock::time_point deadline, std::function<void(Status)> done, bool drop) {
   if (message.size() > kMaxControlPayload) {
-    return Status::resource_exhausted("notification is " + std::to_string(message.size()) + " bytes, more than " +
-                                      std::to_string(kMaxControlPayload));
+    return done(Status::resource_exhausted("notification is " + std::to_string(message.size()) +
+                                           " bytes, more than " + std::to_string(kMaxControlPayload)));
   }
-  KVB_RETURN_IF_ERROR(health());
-  uint64_t seq = 0;
-  Status sent;
+  Status failed;
+  std::vector<std::function<void(Status)>> fail;  // when a send error ends the channel here
   {
-    std::lock_guard<std::mutex> lock(send_mu_);
-    seq = ++next_seq_;
-    if (!drop) sent = write_frame(fd_, kNotify, seq, message, deadline, peer_);
-  }
-  if (!sent.ok()) {
-    // A frame cut short leaves the stream unusable; a peer that stopped
-    // reading is as good as gone.
-    if (end(Status::io_error("peer " + peer_ + " is gone: " + sent.message())) && on_gone_) on_gone_(health());
-    return sent;
-  }
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_until(lock, deadline, [&] { return acked_seq_ >= seq || !gone_.ok(); });
-  if (acked_seq_ >= seq) return Status();
-  if (!gone_.ok()) return gone_;
-  return Status::timeout("peer " + peer_ + " did not acknowledge the notification before the deadline");
-}
-
-struct Control::Inbound {
-  int fd = -1;
-  std::string in;
-  std::string peer;  // from HELLO
-  bool hello = false;
-};
-
-Result<std::unique_ptr<Control>> Control::create(const std::string& host, std::string self_name,
-                                                 std::function<void(Notification)> on_notification) {
-  std::unique_ptr<Control> c(new Control());
-  c->self_name_ = std::move(self_name);
-  c->on_notification_ = std::move(on_notification);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  if (int rc = ::getaddrinfo(host.c_str(), "0", &hints, &res); rc != 0) {
-    return Status::unavailable("control listener: cannot resolve host '" + host + "': " + gai_strerror(rc));
-  }
-  Status last = Status::unavailable("control listener: no address for host '" + host + "'");
-  for (addrinfo* a = res; a != nullptr && c->listen_fd_ < 0; a = a->ai_next) {
-    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 128) == 0) {
-      c->listen_fd_ = fd;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!gone_.ok()) {
+      failed = gone_;
+    } else if (out_.size() - out_pos_ > kMaxQueuedBytes) {
+      failed = Status::resource_exhausted("peer " + peer_ + " is not reading its control connection (" +
+                                          std::to_string(out_.size() - out_pos_) + " bytes queued)");
     } else {
-      last = Status::unavailable("control listener on '" + host + "': " + errno_text(errno));
-      ::close(fd);
+      const uint64_t seq = ++next_seq_;
+      pending_.emplace(seq, Pending{deadline, std::move(done)});
+      if (!drop) {
+        net::WireWriter w;
+        w.u64(seq);
+        w.raw(message);
+        net::append_frame(out_, {net::Protocol::kControl, kNotify, kControlVersion, 0, false}, w.out(), session_);
+        // Written at once when the socket takes it: no wake-up on the way.
+        if (!flush(fd_.get(), out_, out_pos_)) {
+          fail = end_locked(Status::io_error("peer " + peer_ + " is gone: send: " + errno_text(errno)));
+          failed = gone_;
+        }
+      }
     }
   }
-  ::freeaddrinfo(res);
-  if (c->listen_fd_ < 0) return last;
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  ::getsockname(c->listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len);
-  const uint16_t port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
-                                                       : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-  const bool v6 = ss.ss_family == AF_INET6 && host.find(':') != std::string::npos;
-  c->address_ = (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-  c->wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (c->wake_fd_ < 0) return Status::io_error("control: eventfd: " + errno_text(errno));
-  c->thread_ = std::thread([raw = c.get()] { raw->loop(); });
+  if (!fail.empty()) {
+    for (auto& f : fail) f(failed);
+  } else if (!failed.ok()) {
+    return done(failed);
+  }
+  // The control thread watches the deadline, writes what is left and, after
+  // a failed send, tells the engine the peer is gone.
+  control_->wake();
+}
+
+Status Channel::notify_and_wait(std::string message, Clock::time_point deadline, bool drop) {
+  auto result = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = result->get_future();
+  notify(std::move(message), deadline, [result](Status s) { result->set_value(std::move(s)); }, drop);
+  return f.get();
+}
+
+// --- Control.
+
+Result<std::unique_ptr<Control>> Control::create(ControlOptions options,
+                                                 std::function<void(Notification)> on_notification) {
+  std::unique_ptr<Control> c(new Control());
+  c->options_ = std::move(options);
+  c->on_notification_ = std::move(on_notification);
+  c->wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!c->wake_fd_) return Status::io_error("control: eventfd: " + errno_text(errno));
+  KVB_ASSIGN_OR_RETURN(net::HostPort bind, net::parse_host(c->options_.host, "control listener host"));
+  net::ListenerOptions l;
+  l.name = "control listener";
+  l.bind = bind;
+  l.opening = opening(c->options_);
+  l.limit = control_payload_limit;
+  l.max_open = kMaxInbound;
+  l.open_timeout = c->options_.open_timeout;
+  l.on_open = [raw = c.get()](const net::OpenRequest& r) { return raw->answer(r); };
+  l.on_keep = [raw = c.get()](net::Accepted a) { raw->adopt(std::move(a)); };
+  KVB_ASSIGN_OR_RETURN(c->listener_, net::Listener::start(std::move(l)));
+  try {
+    c->thread_ = std::thread([raw = c.get()] { raw->loop(); });
+  } catch (const std::system_error& e) {
+    return Status::resource_exhausted(std::string("control: cannot start its thread: ") + e.what());
+  }
   return c;
 }
 
 Control::~Control() {
+  listener_.reset();  // no more adopt()
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   wake();
   if (thread_.joinable()) thread_.join();
-  for (auto& in : inbound_) ::close(in->fd);
-  for (auto& ch : channels_) ch->end(Status::io_error("engine is shutting down"));
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  if (wake_fd_ >= 0) ::close(wake_fd_);
+  for (auto& ch : channels_) end_channel(*ch, Status::io_error("engine is shutting down"), false);
 }
+
+std::string Control::address() const { return net::format_host_port(listener_->address()); }
 
 void Control::wake() {
   uint64_t one = 1;
-  ssize_t n = ::write(wake_fd_, &one, sizeof(one));
-  (void)n;  // A full counter already means "wake up".
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof(one));  // a full counter already wakes
 }
 
-Result<std::shared_ptr<Channel>> Control::connect(const std::string& address, const std::string& peer,
-                                                  std::function<void(const Status&)> on_gone,
-                                                  Clock::time_point deadline) {
-  KVB_ASSIGN_OR_RETURN(auto host_port, split_address(address));
+net::Answer Control::answer(const net::OpenRequest& request) {
+  ControlIdentity who;
+  uint64_t target = 0;
+  if (Status s = decode_identity(request.body, &who, &target); !s.ok()) {
+    return net::Answer::refuse(net::RefuseCode::kMalformed, "malformed: " + s.message());
+  }
+  if (target != options_.self.instance) {
+    return net::Answer::refuse(net::RefuseCode::kStale, "control connection: this address belongs to engine '" +
+                                                            options_.self.name + "' instance " +
+                                                            hex16(options_.self.instance) + ", not " + hex16(target) +
+                                                            " (stale metadata?)");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (per_peer_[{who.name, who.instance}] >= kMaxInboundPerPeer) {
+    return net::Answer::refuse(net::RefuseCode::kBusy, "control connection: engine '" + printable(who.name) +
+                                                           "' already has " + std::to_string(kMaxInboundPerPeer) +
+                                                           " connections open here");
+  }
+  return net::Answer::keep(kAccept, u64_payload(options_.self.instance));
+}
+
+void Control::adopt(net::Accepted accepted) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    adopted_.push_back(std::move(accepted));
+  }
+  wake();
+}
+
+Result<std::shared_ptr<Channel>> Control::connect(const std::string& address, uint64_t instance,
+                                                  const std::string& peer,
+                                                  std::function<void(const Status&)> on_gone) {
   const std::string who = "control connection to peer " + peer + " at " + address;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  if (int rc = ::getaddrinfo(host_port.first.c_str(), host_port.second.c_str(), &hints, &res); rc != 0) {
-    return Status::unavailable(who + ": " + gai_strerror(rc));
+  KVB_ASSIGN_OR_RETURN(net::HostPort to, net::parse_host_port(address, "control address"));
+  const net::IoLimits limits{Clock::now() + options_.open_timeout, nullptr, nullptr};
+  KVB_ASSIGN_OR_RETURN(net::Fd fd, net::dial(to, limits, who));
+  KVB_ASSIGN_OR_RETURN(net::Opened opened, net::open_client(fd.get(), opening(options_),
+                                                            encode_identity(options_.self, instance),
+                                                            control_payload_limit, limits, who));
+  net::WireReader r(opened.payload, "control Accept");
+  uint64_t theirs = 0;
+  if (opened.header.type != kAccept || !r.u64("instance", &theirs).ok() || !r.finish().ok() || theirs != instance) {
+    return Status::io_error(who + ": the peer did not accept as engine instance " + hex16(instance));
   }
-  int fd = -1;
-  Status last = Status::unavailable(who + ": no address");
-  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
-    if (rc != 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      rc = ::poll(&p, 1, poll_ms(deadline)) == 1 ? 0 : -1;
-      int err = rc == 0 ? 0 : ETIMEDOUT;
-      socklen_t len = sizeof(err);
-      if (rc == 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      errno = err;
-      rc = err == 0 ? 0 : -1;
-    }
-    if (rc != 0) {
-      last = Status::unavailable(who + ": " + errno_text(errno));
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ::freeaddrinfo(res);
-  if (fd < 0) return last;
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  std::shared_ptr<Channel> ch(new Channel(fd, peer, std::move(on_gone)));
-  Status hello = write_frame(fd, kHello, 0, self_name_, deadline, peer);
-  if (!hello.ok()) return Status::unavailable(who + ": " + hello.message());
+  std::shared_ptr<Channel> ch(new Channel(this, std::move(fd), std::move(opened.session), peer, std::move(on_gone)));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return Status::unavailable("engine is shutting down");
@@ -300,113 +272,194 @@ void Control::close(const std::shared_ptr<Channel>& channel) {
     std::lock_guard<std::mutex> lock(mu_);
     channels_.erase(std::remove(channels_.begin(), channels_.end(), channel), channels_.end());
   }
-  channel->end(Status::unavailable("connection to peer " + channel->peer() + " was closed"));
+  end_channel(*channel, Status::unavailable("connection to peer " + channel->peer() + " was closed"), false);
   wake();
 }
 
-void Control::accept_all() {
-  while (true) {
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;  // EAGAIN, or a transient error; poll tells us again.
-    if (inbound_.size() >= kMaxInbound) {
-      ::close(fd);  // Bounded: one connection per peer engine is the norm.
-      continue;
-    }
-    auto in = std::make_unique<Inbound>();
-    in->fd = fd;
-    inbound_.push_back(std::move(in));
+void Control::end_channel(Channel& ch, const Status& why, bool report) {
+  std::vector<std::function<void(Status)>> fail;
+  bool fire = false;
+  Status gone;
+  {
+    std::lock_guard<std::mutex> lock(ch.mu_);
+    fail = ch.end_locked(why);
+    gone = ch.gone_;
+    fire = report && !ch.gone_reported_;
+    ch.gone_reported_ = true;
   }
+  for (auto& f : fail) f(gone);
+  if (fire && ch.on_gone_) ch.on_gone_(gone);
 }
 
 bool Control::read_inbound(Inbound& in) {
-  const bool open = drain(in.fd, &in.in);
-  size_t pos = 0;
-  Frame f;
-  int64_t n = 0;
-  while ((n = parse_frame(std::string_view(in.in).substr(pos), &f)) > 0) {
-    pos += static_cast<size_t>(n);
-    if (f.type == kHello) {
-      if (in.hello || f.payload.empty() || f.payload.size() > kMaxNameBytes) return false;
-      in.peer.assign(f.payload);
-      in.hello = true;
-    } else if (f.type == kNotify) {
-      if (!in.hello) return false;
-      on_notification_(Notification{in.peer, std::string(f.payload)});
-      std::string ack;
-      put(ack, kControlMagic, 4);
-      put(ack, kControlVersion, 2);
-      put(ack, kAck, 2);
-      put(ack, f.seq, 8);
-      put(ack, 0, 4);
-      // An ack is 20 bytes; a peer whose socket cannot take it is not reading.
-      if (::send(in.fd, ack.data(), ack.size(), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(ack.size())) {
-        return false;
-      }
-    } else {
-      return false;
-    }
+  char buf[65536];
+  while (true) {
+    const size_t want = std::min(sizeof buf, in.reader.wanted());
+    const ssize_t n = ::recv(in.fd.get(), buf, want, MSG_DONTWAIT);
+    if (n == 0) return false;
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    if (!in.reader.feed(std::string_view(buf, static_cast<size_t>(n))).ok()) return false;
+    if (!in.reader.ready()) continue;
+    const net::FrameHeader& h = in.reader.header();
+    if (h.tagged != in.session.keyed()) return false;
+    if (in.session.keyed() && !in.session.check(in.reader.raw_header(), in.reader.payload(), in.reader.tag())) return false;
+    if (h.type != kNotify) return false;
+    net::WireReader r(in.reader.payload(), "Notify");
+    uint64_t seq = 0;
+    if (!r.u64("seq", &seq).ok()) return false;
+    std::string_view message;
+    (void)r.raw("message", r.left(), &message);
+    on_notification_(Notification{in.who.name, std::string(message), in.who.instance});
+    net::append_frame(in.out, {net::Protocol::kControl, kAck, kControlVersion, 0, false}, u64_payload(seq), in.session);
+    in.reader.next();
+    if (!flush(in.fd.get(), in.out, in.out_pos) || in.out.size() - in.out_pos > kMaxInboundOut) return false;
   }
-  if (n < 0) return false;
-  in.in.erase(0, pos);
-  return open;
 }
 
 bool Control::read_channel(Channel& ch) {
-  const bool open = drain(ch.fd_, &ch.in_);
-  size_t pos = 0;
-  Frame f;
-  int64_t n = 0;
-  while ((n = parse_frame(std::string_view(ch.in_).substr(pos), &f)) > 0) {
-    pos += static_cast<size_t>(n);
-    if (f.type != kAck || !f.payload.empty()) return false;
-    std::lock_guard<std::mutex> lock(ch.mu_);
-    ch.acked_seq_ = std::max(ch.acked_seq_, f.seq);
-    ch.cv_.notify_all();
+  char buf[4096];
+  while (true) {
+    const ssize_t n = ::recv(ch.fd_.get(), buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0) return false;
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    ch.in_.append(buf, static_cast<size_t>(n));
+    // Acks only: fixed-size frames, parsed in place.
+    const size_t frame = net::kFrameHeaderBytes + 8 + (ch.session_.keyed() ? net::kTagBytes : 0);
+    size_t pos = 0;
+    while (ch.in_.size() - pos >= frame) {
+      std::string_view f = std::string_view(ch.in_).substr(pos, frame);
+      Result<net::FrameHeader> h =
+          net::decode_header(f.substr(0, net::kFrameHeaderBytes), net::Protocol::kControl, kControlVersion,
+                             control_payload_limit);
+      if (!h.ok() || h->type != kAck || h->payload_bytes != 8 || h->tagged != ch.session_.keyed()) return false;
+      if (ch.session_.keyed() &&
+          !ch.session_.check(f.substr(0, net::kFrameHeaderBytes), f.substr(net::kFrameHeaderBytes, 8),
+                             f.substr(net::kFrameHeaderBytes + 8))) {
+        return false;
+      }
+      net::WireReader r(f.substr(net::kFrameHeaderBytes, 8), "Ack");
+      uint64_t seq = 0;
+      (void)r.u64("seq", &seq);
+      pos += frame;
+      std::function<void(Status)> done;
+      {
+        std::lock_guard<std::mutex> lock(ch.mu_);
+        auto it = ch.pending_.find(seq);
+        if (it != ch.pending_.end()) {  // else a late Ack of an expired one
+          done = std::move(it->second.done);
+          ch.pending_.erase(it);
+        }
+      }
+      if (done) done(Status());
+    }
+    ch.in_.erase(0, pos);
+    if (ch.in_.size() > 2 * frame) return false;
   }
-  if (n < 0) return false;
-  ch.in_.erase(0, pos);
-  return open;
+}
+
+bool Control::write_channel(Channel& ch) {
+  std::lock_guard<std::mutex> lock(ch.mu_);
+  return flush(ch.fd_.get(), ch.out_, ch.out_pos_);
+}
+
+void Control::expire(Channel& ch, Clock::time_point now) {
+  std::vector<std::function<void(Status)>> late;
+  {
+    std::lock_guard<std::mutex> lock(ch.mu_);
+    for (auto it = ch.pending_.begin(); it != ch.pending_.end();) {
+      if (it->second.deadline <= now) {
+        late.push_back(std::move(it->second.done));
+        it = ch.pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& f : late) {
+    f(Status::timeout("peer " + ch.peer_ + " did not acknowledge the notification before the deadline"));
+  }
 }
 
 void Control::loop() {
   std::vector<pollfd> fds;
   std::vector<std::shared_ptr<Channel>> channels;
   while (true) {
+    std::vector<net::Accepted> adopted;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       channels = channels_;
+      adopted.swap(adopted_);
     }
+    for (net::Accepted& a : adopted) {
+      auto in = std::make_unique<Inbound>();
+      ControlIdentity who;
+      uint64_t target = 0;
+      (void)decode_identity(a.body, &who, &target);  // checked by answer()
+      in->who = who;
+      in->fd = std::move(a.fd);
+      in->session = std::move(a.session);
+      in->address = a.peer_address;
+      in->slot = std::move(a.slot);
+      std::lock_guard<std::mutex> lock(mu_);
+      ++per_peer_[{who.name, who.instance}];
+      inbound_.push_back(std::move(in));
+    }
+    const Clock::time_point now = Clock::now();
+    Clock::time_point next = now + std::chrono::seconds(60);
     fds.clear();
-    fds.push_back({wake_fd_, POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
-    for (auto& in : inbound_) fds.push_back({in->fd, POLLIN, 0});
-    for (auto& ch : channels) fds.push_back({ch->fd_, POLLIN, 0});
-    if (::poll(fds.data(), fds.size(), -1) < 0) continue;  // EINTR
+    fds.push_back({wake_fd_.get(), POLLIN, 0});
+    for (auto& in : inbound_) {
+      fds.push_back({in->fd.get(), static_cast<short>(POLLIN | (in->out.empty() ? 0 : POLLOUT)), 0});
+    }
+    for (auto& ch : channels) {
+      std::lock_guard<std::mutex> lock(ch->mu_);
+      fds.push_back({ch->fd_.get(), static_cast<short>(POLLIN | (ch->out_.empty() ? 0 : POLLOUT)), 0});
+      for (const auto& [seq, p] : ch->pending_) next = std::min(next, p.deadline);
+    }
+    if (::poll(fds.data(), fds.size(), net::poll_timeout_ms(next, 60000)) < 0 && errno != EINTR) continue;
     if (fds[0].revents) {
       uint64_t v;
-      ssize_t n = ::read(wake_fd_, &v, sizeof(v));
-      (void)n;
+      [[maybe_unused]] ssize_t n = ::read(wake_fd_.get(), &v, sizeof(v));
     }
-    // Inbound connections accepted below join the next round's poll set.
-    const size_t num_inbound = fds.size() - 2 - channels.size();
+    const size_t num_inbound = inbound_.size();
     for (size_t i = num_inbound; i-- > 0;) {
-      if (fds[2 + i].revents == 0 || read_inbound(*inbound_[i])) continue;
-      ::close(inbound_[i]->fd);
+      Inbound& in = *inbound_[i];
+      const short ev = fds[1 + i].revents;
+      bool ok = true;
+      if (ev & POLLOUT) ok = flush(in.fd.get(), in.out, in.out_pos);
+      if (ok && (ev & (POLLIN | POLLHUP | POLLERR))) ok = read_inbound(in);
+      if (ok) continue;
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = per_peer_.find({in.who.name, in.who.instance});
+      if (it != per_peer_.end() && --it->second == 0) per_peer_.erase(it);
       inbound_.erase(inbound_.begin() + static_cast<ptrdiff_t>(i));
     }
+    const Clock::time_point after = Clock::now();
     for (size_t j = 0; j < channels.size(); ++j) {
-      if (fds[2 + num_inbound + j].revents == 0) continue;
       Channel& ch = *channels[j];
-      if (read_channel(ch)) continue;
-      Status why = Status::io_error("peer " + ch.peer_ + " is gone: its control connection closed");
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        channels_.erase(std::remove(channels_.begin(), channels_.end(), channels[j]), channels_.end());
+      const short ev = fds[1 + num_inbound + j].revents;
+      bool open = true;
+      if (ev & POLLOUT) open = write_channel(ch);
+      if (open && (ev & (POLLIN | POLLHUP | POLLERR))) open = read_channel(ch);
+      if (!open) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          channels_.erase(std::remove(channels_.begin(), channels_.end(), channels[j]), channels_.end());
+        }
+        end_channel(ch, Status::io_error("peer " + ch.peer_ + " is gone: its control connection closed"), true);
+        continue;
       }
-      if (ch.end(why) && ch.on_gone_) ch.on_gone_(why);
+      expire(ch, after);
+      if (!ch.health().ok()) {
+        // Ended by a failed send on another thread: report it here, once.
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          channels_.erase(std::remove(channels_.begin(), channels_.end(), channels[j]), channels_.end());
+        }
+        end_channel(ch, ch.health(), true);
+      }
     }
-    if (fds[1].revents) accept_all();
   }
 }
 

@@ -1,33 +1,41 @@
 // engine/control.h: the engine's control connections.
 //
-// Each engine listens on a small TCP control port (its address is in the
-// metadata) and opens one outbound Channel per connected peer. Channels carry
-// notifications, which the engine sends only after every Link::run of a
-// transfer returned OK, so a notification never overtakes the bytes; the
-// receiver acknowledges each one and the sender waits for the acknowledgement,
-// so a transfer with a notification is done only when the peer has it.
+// Each engine listens on a small control port (its address is in the
+// metadata; a net::Listener, so every connection opens with the shared
+// exchange, with the engine's secret when it has one) and opens one outbound
+// Channel per connected peer. Channels carry notifications, which the
+// engine sends only after every Link::run of a transfer returned OK, so a
+// notification never overtakes the bytes; the receiver acknowledges each
+// one, and a notification is done only when its acknowledgement came back.
+// Nothing waits for an acknowledgement on a thread: a notification's `done`
+// callback runs when it arrives, when its deadline passes, or when the
+// channel ends, so a stopped or slow peer delays only its own notifications.
 // Channels also tell the engine when a peer is gone: the kernel closes a dead
-// process's sockets, and the control thread sees the end of stream at once,
-// even while no notification is pending.
+// process's sockets, and the control thread sees the end of stream at once.
 //
-// Wire format: every frame is a 20-byte header (u32 magic "KVBC", u16 version
-// 1, u16 type, u64 sequence, u32 payload length, little-endian) and the
-// payload. HELLO (the sender's engine name) opens a connection, NOTIFY carries
-// a message, ACK echoes a NOTIFY's sequence. Payloads are bounded
-// (kMaxControlPayload); a frame with a bad magic, version, type or length
-// closes the connection. Nothing in a frame is trusted beyond these checks.
+// Protocol (version 2, docs/formats/control.md): the client's Open body is
+// its identity (engine name, instance, pid) and the instance it expects to
+// reach; the server refuses another instance (stale metadata) and more than
+// kMaxInboundPerPeer connections from one identity; Accept carries the
+// server's instance. Then Notify {seq, message} and Ack {seq}, tagged when
+// the secret was proven. A frame that breaks the protocol closes the
+// connection. Nothing in a frame is trusted beyond these checks; a
+// notification names the identity its connection opened with, which only a
+// secret makes proven (docs/security.md).
 //
 // Thread-safety: every method may be called from any thread. One control
-// thread per engine polls the listener and every connection; callbacks run
-// on it and must not call back into Control. Ownership: Control owns the
-// listener and inbound connections; a Channel owns its socket and is shared
-// by the engine and the control thread.
+// thread per engine (plus the listener's) polls inbound connections and
+// every channel; callbacks run on it and must not call back into Control.
+// Ownership: Control owns the listener and inbound connections; a Channel is
+// shared by the engine and the control thread.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -37,100 +45,142 @@
 
 #include "kvbridge/engine.h"
 #include "kvbridge/status.h"
+#include "net/fd.h"
+#include "net/frame.h"
+#include "net/listener.h"
+#include "net/session.h"
 
 namespace kvbridge::engine_internal {
 
 using Clock = std::chrono::steady_clock;
 
-inline constexpr uint32_t kControlMagic = 0x4342564b;  // "KVBC" little-endian
-inline constexpr uint16_t kControlVersion = 1;
-inline constexpr size_t kControlHeaderBytes = 20;
+inline constexpr uint16_t kControlVersion = 2;
 inline constexpr size_t kMaxControlPayload = size_t{1} << 20;  // also the notification bound
+inline constexpr size_t kMaxInboundPerPeer = 16;
+inline constexpr size_t kMaxInbound = 1024;
+// Bytes a channel may hold for a peer that is not reading before new
+// notifications fail at once.
+inline constexpr size_t kMaxQueuedBytes = size_t{4} << 20;
+
+// Who is on the other end of a control connection.
+struct ControlIdentity {
+  std::string name;
+  uint64_t instance = 0;
+  uint64_t pid = 0;
+};
+
+struct ControlOptions {
+  std::string host = "127.0.0.1";  // bind host (port chosen by the kernel)
+  std::string secret;
+  ControlIdentity self;
+  std::chrono::milliseconds open_timeout{5000};
+};
 
 class Control;
 
 // One outbound control connection to a peer.
 class Channel {
  public:
-  ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
-  // Sends `message` and waits for the peer's acknowledgement. Notifications
-  // on one channel are sent and acknowledged in call order. kIoError naming
-  // the peer when the connection is gone, kTimeout past `deadline`.
-  // `drop` (fault injection) sends nothing but still waits, as a message lost
-  // on the way would.
-  Status notify(std::string_view message, Clock::time_point deadline, bool drop = false);
+  // Queues `message`; `done` runs exactly once: OK when the peer
+  // acknowledged it, kTimeout past `deadline`, kIoError naming the peer when
+  // the connection ended, kResourceExhausted when the peer is not reading
+  // (kMaxQueuedBytes queued). It runs on the control thread, or on this one
+  // when the channel is already gone; it must not block. Notifications are
+  // sent in call order. `drop` (fault injection) sends nothing, so `done`
+  // sees the deadline, as for a message lost on the way.
+  void notify(std::string message, Clock::time_point deadline, std::function<void(Status)> done, bool drop = false);
+  // The same, waiting for `done`.
+  Status notify_and_wait(std::string message, Clock::time_point deadline, bool drop = false);
   // Whether the connection is still open; why not.
   Status health() const;
   const std::string& peer() const { return peer_; }
 
  private:
   friend class Control;
-  Channel(int fd, std::string peer, std::function<void(const Status&)> on_gone)
-      : fd_(fd), peer_(std::move(peer)), on_gone_(std::move(on_gone)) {}
-  // Called by the control thread: records the end and wakes waiters. Returns
-  // whether this call ended it (so on_gone fires once).
-  bool end(Status why);
+  struct Pending {
+    Clock::time_point deadline;
+    std::function<void(Status)> done;
+  };
+  Channel(Control* control, net::Fd fd, net::Session session, std::string peer, std::function<void(const Status&)> on_gone)
+      : control_(control), fd_(std::move(fd)), session_(std::move(session)), peer_(std::move(peer)),
+        on_gone_(std::move(on_gone)) {}
+  // Under mu_: records the end once; returns the callbacks to run (outside).
+  std::vector<std::function<void(Status)>> end_locked(const Status& why);
 
-  const int fd_;
+  Control* const control_;
+  net::Fd fd_;
+  net::Session session_;  // its tag() runs on callers under mu_, check() on the control thread
   const std::string peer_;
   const std::function<void(const Status&)> on_gone_;
-  std::mutex send_mu_;  // serializes frames on the socket
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t next_seq_ = 0;   // guarded by send_mu_
-  uint64_t acked_seq_ = 0;  // guarded by mu_
-  Status gone_;             // guarded by mu_; OK while open
+  uint64_t next_seq_ = 0;
+  std::string out_;         // frames not yet written
+  size_t out_pos_ = 0;
+  std::map<uint64_t, Pending> pending_;  // by seq, awaiting their Ack
+  Status gone_;             // OK while open
+  bool gone_reported_ = false;
   std::string in_;          // control thread only: unparsed bytes
 };
 
 class Control {
  public:
-  // Listens on `host` (port chosen by the kernel) and starts the control
-  // thread. `on_notification` runs on that thread for each NOTIFY received.
-  static Result<std::unique_ptr<Control>> create(const std::string& host, std::string self_name,
+  // Starts the listener and the control thread. `on_notification` runs on
+  // the control thread for each Notify received.
+  static Result<std::unique_ptr<Control>> create(ControlOptions options,
                                                  std::function<void(Notification)> on_notification);
-  // Closes every connection (channels report kIoError to waiters), joins.
+  // Closes every connection (pending notifications fail), joins.
   ~Control();
 
   // "host:port" of the listener.
-  const std::string& address() const { return address_; }
+  std::string address() const;
 
-  // Connects to a peer's control address and says hello. `peer` names the
-  // peer in errors, as given ("'b' (instance ..., pid ...)"). `on_gone` runs once
-  // if the connection ends while open (not on close): on the control thread,
-  // or on the thread whose notify() found the connection broken.
-  Result<std::shared_ptr<Channel>> connect(const std::string& address, const std::string& peer,
-                                           std::function<void(const Status&)> on_gone,
-                                           Clock::time_point deadline);
-  // Stops polling `channel` and marks it closed; on_gone does not fire.
+  // Connects to a peer's control address, runs the opening exchange (within
+  // options.open_timeout) naming `instance` as the engine it expects, and
+  // returns the channel. `peer` names the peer in errors ("'b' (instance
+  // ..., pid ...)"). `on_gone` runs once if the connection ends while open
+  // (not on close()), on the control thread. kUnavailable / kIoError /
+  // kTimeout naming the peer; the opening's errors (kPermissionDenied for a
+  // secret mismatch, kUnavailable for another instance) as they are.
+  Result<std::shared_ptr<Channel>> connect(const std::string& address, uint64_t instance, const std::string& peer,
+                                           std::function<void(const Status&)> on_gone);
+  // Stops polling `channel` and marks it closed (pending notifications
+  // fail); on_gone does not fire.
   void close(const std::shared_ptr<Channel>& channel);
 
+  // The listener's counters (for tests and metrics).
+  net::ListenerStats listener_stats() const { return listener_->stats(); }
+
  private:
+  friend class Channel;
   struct Inbound;
   Control() = default;
+  net::Answer answer(const net::OpenRequest& request);
+  void adopt(net::Accepted accepted);
   void loop();
   void wake();
-  void accept_all();
-  bool read_inbound(Inbound& in);   // false: close it
-  bool read_channel(Channel& ch);   // false: the connection ended
+  bool read_inbound(Inbound& in);  // false: close it
+  bool read_channel(Channel& ch);  // false: the connection ended
+  bool write_channel(Channel& ch);  // false: the connection ended
+  void expire(Channel& ch, Clock::time_point now);
+  void end_channel(Channel& ch, const Status& why, bool report);
 
-  std::string self_name_;
+  ControlOptions options_;
   std::function<void(Notification)> on_notification_;
-  int listen_fd_ = -1;
-  int wake_fd_ = -1;
-  std::string address_;
+  net::Fd wake_fd_;
   std::thread thread_;
-  std::mutex mu_;  // guards channels_ and stop_
+  std::mutex mu_;  // guards channels_, adopted_, per_peer_ and stop_
   bool stop_ = false;
   std::vector<std::shared_ptr<Channel>> channels_;
+  std::vector<net::Accepted> adopted_;  // kept by the listener, not yet polled
+  std::map<std::pair<std::string, uint64_t>, size_t> per_peer_;  // inbound connections per identity
   std::vector<std::unique_ptr<Inbound>> inbound_;  // control thread only
+  std::unique_ptr<net::Listener> listener_;  // last: stopped first
 };
 
-// Writes one frame to a blocking-or-not socket, polling until `deadline`.
-Status write_frame(int fd, uint16_t type, uint64_t seq, std::string_view payload, Clock::time_point deadline,
-                   std::string_view peer);
+// The control protocol's payload limits (for its FrameReaders).
+size_t control_payload_limit(uint8_t type);
 
 }  // namespace kvbridge::engine_internal

@@ -8,7 +8,6 @@
 
 #include "common/random.h"
 #include "engine/engine_impl.h"
-#include "transport/fault.h"
 
 namespace kvbridge {
 
@@ -22,48 +21,10 @@ std::string_view transfer_state_name(TransferState state) {
   return "unknown";
 }
 
-namespace {
-
-// Parses EngineOptions::faults into an armed Faults object (null when empty).
-Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec) {
-  if (spec.empty()) return std::shared_ptr<transport::Faults>();
-  auto faults = std::make_shared<transport::Faults>();
-  while (!spec.empty()) {
-    const size_t comma = spec.find(',');
-    const std::string_view item = spec.substr(0, comma);
-    spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
-    const size_t eq = item.find('=');
-    const std::string_view key = item.substr(0, eq);
-    const std::string_view value = eq == std::string_view::npos ? std::string_view() : item.substr(eq + 1);
-    uint64_t n = 0;
-    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-    if (value.empty() || ec != std::errc() || end != value.data() + value.size() || n > 999999999) {
-      return Status::invalid_argument("engine faults: '" + std::string(item) + "' needs a number (e.g. delay=5)");
-    }
-    if (key == "delay") {
-      faults->set_delay(std::chrono::milliseconds(n), UINT64_MAX);  // per copy, as documented
-    } else if (key == "drop-notifications") {
-      faults->drop_notifications(n);
-    } else {
-      return Status::invalid_argument("engine faults: unknown fault '" + std::string(key) +
-                                      "' (known: delay, drop-notifications)");
-    }
-  }
-  return faults;
-}
-
-}  // namespace
-
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
   std::vector<TransportReport> reports;
-  KVB_ASSIGN_OR_RETURN(std::shared_ptr<transport::Faults> faults, parse_faults(options.faults));
   KVB_ASSIGN_OR_RETURN(auto transports, engine_internal::make_transports(options, &reports));
-  engine_internal::EngineHooks hooks;
-  if (faults) {
-    for (auto& t : transports) t = transport::make_fault_transport(std::move(t), faults);
-    hooks.drop_notification = [faults] { return faults->take_notification_drop(); };
-  }
-  return engine_internal::create_engine(options, std::move(transports), std::move(reports), std::move(hooks));
+  return engine_internal::create_engine(options, std::move(transports), std::move(reports));
 }
 
 }  // namespace kvbridge
@@ -76,8 +37,8 @@ const char* const kKnownTransports[] = {"local", "cma", "tcp", "ucx"};
 Result<std::unique_ptr<transport::Transport>> make_one(const std::string& name, const EngineOptions& options) {
   if (name == "local") return transport::make_local_transport();
   if (name == "cma") return transport::make_cma_transport();
-  if (name == "tcp") return transport::make_tcp_transport(options.host, options.tcp_streams);
-  if (name == "ucx") return transport::make_ucx_transport();
+  if (name == "tcp") return transport::make_tcp_transport(options.host, options.tcp_streams, options.secret);
+  if (name == "ucx") return transport::make_ucx_transport(options.host);
   return Status::invalid_argument("unknown transport '" + name + "' (known: local, cma, tcp, ucx)");
 }
 
@@ -143,8 +104,13 @@ Status EngineImpl::init() {
   std::vector<transport::Transport*> raw;
   for (const auto& t : transports_) raw.push_back(t.get());
   registry_ = std::make_unique<Registry>(std::move(raw));
-  KVB_ASSIGN_OR_RETURN(control_, Control::create(options_.host, options_.name,
-                                                 [this](Notification n) { on_notification(std::move(n)); }));
+  ControlOptions control;
+  control.host = options_.host;
+  control.secret = options_.secret;
+  control.self = ControlIdentity{options_.name, instance_, pid_};
+  control.open_timeout = options_.connect_timeout;
+  KVB_ASSIGN_OR_RETURN(control_,
+                       Control::create(std::move(control), [this](Notification n) { on_notification(std::move(n)); }));
   Transfers::Callbacks callbacks;
   callbacks.drop_notification = hooks_.drop_notification;
   transfers_ = std::make_unique<Transfers>(options_.threads, &metrics_, std::move(callbacks));
@@ -174,10 +140,11 @@ EngineImpl::~EngineImpl() {
   transports_.clear();
 }
 
-Result<RegionId> EngineImpl::register_memory(void* base, uint64_t bytes, std::string_view memory) {
+Result<RegionId> EngineImpl::register_memory(void* base, uint64_t bytes, std::string_view memory,
+                                             RemoteAccess access) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t before = registry_->num_regions();
-  KVB_ASSIGN_OR_RETURN(RegionId id, registry_->add(base, bytes, memory));
+  KVB_ASSIGN_OR_RETURN(RegionId id, registry_->add(base, bytes, memory, static_cast<uint8_t>(access)));
   if (registry_->num_regions() > before) {
     // The metadata bound is a promise to peers; keep it at registration.
     Result<std::string> encoded = encode_metadata(describe_locked());
@@ -241,9 +208,29 @@ Status EngineImpl::notify(PeerId peer, std::string message) {
   const Clock::time_point deadline = Clock::now() + options_.default_timeout;
   KVB_RETURN_IF_ERROR(transfers_->wait_peer(p->connection, deadline).with_context("notify"));
   const bool drop = hooks_.drop_notification && hooks_.drop_notification();
-  KVB_RETURN_IF_ERROR(p->channel->notify(message, deadline, drop).with_context("notify"));
+  KVB_RETURN_IF_ERROR(p->channel->notify_and_wait(std::move(message), deadline, drop).with_context("notify"));
   metrics_.notification_sent();
   return Status();
+}
+
+void EngineImpl::notify(PeerId peer, std::string message, std::chrono::milliseconds timeout,
+                        std::function<void(Status)> done) {
+  std::shared_ptr<Peer> p;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Result<std::shared_ptr<Peer>> found = find_peer_locked(peer, "notify");
+    if (!found.ok()) return done(found.error());
+    p = std::move(*found);
+  }
+  if (timeout.count() <= 0) timeout = options_.default_timeout;
+  const bool drop = hooks_.drop_notification && hooks_.drop_notification();
+  p->channel->notify(
+      std::move(message), Clock::now() + timeout,
+      [this, done = std::move(done)](Status s) {
+        if (s.ok()) metrics_.notification_sent();
+        done(s.ok() ? s : s.with_context("notify"));
+      },
+      drop);
 }
 
 }  // namespace kvbridge::engine_internal

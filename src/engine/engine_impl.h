@@ -7,13 +7,15 @@
 // control connections (control.h), counters (metrics.h).
 //
 // Thread-safety: as Engine. mu_ is the registry lock of transport.h: it
-// guards the registry and the peer table, and transports' add_segment,
-// remove_segment and connect run under it. Ownership and teardown order:
+// guards the registry and the peer table, and transports' add_segment and
+// remove_segment run under it; connect() opens links and control channels
+// without it, since they wait on the peer. Ownership and teardown order:
 // transports outlive links, links outlive transfers, and the destructor
 // closes channels, ends transfers, stops the control thread, drops peers,
 // then transports, so every child dies before its parent.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -59,8 +61,10 @@ class EngineImpl final : public Engine {
   Status init();
 
   const std::string& name() const override { return options_.name; }
+  bool has_secret() const override { return !options_.secret.empty(); }
   std::vector<TransportReport> transports() const override { return reports_; }
-  Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory) override;
+  Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory,
+                                   RemoteAccess access) override;
   Status deregister_memory(RegionId id) override;
   std::string metadata() const override;
   Result<PeerId> connect(std::string_view metadata) override;
@@ -71,11 +75,13 @@ class EngineImpl final : public Engine {
   Status cancel(TransferId id) override { return transfers_->cancel(id); }
   Status release(TransferId id) override { return transfers_->release(id); }
   Status notify(PeerId peer, std::string message) override;
+  void notify(PeerId peer, std::string message, std::chrono::milliseconds timeout,
+              std::function<void(Status)> done) override;
   std::vector<Notification> take_notifications() override;
   EngineMetrics metrics() const override { return metrics_.snapshot(); }
   std::string metrics_prometheus() const override { return metrics_.prometheus(); }
 
- private:
+ // Internal types, for the engine's own files.
   struct Peer {
     PeerId id = 0;
     uint64_t connection = 0;  // changes when the link and channel are reopened
@@ -83,16 +89,22 @@ class EngineImpl final : public Engine {
     // Set when an engine of the same name but another instance connected
     // after this one's connection was gone: who holds the name now.
     std::string replaced_by;
-    std::map<RegionId, MetadataRegion> regions;
+    struct RemoteRegion {
+      MetadataRegion region;
+      uint8_t access = 0;  // its segment's
+    };
+    std::map<RegionId, RemoteRegion> regions;
     std::string transport;  // the chosen transport's name
     std::shared_ptr<transport::Link> link;
     std::shared_ptr<Channel> channel;
   };
 
+ private:
   // Requires mu_. The metadata of this engine as it stands.
   EngineMetadata describe_locked() const;
-  // Requires mu_. Picks the transport and opens a link and a channel.
-  Status open_peer_locked(Peer& peer);
+  // Picks the transport and opens a link and a channel (without mu_: it
+  // waits on the peer).
+  Status open_peer(Peer& peer);
   // Requires mu_. The peer `id`, or kNotFound; kUnavailable naming both
   // engines when its connection is gone and another engine took its name.
   Result<std::shared_ptr<Peer>> find_peer_locked(PeerId id, std::string_view what) const;
@@ -112,7 +124,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Registry> registry_;
   std::map<PeerId, std::shared_ptr<Peer>> peers_;
   PeerId next_peer_ = 1;
-  uint64_t next_connection_ = 1;
+  std::atomic<uint64_t> next_connection_{1};
 
   std::unique_ptr<Control> control_;
   std::unique_ptr<Transfers> transfers_;

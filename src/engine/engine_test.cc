@@ -237,26 +237,3 @@ TEST(EngineTest, AdjacentItemsMergeWithoutChangingWhatLandsWhere) {
 
 }  // namespace
 }  // namespace kvbridge
-
-namespace kvbridge {
-namespace {
-
-TEST(EngineFaultsOptionTest, ParsesKnownFaultsAndNamesWhatIsWrong) {
-  EngineOptions o;
-  o.transports = {"local"};
-  o.faults = "delay=1,drop-notifications=2";
-  Result<std::unique_ptr<Engine>> ok = Engine::create(o);
-  ASSERT_TRUE(ok.ok()) << ok.error().to_string();
-  o.faults = "delay=soon";
-  Result<std::unique_ptr<Engine>> bad = Engine::create(o);
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.error().code(), Code::kInvalidArgument);
-  EXPECT_NE(bad.error().message().find("'delay=soon' needs a number"), std::string::npos) << bad.error().to_string();
-  o.faults = "explode=1";
-  bad = Engine::create(o);
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message().find("unknown fault 'explode'"), std::string::npos) << bad.error().to_string();
-}
-
-}  // namespace
-}  // namespace kvbridge

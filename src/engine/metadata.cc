@@ -13,66 +13,10 @@
 
 #include "common/checked.h"
 #include "kvbridge/engine.h"
+#include "net/wire.h"
 
 namespace kvbridge::engine_internal {
 namespace {
-
-class Writer {
- public:
-  void u16(uint16_t v) { put(v, 2); }
-  void u32(uint32_t v) { put(v, 4); }
-  void u64(uint64_t v) { put(v, 8); }
-  void str(std::string_view s) {
-    u32(static_cast<uint32_t>(s.size()));
-    out_.append(s);
-  }
-  std::string take() { return std::move(out_); }
-
- private:
-  void put(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  }
-  std::string out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  size_t left() const { return in_.size() - pos_; }
-
-  Status u16(const std::string& field, uint16_t* v) { return get(field, 2, v); }
-  Status u32(const std::string& field, uint32_t* v) { return get(field, 4, v); }
-  Status u64(const std::string& field, uint64_t* v) { return get(field, 8, v); }
-  Status str(const std::string& field, size_t max_bytes, std::string* s) {
-    uint32_t n = 0;
-    KVB_RETURN_IF_ERROR(u32(field + " length", &n));
-    if (n > max_bytes) {
-      return Status::resource_exhausted("metadata: " + field + " is " + std::to_string(n) + " bytes, more than " +
-                                        std::to_string(max_bytes));
-    }
-    if (n > left()) return truncated(field);
-    s->assign(in_.substr(pos_, n));
-    pos_ += n;
-    return Status();
-  }
-
- private:
-  template <typename T>
-  Status get(const std::string& field, int n, T* v) {
-    if (left() < static_cast<size_t>(n)) return truncated(field);
-    uint64_t x = 0;
-    for (int i = 0; i < n; ++i) x |= uint64_t{static_cast<uint8_t>(in_[pos_ + i])} << (8 * i);
-    pos_ += n;
-    *v = static_cast<T>(x);
-    return Status();
-  }
-  Status truncated(const std::string& field) const {
-    return Status::invalid_argument("metadata: truncated at " + field + " (offset " + std::to_string(pos_) + " of " +
-                                    std::to_string(in_.size()) + " bytes)");
-  }
-  std::string_view in_;
-  size_t pos_ = 0;
-};
 
 std::string at(std::string_view list, size_t i) { return std::string(list) + "[" + std::to_string(i) + "]"; }
 
@@ -135,6 +79,9 @@ Status check_metadata(const EngineMetadata& m) {
       return Status::invalid_argument("metadata: " + f + " range [base, base + bytes) is null or wraps around");
     }
     KVB_RETURN_IF_ERROR(check_string(f + ".memory", s.memory, kMaxMemoryKindBytes, true));
+    if (s.access == 0 || s.access > 3) {
+      return Status::invalid_argument("metadata: " + f + ".access is " + std::to_string(s.access) + ", not 1, 2 or 3");
+    }
     if (s.keys.size() != m.transports.size()) {
       return Status::invalid_argument("metadata: " + f + ".keys has " + std::to_string(s.keys.size()) +
                                       " entries but there are " + std::to_string(m.transports.size()) + " transports");
@@ -165,7 +112,7 @@ Status check_metadata(const EngineMetadata& m) {
 
 Result<std::string> encode_metadata(const EngineMetadata& m) {
   KVB_RETURN_IF_ERROR(check_metadata(m));
-  Writer w;
+  net::WireWriter w;
   w.u32(kMetadataMagic);
   w.u16(m.version);
   w.u16(0);  // flags, reserved
@@ -185,6 +132,7 @@ Result<std::string> encode_metadata(const EngineMetadata& m) {
     w.u64(s.base);
     w.u64(s.bytes);
     w.str(s.memory);
+    w.u8(s.access);
     for (const std::string& k : s.keys) w.str(k);
   }
   w.u32(static_cast<uint32_t>(m.regions.size()));
@@ -207,7 +155,7 @@ Result<EngineMetadata> decode_metadata(std::string_view bytes) {
     return Status::resource_exhausted("metadata is " + std::to_string(bytes.size()) + " bytes, more than the " +
                                       std::to_string(kMaxEngineMetadataBytes) + " allowed");
   }
-  Reader r(bytes);
+  net::WireReader r(bytes, "metadata");
   EngineMetadata m;
   uint32_t magic = 0;
   uint16_t flags = 0;
@@ -251,6 +199,7 @@ Result<EngineMetadata> decode_metadata(std::string_view bytes) {
     KVB_RETURN_IF_ERROR(r.u64(f + ".base", &s.base));
     KVB_RETURN_IF_ERROR(r.u64(f + ".bytes", &s.bytes));
     KVB_RETURN_IF_ERROR(r.str(f + ".memory", kMaxMemoryKindBytes, &s.memory));
+    KVB_RETURN_IF_ERROR(r.u8(f + ".access", &s.access));
     s.keys.resize(num_transports);
     for (size_t k = 0; k < num_transports; ++k) {
       KVB_RETURN_IF_ERROR(r.str(f + at(".keys", k), kMaxBlobBytes, &s.keys[k]));

@@ -48,6 +48,7 @@ struct MetadataSegment {
   uint64_t base = 0;  // virtual address in the publishing process
   uint64_t bytes = 0;
   std::string memory = "host";
+  uint8_t access = 3;             // RemoteAccess bits granted to peers: 1 read, 2 write (never 0)
   std::vector<std::string> keys;  // one per transport, in transports' order
   bool operator==(const MetadataSegment&) const = default;
 };

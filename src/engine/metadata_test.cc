@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/metadata.h"
+#include "testing/corpus.h"
 #include "kvbridge/engine.h"
 
 namespace kvbridge::engine_internal {
@@ -16,7 +17,7 @@ EngineMetadata sample() {
   m.hostname = "node-a";
   m.control_address = "127.0.0.1:5555";
   m.transports = {{"local", "4242"}, {"tcp", "127.0.0.1:6000"}};
-  m.segments = {{1, 0x10000, 8192, "host", {"", "k1"}}, {3, 0x40000, 4096, "host", {"", ""}}};
+  m.segments = {{1, 0x10000, 8192, "host", 3, {"", "k1"}}, {3, 0x40000, 4096, "host", 1, {"", ""}}};
   m.regions = {{1, 1, 0x10000, 8192}, {2, 1, 0x11000, 100}, {5, 3, 0x40000, 4096}};
   return m;
 }
@@ -122,6 +123,30 @@ TEST(MetadataTest, OversizedBlobLengthIsRejected) {
   expect_rejected(m, Code::kResourceExhausted, "transports[1].address");
   std::string big(kMaxEngineMetadataBytes + 1, '\0');
   EXPECT_EQ(decode_metadata(big).error().code(), Code::kResourceExhausted);
+}
+
+// The seeds of fuzz/engine_metadata_fuzz.cc (testing/corpus.h): written
+// with KVB_WRITE_CORPUS, and every checked-in one still decodes.
+TEST(MetadataTest, SeedCorpusDecodes) {
+  EngineMetadata empty = sample();
+  empty.segments.clear();
+  empty.regions.clear();
+  empty.transports = {{"cma", "pid=1 start=2 boot=b pidns=n host=h"}};
+  EngineMetadata ucx = sample();
+  ucx.transports = {{"ucx", std::string(300, '\x01')}, {"tcp", "127.0.0.1:6000/00000000000000aa"}};
+  ucx.segments[0].keys = {std::string(120, '\x02'), ""};
+  ucx.segments[1].keys = {std::string(120, '\x03'), ""};
+  const kvbridge::testing::Seeds seeds = {
+      {"local_tcp_two_regions.bin", *encode_metadata(sample())},
+      {"empty_engine.bin", *encode_metadata(empty)},
+      {"ucx_keys.bin", *encode_metadata(ucx)},
+  };
+  const kvbridge::testing::Seeds checked_in = kvbridge::testing::seed_corpus("engine_metadata", seeds);
+  EXPECT_GE(checked_in.size(), seeds.size());
+  for (const auto& [name, bytes] : checked_in) {
+    Result<EngineMetadata> m = decode_metadata(bytes);
+    EXPECT_TRUE(m.ok()) << name << ": " << (m.ok() ? "" : m.error().to_string());
+  }
 }
 
 }  // namespace

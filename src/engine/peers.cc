@@ -25,9 +25,11 @@ transport::PeerInfo peer_info(const EngineMetadata& m, size_t transport_index) {
   return info;
 }
 
-std::map<RegionId, MetadataRegion> index_regions(const EngineMetadata& m) {
-  std::map<RegionId, MetadataRegion> out;
-  for (const MetadataRegion& r : m.regions) out.emplace(r.id, r);
+std::map<RegionId, EngineImpl::Peer::RemoteRegion> index_regions(const EngineMetadata& m) {
+  std::map<uint32_t, uint8_t> access;
+  for (const MetadataSegment& s : m.segments) access[s.id] = s.access;
+  std::map<RegionId, EngineImpl::Peer::RemoteRegion> out;
+  for (const MetadataRegion& r : m.regions) out.emplace(r.id, EngineImpl::Peer::RemoteRegion{r, access[r.segment]});
   return out;
 }
 
@@ -40,7 +42,7 @@ size_t find_transport(const EngineMetadata& m, std::string_view name) {
 
 }  // namespace
 
-Status EngineImpl::open_peer_locked(Peer& peer) {
+Status EngineImpl::open_peer(Peer& peer) {
   const EngineMetadata& m = peer.metadata;
   std::vector<std::string> reasons;
   for (const auto& t : transports_) {
@@ -72,12 +74,11 @@ Status EngineImpl::open_peer_locked(Peer& peer) {
     return Status::unavailable("no transport reaches peer " + peer_text(m) + ": this engine offers [" + ours +
                                "], the peer offers [" + theirs + "]" + why);
   }
-  peer.connection = next_connection_++;
+  peer.connection = next_connection_.fetch_add(1);
   const uint64_t connection = peer.connection;
   Result<std::shared_ptr<Channel>> channel = control_->connect(
-      m.control_address, peer_text(m),
-      [this, connection](const Status& why) { transfers_->fail_peer(connection, why); },
-      Clock::now() + options_.default_timeout);
+      m.control_address, m.instance, peer_text(m),
+      [this, connection](const Status& why) { transfers_->fail_peer(connection, why); });
   if (!channel.ok()) {
     peer.link.reset();
     return channel.error();
@@ -100,36 +101,48 @@ Result<std::shared_ptr<EngineImpl::Peer>> EngineImpl::find_peer_locked(PeerId id
 
 Result<PeerId> EngineImpl::connect(std::string_view bytes) {
   KVB_ASSIGN_OR_RETURN(EngineMetadata m, decode_metadata(bytes));
-  std::lock_guard<std::mutex> lock(mu_);
   // A peer is one engine, (name, instance): never the name alone, or a
   // second engine under a known name would inherit the first one's peer id
   // and its region ids would resolve in the other's memory.
-  auto same = std::find_if(peers_.begin(), peers_.end(), [&](const auto& e) {
+  auto same_engine = [&](const auto& e) {
     return e.second->metadata.name == m.name && e.second->metadata.instance == m.instance;
-  });
-  if (same != peers_.end()) {
-    Peer& p = *same->second;
-    const bool same_process = p.metadata.pid == m.pid && p.metadata.hostname == m.hostname &&
-                              p.metadata.control_address == m.control_address &&
-                              p.metadata.transports == m.transports && p.channel->health().ok();
-    if (same_process) {
-      // The same engine with new registrations: refresh what items may name.
-      const size_t k = find_transport(m, p.transport);
-      KVB_RETURN_IF_ERROR(
-          p.link->refresh(peer_info(m, k)).with_context("connect: refresh peer " + peer_text(m)));
-      p.regions = index_regions(m);
-      p.metadata = std::move(m);
-      return p.id;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto same = std::find_if(peers_.begin(), peers_.end(), same_engine);
+    if (same != peers_.end()) {
+      Peer& p = *same->second;
+      const bool same_process = p.metadata.pid == m.pid && p.metadata.hostname == m.hostname &&
+                                p.metadata.control_address == m.control_address &&
+                                p.metadata.transports == m.transports && p.channel->health().ok();
+      if (same_process) {
+        // The same engine with new registrations: refresh what items may name.
+        const size_t k = find_transport(m, p.transport);
+        KVB_RETURN_IF_ERROR(
+            p.link->refresh(peer_info(m, k)).with_context("connect: refresh peer " + peer_text(m)));
+        p.regions = index_regions(m);
+        p.metadata = std::move(m);
+        return p.id;
+      }
     }
   }
   // A new engine, or this one after its connection was lost: a fresh link
-  // and channel. Transfers on the old ones keep them alive until they end.
+  // and channel, opened without the registry lock (dialling and the opening
+  // exchange wait on the peer; nothing else in the engine waits for them).
+  // Transfers on old ones keep them alive until they end.
   auto p = std::make_shared<Peer>();
   p->metadata = std::move(m);
   p->regions = index_regions(p->metadata);
-  KVB_RETURN_IF_ERROR(open_peer_locked(*p).with_context("connect"));
+  KVB_RETURN_IF_ERROR(open_peer(*p).with_context("connect"));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto same = std::find_if(peers_.begin(), peers_.end(), same_engine);
   if (same != peers_.end()) {
-    // The same engine again (its connection had broken): same id.
+    // The same engine again: its old connection broke, or another connect()
+    // raced this one. One peer id per engine either way.
+    if (same->second->channel->health().ok()) {
+      control_->close(p->channel);
+      return same->first;
+    }
     p->id = same->first;
     control_->close(same->second->channel);
     same->second = p;

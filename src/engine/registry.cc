@@ -17,6 +17,32 @@ bool overlaps(const uint8_t* a, uint64_t a_bytes, const uint8_t* b, uint64_t b_b
 
 }  // namespace
 
+}  // namespace kvbridge::engine_internal
+
+namespace kvbridge {
+
+std::string_view remote_access_name(RemoteAccess access) {
+  switch (access) {
+    case RemoteAccess::kNone: return "none";
+    case RemoteAccess::kRead: return "read";
+    case RemoteAccess::kWrite: return "write";
+    case RemoteAccess::kReadWrite: return "read_write";
+  }
+  return "unknown";
+}
+
+Result<RemoteAccess> parse_remote_access(std::string_view name) {
+  for (RemoteAccess a : {RemoteAccess::kNone, RemoteAccess::kRead, RemoteAccess::kWrite, RemoteAccess::kReadWrite}) {
+    if (remote_access_name(a) == name) return a;
+  }
+  return Status::invalid_argument("unknown remote access '" + std::string(name) +
+                                  "' (expected none, read, write or read_write)");
+}
+
+}  // namespace kvbridge
+
+namespace kvbridge::engine_internal {
+
 Status check_memory_kind(std::string_view memory) {
   if (memory == "host") return Status();
   if (memory.substr(0, 5) == "cuda:") {
@@ -25,12 +51,13 @@ Status check_memory_kind(std::string_view memory) {
   return Status::invalid_argument("unknown memory kind '" + std::string(memory) + "' (expected 'host' or 'cuda:N')");
 }
 
-Result<uint32_t> Registry::add_segment(uint8_t* begin, uint8_t* end, const std::string& memory) {
+Result<uint32_t> Registry::add_segment(uint8_t* begin, uint8_t* end, const std::string& memory, uint8_t access) {
   SegmentEntry e;
   e.segment.id = next_segment_;
   e.segment.base = begin;
   e.segment.bytes = static_cast<uint64_t>(end - begin);
   e.segment.memory = memory;
+  e.segment.access = access;
   for (size_t t = 0; t < transports_.size(); ++t) {
     Result<std::string> key = transports_[t]->add_segment(e.segment);
     if (key.ok() && key->size() > kMaxBlobBytes) {
@@ -56,7 +83,7 @@ void Registry::drop_segment(uint32_t id) {
   segments_.erase(id);
 }
 
-Result<RegionId> Registry::add(void* base_ptr, uint64_t bytes, std::string_view memory) {
+Result<RegionId> Registry::add(void* base_ptr, uint64_t bytes, std::string_view memory, uint8_t access) {
   uint8_t* base = static_cast<uint8_t*>(base_ptr);
   if (base == nullptr) return Status::invalid_argument("register_memory: base is null");
   if (bytes == 0) return Status::invalid_argument("register_memory: bytes is 0");
@@ -65,8 +92,9 @@ Result<RegionId> Registry::add(void* base_ptr, uint64_t bytes, std::string_view 
     return Status::invalid_argument("register_memory: [base, base + bytes) wraps around the address space");
   }
   KVB_RETURN_IF_ERROR(check_memory_kind(memory).with_context("register_memory"));
+  if (access > 3) return Status::invalid_argument("register_memory: access " + std::to_string(access) + " is not 0..3");
   for (auto& [id, r] : regions_) {
-    if (r.base == base && r.bytes == bytes && r.memory == memory) {
+    if (r.base == base && r.bytes == bytes && r.memory == memory && r.access == access) {
       ++r.refs;
       return id;
     }
@@ -82,11 +110,17 @@ Result<RegionId> Registry::add(void* base_ptr, uint64_t bytes, std::string_view 
       return Status::invalid_argument("register_memory: range overlaps registered memory of kind '" +
                                       s.segment.memory + "' but is '" + std::string(memory) + "'");
     }
+    if (s.segment.access != access) {
+      return Status::invalid_argument(
+          "register_memory: range overlaps registered memory that grants peers access '" +
+          std::string(remote_access_name(static_cast<RemoteAccess>(s.segment.access))) + "' but asks for '" +
+          std::string(remote_access_name(static_cast<RemoteAccess>(access))) + "'");
+    }
     begin = std::min(begin, s.segment.base);
     end = std::max(end, s.segment.base + s.segment.bytes);
     merged.push_back(id);
   }
-  KVB_ASSIGN_OR_RETURN(uint32_t segment, add_segment(begin, end, std::string(memory)));
+  KVB_ASSIGN_OR_RETURN(uint32_t segment, add_segment(begin, end, std::string(memory), access));
   for (auto& [id, r] : regions_) {
     if (std::find(merged.begin(), merged.end(), r.segment) != merged.end()) r.segment = segment;
   }
@@ -97,6 +131,7 @@ Result<RegionId> Registry::add(void* base_ptr, uint64_t bytes, std::string_view 
   region.base = base;
   region.bytes = bytes;
   region.memory = std::string(memory);
+  region.access = access;
   region.segment = segment;
   region.refs = 1;
   regions_.emplace(id, std::move(region));
@@ -137,7 +172,7 @@ Status Registry::remove(RegionId id) {
   if (!unchanged) {
     std::vector<uint32_t> added;
     for (const auto& [b, e] : cover) {
-      Result<uint32_t> seg = add_segment(b, e, r.memory);
+      Result<uint32_t> seg = add_segment(b, e, r.memory, r.access);
       if (!seg.ok()) {
         for (uint32_t a : added) drop_segment(a);
         return seg.error().with_context("deregister_memory");
@@ -183,10 +218,12 @@ const Region* Registry::find(RegionId id) const {
 
 void Registry::describe(EngineMetadata* m) const {
   for (const auto& [id, s] : segments_) {
+    if (s.segment.access == 0) continue;
     m->segments.push_back(MetadataSegment{id, reinterpret_cast<uint64_t>(s.segment.base), s.segment.bytes,
-                                          s.segment.memory, s.keys});
+                                          s.segment.memory, s.segment.access, s.keys});
   }
   for (const auto& [id, r] : regions_) {
+    if (r.access == 0) continue;
     m->regions.push_back(MetadataRegion{id, r.segment, reinterpret_cast<uint64_t>(r.base), r.bytes});
   }
 }

@@ -41,6 +41,7 @@ struct Region {
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
   std::string memory;
+  uint8_t access = 3;  // RemoteAccess bits
   uint32_t segment = 0;
   uint32_t refs = 0;  // registrations of this exact range
   // Transfers holding it.
@@ -58,7 +59,7 @@ class Registry {
 
   // See Engine::register_memory. A transport's add_segment error is returned
   // with the transport's name, and nothing changes.
-  Result<RegionId> add(void* base, uint64_t bytes, std::string_view memory);
+  Result<RegionId> add(void* base, uint64_t bytes, std::string_view memory, uint8_t access = 3);
   // See Engine::deregister_memory.
   Status remove(RegionId id);
 
@@ -73,7 +74,8 @@ class Registry {
   void release(RegionId id);
   static void release(const RegionHold& hold) { hold->fetch_sub(1, std::memory_order_acq_rel); }
 
-  // Appends segments (keys in transports' order) and regions to `m`.
+  // Appends segments (keys in transports' order) and regions to `m`: those
+  // that grant peers some access; the others are this engine's business.
   void describe(EngineMetadata* m) const;
 
   const Region* find(RegionId id) const;
@@ -87,7 +89,7 @@ class Registry {
   };
   // Registers a new segment [begin, end) with every transport; on failure
   // unregisters it from those that took it.
-  Result<uint32_t> add_segment(uint8_t* begin, uint8_t* end, const std::string& memory);
+  Result<uint32_t> add_segment(uint8_t* begin, uint8_t* end, const std::string& memory, uint8_t access);
   void drop_segment(uint32_t id);
 
   std::vector<transport::Transport*> transports_;

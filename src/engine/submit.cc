@@ -36,34 +36,41 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
     // Error messages are built only on error: a context string per item would
     // cost more than the checks for a large batch of small items.
     auto what = [](size_t i) { return "submit: item " + std::to_string(i); };
+    const uint8_t needs = op == TransferOp::kRead ? 1 : 2;
     for (size_t i = 0; i < items.size(); ++i) {
       const TransferItem& item = items[i];
       if (item.bytes == 0) return Status::invalid_argument(what(i) + " has 0 bytes");
       Result<uint8_t*> resolved = registry_->resolve(item.local, item.local_offset, item.bytes, std::string_view());
       if (!resolved.ok()) return Status(resolved.error().code(), what(i) + resolved.error().message());
       uint8_t* local = *resolved;
-      auto r = p.regions.find(item.remote);
-      if (r == p.regions.end()) {
+      auto found = p.regions.find(item.remote);
+      if (found == p.regions.end()) {
         return Status::not_found(what(i) + ": peer '" + peer_name + "' advertises no region " +
                                  std::to_string(item.remote) + " (connect() again with fresh metadata?)");
       }
+      const auto& r = *found;
+      if ((r.second.access & needs) == 0) {
+        return Status::permission_denied(what(i) + ": peer '" + peer_name + "' region " +
+                                         std::to_string(item.remote) + " does not allow remote " +
+                                         (op == TransferOp::kRead ? "reads" : "writes"));
+      }
       uint64_t end = 0;
-      if (!checked_add(item.remote_offset, item.bytes, &end) || end > r->second.bytes) {
+      if (!checked_add(item.remote_offset, item.bytes, &end) || end > r.second.region.bytes) {
         return Status::out_of_range(what(i) + ": remote range [" + std::to_string(item.remote_offset) + ", " +
                                     std::to_string(item.remote_offset) + " + " + std::to_string(item.bytes) +
                                     ") is outside peer '" + peer_name + "' region " + std::to_string(item.remote) +
-                                    " of " + std::to_string(r->second.bytes) + " bytes");
+                                    " of " + std::to_string(r.second.region.bytes) + " bytes");
       }
-      const uint64_t remote = r->second.base + item.remote_offset;
+      const uint64_t remote = r.second.region.base + item.remote_offset;
       // Items adjacent on both sides become one copy: a planner's
       // consecutive blocks, or a caller's per-block items, cost the
       // transport one operation (one memcpy, iovec, put or get) each run.
       transport::Copy* last = copies.empty() ? nullptr : &copies.back();
-      if (last != nullptr && last->segment == r->second.segment && last->local + last->bytes == local &&
+      if (last != nullptr && last->segment == r.second.region.segment && last->local + last->bytes == local &&
           last->remote + last->bytes == remote) {
         last->bytes += item.bytes;
       } else {
-        copies.push_back(transport::Copy{local, remote, item.bytes, r->second.segment});
+        copies.push_back(transport::Copy{local, remote, item.bytes, r.second.region.segment});
       }
       t->bytes_total += item.bytes;
       if (regions.empty() || regions.back() != item.local) regions.push_back(item.local);

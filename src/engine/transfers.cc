@@ -195,15 +195,7 @@ void Transfers::worker() {
       queue_.pop_front();
       --job.t->queued;
     }
-    run_job(job.t, job.chunk);
-  }
-}
-
-void Transfers::run_job(const std::shared_ptr<Transfer>& t, size_t chunk) {
-  if (chunk == kNotifyJob) {
-    send_notification(t);
-  } else {
-    run_chunk(t, chunk);
+    run_chunk(job.t, job.chunk);
   }
 }
 
@@ -235,7 +227,7 @@ void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
   // deadline is its timeout away, and the Link watches it from here.
   if (!begin_chunk(tp, index, !t.run_here)) return;
   Chunk& chunk = t.chunks[index];
-  end_chunk(tp, t.link->run(t.op, chunk.copies, chunk.control), true);
+  end_chunk(tp, t.link->run(t.op, chunk.copies, chunk.control));
 }
 
 void Transfers::start_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
@@ -246,13 +238,13 @@ void Transfers::start_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
   }
   Chunk& chunk = tp->chunks[index];
   tp->link->start(tp->op, chunk.copies, chunk.control, [this, tp](Status s) {
-    end_chunk(tp, std::move(s), false);
+    end_chunk(tp, std::move(s));
     std::lock_guard<std::mutex> lock(async_mu_);
     if (--async_callbacks_ == 0) async_cv_.notify_all();
   });
 }
 
-void Transfers::end_chunk(const std::shared_ptr<Transfer>& tp, Status s, bool can_block) {
+void Transfers::end_chunk(const std::shared_ptr<Transfer>& tp, Status s) {
   Transfer& t = *tp;
   bool notify = false, ended = false;
   {
@@ -274,34 +266,33 @@ void Transfers::end_chunk(const std::shared_ptr<Transfer>& tp, Status s, bool ca
     t.cv.notify_all();
   }
   if (ended) forget_deadline(t);
-  if (!notify) return;
-  if (can_block) {
-    send_notification(tp);
-    return;
-  }
-  // Sending waits for the peer's acknowledgement: a worker's job.
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Job{tp, kNotifyJob});
-    ++t.queued;
-  }
-  work_sem_.release(1);
+  if (notify) start_notification(tp);
 }
 
-void Transfers::send_notification(const std::shared_ptr<Transfer>& tp) {
+void Transfers::start_notification(const std::shared_ptr<Transfer>& tp) {
   Transfer& t = *tp;
+  if (!t.channel) {
+    return end_notification(tp, Status::unavailable("no control connection to peer " + t.peer_name));
+  }
   {
-    // Queued after asynchronous runs: it may have been cancelled, timed out
-    // or lost its peer since.
-    std::lock_guard<std::mutex> lock(t.mu);
-    if (t.ended) return;
+    std::lock_guard<std::mutex> lock(async_mu_);
+    ++async_callbacks_;
   }
   const bool drop = callbacks_.drop_notification && callbacks_.drop_notification();
-  Status s = t.channel ? t.channel->notify(t.notification, t.deadline, drop)
-                       : Status::unavailable("no control connection to peer " + t.peer_name);
+  // Nothing waits for the acknowledgement: the channel calls back when it
+  // comes, at the deadline, or when the peer is gone.
+  t.channel->notify(t.notification, t.deadline, [this, tp](Status s) {
+    end_notification(tp, std::move(s));
+    std::lock_guard<std::mutex> lock(async_mu_);
+    if (--async_callbacks_ == 0) async_cv_.notify_all();
+  }, drop);
+}
+
+void Transfers::end_notification(const std::shared_ptr<Transfer>& tp, Status s) {
+  Transfer& t = *tp;
   {
     std::lock_guard<std::mutex> lock(t.mu);
-    if (t.ended) return;  // cancelled, timed out or the peer went while we waited
+    if (t.ended) return;  // cancelled, timed out or the peer went meanwhile
     if (s.ok()) {
       metrics_->notification_sent();
     } else {
@@ -385,7 +376,7 @@ TransferStatus Transfers::wait(TransferId id, std::chrono::milliseconds timeout)
   // bookkeeping as on a worker (running, chunks_left, stop, finish_locked),
   // so cancel() still waits for these runs and the transfer ends once.
   if (until >= t->deadline) {
-    while (std::optional<size_t> chunk = take_queued(*t)) run_job(t, *chunk);
+    while (std::optional<size_t> chunk = take_queued(*t)) run_chunk(t, *chunk);
   }
   {
     std::unique_lock<std::mutex> lock(t->mu);

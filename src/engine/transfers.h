@@ -9,9 +9,10 @@
 // Three ways a chunk runs: on a worker thread (or a wait() that helps), on
 // the submitting thread (small same-host transfers, Link::runs_inline), or
 // handed to a link with its own thread (Link::runs_async), whose completion
-// callback does the bookkeeping a worker would; a notification after an
-// asynchronous run goes back to a worker, because sending one waits for the
-// peer's acknowledgement.
+// callback does the bookkeeping a worker would. A notification due after the
+// last run is handed to the control channel, which calls back when the
+// peer's acknowledgement arrives (or the deadline passes, or the peer goes):
+// no thread waits for it.
 //
 // The one rule everything follows: a transfer ends (its state leaves
 // kInProgress, its regions are released) only when no Link::run of it is
@@ -173,9 +174,7 @@ class Transfers {
   void shutdown();
 
  private:
-  // A queued chunk, or (chunk == kNotifyJob) a notification to send after
-  // asynchronous runs.
-  static constexpr size_t kNotifyJob = SIZE_MAX;
+  // A queued chunk.
   struct Job {
     std::shared_ptr<Transfer> t;
     size_t chunk = 0;
@@ -191,17 +190,16 @@ class Transfers {
   // Runs one chunk with the table's bookkeeping. A queued chunk whose
   // transfer passed its deadline while it waited is skipped.
   void run_chunk(const std::shared_ptr<Transfer>& t, size_t chunk);
-  // Runs a job taken off the queue: a chunk or a notification.
-  void run_job(const std::shared_ptr<Transfer>& t, size_t chunk);
   // Hands one chunk to the link (Link::start).
   void start_chunk(const std::shared_ptr<Transfer>& t, size_t chunk);
   // Bookkeeping before a run: false when the chunk is skipped (the transfer
   // stopped, or, with `check_deadline`, passed its deadline while queued).
   bool begin_chunk(const std::shared_ptr<Transfer>& t, size_t chunk, bool check_deadline);
-  // Bookkeeping after a run returned `s`. A notification due is sent here
-  // when `can_block`, else queued for a worker.
-  void end_chunk(const std::shared_ptr<Transfer>& t, Status s, bool can_block);
-  void send_notification(const std::shared_ptr<Transfer>& t);
+  // Bookkeeping after a run returned `s`; hands a notification due to the
+  // channel.
+  void end_chunk(const std::shared_ptr<Transfer>& t, Status s);
+  void start_notification(const std::shared_ptr<Transfer>& t);
+  void end_notification(const std::shared_ptr<Transfer>& t, Status s);
   // Requires t.mu held. Stops the transfer with `why` unless already stopped.
   static void stop_locked(Transfer& t, Status why, bool cancelled);
   // Requires t.mu held, t.running == 0. Ends the transfer once.
@@ -228,8 +226,9 @@ class Transfers {
   std::vector<std::thread> workers_;
   std::thread timer_;
 
-  // Completion callbacks of asynchronous runs not yet returned; shutdown()
-  // waits for them, since they use this object.
+  // Completion callbacks of asynchronous runs and notifications not yet
+  // returned; shutdown() waits for them, since they use this object (the
+  // engine closes its channels first, which ends every notification).
   std::mutex async_mu_;
   std::condition_variable async_cv_;
   size_t async_callbacks_ = 0;

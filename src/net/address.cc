@@ -2,10 +2,13 @@
 #include "net/address.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 
 #include "common/text.h"
 
@@ -119,6 +122,35 @@ bool is_loopback(std::string_view host) {
   in_addr a{};
   const std::string h(host);
   return ::inet_pton(AF_INET, h.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+}  // namespace kvbridge::net
+
+namespace kvbridge::net {
+
+Result<std::string> interface_of(std::string_view host) {
+  const std::string h(host);
+  in_addr v4{};
+  in6_addr v6{};
+  const bool is_v4 = ::inet_pton(AF_INET, h.c_str(), &v4) == 1;
+  const bool is_v6 = !is_v4 && ::inet_pton(AF_INET6, h.c_str(), &v6) == 1;
+  if (!is_v4 && !is_v6) return Status::not_found("address " + q(h) + " is not a numeric IP address");
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return Status::not_found("getifaddrs: " + errno_text(errno));
+  std::string found;
+  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (is_v4 && i->ifa_addr->sa_family == AF_INET &&
+        reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == v4.s_addr) {
+      found = i->ifa_name;
+    } else if (is_v6 && i->ifa_addr->sa_family == AF_INET6 &&
+               std::memcmp(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, &v6, sizeof v6) == 0) {
+      found = i->ifa_name;
+    }
+  }
+  ::freeifaddrs(list);
+  if (found.empty()) return Status::not_found("no network interface holds address " + q(h));
+  return found;
 }
 
 }  // namespace kvbridge::net

@@ -45,4 +45,8 @@ std::string sockaddr_text(const sockaddr_storage& ss);
 bool is_wildcard(std::string_view host);
 bool is_loopback(std::string_view host);
 
+// The name of the network interface that holds the numeric address `host`
+// (getifaddrs(3)); kNotFound when none does.
+Result<std::string> interface_of(std::string_view host);
+
 }  // namespace kvbridge::net

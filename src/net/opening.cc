@@ -2,7 +2,9 @@
 #include "net/opening.h"
 
 #include <openssl/evp.h>
+#include <poll.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "common/text.h"
@@ -245,21 +247,29 @@ ClientOpening::Step ClientOpening::on_frame(const FrameHeader& h, std::string_vi
 
 namespace {
 
-// One frame into `reader`, reading exactly the bytes it asks for.
+// One frame into `reader`, reading no more than the bytes it asks for and
+// feeding them as they come (so a frame cut short says how much arrived).
 Status read_raw(int fd, FrameReader& reader, const IoLimits& limits, std::string_view who) {
   reader.next();
   std::string buf;
   while (!reader.ready()) {
-    buf.resize(reader.wanted());
-    Status s = recv_bytes(fd, buf.data(), buf.size(), limits, who);
-    if (!s.ok()) {
-      if (s.code() == Code::kIoError && reader.buffered() > 0) {
+    buf.resize(std::min<size_t>(reader.wanted(), 1 << 16));
+    IovCursor cursor;
+    cursor.push(buf.data(), buf.size());
+    Result<size_t> n = recv_step(fd, cursor, who);
+    if (!n.ok()) {
+      if (n.error().code() == Code::kIoError && reader.buffered() > 0) {
         return Status::invalid_argument(std::string(who) + ": malformed: truncated frame: peer closed after " +
-                                        std::to_string(reader.buffered()) + " bytes of a frame");
+                                        std::to_string(reader.buffered()) + " bytes of a frame of " +
+                                        std::to_string(reader.buffered() + reader.wanted()));
       }
-      return s;
+      return n.error();
     }
-    Status fed = reader.feed(buf);
+    if (*n == 0) {
+      KVB_RETURN_IF_ERROR(wait_fd(fd, POLLIN, limits, who));
+      continue;
+    }
+    Status fed = reader.feed(std::string_view(buf.data(), *n));
     if (!fed.ok()) return Status(fed.code(), std::string(who) + ": " + fed.message());
   }
   return Status();

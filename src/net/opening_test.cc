@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "net/wire.h"
+#include "testing/corpus.h"
 
 namespace kvbridge::net {
 namespace {
@@ -148,6 +149,55 @@ TEST(OpeningTest, RefusalsRoundTripAndMapToCodes) {
   EXPECT_EQ(refusal_status(*back).code(), Code::kIncompatible);
   EXPECT_EQ(refusal_status({RefuseCode::kBusy, "busy", ""}).code(), Code::kUnavailable);
   EXPECT_FALSE(decode_refusal(encode_refusal(r, 128), 4).ok()) << "a detail over its bound was accepted";
+}
+
+// The seeds of fuzz/net_frame_fuzz.cc (testing/corpus.h): byte streams a
+// client or a server of any protocol may send at the opening; every
+// checked-in one parses into whole frames.
+TEST(OpeningTest, SeedCorpusStreamsParse) {
+  ClientOpening with_secret(OpeningConfig{Protocol::kTcp, 2, "s", {}}, "body");
+  ClientOpening plain(OpeningConfig{Protocol::kSideChannel, 2, "", {}}, std::string(8, '\x11'));
+  ServerOpening server(OpeningConfig{Protocol::kTcp, 2, "s", {}});
+  Parsed open;
+  {
+    FrameReader r(Protocol::kTcp, 2, [](uint8_t t) { return opening_limit(t, OpeningLimits{}); });
+    (void)r.feed(std::string_view(with_secret.open_frame()).substr(0, 16));
+    (void)r.feed(std::string_view(with_secret.open_frame()).substr(16));
+    open = Parsed{r.header(), std::string(r.raw_header()), std::string(r.payload()), ""};
+  }
+  const std::string challenge = server.on_frame(open.header, open.raw_header, open.payload).bytes;
+  std::string refuse;
+  Session none;
+  append_frame(refuse, {Protocol::kControl, kRefuse, 2, 0, false},
+               encode_refusal({RefuseCode::kStale, "stale metadata", ""}, 0), none);
+  std::string proof;
+  append_frame(proof, {Protocol::kTcp, kProof, 2, 0, false}, std::string(32, '\x07'), none);
+  const kvbridge::testing::Seeds seeds = {
+      {"open_secret.bin", with_secret.open_frame()},
+      {"open_plain.bin", plain.open_frame()},
+      {"challenge.bin", challenge},
+      {"refuse.bin", refuse},
+      {"open_then_proof.bin", with_secret.open_frame() + proof},
+  };
+  const kvbridge::testing::Seeds checked_in = kvbridge::testing::seed_corpus("net_frame", seeds);
+  EXPECT_GE(checked_in.size(), seeds.size());
+  for (const auto& [name, bytes] : checked_in) {
+    ASSERT_GE(bytes.size(), kFrameHeaderBytes) << name;
+    const Protocol p = static_cast<Protocol>(static_cast<uint8_t>(bytes[4]));
+    FrameReader r(p, 2, [](uint8_t t) { return opening_limit(t, OpeningLimits{}); });
+    size_t pos = 0, frames = 0;
+    while (pos < bytes.size()) {
+      const size_t n = std::min(r.wanted(), bytes.size() - pos);
+      ASSERT_TRUE(r.feed(std::string_view(bytes).substr(pos, n)).ok()) << name;
+      pos += n;
+      if (r.ready()) {
+        ++frames;
+        r.next();
+      }
+    }
+    EXPECT_GT(frames, 0u) << name;
+    EXPECT_EQ(r.buffered(), 0u) << name << " ends in the middle of a frame";
+  }
 }
 
 }  // namespace

@@ -251,13 +251,31 @@ Result<Fd> dial(const HostPort& to, const IoLimits& limits, std::string_view who
     }
     tune_socket(fd.get(), bulk);
     if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS) {
-      Status s = wait_fd(fd.get(), POLLOUT, limits, std::string(who) + ": connect");
-      int err = 0;
-      socklen_t len = sizeof err;
-      if (s.ok() && ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) return fd;
-      last = s.ok() ? Status::io_error(std::string(who) + ": connect: " + errno_text(err)) : s;
+      // connect(2): a non-blocking connect completes when the socket turns
+      // writable (or reports an error); SO_ERROR then says how. (Not
+      // wait_fd: it reads SO_ERROR itself, which clears it.)
+      Status s;
+      while (true) {
+        s = check_limits(limits, std::string(who) + ": connect");
+        if (!s.ok()) break;
+        const int cap = (limits.cancel || limits.abort) ? static_cast<int>(kCancelSlice.count()) : 1000;
+        pollfd p{fd.get(), POLLOUT, 0};
+        const int n = ::poll(&p, 1, poll_timeout_ms(limits.deadline, cap));
+        if (n > 0 || (n < 0 && errno != EINTR)) break;
+      }
+      if (!s.ok()) {
+        last = s;
+      } else {
+        int err = 0;
+        socklen_t len = sizeof err;
+        if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) return fd;
+        // Nothing listens there: unavailable rather than an I/O failure.
+        last = Status(err == ECONNREFUSED ? Code::kUnavailable : Code::kIoError,
+                      std::string(who) + ": connect: " + errno_text(err));
+      }
     } else {
-      last = Status::io_error(std::string(who) + ": connect: " + errno_text(errno));
+      last = Status(errno == ECONNREFUSED ? Code::kUnavailable : Code::kIoError,
+                    std::string(who) + ": connect: " + errno_text(errno));
     }
     if (last.code() == Code::kCancelled || last.code() == Code::kTimeout) break;
   }

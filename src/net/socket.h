@@ -88,8 +88,9 @@ struct Listening {
 // naming `what` and the address when it cannot.
 Result<Listening> listen_on(const HostPort& at, int backlog, std::string_view what);
 
-// Connects within `limits`; returns a tuned, non-blocking fd. kIoError (or
-// kTimeout/kCancelled) naming `who`.
+// Connects within `limits`; returns a tuned, non-blocking fd. kUnavailable
+// when nothing listens there (ECONNREFUSED) or the host does not resolve,
+// kIoError for other failures, kTimeout/kCancelled, each naming `who`.
 Result<Fd> dial(const HostPort& to, const IoLimits& limits, std::string_view who, bool bulk = false);
 
 // Whether an accept(2) errno means the process or system is out of a

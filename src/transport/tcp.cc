@@ -13,7 +13,7 @@
 namespace kvbridge::transport {
 namespace {
 
-constexpr uint32_t kMaxStreams = 64;
+constexpr uint32_t kMaxStreamsPerLink = 64;
 constexpr std::chrono::milliseconds kConnectTimeout{10000};
 
 std::string local_label() {
@@ -24,13 +24,14 @@ std::string local_label() {
 
 class TcpTransport final : public Transport {
  public:
-  TcpTransport(std::string host, uint32_t streams, std::unique_ptr<tcp::TcpServer> server)
-      : host_(std::move(host)), streams_(streams), server_(std::move(server)), label_(local_label()) {}
+  TcpTransport(std::string host, uint32_t streams, std::string secret, std::unique_ptr<tcp::TcpServer> server)
+      : host_(std::move(host)), streams_(streams), secret_(std::move(secret)), server_(std::move(server)),
+        label_(local_label()) {}
 
   std::string_view name() const override { return "tcp"; }
 
   std::string address() const override {
-    return tcp::format_address(tcp::HostPort{host_, server_->port()}, server_->instance());
+    return tcp::format_address(net::HostPort{host_, server_->port()}, server_->instance());
   }
 
   Status can_reach(const PeerInfo& peer) const override {
@@ -42,7 +43,7 @@ class TcpTransport final : public Transport {
     if (segment.memory != "host")
       return Status::invalid_argument("tcp: segment " + std::to_string(segment.id) + " is '" + segment.memory +
                                       "' memory; tcp moves host memory only");
-    server_->add_segment(segment.id, reinterpret_cast<uint64_t>(segment.base), segment.bytes);
+    server_->add_segment(segment.id, reinterpret_cast<uint64_t>(segment.base), segment.bytes, segment.access);
     return std::string();
   }
 
@@ -54,6 +55,7 @@ class TcpTransport final : public Transport {
   Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) override {
     KVB_ASSIGN_OR_RETURN(tcp::TcpPeer target, tcp::parse_address(peer.address, peer.name));
     target.local_label = label_;
+    target.secret = secret_;
     KVB_ASSIGN_OR_RETURN(std::unique_ptr<tcp::TcpLink> link,
                          tcp::TcpLink::create(std::move(target), streams_, kConnectTimeout));
     return std::unique_ptr<Link>(std::move(link));
@@ -62,29 +64,21 @@ class TcpTransport final : public Transport {
  private:
   std::string host_;
   uint32_t streams_;
+  std::string secret_;
   std::unique_ptr<tcp::TcpServer> server_;
   std::string label_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, uint32_t streams) {
-  if (streams == 0 || streams > kMaxStreams)
-    return Status::invalid_argument("tcp: streams must be 1.." + std::to_string(kMaxStreams) + ", not " +
+Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, uint32_t streams,
+                                                      const std::string& secret) {
+  if (streams == 0 || streams > kMaxStreamsPerLink)
+    return Status::invalid_argument("tcp: streams must be 1.." + std::to_string(kMaxStreamsPerLink) + ", not " +
                                     std::to_string(streams));
-  // "host" or "host:port"; a bare host listens on an ephemeral port.
-  std::string bind_host = host.empty() ? "127.0.0.1" : host;
-  uint16_t port = 0;
-  bool bare_v6 = bind_host.front() != '[' && std::count(bind_host.begin(), bind_host.end(), ':') > 1;
-  if (Result<tcp::HostPort> hp = tcp::parse_host_port(bind_host); hp.ok() && !bare_v6) {
-    bind_host = hp->host;
-    port = hp->port;
-  } else if (bind_host.size() > 2 && bind_host.front() == '[' && bind_host.back() == ']') {
-    bind_host = bind_host.substr(1, bind_host.size() - 2);
-  }
-  KVB_ASSIGN_OR_RETURN(std::unique_ptr<tcp::TcpServer> server,
-                       tcp::TcpServer::create(bind_host, port, local_label()));
-  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(bind_host, streams, std::move(server)));
+  KVB_ASSIGN_OR_RETURN(net::HostPort at, net::parse_host(host.empty() ? "127.0.0.1" : host, "tcp host"));
+  KVB_ASSIGN_OR_RETURN(std::unique_ptr<tcp::TcpServer> server, tcp::TcpServer::create(at, local_label(), secret));
+  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(at.host, streams, secret, std::move(server)));
 }
 
 }  // namespace kvbridge::transport

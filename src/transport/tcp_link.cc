@@ -6,11 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
+#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 #include <thread>
 
+#include "common/text.h"
+#include "net/frame.h"
+#include "net/opening.h"
 #include "transport/tcp_protocol.h"
 
 namespace kvbridge::transport::tcp {
@@ -32,10 +35,13 @@ struct Frame {
   size_t count = 0;
   uint32_t ranges = 0;
   uint64_t bytes = 0;
-  std::string head;  // header + range table
+  std::string head;  // the whole frame (header, range table, tag); bulk data follows for writes
 };
 
-std::vector<Frame> build_frames(TransferOp op, std::span<const Copy> pieces) {
+// Groups pieces into frames of at most kFrameRanges ranges and kFrameBytes,
+// merging pieces contiguous on the peer; each frame is encoded (and tagged)
+// with `session`, in the order the stream sends them.
+std::vector<Frame> build_frames(TransferOp op, std::span<const Copy> pieces, net::Session& session) {
   std::vector<Frame> frames;
   std::vector<Range> ranges;
   auto flush = [&](size_t end) {
@@ -43,7 +49,8 @@ std::vector<Frame> build_frames(TransferOp op, std::span<const Copy> pieces) {
     Frame& f = frames.back();
     f.count = end - f.first;
     f.ranges = static_cast<uint32_t>(ranges.size());
-    encode_ranges_header(op == TransferOp::kRead ? FrameType::kRead : FrameType::kWrite, ranges, f.head);
+    net::append_frame(f.head, {net::Protocol::kTcp, op == TransferOp::kRead ? kRead : kWrite, kVersion, 0, false},
+                      encode_ranges(ranges), session);
     ranges.clear();
   };
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -93,29 +100,29 @@ std::vector<std::vector<Copy>> split(std::span<const Copy> copies, size_t parts,
 
 }  // namespace
 
-std::string format_address(const HostPort& hp, uint64_t instance) {
+std::string format_address(const net::HostPort& hp, uint64_t instance) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "%016" PRIx64, instance);
-  return format_host_port(hp) + "/" + buf;
+  return net::format_host_port(hp) + "/" + buf;
 }
 
 Result<TcpPeer> parse_address(std::string_view blob, std::string peer_name) {
-  size_t slash = blob.rfind('/');
+  const size_t slash = blob.rfind('/');
   if (slash == std::string_view::npos || blob.size() - slash - 1 != 16)
-    return Status::invalid_argument("tcp: peer '" + peer_name + "' address '" + std::string(blob.substr(0, 200)) +
+    return Status::invalid_argument("tcp: peer '" + peer_name + "' address '" + printable(blob) +
                                     "' is not host:port/instance");
   TcpPeer peer;
   peer.name = std::move(peer_name);
-  KVB_ASSIGN_OR_RETURN(peer.address, parse_host_port(blob.substr(0, slash)));
-  std::string hex(blob.substr(slash + 1));
-  if (!std::all_of(hex.begin(), hex.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); }))
+  KVB_ASSIGN_OR_RETURN(peer.address, net::parse_host_port(blob.substr(0, slash), "tcp address"));
+  const std::string_view hex = blob.substr(slash + 1);
+  const auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), peer.instance, 16);
+  if (ec != std::errc() || end != hex.data() + hex.size())
     return Status::invalid_argument("tcp: peer '" + peer.name + "' address has a bad instance id");
-  peer.instance = std::stoull(hex, nullptr, 16);
   return peer;
 }
 
 TcpLink::TcpLink(TcpPeer peer, uint32_t streams) : peer_(std::move(peer)) {
-  who_ = "tcp peer '" + peer_.name + "' (" + format_host_port(peer_.address) + ")";
+  who_ = "tcp peer '" + peer_.name + "' (" + net::format_host_port(peer_.address) + ")";
   for (uint32_t i = 0; i < std::max<uint32_t>(streams, 1); ++i) {
     all_.push_back(std::make_unique<Stream>());
     idle_.push_back(all_.back().get());
@@ -129,56 +136,40 @@ TcpLink::~TcpLink() {
 Result<std::unique_ptr<TcpLink>> TcpLink::create(TcpPeer peer, uint32_t streams,
                                                  std::chrono::milliseconds connect_timeout) {
   std::unique_ptr<TcpLink> link(new TcpLink(std::move(peer), streams));
-  KVB_RETURN_IF_ERROR(link->open(*link->all_[0], IoLimits{Clock::now() + connect_timeout, nullptr, nullptr}));
+  KVB_RETURN_IF_ERROR(link->open(*link->all_[0], net::IoLimits{Clock::now() + connect_timeout, nullptr, nullptr}));
   return link;
 }
 
 Status TcpLink::refresh(const PeerInfo&) { return Status(); }
 
 void TcpLink::close(Stream& stream) {
-  if (stream.fd >= 0) ::close(stream.fd);
-  stream.fd = -1;
+  stream.fd.reset();
+  stream.session = net::Session();
 }
 
-Status TcpLink::open(Stream& stream, const IoLimits& limits) {
+Status TcpLink::open(Stream& stream, const net::IoLimits& limits) {
   close(stream);
-  KVB_ASSIGN_OR_RETURN(int fd, dial(peer_.address, limits, who_));
-  stream.fd = fd;
-  std::string out;
-  encode_hello(FrameType::kHello, Hello{kVersion, kVersion, peer_.instance, peer_.local_label}, out);
-  Status s = send_bytes(fd, out.data(), out.size(), limits, who_);
-  uint8_t head[kHeaderBytes];
-  if (s.ok()) s = recv_bytes(fd, head, sizeof head, limits, who_ + ": hello");
-  Result<FrameHeader> h = s.ok() ? decode_header(head) : Result<FrameHeader>(s);
-  if (h.ok()) {
-    std::vector<uint8_t> body(h->payload_bytes);
-    s = recv_bytes(fd, body.data(), body.size(), limits, who_ + ": hello");
-    if (s.ok() && h->type == FrameType::kError) {
-      s = decode_error(body).with_context(who_ + " refused the connection");
-    } else if (s.ok() && h->type != FrameType::kHelloOk) {
-      s = Status::io_error(who_ + ": unexpected reply to hello");
-    } else if (s.ok()) {
-      Result<Hello> hello = decode_hello(body);
-      if (!hello.ok()) {
-        s = hello.error().with_context(who_);
-      } else if (hello->version_min != kVersion || hello->instance != peer_.instance) {
-        s = Status::incompatible(who_ + ": hello answered with version " + std::to_string(hello->version_min) +
-                                 " by another instance");
-      }
-    }
-  } else {
-    s = h.error().code() == Code::kInvalidArgument ? Status::io_error(who_ + ": " + h.error().message()) : h.error();
+  KVB_ASSIGN_OR_RETURN(net::Fd fd, net::dial(peer_.address, limits, who_, true));
+  const net::OpeningConfig config{net::Protocol::kTcp, kVersion, peer_.secret,
+                                  net::OpeningLimits{8 + 4 + kMaxLabelBytes, 0}};
+  Result<net::Opened> opened = net::open_client(fd.get(), config, encode_open_body(peer_.instance, peer_.local_label),
+                                                payload_limit, limits, who_);
+  if (!opened.ok()) return opened.error();
+  if (opened->header.type != kAccept) {
+    return Status::io_error(who_ + ": the peer answered the opening with frame type " +
+                            std::to_string(opened->header.type));
   }
-  if (!s.ok()) close(stream);
-  return s;
+  stream.fd = std::move(fd);
+  stream.session = std::move(opened->session);
+  return Status();
 }
 
-Result<std::vector<TcpLink::Stream*>> TcpLink::acquire(size_t wanted, const IoLimits& limits) {
+Result<std::vector<TcpLink::Stream*>> TcpLink::acquire(size_t wanted, const net::IoLimits& limits) {
   std::unique_lock lock(mutex_);
   while (idle_.empty()) {
-    Status s = check_limits(limits, who_ + ": waiting for a free stream");
+    Status s = net::check_limits(limits, who_ + ": waiting for a free stream");
     if (!s.ok()) return s;
-    idle_cv_.wait_for(lock, kCancelSlice);
+    idle_cv_.wait_for(lock, net::kCancelSlice);
   }
   size_t n = std::min(wanted, idle_.size());
   std::vector<Stream*> taken(idle_.end() - static_cast<ptrdiff_t>(n), idle_.end());
@@ -191,7 +182,7 @@ void TcpLink::release(const std::vector<Stream*>& streams) {
     std::lock_guard lock(mutex_);
     // Healthy streams go to the back, where acquire() takes from first.
     for (Stream* s : streams) {
-      if (s->fd < 0) idle_.insert(idle_.begin(), s);
+      if (!s->fd) idle_.insert(idle_.begin(), s);
       else idle_.push_back(s);
     }
   }
@@ -202,7 +193,7 @@ Status TcpLink::run(TransferOp op, std::span<const Copy> copies, RunControl& con
   uint64_t total = 0;
   for (const Copy& c : copies) total += c.bytes;
   if (total == 0) return Status();
-  IoLimits limits{control.deadline, &control.cancel, nullptr};
+  net::IoLimits limits{control.deadline, &control.cancel, nullptr};
   size_t wanted = static_cast<size_t>(std::max<uint64_t>(1, std::min<uint64_t>(all_.size(), total / kBytesPerStream)));
   KVB_ASSIGN_OR_RETURN(std::vector<Stream*> streams, acquire(wanted, limits));
   std::vector<std::vector<Copy>> shares = split(copies, streams.size(), total);
@@ -236,41 +227,41 @@ Status TcpLink::run(TransferOp op, std::span<const Copy> copies, RunControl& con
 Status TcpLink::run_stream(Stream& stream, TransferOp op, std::span<const Copy> pieces, RunControl& control,
                            const std::atomic<bool>& abort) {
   if (pieces.empty()) return Status();
-  IoLimits limits{control.deadline, &control.cancel, &abort};
-  bool reading = op == TransferOp::kRead;
+  net::IoLimits limits{control.deadline, &control.cancel, &abort};
+  const bool reading = op == TransferOp::kRead;
   const char* verb = reading ? "read" : "write";
-  if (stream.fd < 0) {
-    Status s = open(stream, limits);
-    if (!s.ok()) return s;
-  }
-  std::vector<Frame> frames = build_frames(op, pieces);
-  auto local_iovecs = [&](const Frame& f, IovCursor& cursor) {
+  if (!stream.fd) KVB_RETURN_IF_ERROR(open(stream, limits));
+  const int fd = stream.fd.get();
+  std::vector<Frame> frames = build_frames(op, pieces, stream.session);
+  auto local_iovecs = [&](const Frame& f, net::IovCursor& cursor) {
     for (size_t i = f.first; i < f.first + f.count; ++i) cursor.push(pieces[i].local, pieces[i].bytes);
   };
 
   size_t next_send = 0, next_recv = 0;
   bool sending = false;
-  IovCursor send_cursor;
-  enum class RecvState { kHead, kData, kErrorBody } recv_state = RecvState::kHead;
-  uint8_t head[kHeaderBytes];
-  std::vector<uint8_t> error_body;
-  IovCursor recv_cursor;
+  net::IovCursor send_cursor;
+  // A reply: its header, then its payload and tag, then (ReadData) the bytes.
+  enum class RecvState { kHead, kBody, kData } recv_state = RecvState::kHead;
+  char head[net::kFrameHeaderBytes];
+  std::string body;
+  net::FrameHeader reply;
+  net::IovCursor recv_cursor;
   recv_cursor.push(head, sizeof head);
   Status failure;
 
   while (next_recv < frames.size()) {
-    failure = check_limits(limits, who_ + ": " + verb);
+    failure = net::check_limits(limits, who_ + ": " + verb);
     if (!failure.ok()) break;
     bool progressed = false;
     if (!sending && next_send < frames.size() && next_send - next_recv < kFramesAhead) {
-      send_cursor = IovCursor();
+      send_cursor = net::IovCursor();
       Frame& f = frames[next_send];
       send_cursor.push(f.head.data(), f.head.size());
       if (!reading) local_iovecs(f, send_cursor);
       sending = true;
     }
     if (sending) {
-      Result<size_t> n = send_step(stream.fd, send_cursor, who_);
+      Result<size_t> n = net::send_step(fd, send_cursor, who_);
       if (!n.ok()) {
         failure = n.error();
         break;
@@ -282,7 +273,7 @@ Status TcpLink::run_stream(Stream& stream, TransferOp op, std::span<const Copy> 
       }
     }
     if (next_recv < next_send) {
-      Result<size_t> n = recv_step(stream.fd, recv_cursor, who_);
+      Result<size_t> n = net::recv_step(fd, recv_cursor, who_);
       if (!n.ok()) {
         failure = n.error();
         break;
@@ -292,44 +283,55 @@ Status TcpLink::run_stream(Stream& stream, TransferOp op, std::span<const Copy> 
       if (recv_cursor.done()) {
         const Frame& f = frames[next_recv];
         if (recv_state == RecvState::kHead) {
-          Result<FrameHeader> h = decode_header(head);
-          if (!h.ok()) {
-            failure = Status::io_error(who_ + ": bad reply: " + h.error().message());
+          Result<net::FrameHeader> h =
+              net::decode_header(std::string_view(head, sizeof head), net::Protocol::kTcp, kVersion, payload_limit);
+          if (!h.ok() || h->tagged != stream.session.keyed()) {
+            failure = Status::io_error(who_ + ": bad reply: " + (h.ok() ? "tag flag does not match the session"
+                                                                       : h.error().message()));
             break;
           }
-          if (h->type == FrameType::kError) {
-            error_body.assign(h->payload_bytes, 0);
-            recv_cursor = IovCursor();
-            recv_cursor.push(error_body.data(), error_body.size());
-            recv_state = RecvState::kErrorBody;
-          } else if (h->count != f.ranges ||
-                     h->type != (reading ? FrameType::kReadData : FrameType::kWriteAck)) {
+          reply = *h;
+          body.assign(reply.payload_bytes + (reply.tagged ? net::kTagBytes : 0), '\0');
+          recv_cursor = net::IovCursor();
+          recv_cursor.push(body.data(), body.size());
+          recv_state = RecvState::kBody;
+        } else if (recv_state == RecvState::kBody) {
+          const std::string_view payload = std::string_view(body).substr(0, reply.payload_bytes);
+          if (reply.tagged && !stream.session.check(std::string_view(head, sizeof head), payload,
+                                                    std::string_view(body).substr(reply.payload_bytes))) {
+            failure = Status::permission_denied(who_ + ": authentication failed: a reply has a wrong tag");
+            break;
+          }
+          if (reply.type == kError) {
+            failure = decode_error(payload).with_context(who_ + " refused a " + verb);
+            break;
+          }
+          Result<uint32_t> count = decode_count(payload);
+          if (!count.ok() || *count != f.ranges || reply.type != (reading ? kReadData : kWriteAck)) {
             failure = Status::io_error(who_ + ": reply does not match the " + verb + " request");
             break;
-          } else if (reading) {
-            recv_cursor = IovCursor();
+          }
+          recv_cursor = net::IovCursor();
+          if (reading) {
             local_iovecs(f, recv_cursor);
             recv_state = RecvState::kData;
           } else {
             control.bytes_done.fetch_add(f.bytes, std::memory_order_relaxed);
             ++next_recv;
-            recv_cursor = IovCursor();
             recv_cursor.push(head, sizeof head);
+            recv_state = RecvState::kHead;
           }
-        } else if (recv_state == RecvState::kErrorBody) {
-          failure = decode_error(error_body).with_context(who_ + " refused a " + verb);
-          break;
         } else {
           ++next_recv;
           recv_state = RecvState::kHead;
-          recv_cursor = IovCursor();
+          recv_cursor = net::IovCursor();
           recv_cursor.push(head, sizeof head);
         }
       }
     }
     if (!progressed) {
       short events = static_cast<short>((sending ? POLLOUT : 0) | (next_recv < next_send ? POLLIN : 0));
-      failure = wait_fd(stream.fd, events, limits, who_ + ": " + verb);
+      failure = net::wait_fd(fd, events, limits, who_ + ": " + verb);
       if (!failure.ok()) break;
     }
   }

@@ -1,6 +1,10 @@
 // transport/tcp_link.h: the client half of the tcp transport, a Link to one
 // peer over several TCP streams.
 //
+// Each stream opens with the shared exchange (net/opening.h) naming the
+// server transport instance from the address blob, with the engine's secret
+// when it has one; then every frame on it is tagged.
+//
 // A run spreads its copies over up to `streams` streams by bytes (small runs
 // use one), each driven by its own thread (the caller's for the first) as a
 // non-blocking state machine that pipelines request frames and receives
@@ -23,20 +27,24 @@
 #include <string>
 #include <vector>
 
-#include "transport/tcp_socket.h"
+#include "net/address.h"
+#include "net/fd.h"
+#include "net/session.h"
+#include "net/socket.h"
 #include "transport/transport.h"
 
 namespace kvbridge::transport::tcp {
 
 struct TcpPeer {
   std::string name;  // the peer engine's name, for messages
-  HostPort address;
-  uint64_t instance = 0;  // from the address blob, checked by the hello
+  net::HostPort address;
+  uint64_t instance = 0;  // from the address blob, checked by the opening
   std::string local_label;
+  std::string secret;
 };
 
 // The address blob: "host:port/instance" (instance in hex).
-std::string format_address(const HostPort& hp, uint64_t instance);
+std::string format_address(const net::HostPort& hp, uint64_t instance);
 Result<TcpPeer> parse_address(std::string_view blob, std::string peer_name);
 
 class TcpLink : public Link {
@@ -53,14 +61,15 @@ class TcpLink : public Link {
 
  private:
   struct Stream {
-    int fd = -1;
+    net::Fd fd;
+    net::Session session;
   };
 
   TcpLink(TcpPeer peer, uint32_t streams);
-  Status open(Stream& stream, const IoLimits& limits);
+  Status open(Stream& stream, const net::IoLimits& limits);
   void close(Stream& stream);
   // Takes between 1 and `wanted` idle streams, waiting within `limits`.
-  Result<std::vector<Stream*>> acquire(size_t wanted, const IoLimits& limits);
+  Result<std::vector<Stream*>> acquire(size_t wanted, const net::IoLimits& limits);
   void release(const std::vector<Stream*>& streams);
   Status run_stream(Stream& stream, TransferOp op, std::span<const Copy> copies, RunControl& control,
                     const std::atomic<bool>& abort);

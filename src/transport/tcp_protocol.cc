@@ -1,205 +1,132 @@
-// The tcp transport's frame codec. Layout and rules: docs/formats/tcp-protocol.md.
+// The tcp transport's frame payloads. Layout and rules: docs/formats/tcp-protocol.md.
 #include "transport/tcp_protocol.h"
 
-#include <cstdio>
-#include <cstring>
-
 #include "common/checked.h"
+#include "net/opening.h"
+#include "net/wire.h"
 
 namespace kvbridge::transport::tcp {
-namespace {
 
-void put_u8(std::string& out, uint8_t v) { out.push_back(static_cast<char>(v)); }
-void put_u16(std::string& out, uint16_t v) {
-  for (int i = 0; i < 2; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-void put_u32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-void put_u64(std::string& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-
-uint16_t get_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
-uint32_t get_u32(const uint8_t* p) {
-  return uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
-}
-uint64_t get_u64(const uint8_t* p) { return uint64_t{get_u32(p)} | (uint64_t{get_u32(p + 4)} << 32); }
-
-std::string type_name(uint8_t type) { return "frame type " + std::to_string(type); }
-
-}  // namespace
-
-void encode_header(const FrameHeader& header, std::string& out) {
-  put_u32(out, kMagic);
-  put_u8(out, static_cast<uint8_t>(header.type));
-  put_u8(out, 0);
-  put_u16(out, 0);
-  put_u32(out, header.count);
-  put_u32(out, header.payload_bytes);
+size_t payload_limit(uint8_t type) {
+  switch (type) {
+    case kAccept: return 4 + kMaxLabelBytes;
+    case kRead:
+    case kWrite: return size_t{kMaxRangesPerFrame} * kRangeBytes;
+    case kReadData:
+    case kWriteAck: return 4;
+    case kError: return 4 + 4 + kMaxErrorText;
+  }
+  return net::opening_limit(type, net::OpeningLimits{8 + 4 + kMaxLabelBytes, 0});
 }
 
-void encode_hello(FrameType type, const Hello& hello, std::string& out) {
-  std::string_view label = std::string_view(hello.label).substr(0, kMaxLabelBytes);
-  encode_header({type, 0, static_cast<uint32_t>(kHelloFixedBytes + label.size())}, out);
-  put_u16(out, hello.version_min);
-  put_u16(out, hello.version_max);
-  put_u32(out, static_cast<uint32_t>(label.size()));
-  put_u64(out, hello.instance);
-  out.append(label);
+std::string encode_open_body(uint64_t instance, std::string_view label) {
+  net::WireWriter w;
+  w.u64(instance);
+  w.str(label.substr(0, kMaxLabelBytes));
+  return w.take();
 }
 
-void encode_ranges_header(FrameType type, std::span<const Range> ranges, std::string& out) {
-  encode_header({type, static_cast<uint32_t>(ranges.size()), static_cast<uint32_t>(ranges.size() * kRangeBytes)},
-                out);
+Status decode_open_body(std::string_view body, uint64_t* instance, std::string* label) {
+  net::WireReader r(body, "tcp Open body");
+  KVB_RETURN_IF_ERROR(r.u64("instance", instance));
+  KVB_RETURN_IF_ERROR(r.str("label", kMaxLabelBytes, label));
+  return r.finish();
+}
+
+std::string encode_ranges(std::span<const Range> ranges) {
+  net::WireWriter w;
   for (const Range& r : ranges) {
-    put_u32(out, r.segment);
-    put_u32(out, 0);
-    put_u64(out, r.address);
-    put_u64(out, r.bytes);
+    w.u32(r.segment);
+    w.u32(0);
+    w.u64(r.address);
+    w.u64(r.bytes);
   }
+  return w.take();
 }
 
-void encode_error(const Status& status, std::string& out) {
-  std::string_view text = std::string_view(status.message()).substr(0, kMaxErrorText);
-  encode_header({FrameType::kError, 0, static_cast<uint32_t>(4 + text.size())}, out);
-  put_u32(out, static_cast<uint32_t>(status.code()));
-  out.append(text);
-}
-
-Result<FrameHeader> decode_header(std::span<const uint8_t> bytes) {
-  if (bytes.size() != kHeaderBytes) return Status::invalid_argument("tcp frame: short header");
-  const uint8_t* p = bytes.data();
-  if (get_u32(p) != kMagic) return Status::invalid_argument("tcp frame: bad magic");
-  uint8_t raw_type = p[4];
-  if (p[5] != 0 || get_u16(p + 6) != 0) return Status::invalid_argument("tcp frame: reserved bytes are not zero");
-  FrameHeader h;
-  h.count = get_u32(p + 8);
-  h.payload_bytes = get_u32(p + 12);
-  auto bad = [&](std::string_view what) {
-    return Status::invalid_argument("tcp frame: " + type_name(raw_type) + ": " + std::string(what) + " (count " +
-                                    std::to_string(h.count) + ", payload " + std::to_string(h.payload_bytes) + ")");
-  };
-  switch (raw_type) {
-    case static_cast<uint8_t>(FrameType::kHello):
-    case static_cast<uint8_t>(FrameType::kHelloOk):
-      if (h.count != 0 || h.payload_bytes < kHelloFixedBytes || h.payload_bytes > kHelloFixedBytes + kMaxLabelBytes)
-        return bad("bad hello size");
-      break;
-    case static_cast<uint8_t>(FrameType::kRead):
-    case static_cast<uint8_t>(FrameType::kWrite):
-      if (h.count == 0 || h.count > kMaxRangesPerFrame) return bad("range count out of bounds");
-      if (uint64_t{h.payload_bytes} != uint64_t{h.count} * kRangeBytes) return bad("table size does not match count");
-      break;
-    case static_cast<uint8_t>(FrameType::kReadData):
-    case static_cast<uint8_t>(FrameType::kWriteAck):
-      if (h.count == 0 || h.count > kMaxRangesPerFrame || h.payload_bytes != 0) return bad("bad reply size");
-      break;
-    case static_cast<uint8_t>(FrameType::kError):
-      if (h.count != 0 || h.payload_bytes < 4 || h.payload_bytes > 4 + kMaxErrorText) return bad("bad error size");
-      break;
-    default:
-      return Status::invalid_argument("tcp frame: unknown " + type_name(raw_type));
+Status decode_ranges(std::string_view payload, const SegmentLookup& lookup, bool write, std::vector<Range>* ranges,
+                     uint64_t* total_bytes) {
+  if (payload.empty() || payload.size() % kRangeBytes != 0 || payload.size() / kRangeBytes > kMaxRangesPerFrame) {
+    return Status::invalid_argument("tcp request: a range table of " + std::to_string(payload.size()) +
+                                    " bytes is not 1 to " + std::to_string(kMaxRangesPerFrame) + " ranges of 24 bytes");
   }
-  h.type = static_cast<FrameType>(raw_type);
-  return h;
-}
-
-Result<Hello> decode_hello(std::span<const uint8_t> payload) {
-  if (payload.size() < kHelloFixedBytes || payload.size() > kHelloFixedBytes + kMaxLabelBytes)
-    return Status::invalid_argument("tcp hello: bad size " + std::to_string(payload.size()));
-  const uint8_t* p = payload.data();
-  Hello h;
-  h.version_min = get_u16(p);
-  h.version_max = get_u16(p + 2);
-  uint32_t label_bytes = get_u32(p + 4);
-  h.instance = get_u64(p + 8);
-  if (label_bytes != payload.size() - kHelloFixedBytes)
-    return Status::invalid_argument("tcp hello: label length " + std::to_string(label_bytes) +
-                                    " does not match the frame");
-  if (h.version_min == 0 || h.version_min > h.version_max)
-    return Status::invalid_argument("tcp hello: bad version range " + std::to_string(h.version_min) + ".." +
-                                    std::to_string(h.version_max));
-  h.label.assign(reinterpret_cast<const char*>(p + kHelloFixedBytes), label_bytes);
-  for (char& c : h.label) {
-    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
-  }
-  return h;
-}
-
-Status decode_ranges(std::span<const uint8_t> payload, uint32_t count, const SegmentLookup& lookup,
-                     std::vector<Range>* ranges, uint64_t* total_bytes) {
-  if (count == 0 || count > kMaxRangesPerFrame || payload.size() != uint64_t{count} * kRangeBytes)
-    return Status::invalid_argument("tcp request: range table of " + std::to_string(payload.size()) +
-                                    " bytes for " + std::to_string(count) + " ranges");
+  const size_t count = payload.size() / kRangeBytes;
+  net::WireReader r(payload, "tcp range table");
   ranges->clear();
   ranges->reserve(count);
   uint64_t total = 0;
-  for (uint32_t i = 0; i < count; ++i) {
-    const uint8_t* p = payload.data() + size_t{i} * kRangeBytes;
-    Range r{get_u32(p), get_u64(p + 8), get_u64(p + 16)};
-    std::string where = "tcp request: range " + std::to_string(i) + " (segment " + std::to_string(r.segment) +
-                        ", address 0x";
-    auto describe = [&] {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%llx, %llu bytes)", static_cast<unsigned long long>(r.address),
-                    static_cast<unsigned long long>(r.bytes));
-      return where + buf;
-    };
-    if (get_u32(p + 4) != 0) return Status::invalid_argument(describe() + ": reserved bytes are not zero");
-    if (r.bytes == 0) return Status::out_of_range(describe() + ": empty range");
-    std::optional<SegmentSpan> seg = lookup(r.segment);
-    if (!seg) return Status::out_of_range(describe() + ": no such segment registered here");
-    uint64_t end = 0, seg_end = 0;
-    if (!checked_add(r.address, r.bytes, &end) || !checked_add(seg->base, seg->bytes, &seg_end) ||
-        r.address < seg->base || end > seg_end)
-      return Status::out_of_range(describe() + ": outside the segment");
-    if (!checked_add(total, r.bytes, &total) || total > kMaxFrameDataBytes)
-      return Status::resource_exhausted(describe() + ": frame carries more than " +
-                                        std::to_string(kMaxFrameDataBytes) + " bytes");
-    ranges->push_back(r);
+  for (size_t i = 0; i < count; ++i) {
+    Range range;
+    uint32_t reserved = 0;
+    KVB_RETURN_IF_ERROR(r.u32("segment", &range.segment));
+    KVB_RETURN_IF_ERROR(r.u32("reserved", &reserved));
+    KVB_RETURN_IF_ERROR(r.u64("address", &range.address));
+    KVB_RETURN_IF_ERROR(r.u64("bytes", &range.bytes));
+    const std::string what = "tcp request: range " + std::to_string(i);
+    if (reserved != 0) return Status::invalid_argument(what + ": reserved field is not 0");
+    std::optional<SegmentSpan> seg = lookup(range.segment);
+    uint64_t end = 0;
+    if (range.bytes == 0) return Status::out_of_range(what + " is empty");
+    if (!seg) return Status::out_of_range(what + ": segment " + std::to_string(range.segment) + " is not registered");
+    if (!checked_add(range.address, range.bytes, &end) || range.address < seg->base || end > seg->base + seg->bytes) {
+      return Status::out_of_range(what + " [" + std::to_string(range.address) + ", +" + std::to_string(range.bytes) +
+                                  ") is outside segment " + std::to_string(range.segment));
+    }
+    const uint8_t needs = write ? kAccessWrite : kAccessRead;
+    if ((seg->access & needs) == 0) {
+      return Status::permission_denied(what + ": segment " + std::to_string(range.segment) + " does not allow remote " +
+                                       (write ? "writes" : "reads"));
+    }
+    if (!checked_add(total, range.bytes, &total) || total > kMaxFrameDataBytes) {
+      return Status::resource_exhausted("tcp request: more than " + std::to_string(kMaxFrameDataBytes) +
+                                        " bytes in one frame");
+    }
+    ranges->push_back(range);
   }
   *total_bytes = total;
   return Status();
 }
 
-Status decode_error(std::span<const uint8_t> payload) {
-  if (payload.size() < 4 || payload.size() > 4 + kMaxErrorText)
-    return Status::io_error("tcp: malformed error frame");
-  uint32_t raw = get_u32(payload.data());
-  std::string text(reinterpret_cast<const char*>(payload.data() + 4), payload.size() - 4);
-  for (char& c : text) {
-    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
-  }
-  Code code = Code::kIoError;
-  if (raw > static_cast<uint32_t>(Code::kOk) && raw <= static_cast<uint32_t>(Code::kInternal))
-    code = static_cast<Code>(raw);
-  return Status(code, std::move(text));
+std::string encode_count(uint32_t count) {
+  net::WireWriter w;
+  w.u32(count);
+  return w.take();
 }
 
-Result<FrameHeader> decode_request(std::span<const uint8_t> bytes, const SegmentLookup& lookup,
-                                   std::vector<Range>* ranges, uint64_t* total_bytes) {
-  if (bytes.size() < kHeaderBytes) return Status::invalid_argument("tcp frame: short header");
-  KVB_ASSIGN_OR_RETURN(FrameHeader h, decode_header(bytes.first(kHeaderBytes)));
-  std::span<const uint8_t> rest = bytes.subspan(kHeaderBytes);
-  if (rest.size() < h.payload_bytes) return Status::invalid_argument("tcp frame: truncated payload");
-  std::span<const uint8_t> payload = rest.first(h.payload_bytes);
-  *total_bytes = 0;
-  ranges->clear();
-  switch (h.type) {
-    case FrameType::kHello: {
-      KVB_ASSIGN_OR_RETURN(Hello hello, decode_hello(payload));
-      (void)hello;
-      break;
-    }
-    case FrameType::kRead:
-    case FrameType::kWrite:
-      KVB_RETURN_IF_ERROR(decode_ranges(payload, h.count, lookup, ranges, total_bytes));
-      break;
-    default:
-      return Status::invalid_argument("tcp frame: a client may not send " + type_name(static_cast<uint8_t>(h.type)));
+Result<uint32_t> decode_count(std::string_view payload) {
+  net::WireReader r(payload, "tcp reply");
+  uint32_t count = 0;
+  KVB_RETURN_IF_ERROR(r.u32("count", &count));
+  KVB_RETURN_IF_ERROR(r.finish());
+  return count;
+}
+
+std::string encode_error(const Status& status) {
+  net::WireWriter w;
+  w.u32(static_cast<uint32_t>(status.code()));
+  w.str(std::string_view(status.message()).substr(0, kMaxErrorText));
+  return w.take();
+}
+
+Status decode_error(std::string_view payload) {
+  net::WireReader r(payload, "tcp Error frame");
+  uint32_t code = 0;
+  std::string text;
+  Status s = r.u32("code", &code);
+  if (s.ok()) s = r.str("message", kMaxErrorText, &text);
+  if (s.ok()) s = r.finish();
+  if (!s.ok()) return Status::io_error("tcp: malformed error frame: " + s.message());
+  if (code == 0 || code > static_cast<uint32_t>(Code::kPermissionDenied)) return Status::io_error(text);
+  return Status(static_cast<Code>(code), text);
+}
+
+Result<bool> decode_request(uint8_t type, std::string_view payload, const SegmentLookup& lookup,
+                            std::vector<Range>* ranges, uint64_t* total_bytes) {
+  if (type != kRead && type != kWrite) {
+    return Status::invalid_argument("tcp: frame type " + std::to_string(type) + " is not a request");
   }
-  return h;
+  KVB_RETURN_IF_ERROR(decode_ranges(payload, lookup, type == kWrite, ranges, total_bytes));
+  return type == kWrite;
 }
 
 }  // namespace kvbridge::transport::tcp

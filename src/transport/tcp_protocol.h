@@ -1,16 +1,22 @@
-// transport/tcp_protocol.h: the framed wire protocol of the tcp transport.
+// transport/tcp_protocol.h: the tcp transport's own frames, on the shared
+// framing of net/frame.h.
 //
-// The format is specified in docs/formats/tcp-protocol.md (version 1). A
-// stream opens with HELLO (client) and HELLO_OK (server); then the client
-// sends READ and WRITE request frames and the server answers each, in order,
-// with READ_DATA (followed by the bytes), WRITE_ACK or ERROR. Every integer is
-// little-endian. This file holds the pure encoding and decoding: no I/O, no
-// threads, so the decoders can be fuzzed (fuzz/tcp_frame_fuzz.cc).
+// The format is docs/formats/tcp-protocol.md (version 2). A stream opens with
+// the shared exchange (net/opening.h): the client's Open body names the
+// server transport instance it wants (from the address blob) and who it is;
+// the server answers Accept. Then the client sends Read and Write request
+// frames and the server answers each, in order, with ReadData (followed by
+// the bytes), WriteAck or Error. Write's bulk data follows its frame; so does
+// ReadData's. On a connection that proved a shared secret every frame carries
+// a tag; the bulk data does not. This file holds the pure encoding and
+// decoding: no I/O, no threads, so the decoders can be fuzzed
+// (fuzz/tcp_frame_fuzz.cc).
 //
 // Every decoder treats its input as hostile: lengths are checked against the
 // bytes present, counts and sizes against the bounds below, and sums against
 // overflow. A range is accepted only when it lies inside a segment of the
-// caller's SegmentLookup.
+// caller's SegmentLookup that grants the access the request needs (a read
+// needs remote read access, a write remote write access).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -27,38 +33,19 @@
 
 namespace kvbridge::transport::tcp {
 
-inline constexpr uint32_t kMagic = 0x5442564B;  // "KVBT" read as little-endian bytes
-inline constexpr uint16_t kVersion = 1;
-inline constexpr size_t kHeaderBytes = 16;
+inline constexpr uint16_t kVersion = 2;
 inline constexpr size_t kRangeBytes = 24;
-inline constexpr size_t kHelloFixedBytes = 16;
 inline constexpr size_t kMaxLabelBytes = 256;
 inline constexpr size_t kMaxErrorText = 1024;
 // Bounds a peer may not exceed (the decoder rejects larger numbers).
 inline constexpr uint32_t kMaxRangesPerFrame = 65536;
 inline constexpr uint64_t kMaxFrameDataBytes = uint64_t{1} << 30;
-inline constexpr uint32_t kMaxPayloadBytes = kMaxRangesPerFrame * kRangeBytes;
 
-enum class FrameType : uint8_t {
-  kHello = 1,
-  kHelloOk = 2,
-  kRead = 3,
-  kWrite = 4,
-  kReadData = 5,
-  kWriteAck = 6,
-  kError = 7,
-};
+// The tcp protocol's frame types (after the shared opening types).
+inline constexpr uint8_t kAccept = 16, kRead = 17, kWrite = 18, kReadData = 19, kWriteAck = 20, kError = 21;
 
-// The 16-byte header of every frame. `count` is the number of ranges (READ,
-// WRITE, and echoed by READ_DATA and WRITE_ACK), `payload_bytes` the bytes
-// after the header that belong to the frame itself (hello body, range table,
-// error body); bulk data (WRITE, READ_DATA) follows the payload and its length
-// is the sum of the ranges' lengths.
-struct FrameHeader {
-  FrameType type = FrameType::kError;
-  uint32_t count = 0;
-  uint32_t payload_bytes = 0;
-};
+// The largest payload of a frame type; 0 for an unknown type.
+size_t payload_limit(uint8_t type);
 
 // One range of a request: `bytes` at the server's virtual address `address`
 // inside its segment `segment`.
@@ -68,46 +55,44 @@ struct Range {
   uint64_t bytes = 0;
 };
 
-struct Hello {
-  uint16_t version_min = kVersion;  // HELLO_OK: the chosen version in both
-  uint16_t version_max = kVersion;
-  uint64_t instance = 0;  // the server transport's random instance id
-  std::string label;      // who is speaking, for error messages
-};
+// Remote access bits a segment grants (RemoteAccess in engine.h).
+inline constexpr uint8_t kAccessRead = 1, kAccessWrite = 2;
 
-// Returns the segment's [base, base + bytes) when `id` is registered.
+// The segment's [base, base + bytes) and access when `id` is registered.
 struct SegmentSpan {
   uint64_t base = 0;
   uint64_t bytes = 0;
+  uint8_t access = kAccessRead | kAccessWrite;
 };
 using SegmentLookup = std::function<std::optional<SegmentSpan>(uint32_t id)>;
 
-// Encoders append to `out`.
-void encode_header(const FrameHeader& header, std::string& out);
-void encode_hello(FrameType type, const Hello& hello, std::string& out);
-void encode_ranges_header(FrameType type, std::span<const Range> ranges, std::string& out);
-void encode_error(const Status& status, std::string& out);
+// The Open body: the server transport's instance the client wants, and a
+// label naming the client in the server's messages.
+std::string encode_open_body(uint64_t instance, std::string_view label);
+Status decode_open_body(std::string_view body, uint64_t* instance, std::string* label);
 
-// Decodes a header from exactly kHeaderBytes. kInvalidArgument for a bad
-// magic, an unknown type, non-zero reserved bytes, or a payload or count
-// outside the bounds for the type.
-Result<FrameHeader> decode_header(std::span<const uint8_t> bytes);
-// Decodes a HELLO or HELLO_OK body of header.payload_bytes.
-Result<Hello> decode_hello(std::span<const uint8_t> payload);
-// Decodes `count` ranges and checks each against `lookup`: kOutOfRange
-// naming the range when it is empty or not inside one registered segment,
-// kInvalidArgument for a malformed table, kResourceExhausted when the sum
-// exceeds kMaxFrameDataBytes. On success `*total_bytes` is the sum.
-Status decode_ranges(std::span<const uint8_t> payload, uint32_t count, const SegmentLookup& lookup,
-                     std::vector<Range>* ranges, uint64_t* total_bytes);
-// Decodes an ERROR body into the Status it carries (unknown codes become
-// kIoError; never OK).
-Status decode_error(std::span<const uint8_t> payload);
+// Request payloads: the range table.
+std::string encode_ranges(std::span<const Range> ranges);
+// Decodes a table and checks each range against `lookup` and the access a
+// `write` (or read) needs: kOutOfRange naming the range when it is empty or
+// not inside one registered segment, kPermissionDenied when its segment
+// does not grant the access, kInvalidArgument for a malformed table,
+// kResourceExhausted when the sum exceeds kMaxFrameDataBytes. On success
+// `*total_bytes` is the sum.
+Status decode_ranges(std::string_view payload, const SegmentLookup& lookup, bool write, std::vector<Range>* ranges,
+                     uint64_t* total_bytes);
 
-// Decodes one complete request frame (header, table) as the server would and
-// validates it: the fuzz target's entry point. Returns the header or the
-// first problem.
-Result<FrameHeader> decode_request(std::span<const uint8_t> bytes, const SegmentLookup& lookup,
-                                   std::vector<Range>* ranges, uint64_t* total_bytes);
+// ReadData / WriteAck payloads: the count of ranges answered.
+std::string encode_count(uint32_t count);
+Result<uint32_t> decode_count(std::string_view payload);
+
+// Error payloads carry a Status (unknown codes become kIoError; never OK).
+std::string encode_error(const Status& status);
+Status decode_error(std::string_view payload);
+
+// Checks one request frame's type and payload as the server would: the fuzz
+// target's entry point. Returns whether it is a write, or the first problem.
+Result<bool> decode_request(uint8_t type, std::string_view payload, const SegmentLookup& lookup,
+                            std::vector<Range>* ranges, uint64_t* total_bytes);
 
 }  // namespace kvbridge::transport::tcp

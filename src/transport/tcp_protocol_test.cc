@@ -2,105 +2,49 @@
 
 #include <gtest/gtest.h>
 
-#include <cstring>
+#include "net/frame.h"
+#include "testing/corpus.h"
 
 namespace kvbridge::transport::tcp {
 namespace {
 
-std::span<const uint8_t> bytes_of(const std::string& s) {
-  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
-}
-
-SegmentLookup one_segment(uint32_t id, uint64_t base, uint64_t bytes) {
+SegmentLookup one_segment(uint32_t id, uint64_t base, uint64_t bytes, uint8_t access = kAccessRead | kAccessWrite) {
   return [=](uint32_t asked) -> std::optional<SegmentSpan> {
     if (asked != id) return std::nullopt;
-    return SegmentSpan{base, bytes};
+    return SegmentSpan{base, bytes, access};
   };
 }
 
-std::string request(FrameType type, std::vector<Range> ranges) {
-  std::string out;
-  encode_ranges_header(type, ranges, out);
-  return out;
+TEST(TcpProtocolTest, PayloadLimitsBoundEveryTypeAndNoOther) {
+  EXPECT_EQ(payload_limit(kRead), size_t{kMaxRangesPerFrame} * kRangeBytes);
+  EXPECT_EQ(payload_limit(kReadData), 4u);
+  EXPECT_EQ(payload_limit(kError), 4u + 4 + kMaxErrorText);
+  EXPECT_GT(payload_limit(net::kOpen), 0u);
+  EXPECT_EQ(payload_limit(99), 0u);
+  std::string head;
+  net::encode_header({net::Protocol::kTcp, kRead, kVersion, static_cast<uint32_t>(payload_limit(kRead) + 1), false},
+                     head);
+  EXPECT_FALSE(net::decode_header(head, net::Protocol::kTcp, kVersion, payload_limit).ok());
 }
 
-TEST(TcpProtocolTest, HeaderRoundTrips) {
-  std::string out;
-  encode_header({FrameType::kWriteAck, 7, 0}, out);
-  ASSERT_EQ(out.size(), kHeaderBytes);
-  Result<FrameHeader> h = decode_header(bytes_of(out));
-  ASSERT_TRUE(h.ok()) << h.error().to_string();
-  EXPECT_EQ(h->type, FrameType::kWriteAck);
-  EXPECT_EQ(h->count, 7u);
-}
-
-TEST(TcpProtocolTest, HeaderIsLittleEndianWithMagicFirst) {
-  std::string out;
-  encode_header({FrameType::kRead, 1, 24}, out);
-  EXPECT_EQ(out.substr(0, 4), "KVBT");
-  EXPECT_EQ(static_cast<uint8_t>(out[4]), 3);
-  EXPECT_EQ(static_cast<uint8_t>(out[8]), 1);
-  EXPECT_EQ(static_cast<uint8_t>(out[12]), 24);
-}
-
-TEST(TcpProtocolTest, RejectsBadMagicReservedBytesAndUnknownTypes) {
-  std::string good;
-  encode_header({FrameType::kWriteAck, 1, 0}, good);
-  std::string bad = good;
-  bad[0] = 'X';
-  EXPECT_EQ(decode_header(bytes_of(bad)).error().code(), Code::kInvalidArgument);
-  bad = good;
-  bad[5] = 1;
-  EXPECT_EQ(decode_header(bytes_of(bad)).error().code(), Code::kInvalidArgument);
-  bad = good;
-  bad[4] = 99;
-  EXPECT_NE(decode_header(bytes_of(bad)).error().message().find("unknown frame type 99"), std::string::npos);
-  EXPECT_FALSE(decode_header(bytes_of(good.substr(0, 15))).ok());
-}
-
-TEST(TcpProtocolTest, RejectsCountsAndPayloadsOutsideTheBounds) {
-  auto header = [](FrameType t, uint32_t count, uint32_t payload) {
-    std::string out;
-    encode_header({t, count, payload}, out);
-    return decode_header(bytes_of(out));
-  };
-  EXPECT_FALSE(header(FrameType::kRead, 0, 0).ok());
-  EXPECT_FALSE(header(FrameType::kRead, kMaxRangesPerFrame + 1, (kMaxRangesPerFrame + 1) * 24).ok());
-  EXPECT_FALSE(header(FrameType::kRead, 2, 24).ok());
-  EXPECT_FALSE(header(FrameType::kRead, 0xffffffffu, 0xffffffe8u).ok());
-  EXPECT_TRUE(header(FrameType::kRead, kMaxRangesPerFrame, kMaxRangesPerFrame * 24).ok());
-  EXPECT_FALSE(header(FrameType::kHello, 0, 15).ok());
-  EXPECT_FALSE(header(FrameType::kHello, 0, kHelloFixedBytes + kMaxLabelBytes + 1).ok());
-  EXPECT_FALSE(header(FrameType::kHello, 1, 16).ok());
-  EXPECT_FALSE(header(FrameType::kError, 0, 3).ok());
-  EXPECT_FALSE(header(FrameType::kError, 0, 4 + kMaxErrorText + 1).ok());
-  EXPECT_FALSE(header(FrameType::kReadData, 1, 1).ok());
-  EXPECT_FALSE(header(FrameType::kWriteAck, 0, 0).ok());
-}
-
-TEST(TcpProtocolTest, HelloRoundTripsAndRejectsLyingLengths) {
-  std::string out;
-  encode_hello(FrameType::kHello, Hello{1, 1, 0x1234, "pid 7 on box"}, out);
-  Result<FrameHeader> h = decode_header(bytes_of(out).first(kHeaderBytes));
-  ASSERT_TRUE(h.ok());
-  Result<Hello> hello = decode_hello(bytes_of(out).subspan(kHeaderBytes));
-  ASSERT_TRUE(hello.ok()) << hello.error().to_string();
-  EXPECT_EQ(hello->instance, 0x1234u);
-  EXPECT_EQ(hello->label, "pid 7 on box");
-
-  std::string lying = out;
-  lying[kHeaderBytes + 4] = 100;  // label length
-  EXPECT_FALSE(decode_hello(bytes_of(lying).subspan(kHeaderBytes)).ok());
-  std::string backwards;
-  encode_hello(FrameType::kHello, Hello{2, 1, 1, ""}, backwards);
-  EXPECT_FALSE(decode_hello(bytes_of(backwards).subspan(kHeaderBytes)).ok());
+TEST(TcpProtocolTest, OpenBodyRoundTripsAndRejectsLyingLengths) {
+  std::string body = encode_open_body(0x1234, "pid 7 on box");
+  uint64_t instance = 0;
+  std::string label;
+  ASSERT_TRUE(decode_open_body(body, &instance, &label).ok());
+  EXPECT_EQ(instance, 0x1234u);
+  EXPECT_EQ(label, "pid 7 on box");
+  std::string lying = body;
+  lying[8] = 100;  // label length
+  EXPECT_FALSE(decode_open_body(lying, &instance, &label).ok());
+  EXPECT_FALSE(decode_open_body(body + "x", &instance, &label).ok()) << "trailing bytes";
 }
 
 TEST(TcpProtocolTest, RangesInsideTheSegmentAreAccepted) {
-  std::string frame = request(FrameType::kRead, {{3, 1000, 10}, {3, 1090, 10}});
   std::vector<Range> ranges;
   uint64_t total = 0;
-  Status s = decode_ranges(bytes_of(frame).subspan(kHeaderBytes), 2, one_segment(3, 1000, 100), &ranges, &total);
+  Status s = decode_ranges(encode_ranges(std::vector<Range>{{3, 1000, 10}, {3, 1090, 10}}),
+                           one_segment(3, 1000, 100), false, &ranges, &total);
   ASSERT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(total, 20u);
   ASSERT_EQ(ranges.size(), 2u);
@@ -111,10 +55,7 @@ TEST(TcpProtocolTest, RangesOutsideTheirSegmentAreRejected) {
   SegmentLookup seg = one_segment(3, 1000, 100);
   std::vector<Range> ranges;
   uint64_t total = 0;
-  auto check = [&](Range r) {
-    std::string frame = request(FrameType::kWrite, {r});
-    return decode_ranges(bytes_of(frame).subspan(kHeaderBytes), 1, seg, &ranges, &total);
-  };
+  auto check = [&](Range r) { return decode_ranges(encode_ranges(std::vector<Range>{r}), seg, true, &ranges, &total); };
   EXPECT_EQ(check({3, 1091, 10}).code(), Code::kOutOfRange);  // past the end by one
   EXPECT_EQ(check({3, 999, 1}).code(), Code::kOutOfRange);    // before the start
   EXPECT_EQ(check({4, 1000, 1}).code(), Code::kOutOfRange);   // unknown segment
@@ -124,37 +65,85 @@ TEST(TcpProtocolTest, RangesOutsideTheirSegmentAreRejected) {
   EXPECT_NE(check({4, 1000, 1}).message().find("segment 4"), std::string::npos);
 }
 
-TEST(TcpProtocolTest, FramesCarryingTooManyBytesAreRejected) {
-  SegmentLookup seg = one_segment(1, 0, ~uint64_t{0});
-  std::string frame = request(FrameType::kWrite, {{1, 0, kMaxFrameDataBytes}, {1, 0, 1}});
+TEST(TcpProtocolTest, ASegmentGrantsOnlyItsAccess) {
   std::vector<Range> ranges;
   uint64_t total = 0;
-  EXPECT_EQ(decode_ranges(bytes_of(frame).subspan(kHeaderBytes), 2, seg, &ranges, &total).code(),
+  const std::string table = encode_ranges(std::vector<Range>{{1, 0, 8}});
+  Status w = decode_ranges(table, one_segment(1, 0, 64, kAccessRead), true, &ranges, &total);
+  EXPECT_EQ(w.code(), Code::kPermissionDenied);
+  EXPECT_NE(w.message().find("does not allow remote writes"), std::string::npos) << w.message();
+  EXPECT_TRUE(decode_ranges(table, one_segment(1, 0, 64, kAccessRead), false, &ranges, &total).ok());
+  EXPECT_EQ(decode_ranges(table, one_segment(1, 0, 64, kAccessWrite), false, &ranges, &total).code(),
+            Code::kPermissionDenied);
+}
+
+TEST(TcpProtocolTest, MalformedTablesAndFramesCarryingTooManyBytesAreRejected) {
+  std::vector<Range> ranges;
+  uint64_t total = 0;
+  SegmentLookup seg = one_segment(1, 0, ~uint64_t{0});
+  EXPECT_EQ(decode_ranges(encode_ranges(std::vector<Range>{{1, 0, kMaxFrameDataBytes}, {1, 0, 1}}), seg, true, &ranges,
+                          &total)
+                .code(),
             Code::kResourceExhausted);
+  EXPECT_EQ(decode_ranges("", seg, false, &ranges, &total).code(), Code::kInvalidArgument);
+  EXPECT_EQ(decode_ranges(std::string(25, '\0'), seg, false, &ranges, &total).code(), Code::kInvalidArgument);
+  std::string reserved = encode_ranges(std::vector<Range>{{1, 0, 8}});
+  reserved[4] = 1;
+  EXPECT_EQ(decode_ranges(reserved, seg, false, &ranges, &total).code(), Code::kInvalidArgument);
 }
 
 TEST(TcpProtocolTest, ErrorFramesCarryTheirCodeAndNeverOk) {
-  std::string out;
-  encode_error(Status::out_of_range("range 2 outside"), out);
-  Status s = decode_error(bytes_of(out).subspan(kHeaderBytes));
+  std::string out = encode_error(Status::out_of_range("range 2 outside"));
+  Status s = decode_error(out);
   EXPECT_EQ(s.code(), Code::kOutOfRange);
   EXPECT_EQ(s.message(), "range 2 outside");
-  out[kHeaderBytes] = 0;  // code kOk on the wire
-  EXPECT_EQ(decode_error(bytes_of(out).subspan(kHeaderBytes)).code(), Code::kIoError);
-  out[kHeaderBytes] = 200;
-  EXPECT_EQ(decode_error(bytes_of(out).subspan(kHeaderBytes)).code(), Code::kIoError);
+  out[0] = 0;  // code kOk on the wire
+  EXPECT_EQ(decode_error(out).code(), Code::kIoError);
+  out[0] = static_cast<char>(200);
+  EXPECT_EQ(decode_error(out).code(), Code::kIoError);
+  EXPECT_EQ(decode_error("xx").code(), Code::kIoError);
 }
 
-TEST(TcpProtocolTest, DecodeRequestRejectsTruncatedAndServerOnlyFrames) {
+TEST(TcpProtocolTest, DecodeRequestTakesOnlyRequests) {
   SegmentLookup seg = one_segment(1, 0, 1 << 20);
   std::vector<Range> ranges;
   uint64_t total = 0;
-  std::string frame = request(FrameType::kRead, {{1, 0, 4096}});
-  EXPECT_TRUE(decode_request(bytes_of(frame), seg, &ranges, &total).ok());
-  EXPECT_FALSE(decode_request(bytes_of(frame).first(frame.size() - 1), seg, &ranges, &total).ok());
-  std::string ack;
-  encode_header({FrameType::kWriteAck, 1, 0}, ack);
-  EXPECT_FALSE(decode_request(bytes_of(ack), seg, &ranges, &total).ok());
+  const std::string table = encode_ranges(std::vector<Range>{{1, 0, 4096}});
+  EXPECT_TRUE(decode_request(kRead, table, seg, &ranges, &total).ok());
+  EXPECT_FALSE(decode_request(kRead, table.substr(1), seg, &ranges, &total).ok());
+  EXPECT_FALSE(decode_request(kWriteAck, table, seg, &ranges, &total).ok());
+  EXPECT_EQ(decode_count(encode_count(7)).value(), 7u);
+  EXPECT_FALSE(decode_count("abc").ok());
+}
+
+// The seeds of fuzz/tcp_frame_fuzz.cc (testing/corpus.h): whole frames
+// (header, payload) a client or server may send; every checked-in one
+// decodes.
+TEST(TcpProtocolTest, SeedCorpusFramesDecode) {
+  auto frame = [](uint8_t type, std::string payload) {
+    std::string out;
+    net::encode_header({net::Protocol::kTcp, type, kVersion, static_cast<uint32_t>(payload.size()), false}, out);
+    return out + payload;
+  };
+  const kvbridge::testing::Seeds seeds = {
+      {"read_two_segments", frame(kRead, encode_ranges(std::vector<Range>{{1, 0x10000, 4096}, {2, 0x7fff0000, 64}}))},
+      {"write_one_range", frame(kWrite, encode_ranges(std::vector<Range>{{1, 0x10100, 100}}))},
+      {"read_out_of_range", frame(kRead, encode_ranges(std::vector<Range>{{1, 0x1fff0, 4096}}))},
+      {"read_data", frame(kReadData, encode_count(2))},
+      {"write_ack", frame(kWriteAck, encode_count(1))},
+      {"error", frame(kError, encode_error(Status::out_of_range("range 0 is outside segment 1")))},
+      {"accept", frame(kAccept, std::string("\x04\x00\x00\x00peer", 8))},
+  };
+  const kvbridge::testing::Seeds checked_in = kvbridge::testing::seed_corpus("tcp_frame", seeds);
+  EXPECT_GE(checked_in.size(), seeds.size());
+  for (const auto& [name, bytes] : checked_in) {
+    ASSERT_GE(bytes.size(), net::kFrameHeaderBytes) << name;
+    Result<net::FrameHeader> h =
+        net::decode_header(std::string_view(bytes).substr(0, net::kFrameHeaderBytes), net::Protocol::kTcp, kVersion,
+                           payload_limit);
+    ASSERT_TRUE(h.ok()) << name << ": " << h.error().to_string();
+    EXPECT_EQ(bytes.size(), net::kFrameHeaderBytes + h->payload_bytes) << name;
+  }
 }
 
 }  // namespace

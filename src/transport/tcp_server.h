@@ -1,10 +1,16 @@
 // transport/tcp_server.h: the serving half of the tcp transport.
 //
-// A TcpServer listens on host:port, accepts streams from peers' links, and
-// serves their READ and WRITE frames against this engine's registered
-// segments. It trusts nothing a peer sends: every frame is decoded by
-// tcp_protocol's checked decoders and every range must lie inside one
-// registered segment, or the peer gets an ERROR frame and nothing is touched.
+// A TcpServer accepts streams from peers' links on a net::Listener (so each
+// opens with the shared exchange: the engine's secret when it has one, the
+// listener's bounds on connections still opening) and serves their Read and
+// Write frames against this engine's registered segments. It trusts nothing a
+// peer sends: every frame is decoded by tcp_protocol's checked decoders,
+// every range must lie inside one registered segment that grants the access
+// the request needs, or the peer gets an Error frame and nothing is touched.
+// Each accepted stream is served by a thread of its own, at most
+// kMaxStreams of them (and kMaxStreamsPerPeer per client label); past that a
+// client is refused as busy, and a thread that cannot start closes its
+// stream instead of taking the process down.
 //
 // Memory safety against deregistration: the server touches segment memory
 // only inside non-blocking syscalls made under a shared lock, after checking
@@ -13,8 +19,8 @@
 // the server never touches that segment again; a frame that was using it is
 // abandoned and its stream closed.
 //
-// Thread-safety: add/remove_segment from any thread; one thread accepts and
-// one thread serves each stream. The destructor stops and joins them all.
+// Thread-safety: add/remove_segment from any thread. The destructor stops
+// and joins every thread.
 #pragma once
 
 #include <atomic>
@@ -28,49 +34,52 @@
 #include <thread>
 
 #include "kvbridge/status.h"
+#include "net/listener.h"
 #include "transport/tcp_protocol.h"
 
 namespace kvbridge::transport::tcp {
 
+inline constexpr size_t kMaxStreams = 256;
+inline constexpr size_t kMaxStreamsPerPeer = 128;
+
 class TcpServer {
  public:
-  // Binds host:port (port 0: ephemeral) and starts accepting. kUnavailable
-  // when it cannot listen.
-  static Result<std::unique_ptr<TcpServer>> create(const std::string& host, uint16_t port, std::string label);
+  // Binds `at` (port 0: ephemeral) and starts accepting. kUnavailable when
+  // it cannot listen.
+  static Result<std::unique_ptr<TcpServer>> create(const net::HostPort& at, std::string label, std::string secret);
   ~TcpServer();
 
-  uint16_t port() const { return port_; }
+  uint16_t port() const { return listener_->address().port; }
   uint64_t instance() const { return instance_; }
+  net::ListenerStats listener_stats() const { return listener_->stats(); }
 
-  void add_segment(uint32_t id, uint64_t base, uint64_t bytes);
+  void add_segment(uint32_t id, uint64_t base, uint64_t bytes, uint8_t access);
   // When it returns, no stream touches [base, base + bytes) of `id` again.
   void remove_segment(uint32_t id);
 
  private:
   struct Conn {
-    int fd = -1;  // guarded by conns_mutex_; closed by its thread
+    net::Fd fd;
+    std::string peer;  // the client's label
+    std::shared_ptr<void> slot;
     std::thread thread;
     std::atomic<bool> finished{false};
   };
 
-  TcpServer(int listen_fd, uint16_t port, std::string label);
-  void accept_loop();
-  void serve(Conn* conn, int fd);
-  Status serve_frames(int fd, std::string& peer_label);
-  Status serve_request(int fd, const FrameHeader& header, const std::string& peer);
-  // Moves `total` bytes between the socket and the validated `ranges`,
-  // re-validating them whenever a segment was removed meanwhile.
+  TcpServer(std::string label) : label_(std::move(label)) {}
+  net::Answer answer(const net::OpenRequest& request);
+  void adopt(net::Accepted accepted);
+  void serve(Conn* conn, net::Session session);
+  Status serve_request(int fd, net::Session& session, uint8_t type, std::string_view payload, const std::string& peer);
+  // Moves the ranges' bytes between the socket and memory, re-validating
+  // them whenever a segment was removed meanwhile.
   Status move_data(int fd, bool to_socket, const std::vector<Range>& ranges, const std::string& prefix,
                    const std::string& peer);
   Status drain(int fd, uint64_t bytes, const std::string& peer);
   std::optional<SegmentSpan> lookup_locked(uint32_t id) const;
-  void close_conn(Conn* conn);
   void reap_finished();
 
-  int listen_fd_;
-  int wake_fds_[2] = {-1, -1};  // a pipe that wakes accept_loop on shutdown
-  uint16_t port_;
-  uint64_t instance_;
+  uint64_t instance_ = 0;
   std::string label_;
   std::atomic<bool> stop_{false};
 
@@ -80,7 +89,8 @@ class TcpServer {
 
   std::mutex conns_mutex_;
   std::list<std::unique_ptr<Conn>> conns_;
-  std::thread accept_thread_;
+  std::map<std::string, size_t> per_peer_;  // streams per client label, guarded by conns_mutex_
+  std::unique_ptr<net::Listener> listener_;  // last: stopped first
 };
 
 }  // namespace kvbridge::transport::tcp

@@ -12,9 +12,11 @@
 #include <random>
 #include <thread>
 
+#include "net/opening.h"
+#include "net/socket.h"
+#include "net/wire.h"
 #include "transport/tcp_link.h"
 #include "transport/tcp_protocol.h"
-#include "transport/tcp_socket.h"
 #include "transport/transport.h"
 
 namespace kvbridge::transport {
@@ -29,16 +31,16 @@ class TcpTest : public ::testing::Test {
   static constexpr uint64_t kSegmentBytes = uint64_t{72} << 20;
 
   void SetUp() override {
-    auto server = make_tcp_transport("127.0.0.1", 4);
+    auto server = make_tcp_transport("127.0.0.1", 4, "");
     ASSERT_TRUE(server.ok()) << server.error().to_string();
     server_ = std::move(*server);
-    auto client = make_tcp_transport("127.0.0.1", 4);
+    auto client = make_tcp_transport("127.0.0.1", 4, "");
     ASSERT_TRUE(client.ok()) << client.error().to_string();
     client_ = std::move(*client);
     remote_.resize(kSegmentBytes);
     for (uint64_t i = 0; i < remote_.size(); ++i) remote_[i] = pattern(i);
     local_.assign(kSegmentBytes, 0);
-    ASSERT_TRUE(server_->add_segment(Segment{7, remote_.data(), remote_.size(), "host"}).ok());
+    ASSERT_TRUE(server_->add_segment(Segment{7, remote_.data(), remote_.size(), "host", 3}).ok());
     auto link = client_->connect(peer());
     ASSERT_TRUE(link.ok()) << link.error().to_string();
     link_ = std::move(*link);
@@ -71,7 +73,7 @@ class TcpTest : public ::testing::Test {
   // A link over one stream, for runs whose copies overlap locally on purpose
   // (long runs in a small buffer): one thread writes them, so no data race.
   std::unique_ptr<Link> single_stream_link() {
-    auto t = make_tcp_transport("127.0.0.1", 1);
+    auto t = make_tcp_transport("127.0.0.1", 1, "");
     EXPECT_TRUE(t.ok());
     single_ = std::move(*t);
     auto link = single_->connect(peer());
@@ -228,7 +230,8 @@ TEST_F(TcpTest, PeerGoneMidTransferIsAnIoErrorNamingThePeer) {
   EXPECT_LT(Clock::now() - start, 5s);
   // A new run dials, and the refused connection is an error too, not a hang.
   Status again = run(TransferOp::kRead, {copy(0, 0, 10)}, 2s);
-  EXPECT_EQ(again.code(), Code::kIoError) << again.to_string();
+  EXPECT_EQ(again.code(), Code::kUnavailable) << again.to_string();
+  EXPECT_NE(again.message().find("Connection refused"), std::string::npos) << again.to_string();
 }
 
 TEST_F(TcpTest, ConnectRefusesAStaleInstance) {
@@ -241,48 +244,64 @@ TEST_F(TcpTest, ConnectRefusesAStaleInstance) {
   EXPECT_EQ(link.error().code(), Code::kUnavailable) << link.error().to_string();
 }
 
-// A hand-written server: accepts one stream, says hello, then does `after`.
+namespace n = ::kvbridge::net;
+
+const n::OpeningConfig kOpening{n::Protocol::kTcp, tcp::kVersion, "", n::OpeningLimits{8 + 4 + tcp::kMaxLabelBytes, 0}};
+
+// One tcp frame, untagged (these connections have no secret).
+std::string frame(uint8_t type, std::string_view payload) {
+  n::Session none;
+  std::string out;
+  n::append_frame(out, {n::Protocol::kTcp, type, tcp::kVersion, 0, false}, payload, none);
+  return out;
+}
+
+// A hand-written server: accepts one stream, runs the opening exchange,
+// answers Accept, then does `after`.
 class FakeServer {
  public:
   explicit FakeServer(std::function<void(int fd)> after) {
-    uint16_t port = 0;
-    fd_ = *tcp::listen_on("127.0.0.1", 0, &port);
-    address_ = tcp::format_address({"127.0.0.1", port}, 0x42);
+    Result<n::Listening> l = n::listen_on({"127.0.0.1", 0}, 16, "fake");
+    listening_ = std::move(l->fd);
+    address_ = tcp::format_address(l->bound, 0x42);
     thread_ = std::thread([this, after = std::move(after)] {
       int fd = -1;
       while (fd < 0 && !stop_) {
-        fd = ::accept(fd_, nullptr, nullptr);
+        fd = ::accept(listening_.get(), nullptr, nullptr);
         if (fd < 0) std::this_thread::sleep_for(1ms);
       }
       if (fd < 0) return;
-      tcp::IoLimits limits{Clock::now() + 5s};
-      uint8_t head[tcp::kHeaderBytes];
-      if (!tcp::recv_bytes(fd, head, sizeof head, limits, "fake").ok()) return;
-      std::vector<uint8_t> body(tcp::decode_header(head)->payload_bytes);
-      (void)tcp::recv_bytes(fd, body.data(), body.size(), limits, "fake");
-      std::string out;
-      tcp::encode_hello(tcp::FrameType::kHelloOk, tcp::Hello{1, 1, 0x42, "fake"}, out);
-      (void)tcp::send_bytes(fd, out.data(), out.size(), limits, "fake");
+      n::Fd owned(fd);
+      n::IoLimits limits{Clock::now() + 5s};
+      n::FrameReader reader(n::Protocol::kTcp, tcp::kVersion, tcp::payload_limit);
+      n::Session none;
+      if (!n::read_frame(fd, reader, none, limits, "fake").ok()) return;
+      n::ServerOpening opening(kOpening);
+      if (opening.on_frame(reader.header(), reader.raw_header(), reader.payload()).kind !=
+          n::ServerOpening::Step::Kind::kOpened)
+        return;
+      n::WireWriter label;
+      label.str("fake");
+      const std::string out = frame(tcp::kAccept, label.out());
+      (void)n::send_bytes(fd, out.data(), out.size(), limits, "fake");
       after(fd);
-      ::close(fd);
     });
   }
   ~FakeServer() {
     stop_ = true;
     thread_.join();
-    ::close(fd_);
   }
   PeerInfo peer() const { return PeerInfo{"fake", 0, "", address_, {}}; }
 
  private:
-  int fd_ = -1;
+  n::Fd listening_;
   std::string address_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
 
 Status run_against(FakeServer& fake, TransferOp op, std::chrono::milliseconds timeout) {
-  auto client = make_tcp_transport("127.0.0.1", 1);
+  auto client = make_tcp_transport("127.0.0.1", 1, "");
   auto link = (*client)->connect(fake.peer());
   if (!link.ok()) return link.error();
   std::vector<uint8_t> buf(1 << 16, 0);
@@ -302,10 +321,9 @@ TEST(TcpFakePeerTest, SilentPeerHitsTheDeadline) {
 TEST(TcpFakePeerTest, PeerClosingMidReplyIsAnIoError) {
   FakeServer fake([](int fd) {
     std::this_thread::sleep_for(20ms);
-    std::string out;
-    tcp::encode_header({tcp::FrameType::kReadData, 1, 0}, out);
+    std::string out = frame(tcp::kReadData, tcp::encode_count(1));
     out.append(100, 'x');  // then the peer dies
-    (void)tcp::send_bytes(fd, out.data(), out.size(), {Clock::now() + 1s}, "fake");
+    (void)n::send_bytes(fd, out.data(), out.size(), {Clock::now() + 1s}, "fake");
   });
   Status s = run_against(fake, TransferOp::kRead, 5s);
   EXPECT_EQ(s.code(), Code::kIoError) << s.to_string();
@@ -316,7 +334,7 @@ TEST(TcpFakePeerTest, MalformedReplyIsAnIoError) {
   FakeServer fake([](int fd) {
     std::this_thread::sleep_for(20ms);
     std::string out(16, '\xff');
-    (void)tcp::send_bytes(fd, out.data(), out.size(), {Clock::now() + 1s}, "fake");
+    (void)n::send_bytes(fd, out.data(), out.size(), {Clock::now() + 1s}, "fake");
     std::this_thread::sleep_for(200ms);
   });
   Status s = run_against(fake, TransferOp::kRead, 5s);
@@ -326,9 +344,8 @@ TEST(TcpFakePeerTest, MalformedReplyIsAnIoError) {
 TEST(TcpFakePeerTest, ReplyForTheWrongRequestIsAnIoError) {
   FakeServer fake([](int fd) {
     std::this_thread::sleep_for(20ms);
-    std::string out;
-    tcp::encode_header({tcp::FrameType::kWriteAck, 1, 0}, out);  // to a read
-    (void)tcp::send_bytes(fd, out.data(), out.size(), {Clock::now() + 1s}, "fake");
+    const std::string out = frame(tcp::kWriteAck, tcp::encode_count(1));  // to a read
+    (void)n::send_bytes(fd, out.data(), out.size(), {Clock::now() + 1s}, "fake");
     std::this_thread::sleep_for(200ms);
   });
   Status s = run_against(fake, TransferOp::kRead, 5s);
@@ -338,86 +355,132 @@ TEST(TcpFakePeerTest, ReplyForTheWrongRequestIsAnIoError) {
 // A hand-written client against the real server.
 class RawClient {
  public:
-  explicit RawClient(const std::string& address) {
+  explicit RawClient(const std::string& address, std::string secret = "") : secret_(std::move(secret)) {
     auto peer = tcp::parse_address(address, "server");
-    fd_ = *tcp::dial(peer->address, {Clock::now() + 5s}, "raw");
+    fd_ = std::move(*n::dial(peer->address, {Clock::now() + 5s}, "raw"));
     instance_ = peer->instance;
   }
-  ~RawClient() { ::close(fd_); }
   void send(const std::string& bytes) {
-    ASSERT_TRUE(tcp::send_bytes(fd_, bytes.data(), bytes.size(), {Clock::now() + 5s}, "raw").ok());
+    ASSERT_TRUE(n::send_bytes(fd_.get(), bytes.data(), bytes.size(), {Clock::now() + 5s}, "raw").ok());
   }
-  void hello() {
+  Status open(uint64_t instance = 0) {
+    n::OpeningConfig c = kOpening;
+    c.secret = secret_;
+    Result<n::Opened> o = n::open_client(fd_.get(), c, tcp::encode_open_body(instance ? instance : instance_, "raw"),
+                                         tcp::payload_limit, {Clock::now() + 5s}, "raw");
+    if (!o.ok()) return o.error();
+    session_ = std::move(o->session);
+    return o->header.type == tcp::kAccept ? Status() : Status::internal("not an Accept");
+  }
+  void request(uint8_t type, const std::vector<tcp::Range>& ranges, std::string_view data = {}) {
     std::string out;
-    tcp::encode_hello(tcp::FrameType::kHello, tcp::Hello{1, 1, instance_, "raw"}, out);
+    n::append_frame(out, {n::Protocol::kTcp, type, tcp::kVersion, 0, false}, tcp::encode_ranges(ranges), session_);
+    out.append(data);
     send(out);
-    tcp::FrameHeader h = reply();
-    ASSERT_EQ(h.type, tcp::FrameType::kHelloOk);
-    std::vector<uint8_t> body(h.payload_bytes);
-    ASSERT_TRUE(tcp::recv_bytes(fd_, body.data(), body.size(), {Clock::now() + 5s}, "raw").ok());
   }
-  tcp::FrameHeader reply() {
-    uint8_t head[tcp::kHeaderBytes];
-    EXPECT_TRUE(tcp::recv_bytes(fd_, head, sizeof head, {Clock::now() + 5s}, "raw").ok());
-    auto h = tcp::decode_header(head);
-    EXPECT_TRUE(h.ok());
-    return h.ok() ? *h : tcp::FrameHeader{};
+  Result<uint8_t> reply(std::string* payload) {
+    n::FrameReader reader(n::Protocol::kTcp, tcp::kVersion, tcp::payload_limit);
+    KVB_RETURN_IF_ERROR(n::read_frame(fd_.get(), reader, session_, {Clock::now() + 5s}, "raw"));
+    *payload = std::string(reader.payload());
+    return reader.header().type;
   }
   Status error_reply() {
-    tcp::FrameHeader h = reply();
-    EXPECT_EQ(h.type, tcp::FrameType::kError);
-    std::vector<uint8_t> body(h.payload_bytes);
-    EXPECT_TRUE(tcp::recv_bytes(fd_, body.data(), body.size(), {Clock::now() + 5s}, "raw").ok());
-    return tcp::decode_error(body);
+    std::string payload;
+    Result<uint8_t> t = reply(&payload);
+    if (!t.ok()) return Status::internal("no reply: " + t.error().to_string());
+    EXPECT_EQ(*t, tcp::kError);
+    return tcp::decode_error(payload);
   }
   bool closed_by_peer() {
     uint8_t b;
-    Status s = tcp::recv_bytes(fd_, &b, 1, {Clock::now() + 5s}, "raw");
+    Status s = n::recv_bytes(fd_.get(), &b, 1, {Clock::now() + 5s}, "raw");
     return s.code() == Code::kIoError;
   }
 
-  int fd_ = -1;
+  n::Fd fd_;
   uint64_t instance_ = 0;
+  std::string secret_;
+  n::Session session_;
 };
 
-TEST_F(TcpTest, ServerAnswersAMalformedFrameWithAnErrorAndCloses) {
+TEST_F(TcpTest, ServerAnswersAnUnexpectedFrameWithAnErrorAndCloses) {
   RawClient raw(server_->address());
-  raw.hello();
-  std::string garbage(16, '\0');
-  garbage[0] = 'N';
-  raw.send(garbage);
+  ASSERT_TRUE(raw.open().ok());
+  raw.send(frame(tcp::kWriteAck, tcp::encode_count(1)));  // a reply type, from a client
   EXPECT_EQ(raw.error_reply().code(), Code::kInvalidArgument);
   EXPECT_TRUE(raw.closed_by_peer());
 }
 
-TEST_F(TcpTest, ServerRefusesAHelloForAnotherVersion) {
+TEST_F(TcpTest, ServerClosesAStreamThatSendsGarbage) {
   RawClient raw(server_->address());
-  std::string out;
-  tcp::encode_hello(tcp::FrameType::kHello, tcp::Hello{2, 3, raw.instance_, "future"}, out);
-  raw.send(out);
-  Status s = raw.error_reply();
-  EXPECT_EQ(s.code(), Code::kIncompatible) << s.to_string();
+  ASSERT_TRUE(raw.open().ok());
+  raw.send(std::string(16, 'N'));
   EXPECT_TRUE(raw.closed_by_peer());
+}
+
+TEST_F(TcpTest, ServerRefusesAnOpenForAnotherInstance) {
+  RawClient raw(server_->address());
+  Status s = raw.open(raw.instance_ ^ 1);
+  EXPECT_EQ(s.code(), Code::kUnavailable) << s.to_string();
+  EXPECT_NE(s.message().find("stale"), std::string::npos) << s.to_string();
 }
 
 TEST_F(TcpTest, ServerDrainsARejectedWriteAndStaysInStep) {
   RawClient raw(server_->address());
-  raw.hello();
+  ASSERT_TRUE(raw.open().ok());
   uint64_t base = reinterpret_cast<uint64_t>(remote_.data());
-  std::string out;
-  tcp::encode_ranges_header(tcp::FrameType::kWrite, std::vector<tcp::Range>{{7, base + kSegmentBytes, 100}}, out);
-  out.append(100, 'z');
-  raw.send(out);
+  raw.request(tcp::kWrite, {{7, base + kSegmentBytes, 100}}, std::string(100, 'z'));
   EXPECT_EQ(raw.error_reply().code(), Code::kOutOfRange);
-  out.clear();
-  tcp::encode_ranges_header(tcp::FrameType::kRead, std::vector<tcp::Range>{{7, base + 10, 4}}, out);
-  raw.send(out);
-  tcp::FrameHeader h = raw.reply();
-  EXPECT_EQ(h.type, tcp::FrameType::kReadData);
+  raw.request(tcp::kRead, {{7, base + 10, 4}});
+  std::string payload;
+  Result<uint8_t> t = raw.reply(&payload);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(*t, tcp::kReadData);
   uint8_t data[4];
-  ASSERT_TRUE(tcp::recv_bytes(raw.fd_, data, 4, {Clock::now() + 5s}, "raw").ok());
+  ASSERT_TRUE(n::recv_bytes(raw.fd_.get(), data, 4, {Clock::now() + 5s}, "raw").ok());
   EXPECT_EQ(data[0], pattern(10));
   EXPECT_EQ(data[3], pattern(13));
+}
+
+// A segment registered read-only (a pull-mode prefill's KV) refuses writes,
+// whoever sends them, and keeps its bytes.
+TEST_F(TcpTest, AReadOnlySegmentRefusesWritesAndKeepsItsBytes) {
+  ASSERT_TRUE(server_->add_segment(Segment{8, remote_.data(), 4096, "host", 1}).ok());
+  RawClient raw(server_->address());
+  ASSERT_TRUE(raw.open().ok());
+  const uint64_t base = reinterpret_cast<uint64_t>(remote_.data());
+  raw.request(tcp::kWrite, {{8, base, 64}}, std::string(64, 'w'));
+  Status s = raw.error_reply();
+  EXPECT_EQ(s.code(), Code::kPermissionDenied) << s.to_string();
+  EXPECT_NE(s.message().find("does not allow remote writes"), std::string::npos) << s.to_string();
+  EXPECT_EQ(remote_[0], pattern(0));
+  raw.request(tcp::kRead, {{8, base, 4}});
+  std::string payload;
+  ASSERT_EQ(*raw.reply(&payload), tcp::kReadData);
+}
+
+// With a secret, a stream must prove it; one that does gets tagged frames.
+TEST(TcpSecretTest, StreamsWithoutTheSecretAreRefusedAndTaggedOnesServed) {
+  auto server = make_tcp_transport("127.0.0.1", 1, "s3cret");
+  ASSERT_TRUE(server.ok());
+  std::vector<uint8_t> mem(4096, 9);
+  ASSERT_TRUE((*server)->add_segment(Segment{1, mem.data(), mem.size(), "host", 3}).ok());
+  RawClient none((*server)->address());
+  EXPECT_EQ(none.open().code(), Code::kPermissionDenied);
+  RawClient wrong((*server)->address(), "guess");
+  EXPECT_EQ(wrong.open().code(), Code::kPermissionDenied);
+  auto client = make_tcp_transport("127.0.0.1", 1, "s3cret");
+  PeerInfo p{"server", 0, "", (*server)->address(), {}};
+  auto link = (*client)->connect(p);
+  ASSERT_TRUE(link.ok()) << link.error().to_string();
+  std::vector<uint8_t> local(4096, 0);
+  RunControl control;
+  control.deadline = Clock::now() + 5s;
+  ASSERT_TRUE((*link)->run(TransferOp::kRead, std::vector<Copy>{{local.data(), reinterpret_cast<uint64_t>(mem.data()),
+                                                                  4096, 1}}, control).ok());
+  EXPECT_EQ(local[4095], 9);
+  auto plain = make_tcp_transport("127.0.0.1", 1, "");
+  EXPECT_FALSE((*plain)->connect(p).ok()) << "a client without the secret connected";
 }
 
 }  // namespace

@@ -13,9 +13,11 @@
 // every byte is in the peer's memory (transports must guarantee that: e.g.
 // tcp waits for the peer's acknowledgements, ucx flushes the endpoint).
 //
-// Thread-safety: add_segment/remove_segment/connect are called with the
-// engine's registry lock held, never concurrently with each other. Link::run
-// may be called from several engine threads at once on one Link.
+// Thread-safety: add_segment/remove_segment are called with the engine's
+// registry lock held, never concurrently with each other; connect() is
+// called without it (it waits on the peer) and may run concurrently with
+// any of them. Link::run may be called from several engine threads at once
+// on one Link.
 #pragma once
 
 #include <atomic>
@@ -40,6 +42,11 @@ struct Segment {
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
   std::string memory = "host";
+  // What peers may do to it (RemoteAccess bits: 1 read, 2 write; 0 none: the
+  // engine does not advertise it, and transports that serve requests
+  // themselves, like tcp, refuse any). cma cannot enforce it: a process
+  // allowed to ptrace this one can read and write all its memory.
+  uint8_t access = 3;
 };
 
 // What a peer advertised for one transport: its address blob and, per
@@ -128,7 +135,12 @@ class Transport {
 // Factories. Each returns kUnavailable, saying why, when it cannot run here.
 Result<std::unique_ptr<Transport>> make_local_transport();
 Result<std::unique_ptr<Transport>> make_cma_transport();
-Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, uint32_t streams);
-Result<std::unique_ptr<Transport>> make_ucx_transport();
+// tcp: `host` is "host" or "host:port" (port 0 or none: ephemeral), the
+// listener binds it; `secret` (empty: none) opens every stream both ways.
+Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, uint32_t streams,
+                                                      const std::string& secret);
+// ucx: `host` is the address the engine binds: UCX's own listeners are kept
+// to the interface that holds it (ucx.cc says how).
+Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string& host);
 
 }  // namespace kvbridge::transport

@@ -24,8 +24,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 
+#include "net/address.h"
 #include "transport/ucx_worker.h"
 
 namespace kvbridge::transport {
@@ -141,9 +144,16 @@ class UcxTransport final : public Transport {
         segments_.erase(old);
       }
       ucp_mem_map_params_t params{};
-      params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+      params.field_mask =
+          UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_PROT;
       params.address = segment.base;
       params.length = segment.bytes;
+      // Only the remote access the engine grants (where the UCX transport
+      // enforces registration rights, e.g. RDMA; the engine itself checks
+      // every remote range against the peer's advertised access).
+      params.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE |
+                    ((segment.access & 1) ? UCP_MEM_MAP_PROT_REMOTE_READ : 0) |
+                    ((segment.access & 2) ? UCP_MEM_MAP_PROT_REMOTE_WRITE : 0);
       ucp_mem_h memh = nullptr;
       ucs_status_t s = ucp_mem_map(worker_->context(), &params, &memh);
       if (s != UCS_OK) {
@@ -217,8 +227,31 @@ class UcxTransport final : public Transport {
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> make_ucx_transport() {
-  KVB_ASSIGN_OR_RETURN(std::shared_ptr<ucx::Worker> worker, ucx::Worker::create());
+// The devices UCX may use (UCX_NET_DEVICES) for an engine bound to `host`:
+// its listeners (the tcp transport's, on every device it uses) then stay on
+// the interface that holds the address, as the engine's own do. Empty (every
+// device) for a wildcard host, "lo" for loopback, else that interface and
+// every RDMA port (which listen on no IP address). A user's own
+// UCX_NET_DEVICES wins.
+Result<std::string> net_devices_for(const std::string& host_text) {
+  if (std::getenv("UCX_NET_DEVICES") != nullptr) return std::string();
+  KVB_ASSIGN_OR_RETURN(net::HostPort hp, net::parse_host(host_text.empty() ? "127.0.0.1" : host_text, "ucx host"));
+  if (net::is_wildcard(hp.host)) return std::string();
+  if (net::is_loopback(hp.host)) return std::string("lo");
+  KVB_ASSIGN_OR_RETURN(std::string iface, net::interface_of(hp.host));
+  std::string devices = iface;
+  std::error_code ec;
+  for (const auto& dev : std::filesystem::directory_iterator("/sys/class/infiniband", ec)) {
+    for (const auto& port : std::filesystem::directory_iterator(dev.path() / "ports", ec)) {
+      devices += "," + dev.path().filename().string() + ":" + port.path().filename().string();
+    }
+  }
+  return devices;
+}
+
+Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string& host) {
+  KVB_ASSIGN_OR_RETURN(std::string devices, net_devices_for(host));
+  KVB_ASSIGN_OR_RETURN(std::shared_ptr<ucx::Worker> worker, ucx::Worker::create(devices));
   return std::unique_ptr<Transport>(std::make_unique<UcxTransport>(std::move(worker)));
 }
 
@@ -228,7 +261,7 @@ Result<std::unique_ptr<Transport>> make_ucx_transport() {
 
 namespace kvbridge::transport {
 
-Result<std::unique_ptr<Transport>> make_ucx_transport() {
+Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string&) {
   return Status::unavailable("ucx: built without UCX: install libucx-dev and reconfigure");
 }
 

@@ -65,7 +65,7 @@ bool read_blob(int fd, std::string& s) {
 // The child: kBytes of pattern, one segment, then "dump" commands
 // (offset, bytes) answered with the bytes, until stdin closes.
 [[noreturn]] void peer_main(int in, int out) {
-  auto t = make_ucx_transport();
+  auto t = make_ucx_transport("127.0.0.1");
   if (!t.ok()) ::_exit(3);
   std::vector<uint8_t> mem(kBytes);
   for (uint64_t i = 0; i < kBytes; ++i) mem[i] = pattern(i);
@@ -117,7 +117,7 @@ class UcxTest : public ::testing::Test {
  protected:
   void SetUp() override {
     quiet_ucx();
-    auto client = make_ucx_transport();
+    auto client = make_ucx_transport("127.0.0.1");
     ASSERT_TRUE(client.ok()) << client.error().to_string();
     client_ = std::move(*client);
     local_.assign(kBytes, 0);
@@ -125,7 +125,7 @@ class UcxTest : public ::testing::Test {
   }
 
   void start_in_process() {
-    auto server = make_ucx_transport();
+    auto server = make_ucx_transport("127.0.0.1");
     ASSERT_TRUE(server.ok()) << server.error().to_string();
     server_ = std::move(*server);
     remote_.resize(kBytes);

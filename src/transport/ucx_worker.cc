@@ -65,11 +65,18 @@ struct Worker::Job {
   std::function<void(Status)> done;
 };
 
-Result<std::shared_ptr<Worker>> Worker::create() {
+Result<std::shared_ptr<Worker>> Worker::create(const std::string& net_devices) {
   std::shared_ptr<Worker> w(new Worker());
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return to_status(s, "ucp_config_read", "").with_context("ucx: cannot read the UCX configuration");
+  if (!net_devices.empty()) {
+    s = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      return to_status(s, "ucp_config_modify(NET_DEVICES=" + net_devices + ")", "");
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   // AM is requested for the notification extension (not used yet); RMA for

@@ -100,7 +100,9 @@ class Worker {
   // Reads the UCX configuration (UCX_* environment), creates the context,
   // the worker and its thread. kUnavailable with UCX's reason when UCX
   // cannot start here.
-  static Result<std::shared_ptr<Worker>> create();
+  // `net_devices`, when not empty, is set as NET_DEVICES in the UCX
+  // configuration (which devices UCX may use and listen on).
+  static Result<std::shared_ptr<Worker>> create(const std::string& net_devices = {});
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;

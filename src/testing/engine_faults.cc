@@ -1,0 +1,51 @@
+// An engine with armed faults (see engine_faults.h).
+#include "testing/engine_faults.h"
+
+#include <charconv>
+
+#include "engine/engine_impl.h"
+#include "transport/fault.h"
+
+namespace kvbridge::testing {
+namespace {
+
+Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec) {
+  auto faults = std::make_shared<transport::Faults>();
+  while (!spec.empty()) {
+    const size_t comma = spec.find(',');
+    const std::string_view item = spec.substr(0, comma);
+    spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
+    const size_t eq = item.find('=');
+    const std::string_view key = item.substr(0, eq);
+    const std::string_view value = eq == std::string_view::npos ? std::string_view() : item.substr(eq + 1);
+    uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+    if (value.empty() || ec != std::errc() || end != value.data() + value.size() || n > 999999999) {
+      return Status::invalid_argument("engine faults: '" + std::string(item) + "' needs a number (e.g. delay=5)");
+    }
+    if (key == "delay") {
+      faults->set_delay(std::chrono::milliseconds(n), UINT64_MAX);  // per copy, as documented
+    } else if (key == "drop-notifications") {
+      faults->drop_notifications(n);
+    } else {
+      return Status::invalid_argument("engine faults: unknown fault '" + std::string(key) +
+                                      "' (known: delay, drop-notifications)");
+    }
+  }
+  return faults;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> create_engine_with_faults(const EngineOptions& options, std::string_view spec) {
+  if (spec.empty()) return Engine::create(options);
+  KVB_ASSIGN_OR_RETURN(std::shared_ptr<transport::Faults> faults, parse_faults(spec));
+  std::vector<TransportReport> reports;
+  KVB_ASSIGN_OR_RETURN(auto transports, engine_internal::make_transports(options, &reports));
+  for (auto& t : transports) t = transport::make_fault_transport(std::move(t), faults);
+  engine_internal::EngineHooks hooks;
+  hooks.drop_notification = [faults] { return faults->take_notification_drop(); };
+  return engine_internal::create_engine(options, std::move(transports), std::move(reports), std::move(hooks));
+}
+
+}  // namespace kvbridge::testing

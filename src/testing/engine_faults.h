@@ -1,0 +1,22 @@
+// testing/engine_faults.h: an engine whose transports misbehave on purpose,
+// for tests, `kvbridge demo --inject` and the Python tests.
+//
+// Not part of the library: linked by tests, the CLI and the Python module.
+// Thread-safety: as Engine::create.
+#pragma once
+
+#include <memory>
+#include <string_view>
+
+#include "kvbridge/engine.h"
+
+namespace kvbridge::testing {
+
+// Engine::create(options) with faults armed, comma-separated:
+//   "delay=MS"              every copy of every transport sleeps MS first (a slow link);
+//   "drop-notifications=N"  the next N notifications this engine sends are lost on the way.
+// Empty: exactly Engine::create. kInvalidArgument naming an unknown fault
+// or a missing number.
+Result<std::unique_ptr<Engine>> create_engine_with_faults(const EngineOptions& options, std::string_view faults);
+
+}  // namespace kvbridge::testing
