@@ -1,0 +1,66 @@
+// The store object header, and the seeds of fuzz/store_object_fuzz.cc
+// (testing/corpus.h).
+#include "store/object.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "testing/corpus.h"
+
+namespace kvbridge::store_internal {
+namespace {
+
+ObjectKey key_of(uint64_t lo, uint32_t group) {
+  ObjectKey k;
+  k.hash.lo = lo;
+  k.hash.hi = ~lo;
+  k.group = group;
+  return k;
+}
+
+// A fuzz input: 25 bytes that choose what the reader expects (key, hash
+// block size, declared size), then the object.
+std::string input(const ObjectKey& key, uint8_t hash_block_byte, uint32_t declared, bool use_size,
+                  const std::vector<uint8_t>& object) {
+  std::string s(25, '\0');
+  std::memcpy(s.data(), &key.hash.lo, 8);
+  std::memcpy(s.data() + 8, &key.hash.hi, 8);
+  std::memcpy(s.data() + 16, &key.group, 4);
+  s[20] = static_cast<char>(hash_block_byte);
+  std::memcpy(s.data() + 21, &declared, 4);
+  s[21] = static_cast<char>((static_cast<uint8_t>(s[21]) & ~1) | (use_size ? 1 : 0));
+  s.append(object.begin(), object.end());
+  return s;
+}
+
+TEST(StoreObjectTest, AWrittenHeaderChecksAndAChangedByteFails) {
+  const ObjectKey key = key_of(42, 3);
+  std::vector<uint8_t> object(64 + 256, 0x11);
+  write_header(object.data(), key, object.size(), 16, true);
+  EXPECT_TRUE(check_object(object, key, object.size(), 16).ok());
+  object[100] ^= 1;
+  EXPECT_FALSE(check_object(object, key, object.size(), 16).ok());
+  EXPECT_FALSE(check_object(object, key_of(43, 3), object.size(), 16).ok());
+}
+
+TEST(StoreObjectTest, SeedCorpusObjectsCheck) {
+  const ObjectKey key = key_of(0x691fb1bfc4fd924bull, 1);
+  std::vector<uint8_t> checksummed(64 + 512, 0x5a);
+  write_header(checksummed.data(), key, checksummed.size(), 16, true);
+  std::vector<uint8_t> assembled(64 + 128, 0x33);
+  write_part_header(assembled.data(), key, assembled.size(), 16);
+  const kvbridge::testing::Seeds seeds = {
+      {"checksummed.bin", input(key, 15, 0, true, checksummed)},
+      {"assembled.bin", input(key, 15, 0, true, assembled)},
+      {"wrong_size.bin", input(key, 15, 100, false, checksummed)},
+  };
+  const kvbridge::testing::Seeds checked_in = kvbridge::testing::seed_corpus("store_object", seeds);
+  EXPECT_GE(checked_in.size(), seeds.size());
+  for (const auto& [name, bytes] : checked_in) EXPECT_GE(bytes.size(), 25u + 64) << name;
+}
+
+}  // namespace
+}  // namespace kvbridge::store_internal
