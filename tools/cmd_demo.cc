@@ -46,6 +46,8 @@ Command add_demo_command(CLI::App& root) {
   app->add_option("--inject", *inject, "Fault to inject: " + demo::inject_names())->capture_default_str();
   app->add_option("--lease-ms", *lease_ms, "Prefill lease (default 30000; 1500 with --inject)");
   app->add_option("--transfer-timeout-ms", *timeout_ms, "Deadline of each load (default 20000; 500 with --inject stall)");
+  app->add_option("--flood", args->flood,
+                  "Idle connections to each listener of each prefill rank during the first half of the requests");
   app->add_flag("--verify-plans", args->verify_plans,
                 "Decode ranks check every plan with the verifier before it runs");
   app->add_flag("--json", args->json, "Print one JSON object instead of the table");

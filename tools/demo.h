@@ -40,7 +40,7 @@ struct SideArgs {
 // What --inject can do; each is one of the fault cases.
 enum class Inject : uint8_t {
   kNone, kKillPrefill, kKillDecode, kDropNotification, kStall, kVersion, kHash,
-  kWrongSecret, kMissingSecret, kMalformed, kTruncated, kAbort, kLease,
+  kWrongSecret, kMissingSecret, kMalformed, kTruncated, kAbort, kLease, kPause,
 };
 Result<Inject> parse_inject(std::string_view name);
 std::string_view inject_name(Inject inject);
@@ -64,6 +64,9 @@ struct DemoArgs {
   std::chrono::milliseconds lease{30000};
   std::chrono::milliseconds transfer_timeout{20000};
   bool verify_plans = false;  // each decode rank checks every plan with verify() first
+  // Idle connections to each listener of each prefill rank while the first
+  // half of the requests runs (the second half is the same run's baseline).
+  uint32_t flood = 0;
   bool json = false;
   bool progress = true;
 };

@@ -30,6 +30,7 @@ constexpr InjectName kInjects[] = {
     {Inject::kTruncated, "truncated"},
     {Inject::kAbort, "abort"},
     {Inject::kLease, "lease"},
+    {Inject::kPause, "pause"},
 };
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "demo_driver.h"
+#include "demo_flood.h"
 #include "kvbridge/presets.h"
 
 namespace kvbridge::cli::demo {
@@ -67,6 +68,7 @@ struct Proc {
   pid_t pid = -1;
   Channel ch;
   std::string instance, engine, side_channel;
+  std::vector<std::string> listeners;
   uint32_t rank = 0, decode_instance = 0;
   bool prefill = false, alive = true, ready = false, killed = false;
   std::optional<json> final;
@@ -115,9 +117,16 @@ class Driver {
     const auto t0 = Clock::now();
     KVB_RETURN_IF_ERROR(spawn());
     KVB_RETURN_IF_ERROR(wait_ready());
+    KVB_RETURN_IF_ERROR(start_hostiles());
     for (uint32_t i = 0; i < a_.requests; ++i) {
+      if (flooding_ && i == a_.requests / 2) stop_flood();
       KVB_RETURN_IF_ERROR(one_request(i));
       progress(i + 1);
+    }
+    if (flooding_) stop_flood();
+    if (pauser_.pid > 0) {
+      demo::stop(pauser_);
+      sum_.pauses = 1;  // counted for the report: the rank was paused throughout
     }
     drain_leases();
     finish();
@@ -132,6 +141,8 @@ class Driver {
   }
 
   ~Driver() {
+    if (flooding_) stop_flood();
+    demo::stop(pauser_);
     for (auto& p : procs_) {
       if (p->alive && p->pid > 0) ::kill(p->pid, SIGKILL);
       if (p->pid > 0) ::waitpid(p->pid, nullptr, 0);
@@ -281,6 +292,7 @@ class Driver {
       p.ready = true;
       p.side_channel = m.value("side_channel", "");
       p.engine = m.value("engine", "");
+      p.listeners = m.value("listeners", std::vector<std::string>{});
     } else if (ev == "reader") {
       if (m.value("kind", "") == "done") {
         psched_.reader_done(id, m.value("reader", ""), now);
@@ -450,8 +462,41 @@ class Driver {
     Status s = round(decode, {{"cmd", "free"}, {"req", rec.id}}, 30s);
     dpools_[rec.decode_instance].release(decode_blocks_);
     decode_blocks_.clear();
+    rec.flooded = flooding_;
     sum_.requests.push_back(rec);
     return s;
+  }
+
+  // Where every rank listens; then the floods of --flood and the pauser of
+  // --inject pause, forked while this process still has no thread.
+  Status start_hostiles() {
+    std::vector<Flood::Target> targets;
+    for (auto& p : procs_) {
+      const std::string& host = (p->prefill ? a_.prefill : a_.decode).host;
+      for (const std::string& l : p->listeners) {
+        sum_.listeners.push_back(p->engine + " " + l);
+        const std::string at = l.substr(0, l.rfind(':'));
+        if (at != host && !(at == "[" + host + "]")) ++sum_.listeners_elsewhere;
+      }
+      if (p->prefill) targets.push_back({p->pid, p->listeners});
+    }
+    if (a_.flood > 0) {
+      KVB_RETURN_IF_ERROR(flood_.start(targets, a_.flood));
+      sum_.flood_connections = flood_.connections();
+      sum_.flood_listeners = flood_.listeners();
+      flooding_ = true;
+    }
+    if (a_.inject == Inject::kPause) {
+      // Prefill rank 0 stops for 100 ms of every 300 ms, from the first
+      // handshake to the last request.
+      KVB_ASSIGN_OR_RETURN(pauser_, start_pauser(ranks_of(true, 0).front()->pid, 100ms, 300ms));
+    }
+    return Status();
+  }
+
+  void stop_flood() {
+    flood_.stop(&sum_.listener_cpu_max_pct, &sum_.listener_cpu_max_thread);
+    flooding_ = false;
   }
 
   void drain_leases() {
@@ -510,6 +555,9 @@ class Driver {
   std::map<RequestId, std::vector<json>> loads_;
   std::vector<RequestOutcome> outcomes_;
   Current current_;
+  Flood flood_;
+  bool flooding_ = false;
+  Helper pauser_;
 };
 
 }  // namespace

@@ -25,6 +25,7 @@ struct RequestRecord {
   uint64_t naive = 0;
   uint64_t transfer_us = 0;  // slowest decode rank
   uint64_t raw_us = 0;       // slowest decode rank, raw process_vm_readv
+  bool flooded = false;      // ran while --flood held its connections
   uint64_t verify_bad = 0;   // cells that did not check
   std::string verify_error;
 };
@@ -40,6 +41,17 @@ struct Summary {
   std::vector<std::string> rank_errors;      // fatal errors and abnormal exits
   double seconds = 0;
   uint64_t num_blocks = 0;
+  // Every rank's listening sockets ("engine host:port"), and how many are
+  // not on the host its side was told to use.
+  std::vector<std::string> listeners;
+  uint64_t listeners_elsewhere = 0;
+  // --flood: connections the floods opened, and the busiest listener thread
+  // of a prefill rank (percent of one core) while they were held.
+  uint64_t flood_connections = 0;
+  uint32_t flood_listeners = 0;
+  double listener_cpu_max_pct = 0;
+  std::string listener_cpu_max_thread;
+  uint64_t pauses = 0;  // --inject pause: times a prefill rank was stopped
 };
 
 // Prints the table (or with --json one object) to stdout.

@@ -18,6 +18,7 @@
 #include "kvbridge/content.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
+#include "proc_info.h"
 #include "testing/engine_faults.h"
 #include "testing/fake_side_channel.h"
 
@@ -119,7 +120,8 @@ class Rank {
       KVB_ASSIGN_OR_RETURN(fake_, testing::FakeSideChannel::start(std::move(f)));
       address = fake_->address();
     }
-    return ch_.send({{"ev", "ready"}, {"side_channel", address}, {"engine", e.name}});
+    return ch_.send({{"ev", "ready"}, {"side_channel", address}, {"engine", e.name},
+                     {"listeners", listening_addresses(::getpid())}});
   }
 
   // Serves commands until "finish" or the driver goes away.

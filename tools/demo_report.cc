@@ -13,6 +13,7 @@ using nlohmann::json;
 struct Figures {
   uint64_t ok = 0, failed = 0, recomputed = 0, aborted = 0, lease_expired = 0, verify_failures = 0;
   uint64_t bytes = 0, descriptors = 0, naive = 0, transfer_us = 0, raw_us = 0, raw_bytes = 0;
+  uint64_t flooded_bytes = 0, flooded_us = 0;  // --flood: the requests that ran under it
   double p50_ms = 0, p99_ms = 0;
   std::vector<std::string> errors;
 };
@@ -28,6 +29,10 @@ Figures figures(const Summary& s) {
       f.descriptors += r.descriptors;
       f.naive += r.naive;
       f.transfer_us += r.transfer_us;
+      if (r.flooded) {
+        f.flooded_bytes += r.bytes;
+        f.flooded_us += r.transfer_us;
+      }
       if (r.raw_us > 0) {
         f.raw_us += r.raw_us;
         f.raw_bytes += r.bytes;
@@ -65,8 +70,10 @@ bool clean(const Summary& s) {
     auto it = s.releases.find(why);
     return it == s.releases.end() ? uint64_t{0} : it->second;
   };
+  if (s.listeners_elsewhere != 0) return false;
   switch (s.args->inject) {
-    case Inject::kNone: return f.ok == total;
+    case Inject::kNone:
+    case Inject::kPause: return f.ok == total;
     case Inject::kAbort: return f.aborted == 1 && f.ok + 1 == total;
     case Inject::kLease: return f.lease_expired == 1 && released("lease_expired") >= 1 && f.ok + 1 == total;
     case Inject::kDropNotification:
@@ -116,7 +123,18 @@ void print_report(const Summary& s) {
               {"errors", f.errors},
               {"rank_errors", s.rank_errors},
               {"seconds", s.seconds},
+              {"listeners", s.listeners},
+              {"listeners_elsewhere", s.listeners_elsewhere},
               {"clean", clean(s)}};
+    if (a.flood > 0) {
+      const double quiet = gbps(f.bytes - f.flooded_bytes, f.transfer_us - f.flooded_us);
+      j["flood_connections"] = s.flood_connections;
+      j["flood_listeners"] = s.flood_listeners;
+      j["listener_cpu_max_pct"] = s.listener_cpu_max_pct;
+      j["gbps_flooded"] = gbps(f.flooded_bytes, f.flooded_us);
+      j["gbps_unflooded"] = quiet;
+      j["flood_ratio"] = quiet > 0 ? gbps(f.flooded_bytes, f.flooded_us) / quiet : 0.0;
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
@@ -152,6 +170,21 @@ void print_report(const Summary& s) {
       a.inject == Inject::kStall) {
     std::printf("                    (--inject %s slows every copy on the decode side, so that the fault lands mid-transfer)\n",
                 std::string(inject_name(a.inject)).c_str());
+  }
+  std::printf("  listeners         %zu, %llu not on the host asked for\n", s.listeners.size(),
+              static_cast<unsigned long long>(s.listeners_elsewhere));
+  if (a.flood > 0) {
+    const double flooded = gbps(f.flooded_bytes, f.flooded_us);
+    const double quiet = gbps(f.bytes - f.flooded_bytes, f.transfer_us - f.flooded_us);
+    std::printf("  flood             %llu idle connections to %u prefill listeners during the first %u requests;\n",
+                static_cast<unsigned long long>(s.flood_connections), s.flood_listeners, a.requests / 2);
+    std::printf("                    busiest listener thread %.1f%% of a core (%s)\n", s.listener_cpu_max_pct,
+                s.listener_cpu_max_thread.c_str());
+    std::printf("                    throughput %.2f GB/s under the flood, %.2f GB/s after it (ratio %.2f)\n", flooded,
+                quiet, quiet > 0 ? flooded / quiet : 0.0);
+  }
+  if (a.inject == Inject::kPause) {
+    std::printf("  paused            prefill rank 0 stopped for 100 ms of every 300 ms throughout\n");
   }
   std::printf("  handshakes        %llu (once per remote rank per decode rank), %llu rejected\n",
               static_cast<unsigned long long>(s.handshakes), static_cast<unsigned long long>(s.handshakes_rejected));

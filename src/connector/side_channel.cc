@@ -62,6 +62,7 @@ Result<std::unique_ptr<SideChannelServer>> SideChannelServer::start(const SideCh
   s->info_ = std::move(info);
   net::ListenerOptions l;
   l.name = "side channel";
+  l.thread_name = "kvb-side-listen";
   l.bind = bind;
   l.opening = opening(options);
   l.limit = max_payload_bytes;

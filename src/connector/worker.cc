@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/thread_name.h"
 #include "connector/side_channel.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/plan.h"
@@ -102,7 +103,10 @@ class WorkerImpl final : public ConnectorWorker {
     identity_ = identity_text(layout_);
     hash_ = compatibility_hash(layout_);
     KVB_ASSIGN_OR_RETURN(server_, connector::SideChannelServer::start(sc, identity_, hash_, std::move(info)));
-    pump_ = std::thread([this] { pump(); });
+    pump_ = std::thread([this] {
+      set_thread_name("kvb-pump");
+      pump();
+    });
     return Status();
   }
 

@@ -20,6 +20,7 @@
 #include <future>
 
 #include "common/text.h"
+#include "common/thread_name.h"
 #include "net/opening.h"
 #include "net/socket.h"
 #include "engine/metadata.h"
@@ -178,6 +179,7 @@ Result<std::unique_ptr<Control>> Control::create(ControlOptions options,
   KVB_ASSIGN_OR_RETURN(net::HostPort bind, net::parse_host(c->options_.host, "control listener host"));
   net::ListenerOptions l;
   l.name = "control listener";
+  l.thread_name = "kvb-ctl-listen";
   l.bind = bind;
   l.opening = opening(c->options_);
   l.limit = control_payload_limit;
@@ -381,6 +383,7 @@ void Control::expire(Channel& ch, Clock::time_point now) {
 }
 
 void Control::loop() {
+  set_thread_name("kvb-control");
   std::vector<pollfd> fds;
   std::vector<std::shared_ptr<Channel>> channels;
   while (true) {

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <climits>
 
+#include "common/thread_name.h"
+
 namespace kvbridge::engine_internal {
 namespace {
 
@@ -182,6 +184,7 @@ void Transfers::finish_locked(Transfer& t) {
 }
 
 void Transfers::worker() {
+  set_thread_name("kvb-worker");
   while (true) {
     work_sem_.acquire();
     Job job;
@@ -304,6 +307,7 @@ void Transfers::end_notification(const std::shared_ptr<Transfer>& tp, Status s) 
 }
 
 void Transfers::timer() {
+  set_thread_name("kvb-timer");
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     if (deadlines_.empty()) {

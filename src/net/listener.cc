@@ -17,6 +17,7 @@
 #include <cerrno>
 
 #include "common/text.h"
+#include "common/thread_name.h"
 #include "net/socket.h"
 
 namespace kvbridge::net {
@@ -81,6 +82,7 @@ void Listener::note_failure(const Conn& c, const std::string& why) {
 }
 
 void Listener::loop() {
+  set_thread_name(options_.thread_name);
   std::vector<pollfd> fds;
   while (!stop_.load()) {
     const Clock::time_point now = Clock::now();

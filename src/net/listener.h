@@ -83,6 +83,7 @@ struct Accepted {
 
 struct ListenerOptions {
   std::string name;  // "side channel", "control listener": errors and stats
+  std::string thread_name = "kvb-listen";  // its thread's name (15 bytes at most)
   HostPort bind;
   OpeningConfig opening;
   PayloadLimit limit;  // the protocol's limits; must cover the opening types

@@ -7,11 +7,13 @@
 
 #include <algorithm>
 #include <charconv>
+#include <optional>
 #include <cinttypes>
 #include <cstdio>
 #include <thread>
 
 #include "common/text.h"
+#include "common/thread_name.h"
 #include "net/frame.h"
 #include "net/opening.h"
 #include "transport/tcp_protocol.h"
@@ -130,7 +132,53 @@ TcpLink::TcpLink(TcpPeer peer, uint32_t streams) : peer_(std::move(peer)) {
 }
 
 TcpLink::~TcpLink() {
+  {
+    std::lock_guard lock(jobs_mutex_);
+    stopping_ = true;
+  }
+  jobs_cv_.notify_all();
+  for (std::thread& t : runners_) t.join();
   for (auto& s : all_) close(*s);
+}
+
+void TcpLink::start(TransferOp op, std::span<const Copy> copies, RunControl& control,
+                    std::function<void(Status)> done) {
+  std::optional<Job> unrun;
+  std::string why;
+  {
+    std::lock_guard lock(jobs_mutex_);
+    jobs_.push_back(Job{op, copies, &control, std::move(done)});
+    if (idle_runners_ == 0 && runners_.size() < all_.size()) {
+      try {
+        runners_.emplace_back([this] { runner(); });
+      } catch (const std::system_error& e) {
+        // With a runner already there, it takes the run when it is free.
+        if (runners_.empty()) {
+          unrun = std::move(jobs_.back());
+          jobs_.pop_back();
+          why = e.what();
+        }
+      }
+    }
+  }
+  if (unrun) return unrun->done(Status::resource_exhausted(who_ + ": cannot start a thread for the run: " + why));
+  jobs_cv_.notify_one();
+}
+
+void TcpLink::runner() {
+  set_thread_name("kvb-tcp-run");
+  std::unique_lock lock(jobs_mutex_);
+  while (true) {
+    ++idle_runners_;
+    jobs_cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    --idle_runners_;
+    if (jobs_.empty()) return;  // stopping, nothing left
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    job.done(run(job.op, job.copies, *job.control));
+    lock.lock();
+  }
 }
 
 Result<std::unique_ptr<TcpLink>> TcpLink::create(TcpPeer peer, uint32_t streams,

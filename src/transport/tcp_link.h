@@ -11,6 +11,10 @@
 // replies straight into local memory (reads) or sends straight from it
 // (writes, complete when every WRITE_ACK arrived).
 //
+// Runs execute on the link's own threads (Link::runs_async: up to `streams`
+// of them, started as runs need them), never on the engine's: a peer that
+// stops answering stalls only its own link's runs, until their deadlines.
+//
 // Streams are pooled: concurrent runs take idle streams, or wait for one
 // within their deadline. A stream whose run ended other than OK (cancel,
 // deadline, error, a peer's ERROR frame) is closed, so no byte of that run can
@@ -21,6 +25,9 @@
 #pragma once
 
 #include <condition_variable>
+#include <deque>
+#include <functional>
+#include <thread>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -56,6 +63,9 @@ class TcpLink : public Link {
   ~TcpLink() override;
 
   Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) override;
+  bool runs_async() const override { return true; }
+  void start(TransferOp op, std::span<const Copy> copies, RunControl& control,
+             std::function<void(Status)> done) override;
   // The server checks ranges against its own registrations, so nothing to do.
   Status refresh(const PeerInfo& peer) override;
 
@@ -74,8 +84,23 @@ class TcpLink : public Link {
   Status run_stream(Stream& stream, TransferOp op, std::span<const Copy> copies, RunControl& control,
                     const std::atomic<bool>& abort);
 
+  struct Job {
+    TransferOp op;
+    std::span<const Copy> copies;
+    RunControl* control;
+    std::function<void(Status)> done;
+  };
+  void runner();
+
   TcpPeer peer_;
   std::string who_;  // "tcp peer 'name' (host:port)"
+  // The link's runners: guarded by jobs_mutex_.
+  std::mutex jobs_mutex_;
+  std::condition_variable jobs_cv_;
+  std::deque<Job> jobs_;
+  std::vector<std::thread> runners_;
+  size_t idle_runners_ = 0;
+  bool stopping_ = false;
   std::vector<std::unique_ptr<Stream>> all_;
   std::mutex mutex_;
   std::condition_variable idle_cv_;

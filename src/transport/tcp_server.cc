@@ -11,6 +11,7 @@
 #include "common/checked.h"
 #include "common/random.h"
 #include "common/text.h"
+#include "common/thread_name.h"
 #include "net/opening.h"
 #include "net/socket.h"
 #include "net/wire.h"
@@ -35,6 +36,7 @@ Result<std::unique_ptr<TcpServer>> TcpServer::create(const net::HostPort& at, st
   server->instance_ = random_nonzero_u64();
   net::ListenerOptions l;
   l.name = "tcp listener";
+  l.thread_name = "kvb-tcp-listen";
   l.bind = at;
   l.opening = net::OpeningConfig{net::Protocol::kTcp, kVersion, std::move(secret),
                                  net::OpeningLimits{8 + 4 + kMaxLabelBytes, 0}};
@@ -139,6 +141,7 @@ std::optional<SegmentSpan> TcpServer::lookup_locked(uint32_t id) const {
 }
 
 void TcpServer::serve(Conn* conn, net::Session session) {
+  set_thread_name("kvb-tcp-serve");
   const int fd = conn->fd.get();
   const std::string peer = "'" + printable(conn->peer) + "'";
   net::FrameReader reader(net::Protocol::kTcp, kVersion, payload_limit);

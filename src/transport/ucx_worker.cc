@@ -25,6 +25,8 @@
 // ucx_endpoint.cc.
 #include "transport/ucx_worker.h"
 
+#include "common/thread_name.h"
+
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -120,7 +122,10 @@ Result<std::shared_ptr<Worker>> Worker::create(const std::string& net_devices) {
 
   w->ops_.resize(kMaxInFlight);
   for (Op& op : w->ops_) w->free_ops_.push_back(&op);
-  w->thread_ = std::thread([raw = w.get()] { raw->loop(); });
+  w->thread_ = std::thread([raw = w.get()] {
+    set_thread_name("kvb-ucx");
+    raw->loop();
+  });
   return w;
 }
 
