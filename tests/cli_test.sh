@@ -111,6 +111,14 @@ expect "a missing file fails with exit 1" 1 "$KVB" validate "$TMP/none.json"
 echo '{"format": "kvbridge.layout/1"' >"$TMP/bad.json"
 expect "malformed JSON fails with exit 1" 1 "$KVB" validate "$TMP/bad.json"
 
+# 7b. An input past the 64 MiB bound is refused while it is read, not after
+# all of it sits in memory.
+head -c $((96 << 20)) /dev/zero | /usr/bin/time -f "%M" -o "$TMP/rss" "$KVB" validate - >"$TMP/out" 2>"$TMP/err"
+[[ $? -eq 1 ]] && ok "96 MiB on stdin fails with exit 1" || fail "96 MiB on stdin: exit not 1"
+contains "the error names the bound" "$TMP/err" "larger than 64 MiB"
+rss_kib=$(tail -1 "$TMP/rss")
+(( rss_kib < 160000 )) && ok "reading stops at the bound (max RSS ${rss_kib} KiB)" || fail "max RSS ${rss_kib} KiB: the input was read whole"
+
 # 8. --help works for the tool and each subcommand.
 expect "--help" 0 "$KVB" --help
 contains "--help lists the subcommands" "$TMP/out" "layout"

@@ -72,4 +72,25 @@ for r in rows:
 assert {(r["tier"], r["op"]) for r in rows} >= {("memory", "put"), ("memory", "get"), ("memory", "lookup"),
                                                 ("redis", "put"), ("redis", "get")}, rows
 PY
+# A bench killed mid-run takes its redis-server and redis-benchmark with it.
+"$KVB" store bench --bench-mib 64 --repeat 3 > /dev/null 2>&1 &
+BENCH=$!
+children=""
+for _ in $(seq 1 200); do
+  children=$(pgrep -P "$BENCH" -d ' ' || true)
+  [[ -n "$children" ]] && pgrep -P "$BENCH" -x redis-benchmark > /dev/null && break
+  sleep 0.1
+done
+[[ -n "$children" ]] || { echo "store_cli_test: the bench started no child"; exit 1; }
+kill -9 "$BENCH"; wait "$BENCH" 2>/dev/null || true
+for _ in $(seq 1 30); do
+  alive=""
+  for c in $children; do
+    state=$(awk '{print $3}' "/proc/$c/stat" 2>/dev/null || echo gone)
+    [[ "$state" != gone && "$state" != Z ]] && alive="$alive $c"
+  done
+  [[ -z "$alive" ]] && break
+  sleep 0.1
+done
+[[ -z "$alive" ]] || { echo "store_cli_test: children of a killed bench still run:$alive"; ps -o pid,stat,args -p ${alive// /,}; exit 1; }
 echo "store_cli_test: ok"

@@ -49,7 +49,7 @@ Result<double> iperf3_gbps(uint32_t seconds) {
   // The server needs a moment to listen; retry the client briefly.
   for (int attempt = 0; attempt < 20; ++attempt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
-    client = run_shell("timeout " + std::to_string(seconds + 15) + " iperf3 -c 127.0.0.1 -p " + p + " -t " +
+    client = run_shell("exec timeout " + std::to_string(seconds + 15) + " iperf3 -c 127.0.0.1 -p " + p + " -t " +
                        std::to_string(seconds) + " -J");
     if (client.ok) break;
     if (client.out.find("\"end\"") != std::string::npos) break;
@@ -82,7 +82,7 @@ Result<std::array<double, 8>> ucx_perftest_final(const std::string& test, uint64
   ShellOutput client;
   for (int attempt = 0; attempt < 20; ++attempt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    client = run_shell(env + "timeout 45 ucx_perftest 127.0.0.1" + args);
+    client = run_shell(env + "exec timeout 45 ucx_perftest 127.0.0.1" + args);
     if (client.out.find("Final:") != std::string::npos) break;
   }
   server->wait_exit(std::chrono::milliseconds(3000));

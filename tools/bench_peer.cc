@@ -1,16 +1,16 @@
 // The peer process of `kvbridge bench` and the small process helpers the
 // baselines use. /proc/self/exe rather than a separate helper binary: the
-// bench then needs nothing but the `kvbridge` tool. Children are started
-// with posix_spawn(3), never fork(2): a fork marks every page of the bench's
-// buffers copy-on-write, and the engine's next pass over them would pay a
-// page fault per page that the baseline measured after it does not.
+// bench then needs nothing but the `kvbridge` tool. Children are
+// ChildProcesses (common/child_process.h): started with vfork, never fork(2)
+// (a fork marks every page of the bench's buffers copy-on-write, and the
+// engine's next pass over them would pay a page fault per page that the
+// baseline measured after it does not), and they die with the bench.
 #include "bench_peer.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <spawn.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -25,45 +25,6 @@
 
 namespace kvbridge::cli::bench {
 namespace {
-
-// Reads one line from `fd` within `timeout`; empty on end of file or timeout.
-std::string read_line(int fd, std::chrono::milliseconds timeout) {
-  std::string line;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return {};
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-    char c = 0;
-    const ssize_t n = ::read(fd, &c, 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return line;  // end of file: whatever came (an error line without newline)
-    if (c == '\n') return line;
-    line.push_back(c);
-  }
-}
-
-// Waits up to `grace` for `pid`; true when it was reaped.
-bool reap(pid_t pid, std::chrono::milliseconds grace) {
-  const auto deadline = std::chrono::steady_clock::now() + grace;
-  while (true) {
-    int status = 0;
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid || (r < 0 && errno == ECHILD)) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
-void stop_child(pid_t pid, std::chrono::milliseconds grace) {
-  if (pid <= 0) return;
-  if (reap(pid, grace)) return;
-  ::kill(pid, SIGTERM);
-  if (reap(pid, std::chrono::milliseconds(2000))) return;
-  ::kill(pid, SIGKILL);
-  reap(pid, std::chrono::milliseconds(5000));
-}
 
 }  // namespace
 
@@ -96,37 +57,13 @@ std::string from_hex(std::string_view hex) {
 
 Result<std::unique_ptr<PeerProcess>> PeerProcess::spawn(const std::string& transport, uint64_t bytes,
                                                         uint32_t threads, uint32_t tcp_streams) {
-  int in[2], out[2];
-  if (::pipe2(in, O_CLOEXEC) != 0) return Status::io_error(std::string("bench: pipe: ") + std::strerror(errno));
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    ::close(in[0]);
-    ::close(in[1]);
-    return Status::io_error(std::string("bench: pipe: ") + std::strerror(errno));
-  }
-  const std::string bytes_text = std::to_string(bytes), threads_text = std::to_string(threads),
-                    streams_text = std::to_string(tcp_streams);
-  std::vector<const char*> argv = {"kvbridge",      "bench",         "peer",         "--transport",
-                                   transport.c_str(), "--bytes",     bytes_text.c_str(), "--threads",
-                                   threads_text.c_str(), "--tcp-streams", streams_text.c_str(), nullptr};
-  posix_spawn_file_actions_t actions;
-  ::posix_spawn_file_actions_init(&actions);
-  ::posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
-  ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  pid_t pid = -1;
-  const int err = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, const_cast<char* const*>(argv.data()), environ);
-  ::posix_spawn_file_actions_destroy(&actions);
-  ::close(in[0]);
-  ::close(out[1]);
-  if (err != 0) {
-    ::close(in[1]);
-    ::close(out[0]);
-    return Status::io_error(std::string("bench: cannot start /proc/self/exe: ") + std::strerror(err));
-  }
   std::unique_ptr<PeerProcess> p(new PeerProcess());
-  p->pid_ = pid;
-  p->to_child_ = in[1];
-  p->from_child_ = out[0];
-  const std::string line = read_line(p->from_child_, std::chrono::seconds(30));
+  KVB_ASSIGN_OR_RETURN(p->child_,
+                       ChildProcess::spawn({"/proc/self/exe", "bench", "peer", "--transport", transport, "--bytes",
+                                            std::to_string(bytes), "--threads", std::to_string(threads),
+                                            "--tcp-streams", std::to_string(tcp_streams)},
+                                           SpawnOptions{.pipe_stdin = true, .pipe_stdout = true}));
+  const std::string line = p->child_->read_line(std::chrono::seconds(30));
   std::istringstream words(line);
   std::string word, hex;
   words >> word;
@@ -141,9 +78,9 @@ Result<std::unique_ptr<PeerProcess>> PeerProcess::spawn(const std::string& trans
 }
 
 PeerProcess::~PeerProcess() {
-  if (to_child_ >= 0) ::close(to_child_);  // the peer exits at end of stdin
-  stop_child(pid_, std::chrono::milliseconds(5000));
-  if (from_child_ >= 0) ::close(from_child_);
+  if (!child_) return;
+  child_->close_stdin();  // the peer exits at end of stdin
+  if (!child_->wait(std::chrono::milliseconds(5000))) child_->stop();
 }
 
 int run_bench_peer(const std::string& transport, uint64_t bytes, uint32_t threads, uint32_t tcp_streams) {
@@ -182,39 +119,22 @@ int run_bench_peer(const std::string& transport, uint64_t bytes, uint32_t thread
 }
 
 Result<std::unique_ptr<ShellChild>> ShellChild::start(const std::string& command) {
-  posix_spawn_file_actions_t actions;
-  ::posix_spawn_file_actions_init(&actions);
-  for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) {
-    ::posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", O_RDWR, 0);
-  }
-  const char* argv[] = {"sh", "-c", command.c_str(), nullptr};
-  pid_t pid = -1;
-  const int err = ::posix_spawn(&pid, "/bin/sh", &actions, nullptr, const_cast<char* const*>(argv), environ);
-  ::posix_spawn_file_actions_destroy(&actions);
-  if (err != 0) return Status::io_error(std::string("bench: cannot start /bin/sh: ") + std::strerror(err));
   std::unique_ptr<ShellChild> c(new ShellChild());
-  c->pid_ = pid;
+  KVB_ASSIGN_OR_RETURN(c->child_, ChildProcess::shell(command));
   return c;
 }
 
-bool ShellChild::wait_exit(std::chrono::milliseconds grace) {
-  if (!reaped_) reaped_ = reap(pid_, grace);
-  return reaped_;
-}
+bool ShellChild::wait_exit(std::chrono::milliseconds grace) { return child_->wait(grace); }
 
-ShellChild::~ShellChild() {
-  if (!reaped_) stop_child(pid_, std::chrono::milliseconds(0));
-}
+ShellChild::~ShellChild() = default;
 
 ShellOutput run_shell(const std::string& command) {
   ShellOutput r;
-  FILE* f = ::popen((command + " 2>/dev/null").c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(f);
-  r.ok = status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  Result<std::unique_ptr<ChildProcess>> c = ChildProcess::shell(command, SpawnOptions{.pipe_stdout = true});
+  if (!c.ok()) return r;
+  r.out = (*c)->read_all(std::chrono::minutes(10));
+  int status = 0;
+  r.ok = (*c)->wait(std::chrono::minutes(1), &status) && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   return r;
 }
 

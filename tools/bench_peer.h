@@ -13,8 +13,9 @@
 // The parent connects its engine to METADATA; PID and BUFFER_ADDRESS are for
 // the raw process_vm_readv/writev baseline against the same process.
 //
-// Ownership: a PeerProcess owns its child; the destructor closes the child's
-// stdin, waits up to 5 s, then sends SIGKILL to that pid and reaps it.
+// Ownership: a PeerProcess owns its child (a ChildProcess: it dies with the
+// bench); the destructor closes the child's stdin, waits up to 5 s, then
+// stops it.
 #pragma once
 
 #include <sys/types.h>
@@ -24,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "common/child_process.h"
 #include "kvbridge/engine.h"
 #include "kvbridge/status.h"
 
@@ -38,15 +40,14 @@ class PeerProcess {
                                                      uint32_t tcp_streams);
   ~PeerProcess();
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return child_->pid(); }
   RegionId region() const { return region_; }
   uint64_t buffer_address() const { return address_; }
   const std::string& metadata() const { return metadata_; }
 
  private:
   PeerProcess() = default;
-  pid_t pid_ = -1;
-  int to_child_ = -1, from_child_ = -1;
+  std::unique_ptr<ChildProcess> child_;
   RegionId region_ = 0;
   uint64_t address_ = 0;
   std::string metadata_;
@@ -55,9 +56,9 @@ class PeerProcess {
 // The body of `kvbridge bench peer`; returns the exit code.
 int run_bench_peer(const std::string& transport, uint64_t bytes, uint32_t threads, uint32_t tcp_streams);
 
-// A child running `/bin/sh -c command` with stdout and stderr discarded (a
-// server: iperf3 -s, ucx_perftest). The destructor sends SIGTERM to that pid
-// if it still runs after `grace`, then SIGKILL, and reaps it.
+// A child running `sh -c command` (start it with exec) with stdout and stderr discarded
+// (a server: iperf3 -s, ucx_perftest). The destructor stops it (SIGTERM,
+// then SIGKILL) and reaps it; it dies with the bench too.
 class ShellChild {
  public:
   static Result<std::unique_ptr<ShellChild>> start(const std::string& command);
@@ -66,12 +67,13 @@ class ShellChild {
   ~ShellChild();
 
  private:
-  pid_t pid_ = -1;
-  bool reaped_ = false;
+  ShellChild() = default;
+  std::unique_ptr<ChildProcess> child_;
 };
 
-// Runs `/bin/sh -c command`, returns its stdout (stderr discarded) and
-// whether it exited 0. Callers bound it with `timeout(1)` in the command.
+// Runs `sh -c command` (a ChildProcess; start the command with exec),
+// returns its stdout (stderr discarded) and whether it exited 0. Callers
+// bound it with `timeout(1)` in the command.
 struct ShellOutput {
   std::string out;
   bool ok = false;

@@ -206,7 +206,7 @@ Status plot_png(const std::vector<BenchRow>& rows, const std::string& png) {
     std::ofstream f(path);
     f << g.str();
   }
-  const ShellOutput r = run_shell(std::string("timeout 60 gnuplot ") + path);
+  const ShellOutput r = run_shell(std::string("exec timeout 60 gnuplot ") + path);
   ::unlink(path);
   if (!r.ok) return Status::io_error("bench: gnuplot failed to write '" + png + "'");
   return Status();

@@ -8,15 +8,6 @@
 // row has tier, op, value_bytes, bytes, seconds, gbps, baseline,
 // baseline_gbps and ratio (gbps / baseline_gbps: higher is better). Each
 // figure is the best of --repeat runs.
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -26,8 +17,10 @@
 #include <thread>
 
 #include "cli.h"
+#include "common/child_process.h"
 #include "kvbridge/content.h"
 #include "store_bench.h"
+#include "testing/redis_server.h"
 
 namespace kvbridge::cli {
 namespace {
@@ -37,68 +30,17 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// A redis-server child on a free loopback port, killed on exit.
-class RedisChild {
- public:
-  Status start() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    close(fd);
-    port_ = ntohs(a.sin_port);
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      const int devnull = open("/dev/null", O_WRONLY);
-      if (devnull >= 0) {
-        dup2(devnull, 1);
-        dup2(devnull, 2);
-      }
-      const std::string p = std::to_string(port_);
-      execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--loglevel", "warning", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    for (int i = 0; i < 250; ++i) {
-      const int c = socket(AF_INET, SOCK_STREAM, 0);
-      a.sin_port = htons(port_);
-      const bool ok = connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-      close(c);
-      if (ok) return Status();
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return Status::unavailable("could not start redis-server (install Debian's redis-server)");
-  }
-  ~RedisChild() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  uint16_t port() const { return port_; }
-
- private:
-  pid_t pid_ = -1;
-  uint16_t port_ = 0;
-};
-
 // rps of SET and GET from redis-benchmark's --csv output.
 Result<std::pair<double, double>> redis_benchmark(const RedisOptions& r, uint64_t value_bytes, uint64_t count) {
   const std::string cmd = "redis-benchmark -h " + r.host + " -p " + std::to_string(r.port) +
                           " -t set,get -d " + std::to_string(value_bytes) + " -P " +
                           std::to_string(r.pipeline_depth) + " -c 1 -n " + std::to_string(count) +
-                          " -q --csv 2>/dev/null";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (f == nullptr) return Status::unavailable("cannot run redis-benchmark");
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof(buf), f)) out += buf;
-  pclose(f);
+                          " -q --csv";
+  // A ChildProcess: it dies with the bench (a killed bench used to leave
+  // redis-benchmark running at 100% of a core).
+  KVB_ASSIGN_OR_RETURN(auto child, ChildProcess::shell("exec " + cmd, SpawnOptions{.pipe_stdout = true}));
+  const std::string out = child->read_all(std::chrono::minutes(10));
+  if (!child->wait(std::chrono::seconds(10))) child->stop();
   auto rps = [&](const std::string& test) -> double {
     const size_t at = out.find("\"" + test + "\",\"");
     return at == std::string::npos ? 0.0 : std::atof(out.c_str() + at + test.size() + 4);
@@ -276,7 +218,16 @@ Result<TierFigures> bench_tier(const StoreArgs& a, std::optional<RedisOptions> r
       hit = std::min(hit, g.hit_tokens);
     }
     const double s = seconds_since(t0);
-    if (hit != n) return Status::internal("bench: get hit " + std::to_string(hit) + " of " + std::to_string(n));
+    if (hit != n) {
+      std::string where = "the memory tier";
+      if (redis) {
+        const StoreStats st = from->stats();
+        where = "Redis at " + redis->host + ":" + std::to_string(redis->port) +
+                (st.redis_up ? "" : " (down: " + std::to_string(st.redis_errors) + " failed operations)");
+      }
+      return Status::unavailable("bench: a get from " + where + " hit " + std::to_string(hit) + " of " +
+                                 std::to_string(n) + " tokens");
+    }
     if (rep == 0) {
       KVB_ASSIGN_OR_RETURN(GetCheck c, inst->check(hit, a.content_seed));
       if (c.bad_cells) return Status::internal("bench: the get read wrong bytes: " + c.first_error);
@@ -326,7 +277,7 @@ int run_store_bench(const StoreArgs& a) {
   lr["time_fraction"] = *lk / (static_cast<double>(prefix_bytes) / (mem->get_gbps * 1e9));
   rows.push_back(lr);
 
-  RedisChild child;
+  std::unique_ptr<testing::RedisServer> child;
   std::optional<RedisOptions> redis;
   if (!a.redis.empty()) {
     RedisOptions r;
@@ -334,12 +285,13 @@ int run_store_bench(const StoreArgs& a) {
     r.host = a.redis.substr(0, colon);
     r.port = static_cast<uint16_t>(std::atoi(a.redis.c_str() + colon + 1));
     redis = r;
-  } else if (Status s = child.start(); s.ok()) {
+  } else if (Result<std::unique_ptr<testing::RedisServer>> s = testing::RedisServer::start(); s.ok()) {
+    child = std::move(*s);
     RedisOptions r;
-    r.port = child.port();
+    r.port = child->port();
     redis = r;
   } else {
-    std::cerr << "kvbridge: store bench: " << s.to_string() << "; redis rows skipped\n";
+    std::cerr << "kvbridge: store bench: " << s.error().to_string() << "; redis rows skipped\n";
   }
   if (redis) {
     // Redis holds every set put: keep it smaller than the memory rows.

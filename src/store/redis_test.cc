@@ -20,6 +20,7 @@
 #include "kvbridge/store.h"
 #include "store/redis_tier.h"
 #include "store/test_support.h"
+#include "testing/redis_server.h"
 
 namespace kvbridge {
 namespace {
@@ -31,82 +32,12 @@ using testing::RankMemory;
 using testing::stored_view;
 using testing::tokens;
 
-uint16_t free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-bool can_connect(uint16_t port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  close(fd);
-  return ok;
-}
-
-// A redis-server child process; killed with the test process too
-// (PR_SET_PDEATHSIG), stopped by the destructor.
-class RedisServer {
- public:
-  bool start() {
-    for (int attempt = 0; attempt < 3; ++attempt) {
-      port_ = free_port();
-      pid_ = fork();
-      if (pid_ == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        const int devnull = open("/dev/null", O_WRONLY);
-        if (devnull >= 0) {
-          dup2(devnull, 1);
-          dup2(devnull, 2);
-        }
-        const std::string p = std::to_string(port_);
-        execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", static_cast<char*>(nullptr));
-        _exit(127);
-      }
-      const auto deadline = std::chrono::steady_clock::now() + 5s;
-      while (std::chrono::steady_clock::now() < deadline) {
-        if (can_connect(port_)) return true;
-        int status = 0;
-        if (waitpid(pid_, &status, WNOHANG) == pid_) break;  // exited: port taken or no binary
-        std::this_thread::sleep_for(20ms);
-      }
-      stop();
-    }
-    return false;
-  }
-  void signal(int sig) {
-    if (pid_ > 0) ::kill(pid_, sig);
-  }
-  void stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGCONT);
-    ::kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  ~RedisServer() { stop(); }
-  uint16_t port() const { return port_; }
-
- private:
-  pid_t pid_ = -1;
-  uint16_t port_ = 0;
-};
-
 class RedisStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!server_.start()) GTEST_SKIP() << "redis-server could not be started (scripts/deps.sh installs it)";
+    Result<std::unique_ptr<testing::RedisServer>> s = testing::RedisServer::start();
+    if (!s.ok()) GTEST_SKIP() << s.error().to_string() << " (scripts/deps.sh installs it)";
+    server_ = std::move(*s);
   }
   std::shared_ptr<Store> store(uint64_t H = 16, std::chrono::milliseconds timeout = 2000ms,
                                Assembly assembly = Assembly::kInProcess,
@@ -116,7 +47,7 @@ class RedisStoreTest : public ::testing::Test {
     o.hash_block_tokens = H;
     o.memory_bytes = uint64_t{512} << 20;
     RedisOptions r;
-    r.port = server_.port();
+    r.port = server_->port();
     r.command_timeout = timeout;
     r.connect_timeout = 300ms;
     r.retry_interval = 500ms;
@@ -124,7 +55,7 @@ class RedisStoreTest : public ::testing::Test {
     o.redis = r;
     return *Store::create(o);
   }
-  RedisServer server_;
+  std::unique_ptr<testing::RedisServer> server_;
 
  public:
   std::shared_ptr<Store> shared_store(std::chrono::milliseconds ttl) {
@@ -305,7 +236,7 @@ TEST_F(RedisStoreTest, RedisDownInTheMiddleOfARunDegradesToMisses) {
   const std::vector<uint32_t> p1 = tokens(31, 64), p2 = tokens(32, 64);
   put_all(wa, p1, 64, 1);
   EXPECT_EQ(a->stats().redis_writes, 4u);
-  server_.stop();  // SIGKILL: connections reset, port closed
+  server_->stop();  // SIGKILL: connections reset, port closed
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(get_all(rb, p1, 64, 1), 0u) << "only Redis had it: a miss";
   put_all(wa, p2, 64, 2);                 // the write-through fails: memory only
@@ -327,12 +258,12 @@ TEST_F(RedisStoreTest, AStalledRedisTimesOutAndComesBack) {
   put_all(wa, t, 64, 3);
   auto b = store(16, 200ms);
   auto rb = ranks(b, 1, 16);
-  server_.signal(SIGSTOP);
+  server_->signal(SIGSTOP);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(get_all(rb, t, 64, 3), 0u);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
   EXPECT_GE(b->stats().redis_errors, 1u);
-  server_.signal(SIGCONT);
+  server_->signal(SIGCONT);
   std::this_thread::sleep_for(600ms);  // past the retry interval
   EXPECT_EQ(get_all(rb, t, 64, 3), 64u);
   EXPECT_TRUE(b->stats().redis_up);
