@@ -135,10 +135,13 @@ TEST(ControlTest, AStoppedPeerDelaysOnlyItsOwnNotifications) {
   Result<net::Listening> l = net::listen_on({"127.0.0.1", 0}, 4, "stopped");
   ASSERT_TRUE(l.ok());
   std::thread stopped([&] {
+    pollfd p{l->fd.get(), POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 5000), 1);  // the listening socket is non-blocking
     net::Fd fd(::accept(l->fd.get(), nullptr, nullptr));
     net::FrameReader reader(net::Protocol::kControl, kControlVersion, control_payload_limit);
     net::Session none;
-    ASSERT_TRUE(net::read_frame(fd.get(), reader, none, {Clock::now() + 5s}, "stopped").ok());
+    Status got = net::read_frame(fd.get(), reader, none, {Clock::now() + 5s}, "stopped");
+    ASSERT_TRUE(got.ok()) << got.to_string();
     net::WireWriter accept;
     accept.u64(0x5);
     std::string out;

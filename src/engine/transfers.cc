@@ -1,6 +1,8 @@
 // Transfer execution: workers, deadlines, cancel, notification, completion.
 #include "engine/transfers.h"
 
+#include "transport/copies.h"
+
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -52,30 +54,12 @@ void WakeTokens::acquire() {
 std::vector<std::vector<transport::Copy>> split_copies(std::vector<transport::Copy> copies, size_t parts) {
   uint64_t total = 0;
   for (const transport::Copy& c : copies) total += c.bytes;
-  std::vector<std::vector<transport::Copy>> out;
   if (parts <= 1 || (total < kSplitMinBytes && copies.size() < kSplitMinCopies)) {
+    std::vector<std::vector<transport::Copy>> out;
     out.push_back(std::move(copies));
     return out;
   }
-  const uint64_t target = (total + parts - 1) / parts;
-  out.emplace_back();
-  uint64_t in_chunk = 0;
-  for (transport::Copy c : copies) {
-    while (c.bytes > 0) {
-      if (in_chunk >= target && out.size() < parts) {
-        out.emplace_back();
-        in_chunk = 0;
-      }
-      const uint64_t room = out.size() < parts ? target - std::min(target, in_chunk) : c.bytes;
-      const uint64_t take = std::min(c.bytes, std::max<uint64_t>(room, 1));
-      out.back().push_back(transport::Copy{c.local, c.remote, take, c.segment});
-      in_chunk += take;
-      c.local += take;
-      c.remote += take;
-      c.bytes -= take;
-    }
-  }
-  return out;
+  return transport::split_by_bytes(copies, parts);
 }
 
 Transfers::Transfers(size_t threads, Metrics* metrics, Callbacks callbacks)

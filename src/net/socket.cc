@@ -55,48 +55,6 @@ Status wait_fd(int fd, short events, const IoLimits& limits, std::string_view wh
   }
 }
 
-void IovCursor::push(void* base, size_t len) {
-  if (len == 0) return;
-  // Merges with the last entry when contiguous, unless that entry is partly
-  // consumed already.
-  if (!iov_.empty() && (iov_.size() - 1 > index_ || offset_ == 0)) {
-    iovec& last = iov_.back();
-    if (static_cast<uint8_t*>(last.iov_base) + last.iov_len == base) {
-      last.iov_len += len;
-      return;
-    }
-  }
-  iov_.push_back({base, len});
-}
-
-iovec* IovCursor::current(int* count) {
-  *count = static_cast<int>(std::min<size_t>(iov_.size() - index_, IOV_MAX));
-  if (*count == 0) return nullptr;
-  // advance() shifts the first entry in place, so it is ready to use.
-  return &iov_[index_];
-}
-
-void IovCursor::advance(size_t bytes) {
-  while (bytes > 0 && index_ < iov_.size()) {
-    iovec& v = iov_[index_];
-    if (bytes < v.iov_len) {
-      v.iov_base = static_cast<uint8_t*>(v.iov_base) + bytes;
-      v.iov_len -= bytes;
-      offset_ += bytes;
-      return;
-    }
-    bytes -= v.iov_len;
-    ++index_;
-    offset_ = 0;
-  }
-}
-
-uint64_t IovCursor::remaining() const {
-  uint64_t n = 0;
-  for (size_t i = index_; i < iov_.size(); ++i) n += iov_[i].iov_len;
-  return n;
-}
-
 Result<size_t> send_step(int fd, IovCursor& cursor, std::string_view who) {
   int count = 0;
   iovec* iov = cursor.current(&count);

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/iov.h"
 #include "kvbridge/status.h"
 #include "net/address.h"
 #include "net/fd.h"
@@ -47,23 +48,7 @@ int poll_timeout_ms(Clock::time_point deadline, int cap_ms);
 // POLLERR/POLLNVAL; POLLHUP counts as readable so that recv sees the EOF.
 Status wait_fd(int fd, short events, const IoLimits& limits, std::string_view what);
 
-// A cursor over a list of iovecs that a partial readv/sendmsg advances.
-class IovCursor {
- public:
-  IovCursor() = default;
-  // Appends a range, merging it with the last when contiguous.
-  void push(void* base, size_t len);
-  bool done() const { return index_ == iov_.size(); }
-  // Up to IOV_MAX entries starting at the cursor (the first one adjusted).
-  iovec* current(int* count);
-  void advance(size_t bytes);
-  uint64_t remaining() const;
-
- private:
-  std::vector<iovec> iov_;
-  size_t index_ = 0;
-  size_t offset_ = 0;  // into iov_[index_]
-};
+using IovCursor = ::kvbridge::IovCursor;  // common/iov.h
 
 // One non-blocking sendmsg/readv step. Returns bytes moved, 0 on EAGAIN,
 // kIoError naming `who` on error or (for recv) on EOF.

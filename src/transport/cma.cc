@@ -43,6 +43,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/iov.h"
+#include "transport/copies.h"
 #include "transport/transport.h"
 
 namespace kvbridge::transport {
@@ -209,66 +211,6 @@ std::string peer_text(const std::string& name, uint64_t pid) {
   return "cma peer '" + name + "' (pid " + std::to_string(pid) + ")";
 }
 
-// A list of iovecs consumed from the front as the kernel reports progress.
-// The first kInline entries live in the object: a small run (the common
-// batch of a few blocks) allocates nothing.
-class IovList {
- public:
-  static constexpr size_t kInline = 16;
-
-  void push(void* base, uint64_t len) {
-    if (size_ > 0) {
-      iovec& last = at(size_ - 1);
-      if (static_cast<uint8_t*>(last.iov_base) + last.iov_len == base) {
-        last.iov_len += len;
-        return;
-      }
-    }
-    if (size_ < kInline) {
-      inline_[size_] = {base, len};
-    } else {
-      more_.push_back({base, len});
-    }
-    ++size_;
-  }
-  bool done() const { return index_ == size_; }
-  // Copies the next at most `max_entries` entries, at most `max_bytes` in
-  // all, into `window`; returns how many, and their bytes in `bytes`.
-  size_t window(uint64_t max_bytes, size_t max_entries, iovec* window, uint64_t* bytes) const {
-    size_t n = 0;
-    *bytes = 0;
-    for (size_t i = index_; i < size_ && n < max_entries && max_bytes > 0; ++i) {
-      iovec v = at(i);
-      v.iov_len = std::min<uint64_t>(v.iov_len, max_bytes);
-      max_bytes -= v.iov_len;
-      *bytes += v.iov_len;
-      window[n++] = v;
-    }
-    return n;
-  }
-  void advance(uint64_t bytes) {
-    while (bytes > 0 && index_ < size_) {
-      iovec& v = at(index_);
-      if (bytes < v.iov_len) {
-        v.iov_base = static_cast<uint8_t*>(v.iov_base) + bytes;
-        v.iov_len -= bytes;
-        return;
-      }
-      bytes -= v.iov_len;
-      ++index_;
-    }
-  }
-
- private:
-  iovec& at(size_t i) { return i < kInline ? inline_[i] : more_[i - kInline]; }
-  const iovec& at(size_t i) const { return i < kInline ? inline_[i] : more_[i - kInline]; }
-
-  iovec inline_[kInline];
-  std::vector<iovec> more_;
-  size_t size_ = 0;
-  size_t index_ = 0;
-};
-
 class CmaLink final : public Link {
  public:
   CmaLink(pid_t pid, int pidfd, std::string name, std::optional<CanaryRef> canary)
@@ -306,40 +248,11 @@ class CmaLink final : public Link {
       threads = static_cast<unsigned>(std::min<uint64_t>(threads, total / (kParallelBytes / 2)));
     }
     if (threads <= 1) return run_share(op, copies, control, nullptr);
-
     // Shares of about equal bytes; copies are cut at share boundaries.
-    std::vector<std::vector<Copy>> shares(threads);
-    uint64_t per_share = (total + threads - 1) / threads, in_share = 0;
-    size_t share = 0;
-    for (const Copy& c : copies) {
-      for (uint64_t done = 0; done < c.bytes;) {
-        if (in_share == per_share && share + 1 < threads) {
-          ++share;
-          in_share = 0;
-        }
-        uint64_t n = share + 1 == threads ? c.bytes - done : std::min(c.bytes - done, per_share - in_share);
-        shares[share].push_back(Copy{c.local + done, c.remote + done, n, c.segment});
-        done += n;
-        in_share += n;
-      }
-    }
-    std::atomic<bool> abort{false};
-    std::vector<Status> results(threads);
-    std::vector<std::thread> helpers;
-    for (unsigned i = 1; i < threads; ++i) {
-      helpers.emplace_back([&, i] {
-        results[i] = run_share(op, shares[i], control, &abort);
-        if (!results[i].ok()) abort.store(true);
-      });
-    }
-    results[0] = run_share(op, shares[0], control, &abort);
-    if (!results[0].ok()) abort.store(true);
-    for (auto& t : helpers) t.join();
-    Status first;
-    for (Status& s : results) {
-      if (!s.ok() && (first.ok() || (first.code() == Code::kCancelled && s.code() != Code::kCancelled))) first = s;
-    }
-    return first;
+    return run_shares(split_by_bytes(copies, threads),
+                      [&](size_t, std::span<const Copy> share, const std::atomic<bool>& abort) {
+                        return run_share(op, share, control, &abort);
+                      });
   }
 
   Status check_alive() const {
@@ -351,7 +264,7 @@ class CmaLink final : public Link {
 
   Status run_share(TransferOp op, std::span<const Copy> copies, RunControl& control,
                    const std::atomic<bool>* abort) const {
-    IovList local, remote;
+    IovCursor local, remote;
     for (const Copy& c : copies) {
       local.push(c.local, c.bytes);
       remote.push(reinterpret_cast<void*>(c.remote), c.bytes);

@@ -16,6 +16,7 @@
 #include "common/thread_name.h"
 #include "net/frame.h"
 #include "net/opening.h"
+#include "transport/copies.h"
 #include "transport/tcp_protocol.h"
 
 namespace kvbridge::transport::tcp {
@@ -74,30 +75,6 @@ std::vector<Frame> build_frames(TransferOp op, std::span<const Copy> pieces, net
   }
   flush(pieces.size());
   return frames;
-}
-
-// Splits `copies` into `parts` shares of about equal bytes, cutting copies at
-// share boundaries and into pieces of at most kFrameBytes.
-std::vector<std::vector<Copy>> split(std::span<const Copy> copies, size_t parts, uint64_t total) {
-  std::vector<std::vector<Copy>> shares(parts);
-  uint64_t per_share = (total + parts - 1) / parts;
-  size_t share = 0;
-  uint64_t in_share = 0;
-  for (const Copy& c : copies) {
-    uint64_t done = 0;
-    while (done < c.bytes) {
-      if (in_share == per_share && share + 1 < parts) {
-        ++share;
-        in_share = 0;
-      }
-      uint64_t n = std::min({c.bytes - done, per_share - in_share, kFrameBytes});
-      if (share + 1 == parts) n = std::min(c.bytes - done, kFrameBytes);
-      shares[share].push_back(Copy{c.local + done, c.remote + done, n, c.segment});
-      done += n;
-      in_share += n;
-    }
-  }
-  return shares;
 }
 
 }  // namespace
@@ -244,27 +221,12 @@ Status TcpLink::run(TransferOp op, std::span<const Copy> copies, RunControl& con
   net::IoLimits limits{control.deadline, &control.cancel, nullptr};
   size_t wanted = static_cast<size_t>(std::max<uint64_t>(1, std::min<uint64_t>(all_.size(), total / kBytesPerStream)));
   KVB_ASSIGN_OR_RETURN(std::vector<Stream*> streams, acquire(wanted, limits));
-  std::vector<std::vector<Copy>> shares = split(copies, streams.size(), total);
-
-  std::atomic<bool> abort{false};
-  std::vector<Status> results(streams.size());
-  std::vector<std::thread> helpers;
-  for (size_t i = 1; i < streams.size(); ++i) {
-    helpers.emplace_back([&, i] {
-      results[i] = run_stream(*streams[i], op, shares[i], control, abort);
-      if (!results[i].ok()) abort.store(true);
-    });
-  }
-  results[0] = run_stream(*streams[0], op, shares[0], control, abort);
-  if (!results[0].ok()) abort.store(true);
-  for (auto& t : helpers) t.join();
+  // A share per stream, in pieces of at most a frame's bytes.
+  const std::vector<std::vector<Copy>> shares = split_by_bytes(copies, streams.size(), kFrameBytes);
+  Status first = run_shares(shares, [&](size_t i, std::span<const Copy> share, const std::atomic<bool>& abort) {
+    return run_stream(*streams[i], op, share, control, abort);
+  });
   release(streams);
-
-  // A real error wins over the "aborted" of the streams it stopped.
-  Status first;
-  for (Status& s : results) {
-    if (!s.ok() && (first.ok() || (first.code() == Code::kCancelled && s.code() != Code::kCancelled))) first = s;
-  }
   if (first.code() == Code::kTimeout || first.code() == Code::kCancelled) {
     first = Status(first.code(), first.message() + " (" + std::to_string(control.bytes_done.load()) + " of " +
                                      std::to_string(total) + " bytes done)");

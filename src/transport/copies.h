@@ -1,0 +1,33 @@
+// transport/copies.h: what several transports do with a list of copies:
+// cut it into shares of about equal bytes, and run the shares on this thread
+// and helpers with one error reported.
+//
+// Thread-safety: pure functions; run_shares() runs `run` on several threads
+// at once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "kvbridge/status.h"
+#include "transport/transport.h"
+
+namespace kvbridge::transport {
+
+// Cuts `copies` into `parts` shares of about equal bytes (the last takes the
+// rest), cutting a copy at a share boundary, and pieces of at most
+// `max_piece` bytes (0: no limit). Order is kept; fewer shares come back
+// when there are fewer bytes than parts.
+std::vector<std::vector<Copy>> split_by_bytes(std::span<const Copy> copies, size_t parts, uint64_t max_piece = 0);
+
+// Runs `run(i, share, abort)` for every share, share 0 on this thread and the
+// others on helper threads, and returns the first real error: once one
+// share fails, `abort` is set so the others stop, and the error that caused
+// it wins over their kCancelled. OK when every share succeeded.
+using ShareRun = std::function<Status(size_t index, std::span<const Copy> share, const std::atomic<bool>& abort)>;
+Status run_shares(const std::vector<std::vector<Copy>>& shares, const ShareRun& run);
+
+}  // namespace kvbridge::transport
