@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "net/frame.h"
-#include "transport/tcp_protocol.h"
+#include "transport/tcp/tcp_protocol.h"
 
 namespace tcp = kvbridge::transport::tcp;
 namespace net = kvbridge::net;

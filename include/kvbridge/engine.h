@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "kvbridge/status.h"
+#include "kvbridge/transfer_op.h"
 
 namespace kvbridge {
 
@@ -46,7 +47,6 @@ using RegionId = uint32_t;    // a local registration handle, or a peer's
 using PeerId = uint32_t;      // a connected peer
 using TransferId = uint64_t;  // a submitted transfer
 
-enum class TransferOp : uint8_t { kRead, kWrite };
 enum class TransferState : uint8_t { kInProgress, kDone, kFailed, kCancelled };
 std::string_view transfer_state_name(TransferState state);
 

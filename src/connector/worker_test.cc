@@ -11,7 +11,7 @@
 #include "kvbridge/content.h"
 #include "kvbridge/presets.h"
 #include "testing/fake_side_channel.h"
-#include "transport/fault.h"
+#include "transport/fault/fault.h"
 
 namespace kvbridge {
 namespace {

@@ -4,7 +4,7 @@
 #include <charconv>
 
 #include "engine/engine_impl.h"
-#include "transport/fault.h"
+#include "transport/fault/fault.h"
 
 namespace kvbridge::testing {
 namespace {

@@ -29,8 +29,8 @@
 #include <string>
 #include <string_view>
 
-#include "kvbridge/engine.h"
 #include "kvbridge/status.h"
+#include "kvbridge/transfer_op.h"
 
 namespace kvbridge::transport {
 

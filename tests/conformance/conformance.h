@@ -26,7 +26,7 @@
 
 #include "conformance/harness.h"
 #include "kvbridge/engine.h"
-#include "transport/fault.h"
+#include "transport/fault/fault.h"
 
 namespace kvbridge {
 inline void PrintTo(TransferState s, std::ostream* os) { *os << transfer_state_name(s); }

@@ -29,7 +29,7 @@
 #include <map>
 
 #include "net/address.h"
-#include "transport/ucx_worker.h"
+#include "transport/ucx/ucx_worker.h"
 
 namespace kvbridge::transport {
 namespace {

@@ -23,7 +23,7 @@
 //
 // Endpoints (open, close, liveness, the UCS status translation) are in
 // ucx_endpoint.cc.
-#include "transport/ucx_worker.h"
+#include "transport/ucx/ucx_worker.h"
 
 #include "common/thread_name.h"
 

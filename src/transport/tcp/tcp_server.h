@@ -35,7 +35,7 @@
 
 #include "kvbridge/status.h"
 #include "net/listener.h"
-#include "transport/tcp_protocol.h"
+#include "transport/tcp/tcp_protocol.h"
 
 namespace kvbridge::transport::tcp {
 

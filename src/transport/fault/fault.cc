@@ -1,5 +1,5 @@
 // The fault-injecting wrapper transport (fault.h).
-#include "transport/fault.h"
+#include "transport/fault/fault.h"
 
 #include <algorithm>
 #include <thread>

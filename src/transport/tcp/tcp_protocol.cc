@@ -1,5 +1,5 @@
 // The tcp transport's frame payloads. Layout and rules: docs/formats/tcp-protocol.md.
-#include "transport/tcp_protocol.h"
+#include "transport/tcp/tcp_protocol.h"
 
 #include "common/checked.h"
 #include "net/opening.h"

@@ -1,6 +1,6 @@
 // The serving half of the tcp transport (see tcp_server.h and
 // docs/formats/tcp-protocol.md).
-#include "transport/tcp_server.h"
+#include "transport/tcp/tcp_server.h"
 
 #include <poll.h>
 #include <sys/socket.h>

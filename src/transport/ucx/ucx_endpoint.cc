@@ -6,7 +6,7 @@
 #include <poll.h>
 #include <unistd.h>
 
-#include "transport/ucx_worker.h"
+#include "transport/ucx/ucx_worker.h"
 
 namespace kvbridge::transport::ucx {
 

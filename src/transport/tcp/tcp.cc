@@ -6,8 +6,8 @@
 
 #include <algorithm>
 
-#include "transport/tcp_link.h"
-#include "transport/tcp_server.h"
+#include "transport/tcp/tcp_link.h"
+#include "transport/tcp/tcp_server.h"
 #include "transport/transport.h"
 
 namespace kvbridge::transport {

@@ -1,6 +1,6 @@
 // The client half of the tcp transport (see tcp_link.h and
 // docs/formats/tcp-protocol.md).
-#include "transport/tcp_link.h"
+#include "transport/tcp/tcp_link.h"
 
 #include <poll.h>
 #include <unistd.h>
@@ -17,7 +17,7 @@
 #include "net/frame.h"
 #include "net/opening.h"
 #include "transport/copies.h"
-#include "transport/tcp_protocol.h"
+#include "transport/tcp/tcp_protocol.h"
 
 namespace kvbridge::transport::tcp {
 namespace {

@@ -15,8 +15,8 @@
 #include "net/opening.h"
 #include "net/socket.h"
 #include "net/wire.h"
-#include "transport/tcp_link.h"
-#include "transport/tcp_protocol.h"
+#include "transport/tcp/tcp_link.h"
+#include "transport/tcp/tcp_protocol.h"
 #include "transport/transport.h"
 
 namespace kvbridge::transport {

@@ -1,4 +1,4 @@
-#include "transport/tcp_protocol.h"
+#include "transport/tcp/tcp_protocol.h"
 
 #include <gtest/gtest.h>
 
