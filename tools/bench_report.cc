@@ -98,7 +98,7 @@ void print_targets(std::ostream& out, const std::vector<BenchRow>& rows, double 
     }
     return describe(r, true) + ", " + std::to_string(met) + " of " + std::to_string(n) + " rows met";
   };
-  out << "targets (issue 4):\n";
+  out << "targets:\n";
   auto big = [](const BenchRow& r) { return r.block_bytes >= 65536; };
   auto all = [](const BenchRow&) { return true; };
   const BenchRow* w = worst("local", big);

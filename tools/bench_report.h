@@ -1,5 +1,5 @@
 // tools/bench_report.h: how `kvbridge bench` shows its rows: an aligned
-// table, a JSON array, a verdict per target of issue 4, and a PNG chart
+// table, a JSON array, a verdict per target, and a PNG chart
 // drawn by gnuplot.
 #pragma once
 

@@ -203,6 +203,7 @@ class Rank {
                 {"descriptors", r.descriptors},
                 {"naive", r.naive_descriptors},
                 {"transfer_us", r.transfer_time.count()},
+                {"completion_lag_us", r.completion_lag.count()},
                 {"verify_bad", 0},
                 {"verify_error", ""}};
     auto it = held_.find(r.request);

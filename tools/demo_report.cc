@@ -15,12 +15,13 @@ struct Figures {
   uint64_t bytes = 0, descriptors = 0, naive = 0, transfer_us = 0, raw_us = 0, raw_bytes = 0;
   uint64_t flooded_bytes = 0, flooded_us = 0;  // --flood: the requests that ran under it
   double p50_ms = 0, p99_ms = 0;
+  double lag_p50_us = 0, lag_p99_us = 0;  // the last byte landing to the load's result
   std::vector<std::string> errors;
 };
 
 Figures figures(const Summary& s) {
   Figures f;
-  std::vector<uint64_t> lat;
+  std::vector<uint64_t> lat, lags;
   for (const RequestRecord& r : s.requests) {
     if (r.verify_bad > 0) ++f.verify_failures;
     if (r.outcome == "finished") {
@@ -38,6 +39,7 @@ Figures figures(const Summary& s) {
         f.raw_bytes += r.bytes;
       }
       lat.push_back(r.transfer_us);
+      lags.push_back(r.completion_lag_us);
     } else {
       if (r.outcome == "recomputed") ++f.recomputed;
       if (r.outcome == "aborted") ++f.aborted;
@@ -54,6 +56,11 @@ Figures figures(const Summary& s) {
   };
   f.p50_ms = pct(0.50);
   f.p99_ms = pct(0.99);
+  std::sort(lags.begin(), lags.end());
+  if (!lags.empty()) {
+    f.lag_p50_us = static_cast<double>(lags[std::min(lags.size() - 1, lags.size() / 2)]);
+    f.lag_p99_us = static_cast<double>(lags[std::min(lags.size() - 1, (lags.size() * 99 + 50) / 100)]);
+  }
   return f;
 }
 
@@ -113,6 +120,8 @@ void print_report(const Summary& s) {
               {"ratio", raw > 0 ? g / raw : 0.0},
               {"p50_ms", f.p50_ms},
               {"p99_ms", f.p99_ms},
+              {"completion_lag_p50_us", f.lag_p50_us},
+              {"completion_lag_p99_us", f.lag_p99_us},
               {"handshakes", s.handshakes},
               {"handshakes_rejected", s.handshakes_rejected},
               {"last_rejection", s.last_rejection},
@@ -166,6 +175,8 @@ void print_report(const Summary& s) {
   std::printf("  throughput        %.2f GB/s; raw process_vm_readv, same descriptors: %.2f GB/s (ratio %.2f)\n", g, raw,
               raw > 0 ? g / raw : 0.0);
   std::printf("  transfer latency  p50 %.2f ms, p99 %.2f ms\n", f.p50_ms, f.p99_ms);
+  std::printf("  load completion   p50 %.0f us, p99 %.0f us after the last byte landed (no polling)\n", f.lag_p50_us,
+              f.lag_p99_us);
   if (a.inject == Inject::kKillPrefill || a.inject == Inject::kKillDecode || a.inject == Inject::kAbort ||
       a.inject == Inject::kStall) {
     std::printf("                    (--inject %s slows every copy on the decode side, so that the fault lands mid-transfer)\n",

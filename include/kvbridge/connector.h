@@ -112,7 +112,8 @@ struct LoadResult {
   uint64_t first_bad_token = 0;   // error: KV before this token arrived whole
   uint64_t bytes = 0, descriptors = 0;
   uint64_t naive_descriptors = 0; // one per (layer, component, block) for comparison
-  std::chrono::microseconds transfer_time{0};  // first submit to last completion
+  std::chrono::microseconds transfer_time{0};  // first submit to the last byte landing
+  std::chrono::microseconds completion_lag{0}; // the last byte landing to this result being ready
   std::vector<uint32_t> sources;  // prefill tp_ranks read from
 };
 

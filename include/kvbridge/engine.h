@@ -64,7 +64,26 @@ struct TransferStatus {
   Status error;              // kFailed: the first error; kCancelled: why
   uint64_t bytes_done = 0;   // bytes known to have completed
   uint64_t bytes_total = 0;
+  std::chrono::steady_clock::time_point ended_at{};  // when it ended (its last byte landed, for kDone)
 };
+
+// How a transfer is submitted.
+struct SubmitOptions {
+  // Delivered to the peer after the last byte, when not empty.
+  std::string notification;
+  // 0: EngineOptions::default_timeout.
+  std::chrono::milliseconds timeout{0};
+  // The completion: called exactly once when the transfer ends (done,
+  // failed or cancelled), with its id and final status, on an engine or
+  // transport thread, or inside submit() for a transfer that ended there
+  // (then before submit() returns its id). It runs with no engine lock held
+  // and must not block; it may call status() and release().
+  std::function<void(TransferId, const TransferStatus&)> on_end;
+};
+
+// A list of items checked and resolved once (Engine::prepare): any subset
+// is then submitted by index without checking again.
+using PreparedId = uint64_t;
 
 struct Notification {
   std::string peer;     // the sender's engine name, as its connection opened
@@ -182,11 +201,35 @@ class Engine {
   // remote region that does not grant the access (a read needs read, a
   // write write), kInvalidArgument for an empty batch or a zero-length item.
   virtual Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
-                                    std::string notification, std::chrono::milliseconds timeout) = 0;
+                                    SubmitOptions options) = 0;
+  Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
+                            std::string notification, std::chrono::milliseconds timeout) {
+    SubmitOptions o;
+    o.notification = std::move(notification);
+    o.timeout = timeout;
+    return submit(peer, op, items, std::move(o));
+  }
   Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
                             std::string notification = {}) {
     return submit(peer, op, items, std::move(notification), std::chrono::milliseconds(0));
   }
+
+  // Checks and resolves `items` for transfers of `op` with `peer` once, as
+  // submit() would (the same errors, naming the item), and keeps them: the
+  // local regions they name are held in use until release_prepared(), so
+  // they cannot be deregistered under the list. The list follows the peer's
+  // registrations: when the peer's metadata changes (connect() again), a
+  // submit that finds a region it names moved or gone fails with
+  // kUnavailable ("prepare again") and posts nothing.
+  virtual Result<PreparedId> prepare(PeerId peer, TransferOp op, std::span<const TransferItem> items) = 0;
+  // Submits the items of `list` at the indices in `selection` (in that
+  // order; adjacent ones merge into one copy), checking nothing but the
+  // indices: kOutOfRange for an index past the list, kInvalidArgument for an
+  // empty selection, kNotFound for an unknown list, kUnavailable for a list
+  // whose peer is gone or changed. Then as submit().
+  virtual Result<TransferId> submit(PreparedId list, std::span<const uint32_t> selection, SubmitOptions options) = 0;
+  // Forgets a list and drops its holds on local regions. kNotFound if unknown.
+  virtual Status release_prepared(PreparedId list) = 0;
 
   // The state of a transfer; kNotFound in `error` for an unknown id.
   virtual TransferStatus status(TransferId id) const = 0;

@@ -1,10 +1,12 @@
 // ConnectorWorker: registration, side channel, remote ranks, loads as engine
 // reads, and the heartbeat/done messages between workers (connector.h).
 //
-// Bookkeeping is under mu_. One thread of the worker ("pump") watches
-// transfers, ends loads, sends heartbeats and done messages (engine notify()
-// waits for the peer's acknowledgement, so it runs outside mu_), and drains
-// the engine's notifications into reader events.
+// Bookkeeping is under mu_. Loads are engine transfers whose completions
+// (SubmitOptions::on_end) land in a small shared inbox (Wakeups); one thread
+// of the worker ("pump") sleeps on it until a transfer ends or a heartbeat
+// is due, ends loads, and sends heartbeats and done messages without
+// waiting for them (Engine::notify with a callback). Nothing polls. Reader
+// events are drained from the engine's notifications by take_reader_events.
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,9 +46,21 @@ struct Load {
   uint64_t first_token = 0;
   std::vector<std::pair<uint32_t, TransferId>> transfers;  // (source tp_rank, id)
   std::vector<PeerId> peers;                               // per source, same order
+  size_t pending = 0;                                      // transfers not ended yet
   LoadResult result;
   Clock::time_point started;
+  Clock::time_point last_byte{};                           // the latest transfer end so far
   bool aborted = false;
+};
+
+// Transfer ends, pushed by the engine's completion callbacks (on engine or
+// transport threads, or inside submit) and taken by the pump. Shared, so a
+// callback that outlives the worker touches nothing else.
+struct Wakeups {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<TransferId, Clock::time_point>> ended;  // transfer, when it ended
+  bool poke = false;                                            // stop
 };
 
 class WorkerImpl final : public ConnectorWorker {
@@ -58,16 +72,21 @@ class WorkerImpl final : public ConnectorWorker {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
-      for (auto& [id, load] : loads_) {
-        for (auto& [src, t] : load.transfers) (void)engine_.cancel(t);
+    }
+    {
+      std::lock_guard<std::mutex> lock(wake_->mu);
+      wake_->poke = true;
+    }
+    wake_->cv.notify_all();
+    if (pump_.joinable()) pump_.join();
+    // No lock held: a transfer's completion callback may run inside cancel().
+    for (auto& [id, load] : loads_) {
+      for (auto& [src, t] : load.transfers) {
+        (void)engine_.cancel(t);
+        (void)engine_.release(t);
       }
     }
-    cv_.notify_all();
-    if (pump_.joinable()) pump_.join();
     server_.reset();
-    for (auto& [id, load] : loads_) {
-      for (auto& [src, t] : load.transfers) (void)engine_.release(t);
-    }
     for (RegionId r : regions_) (void)engine_.deregister_memory(r);
   }
 
@@ -177,32 +196,44 @@ class WorkerImpl final : public ConnectorWorker {
                                              fetched->infos[d.source].tensors[d.remote_tensor].region,
                                              d.remote_offset, d.bytes});
     }
+    // Engine connections to the sources, outside the lock: a connect dials
+    // and runs the opening exchange, and must not hold up other loads.
+    for (size_t s = 0; s < items.size(); ++s) {
+      if (!items[s].empty()) KVB_RETURN_IF_ERROR(connect_peer(instance, s, fetched->infos[s]));
+    }
     lock.lock();
     if (loads_.count(request) != 0) return Status::already_exists("request " + std::to_string(request) + " is loading");
     RemoteInstance& remote = remotes_[instance];
     load.started = Clock::now();
+    SubmitOptions o;
+    o.timeout = options_.transfer_timeout;
+    o.on_end = [wake = wake_](TransferId id, const TransferStatus& st) {
+      {
+        std::lock_guard<std::mutex> wl(wake->mu);
+        wake->ended.emplace_back(id, st.ended_at);
+      }
+      wake->cv.notify_one();
+    };
     for (size_t s = 0; s < items.size(); ++s) {
       if (items[s].empty()) continue;
-      Status st = connect_peer(remote, s);
-      Result<TransferId> id = st.ok() ? engine_.submit(*remote.peers[s], TransferOp::kRead, items[s], std::string(),
-                                                       options_.transfer_timeout)
-                                      : Result<TransferId>(st);
+      Result<TransferId> id = engine_.submit(*remote.peers[s], TransferOp::kRead, items[s], o);
       if (!id.ok()) {
         for (auto& [r, t] : load.transfers) {
           (void)engine_.cancel(t);
           (void)engine_.release(t);
+          by_transfer_.erase(t);
         }
         return id.error().with_context("request " + std::to_string(request) + ": reading from " + instance +
                                        " rank " + std::to_string(s));
       }
       load.transfers.emplace_back(static_cast<uint32_t>(s), *id);
+      by_transfer_[*id] = request;
       load.peers.push_back(*remote.peers[s]);
       load.result.sources.push_back(static_cast<uint32_t>(s));
     }
+    load.pending = load.transfers.size();
     ++stats_.loads_started;
     loads_.emplace(request, std::move(load));
-    lock.unlock();
-    cv_.notify_all();
     return Status();
   }
 
@@ -217,7 +248,6 @@ class WorkerImpl final : public ConnectorWorker {
     }
     // cancel() returns once no byte of the transfer can land any more.
     for (TransferId t : ids) KVB_RETURN_IF_ERROR(engine_.cancel(t));
-    cv_.notify_all();
     return Status();
   }
 
@@ -304,12 +334,16 @@ class WorkerImpl final : public ConnectorWorker {
     return Status();
   }
 
-  // Requires mu_. Engine connect is a local operation plus a control
-  // connection to the peer; done once per source rank.
-  Status connect_peer(RemoteInstance& r, size_t rank) {
-    if (r.peers[rank]) return Status();
-    KVB_ASSIGN_OR_RETURN(PeerId id, engine_.connect(r.fetched->infos[rank].engine_metadata));
-    r.peers[rank] = id;
+  // Connects the engine to source rank `rank` of `instance` once (without
+  // mu_: it dials and waits for the peer's answer).
+  Status connect_peer(const std::string& instance, size_t rank, const connector::RankInfo& info) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (remotes_[instance].peers[rank]) return Status();
+    }
+    KVB_ASSIGN_OR_RETURN(PeerId id, engine_.connect(info.engine_metadata));
+    std::lock_guard<std::mutex> lock(mu_);
+    remotes_[instance].peers[rank] = id;
     return Status();
   }
 
@@ -354,48 +388,49 @@ class WorkerImpl final : public ConnectorWorker {
     });
   }
 
-  // Ends loads whose transfers all ended; sends heartbeats; drains messages;
-  // then sleeps in engine wait on a transfer still in flight (outside mu_),
-  // or, with nothing in flight, until a new load or stop wakes it.
+  // Sleeps until a transfer ends or a heartbeat is due; ends loads whose
+  // transfers all ended; sends done messages and heartbeats (without
+  // waiting for their acknowledgements).
   void pump() {
     Clock::time_point next_beat = Clock::now() + options_.heartbeat_interval;
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
+    while (true) {
+      std::vector<std::pair<TransferId, Clock::time_point>> ended;
+      {
+        std::unique_lock<std::mutex> wl(wake_->mu);
+        wake_->cv.wait_until(wl, next_beat, [&] { return !wake_->ended.empty() || wake_->poke; });
+        ended.swap(wake_->ended);
+      }
       std::vector<std::pair<PeerId, std::string>> messages;
-      std::optional<TransferId> watch;
-      for (auto it = loads_.begin(); it != loads_.end();) {
-        Load& load = it->second;
-        std::optional<TransferId> running;
-        for (auto& [src, t] : load.transfers) {
-          if (engine_.status(t).state == TransferState::kInProgress) {
-            running = t;
-            break;
+      bool any_result = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return;
+        for (const auto& [transfer, at] : ended) {
+          auto t = by_transfer_.find(transfer);
+          if (t == by_transfer_.end()) continue;  // a load that failed to start
+          auto it = loads_.find(t->second);
+          by_transfer_.erase(t);
+          if (it == loads_.end()) continue;
+          Load& load = it->second;
+          load.last_byte = std::max(load.last_byte, at);
+          if (--load.pending > 0) continue;
+          finish(load);
+          for (PeerId p : load.peers) {
+            messages.emplace_back(p, std::string(kMessagePrefix) + "done " + std::to_string(load.request));
+          }
+          results_.push_back(std::move(load.result));
+          loads_.erase(it);
+          any_result = true;
+        }
+        if (Clock::now() >= next_beat) {
+          next_beat = Clock::now() + options_.heartbeat_interval;
+          for (auto& [id, load] : loads_) {
+            for (PeerId p : load.peers) messages.emplace_back(p, std::string(kMessagePrefix) + "hb " + std::to_string(id));
           }
         }
-        if (running) {
-          if (!watch) watch = running;
-          ++it;
-          continue;
-        }
-        finish(load);
-        for (PeerId p : load.peers) messages.emplace_back(p, std::string(kMessagePrefix) + "done " + std::to_string(load.request));
-        results_.push_back(std::move(load.result));
-        it = loads_.erase(it);
       }
-      if (Clock::now() >= next_beat) {
-        next_beat = Clock::now() + options_.heartbeat_interval;
-        for (auto& [id, load] : loads_) {
-          for (PeerId p : load.peers) messages.emplace_back(p, std::string(kMessagePrefix) + "hb " + std::to_string(id));
-        }
-      }
-      const bool any_result = !results_.empty();
-      lock.unlock();
       if (any_result) results_cv_.notify_all();
       for (auto& [peer, m] : messages) send(peer, m);
-      drain_notifications();
-      if (watch) (void)engine_.wait(*watch, std::chrono::milliseconds(2));
-      lock.lock();
-      if (!watch && !stop_ && loads_.empty()) cv_.wait_for(lock, std::chrono::milliseconds(20));
     }
   }
 
@@ -403,7 +438,9 @@ class WorkerImpl final : public ConnectorWorker {
   // order wins; transfers finish in no particular order, so a failed load's
   // first bad token is its first moved token.
   void finish(Load& load) {
-    load.result.transfer_time = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - load.started);
+    const Clock::time_point now = Clock::now();
+    load.result.transfer_time = std::chrono::duration_cast<std::chrono::microseconds>(load.last_byte - load.started);
+    load.result.completion_lag = std::chrono::duration_cast<std::chrono::microseconds>(now - load.last_byte);
     load.result.aborted = load.aborted;
     for (auto& [src, t] : load.transfers) {
       TransferStatus st = engine_.status(t);
@@ -440,7 +477,9 @@ class WorkerImpl final : public ConnectorWorker {
 
   mutable std::mutex mu_;
   std::mutex fetch_mu_;
-  std::condition_variable cv_, results_cv_;
+  std::condition_variable results_cv_;
+  std::map<TransferId, RequestId> by_transfer_;  // transfers of loads in progress
+  const std::shared_ptr<Wakeups> wake_ = std::make_shared<Wakeups>();
   bool stop_ = false;
   std::map<std::string, RemoteInstance> remotes_;
   std::map<RequestId, Load> loads_;

@@ -68,8 +68,12 @@ class EngineImpl final : public Engine {
   Status deregister_memory(RegionId id) override;
   std::string metadata() const override;
   Result<PeerId> connect(std::string_view metadata) override;
-  Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items, std::string notification,
-                            std::chrono::milliseconds timeout) override;
+  Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
+                            SubmitOptions options) override;
+  Result<PreparedId> prepare(PeerId peer, TransferOp op, std::span<const TransferItem> items) override;
+  Result<TransferId> submit(PreparedId list, std::span<const uint32_t> selection, SubmitOptions options) override;
+  Status release_prepared(PreparedId list) override;
+  using Engine::submit;
   TransferStatus status(TransferId id) const override { return transfers_->status(id); }
   TransferStatus wait(TransferId id, std::chrono::milliseconds timeout) override { return transfers_->wait(id, timeout); }
   Status cancel(TransferId id) override { return transfers_->cancel(id); }
@@ -94,12 +98,32 @@ class EngineImpl final : public Engine {
       uint8_t access = 0;  // its segment's
     };
     std::map<RegionId, RemoteRegion> regions;
+    uint64_t generation = 0;  // bumped each time `regions` is refreshed
     std::string transport;  // the chosen transport's name
     std::shared_ptr<transport::Link> link;
     std::shared_ptr<Channel> channel;
   };
 
+  // A prepared list: items resolved once, its local regions held.
+  struct PreparedList {
+    std::shared_ptr<Peer> peer;
+    TransferOp op = TransferOp::kRead;
+    uint64_t generation = 0;                          // the peer's, when last checked
+    std::vector<transport::Copy> copies;              // one per item, in order
+    std::map<RegionId, MetadataRegion> remote;        // the peer regions it names, as they were
+    std::vector<RegionHold> holds;                    // its local regions
+  };
+
  private:
+  // Requires mu_. Checks `items` against this engine's and the peer's
+  // registrations (the errors submit() documents) and resolves them.
+  Status resolve_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
+                        std::vector<transport::Copy>* copies, std::vector<RegionId>* regions, bool merge) const;
+  // Builds, splits and starts a transfer of resolved copies (the holds are
+  // its; released here on failure).
+  Result<TransferId> start_transfer(const Peer& p, TransferOp op, std::vector<transport::Copy> copies,
+                                    std::vector<RegionHold> holds, uint64_t bytes, size_t items,
+                                    SubmitOptions options);
   // Requires mu_. The metadata of this engine as it stands.
   EngineMetadata describe_locked() const;
   // Picks the transport and opens a link and a channel (without mu_: it
@@ -123,6 +147,8 @@ class EngineImpl final : public Engine {
   mutable std::mutex mu_;  // the registry lock
   std::unique_ptr<Registry> registry_;
   std::map<PeerId, std::shared_ptr<Peer>> peers_;
+  std::map<PreparedId, std::shared_ptr<PreparedList>> prepared_;
+  PreparedId next_prepared_ = 1;
   PeerId next_peer_ = 1;
   std::atomic<uint64_t> next_connection_{1};
 

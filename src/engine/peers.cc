@@ -121,6 +121,7 @@ Result<PeerId> EngineImpl::connect(std::string_view bytes) {
         KVB_RETURN_IF_ERROR(
             p.link->refresh(peer_info(m, k)).with_context("connect: refresh peer " + peer_text(m)));
         p.regions = index_regions(m);
+        ++p.generation;
         p.metadata = std::move(m);
         return p.id;
       }

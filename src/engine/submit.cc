@@ -1,102 +1,212 @@
 // Submitting a transfer: check every item, resolve it to a transport Copy
 // (merging items adjacent on both sides), hold the local regions, split into
-// chunks, hand to the transfer table.
+// chunks, hand to the transfer table. A prepared list does the checking and
+// resolving once; its submits pick items by index.
 //
 // All checks happen under the registry lock before anything is queued, so a
 // batch with one bad item moves nothing, and a region cannot be deregistered
 // between its check and its use (it is held in use from here until the
-// transfer ends).
+// transfer ends, and by a prepared list until it is released).
 #include <algorithm>
 
 #include "common/checked.h"
 #include "engine/engine_impl.h"
 
 namespace kvbridge::engine_internal {
+namespace {
 
-Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
-                                      std::string notification, std::chrono::milliseconds timeout) {
-  if (items.empty()) return Status::invalid_argument("submit: the batch is empty");
-  if (notification.size() > kMaxControlPayload) {
-    return Status::resource_exhausted("submit: notification is " + std::to_string(notification.size()) +
+// Appends `c`, merged into the last copy when adjacent on both sides: a
+// planner's consecutive blocks, or a caller's per-block items, cost the
+// transport one operation (one memcpy, iovec, put or get) each run.
+void append_copy(std::vector<transport::Copy>& copies, const transport::Copy& c) {
+  transport::Copy* last = copies.empty() ? nullptr : &copies.back();
+  if (last != nullptr && last->segment == c.segment && last->local + last->bytes == c.local &&
+      last->remote + last->bytes == c.remote) {
+    last->bytes += c.bytes;
+  } else {
+    copies.push_back(c);
+  }
+}
+
+}  // namespace
+
+Status EngineImpl::resolve_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
+                                  std::vector<transport::Copy>* copies, std::vector<RegionId>* regions,
+                                  bool merge) const {
+  const std::string& peer_name = p.metadata.name;
+  // Error messages are built only on error: a context string per item would
+  // cost more than the checks for a large batch of small items.
+  auto what = [](size_t i) { return "item " + std::to_string(i); };
+  const uint8_t needs = op == TransferOp::kRead ? 1 : 2;
+  copies->reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const TransferItem& item = items[i];
+    if (item.bytes == 0) return Status::invalid_argument(what(i) + " has 0 bytes");
+    Result<uint8_t*> resolved = registry_->resolve(item.local, item.local_offset, item.bytes, std::string_view());
+    if (!resolved.ok()) return Status(resolved.error().code(), what(i) + resolved.error().message());
+    auto found = p.regions.find(item.remote);
+    if (found == p.regions.end()) {
+      return Status::not_found(what(i) + ": peer '" + peer_name + "' advertises no region " +
+                               std::to_string(item.remote) + " (connect() again with fresh metadata?)");
+    }
+    const Peer::RemoteRegion& r = found->second;
+    if ((r.access & needs) == 0) {
+      return Status::permission_denied(what(i) + ": peer '" + peer_name + "' region " + std::to_string(item.remote) +
+                                       " does not allow remote " + (op == TransferOp::kRead ? "reads" : "writes"));
+    }
+    uint64_t end = 0;
+    if (!checked_add(item.remote_offset, item.bytes, &end) || end > r.region.bytes) {
+      return Status::out_of_range(what(i) + ": remote range [" + std::to_string(item.remote_offset) + ", " +
+                                  std::to_string(item.remote_offset) + " + " + std::to_string(item.bytes) +
+                                  ") is outside peer '" + peer_name + "' region " + std::to_string(item.remote) +
+                                  " of " + std::to_string(r.region.bytes) + " bytes");
+    }
+    const transport::Copy c{*resolved, r.region.base + item.remote_offset, item.bytes, r.region.segment};
+    if (merge) {
+      append_copy(*copies, c);
+    } else {
+      copies->push_back(c);
+    }
+    if (regions->empty() || regions->back() != item.local) regions->push_back(item.local);
+  }
+  std::sort(regions->begin(), regions->end());
+  regions->erase(std::unique(regions->begin(), regions->end()), regions->end());
+  return Status();
+}
+
+Result<TransferId> EngineImpl::start_transfer(const Peer& p, TransferOp op, std::vector<transport::Copy> copies,
+                                              std::vector<RegionHold> holds, uint64_t bytes, size_t items,
+                                              SubmitOptions options) {
+  if (options.notification.size() > kMaxControlPayload) {
+    for (const RegionHold& hold : holds) Registry::release(hold);
+    return Status::resource_exhausted("submit: notification is " + std::to_string(options.notification.size()) +
                                       " bytes, more than " + std::to_string(kMaxControlPayload));
   }
-  if (timeout.count() <= 0) timeout = options_.default_timeout;
+  if (options.timeout.count() <= 0) options.timeout = options_.default_timeout;
   auto t = std::make_shared<Transfer>();
   t->op = op;
-  t->notification = std::move(notification);
-  t->timeout = timeout;
-  std::vector<transport::Copy> copies;
-  copies.reserve(items.size());
-  std::vector<RegionId> regions;  // the local regions the items use, each once
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    KVB_ASSIGN_OR_RETURN(std::shared_ptr<Peer> found, find_peer_locked(peer, "submit"));
-    const Peer& p = *found;
-    const std::string& peer_name = p.metadata.name;
-    // Error messages are built only on error: a context string per item would
-    // cost more than the checks for a large batch of small items.
-    auto what = [](size_t i) { return "submit: item " + std::to_string(i); };
-    const uint8_t needs = op == TransferOp::kRead ? 1 : 2;
-    for (size_t i = 0; i < items.size(); ++i) {
-      const TransferItem& item = items[i];
-      if (item.bytes == 0) return Status::invalid_argument(what(i) + " has 0 bytes");
-      Result<uint8_t*> resolved = registry_->resolve(item.local, item.local_offset, item.bytes, std::string_view());
-      if (!resolved.ok()) return Status(resolved.error().code(), what(i) + resolved.error().message());
-      uint8_t* local = *resolved;
-      auto found = p.regions.find(item.remote);
-      if (found == p.regions.end()) {
-        return Status::not_found(what(i) + ": peer '" + peer_name + "' advertises no region " +
-                                 std::to_string(item.remote) + " (connect() again with fresh metadata?)");
-      }
-      const auto& r = *found;
-      if ((r.second.access & needs) == 0) {
-        return Status::permission_denied(what(i) + ": peer '" + peer_name + "' region " +
-                                         std::to_string(item.remote) + " does not allow remote " +
-                                         (op == TransferOp::kRead ? "reads" : "writes"));
-      }
-      uint64_t end = 0;
-      if (!checked_add(item.remote_offset, item.bytes, &end) || end > r.second.region.bytes) {
-        return Status::out_of_range(what(i) + ": remote range [" + std::to_string(item.remote_offset) + ", " +
-                                    std::to_string(item.remote_offset) + " + " + std::to_string(item.bytes) +
-                                    ") is outside peer '" + peer_name + "' region " + std::to_string(item.remote) +
-                                    " of " + std::to_string(r.second.region.bytes) + " bytes");
-      }
-      const uint64_t remote = r.second.region.base + item.remote_offset;
-      // Items adjacent on both sides become one copy: a planner's
-      // consecutive blocks, or a caller's per-block items, cost the
-      // transport one operation (one memcpy, iovec, put or get) each run.
-      transport::Copy* last = copies.empty() ? nullptr : &copies.back();
-      if (last != nullptr && last->segment == r.second.region.segment && last->local + last->bytes == local &&
-          last->remote + last->bytes == remote) {
-        last->bytes += item.bytes;
-      } else {
-        copies.push_back(transport::Copy{local, remote, item.bytes, r.second.region.segment});
-      }
-      t->bytes_total += item.bytes;
-      if (regions.empty() || regions.back() != item.local) regions.push_back(item.local);
-    }
-    std::sort(regions.begin(), regions.end());
-    regions.erase(std::unique(regions.begin(), regions.end()), regions.end());
-    for (RegionId r : regions) t->holds.push_back(registry_->acquire(r));
-    t->connection = p.connection;
-    t->peer_name = peer_text(p.metadata);
-    t->link = p.link;
-    t->channel = p.channel;
-  }
+  t->notification = std::move(options.notification);
+  t->timeout = options.timeout;
+  t->on_end = std::move(options.on_end);
+  t->bytes_total = bytes;
+  t->holds = std::move(holds);
+  t->connection = p.connection;
+  t->peer_name = peer_text(p.metadata);
+  t->link = p.link;
+  t->channel = p.channel;
   std::vector<std::vector<transport::Copy>> parts = split_copies(std::move(copies), options_.threads);
   t->chunks.reset(parts.size());
   for (size_t i = 0; i < parts.size(); ++i) t->chunks[i].copies = std::move(parts[i]);
   t->start = Clock::now();
-  t->deadline = t->start + timeout;
+  t->deadline = t->start + t->timeout;
   const bool here = t->notification.empty() && t->bytes_total <= options_.inline_bytes && t->link->runs_inline();
-  metrics_.submitted(items.size());
+  metrics_.submitted(items);
   Result<TransferId> id = transfers_->start(t, here);
   if (!id.ok()) {
     for (const RegionHold& hold : t->holds) Registry::release(hold);
-    metrics_.unsubmitted(items.size());
-    return id;
+    metrics_.unsubmitted(items);
   }
   return id;
+}
+
+Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
+                                      SubmitOptions options) {
+  if (items.empty()) return Status::invalid_argument("submit: the batch is empty");
+  std::vector<transport::Copy> copies;
+  std::vector<RegionId> regions;  // the local regions the items use, each once
+  std::vector<RegionHold> holds;
+  std::shared_ptr<Peer> p;
+  uint64_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KVB_ASSIGN_OR_RETURN(p, find_peer_locked(peer, "submit"));
+    KVB_RETURN_IF_ERROR(resolve_locked(*p, op, items, &copies, &regions, true).with_context("submit"));
+    for (RegionId r : regions) holds.push_back(registry_->acquire(r));
+  }
+  for (const TransferItem& item : items) bytes += item.bytes;
+  return start_transfer(*p, op, std::move(copies), std::move(holds), bytes, items.size(), std::move(options));
+}
+
+Result<PreparedId> EngineImpl::prepare(PeerId peer, TransferOp op, std::span<const TransferItem> items) {
+  if (items.empty()) return Status::invalid_argument("prepare: the list is empty");
+  if (items.size() > UINT32_MAX) return Status::resource_exhausted("prepare: more than 2^32 - 1 items");
+  auto list = std::make_shared<PreparedList>();
+  list->op = op;
+  std::lock_guard<std::mutex> lock(mu_);
+  KVB_ASSIGN_OR_RETURN(list->peer, find_peer_locked(peer, "prepare"));
+  std::vector<RegionId> regions;
+  KVB_RETURN_IF_ERROR(resolve_locked(*list->peer, op, items, &list->copies, &regions, false).with_context("prepare"));
+  list->generation = list->peer->generation;
+  for (const TransferItem& item : items) list->remote[item.remote] = list->peer->regions.at(item.remote).region;
+  for (RegionId r : regions) list->holds.push_back(registry_->acquire(r));
+  const PreparedId id = next_prepared_++;
+  prepared_.emplace(id, std::move(list));
+  return id;
+}
+
+Result<TransferId> EngineImpl::submit(PreparedId id, std::span<const uint32_t> selection, SubmitOptions options) {
+  if (selection.empty()) return Status::invalid_argument("submit: the selection is empty");
+  std::shared_ptr<PreparedList> list;
+  std::vector<RegionHold> holds;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = prepared_.find(id);
+    if (it == prepared_.end()) return Status::not_found("submit: prepared list " + std::to_string(id) + " is unknown");
+    list = it->second;
+    const Peer& p = *list->peer;
+    auto now = peers_.find(p.id);
+    if (now == peers_.end() || now->second != list->peer || !p.channel->health().ok()) {
+      return Status::unavailable("submit: prepared list " + std::to_string(id) + ": its peer " + peer_text(p.metadata) +
+                                 " is gone or was connected again: prepare again");
+    }
+    if (p.generation != list->generation) {
+      // The peer's registrations changed: every region the list names must
+      // be where it was.
+      for (const auto& [region, was] : list->remote) {
+        auto r = p.regions.find(region);
+        if (r == p.regions.end() || !(r->second.region == was)) {
+          return Status::unavailable("submit: prepared list " + std::to_string(id) + ": peer region " +
+                                     std::to_string(region) + " moved or is gone: prepare again");
+        }
+      }
+      list->generation = p.generation;
+    }
+    // The transfer holds the list's regions too: it may outlive the list.
+    for (const RegionHold& hold : list->holds) {
+      hold->fetch_add(1, std::memory_order_acq_rel);
+      holds.push_back(hold);
+    }
+  }
+  std::vector<transport::Copy> copies;
+  copies.reserve(selection.size());
+  uint64_t bytes = 0;
+  const size_t n = list->copies.size();
+  for (size_t k = 0; k < selection.size(); ++k) {
+    const uint32_t i = selection[k];
+    if (i >= n) {
+      for (const RegionHold& hold : holds) Registry::release(hold);
+      return Status::out_of_range("submit: selection " + std::to_string(k) + " is index " + std::to_string(i) +
+                                  ", past the " + std::to_string(n) + " items of prepared list " + std::to_string(id));
+    }
+    const transport::Copy& c = list->copies[i];
+    append_copy(copies, c);
+    bytes += c.bytes;
+  }
+  return start_transfer(*list->peer, list->op, std::move(copies), std::move(holds), bytes, selection.size(),
+                        std::move(options));
+}
+
+Status EngineImpl::release_prepared(PreparedId id) {
+  std::shared_ptr<PreparedList> list;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = prepared_.find(id);
+    if (it == prepared_.end()) return Status::not_found("release_prepared: list " + std::to_string(id) + " is unknown");
+    list = std::move(it->second);
+    prepared_.erase(it);
+  }
+  for (const RegionHold& hold : list->holds) Registry::release(hold);
+  return Status();
 }
 
 }  // namespace kvbridge::engine_internal

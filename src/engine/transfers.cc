@@ -140,6 +140,12 @@ void Transfers::forget_deadline(Transfer& t) {
   t.has_deadline = false;
 }
 
+void Transfers::after_end(const std::shared_ptr<Transfer>& t) {
+  forget_deadline(*t);
+  if (!t->on_end || t->end_reported.exchange(true)) return;
+  t->on_end(t->id, status_of(*t));
+}
+
 void Transfers::stop_locked(Transfer& t, Status why, bool cancelled) {
   if (t.stop) return;
   t.stop = true;
@@ -162,7 +168,8 @@ void Transfers::finish_locked(Transfer& t) {
   uint64_t done = 0;
   for (const Chunk& c : t.chunks) done += c.control.bytes_done.load(std::memory_order_acquire);
   if (t.state == TransferState::kDone) done = t.bytes_total;
-  metrics_->ended(t.state, t.op, done, Clock::now() - t.start);
+  t.ended_at = Clock::now();
+  metrics_->ended(t.state, t.op, done, t.ended_at - t.start);
   t.ended = true;
   t.cv.notify_all();
 }
@@ -204,7 +211,7 @@ bool Transfers::begin_chunk(const std::shared_ptr<Transfer>& tp, size_t index, b
     if (t.running == 0) finish_locked(t);
     ended = t.ended;
   }
-  if (ended) forget_deadline(t);
+  if (ended) after_end(tp);
   return false;
 }
 
@@ -252,7 +259,7 @@ void Transfers::end_chunk(const std::shared_ptr<Transfer>& tp, Status s) {
     ended = t.ended;
     t.cv.notify_all();
   }
-  if (ended) forget_deadline(t);
+  if (ended) after_end(tp);
   if (notify) start_notification(tp);
 }
 
@@ -287,7 +294,7 @@ void Transfers::end_notification(const std::shared_ptr<Transfer>& tp, Status s) 
     }
     finish_locked(t);
   }
-  forget_deadline(t);
+  after_end(tp);
 }
 
 void Transfers::timer() {
@@ -324,6 +331,12 @@ void Transfers::timer() {
         if (t->running == 0) finish_locked(*t);
       }
     }
+    bool ended = false;
+    {
+      std::lock_guard<std::mutex> tl(t->mu);
+      ended = t->ended;
+    }
+    if (ended) after_end(t);
     lock.lock();
   }
 }
@@ -333,6 +346,7 @@ TransferStatus Transfers::status_of(const Transfer& t) {
   std::lock_guard<std::mutex> lock(t.mu);
   out.state = t.state;
   out.error = t.error;
+  out.ended_at = t.ended_at;
   out.bytes_total = t.bytes_total;
   for (const Chunk& c : t.chunks) out.bytes_done += c.control.bytes_done.load(std::memory_order_acquire);
   if (t.state == TransferState::kDone) out.bytes_done = t.bytes_total;
@@ -388,7 +402,7 @@ Status Transfers::cancel(TransferId id) {
   t->cv.wait(lock, [&] { return t->running == 0; });
   finish_locked(*t);
   lock.unlock();
-  forget_deadline(*t);
+  after_end(t);
   return Status();
 }
 
@@ -425,7 +439,7 @@ void Transfers::fail_peer(uint64_t connection, const Status& why) {
       if (t->running == 0) finish_locked(*t);
       ended = t->ended;
     }
-    if (ended) forget_deadline(*t);
+    if (ended) after_end(t);
   }
 }
 
@@ -460,6 +474,8 @@ void Transfers::shutdown() {
     stop_locked(*t, Status::cancelled(transfer_name(*t) + " was cancelled: the engine is shutting down"), true);
     t->cv.wait(lock, [&] { return t->running == 0; });
     finish_locked(*t);
+    lock.unlock();
+    after_end(t);
   }
   {
     // Every run has returned; wait for their completion callbacks to leave.

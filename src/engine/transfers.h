@@ -91,6 +91,9 @@ struct Transfer {
   std::string notification;
   std::vector<RegionHold> holds;  // its local regions' holds, released once when it ends
   uint64_t bytes_total = 0;
+  // Called once when the transfer ends, with no lock held (SubmitOptions::on_end).
+  std::function<void(TransferId, const TransferStatus&)> on_end;
+  std::atomic<bool> end_reported{false};
   Clock::time_point start;
   Clock::time_point deadline;
   std::chrono::milliseconds timeout{0};
@@ -107,6 +110,7 @@ struct Transfer {
   bool notifying = false;   // every run returned OK; the notification is on its way
   Status stop_reason;       // the first cause
   bool ended = false;
+  Clock::time_point ended_at;
   TransferState state = TransferState::kInProgress;
   Status error;
 
@@ -185,6 +189,9 @@ class Transfers {
   std::optional<size_t> take_queued(Transfer& t);
   // Requires no lock held. Removes t's deadline entry once t ended.
   void forget_deadline(Transfer& t);
+  // Requires no lock held and t ended: forgets its deadline and calls its
+  // on_end, once whoever gets here first.
+  void after_end(const std::shared_ptr<Transfer>& t);
   void worker();
   void timer();
   // Runs one chunk with the table's bookkeeping. A queued chunk whose

@@ -1,0 +1,199 @@
+// Prepared lists (checked and resolved once, submitted by index) and
+// completions (SubmitOptions::on_end), over the local transport.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "kvbridge/engine.h"
+
+namespace kvbridge {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Pair {
+  explicit Pair(uint64_t inline_bytes = 0) {
+    EngineOptions o;
+    o.transports = {"local"};
+    o.inline_bytes = inline_bytes;
+    o.name = "a";
+    a = std::move(*Engine::create(o));
+    o.name = "b";
+    b = std::move(*Engine::create(o));
+    for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<uint8_t>(i * 7 + 3);
+    rx = *a->register_memory(x.data(), x.size());
+    ry = *b->register_memory(y.data(), y.size());
+    peer = *a->connect(b->metadata());
+  }
+  std::unique_ptr<Engine> a, b;
+  std::vector<uint8_t> x = std::vector<uint8_t>(4096, 0), y = std::vector<uint8_t>(4096, 0);
+  RegionId rx = 0, ry = 0;
+  PeerId peer = 0;
+};
+
+// 16 items of 256 bytes: local block i <- remote block 15 - i.
+std::vector<TransferItem> reversed(const Pair& p) {
+  std::vector<TransferItem> items;
+  for (uint64_t i = 0; i < 16; ++i) items.push_back({p.rx, i * 256, p.ry, (15 - i) * 256, 256});
+  return items;
+}
+
+TransferStatus run(Engine& e, Result<TransferId> id) {
+  EXPECT_TRUE(id.ok()) << id.error().to_string();
+  if (!id.ok()) return {};
+  TransferStatus st = e.wait(*id, 10s);
+  (void)e.release(*id);
+  return st;
+}
+
+TEST(PreparedTest, ASubsetIsSubmittedByIndexAndMovesExactlyThoseItems) {
+  Pair p;
+  Result<PreparedId> list = p.a->prepare(p.peer, TransferOp::kRead, reversed(p));
+  ASSERT_TRUE(list.ok()) << list.error().to_string();
+  const std::vector<uint32_t> some = {2, 9, 10};
+  TransferStatus st = run(*p.a, p.a->submit(*list, some, {}));
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
+  for (uint64_t i = 0; i < 16; ++i) {
+    const bool moved = i == 2 || i == 9 || i == 10;
+    for (uint64_t k = 0; k < 256; ++k) {
+      ASSERT_EQ(p.x[i * 256 + k], moved ? p.y[(15 - i) * 256 + k] : 0) << "block " << i << " byte " << k;
+    }
+  }
+  std::vector<uint32_t> all(16);
+  std::iota(all.begin(), all.end(), 0);
+  ASSERT_EQ(run(*p.a, p.a->submit(*list, all, {})).state, TransferState::kDone);
+  for (uint64_t i = 0; i < 16; ++i) ASSERT_EQ(p.x[i * 256], p.y[(15 - i) * 256]);
+  EXPECT_EQ(p.a->metrics().descriptors, 3u + 16u);
+  EXPECT_TRUE(p.a->release_prepared(*list).ok());
+  EXPECT_EQ(p.a->release_prepared(*list).code(), Code::kNotFound);
+}
+
+TEST(PreparedTest, ABadIndexOrEmptySelectionPostsNothing) {
+  Pair p;
+  PreparedId list = *p.a->prepare(p.peer, TransferOp::kRead, reversed(p));
+  const std::vector<uint32_t> bad = {0, 16};
+  Result<TransferId> t = p.a->submit(list, bad, {});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), Code::kOutOfRange);
+  EXPECT_NE(t.error().message().find("selection 1 is index 16, past the 16 items"), std::string::npos)
+      << t.error().to_string();
+  EXPECT_EQ(p.a->submit(list, std::span<const uint32_t>(), {}).error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(p.x[0], 0) << "a refused submit moved bytes";
+  EXPECT_EQ(p.a->submit(PreparedId{999}, bad, {}).error().code(), Code::kNotFound);
+  // The regions held for the refused submit were given back.
+  ASSERT_TRUE(p.a->release_prepared(list).ok());
+  EXPECT_TRUE(p.a->deregister_memory(p.rx).ok());
+}
+
+TEST(PreparedTest, PrepareChecksEachItemAsSubmitWould) {
+  Pair p;
+  std::vector<TransferItem> items = reversed(p);
+  items[5].remote_offset = 4000;
+  Result<PreparedId> bad = p.a->prepare(p.peer, TransferOp::kRead, items);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code(), Code::kOutOfRange);
+  EXPECT_NE(bad.error().message().find("prepare: item 5"), std::string::npos) << bad.error().to_string();
+  std::vector<uint8_t> ro(4096, 9);
+  RegionId read_only = *p.b->register_memory(ro.data(), ro.size(), "host", RemoteAccess::kRead);
+  PeerId again = *p.a->connect(p.b->metadata());
+  ASSERT_EQ(again, p.peer);
+  Result<PreparedId> write = p.a->prepare(p.peer, TransferOp::kWrite, std::vector<TransferItem>{{p.rx, 0, read_only, 0, 64}});
+  ASSERT_FALSE(write.ok());
+  EXPECT_EQ(write.error().code(), Code::kPermissionDenied) << write.error().to_string();
+}
+
+TEST(PreparedTest, ARegionUnderAPreparedListCannotBeDeregistered) {
+  Pair p;
+  PreparedId list = *p.a->prepare(p.peer, TransferOp::kRead, reversed(p));
+  Status s = p.a->deregister_memory(p.rx);
+  EXPECT_EQ(s.code(), Code::kUnavailable) << s.to_string();
+  ASSERT_TRUE(p.a->release_prepared(list).ok());
+  EXPECT_TRUE(p.a->deregister_memory(p.rx).ok());
+}
+
+TEST(PreparedTest, AListWhosePeerRegionMovedSaysPrepareAgain) {
+  Pair p;
+  PreparedId list = *p.a->prepare(p.peer, TransferOp::kRead, reversed(p));
+  // The peer registers more: what the list names is where it was.
+  std::vector<uint8_t> more(1024);
+  (void)*p.b->register_memory(more.data(), more.size());
+  ASSERT_EQ(*p.a->connect(p.b->metadata()), p.peer);
+  std::vector<uint32_t> one = {0};
+  EXPECT_EQ(run(*p.a, p.a->submit(list, one, {})).state, TransferState::kDone);
+  // The peer drops the region the list reads from.
+  ASSERT_TRUE(p.b->deregister_memory(p.ry).ok());
+  ASSERT_EQ(*p.a->connect(p.b->metadata()), p.peer);
+  Result<TransferId> stale = p.a->submit(list, one, {});
+  ASSERT_FALSE(stale.ok());
+  EXPECT_EQ(stale.error().code(), Code::kUnavailable);
+  EXPECT_NE(stale.error().message().find("prepare again"), std::string::npos) << stale.error().to_string();
+}
+
+// Completions: on_end fires exactly once with the final status, whichever
+// way the transfer ends and on whichever thread.
+TEST(CompletionTest, OnEndFiresOnceForEveryEnding) {
+  struct Seen {
+    std::mutex mu;
+    std::vector<std::pair<TransferId, TransferStatus>> ends;
+  };
+  auto seen = std::make_shared<Seen>();
+  auto on_end = [seen](TransferId id, const TransferStatus& st) {
+    std::lock_guard<std::mutex> lock(seen->mu);
+    seen->ends.emplace_back(id, st);
+  };
+  // Inline (small, same-host): ended inside submit, before it returns.
+  Pair inline_pair(1 << 20);
+  SubmitOptions o;
+  o.on_end = on_end;
+  Result<TransferId> a = inline_pair.a->submit(inline_pair.peer, TransferOp::kRead, reversed(inline_pair), o);
+  ASSERT_TRUE(a.ok());
+  {
+    std::lock_guard<std::mutex> lock(seen->mu);
+    ASSERT_EQ(seen->ends.size(), 1u) << "an inline transfer's on_end did not run inside submit";
+    EXPECT_EQ(seen->ends[0].first, *a);
+    EXPECT_EQ(seen->ends[0].second.state, TransferState::kDone);
+    EXPECT_NE(seen->ends[0].second.ended_at, std::chrono::steady_clock::time_point{});
+  }
+  // On a worker.
+  Pair p;
+  Result<TransferId> b = p.a->submit(p.peer, TransferOp::kRead, reversed(p), o);
+  ASSERT_EQ(p.a->wait(*b, 10s).state, TransferState::kDone);
+  // Failed at the peer: an item that the peer's memory has moved under is
+  // refused at submit (no on_end); a deadline that passes ends it kFailed.
+  SubmitOptions slow = o;
+  slow.timeout = 1ms;
+  std::vector<TransferItem> big;
+  std::vector<uint8_t> lx(64 << 20), ly(64 << 20);
+  RegionId rlx = *p.a->register_memory(lx.data(), lx.size());
+  RegionId rly = *p.b->register_memory(ly.data(), ly.size());
+  ASSERT_EQ(*p.a->connect(p.b->metadata()), p.peer);
+  for (int i = 0; i < 64; ++i) big.push_back({rlx, uint64_t(i) << 20, rly, uint64_t(i) << 20, 1 << 20});
+  Result<TransferId> c = p.a->submit(p.peer, TransferOp::kRead, big, slow);
+  ASSERT_TRUE(c.ok());
+  TransferStatus cs = p.a->wait(*c, 10s);
+  Result<TransferId> d = p.a->submit(p.peer, TransferOp::kRead, big, o);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(p.a->cancel(*d).ok());
+  for (int i = 0; i < 500; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(seen->mu);
+      if (seen->ends.size() >= 4) break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  std::this_thread::sleep_for(50ms);  // a second call, if any, would land by now
+  std::lock_guard<std::mutex> lock(seen->mu);
+  ASSERT_EQ(seen->ends.size(), 4u);
+  std::map<TransferId, TransferState> by_id;
+  for (const auto& [id, st] : seen->ends) by_id[id] = st.state;
+  EXPECT_EQ(by_id[*b], TransferState::kDone);
+  EXPECT_EQ(by_id[*c], cs.state);
+  EXPECT_EQ(by_id[*d], TransferState::kCancelled);
+}
+
+}  // namespace
+}  // namespace kvbridge
