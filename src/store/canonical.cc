@@ -365,19 +365,4 @@ uint64_t copy_from_objects(const Plan& plan, TensorMemory rank, std::span<const 
   return copied;
 }
 
-Status check_memory(const Layout& layout, TensorMemory memory) {
-  if (memory.size() != layout.tensors.size()) {
-    return Status::invalid_argument("store: " + std::to_string(memory.size()) + " memory spans for " +
-                                    std::to_string(layout.tensors.size()) + " tensors");
-  }
-  for (size_t i = 0; i < memory.size(); ++i) {
-    if (memory[i].size() != layout.tensors[i].bytes) {
-      return Status::invalid_argument("store: memory of tensor " + q(layout.tensors[i].name) + " is " +
-                                      std::to_string(memory[i].size()) + " bytes, the layout says " +
-                                      std::to_string(layout.tensors[i].bytes));
-    }
-  }
-  return Status();
-}
-
 }  // namespace kvbridge::store_internal

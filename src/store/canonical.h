@@ -117,7 +117,4 @@ uint64_t put_object(const ObjectPlan& p, TensorMemory rank, uint64_t block, uint
                     std::span<const std::pair<uint64_t, uint64_t>> skip);
 uint64_t get_object(const ObjectPlan& p, TensorMemory rank, uint64_t block, const uint8_t* object);
 
-// OK when `memory` has one span per tensor of `layout`, each of its bytes.
-Status check_memory(const Layout& layout, TensorMemory memory);
-
 }  // namespace kvbridge::store_internal

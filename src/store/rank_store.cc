@@ -165,7 +165,7 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
     return Status::invalid_argument("store: request.num_tokens " + std::to_string(request.num_tokens) +
                                     " exceeds the " + std::to_string(tokens.size()) + " tokens given");
   }
-  if (copy) KVB_RETURN_IF_ERROR(store_internal::check_memory(layout, memory));
+  if (copy) KVB_RETURN_IF_ERROR(check_memory(layout, memory).with_context("store"));
   const std::vector<BlockHash> hashes = chain_hashes(seed, H, tokens.first(request.num_tokens));
   uint64_t in_redis = 0;
   KVB_ASSIGN_OR_RETURN(std::vector<GroupPresence> pres, presence(hashes, &in_redis));

@@ -92,7 +92,7 @@ Result<PutResult> RankStore::Impl::put(std::span<const uint32_t> tokens, const R
     return Status::invalid_argument("store: request.num_tokens " + std::to_string(request.num_tokens) +
                                     " exceeds the " + std::to_string(tokens.size()) + " tokens given");
   }
-  KVB_RETURN_IF_ERROR(store_internal::check_memory(layout, memory));
+  KVB_RETURN_IF_ERROR(check_memory(layout, memory).with_context("store"));
   const std::vector<BlockHash> hashes = chain_hashes(seed, H, tokens.first(request.num_tokens));
   PutResult result;
   for (size_t gi : stored) {

@@ -34,7 +34,7 @@ struct Instance {
     const uint64_t per_group = (max_tokens + g.block_tokens - 1) / g.block_tokens;
     const Layout probe = preset(name, g.tp, 0, g.block_tokens, 1, g.order);
     uint64_t num_blocks = 2 + per_group;
-    if (testing::has_overlay(probe)) {
+    if (has_overlay(probe)) {
       stride = static_cast<int64_t>(per_group);
       num_blocks = 2 + per_group * probe.groups.size();
     }
