@@ -1,0 +1,231 @@
+// Building a plan template: see kvbridge/plan.h and plan/template.h.
+//
+// The template runs the planner's own emission (plan/emit.h) with a sink
+// that supplies block id 0 and records, for every piece, the remote entry it
+// reads and the block strides of both sides, so each piece's dependence on
+// the ids is exactly what plan() would compute for them. Pieces that move
+// together (same entries, same strides, contiguous on both sides) are held as
+// one, which is what plan()'s Emitter would make of them for any ids.
+//
+// Entries are grouped into classes by their position range relative to their
+// block and their alignment to remote blocks. That the pieces of an entry
+// depend on nothing else is a property of emit_block(); rather than rely on
+// it, the build records every entry and compares it with its class (the cost
+// of one plan), and a template where some entry differs is not uniform and
+// falls back to plan().
+#include <algorithm>
+#include <array>
+#include <map>
+#include <string>
+
+#include "plan/emit.h"
+#include "plan/template.h"
+
+namespace kvbridge {
+namespace plan_internal {
+namespace {
+
+std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+// The emission sink of a template: block ids are 0, and each piece notes the
+// strides and the remote entry (relative to the entry's first) it reads.
+class Recorder {
+ public:
+  uint64_t local_base(const GroupMove&, uint64_t, const Side& L) {
+    local_stride_ = L.block_stride;
+    return L.offset;
+  }
+  uint64_t remote_base(const GroupMove&, uint64_t j, const Side& R) {
+    remote_entry_ = j;
+    remote_stride_ = R.block_stride;
+    return R.offset;
+  }
+  void emit(uint16_t src, uint16_t, uint64_t lo, uint16_t rt, uint64_t ro, uint64_t n) {
+    if (remote_entry_ < remote_first_ || remote_entry_ - remote_first_ > UINT32_MAX) {
+      out_of_reach_ = true;
+      return;
+    }
+    const auto rel = static_cast<uint32_t>(remote_entry_ - remote_first_);
+    if (!pieces_.empty()) {
+      TemplatePiece& b = pieces_.back();
+      if (b.source == src && b.remote_tensor == rt && b.local_stride == local_stride_ &&
+          b.remote_stride == remote_stride_ && b.remote_entry == rel && b.local_offset + b.bytes == lo &&
+          b.remote_offset + b.bytes == ro) {
+        b.bytes += n;
+        return;
+      }
+    }
+    pieces_.push_back({lo, ro, n, local_stride_, remote_stride_, rel, src, rt});
+  }
+
+  // Starts recording an entry whose first remote entry is `remote_first`.
+  void start(uint64_t remote_first) {
+    pieces_.clear();
+    remote_first_ = remote_first;
+    out_of_reach_ = false;
+  }
+  const std::vector<TemplatePiece>& pieces() const { return pieces_; }
+  // A piece read a remote entry before the entry's first (never, by
+  // emit_block()'s segments): the entry cannot be expressed as a class.
+  bool out_of_reach() const { return out_of_reach_; }
+
+ private:
+  std::vector<TemplatePiece> pieces_;
+  uint64_t remote_first_ = 0, remote_entry_ = 0;
+  uint64_t local_stride_ = 0, remote_stride_ = 0;
+  bool out_of_reach_ = false;
+};
+
+// The request of `shape` whose listed entries name blocks 0, 1, 2, ... in
+// list order; kInvalidArgument when a list lists more blocks than its group
+// has.
+Result<Request> probe_request(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape) {
+  Request r;
+  r.num_tokens = shape.num_tokens;
+  r.skip_tokens = shape.skip_tokens;
+  for (const auto& [name, gs] : shape.groups) {
+    GroupBlocks& b = r.blocks[name];
+    const Group* lg = local.find_group(name);
+    const Group* rg = remotes.empty() ? nullptr : remotes.front().find_group(name);
+    for (int side = 0; side < 2; ++side) {
+      const std::vector<bool>& listed = side == 0 ? gs.local : gs.remote;
+      const Group* g = side == 0 ? lg : rg;
+      std::vector<int64_t>& ids = side == 0 ? b.local : b.remote;
+      int64_t next = 0;
+      for (bool l : listed) ids.push_back(l ? next++ : -1);
+      if (g != nullptr && static_cast<uint64_t>(next) > g->num_blocks) {
+        return Status::invalid_argument("group " + q(name) + " " + (side == 0 ? "local" : "remote") +
+                                        " block list of the shape lists " + std::to_string(next) +
+                                        " blocks but the group has num_blocks " + std::to_string(g->num_blocks) +
+                                        "; no request of this shape is valid");
+      }
+    }
+  }
+  return r;
+}
+
+// Builds the template of one group move. Returns false (and a reason) when
+// some entry's pieces are not its class's.
+bool build_move(const GroupMove& m, std::span<const Unit> units, const std::string& group, PlanTemplate::Impl& t,
+                TemplateMove& tm) {
+  const uint64_t e0 = first_entry(m), e1 = end_entry(m);
+  tm.first_entry = e0;
+  // Classes: the position range of an entry relative to its block, and where
+  // it starts relative to a remote block.
+  std::map<std::array<uint64_t, 3>, uint32_t> classes;
+  std::vector<uint64_t> representative, members;
+  for (uint64_t e = e0; e < e1; ++e) {
+    const uint64_t pb = std::max(m.begin, e * m.local_ppb), pe = std::min(m.end, (e + 1) * m.local_ppb);
+    const auto [it, fresh] =
+        classes.emplace(std::array<uint64_t, 3>{pb - e * m.local_ppb, pe - pb, pb % m.remote_ppb},
+                        static_cast<uint32_t>(representative.size()));
+    if (fresh) {
+      representative.push_back(e);
+      members.push_back(0);
+    }
+    ++members[it->second];
+    tm.entry_class.push_back(it->second);
+    tm.remote_first.push_back(pb / m.remote_ppb);
+  }
+  Recorder rec;
+  auto record = [&](size_t k0, size_t k1, uint64_t e) {
+    rec.start(tm.remote_first[e - e0]);
+    for (size_t k = k0; k < k1; ++k) emit_block(rec, m, units[k], e);
+    return !rec.out_of_reach();
+  };
+  auto fail = [&](uint64_t e, uint64_t rep) {
+    t.uniform = false;
+    t.fallback_reason = "group " + q(group) + " list entry " + std::to_string(e) + ": its pieces are not those of entry " +
+                        std::to_string(rep) + " moved by its block ids";
+    return false;
+  };
+  auto add_loop = [&](size_t k0, size_t k1) {
+    TemplateLoop loop;
+    loop.local_tensor = units[k0].local.tensor;
+    for (uint64_t rep : representative) {
+      if (!record(k0, k1, rep)) return fail(rep, rep);
+      loop.program.push_back(static_cast<uint32_t>(loop.pieces.size()));
+      loop.pieces.insert(loop.pieces.end(), rec.pieces().begin(), rec.pieces().end());
+    }
+    loop.program.push_back(static_cast<uint32_t>(loop.pieces.size()));
+    // Every entry must be its class's program moved by its ids.
+    for (uint64_t e = e0; e < e1; ++e) {
+      const uint32_t c = tm.entry_class[e - e0];
+      if (representative[c] == e) continue;
+      const auto first = loop.pieces.begin() + loop.program[c], last = loop.pieces.begin() + loop.program[c + 1];
+      if (!record(k0, k1, e) || !std::equal(first, last, rec.pieces().begin(), rec.pieces().end())) {
+        return fail(e, representative[c]);
+      }
+    }
+    for (size_t c = 0; c + 1 < loop.program.size(); ++c) {
+      t.max_pieces += members[c] * (loop.program[c + 1] - loop.program[c]);
+      for (uint32_t x = loop.program[c]; x < loop.program[c + 1]; ++x) {
+        t.totals[loop.pieces[x].source].bytes += members[c] * loop.pieces[x].bytes;
+      }
+    }
+    t.pieces += loop.pieces.size();
+    tm.loops.push_back(std::move(loop));
+    return true;
+  };
+  for (const UnitRun& run : unit_runs(units)) {
+    if (run.block_outer) {
+      if (!add_loop(run.begin, run.end)) return false;
+    } else {
+      for (size_t k = run.begin; k < run.end; ++k) {
+        if (!add_loop(k, k + 1)) return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes,
+                                    const RequestShape& shape) {
+  KVB_ASSIGN_OR_RETURN(Request probe, probe_request(local, remotes, shape));
+  KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
+  KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, probe));
+  auto t = std::make_shared<PlanTemplate::Impl>();
+  t->local = local;
+  t->remotes.assign(remotes.begin(), remotes.end());
+  t->shape = shape;
+  t->totals.resize(remotes.size());
+  for (size_t r = 0; r < remotes.size(); ++r) t->totals[r].tp_rank = remotes[r].tp_rank;
+  // group_moves() accepted the probe, so the shape's groups are exactly the
+  // transfer groups, each present on every remote rank.
+  for (const auto& group : t->shape.groups) {
+    TemplateGroup g;
+    g.name = group.first;
+    g.local_blocks = local.find_group(g.name)->num_blocks;
+    g.remote_blocks = remotes.front().find_group(g.name)->num_blocks;
+    t->groups.push_back(g);
+  }
+  for (const GroupMove& m : moves) {
+    const Group& g = local.groups[m.local_group];
+    const size_t gi = static_cast<size_t>(std::distance(t->shape.groups.begin(), t->shape.groups.find(g.name)));
+    if (g.kind == GroupKind::kState && m.end > m.begin) {
+      // The state that moves is in each list's last entry (positions.cc).
+      const GroupShape& gs = t->shape.groups.at(g.name);
+      t->groups[gi].local_entry0 = gs.local.size() - 1;
+      t->groups[gi].remote_entry0 = gs.remote.size() - 1;
+    }
+    if (m.end <= m.begin) continue;
+    if (end_entry(m) - first_entry(m) > UINT32_MAX) {
+      return Status::resource_exhausted("group " + q(g.name) + ": more than 2^32 list entries move");
+    }
+    KVB_ASSIGN_OR_RETURN(std::vector<Unit> units, make_units(local, remotes, by_rank, m));
+    TemplateMove tm;
+    tm.group = gi;
+    if (!build_move(m, units, g.name, *t, tm)) {
+      t->moves.clear();
+      t->pieces = t->max_pieces = 0;
+      break;
+    }
+    t->moves.push_back(std::move(tm));
+  }
+  return TemplateAccess::make(std::move(t));
+}
+
+}  // namespace plan_internal
+}  // namespace kvbridge
