@@ -85,10 +85,24 @@ std::vector<UnitRun> unit_runs(std::span<const Unit> units);
 inline uint64_t first_entry(const GroupMove& m) { return m.begin / m.local_ppb; }
 inline uint64_t end_entry(const GroupMove& m) { return m.end == 0 ? 0 : (m.end - 1) / m.local_ppb + 1; }
 
+// What the emission order left to do at the end of a plan: `unordered` when
+// a piece started before the end of its tensor's last descriptor (the order
+// was not address order: sort and merge again); otherwise `by_tensor` when
+// the descriptors came tensor by tensor (nothing to do).
+struct EmitOrder {
+  bool unordered = false;
+  bool by_tensor = true;
+  uint16_t last_tensor = 0;  // of the last new descriptor
+  // Notes a new descriptor of local tensor `lt`.
+  void new_descriptor(uint16_t lt) {
+    by_tensor = by_tensor && lt >= last_tensor;
+    last_tensor = lt;
+  }
+};
+
 // Merges pieces into descriptors as they come: with the last descriptor of
-// the same local tensor, when both sides continue it. Notes when a piece
-// starts before the end of its tensor's last descriptor (the emission order
-// was not address order; finish_plan() then sorts and merges again).
+// the same local tensor, when both sides continue it, and notes the order
+// (EmitOrder).
 class Emitter {
  public:
   Emitter(size_t local_tensors, std::vector<Descriptor>* out, std::vector<SourceTotals>* totals)
@@ -112,21 +126,22 @@ class Emitter {
         d.bytes += n;
         return;
       }
-      if (lo < end) unordered_ = true;
+      if (lo < end) order_.unordered = true;
     }
     li = static_cast<int64_t>(out_->size());
     out_->push_back({src, lt, rt, 0, lo, ro, n});
     (*totals_)[src].descriptors += 1;
+    order_.new_descriptor(lt);
   }
 
-  bool unordered() const { return unordered_; }
+  const EmitOrder& order() const { return order_; }
   void reserve(uint64_t more) { out_->reserve(out_->size() + more); }
 
  private:
   std::vector<int64_t> last_;
   std::vector<Descriptor>* out_;
   std::vector<SourceTotals>* totals_;  // per source: bytes, descriptors emitted
-  bool unordered_ = false;
+  EmitOrder order_;
 };
 
 // Emits the pieces of one segment: positions [0, n) from local/remote start
@@ -212,11 +227,11 @@ void emit_block(Sink& e, const GroupMove& m, const Unit& u, uint64_t i) {
   }
 }
 
-// Ends a plan whose descriptors an Emitter wrote: when the emission order was
-// not address order, sorts by local address and merges every contiguous pair
+// Ends a plan whose descriptors were emitted in `order`: when that was not
+// address order, sorts by local address and merges every contiguous pair
 // (failing when two descriptors write the same local byte) and recounts the
-// descriptors per source; otherwise orders the descriptors by local tensor.
-// Sets plan.bytes.
-Status finish_plan(const Layout& local, bool unordered, Plan& plan);
+// descriptors per source; otherwise orders the descriptors by local tensor
+// when they did not come tensor by tensor. Sets plan.bytes.
+Status finish_plan(const Layout& local, const EmitOrder& order, Plan& plan);
 
 }  // namespace kvbridge::plan_internal

@@ -185,9 +185,6 @@ Status sort_and_merge(const Layout& local, std::vector<Descriptor>& ds) {
 // Stable counting sort by local tensor (each tensor's run is already in
 // address order).
 void order_by_tensor(size_t tensors, std::vector<Descriptor>& ds) {
-  bool sorted = true;
-  for (size_t i = 1; i < ds.size() && sorted; ++i) sorted = ds[i - 1].local_tensor <= ds[i].local_tensor;
-  if (sorted) return;
   std::vector<size_t> start(tensors + 1, 0);
   for (const Descriptor& d : ds) ++start[d.local_tensor + 1];
   std::partial_sum(start.begin(), start.end(), start.begin());
@@ -198,12 +195,12 @@ void order_by_tensor(size_t tensors, std::vector<Descriptor>& ds) {
 
 }  // namespace
 
-Status finish_plan(const Layout& local, bool unordered, Plan& p) {
-  if (unordered) {
+Status finish_plan(const Layout& local, const EmitOrder& order, Plan& p) {
+  if (order.unordered) {
     KVB_RETURN_IF_ERROR(sort_and_merge(local, p.descriptors));
     for (SourceTotals& t : p.sources) t.descriptors = 0;
     for (const Descriptor& d : p.descriptors) p.sources[d.source].descriptors += 1;
-  } else {
+  } else if (!order.by_tensor) {
     order_by_tensor(local.tensors.size(), p.descriptors);
   }
   p.bytes = 0;
@@ -224,7 +221,7 @@ Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Re
   for (const GroupMove& m : moves) {
     KVB_RETURN_IF_ERROR(emit_group(e, local, remotes, by_rank, m));
   }
-  KVB_RETURN_IF_ERROR(finish_plan(local, e.unordered(), p));
+  KVB_RETURN_IF_ERROR(finish_plan(local, e.order(), p));
   if (p.descriptors.capacity() > p.descriptors.size() + p.descriptors.size() / 8) p.descriptors.shrink_to_fit();
   return p;
 }

@@ -137,59 +137,219 @@ Status request_error(const PlanTemplate::Impl& t, const Request& r) {
   return shape_difference(t.shape, r);
 }
 
-// Emits the loops of one move with the request's ids, merging as plan()'s
-// Emitter does (bytes per source are the template's; descriptors are
-// counted here).
+// One moving entry of a move in emission order: its local id, the id of its
+// first remote entry, and its class. The remote ids it reads
+// (TemplateMove::remote_reads of them) are gathered beside, in that order.
+struct EntryIds {
+  uint64_t local_id;
+  uint64_t remote_id;
+  uint32_t program;
+};
+
+// Where one loop's descriptors went: [begin, end) of the plan, when the loop
+// started with no earlier descriptor of its tensor (`fresh`).
+struct LoopSpan {
+  size_t begin = 0, end = 0;
+  bool fresh = false;
+  bool unordered = false;
+  std::vector<uint64_t> counts;  // descriptors per source, once a copy needed them
+};
+
+// Buffers of one instantiation.
+struct Scratch {
+  std::vector<LoopSpan> spans;
+  std::vector<uint64_t> bits_or_order;
+  std::vector<uint64_t> by_id;
+  std::vector<EntryIds> entries;
+  std::vector<int64_t> remote_ids;
+};
+
+// Emits one loop for `entries` (in emission order; `rids` holds `reads`
+// remote ids per entry), merging as plan()'s Emitter does. A loop writes one
+// local tensor, so the tensor's last descriptor is held in locals while
+// pieces merge into it, and written once, when the next one starts: a new
+// one is pushed whole, one from an earlier loop updated in place. With none,
+// its end is one no piece meets (ro0 + 0 is past every tensor) and nothing
+// starts before. kOnePiece, kOneSource: TemplateLoop's flags.
+//
+// Why it is written so: a plan that merges little (shuffled ids) is a loop
+// that writes a descriptor per piece, and measured with perf it was bound by
+// the loop's bookkeeping, not by the stores: vector::push_back kept out of
+// line at -O2, and values spilled to the stack whose stores and reloads
+// chained the iterations. Hence flatten, few locals, and template flags for
+// what would otherwise be tested in the loop.
+template <bool kOnePiece, bool kOneSource>
+[[gnu::flatten]] bool emit_loop(const TemplateLoop& loop, std::span<const EntryIds> entries, const int64_t* rids,
+                                uint32_t reads, std::vector<int64_t>& last, Plan& out, EmitOrder& order) {
+  std::vector<Descriptor>& ds = out.descriptors;
+  SourceTotals* totals = out.sources.data();
+  const uint16_t lt = loop.local_tensor;
+  const TemplatePiece* pieces = loop.pieces.data();
+  const uint32_t* program = loop.program.data();
+  // Few live values, so that the loop keeps them in registers: the held
+  // descriptor's offsets, bytes and (source, remote tensor) as one word, and
+  // where it is: kNone, kNew (not in `ds` yet) or its index in `ds`.
+  constexpr int64_t kNone = -2, kNew = -1;
+  auto route_of = [](uint16_t source, uint16_t remote_tensor) { return uint32_t{source} << 16 | remote_tensor; };
+  uint64_t lo0 = 0, ro0 = UINT64_MAX, bytes = 0;
+  uint32_t route = 0;
+  int64_t held = last[lt] >= 0 ? last[lt] : kNone;
+  bool unordered = false;
+  if (held >= 0) {
+    const Descriptor& d = ds[static_cast<size_t>(held)];
+    lo0 = d.local_offset;
+    ro0 = d.remote_offset;
+    bytes = d.bytes;
+    route = route_of(d.source, d.remote_tensor);
+  }
+  uint64_t started = 0;  // descriptors started, counted here when kOneSource
+  const size_t before = ds.size();
+  for (const EntryIds& e : entries) {
+    uint32_t x = kOnePiece ? e.program : program[e.program];
+    const uint32_t x_end = kOnePiece ? x + 1 : program[e.program + 1];
+    for (; x < x_end; ++x) {
+      const TemplatePiece& p = pieces[x];
+      const uint64_t rid = kOnePiece ? e.remote_id : static_cast<uint64_t>(rids[p.remote_entry]);
+      const uint64_t lo = p.local_offset + e.local_id * p.local_stride;
+      const uint64_t ro = p.remote_offset + rid * p.remote_stride;
+      const uint32_t r = route_of(p.source, p.remote_tensor);
+      if (lo == lo0 + bytes && ro == ro0 + bytes && r == route) {
+        bytes += p.bytes;
+        continue;
+      }
+      unordered |= lo < lo0 + bytes;
+      if (held >= 0) {
+        ds[static_cast<size_t>(held)].bytes = bytes;
+      } else if (held == kNew) {
+        ds.push_back({static_cast<uint16_t>(route >> 16), lt, static_cast<uint16_t>(route), 0, lo0, ro0, bytes});
+      }
+      held = kNew;
+      lo0 = lo;
+      ro0 = ro;
+      bytes = p.bytes;
+      route = r;
+      if (kOneSource) {
+        ++started;
+      } else {
+        ++totals[p.source].descriptors;
+      }
+    }
+    if (!kOnePiece) rids += reads;
+  }
+  if (held >= 0) {
+    ds[static_cast<size_t>(held)].bytes = bytes;
+  } else if (held == kNew) {
+    last[lt] = static_cast<int64_t>(ds.size());
+    ds.push_back({static_cast<uint16_t>(route >> 16), lt, static_cast<uint16_t>(route), 0, lo0, ro0, bytes});
+  }
+  if (kOneSource && started > 0) totals[pieces[0].source].descriptors += started;
+  if (ds.size() > before) order.new_descriptor(lt);
+  order.unordered = order.unordered || unordered;
+  return unordered;
+}
+
+
+// Emits loop `copy` as the descriptors of the loop it copies (`original`,
+// emitted fresh at `span`) moved by its shifts.
+void copy_loop(const TemplateLoop& copy, const TemplateLoop& original, LoopSpan& span,
+               std::vector<int64_t>& last, Plan& out, EmitOrder& order) {
+  std::vector<Descriptor>& ds = out.descriptors;
+  const uint16_t lt = copy.local_tensor, rt = copy.remote_tensor;
+  const uint64_t dl = copy.local_shift, dr = copy.remote_shift;
+  // Sized first, then written through pointers: a loop the compiler keeps in
+  // registers (push_back's bookkeeping per element was most of its time).
+  const size_t n = span.end - span.begin, at = ds.size();
+  ds.resize(at + n);
+  const Descriptor* from = ds.data() + span.begin;
+  Descriptor* to = ds.data() + at;
+  for (size_t k = 0; k < n; ++k) {
+    to[k] = {from[k].source, lt, rt, 0, from[k].local_offset + dl, from[k].remote_offset + dr, from[k].bytes};
+  }
+  if (original.one_source) {
+    out.sources[original.pieces.front().source].descriptors += n;
+  } else {
+    // The original's count per source, once; then each copy adds it.
+    if (span.counts.empty()) {
+      span.counts.assign(out.sources.size(), 0);
+      for (size_t k = span.begin; k < span.end; ++k) ++span.counts[ds[k].source];
+    }
+    for (size_t src = 0; src < span.counts.size(); ++src) out.sources[src].descriptors += span.counts[src];
+  }
+  if (span.end > span.begin) {
+    last[lt] = static_cast<int64_t>(ds.size() - 1);
+    order.new_descriptor(lt);
+  }
+  order.unordered = order.unordered || span.unordered;
+}
+
+// Emits the loops of one move with the request's ids: entries in ascending
+// local block id (ids of moving entries are distinct), with the remote ids
+// each reads gathered in that order.
 void emit_move(const TemplateMove& tm, std::span<const int64_t> local_ids, std::span<const int64_t> remote_ids,
-               std::vector<uint64_t>& order, std::vector<int64_t>& last, Plan& out, bool& unordered) {
+               uint64_t num_blocks, Scratch& scratch, std::vector<int64_t>& last, Plan& out, EmitOrder& order_out) {
   const std::span<const int64_t> lids = local_ids.subspan(tm.first_entry, tm.entry_class.size());
-  // Entries in ascending local block id (ids of moving entries are distinct).
+  std::vector<uint64_t>& order = scratch.bits_or_order;
   order.resize(lids.size());
   bool ascending = true;
   for (size_t k = 0; k < lids.size(); ++k) {
     order[k] = k;
     ascending = ascending && (k == 0 || lids[k] > lids[k - 1]);
   }
-  if (!ascending) {
+  if (!ascending && num_blocks <= 4 * lids.size() + 4096) {
+    // Few blocks per moving entry: place each entry at its id, then read
+    // the ids in order.
+    std::vector<uint64_t>& at = scratch.by_id;
+    at.assign(num_blocks, UINT64_MAX);
+    for (size_t k = 0; k < lids.size(); ++k) at[static_cast<uint64_t>(lids[k])] = k;
+    size_t x = 0;
+    for (uint64_t k : at) {
+      if (k != UINT64_MAX) order[x++] = k;
+    }
+  } else if (!ascending) {
     for (size_t k = 0; k < lids.size(); ++k) order[k] = static_cast<uint64_t>(lids[k]) << 32 | k;
     std::sort(order.begin(), order.end());
     for (uint64_t& k : order) k &= UINT32_MAX;
   }
-  std::vector<Descriptor>& ds = out.descriptors;
-  for (const TemplateLoop& loop : tm.loops) {
-    int64_t& li = last[loop.local_tensor];
-    const TemplatePiece* pieces = loop.pieces.data();
-    const uint32_t* program = loop.program.data();
-    for (const uint64_t k : order) {
-      const uint64_t lb = static_cast<uint64_t>(lids[k]);
-      const int64_t* rb = remote_ids.data() + tm.remote_first[k];
-      const uint32_t c = tm.entry_class[k];
-      for (uint32_t x = program[c]; x < program[c + 1]; ++x) {
-        const TemplatePiece& p = pieces[x];
-        const uint64_t lo = p.local_offset + lb * p.local_stride;
-        const uint64_t ro = p.remote_offset + static_cast<uint64_t>(rb[p.remote_entry]) * p.remote_stride;
-        if (li >= 0) {
-          Descriptor& d = ds[static_cast<size_t>(li)];
-          const uint64_t end = d.local_offset + d.bytes;
-          if (lo == end && d.source == p.source && d.remote_tensor == p.remote_tensor &&
-              d.remote_offset + d.bytes == ro) {
-            d.bytes += p.bytes;
-            continue;
-          }
-          unordered = unordered || lo < end;
-        }
-        li = static_cast<int64_t>(ds.size());
-        ds.push_back({p.source, loop.local_tensor, p.remote_tensor, 0, lo, ro, p.bytes});
-        ++out.sources[p.source].descriptors;
-      }
+  const uint32_t reads = tm.remote_reads;
+  scratch.entries.resize(order.size());
+  scratch.remote_ids.assign(order.size() * reads, 0);
+  for (size_t x = 0; x < order.size(); ++x) {
+    const uint64_t k = order[x];
+    const uint64_t first = tm.remote_first[k];
+    scratch.entries[x] = {static_cast<uint64_t>(lids[k]), static_cast<uint64_t>(remote_ids[first]),
+                          tm.entry_class[k]};
+    const uint64_t n = std::min<uint64_t>(reads, remote_ids.size() - first);
+    std::copy_n(remote_ids.begin() + static_cast<std::ptrdiff_t>(first), n, scratch.remote_ids.begin() + x * reads);
+  }
+  const int64_t* rids = scratch.remote_ids.data();
+  std::vector<LoopSpan>& spans = scratch.spans;
+  spans.assign(tm.loops.size(), LoopSpan{});
+  for (size_t i = 0; i < tm.loops.size(); ++i) {
+    const TemplateLoop& loop = tm.loops[i];
+    LoopSpan& span = spans[i];
+    span.fresh = last[loop.local_tensor] < 0;
+    span.begin = out.descriptors.size();
+    if (loop.copy_of >= 0 && span.fresh && spans[static_cast<size_t>(loop.copy_of)].fresh) {
+      LoopSpan& original = spans[static_cast<size_t>(loop.copy_of)];
+      copy_loop(loop, tm.loops[static_cast<size_t>(loop.copy_of)], original, last, out, order_out);
+      span.unordered = original.unordered;
+    } else if (loop.one_piece && loop.one_source) {
+      span.unordered = emit_loop<true, true>(loop, scratch.entries, rids, reads, last, out, order_out);
+    } else if (loop.one_piece) {
+      span.unordered = emit_loop<true, false>(loop, scratch.entries, rids, reads, last, out, order_out);
+    } else if (loop.one_source) {
+      span.unordered = emit_loop<false, true>(loop, scratch.entries, rids, reads, last, out, order_out);
+    } else {
+      span.unordered = emit_loop<false, false>(loop, scratch.entries, rids, reads, last, out, order_out);
     }
+    span.end = out.descriptors.size();
   }
 }
 
 Status instantiate(const PlanTemplate::Impl& t, const Request& r, Plan& out) {
   std::vector<std::span<const int64_t>> lists;
-  std::vector<uint64_t> scratch;
-  if (!fits(t, r, lists, scratch)) return request_error(t, r);
+  Scratch scratch;
+  if (!fits(t, r, lists, scratch.bits_or_order)) return request_error(t, r);
   if (!t.uniform) {
     KVB_ASSIGN_OR_RETURN(out, plan(t.local, t.remotes, r));
     return Status();
@@ -198,13 +358,13 @@ Status instantiate(const PlanTemplate::Impl& t, const Request& r, Plan& out) {
   out.descriptors.reserve(t.max_pieces);
   out.sources = t.totals;
   std::vector<int64_t> last(t.local.tensors.size(), -1);
-  bool unordered = false;
+  EmitOrder order;
   for (const TemplateMove& tm : t.moves) {
     const TemplateGroup& g = t.groups[tm.group];
     emit_move(tm, lists[2 * tm.group].subspan(g.local_entry0), lists[2 * tm.group + 1].subspan(g.remote_entry0),
-              scratch, last, out, unordered);
+              g.local_blocks, scratch, last, out, order);
   }
-  return finish_plan(t.local, unordered, out);
+  return finish_plan(t.local, order, out);
 }
 
 }  // namespace

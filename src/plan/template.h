@@ -43,6 +43,21 @@ struct TemplateLoop {
   uint16_t local_tensor = 0;
   std::vector<uint32_t> program;  // class c's pieces are [program[c], program[c + 1])
   std::vector<TemplatePiece> pieces;
+  // Every class is one piece (pieces[c]) reading the entry's first remote
+  // entry: the common case, instantiated by a loop without an inner loop.
+  bool one_piece = false;
+  // Every piece reads one source: descriptors are counted once per loop.
+  bool one_source = false;
+  // A loop that is an earlier loop of its move (`copy_of`) moved by fixed
+  // offsets: the same classes, and pieces of the same bytes, strides, remote
+  // entries and sources, whose offsets all differ from that loop's by
+  // local_shift and remote_shift; every piece of each reads one remote
+  // tensor. Starting from the same state (no earlier descriptor of its
+  // tensor), it merges exactly as that loop does, so its descriptors are
+  // that loop's moved (the layers of a layer-major cache, for instance).
+  int64_t copy_of = -1;
+  uint64_t local_shift = 0, remote_shift = 0;
+  uint16_t remote_tensor = 0;  // of every piece, when copy_of >= 0 (or it is copied)
 };
 
 // One group move with moving positions.
@@ -51,6 +66,7 @@ struct TemplateMove {
   uint64_t first_entry = 0;   // the move's first moving entry (move entries, see TemplateGroup)
   std::vector<uint32_t> entry_class;  // per moving entry
   std::vector<uint64_t> remote_first; // per moving entry: its first remote move entry
+  uint32_t remote_reads = 0;          // remote entries an entry reads at most, from its first
   std::vector<TemplateLoop> loops;
 };
 

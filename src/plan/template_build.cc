@@ -104,6 +104,38 @@ Result<Request> probe_request(const Layout& local, std::span<const Layout> remot
   return r;
 }
 
+// The shape of a loop up to where it is: its classes and, per piece, what
+// does not move when the loop is moved by fixed offsets (TemplateLoop::
+// copy_of). Empty when its pieces read more than one remote tensor.
+std::vector<uint64_t> loop_shape(const TemplateLoop& loop) {
+  std::vector<uint64_t> shape(loop.program.begin(), loop.program.end());
+  if (loop.pieces.empty()) return {};
+  const TemplatePiece& p0 = loop.pieces.front();
+  for (const TemplatePiece& p : loop.pieces) {
+    if (p.remote_tensor != p0.remote_tensor) return {};
+    shape.insert(shape.end(), {p.bytes, p.local_stride, p.remote_stride, p.remote_entry, p.source,
+                               p.local_offset - p0.local_offset, p.remote_offset - p0.remote_offset});
+  }
+  return shape;
+}
+
+// Marks each loop that is an earlier loop moved by fixed offsets.
+void find_copies(std::vector<TemplateLoop>& loops) {
+  std::map<std::vector<uint64_t>, size_t> first_of_shape;
+  for (size_t i = 0; i < loops.size(); ++i) {
+    std::vector<uint64_t> shape = loop_shape(loops[i]);
+    if (shape.empty()) continue;
+    TemplateLoop& loop = loops[i];
+    loop.remote_tensor = loop.pieces.front().remote_tensor;
+    const auto [it, fresh] = first_of_shape.emplace(std::move(shape), i);
+    if (fresh) continue;
+    const TemplateLoop& original = loops[it->second];
+    loop.copy_of = static_cast<int64_t>(it->second);
+    loop.local_shift = loop.pieces.front().local_offset - original.pieces.front().local_offset;
+    loop.remote_shift = loop.pieces.front().remote_offset - original.pieces.front().remote_offset;
+  }
+}
+
 // Builds the template of one group move. Returns false (and a reason) when
 // some entry's pieces are not its class's.
 bool build_move(const GroupMove& m, std::span<const Unit> units, const std::string& group, PlanTemplate::Impl& t,
@@ -163,6 +195,13 @@ bool build_move(const GroupMove& m, std::span<const Unit> units, const std::stri
         t.totals[loop.pieces[x].source].bytes += members[c] * loop.pieces[x].bytes;
       }
     }
+    for (const TemplatePiece& p : loop.pieces) tm.remote_reads = std::max(tm.remote_reads, p.remote_entry + 1);
+    loop.one_source = std::all_of(loop.pieces.begin(), loop.pieces.end(), [&](const TemplatePiece& p) {
+      return p.source == loop.pieces.front().source;
+    });
+    loop.one_piece = loop.pieces.size() + 1 == loop.program.size() &&
+                     std::all_of(loop.pieces.begin(), loop.pieces.end(),
+                                 [](const TemplatePiece& p) { return p.remote_entry == 0; });
     t.pieces += loop.pieces.size();
     tm.loops.push_back(std::move(loop));
     return true;
@@ -176,6 +215,7 @@ bool build_move(const GroupMove& m, std::span<const Unit> units, const std::stri
       }
     }
   }
+  find_copies(tm.loops);
   return true;
 }
 

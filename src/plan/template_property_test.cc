@@ -13,6 +13,7 @@
 #include <string>
 
 #include "plan/property_support.h"
+#include "plan/template.h"
 
 namespace kvbridge {
 namespace {
@@ -44,7 +45,7 @@ void fail(const Case& c, const Inputs& in, const std::string& what, uint64_t& fa
 
 TEST(PlanTemplatePropertyTest, InstancesAreWhatPlanReturnsForTheSameRequestAndVerify) {
   const auto start = std::chrono::steady_clock::now();
-  uint64_t passed = 0, failures = 0, not_uniform = 0, pieces = 0, descriptors = 0;
+  uint64_t passed = 0, failures = 0, not_uniform = 0, pieces = 0, descriptors = 0, loops = 0, copies = 0;
   for (uint64_t i : case_indices(num_cases())) {
     if (failures >= 3) break;
     gen::Rng rng(gen::case_seed(base_seed(), i));
@@ -57,6 +58,12 @@ TEST(PlanTemplatePropertyTest, InstancesAreWhatPlanReturnsForTheSameRequestAndVe
     }
     not_uniform += !t->uniform();
     pieces += t->pieces();
+    for (const plan_internal::TemplateMove& m : plan_internal::TemplateAccess::impl(*t).moves) {
+      for (const plan_internal::TemplateLoop& l : m.loops) {
+        ++loops;
+        copies += l.copy_of >= 0;
+      }
+    }
     const Result<Plan> instance = t->instantiate(c.request);
     if (std::string d = outcome_diff(instance, plan(c.local, c.remotes, c.request)); !d.empty()) {
       fail(c, {c.local, c.remotes, c.request}, "the case's own ids: " + d, failures);
@@ -84,11 +91,15 @@ TEST(PlanTemplatePropertyTest, InstancesAreWhatPlanReturnsForTheSameRequestAndVe
     ++passed;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("[ template  ] %llu templates: instances equal plan() and verify (%llu pieces held, %llu descriptors, "
-              "%llu not uniform) in %.2f s, seed %llu\n",
-              (unsigned long long)passed, (unsigned long long)pieces, (unsigned long long)descriptors,
-              (unsigned long long)not_uniform, seconds, (unsigned long long)base_seed());
+  std::printf("[ template  ] %llu templates: instances equal plan() and verify (%llu pieces held, %llu loops of "
+              "which %llu copies, %llu descriptors, %llu not uniform) in %.2f s, seed %llu\n",
+              (unsigned long long)passed, (unsigned long long)pieces, (unsigned long long)loops,
+              (unsigned long long)copies, (unsigned long long)descriptors, (unsigned long long)not_uniform, seconds,
+              (unsigned long long)base_seed());
   EXPECT_EQ(not_uniform, 0u) << "every generated layout is uniform";
+  if (std::getenv("KVB_PROPERTY_CASE") == nullptr && passed >= 100) {
+    EXPECT_GT(copies, 0u) << "the generator reaches loops that are copies of others";
+  }
 }
 
 // One way to break a request: what it does, in a few words.
