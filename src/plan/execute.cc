@@ -25,9 +25,31 @@ bool inside(uint64_t offset, uint64_t bytes, size_t span_bytes) {
 }
 
 template <typename Local, typename Remote>
+Status describe_error(std::span<const Descriptor> descriptors, size_t i, std::span<const Local> local,
+                      std::span<const std::span<const Remote>> remotes);
+
+// The common case, every descriptor fine, in one pass without branches
+// beyond the loop's; a bad one is described by describe_error().
+template <typename Local, typename Remote>
 Status check(std::span<const Descriptor> descriptors, std::span<const Local> local,
              std::span<const std::span<const Remote>> remotes) {
   for (size_t i = 0; i < descriptors.size(); ++i) {
+    const Descriptor& d = descriptors[i];
+    bool ok = d.source < remotes.size() && d.local_tensor < local.size();
+    if (ok) {
+      const std::span<const Remote> remote = remotes[d.source];
+      ok = d.remote_tensor < remote.size() && inside(d.local_offset, d.bytes, local[d.local_tensor].size()) &&
+           inside(d.remote_offset, d.bytes, remote[d.remote_tensor].size());
+    }
+    if (!ok) return describe_error(descriptors, i, local, remotes);
+  }
+  return Status();
+}
+
+template <typename Local, typename Remote>
+Status describe_error(std::span<const Descriptor> descriptors, size_t i, std::span<const Local> local,
+                      std::span<const std::span<const Remote>> remotes) {
+  {
     const Descriptor& d = descriptors[i];
     if (d.source >= remotes.size()) {
       return Status::invalid_argument("descriptor " + std::to_string(i) + " names source " +
@@ -53,7 +75,7 @@ Status check(std::span<const Descriptor> descriptors, std::span<const Local> loc
                                   " of source " + std::to_string(d.source));
     }
   }
-  return Status();
+  return Status::internal("descriptor " + std::to_string(i) + " failed a check that it passes");
 }
 
 }  // namespace

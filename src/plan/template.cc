@@ -170,7 +170,7 @@ struct Scratch {
 // pieces merge into it, and written once, when the next one starts: a new
 // one is pushed whole, one from an earlier loop updated in place. With none,
 // its end is one no piece meets (ro0 + 0 is past every tensor) and nothing
-// starts before. kOnePiece, kOneSource: TemplateLoop's flags.
+// starts before. kOnePiece, kOneSource, kRigid: TemplateLoop's flags.
 //
 // Why it is written so: a plan that merges little (shuffled ids) is a loop
 // that writes a descriptor per piece, and measured with perf it was bound by
@@ -178,7 +178,7 @@ struct Scratch {
 // line at -O2, and values spilled to the stack whose stores and reloads
 // chained the iterations. Hence flatten, few locals, and template flags for
 // what would otherwise be tested in the loop.
-template <bool kOnePiece, bool kOneSource>
+template <bool kOnePiece, bool kOneSource, bool kRigid>
 [[gnu::flatten]] bool emit_loop(const TemplateLoop& loop, std::span<const EntryIds> entries, const int64_t* rids,
                                 uint32_t reads, std::vector<int64_t>& last, Plan& out, EmitOrder& order) {
   std::vector<Descriptor>& ds = out.descriptors;
@@ -215,23 +215,50 @@ template <bool kOnePiece, bool kOneSource>
       const uint32_t r = route_of(p.source, p.remote_tensor);
       if (lo == lo0 + bytes && ro == ro0 + bytes && r == route) {
         bytes += p.bytes;
-        continue;
-      }
-      unordered |= lo < lo0 + bytes;
-      if (held >= 0) {
-        ds[static_cast<size_t>(held)].bytes = bytes;
-      } else if (held == kNew) {
-        ds.push_back({static_cast<uint16_t>(route >> 16), lt, static_cast<uint16_t>(route), 0, lo0, ro0, bytes});
-      }
-      held = kNew;
-      lo0 = lo;
-      ro0 = ro;
-      bytes = p.bytes;
-      route = r;
-      if (kOneSource) {
-        ++started;
       } else {
-        ++totals[p.source].descriptors;
+        unordered |= lo < lo0 + bytes;
+        if (held >= 0) {
+          ds[static_cast<size_t>(held)].bytes = bytes;
+        } else if (held == kNew) {
+          ds.push_back({static_cast<uint16_t>(route >> 16), lt, static_cast<uint16_t>(route), 0, lo0, ro0, bytes});
+        }
+        held = kNew;
+        lo0 = lo;
+        ro0 = ro;
+        bytes = p.bytes;
+        route = r;
+        if (kOneSource) {
+          ++started;
+        } else {
+          ++totals[p.source].descriptors;
+        }
+      }
+      if (kRigid && x + 1 < x_end) {
+        // The entry's other pieces move with this one and are in order, none
+        // contiguous with the next on both sides: each is a new descriptor.
+        if (held >= 0) {
+          ds[static_cast<size_t>(held)].bytes = bytes;
+        } else {
+          ds.push_back({static_cast<uint16_t>(route >> 16), lt, static_cast<uint16_t>(route), 0, lo0, ro0, bytes});
+        }
+        const uint64_t dl = e.local_id * p.local_stride, dr = rid * p.remote_stride;
+        for (++x; x + 1 < x_end; ++x) {
+          const TemplatePiece& q = pieces[x];
+          ds.push_back({q.source, lt, q.remote_tensor, 0, q.local_offset + dl, q.remote_offset + dr, q.bytes});
+          if (!kOneSource) ++totals[q.source].descriptors;
+        }
+        const TemplatePiece& z = pieces[x];
+        held = kNew;
+        lo0 = z.local_offset + dl;
+        ro0 = z.remote_offset + dr;
+        bytes = z.bytes;
+        route = route_of(z.source, z.remote_tensor);
+        if (kOneSource) {
+          started += x_end - program[e.program] - 1;
+        } else {
+          ++totals[z.source].descriptors;
+        }
+        break;
       }
     }
     if (!kOnePiece) rids += reads;
@@ -334,13 +361,17 @@ void emit_move(const TemplateMove& tm, std::span<const int64_t> local_ids, std::
       copy_loop(loop, tm.loops[static_cast<size_t>(loop.copy_of)], original, last, out, order_out);
       span.unordered = original.unordered;
     } else if (loop.one_piece && loop.one_source) {
-      span.unordered = emit_loop<true, true>(loop, scratch.entries, rids, reads, last, out, order_out);
+      span.unordered = emit_loop<true, true, false>(loop, scratch.entries, rids, reads, last, out, order_out);
     } else if (loop.one_piece) {
-      span.unordered = emit_loop<true, false>(loop, scratch.entries, rids, reads, last, out, order_out);
+      span.unordered = emit_loop<true, false, false>(loop, scratch.entries, rids, reads, last, out, order_out);
+    } else if (loop.rigid && loop.one_source) {
+      span.unordered = emit_loop<false, true, true>(loop, scratch.entries, rids, reads, last, out, order_out);
+    } else if (loop.rigid) {
+      span.unordered = emit_loop<false, false, true>(loop, scratch.entries, rids, reads, last, out, order_out);
     } else if (loop.one_source) {
-      span.unordered = emit_loop<false, true>(loop, scratch.entries, rids, reads, last, out, order_out);
+      span.unordered = emit_loop<false, true, false>(loop, scratch.entries, rids, reads, last, out, order_out);
     } else {
-      span.unordered = emit_loop<false, false>(loop, scratch.entries, rids, reads, last, out, order_out);
+      span.unordered = emit_loop<false, false, false>(loop, scratch.entries, rids, reads, last, out, order_out);
     }
     span.end = out.descriptors.size();
   }
@@ -364,7 +395,10 @@ Status instantiate(const PlanTemplate::Impl& t, const Request& r, Plan& out) {
     emit_move(tm, lists[2 * tm.group].subspan(g.local_entry0), lists[2 * tm.group + 1].subspan(g.remote_entry0),
               g.local_blocks, scratch, last, out, order);
   }
-  return finish_plan(t.local, order, out);
+  // Bytes written twice (overlaid groups given one id) fail as in plan(),
+  // whose message names the first overlap of its own descriptors: ask it.
+  if (!finish_plan(t.local, order, out).ok()) return request_error(t, r);
+  return Status();
 }
 
 }  // namespace

@@ -48,6 +48,10 @@ struct TemplateLoop {
   bool one_piece = false;
   // Every piece reads one source: descriptors are counted once per loop.
   bool one_source = false;
+  // In every class, the pieces move together (same strides, same remote
+  // entry) and come in local order, none contiguous on both sides with the
+  // next: after the first, each piece of an entry is a new descriptor.
+  bool rigid = false;
   // A loop that is an earlier loop of its move (`copy_of`) moved by fixed
   // offsets: the same classes, and pieces of the same bytes, strides, remote
   // entries and sources, whose offsets all differ from that loop's by

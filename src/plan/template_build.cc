@@ -27,6 +27,23 @@ namespace {
 
 std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 
+// Appends `p` to `pieces`, as one piece with the last when the two move
+// together (same entries and strides on both sides, same source and remote
+// tensor) and are contiguous on both sides: for any ids, plan()'s Emitter
+// would merge them.
+void append(std::vector<TemplatePiece>& pieces, const TemplatePiece& p) {
+  if (!pieces.empty()) {
+    TemplatePiece& b = pieces.back();
+    if (b.source == p.source && b.remote_tensor == p.remote_tensor && b.local_stride == p.local_stride &&
+        b.remote_stride == p.remote_stride && b.remote_entry == p.remote_entry &&
+        b.local_offset + b.bytes == p.local_offset && b.remote_offset + b.bytes == p.remote_offset) {
+      b.bytes += p.bytes;
+      return;
+    }
+  }
+  pieces.push_back(p);
+}
+
 // The emission sink of a template: block ids are 0, and each piece notes the
 // strides and the remote entry (relative to the entry's first) it reads.
 class Recorder {
@@ -46,16 +63,7 @@ class Recorder {
       return;
     }
     const auto rel = static_cast<uint32_t>(remote_entry_ - remote_first_);
-    if (!pieces_.empty()) {
-      TemplatePiece& b = pieces_.back();
-      if (b.source == src && b.remote_tensor == rt && b.local_stride == local_stride_ &&
-          b.remote_stride == remote_stride_ && b.remote_entry == rel && b.local_offset + b.bytes == lo &&
-          b.remote_offset + b.bytes == ro) {
-        b.bytes += n;
-        return;
-      }
-    }
-    pieces_.push_back({lo, ro, n, local_stride_, remote_stride_, rel, src, rt});
+    append(pieces_, {lo, ro, n, local_stride_, remote_stride_, rel, src, rt});
   }
 
   // Starts recording an entry whose first remote entry is `remote_first`.
@@ -136,6 +144,65 @@ void find_copies(std::vector<TemplateLoop>& loops) {
   }
 }
 
+// Loops of one local tensor can emit pieces out of local address order (a
+// block-major row of K then V, each of every head): plan() then sorts and
+// merges its descriptors again, and so would every instance. When all the
+// pieces of the tensor move with one block stride S and, with several
+// entries moving, all of an entry's pieces lie within S bytes, the address
+// order of the pieces does not depend on the ids: entries in id order, each
+// entry's pieces by offset. The loops then become one, holding each class's
+// pieces in that order: its instances come out in address order, and merge
+// to what plan() returns after its sort.
+void order_by_address(std::vector<TemplateLoop>& loops, uint64_t entries) {
+  std::vector<TemplateLoop> out;
+  for (size_t i = 0; i < loops.size();) {
+    size_t j = i + 1;
+    while (j < loops.size() && loops[j].local_tensor == loops[i].local_tensor) ++j;
+    const uint64_t stride = loops[i].pieces.empty() ? 0 : loops[i].pieces.front().local_stride;
+    uint64_t lowest = UINT64_MAX, highest = 0;
+    bool one_stride = true;
+    for (size_t k = i; k < j; ++k) {
+      for (const TemplatePiece& p : loops[k].pieces) {
+        one_stride = one_stride && p.local_stride == stride;
+        lowest = std::min(lowest, p.local_offset);
+        highest = std::max(highest, p.local_offset + p.bytes);
+      }
+    }
+    if (!one_stride || (entries > 1 && highest - lowest > stride)) {
+      for (size_t k = i; k < j; ++k) out.push_back(std::move(loops[k]));
+      i = j;
+      continue;
+    }
+    TemplateLoop merged;
+    merged.local_tensor = loops[i].local_tensor;
+    std::vector<TemplatePiece> program;
+    for (size_t c = 0; c + 1 < loops[i].program.size(); ++c) {
+      program.clear();
+      for (size_t k = i; k < j; ++k) {
+        program.insert(program.end(), loops[k].pieces.begin() + loops[k].program[c],
+                       loops[k].pieces.begin() + loops[k].program[c + 1]);
+      }
+      std::stable_sort(program.begin(), program.end(), [](const TemplatePiece& a, const TemplatePiece& b) {
+        return a.local_offset < b.local_offset;
+      });
+      merged.program.push_back(static_cast<uint32_t>(merged.pieces.size()));
+      const size_t first = merged.pieces.size();
+      for (const TemplatePiece& p : program) {
+        // Only within the class's own pieces.
+        if (merged.pieces.size() == first) {
+          merged.pieces.push_back(p);
+        } else {
+          append(merged.pieces, p);
+        }
+      }
+    }
+    merged.program.push_back(static_cast<uint32_t>(merged.pieces.size()));
+    out.push_back(std::move(merged));
+    i = j;
+  }
+  loops = std::move(out);
+}
+
 // Builds the template of one group move. Returns false (and a reason) when
 // some entry's pieces are not its class's.
 bool build_move(const GroupMove& m, std::span<const Unit> units, const std::string& group, PlanTemplate::Impl& t,
@@ -189,20 +256,6 @@ bool build_move(const GroupMove& m, std::span<const Unit> units, const std::stri
         return fail(e, representative[c]);
       }
     }
-    for (size_t c = 0; c + 1 < loop.program.size(); ++c) {
-      t.max_pieces += members[c] * (loop.program[c + 1] - loop.program[c]);
-      for (uint32_t x = loop.program[c]; x < loop.program[c + 1]; ++x) {
-        t.totals[loop.pieces[x].source].bytes += members[c] * loop.pieces[x].bytes;
-      }
-    }
-    for (const TemplatePiece& p : loop.pieces) tm.remote_reads = std::max(tm.remote_reads, p.remote_entry + 1);
-    loop.one_source = std::all_of(loop.pieces.begin(), loop.pieces.end(), [&](const TemplatePiece& p) {
-      return p.source == loop.pieces.front().source;
-    });
-    loop.one_piece = loop.pieces.size() + 1 == loop.program.size() &&
-                     std::all_of(loop.pieces.begin(), loop.pieces.end(),
-                                 [](const TemplatePiece& p) { return p.remote_entry == 0; });
-    t.pieces += loop.pieces.size();
     tm.loops.push_back(std::move(loop));
     return true;
   };
@@ -215,7 +268,35 @@ bool build_move(const GroupMove& m, std::span<const Unit> units, const std::stri
       }
     }
   }
+  order_by_address(tm.loops, e1 - e0);
   find_copies(tm.loops);
+  for (TemplateLoop& loop : tm.loops) {
+    for (size_t c = 0; c + 1 < loop.program.size(); ++c) {
+      t.max_pieces += members[c] * (loop.program[c + 1] - loop.program[c]);
+      for (uint32_t x = loop.program[c]; x < loop.program[c + 1]; ++x) {
+        t.totals[loop.pieces[x].source].bytes += members[c] * loop.pieces[x].bytes;
+      }
+    }
+    for (const TemplatePiece& p : loop.pieces) tm.remote_reads = std::max(tm.remote_reads, p.remote_entry + 1);
+    loop.one_source = std::all_of(loop.pieces.begin(), loop.pieces.end(), [&](const TemplatePiece& p) {
+      return p.source == loop.pieces.front().source;
+    });
+    loop.rigid = true;
+    for (size_t c = 0; c + 1 < loop.program.size() && loop.rigid; ++c) {
+      for (uint32_t x = loop.program[c] + 1; x < loop.program[c + 1] && loop.rigid; ++x) {
+        const TemplatePiece& a = loop.pieces[x - 1];
+        const TemplatePiece& b = loop.pieces[x];
+        loop.rigid = a.local_stride == b.local_stride && a.remote_stride == b.remote_stride &&
+                     a.remote_entry == b.remote_entry && a.local_offset + a.bytes <= b.local_offset &&
+                     !(a.local_offset + a.bytes == b.local_offset && a.remote_offset + a.bytes == b.remote_offset &&
+                       a.source == b.source && a.remote_tensor == b.remote_tensor);
+      }
+    }
+    loop.one_piece = loop.pieces.size() + 1 == loop.program.size() &&
+                     std::all_of(loop.pieces.begin(), loop.pieces.end(),
+                                 [](const TemplatePiece& p) { return p.remote_entry == 0; });
+    t.pieces += loop.pieces.size();
+  }
   return true;
 }
 
