@@ -20,17 +20,7 @@ std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 // allocator output) take one pass; others a bitmap over the group's blocks,
 // or a sorted copy when the blocks far outnumber the ids.
 bool distinct(std::span<const int64_t> ids, uint64_t num_blocks, std::vector<uint64_t>& scratch) {
-  int64_t prev = -1;
-  bool ascending = true;
-  for (int64_t id : ids) {
-    if (id < 0) continue;
-    if (id <= prev) {
-      ascending = false;
-      break;
-    }
-    prev = id;
-  }
-  if (ascending) return true;
+  if (listed_ascending(ids)) return true;
   if (num_blocks / 64 <= 4 * ids.size() + 1024) {
     scratch.assign(num_blocks / 64 + 1, 0);
     for (int64_t id : ids) {

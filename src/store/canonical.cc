@@ -223,43 +223,40 @@ Result<Canonical::Copy*> Canonical::copy(size_t gi, bool put, uint64_t first, ui
   return &copies_.emplace(std::tuple{gi, put, first, end}, Copy{std::move(*t), std::move(r)}).first->second;
 }
 
+Result<const Plan*> Canonical::plan_copy(size_t gi, bool put, int64_t block, uint64_t first, uint64_t end) {
+  const Group& g = rank_views_[gi].groups[gi];
+  const std::string what = std::string("store: ") + (put ? "put" : "get") + " group " + q(g.name);
+  if (block < 0 || static_cast<uint64_t>(block) >= g.num_blocks) {
+    return Status::out_of_range(what + ": block id " + std::to_string(block) + " is not below num_blocks " +
+                                std::to_string(g.num_blocks));
+  }
+  KVB_ASSIGN_OR_RETURN(Copy * c, copy(gi, put, first, end));
+  c->request.blocks.begin()->second.remote[0] = block;
+  KVB_RETURN_IF_ERROR(c->plan.instantiate(c->request, &plan_).with_context(what));
+  return &plan_;
+}
+
 Result<uint64_t> Canonical::put(size_t gi, int64_t block, uint64_t first, uint64_t end, ConstTensorMemory rank,
                                 uint8_t* object) {
-  const Group& g = rank_views_[gi].groups[gi];
-  if (block < 0 || static_cast<uint64_t>(block) >= g.num_blocks) {
-    return Status::out_of_range("store: put group " + q(g.name) + ": block id " + std::to_string(block) +
-                                " is not below num_blocks " + std::to_string(g.num_blocks));
-  }
-  KVB_ASSIGN_OR_RETURN(Copy * c, copy(gi, true, first, end));
-  c->request.blocks.begin()->second.remote[0] = block;
-  KVB_RETURN_IF_ERROR(c->plan.instantiate(c->request, &plan_).with_context("store: put group " + q(g.name)));
+  KVB_ASSIGN_OR_RETURN(const Plan* p, plan_copy(gi, true, block, first, end));
   // Descriptors come in local tensor order: those into the object (tensor
   // gi) before those into store.gi.other, the part another rank writes.
-  const auto part_end = std::partition_point(plan_.descriptors.begin(), plan_.descriptors.end(),
+  const auto part_end = std::partition_point(p->descriptors.begin(), p->descriptors.end(),
                                              [gi](const Descriptor& d) { return d.local_tensor == gi; });
   object_spans_[gi] = {object, geometry_[gi].object_bytes};
   const ConstTensorMemory sources[] = {rank};
-  Result<uint64_t> n = execute_read(std::span(plan_.descriptors.begin(), part_end), object_spans_, sources);
+  Result<uint64_t> n = execute_read(std::span(p->descriptors.begin(), part_end), object_spans_, sources);
   object_spans_[gi] = {};
-  if (!n.ok()) return n.error().with_context("store: put group " + q(g.name));
   return n;
 }
 
 Result<uint64_t> Canonical::get(size_t gi, int64_t block, uint64_t first, uint64_t end, const uint8_t* object,
                                 TensorMemory rank) {
-  const Group& g = rank_views_[gi].groups[gi];
-  if (block < 0 || static_cast<uint64_t>(block) >= g.num_blocks) {
-    return Status::out_of_range("store: get group " + q(g.name) + ": block id " + std::to_string(block) +
-                                " is not below num_blocks " + std::to_string(g.num_blocks));
-  }
-  KVB_ASSIGN_OR_RETURN(Copy * c, copy(gi, false, first, end));
-  c->request.blocks.begin()->second.remote[0] = block;
-  KVB_RETURN_IF_ERROR(c->plan.instantiate(c->request, &plan_).with_context("store: get group " + q(g.name)));
+  KVB_ASSIGN_OR_RETURN(const Plan* p, plan_copy(gi, false, block, first, end));
   const_object_spans_[gi] = {object, geometry_[gi].object_bytes};
   const TensorMemory destinations[] = {rank};
-  Result<uint64_t> n = execute_write(plan_.descriptors, const_object_spans_, destinations);
+  Result<uint64_t> n = execute_write(p->descriptors, const_object_spans_, destinations);
   const_object_spans_[gi] = {};
-  if (!n.ok()) return n.error().with_context("store: get group " + q(g.name));
   return n;
 }
 

@@ -79,6 +79,8 @@ class Canonical {
   };
   // The cached copy of (group, put, first, end), built on first use.
   Result<Copy*> copy(size_t group, bool put, uint64_t first, uint64_t end);
+  // That copy's plan for rank block `block`, in plan_.
+  Result<const Plan*> plan_copy(size_t group, bool put, int64_t block, uint64_t first, uint64_t end);
 
   std::vector<GroupGeometry> geometry_;
   uint64_t hash_block_tokens_ = 0;
