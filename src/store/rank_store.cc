@@ -5,7 +5,7 @@
 // Redis for what memory lacks), applies the lookup rule, pins what the hit
 // needs (fetching from Redis into memory: promotion, each object copied into
 // the rank as it arrives), and copies the rest object by object
-// (Canonical::get: a plan template from the canonical read view into its
+// (Canonical::get: a plan template between the object and the rank's
 // layout). An object that vanishes between the
 // lookup and the pin lowers the hit and the rule runs again.
 #include <algorithm>
