@@ -16,8 +16,9 @@
 //   layer_blocks   one per (layer, moving local block): what a per-(layer,
 //                  block) scheme posts; layer_blocks_x = layer_blocks / descriptors
 //
-// BM_Instantiate rows, beside each BM_Plan row, instantiate a plan template
-// (plan.h) of the scenario's request shape with its ids:
+// BM_Instantiate rows, after the BM_Plan rows with the same scenarios,
+// instantiate a plan template (plan.h) of the scenario's request shape with
+// its ids:
 //   instantiate_ms  mean wall time of one instantiate(request, &plan) into a
 //                   Plan reused across calls
 //   instantiate_pct instantiate_ms / memcpy_ms in percent (target: <= 0.5)
@@ -269,46 +270,46 @@ constexpr auto kShuf = gen::BlockIds::kShuffled;
 
 BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/consecutive,
                   Scenario{"llama3-70b", 8, 8, kL, kL, 16, kSeq})->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/consecutive,
-                  Scenario{"llama3-70b", 8, 8, kL, kL, 16, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/shuffled,
-                  Scenario{"llama3-70b", 8, 8, kL, kL, 16, kShuf})->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/shuffled,
                   Scenario{"llama3-70b", 8, 8, kL, kL, 16, kShuf})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_BLHNC/D_TP8_BLHNC/b16/consecutive,
                   Scenario{"llama3-70b", 8, 8, kB, kB, 16, kSeq})->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_BLHNC/D_TP8_BLHNC/b16/consecutive,
-                  Scenario{"llama3-70b", 8, 8, kB, kB, 16, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_BLHNC/D_TP8_BLHNC/b16/shuffled,
-                  Scenario{"llama3-70b", 8, 8, kB, kB, 16, kShuf})->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_BLHNC/D_TP8_BLHNC/b16/shuffled,
                   Scenario{"llama3-70b", 8, 8, kB, kB, 16, kShuf})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_LBHNC/D_TP2_LBHNC/b16/shuffled,
                   Scenario{"llama3-70b", 8, 2, kL, kL, 16, kShuf})->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_LBHNC/D_TP2_LBHNC/b16/shuffled,
-                  Scenario{"llama3-70b", 8, 2, kL, kL, 16, kShuf})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/consecutive,
-                  Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kSeq})->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Instantiate, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/consecutive,
                   Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/shuffled,
                   Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kShuf})->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Instantiate, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/shuffled,
-                  Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kShuf})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, glm5_flash/P_TP4_LBHNC/D_TP4_LBHNC/b2304/consecutive,
-                  Scenario{"glm5-flash", 4, 4, kL, kL, 0, kSeq})->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Instantiate, glm5_flash/P_TP4_LBHNC/D_TP4_LBHNC/b2304/consecutive,
                   Scenario{"glm5-flash", 4, 4, kL, kL, 0, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, glm5_flash/P_TP4_BLHNC/D_TP4_BLHNC/b2304/shuffled,
                   Scenario{"glm5-flash", 4, 4, kB, kB, 0, kShuf})->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Instantiate, glm5_flash/P_TP4_BLHNC/D_TP4_BLHNC/b2304/shuffled,
-                  Scenario{"glm5-flash", 4, 4, kB, kB, 0, kShuf})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/consecutive,
-                  Scenario{"qwen3-next", 4, 2, kN, kN, 64, kSeq})->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Instantiate, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/consecutive,
                   Scenario{"qwen3-next", 4, 2, kN, kN, 64, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/shuffled,
                   Scenario{"qwen3-next", 4, 2, kN, kN, 64, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/consecutive,
+                  Scenario{"llama3-70b", 8, 8, kL, kL, 16, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/shuffled,
+                  Scenario{"llama3-70b", 8, 8, kL, kL, 16, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_BLHNC/D_TP8_BLHNC/b16/consecutive,
+                  Scenario{"llama3-70b", 8, 8, kB, kB, 16, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_BLHNC/D_TP8_BLHNC/b16/shuffled,
+                  Scenario{"llama3-70b", 8, 8, kB, kB, 16, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_LBHNC/D_TP2_LBHNC/b16/shuffled,
+                  Scenario{"llama3-70b", 8, 2, kL, kL, 16, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/consecutive,
+                  Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/shuffled,
+                  Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, glm5_flash/P_TP4_LBHNC/D_TP4_LBHNC/b2304/consecutive,
+                  Scenario{"glm5-flash", 4, 4, kL, kL, 0, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, glm5_flash/P_TP4_BLHNC/D_TP4_BLHNC/b2304/shuffled,
+                  Scenario{"glm5-flash", 4, 4, kB, kB, 0, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/consecutive,
+                  Scenario{"qwen3-next", 4, 2, kN, kN, 64, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Instantiate, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/shuffled,
                   Scenario{"qwen3-next", 4, 2, kN, kN, 64, kShuf})->Unit(benchmark::kMillisecond);
 
