@@ -16,6 +16,18 @@
 //   layer_blocks   one per (layer, moving local block): what a per-(layer,
 //                  block) scheme posts; layer_blocks_x = layer_blocks / descriptors
 //
+// BM_Instantiate rows, after the BM_Plan rows with the same scenarios,
+// instantiate a plan template (plan.h) of the scenario's request shape with
+// its ids:
+//   instantiate_ms  mean wall time of one instantiate(request, &plan) into a
+//                   Plan reused across calls
+//   instantiate_pct instantiate_ms / memcpy_ms in percent (target: <= 0.5)
+//   fresh_ms        one instantiate(request) into a new Plan (its memory
+//                   faulted in on the way)
+//   plan_ms         one plan() of the same request, for comparison
+//   create_ms       PlanTemplate::create() of the shape, once
+//   pieces          pieces the template holds
+//
 // Scenarios (decode pulls; local = decode rank 0, remotes = every prefill
 // rank); the TP sizes, orders and block ids are in each name.
 #include <benchmark/benchmark.h>
@@ -25,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,9 +130,12 @@ Buffers& buffers(uint64_t want) {
   return b;
 }
 
-// Seconds to memcpy `bytes` chunk by chunk, best of two passes.
+// Seconds to memcpy `bytes` chunk by chunk, best of two passes. Measured
+// once per size in a run, so a scenario's plan() and template rows share it.
 double memcpy_seconds(uint64_t bytes) {
   if (bytes == 0) return 0;
+  static std::map<uint64_t, double> measured;
+  if (auto it = measured.find(bytes); it != measured.end()) return it->second;
   Buffers& b = buffers(bytes);
   double best = 1e30;
   for (int pass = 0; pass < 2; ++pass) {
@@ -132,20 +148,35 @@ double memcpy_seconds(uint64_t bytes) {
     }
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
+  measured[bytes] = best;
   return best;
 }
 
-void BM_Plan(benchmark::State& state, Scenario s) {
+// A scenario's layouts and request.
+struct Inputs {
+  std::vector<Layout> prefill, decode;
+  Request request;
+  const Layout& local() const { return decode.front(); }
+};
+Inputs inputs(const Scenario& s) {
+  Inputs in;
   const uint64_t num_blocks = num_blocks_for(s);
-  const std::vector<Layout> prefill = instance(s, s.prefill_tp, s.prefill_order, num_blocks);
-  const std::vector<Layout> decode = instance(s, s.decode_tp, s.decode_order, num_blocks);
-  const Layout& local = decode.front();
+  in.prefill = instance(s, s.prefill_tp, s.prefill_order, num_blocks);
+  in.decode = instance(s, s.decode_tp, s.decode_order, num_blocks);
   gen::Rng rng(0x6b76627269646765ULL);
   gen::RequestOptions o;
   o.num_tokens = kTokens;
   o.local_ids = o.remote_ids = s.ids;
   o.local_unused_as_minus_one_percent = o.remote_unused_as_minus_one_percent = 0;
-  const Request request = gen::make_request(rng, local, prefill, o);
+  in.request = gen::make_request(rng, in.local(), in.prefill, o);
+  return in;
+}
+
+void BM_Plan(benchmark::State& state, Scenario s) {
+  const Inputs in = inputs(s);
+  const Layout& local = in.local();
+  const std::vector<Layout>& prefill = in.prefill;
+  const Request& request = in.request;
 
   Result<Plan> first = plan(local, prefill, request);
   if (!first) {
@@ -180,6 +211,57 @@ void BM_Plan(benchmark::State& state, Scenario s) {
   state.counters["layer_blocks_x"] = descriptors > 0 ? pairs / descriptors : 0;
 }
 
+// Instantiating a template of the request's shape with the request's ids,
+// into one Plan reused across iterations (as an engine reuses its plan
+// buffer), against plan() and memcpy of the same request.
+void BM_Instantiate(benchmark::State& state, Scenario s) {
+  const Inputs in = inputs(s);
+  const auto c0 = std::chrono::steady_clock::now();
+  Result<PlanTemplate> t = PlanTemplate::create(in.local(), in.prefill, shape_of(in.request));
+  const double create_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+  if (!t) {
+    state.SkipWithError(t.error().to_string().c_str());
+    return;
+  }
+  Plan p;
+  if (Status first = t->instantiate(in.request, &p); !first.ok()) {
+    state.SkipWithError(first.to_string().c_str());
+    return;
+  }
+  double seconds = 0;
+  uint64_t calls = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    Status st = t->instantiate(in.request, &p);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++calls;
+    benchmark::DoNotOptimize(st);
+    benchmark::DoNotOptimize(p.descriptors.data());
+  }
+  // One instantiation into a fresh Plan (its pages faulted in), and one plan().
+  const auto f0 = std::chrono::steady_clock::now();
+  Result<Plan> fresh = t->instantiate(in.request);
+  const auto f1 = std::chrono::steady_clock::now();
+  Result<Plan> planned = plan(in.local(), in.prefill, in.request);
+  const auto f2 = std::chrono::steady_clock::now();
+  benchmark::DoNotOptimize(fresh);
+  if (!planned || planned->descriptors != p.descriptors) {
+    state.SkipWithError("the instance differs from plan()");
+    return;
+  }
+  const double ms = 1e3 * seconds / static_cast<double>(std::max<uint64_t>(calls, 1));
+  const double memcpy_ms = 1e3 * memcpy_seconds(p.bytes);
+  state.counters["descriptors"] = static_cast<double>(p.descriptors.size());
+  state.counters["bytes"] = static_cast<double>(p.bytes);
+  state.counters["pieces"] = static_cast<double>(t->pieces());
+  state.counters["create_ms"] = 1e3 * create_seconds;
+  state.counters["instantiate_ms"] = ms;
+  state.counters["fresh_ms"] = 1e3 * std::chrono::duration<double>(f1 - f0).count();
+  state.counters["plan_ms"] = 1e3 * std::chrono::duration<double>(f2 - f1).count();
+  state.counters["memcpy_ms"] = memcpy_ms;
+  state.counters["instantiate_pct"] = memcpy_ms > 0 ? 100.0 * ms / memcpy_ms : 0;
+}
+
 constexpr auto kL = Order::kLBHNC;
 constexpr auto kN = Order::kLBNHC;
 constexpr auto kB = Order::kBLHNC;
@@ -207,6 +289,28 @@ BENCHMARK_CAPTURE(BM_Plan, glm5_flash/P_TP4_BLHNC/D_TP4_BLHNC/b2304/shuffled,
 BENCHMARK_CAPTURE(BM_Plan, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/consecutive,
                   Scenario{"qwen3-next", 4, 2, kN, kN, 64, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/shuffled,
+                  Scenario{"qwen3-next", 4, 2, kN, kN, 64, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/consecutive,
+                  Scenario{"llama3-70b", 8, 8, kL, kL, 16, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/shuffled,
+                  Scenario{"llama3-70b", 8, 8, kL, kL, 16, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_BLHNC/D_TP8_BLHNC/b16/consecutive,
+                  Scenario{"llama3-70b", 8, 8, kB, kB, 16, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_BLHNC/D_TP8_BLHNC/b16/shuffled,
+                  Scenario{"llama3-70b", 8, 8, kB, kB, 16, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_LBHNC/D_TP2_LBHNC/b16/shuffled,
+                  Scenario{"llama3-70b", 8, 2, kL, kL, 16, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/consecutive,
+                  Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/shuffled,
+                  Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, glm5_flash/P_TP4_LBHNC/D_TP4_LBHNC/b2304/consecutive,
+                  Scenario{"glm5-flash", 4, 4, kL, kL, 0, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, glm5_flash/P_TP4_BLHNC/D_TP4_BLHNC/b2304/shuffled,
+                  Scenario{"glm5-flash", 4, 4, kB, kB, 0, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/consecutive,
+                  Scenario{"qwen3-next", 4, 2, kN, kN, 64, kSeq})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/shuffled,
                   Scenario{"qwen3-next", 4, 2, kN, kN, 64, kShuf})->Unit(benchmark::kMillisecond);
 
 }  // namespace

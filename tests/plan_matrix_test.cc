@@ -1,6 +1,8 @@
 // The preset matrix: every preset x prefill TP {1,2,4,8} x decode TP {1,2,4,8}
 // x physical orders x block sizes, planned for every decode rank (decode
-// pulls from all prefill ranks) and checked by the verifier.
+// pulls from all prefill ranks) and checked by the verifier; a plan template
+// of each request's shape, instantiated with random ids, must give plan()'s
+// plan, which the verifier checks too.
 //
 // By default each (preset, TP pair) runs once, with the order pair and block
 // sizes cycling so that every preset also meets every order pair and every
@@ -52,6 +54,7 @@ constexpr BlockPair kBlockPairs[] = {{false, false}, {false, true}, {true, false
 
 struct Totals {
   uint64_t plans = 0;
+  uint64_t instances = 0;  // template instances checked against plan() and verified
   uint64_t combos = 0;
   uint64_t skipped = 0;
   uint64_t descriptors = 0;
@@ -67,9 +70,10 @@ class SummaryEnvironment : public ::testing::Environment {
  public:
   void TearDown() override {
     const Totals& t = grand_totals();
-    std::printf("[ matrix    ] %llu plans verified over %llu combinations (%llu TP pairs skipped); "
-                "%llu descriptors (naive scheme: %llu), %llu bytes\n",
-                (unsigned long long)t.plans, (unsigned long long)t.combos, (unsigned long long)t.skipped,
+    std::printf("[ matrix    ] %llu plans and %llu template instances verified over %llu combinations (%llu TP pairs "
+                "skipped); %llu descriptors (naive scheme: %llu), %llu bytes\n",
+                (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.combos,
+                (unsigned long long)t.skipped,
                 (unsigned long long)t.descriptors, (unsigned long long)t.naive, (unsigned long long)t.bytes);
   }
 };
@@ -170,7 +174,7 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
   }
 
   Totals t;
-  double plan_seconds = 0, verify_seconds = 0;
+  double plan_seconds = 0, verify_seconds = 0, template_seconds = 0;
   std::set<std::pair<Order, Order>> orders_done;
   std::set<std::pair<bool, bool>> blocks_done;
   uint64_t case_index = 0;
@@ -217,6 +221,29 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
         ASSERT_TRUE(v.has_value()) << where << ": " << v.error().to_string();
         ASSERT_EQ(p->bytes, gen::expected_bytes(local, request)) << where;
         ASSERT_EQ(v->bytes_written, p->bytes) << where;
+        // A template of the request's shape gives plan()'s plan for the
+        // request and for random ids of the same shape; the instance verifies.
+        const auto t2 = std::chrono::steady_clock::now();
+        Result<PlanTemplate> tmpl = PlanTemplate::create(local, *prefill, shape_of(request));
+        ASSERT_TRUE(tmpl.has_value()) << where << ": " << tmpl.error().to_string();
+        ASSERT_TRUE(tmpl->uniform()) << where << ": " << tmpl->fallback_reason();
+        Result<Plan> same = tmpl->instantiate(request);
+        ASSERT_TRUE(same.has_value()) << where << ": " << same.error().to_string();
+        ASSERT_TRUE(same->descriptors == p->descriptors && same->bytes == p->bytes) << where;
+        const Request other = gen::with_other_ids(rng, request, local, *prefill, modes[(case_index + 1) % 3]);
+        Result<Plan> instance = tmpl->instantiate(other);
+        Result<Plan> planned = plan(local, *prefill, other);
+        ASSERT_TRUE(instance.has_value() && planned.has_value())
+            << where << ": " << (instance ? planned.error() : instance.error()).to_string();
+        ASSERT_EQ(instance->descriptors, planned->descriptors) << where << " (other ids)";
+        for (size_t s = 0; s < planned->sources.size(); ++s) {
+          ASSERT_EQ(instance->sources[s].descriptors, planned->sources[s].descriptors) << where;
+          ASSERT_EQ(instance->sources[s].bytes, planned->sources[s].bytes) << where;
+        }
+        Result<VerifyReport> vi = verify(*instance, local, *prefill, other, /*check_minimal=*/true);
+        ASSERT_TRUE(vi.has_value()) << where << " (other ids): " << vi.error().to_string();
+        template_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
+        t.instances += 1;
         t.plans += 1;
         t.descriptors += p->descriptors.size();
         t.naive += naive_descriptor_count(local, *prefill, request);
@@ -230,14 +257,17 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
     if (!pair_ran) ++t.skipped;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("[ matrix    ] %-14s blocks %llu/%llu: %llu plans over %llu combinations, %llu TP pairs skipped, "
-              "%llu descriptors (naive %llu), %llu bytes, %.2f s (plan %.2f s, verify %.2f s)\n",
+  std::printf("[ matrix    ] %-14s blocks %llu/%llu: %llu plans and %llu instances over %llu combinations, %llu TP "
+              "pairs skipped, %llu descriptors (naive %llu), %llu bytes, %.2f s (plan %.2f s, verify %.2f s, "
+              "templates %.2f s)\n",
               preset.c_str(), (unsigned long long)base_block, (unsigned long long)alt_block,
-              (unsigned long long)t.plans, (unsigned long long)t.combos, (unsigned long long)t.skipped,
+              (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.combos,
+              (unsigned long long)t.skipped,
               (unsigned long long)t.descriptors, (unsigned long long)t.naive, (unsigned long long)t.bytes, seconds,
-              plan_seconds, verify_seconds);
+              plan_seconds, verify_seconds, template_seconds);
   Totals& g = grand_totals();
   g.plans += t.plans;
+  g.instances += t.instances;
   g.combos += t.combos;
   g.skipped += t.skipped;
   g.descriptors += t.descriptors;

@@ -1,5 +1,4 @@
 // Synthetic instances for `kvbridge store`: see store_bench.h.
-#include <map>
 #include <random>
 
 #include "kvbridge/content.h"
@@ -8,19 +7,6 @@
 
 namespace kvbridge::cli {
 namespace {
-
-bool has_overlay(const Layout& l) {
-  std::map<std::string, size_t> owner;
-  for (size_t gi = 0; gi < l.groups.size(); ++gi) {
-    for (const Layer& layer : l.groups[gi].layers) {
-      for (const Component& c : layer.components) {
-        auto [it, fresh] = owner.emplace(c.tensor, gi);
-        if (!fresh && it->second != gi) return true;
-      }
-    }
-  }
-  return false;
-}
 
 Request make_request(const Layout& l, uint64_t num_tokens, int64_t first, int64_t stride) {
   Request r;

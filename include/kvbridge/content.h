@@ -15,7 +15,7 @@
 // scratch every position of its one block.
 //
 // Memory is passed as one span per layout tensor, in layout order, each
-// exactly the tensor's bytes. Pure: no I/O, no threads. Thread-safety:
+// exactly the tensor's bytes (TensorMemory, layout.h). Pure: no I/O, no threads. Thread-safety:
 // reentrant (callers keep concurrent writers off the same bytes).
 #pragma once
 
@@ -32,8 +32,6 @@ namespace kvbridge {
 
 // Whose block ids of the request to use: GroupBlocks::local or ::remote.
 enum class RequestSide : uint8_t { kLocal, kRemote };
-
-using TensorMemory = std::span<const std::span<uint8_t>>;
 
 // Calls `cell(tensor index, offset, bytes, token)` for every cell the request
 // holds at tokens >= first_token on `side` (every head the rank holds), in

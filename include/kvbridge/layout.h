@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,6 +104,14 @@ struct Layer {
   bool operator==(const Layer&) const = default;
 };
 
+// Where a token of a request lives in one side's block list: list entry
+// `entry`, at token offset `token` inside that block.
+struct BlockSlot {
+  uint64_t entry = 0;
+  uint64_t token = 0;
+  bool operator==(const BlockSlot&) const = default;
+};
+
 struct Group {
   std::string name;
   GroupKind kind = GroupKind::kAttention;
@@ -118,6 +127,18 @@ struct Group {
   // Positions in one block: block_tokens / tokens_per_state for token-indexed
   // kinds (attention, sliding_window, scratch), 1 for state.
   uint64_t positions_per_block() const;
+
+  // Block lists (DESIGN.md, "What a request transfers") start at the
+  // request's first token, so token t lives in entry t / block_tokens at
+  // offset t % block_tokens (position p in entry p / positions_per_block()).
+  // Requires block_tokens > 0 (a valid group).
+  BlockSlot slot_of_token(uint64_t token) const;
+  // The number of list entries that hold tokens [0, num_tokens):
+  // ceil(num_tokens / block_tokens). A state group's list covering
+  // num_tokens > 0 tokens holds the final state in its last entry,
+  // entries_for_tokens(num_tokens) - 1 (and, in an engine's align mode, the
+  // state at token (i + 1) * block_tokens in entry i).
+  uint64_t entries_for_tokens(uint64_t num_tokens) const;
 };
 
 struct Layout {
@@ -134,6 +155,11 @@ struct Layout {
   const Group* find_group(std::string_view name) const;
 };
 
+// True when two groups of the layout have components in one tensor (the
+// hybrid allocator's overlay): such groups must not be given the same block
+// ids in one request.
+bool has_overlay(const Layout& layout);
+
 // Checks every rule of docs/formats/layout.md. Returns OK, or kInvalidArgument
 // (structure, names, types of values), kOutOfRange (a cell outside its tensor,
 // overlapping cells) or kResourceExhausted (a bound above), with a message that
@@ -141,6 +167,21 @@ struct Layout {
 //   "group 'indexer_tail' layer 'layers.3' component 'tail': cells end at byte
 //    N, past the end of tensor 'idx.3' (M bytes)".
 Status validate(const Layout& layout);
+
+// ---------------------------------------------------------------------------
+// Memory of a rank, as host functions see it.
+//
+// One span per tensor of a layout, in layout order, each exactly the tensor's
+// bytes. The caller owns the memory and keeps it alive and unaliased by
+// other writers for the duration of the call it is passed to.
+using TensorMemory = std::span<const std::span<uint8_t>>;
+// The same, read only.
+using ConstTensorMemory = std::span<const std::span<const uint8_t>>;
+
+// OK when `memory` has one span per tensor of `layout`, each of the tensor's
+// bytes; otherwise kInvalidArgument naming the count or the tensor, e.g.
+//   "memory for tensor 'kv.3' is 4096 bytes, the layout says 8192".
+Status check_memory(const Layout& layout, TensorMemory memory);
 
 // The coordinate of one cell of a component: block id, local head (0 for a
 // replicated component), and position within the block.

@@ -13,7 +13,10 @@
 //  3. Minimal: no two descriptors are contiguous on both sides with the same
 //     tensors and source rank (such pairs are always merged).
 //  4. Deterministic: same inputs, same plan, on any machine.
-// verify() (verify.h) checks 1-3 without trusting the planner.
+// verify() (verify.h) checks 1-3 without trusting the planner. A plan
+// template (PlanTemplate, below) plans once for a request shape and yields
+// the same plans for each request's block ids without planning again;
+// execute.h runs a plan's descriptors as host memory copies.
 //
 // Which positions move, per group kind: attention, tokens [skip_tokens,
 // num_tokens); sliding_window, the same cut to the last window_tokens tokens;
@@ -25,6 +28,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -83,6 +88,104 @@ Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Re
 // request: one per (layer, component, block pair with moving positions, and
 // remote rank holding the local heads). For comparisons in benchmarks.
 uint64_t naive_descriptor_count(const Layout& local, std::span<const Layout> remotes, const Request& request);
+
+// ---------------------------------------------------------------------------
+// Plan templates: planned once, instantiated for each request's block ids.
+//
+// What plan() computes from the layouts and the token counts (which
+// positions move, which rank serves which head, units, segments, how pieces
+// coalesce) does not depend on the block ids. A template keeps it: every
+// piece of the plan records the list entry it depends on on each side and
+// moves with that entry's block id (offset = base + id * the component's
+// block stride). instantiate() computes the offsets from a request's ids,
+// visits entries in plan()'s order and merges pieces adjacent on both sides
+// (same tensors, same source) exactly as plan() does.
+//
+// Invariant (tested over generated layouts and the preset matrix): for a
+// request that fits the template's shape, instantiate() returns what plan()
+// returns for the same layouts and request: the same descriptors in the same
+// order, the same per-source totals and bytes, or the same error.
+
+// The shape of one group's block lists: one flag per list entry, in list
+// order, true where the entry names a block and false where it is -1.
+struct GroupShape {
+  std::vector<bool> local;
+  std::vector<bool> remote;
+  bool operator==(const GroupShape&) const = default;
+};
+
+// What a template is planned for. A request fits a shape when it has the
+// shape's num_tokens and skip_tokens, names exactly the shape's groups, and
+// each of its block lists has the shape's length and is -1 exactly at the
+// entries the shape marks false (the ids of the other entries are free).
+struct RequestShape {
+  uint64_t num_tokens = 0;
+  uint64_t skip_tokens = 0;
+  std::map<std::string, GroupShape> groups;  // by group name
+  bool operator==(const RequestShape&) const = default;
+};
+
+// The shape `request` fits (an id below -1 counts as a block).
+RequestShape shape_of(const Request& request);
+
+namespace plan_internal {
+struct TemplateAccess;
+}
+
+// Thread-safety: immutable after create(); instantiate() may run on several
+// threads at once. Copies share the planned state and are cheap.
+// Ownership: the template keeps copies of what it needs from create()'s
+// arguments; they may be destroyed after create() returns.
+class PlanTemplate {
+ public:
+  // Plans `shape` into `local` from `remotes` (as for plan()). Errors:
+  // plan()'s, for these layouts and a request of the shape whose listed
+  // entries name blocks 0, 1, 2, ... in list order (an unknown group, a list
+  // too short for its tokens, a -1 where a block moves, an identity
+  // mismatch, ...); kInvalidArgument when a list lists more blocks than its
+  // group has (num_blocks), since no request of the shape could be valid.
+  static Result<PlanTemplate> create(const Layout& local, std::span<const Layout> remotes,
+                                     const RequestShape& shape);
+
+  const RequestShape& shape() const;
+
+  // True when instantiate() computes plans from the template's pieces. A
+  // template is uniform when the pieces of every list entry are those of a
+  // representative entry with the same positions, moved by the entry's own
+  // block ids; create() checks this for every entry. Every layout the tests
+  // generate, and every preset, is uniform (the layout model's addresses are
+  // affine in the block id). When false, instantiate() checks the request's
+  // fit and then calls plan(): the same result at plan()'s cost.
+  bool uniform() const;
+  // Why the template is not uniform (names the group and the entry); empty
+  // when it is.
+  const std::string& fallback_reason() const;
+  // The pieces the template holds (pieces that move together are held as
+  // one), a measure of its size.
+  uint64_t pieces() const;
+
+  // The plan of `request`: exactly plan(local, remotes, request) for the
+  // arguments of create(). Errors: when plan() would fail for the request,
+  // its error (same code and message: an id at or beyond num_blocks is
+  // kOutOfRange, a -1 where a block moves kInvalidArgument, ...); otherwise,
+  // when the request does not fit the shape, kInvalidArgument naming the
+  // first difference, e.g. "group 'full' local block list has 7 entries,
+  // the template's shape 8" or "group 'full' remote[3] is 12 but the
+  // template's shape has -1 there".
+  Result<Plan> instantiate(const Request& request) const;
+  // The same into `out`, reusing the memory of its descriptors (a plan that
+  // is instantiated again and again into one Plan is not reallocated). On
+  // error the contents of `out` are unspecified.
+  Status instantiate(const Request& request, Plan* out) const;
+
+  // The planned state (src/plan/template.h); opaque outside the planner.
+  struct Impl;
+
+ private:
+  friend struct plan_internal::TemplateAccess;
+  explicit PlanTemplate(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
 
 // Writes a plan as `kvbridge.plan/1` JSON (docs/formats/plan.md). With
 // `items`, includes the descriptor list as [tp_rank, local_tensor,

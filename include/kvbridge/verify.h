@@ -9,7 +9,11 @@
 // pattern of its coordinate, and that no other local byte changed. Memory is
 // simulated sparsely (only the pages a request touches), so full-size presets
 // are verified without allocating their tensors. Its rules for which positions
-// move are written independently of the planner's.
+// move are written independently of the planner's, and it executes the
+// descriptors on that memory with its own copies and bounds checks rather
+// than through the host executor (execute.h): neither the planner's code nor
+// the executor's decides what it checks. It checks plan template instances
+// (plan.h) as it checks any plan.
 //
 // Pure: no I/O, no threads. Thread-safety: reentrant.
 #pragma once

@@ -1,6 +1,7 @@
 // Names of kinds, lookups, and the address arithmetic of the layout model.
 #include "kvbridge/layout.h"
 
+#include <map>
 #include <string>
 
 namespace kvbridge {
@@ -61,6 +62,12 @@ uint64_t Group::positions_per_block() const {
   return tokens_per_state == 0 ? 0 : block_tokens / tokens_per_state;
 }
 
+BlockSlot Group::slot_of_token(uint64_t token) const { return {token / block_tokens, token % block_tokens}; }
+
+uint64_t Group::entries_for_tokens(uint64_t num_tokens) const {
+  return num_tokens / block_tokens + (num_tokens % block_tokens != 0);
+}
+
 const Tensor* Layout::find_tensor(std::string_view name) const {
   for (const Tensor& t : tensors) {
     if (t.name == name) return &t;
@@ -73,6 +80,34 @@ const Group* Layout::find_group(std::string_view name) const {
     if (g.name == name) return &g;
   }
   return nullptr;
+}
+
+bool has_overlay(const Layout& layout) {
+  std::map<std::string_view, size_t> owner;  // tensor name -> first group using it
+  for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
+    for (const Layer& layer : layout.groups[gi].layers) {
+      for (const Component& c : layer.components) {
+        auto [it, fresh] = owner.emplace(c.tensor, gi);
+        if (!fresh && it->second != gi) return true;
+      }
+    }
+  }
+  return false;
+}
+
+Status check_memory(const Layout& layout, TensorMemory memory) {
+  if (memory.size() != layout.tensors.size()) {
+    return Status::invalid_argument("memory for " + std::to_string(memory.size()) + " tensors given, the layout has " +
+                                    std::to_string(layout.tensors.size()));
+  }
+  for (size_t t = 0; t < memory.size(); ++t) {
+    if (memory[t].size() != layout.tensors[t].bytes) {
+      return Status::invalid_argument("memory for tensor '" + layout.tensors[t].name + "' is " +
+                                      std::to_string(memory[t].size()) + " bytes, the layout says " +
+                                      std::to_string(layout.tensors[t].bytes));
+    }
+  }
+  return Status();
 }
 
 std::optional<uint64_t> axis_stride(const Component& component, AxisKind kind) {

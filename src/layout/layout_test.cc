@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <span>
+#include <vector>
 
 #include "kvbridge/layout.h"
 #include "layout/test_layouts.h"
@@ -141,6 +143,54 @@ TEST(LayoutModelTest, KindNamesRoundTrip) {
     EXPECT_EQ(parse_axis_kind(axis_kind_name(k)), k);
   }
   EXPECT_FALSE(parse_axis_kind("layer").has_value());
+}
+
+TEST(LayoutModelTest, TokenTLivesInEntryTOverBlockTokens) {
+  Group g;
+  g.kind = GroupKind::kAttention;
+  g.block_tokens = 16;
+  EXPECT_EQ(g.slot_of_token(0), (BlockSlot{0, 0}));
+  EXPECT_EQ(g.slot_of_token(15), (BlockSlot{0, 15}));
+  EXPECT_EQ(g.slot_of_token(16), (BlockSlot{1, 0}));
+  EXPECT_EQ(g.slot_of_token(37), (BlockSlot{2, 5}));
+  EXPECT_EQ(g.entries_for_tokens(0), 0u);
+  EXPECT_EQ(g.entries_for_tokens(1), 1u);
+  EXPECT_EQ(g.entries_for_tokens(16), 1u);
+  EXPECT_EQ(g.entries_for_tokens(17), 2u);
+  // A state group's final state for 144 tokens of 64-token blocks: entry 2.
+  g.kind = GroupKind::kState;
+  g.block_tokens = 64;
+  EXPECT_EQ(g.entries_for_tokens(144) - 1, 2u);
+  EXPECT_EQ(g.entries_for_tokens(128) - 1, 1u);
+}
+
+TEST(LayoutModelTest, GroupsSharingATensorAreAnOverlay) {
+  Layout l = testing::small_gqa();
+  EXPECT_FALSE(has_overlay(l));
+  Group second = l.groups[0];
+  second.name = "swa";
+  l.groups.push_back(second);  // the same tensors as "full"
+  EXPECT_TRUE(has_overlay(l));
+  for (Layer& layer : l.groups[1].layers) {
+    for (Component& c : layer.components) c.tensor += ".swa";
+  }
+  EXPECT_FALSE(has_overlay(l));
+}
+
+TEST(LayoutModelTest, MemoryMustMatchTheTensorsOneSpanEach) {
+  Layout l = testing::small_gqa(2);
+  std::vector<std::vector<uint8_t>> bytes;
+  for (const Tensor& t : l.tensors) bytes.emplace_back(t.bytes);
+  std::vector<std::span<uint8_t>> spans(bytes.begin(), bytes.end());
+  EXPECT_TRUE(check_memory(l, spans).ok());
+  Status few = check_memory(l, TensorMemory(spans).first(1));
+  EXPECT_EQ(few.code(), Code::kInvalidArgument);
+  EXPECT_EQ(few.message(), "memory for 1 tensors given, the layout has 2");
+  spans[1] = spans[1].first(100);
+  Status small = check_memory(l, spans);
+  EXPECT_EQ(small.code(), Code::kInvalidArgument);
+  EXPECT_EQ(small.message(), "memory for tensor 'kv.1' is 100 bytes, the layout says " +
+                                 std::to_string(l.tensors[1].bytes));
 }
 
 }  // namespace

@@ -34,21 +34,6 @@ void pattern(uint64_t seed, uint64_t n, uint8_t* out) {
   }
 }
 
-Status check_memory(const Layout& layout, TensorMemory tensors) {
-  if (tensors.size() != layout.tensors.size()) {
-    return Status::invalid_argument("memory for " + std::to_string(tensors.size()) + " tensors given, the layout has " +
-                                    std::to_string(layout.tensors.size()));
-  }
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    if (tensors[t].size() != layout.tensors[t].bytes) {
-      return Status::invalid_argument("memory for tensor '" + layout.tensors[t].name + "' is " +
-                                      std::to_string(tensors[t].size()) + " bytes, the layout says " +
-                                      std::to_string(layout.tensors[t].bytes));
-    }
-  }
-  return Status();
-}
-
 struct CellVisit {
   size_t tensor;
   uint64_t offset, bytes, token, seed;  // seed: of the coordinate, before the request seed

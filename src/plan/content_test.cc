@@ -5,8 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include <cstring>
-
+#include "kvbridge/execute.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
 #include "plan/random_request.h"
@@ -18,9 +17,13 @@ struct Rank {
   Layout layout;
   std::vector<std::vector<uint8_t>> bytes;
   std::vector<std::span<uint8_t>> spans;
+  std::vector<std::span<const uint8_t>> cspans;
   explicit Rank(Layout l) : layout(std::move(l)) {
     for (const Tensor& t : layout.tensors) bytes.emplace_back(t.bytes, 0xa5);
-    for (auto& b : bytes) spans.emplace_back(b);
+    for (auto& b : bytes) {
+      spans.emplace_back(b);
+      cspans.emplace_back(b);
+    }
   }
 };
 
@@ -37,7 +40,7 @@ Layout preset(const std::string& name, uint32_t tp, uint32_t rank, uint64_t bloc
   return *l;
 }
 
-// Fills the remote ranks, executes the plan with memcpy, checks the local rank.
+// Fills the remote ranks, executes the plan (execute.h), checks the local rank.
 ContentReport move_and_check(const std::string& name, uint32_t ptp, uint32_t dtp, uint64_t pblock, uint64_t dblock,
                              uint64_t seed, bool stale = false, uint64_t blocks = 16) {
   std::vector<Rank> remote;
@@ -58,10 +61,11 @@ ContentReport move_and_check(const std::string& name, uint32_t ptp, uint32_t dtp
   }
   Result<Plan> p = plan(local.layout, remote_layouts, q);
   EXPECT_TRUE(p.ok()) << p.error().to_string();
-  for (const Descriptor& d : p->descriptors) {
-    std::memcpy(local.spans[d.local_tensor].data() + d.local_offset,
-                remote[remote_layouts[d.source].tp_rank].spans[d.remote_tensor].data() + d.remote_offset, d.bytes);
-  }
+  std::vector<ConstTensorMemory> sources;
+  for (const Layout& r : remote_layouts) sources.push_back(remote[r.tp_rank].cspans);
+  Result<uint64_t> copied = execute_read(p->descriptors, local.spans, sources);
+  EXPECT_TRUE(copied.ok()) << copied.error().to_string();
+  EXPECT_EQ(*copied, p->bytes);
   Result<ContentReport> c = check_request(local.layout, q, RequestSide::kLocal, q.skip_tokens, seed, local.spans);
   EXPECT_TRUE(c.ok()) << c.error().to_string();
   return *c;

@@ -30,6 +30,10 @@ struct GroupMove {
 Result<std::vector<GroupMove>> group_moves(const Layout& local, std::span<const Layout> remotes,
                                            const Request& request);
 
+// True when the ids of `ids` that are not -1 are strictly ascending (the
+// usual allocator output): then they are distinct.
+bool listed_ascending(std::span<const int64_t> ids);
+
 // A run of local heads served by one remote rank: local heads
 // [local_head, local_head + count) are that rank's heads [remote_head, ...).
 // A replicated component has one run of count 1.

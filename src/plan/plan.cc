@@ -1,13 +1,5 @@
-// plan(): emission of descriptors by semantic coordinate, with merging.
-//
-// The work is organised around "units": one component of one layer, or a run
-// of components that both sides pack side by side in one cell (K|V, latent|
-// rope), which are then moved as one wider cell. For each unit, each run of
-// heads served by one remote rank, each block pair and each segment of
-// positions that crosses no kernel page on either side, both addresses are
-// affine in (position, head, byte). The segment's dimensions are coalesced
-// (a dimension whose stride equals the bytes already contiguous on BOTH sides
-// joins the run), and what is left is emitted as pieces.
+// plan(): units, the order of emission, and merging (the pieces themselves
+// are emitted by plan/emit.h, shared with plan templates).
 //
 // Pieces are merged as they are emitted with the last descriptor of the same
 // local tensor. Units and blocks are visited in local address order (block ids
@@ -21,41 +13,13 @@
 #include <numeric>
 #include <string>
 
-#include "plan/internal.h"
+#include "plan/emit.h"
 
 namespace kvbridge {
+namespace plan_internal {
 namespace {
 
-using plan_internal::GroupMove;
-using plan_internal::HeadRun;
-
 std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
-
-// One side's geometry of a unit, with position axes coalesced: adjacent axes
-// (outer o, inner i) with o.stride == i.size * i.stride become one, and
-// size-1 axes are dropped.
-struct Side {
-  uint16_t tensor = 0;
-  uint64_t offset = 0;
-  uint64_t block_stride = 0;
-  uint64_t head_stride = 0;
-  uint64_t pos_sizes[kMaxPositionAxes] = {};
-  uint64_t pos_strides[kMaxPositionAxes] = {};
-  uint32_t pos_axes = 0;
-
-  uint64_t inner_size() const { return pos_axes ? pos_sizes[pos_axes - 1] : 1; }
-  uint64_t inner_stride() const { return pos_axes ? pos_strides[pos_axes - 1] : 0; }
-  uint64_t outer_stride() const { return pos_axes ? pos_strides[0] : 0; }
-  uint64_t pos_offset(uint64_t p) const {
-    if (pos_axes == 1) return p * pos_strides[0];
-    uint64_t off = 0;
-    for (uint32_t i = pos_axes; i-- > 0;) {
-      off += (p % pos_sizes[i]) * pos_strides[i];
-      p /= pos_sizes[i];
-    }
-    return off;
-  }
-};
 
 Side make_side(const Layout& layout, const Component& c) {
   Side s;
@@ -85,132 +49,8 @@ bool continues(const Component& first, uint64_t end, const Component& b) {
          b.offset == end;
 }
 
-struct Unit {
-  size_t layer = 0;
-  uint64_t cell_bytes = 0;
-  Side local;
-  std::vector<Side> remote;  // per remote layout index (only sources are used)
-  std::vector<HeadRun> runs;
-  uint64_t remote_inner = 1;  // gcd of the sources' inner position axis sizes
-  // A whole local block is one segment: one block and one inner run on both
-  // sides, of the same size (the common case; emitted without divisions).
-  bool block_is_segment = false;
-};
+}  // namespace
 
-class Emitter {
- public:
-  Emitter(size_t local_tensors, std::vector<Descriptor>* out, std::vector<SourceTotals>* totals)
-      : last_(local_tensors, -1), out_(out), totals_(totals) {}
-
-  void emit(uint16_t src, uint16_t lt, uint64_t lo, uint16_t rt, uint64_t ro, uint64_t n) {
-    (*totals_)[src].bytes += n;
-    int64_t& li = last_[lt];
-    if (li >= 0) {
-      Descriptor& d = (*out_)[static_cast<size_t>(li)];
-      const uint64_t end = d.local_offset + d.bytes;
-      if (lo == end && d.source == src && d.remote_tensor == rt && d.remote_offset + d.bytes == ro) {
-        d.bytes += n;
-        return;
-      }
-      if (lo < end) unordered_ = true;
-    }
-    li = static_cast<int64_t>(out_->size());
-    out_->push_back({src, lt, rt, 0, lo, ro, n});
-    (*totals_)[src].descriptors += 1;
-  }
-
-  bool unordered() const { return unordered_; }
-  void reserve(uint64_t more) { out_->reserve(out_->size() + more); }
-
- private:
-  std::vector<int64_t> last_;
-  std::vector<Descriptor>* out_;
-  std::vector<SourceTotals>* totals_;  // per source: bytes, descriptors emitted
-  bool unordered_ = false;
-};
-
-// Emits the pieces of one segment: positions [0, n) from local/remote start
-// offsets, with per-position strides, for heads of one run.
-inline void emit_segment(Emitter& e, const Unit& u, const HeadRun& run, uint64_t lo, uint64_t ro, uint64_t n) {
-  const Side& L = u.local;
-  const Side& R = u.remote[run.source];
-  const uint64_t sl = L.inner_stride(), sr = R.inner_stride();
-  const uint64_t hl = L.head_stride, hr = R.head_stride;
-  const uint64_t nh = run.count;
-  uint64_t len = u.cell_bytes;
-  bool p_left = n > 1, h_left = nh > 1;
-  for (int i = 0; i < 2; ++i) {
-    if (p_left && sl == len && sr == len) {
-      len *= n;
-      p_left = false;
-    } else if (h_left && hl == len && hr == len) {
-      len *= nh;
-      h_left = false;
-    }
-  }
-  const uint16_t src = run.source, lt = L.tensor, rt = R.tensor;
-  if (!p_left && !h_left) {
-    e.emit(src, lt, lo, rt, ro, len);
-  } else if (!h_left) {
-    for (uint64_t k = 0; k < n; ++k) e.emit(src, lt, lo + k * sl, rt, ro + k * sr, len);
-  } else if (!p_left) {
-    for (uint64_t k = 0; k < nh; ++k) e.emit(src, lt, lo + k * hl, rt, ro + k * hr, len);
-  } else if (hl > sl) {
-    for (uint64_t h = 0; h < nh; ++h)
-      for (uint64_t k = 0; k < n; ++k) e.emit(src, lt, lo + h * hl + k * sl, rt, ro + h * hr + k * sr, len);
-  } else {
-    for (uint64_t k = 0; k < n; ++k)
-      for (uint64_t h = 0; h < nh; ++h) e.emit(src, lt, lo + h * hl + k * sl, rt, ro + h * hr + k * sr, len);
-  }
-}
-
-// Emits every piece of unit `u` for local list entry `i`.
-void emit_block(Emitter& e, const GroupMove& m, const Unit& u, uint64_t i) {
-  const uint64_t lb = static_cast<uint64_t>(m.local_ids[i]);
-  const uint64_t p_begin = std::max(m.begin, i * m.local_ppb);
-  const uint64_t p_end = std::min(m.end, (i + 1) * m.local_ppb);
-  const Side& L = u.local;
-  if (u.block_is_segment && p_end - p_begin == m.local_ppb) {
-    // Position i * ppb starts the block on both sides (list entry i).
-    const uint64_t rb = static_cast<uint64_t>(m.remote_ids[i]);
-    const uint64_t lbase = L.offset + lb * L.block_stride;
-    for (const HeadRun& run : u.runs) {
-      const Side& R = u.remote[run.source];
-      emit_segment(e, u, run, lbase + run.local_head * L.head_stride,
-                   R.offset + rb * R.block_stride + run.remote_head * R.head_stride, m.local_ppb);
-    }
-    return;
-  }
-  const uint64_t kl = L.inner_size();
-  const bool runs_outer = u.runs.size() > 1 && L.head_stride > L.outer_stride();
-  auto segment = [&](const HeadRun& run, uint64_t p, uint64_t n) {
-    const Side& R = u.remote[run.source];
-    const uint64_t j = p / m.remote_ppb;
-    const uint64_t rb = static_cast<uint64_t>(m.remote_ids[j]);
-    const uint64_t lo = L.offset + lb * L.block_stride + L.pos_offset(p - i * m.local_ppb) + run.local_head * L.head_stride;
-    const uint64_t ro = R.offset + rb * R.block_stride + R.pos_offset(p - j * m.remote_ppb) + run.remote_head * R.head_stride;
-    emit_segment(e, u, run, lo, ro, n);
-  };
-  // Segments end at every local and remote kernel-page (inner axis) boundary;
-  // block boundaries are among them.
-  auto for_segments = [&](auto&& fn) {
-    for (uint64_t p = p_begin; p < p_end;) {
-      const uint64_t kr = u.remote_inner;
-      uint64_t next = std::min({p_end, (p / kl + 1) * kl, (p / kr + 1) * kr});
-      fn(p, next - p);
-      p = next;
-    }
-  };
-  if (runs_outer) {
-    for (const HeadRun& run : u.runs) for_segments([&](uint64_t p, uint64_t n) { segment(run, p, n); });
-  } else {
-    for_segments([&](uint64_t p, uint64_t n) {
-      for (const HeadRun& run : u.runs) segment(run, p, n);
-    });
-  }
-}
-
-// Builds the units of one group move: fused component runs per layer.
 Result<std::vector<Unit>> make_units(const Layout& local, std::span<const Layout> remotes,
                                      std::span<const uint16_t> by_rank, const GroupMove& m) {
   const Group& g = local.groups[m.local_group];
@@ -259,8 +99,26 @@ Result<std::vector<Unit>> make_units(const Layout& local, std::span<const Layout
       c = last + 1;
     }
   }
+  // Units of one local tensor in address order.
+  std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
+    return a.local.tensor != b.local.tensor ? a.local.tensor < b.local.tensor : a.local.offset < b.local.offset;
+  });
   return units;
 }
+
+std::vector<UnitRun> unit_runs(std::span<const Unit> units) {
+  std::vector<UnitRun> runs;
+  for (size_t s = 0; s < units.size();) {
+    size_t t = s;
+    while (t < units.size() && units[t].local.tensor == units[s].local.tensor) ++t;
+    const bool block_outer = t - s > 1 && units[t - 1].local.offset - units[s].local.offset < units[s].local.block_stride;
+    runs.push_back({s, t, block_outer});
+    s = t;
+  }
+  return runs;
+}
+
+namespace {
 
 Status emit_group(Emitter& e, const Layout& local, std::span<const Layout> remotes, std::span<const uint16_t> by_rank,
                   const GroupMove& m) {
@@ -269,14 +127,9 @@ Status emit_group(Emitter& e, const Layout& local, std::span<const Layout> remot
   // Local list entries with moving positions, in ascending local block id, so
   // that a layer-major tensor is visited in address order.
   std::vector<uint64_t> entries;
-  for (uint64_t i = m.begin / m.local_ppb; i * m.local_ppb < m.end; ++i) entries.push_back(i);
+  for (uint64_t i = first_entry(m); i < end_entry(m); ++i) entries.push_back(i);
   std::stable_sort(entries.begin(), entries.end(),
                    [&](uint64_t a, uint64_t b) { return m.local_ids[a] < m.local_ids[b]; });
-  // Units of one local tensor in address order; a block-major row (units of
-  // one tensor closer together than a block) is walked block-outer.
-  std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
-    return a.local.tensor != b.local.tensor ? a.local.tensor < b.local.tensor : a.local.offset < b.local.offset;
-  });
   // Reserve for the pieces if nothing merged, so that a plan that cannot
   // merge (shuffled ids) never reallocates; the slack is returned at the end.
   uint64_t pieces = 0;
@@ -285,18 +138,14 @@ Status emit_group(Emitter& e, const Layout& local, std::span<const Layout> remot
     pieces += entries.size() * u.runs.size() * std::max<uint64_t>(per_block, 1);
   }
   e.reserve(std::min<uint64_t>(pieces, uint64_t{1} << 26));
-  for (size_t s = 0; s < units.size();) {
-    size_t t = s;
-    while (t < units.size() && units[t].local.tensor == units[s].local.tensor) ++t;
-    const bool block_outer = t - s > 1 && units[t - 1].local.offset - units[s].local.offset < units[s].local.block_stride;
-    if (block_outer) {
+  for (const UnitRun& run : unit_runs(units)) {
+    if (run.block_outer) {
       for (uint64_t i : entries)
-        for (size_t k = s; k < t; ++k) emit_block(e, m, units[k], i);
+        for (size_t k = run.begin; k < run.end; ++k) emit_block(e, m, units[k], i);
     } else {
-      for (size_t k = s; k < t; ++k)
+      for (size_t k = run.begin; k < run.end; ++k)
         for (uint64_t i : entries) emit_block(e, m, units[k], i);
     }
-    s = t;
   }
   return Status();
 }
@@ -336,9 +185,6 @@ Status sort_and_merge(const Layout& local, std::vector<Descriptor>& ds) {
 // Stable counting sort by local tensor (each tensor's run is already in
 // address order).
 void order_by_tensor(size_t tensors, std::vector<Descriptor>& ds) {
-  bool sorted = true;
-  for (size_t i = 1; i < ds.size() && sorted; ++i) sorted = ds[i - 1].local_tensor <= ds[i].local_tensor;
-  if (sorted) return;
   std::vector<size_t> start(tensors + 1, 0);
   for (const Descriptor& d : ds) ++start[d.local_tensor + 1];
   std::partial_sum(start.begin(), start.end(), start.begin());
@@ -349,9 +195,25 @@ void order_by_tensor(size_t tensors, std::vector<Descriptor>& ds) {
 
 }  // namespace
 
+Status finish_plan(const Layout& local, const EmitOrder& order, Plan& p) {
+  if (order.unordered) {
+    KVB_RETURN_IF_ERROR(sort_and_merge(local, p.descriptors));
+    for (SourceTotals& t : p.sources) t.descriptors = 0;
+    for (const Descriptor& d : p.descriptors) p.sources[d.source].descriptors += 1;
+  } else if (!order.by_tensor) {
+    order_by_tensor(local.tensors.size(), p.descriptors);
+  }
+  p.bytes = 0;
+  for (const SourceTotals& t : p.sources) p.bytes += t.bytes;
+  return Status();
+}
+
+}  // namespace plan_internal
+
 Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Request& request) {
-  KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, plan_internal::check_remotes(local, remotes));
-  KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, plan_internal::group_moves(local, remotes, request));
+  using namespace plan_internal;
+  KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
+  KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, request));
   Plan p;
   p.sources.resize(remotes.size());
   for (size_t r = 0; r < remotes.size(); ++r) p.sources[r].tp_rank = remotes[r].tp_rank;
@@ -359,19 +221,14 @@ Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Re
   for (const GroupMove& m : moves) {
     KVB_RETURN_IF_ERROR(emit_group(e, local, remotes, by_rank, m));
   }
-  if (e.unordered()) {
-    KVB_RETURN_IF_ERROR(sort_and_merge(local, p.descriptors));
-    for (SourceTotals& t : p.sources) t.descriptors = 0;
-    for (const Descriptor& d : p.descriptors) p.sources[d.source].descriptors += 1;
-  } else {
-    order_by_tensor(local.tensors.size(), p.descriptors);
-  }
+  KVB_RETURN_IF_ERROR(finish_plan(local, e.order(), p));
   if (p.descriptors.capacity() > p.descriptors.size() + p.descriptors.size() / 8) p.descriptors.shrink_to_fit();
-  for (const SourceTotals& t : p.sources) p.bytes += t.bytes;
   return p;
 }
 
 uint64_t naive_descriptor_count(const Layout& local, std::span<const Layout> remotes, const Request& request) {
+  using plan_internal::GroupMove;
+  using plan_internal::HeadRun;
   auto by_rank = plan_internal::check_remotes(local, remotes);
   if (!by_rank) return 0;
   auto moves = plan_internal::group_moves(local, remotes, request);

@@ -42,17 +42,7 @@ Status check_ids(const std::string& where, std::string_view side, const std::vec
 // share a block. Ascending lists (the usual allocator output) are checked in
 // one pass; others sort a copy.
 Status check_distinct(const std::string& where, std::string_view side, const std::vector<int64_t>& ids) {
-  bool ascending = true;
-  int64_t prev = -1;
-  for (int64_t id : ids) {
-    if (id < 0) continue;
-    if (id <= prev) {
-      ascending = false;
-      break;
-    }
-    prev = id;
-  }
-  if (ascending) return Status();
+  if (listed_ascending(ids)) return Status();
   std::vector<int64_t> sorted;
   sorted.reserve(ids.size());
   for (int64_t id : ids) {
@@ -71,6 +61,16 @@ Status check_distinct(const std::string& where, std::string_view side, const std
 }
 
 }  // namespace
+
+bool listed_ascending(std::span<const int64_t> ids) {
+  int64_t prev = -1;
+  for (int64_t id : ids) {
+    if (id < 0) continue;
+    if (id <= prev) return false;
+    prev = id;
+  }
+  return true;
+}
 
 Result<std::vector<GroupMove>> group_moves(const Layout& local, std::span<const Layout> remotes,
                                            const Request& request) {

@@ -238,4 +238,46 @@ inline Request make_request(Rng& rng, const Layout& local, std::span<const Layou
   return r;
 }
 
+// The request with other block ids and the same shape (plan.h's
+// RequestShape): on each side, the listed ids of each class of overlaid
+// groups are mapped one to one, in ascending order, onto distinct ids below
+// the class's num_blocks drawn in `mode` order. Lists stay distinct, overlaid
+// groups stay apart, -1 entries stay -1. Requires: the request's listed ids
+// are below num_blocks.
+inline Request with_other_ids(Rng& rng, const Request& r, const Layout& local, std::span<const Layout> remotes,
+                              BlockIds mode) {
+  Request out = r;
+  for (int side = 0; side < 2; ++side) {
+    const std::span<const Layout> ranks = side == 0 ? std::span<const Layout>(&local, 1) : remotes;
+    const Layout& first = ranks.front();
+    const std::vector<size_t> cls = overlay_classes(ranks);
+    std::map<size_t, std::vector<std::vector<int64_t>*>> lists;  // per class
+    std::map<size_t, uint64_t> num_blocks;
+    for (auto& [name, blocks] : out.blocks) {
+      const Group* g = first.find_group(name);
+      if (g == nullptr) continue;
+      const size_t c = cls[static_cast<size_t>(g - first.groups.data())];
+      lists[c].push_back(side == 0 ? &blocks.local : &blocks.remote);
+      auto [it, fresh] = num_blocks.emplace(c, g->num_blocks);
+      if (!fresh) it->second = std::min(it->second, g->num_blocks);
+    }
+    for (auto& [c, ls] : lists) {
+      std::map<int64_t, int64_t> to;
+      for (const std::vector<int64_t>* ids : ls) {
+        for (int64_t id : *ids) {
+          if (id >= 0) to.emplace(id, 0);
+        }
+      }
+      detail::IdPool pool(rng, num_blocks[c], to.size(), mode);
+      for (auto& [from, id] : to) id = pool.next();
+      for (std::vector<int64_t>* ids : ls) {
+        for (int64_t& id : *ids) {
+          if (id >= 0) id = to.at(id);
+        }
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace kvbridge::testing

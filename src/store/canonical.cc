@@ -3,14 +3,15 @@
 // Why layouts: the planner already matches bytes by semantic coordinate across
 // any TP size, block size, kernel ratio and axis order, merges what is
 // contiguous and is checked by the verifier. Expressing the object as one more
-// layout reuses all of that; this file only builds the layouts and executes
-// the descriptors with memcpy.
+// layout reuses all of that; this file only builds the layouts, asks plan
+// templates for the descriptors of one object and runs them with the
+// executor.
 #include "store/canonical.h"
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 
+#include "kvbridge/execute.h"
 #include "kvbridge/store_key.h"
 
 namespace kvbridge::store_internal {
@@ -32,6 +33,28 @@ bool writes_heads(const Layout& l, const HeadMap& h) {
   return true;
 }
 
+std::string object_tensor(size_t group) { return "store." + std::to_string(group); }
+std::string other_tensor(size_t group) { return "store." + std::to_string(group) + ".other"; }
+
+// One object per group: the block axis of every component strides over
+// objects of the group's size.
+void set_block_axes(Group& g, uint64_t object_bytes) {
+  for (Layer& l : g.layers) {
+    for (Component& c : l.components) {
+      for (Axis& a : c.axes) {
+        if (a.kind == AxisKind::kBlock) a.stride = object_bytes;
+      }
+    }
+  }
+}
+
+// `layout` with only group `group` transferable.
+Layout only(const Layout& layout, size_t group) {
+  Layout view = layout;
+  for (size_t gj = 0; gj < view.groups.size(); ++gj) view.groups[gj].transfer = gj == group;
+  return view;
+}
+
 }  // namespace
 
 bool is_stored(const Group& g) { return g.prefix_cacheable && g.transfer && g.kind != GroupKind::kScratch; }
@@ -39,12 +62,14 @@ bool is_stored(const Group& g) { return g.prefix_cacheable && g.transfer && g.ki
 Result<Canonical> Canonical::create(const Layout& rank, uint64_t H) {
   Canonical c;
   const std::vector<uint32_t> ids = group_ids(rank);
-  c.read_.model = c.write_.model = rank.model;
-  c.read_.dtype = c.write_.dtype = rank.dtype;
-  c.read_.tp_size = 1;
-  c.read_.tp_rank = 0;
-  c.write_.tp_size = rank.tp_size;
-  c.write_.tp_rank = rank.tp_rank;
+  // The slice view (every component of the rank's heads, in the object) and
+  // the write view (the same with the parts another rank writes moved to
+  // store.G.other).
+  Layout slice, write;
+  slice.model = write.model = rank.model;
+  slice.dtype = write.dtype = rank.dtype;
+  slice.tp_size = write.tp_size = rank.tp_size;
+  slice.tp_rank = write.tp_rank = rank.tp_rank;
   for (size_t gi = 0; gi < rank.groups.size(); ++gi) {
     const Group& g = rank.groups[gi];
     GroupGeometry geo;
@@ -68,40 +93,42 @@ Result<Canonical> Canonical::create(const Layout& rank, uint64_t H) {
       }
       block_tokens = H;
     }
-    Group cg;
-    cg.name = g.name;
-    cg.kind = g.kind;
-    cg.block_tokens = block_tokens;
-    cg.tokens_per_state = g.tokens_per_state;
-    cg.window_tokens = g.window_tokens;
-    cg.prefix_cacheable = g.prefix_cacheable;
-    cg.transfer = false;
-    cg.num_blocks = 1;
+    Group sg;
+    sg.name = g.name;
+    sg.kind = g.kind;
+    sg.block_tokens = block_tokens;
+    sg.tokens_per_state = g.tokens_per_state;
+    sg.window_tokens = g.window_tokens;
+    sg.prefix_cacheable = g.prefix_cacheable;
+    sg.transfer = false;
+    sg.num_blocks = 1;
     geo.positions = token_indexed(g.kind) ? block_tokens / g.tokens_per_state : 1;
-    Group wg = cg;
+    Group wg = sg;
     uint64_t off = kHeaderBytes;
     for (size_t li = 0; li < g.layers.size(); ++li) {
       const Layer& layer = g.layers[li];
-      Layer rl{layer.name, {}}, wl{layer.name, {}};
+      Layer sl{layer.name, {}}, wl{layer.name, {}};
       for (const Component& comp : layer.components) {
+        // The object's region of the component: positions x every head x
+        // cell, of which the rank's heads are a slice of each row.
         const uint64_t total = comp.heads ? comp.heads->total : 1;
         const uint64_t bytes = geo.positions * total * comp.cell_bytes;
-        Component rc;
-        rc.name = comp.name;
-        rc.tensor = "store." + std::to_string(gi);
-        rc.offset = off;
-        rc.cell_bytes = comp.cell_bytes;
-        rc.axes.push_back({AxisKind::kBlock, 1, 0});  // stride patched below
-        if (token_indexed(g.kind)) rc.axes.push_back({AxisKind::kPosition, geo.positions, total * comp.cell_bytes});
-        Component wc = rc;
+        Component sc;
+        sc.name = comp.name;
+        sc.tensor = object_tensor(gi);
+        sc.offset = off;
+        sc.cell_bytes = comp.cell_bytes;
+        sc.axes.push_back({AxisKind::kBlock, 1, 0});  // stride set below
+        if (token_indexed(g.kind)) sc.axes.push_back({AxisKind::kPosition, geo.positions, total * comp.cell_bytes});
         if (comp.heads) {
-          rc.heads = HeadMap{comp.heads->total, 0, comp.heads->total};
-          rc.axes.push_back({AxisKind::kHead, comp.heads->total, comp.cell_bytes});
-          wc.heads = *comp.heads;
-          wc.offset += uint64_t{comp.heads->first} * comp.cell_bytes;
-          wc.axes.push_back({AxisKind::kHead, comp.heads->count, comp.cell_bytes});
+          sc.heads = *comp.heads;
+          sc.offset += uint64_t{comp.heads->first} * comp.cell_bytes;
+          sc.axes.push_back({AxisKind::kHead, comp.heads->count, comp.cell_bytes});
+        }
+        Component wc = sc;
+        if (comp.heads) {
           if (!writes_heads(rank, *comp.heads)) {
-            geo.skip.push_back({off, off + bytes});
+            wc.tensor = other_tensor(gi);
           } else {
             const uint64_t row = total * comp.cell_bytes;
             const uint64_t first = uint64_t{comp.heads->first} * comp.cell_bytes;
@@ -113,30 +140,21 @@ Result<Canonical> Canonical::create(const Layout& rank, uint64_t H) {
         } else if (li % rank.tp_size != rank.tp_rank) {
           // A replicated component is written once: by rank (layer index mod
           // TP), which spreads the writes over the ranks.
-          geo.skip.push_back({off, off + bytes});
+          wc.tensor = other_tensor(gi);
         } else {
           geo.part.push_back({off, off + bytes});
         }
-        rl.components.push_back(std::move(rc));
+        sl.components.push_back(std::move(sc));
         wl.components.push_back(std::move(wc));
         off += bytes;
       }
-      cg.layers.push_back(std::move(rl));
+      sg.layers.push_back(std::move(sl));
       wg.layers.push_back(std::move(wl));
     }
     geo.object_bytes = off;
-    // Merge adjacent skip ranges.
+    set_block_axes(sg, off);
+    set_block_axes(wg, off);
     std::vector<std::pair<uint64_t, uint64_t>> merged;
-    for (const auto& r : geo.skip) {
-      if (r.first == r.second) continue;
-      if (!merged.empty() && merged.back().second == r.first) {
-        merged.back().second = r.second;
-      } else {
-        merged.push_back(r);
-      }
-    }
-    geo.skip = std::move(merged);
-    merged.clear();
     for (const auto& r : geo.part) {
       if (!merged.empty() && merged.back().second == r.first) {
         merged.back().second = r.second;
@@ -145,239 +163,101 @@ Result<Canonical> Canonical::create(const Layout& rank, uint64_t H) {
       }
     }
     geo.part = std::move(merged);
-    c.read_.tensors.push_back({"store." + std::to_string(gi), geo.object_bytes, "host"});
-    c.read_.groups.push_back(std::move(cg));
-    c.write_.groups.push_back(std::move(wg));
+    slice.tensors.push_back({object_tensor(gi), geo.object_bytes, "host"});
+    slice.groups.push_back(std::move(sg));
+    write.groups.push_back(std::move(wg));
     c.geometry_.push_back(std::move(geo));
   }
-  c.write_.tensors = c.read_.tensors;
-  c.hash_block_tokens_ = H;
-  c.put_plans_.resize(rank.groups.size());
-  c.get_plans_.resize(rank.groups.size());
+  write.tensors = slice.tensors;
   for (size_t gi = 0; gi < rank.groups.size(); ++gi) {
-    patch(c.read_, gi, 1, c.geometry_[gi].object_bytes);
-    patch(c.write_, gi, 1, c.geometry_[gi].object_bytes);
-    Layout view = rank;
-    for (size_t gj = 0; gj < view.groups.size(); ++gj) view.groups[gj].transfer = gj == gi;
-    c.rank_views_.push_back(std::move(view));
+    write.tensors.push_back({other_tensor(gi), c.geometry_[gi].object_bytes, "host"});
   }
   // The canonical layouts are built, not parsed: check them once, so a bug
   // here is an internal error rather than a wrong copy.
-  for (const Layout* l : {&c.read_, &c.write_}) {
+  for (const Layout* l : {&slice, &write}) {
     Status s = validate(*l);
     if (!s.ok()) return Status::internal("canonical layout: " + s.message());
     s = check_compatible(rank, *l);
     if (!s.ok()) return Status::internal("canonical layout: " + s.message());
   }
+  c.hash_block_tokens_ = H;
+  for (size_t gi = 0; gi < rank.groups.size(); ++gi) {
+    c.rank_views_.push_back(only(rank, gi));
+    c.slice_views_.push_back(only(slice, gi));
+    c.write_views_.push_back(only(write, gi));
+  }
+  c.object_spans_.resize(write.tensors.size());
+  c.const_object_spans_.resize(slice.tensors.size());
   return c;
 }
 
-void Canonical::patch(Layout& layout, size_t gi, uint64_t objects, uint64_t object_bytes) {
-  layout.tensors[gi].bytes = objects * object_bytes;
-  Group& g = layout.groups[gi];
-  g.num_blocks = objects;
-  for (size_t gj = 0; gj < layout.groups.size(); ++gj) layout.groups[gj].transfer = gj == gi;
-  for (Layer& l : g.layers) {
-    for (Component& c : l.components) {
-      for (Axis& a : c.axes) {
-        if (a.kind == AxisKind::kBlock) {
-          a.size = objects;
-          a.stride = object_bytes;
-        }
-      }
-    }
-  }
-}
-
-const Layout& Canonical::read_view(size_t group, uint64_t objects) {
-  patch(read_, group, objects, geometry_[group].object_bytes);
-  return read_;
-}
-
-const Layout& Canonical::write_view(size_t group, uint64_t objects) {
-  patch(write_, group, objects, geometry_[group].object_bytes);
-  return write_;
-}
-
-const ObjectPlan* Canonical::object_plan(size_t gi, bool put, uint64_t phase) {
+Result<Canonical::Copy*> Canonical::copy(size_t gi, bool put, uint64_t first, uint64_t end) {
   const Group& g = rank_views_[gi].groups[gi];
   const bool state = g.kind == GroupKind::kState;
-  auto& cache = put ? put_plans_[gi] : get_plans_[gi];
-  const uint64_t phases = state ? 1 : g.block_tokens / hash_block_tokens_;
-  if (cache.size() < phases) cache.resize(phases);
-  if (phase >= phases) return nullptr;
-  CachedPlan& c = cache[phase];
-  if (c.built) return c.affine ? &c.plan : nullptr;
-  c.built = true;
-  if (g.num_blocks < 2) return nullptr;
-  // Plan the object for rank blocks 0 and 1; the plan is affine when every
-  // piece moves by one shift per rank tensor.
-  std::vector<ObjectPlan::Piece> at[2];
-  for (int b = 0; b < 2; ++b) {
-    Request r;
-    GroupBlocks& gb = r.blocks[g.name];
-    std::vector<int64_t> canon = {0};
-    if (state) {
-      r.num_tokens = hash_block_tokens_;
-    } else {
-      r.num_tokens = (phase + 1) * hash_block_tokens_;
-      r.skip_tokens = phase * hash_block_tokens_;
-      canon.assign(phase + 1, -1);
-      canon.back() = 0;
-    }
-    const std::vector<int64_t> ranks = {b};
-    gb.local = put ? canon : ranks;
-    gb.remote = put ? ranks : canon;
-    Result<Plan> p = put ? plan(write_view(gi, 1), std::span<const Layout>(&rank_views_[gi], 1), r)
-                         : plan(rank_views_[gi], std::span<const Layout>(&read_view(gi, 1), 1), r);
-    if (!p.ok()) return nullptr;
-    for (const Descriptor& d : p->descriptors) {
-      ObjectPlan::Piece piece;
-      piece.bytes = d.bytes;
-      if (put) {
-        piece.rank_tensor = d.remote_tensor;
-        piece.rank_offset = d.remote_offset;
-        piece.object_offset = d.local_offset;
-      } else {
-        piece.rank_tensor = d.local_tensor;
-        piece.rank_offset = d.local_offset;
-        piece.object_offset = d.remote_offset;
-      }
-      at[b].push_back(piece);
-    }
+  if (state) first = end = 0;
+  auto it = copies_.find({gi, put, first, end});
+  if (it != copies_.end()) return &it->second;
+  // The request that moves tokens [first, end) of rank entry 0 (or its
+  // state) into object 0, listed in the canonical entry that holds token
+  // `first`. Both directions plan into the object, so that descriptors come
+  // in object order (the object is read or written front to back; the rank
+  // side is scattered either way): a put runs them as reads into the write
+  // view, a get as writes from the slice view back into the rank.
+  Request r;
+  std::vector<int64_t> objects = {0};
+  if (state) {
+    r.num_tokens = 1;
+  } else {
+    r.num_tokens = end;
+    r.skip_tokens = first;
+    objects.assign(slice_views_[gi].groups[gi].slot_of_token(first).entry + 1, -1);
+    objects.back() = 0;
   }
-  if (at[0].size() != at[1].size()) return nullptr;
-  std::vector<uint64_t> delta(rank_views_[gi].tensors.size(), 0);
-  std::vector<uint8_t> seen(delta.size(), 0);
-  for (size_t i = 0; i < at[0].size(); ++i) {
-    const auto& a = at[0][i];
-    const auto& b = at[1][i];
-    if (a.rank_tensor != b.rank_tensor || a.object_offset != b.object_offset || a.bytes != b.bytes ||
-        b.rank_offset < a.rank_offset) {
-      return nullptr;
-    }
-    const uint64_t d = b.rank_offset - a.rank_offset;
-    if (seen[a.rank_tensor] && delta[a.rank_tensor] != d) return nullptr;
-    seen[a.rank_tensor] = 1;
-    delta[a.rank_tensor] = d;
+  r.blocks[g.name] = GroupBlocks{objects, {0}};
+  const Layout& object = put ? write_views_[gi] : slice_views_[gi];
+  Result<PlanTemplate> t = PlanTemplate::create(object, std::span(&rank_views_[gi], 1), shape_of(r));
+  if (!t.ok()) {
+    return Status::internal("store: group " + q(g.name) + ": the copy of an object cannot be planned: " +
+                            t.error().message());
   }
-  // Copy in object order: the object is read or written front to back.
-  std::sort(at[0].begin(), at[0].end(),
-            [](const ObjectPlan::Piece& x, const ObjectPlan::Piece& y) { return x.object_offset < y.object_offset; });
-  c.plan.pieces = std::move(at[0]);
-  c.plan.delta = std::move(delta);
-  c.affine = true;
-  return &c.plan;
+  return &copies_.emplace(std::tuple{gi, put, first, end}, Copy{std::move(*t), std::move(r)}).first->second;
 }
 
-uint64_t put_object(const ObjectPlan& p, TensorMemory rank, uint64_t block, uint8_t* object,
-                    std::span<const std::pair<uint64_t, uint64_t>> skip) {
-  uint64_t copied = 0;
-  for (const ObjectPlan::Piece& x : p.pieces) {
-    const uint8_t* src = rank[x.rank_tensor].data() + x.rank_offset + block * p.delta[x.rank_tensor];
-    if (skip.empty()) {
-      std::memcpy(object + x.object_offset, src, x.bytes);
-      copied += x.bytes;
-      continue;
-    }
-    const uint64_t stop = x.object_offset + x.bytes;
-    uint64_t cur = x.object_offset;
-    for (const auto& [s0, s1] : skip) {
-      if (s1 <= cur) continue;
-      if (s0 >= stop) break;
-      if (s0 > cur) {
-        std::memcpy(object + cur, src + (cur - x.object_offset), s0 - cur);
-        copied += s0 - cur;
-      }
-      cur = std::max(cur, s1);
-      if (cur >= stop) break;
-    }
-    if (cur < stop) {
-      std::memcpy(object + cur, src + (cur - x.object_offset), stop - cur);
-      copied += stop - cur;
-    }
+Result<const Plan*> Canonical::plan_copy(size_t gi, bool put, int64_t block, uint64_t first, uint64_t end) {
+  const Group& g = rank_views_[gi].groups[gi];
+  const std::string what = std::string("store: ") + (put ? "put" : "get") + " group " + q(g.name);
+  if (block < 0 || static_cast<uint64_t>(block) >= g.num_blocks) {
+    return Status::out_of_range(what + ": block id " + std::to_string(block) + " is not below num_blocks " +
+                                std::to_string(g.num_blocks));
   }
-  return copied;
+  KVB_ASSIGN_OR_RETURN(Copy * c, copy(gi, put, first, end));
+  c->request.blocks.begin()->second.remote[0] = block;
+  KVB_RETURN_IF_ERROR(c->plan.instantiate(c->request, &plan_).with_context(what));
+  return &plan_;
 }
 
-uint64_t get_object(const ObjectPlan& p, TensorMemory rank, uint64_t block, const uint8_t* object) {
-  uint64_t copied = 0;
-  for (const ObjectPlan::Piece& x : p.pieces) {
-    std::memcpy(rank[x.rank_tensor].data() + x.rank_offset + block * p.delta[x.rank_tensor],
-                object + x.object_offset, x.bytes);
-    copied += x.bytes;
-  }
-  return copied;
+Result<uint64_t> Canonical::put(size_t gi, int64_t block, uint64_t first, uint64_t end, ConstTensorMemory rank,
+                                uint8_t* object) {
+  KVB_ASSIGN_OR_RETURN(const Plan* p, plan_copy(gi, true, block, first, end));
+  // Descriptors come in local tensor order: those into the object (tensor
+  // gi) before those into store.gi.other, the part another rank writes.
+  const auto part_end = std::partition_point(p->descriptors.begin(), p->descriptors.end(),
+                                             [gi](const Descriptor& d) { return d.local_tensor == gi; });
+  object_spans_[gi] = {object, geometry_[gi].object_bytes};
+  const ConstTensorMemory sources[] = {rank};
+  Result<uint64_t> n = execute_read(std::span(p->descriptors.begin(), part_end), object_spans_, sources);
+  object_spans_[gi] = {};
+  return n;
 }
 
-uint64_t copy_into_objects(const Plan& plan, TensorMemory rank, std::span<uint8_t* const> objects,
-                           uint64_t object_bytes, std::span<const std::pair<uint64_t, uint64_t>> skip) {
-  uint64_t copied = 0;
-  for (const Descriptor& d : plan.descriptors) {
-    uint64_t lo = d.local_offset, ro = d.remote_offset, n = d.bytes;
-    const uint8_t* src = rank[d.remote_tensor].data();
-    while (n > 0) {
-      const uint64_t k = lo / object_bytes;
-      const uint64_t in = lo % object_bytes;
-      const uint64_t piece = std::min(n, object_bytes - in);
-      // Copy the parts of [in, in + piece) outside the skipped ranges.
-      const uint64_t stop = in + piece;
-      uint64_t cur = in;
-      for (const auto& [s0, s1] : skip) {
-        if (s1 <= cur) continue;
-        if (s0 >= stop) break;
-        if (s0 > cur) {
-          std::memcpy(objects[k] + cur, src + ro + (cur - in), s0 - cur);
-          copied += s0 - cur;
-        }
-        cur = std::max(cur, s1);
-        if (cur >= stop) break;
-      }
-      if (cur < stop) {
-        std::memcpy(objects[k] + cur, src + ro + (cur - in), stop - cur);
-        copied += stop - cur;
-      }
-      lo += piece;
-      ro += piece;
-      n -= piece;
-    }
-  }
-  return copied;
-}
-
-uint64_t copy_from_objects(const Plan& plan, TensorMemory rank, std::span<const uint8_t* const> objects,
-                           uint64_t object_bytes) {
-  uint64_t copied = 0;
-  for (const Descriptor& d : plan.descriptors) {
-    uint64_t lo = d.local_offset, ro = d.remote_offset, n = d.bytes;
-    uint8_t* dst = rank[d.local_tensor].data();
-    while (n > 0) {
-      const uint64_t k = ro / object_bytes;
-      const uint64_t in = ro % object_bytes;
-      const uint64_t piece = std::min(n, object_bytes - in);
-      std::memcpy(dst + lo, objects[k] + in, piece);
-      copied += piece;
-      lo += piece;
-      ro += piece;
-      n -= piece;
-    }
-  }
-  return copied;
-}
-
-Status check_memory(const Layout& layout, TensorMemory memory) {
-  if (memory.size() != layout.tensors.size()) {
-    return Status::invalid_argument("store: " + std::to_string(memory.size()) + " memory spans for " +
-                                    std::to_string(layout.tensors.size()) + " tensors");
-  }
-  for (size_t i = 0; i < memory.size(); ++i) {
-    if (memory[i].size() != layout.tensors[i].bytes) {
-      return Status::invalid_argument("store: memory of tensor " + q(layout.tensors[i].name) + " is " +
-                                      std::to_string(memory[i].size()) + " bytes, the layout says " +
-                                      std::to_string(layout.tensors[i].bytes));
-    }
-  }
-  return Status();
+Result<uint64_t> Canonical::get(size_t gi, int64_t block, uint64_t first, uint64_t end, const uint8_t* object,
+                                TensorMemory rank) {
+  KVB_ASSIGN_OR_RETURN(const Plan* p, plan_copy(gi, false, block, first, end));
+  const_object_spans_[gi] = {object, geometry_[gi].object_bytes};
+  const TensorMemory destinations[] = {rank};
+  Result<uint64_t> n = execute_write(p->descriptors, const_object_spans_, destinations);
+  const_object_spans_[gi] = {};
+  return n;
 }
 
 }  // namespace kvbridge::store_internal

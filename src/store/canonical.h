@@ -1,26 +1,33 @@
-// The canonical form of store objects, as layouts the planner understands.
+// The canonical form of store objects, as layouts the planner understands,
+// and the copies between a rank and its objects.
 //
 // An object is one hash block of one group: a 64-byte header, then for each
 // layer and component of the group in layout order a region of
 // positions x heads x cell_bytes bytes in (position, global head, cell) order
-// (docs/formats/store-object.md). That is a Layout: one tensor per group
-// holding K objects back to back (the block axis strides over objects), TP 1,
-// every head. A rank's put plans from its layout into a "write view" of the
-// canonical layout that holds only its head slice; a get plans from the
-// canonical "read view" (every head) into the rank's layout. Heterogeneous TP
-// and block sizes then need nothing of their own.
+// (docs/formats/store-object.md). The part of it a rank holds is a Layout:
+// one tensor per group holding one object, with the rank's head slice of
+// each row (the "slice view"). A put plans from the rank's layout into a
+// "write view" (the slice view with the parts another rank writes set
+// aside) and runs the descriptors as reads into the object; a get plans the
+// same way into the slice view and runs them as writes from the object into
+// the rank. Both go through plan templates (plan.h), planned once per group,
+// direction and position of the object in a rank block, and the host
+// executor (execute.h): the store computes no address itself, and
+// heterogeneous TP and block sizes need nothing of their own.
 //
 // Not a public header. Thread-safety: a Canonical is used by one thread at a
-// time (its layouts are patched in place for each call's object count).
+// time (it caches templates and reuses one plan).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
+#include <tuple>
 #include <utility>
 #include <vector>
 
-#include "kvbridge/content.h"
 #include "kvbridge/layout.h"
+#include "kvbridge/layout_json.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/status.h"
 
@@ -36,29 +43,10 @@ struct GroupGeometry {
   uint32_t id = 0;              // group id (name order)
   uint64_t positions = 1;       // per object
   uint64_t object_bytes = 0;    // header + payload
-  // Object byte ranges [begin, end) this rank must not write: replicated
-  // components another rank writes, heads another rank holds too.
-  std::vector<std::pair<uint64_t, uint64_t>> skip;
   // Object byte ranges [begin, end) this rank writes (its part: the heads it
   // holds and writes, the replicated components it writes), in order and
   // merged. Over all ranks of an instance the parts cover the payload.
   std::vector<std::pair<uint64_t, uint64_t>> part;
-};
-
-// The copies that move one object to or from rank block 0, and how they
-// move with the block id: for rank block b a piece's rank offset is
-// rank_offset + b * delta[rank_tensor]. Planned once per (group, direction,
-// position of the hash block in the rank block), so puts and gets of any
-// length plan nothing.
-struct ObjectPlan {
-  struct Piece {
-    uint16_t rank_tensor = 0;
-    uint64_t rank_offset = 0;
-    uint64_t object_offset = 0;
-    uint64_t bytes = 0;
-  };
-  std::vector<Piece> pieces;
-  std::vector<uint64_t> delta;  // per rank tensor
 };
 
 class Canonical {
@@ -71,53 +59,40 @@ class Canonical {
   const GroupGeometry& geometry(size_t group) const { return geometry_[group]; }
   size_t num_groups() const { return geometry_.size(); }
 
-  // The canonical layout with every head and `objects` objects of `group`,
-  // only that group transferable. Valid until the next call.
-  const Layout& read_view(size_t group, uint64_t objects);
-  // The same holding only this rank's head slice.
-  const Layout& write_view(size_t group, uint64_t objects);
-  // The rank's layout with only `group` transferable.
-  const Layout& rank_view(size_t group) const { return rank_views_[group]; }
-
-  // The per-object plan of hash block `phase` (its index inside the rank
-  // block) of `group`, for a put (rank to object) or a get, or nullptr when
-  // the rank layout's addresses are not one shift per tensor in the block id
-  // (then callers plan the whole request). Cached.
-  const ObjectPlan* object_plan(size_t group, bool put, uint64_t phase);
+  // Copies into `object` (geometry(group).object_bytes) this rank's part of
+  // the object of stored `group` that holds tokens [first, end) of rank
+  // block `block` (offsets in the block, within one hash block; for a state
+  // group, the state in `block`, and first and end are ignored). Returns the
+  // bytes copied. Errors: a block id past num_blocks is kOutOfRange naming
+  // the group; an internal plan error names the group.
+  Result<uint64_t> put(size_t group, int64_t block, uint64_t first, uint64_t end, ConstTensorMemory rank,
+                       uint8_t* object);
+  // Copies from `object` the tokens [first, end) it holds (the state, for a
+  // state group) into rank block `block`, with put()'s errors.
+  Result<uint64_t> get(size_t group, int64_t block, uint64_t first, uint64_t end, const uint8_t* object,
+                       TensorMemory rank);
 
  private:
-  static void patch(Layout& layout, size_t group, uint64_t objects, uint64_t object_bytes);
-  std::vector<GroupGeometry> geometry_;
-  struct CachedPlan {
-    bool built = false;
-    bool affine = false;
-    ObjectPlan plan;
+  struct Copy {
+    PlanTemplate plan;
+    Request request;  // the template's; its rank block id (remote[0]) is set per copy
   };
-  std::vector<std::vector<CachedPlan>> put_plans_, get_plans_;  // [group][phase]
+  // The cached copy of (group, put, first, end), built on first use.
+  Result<Copy*> copy(size_t group, bool put, uint64_t first, uint64_t end);
+  // That copy's plan for rank block `block`, in plan_.
+  Result<const Plan*> plan_copy(size_t group, bool put, int64_t block, uint64_t first, uint64_t end);
+
+  std::vector<GroupGeometry> geometry_;
   uint64_t hash_block_tokens_ = 0;
-  std::vector<Layout> rank_views_;
-  Layout read_;
-  Layout write_;
+  // Per group: the rank's layout, the slice view and the write view with
+  // only that group transferable. The write view puts the components another
+  // rank writes into a second tensor (store.G.other), so that the
+  // descriptors into the object tensor are exactly this rank's part.
+  std::vector<Layout> rank_views_, slice_views_, write_views_;
+  std::map<std::tuple<size_t, bool, uint64_t, uint64_t>, Copy> copies_;
+  Plan plan_;  // reused by every copy
+  std::vector<std::span<uint8_t>> object_spans_;          // one per view tensor
+  std::vector<std::span<const uint8_t>> const_object_spans_;
 };
-
-// Runs a put plan (local: a write view, remote: the rank view): copies rank
-// memory into object k = local_offset / object_bytes of `objects`, leaving out
-// `skip` ranges. Returns the bytes copied.
-uint64_t copy_into_objects(const Plan& plan, TensorMemory rank, std::span<uint8_t* const> objects,
-                           uint64_t object_bytes, std::span<const std::pair<uint64_t, uint64_t>> skip);
-
-// Runs a get plan (local: the rank view, remote: a read view): copies from the
-// objects into rank memory. Returns the bytes copied.
-uint64_t copy_from_objects(const Plan& plan, TensorMemory rank, std::span<const uint8_t* const> objects,
-                           uint64_t object_bytes);
-
-// Copies with an ObjectPlan: rank block `block` to or from `object`.
-// Returns the bytes copied. Requires block < the group's num_blocks.
-uint64_t put_object(const ObjectPlan& p, TensorMemory rank, uint64_t block, uint8_t* object,
-                    std::span<const std::pair<uint64_t, uint64_t>> skip);
-uint64_t get_object(const ObjectPlan& p, TensorMemory rank, uint64_t block, const uint8_t* object);
-
-// OK when `memory` has one span per tensor of `layout`, each of its bytes.
-Status check_memory(const Layout& layout, TensorMemory memory);
 
 }  // namespace kvbridge::store_internal

@@ -4,17 +4,16 @@
 // A get computes the presence of every object of the prefix (memory, then
 // Redis for what memory lacks), applies the lookup rule, pins what the hit
 // needs (fetching from Redis into memory: promotion, each object copied into
-// the rank as it arrives), and copies the rest through a plan from the
-// canonical read view into its layout. An object that vanishes between the
+// the rank as it arrives), and copies the rest object by object
+// (Canonical::get: a plan template between the object and the rank's
+// layout). An object that vanishes between the
 // lookup and the pin lowers the hit and the rule runs again.
 #include <algorithm>
-#include <cstring>
 #include <functional>
 #include <numeric>
 
 #include <xxhash.h>
 
-#include "kvbridge/plan.h"
 #include "kvbridge/store.h"
 #include "store/object.h"
 #include "store/rank_store_impl.h"
@@ -22,9 +21,7 @@
 namespace kvbridge {
 
 using store_internal::Canonical;
-using store_internal::canonical_ids;
 using store_internal::GroupPresence;
-using store_internal::truncated;
 
 namespace {
 
@@ -145,18 +142,28 @@ Result<std::vector<GroupPresence>> RankStore::Impl::presence(const std::vector<B
   return out;
 }
 
-int64_t RankStore::Impl::copy_out_fast(size_t gi, const Request& request, uint64_t skip, uint64_t j,
-                                       TensorMemory memory, const uint8_t* object) {
+Result<uint64_t> RankStore::Impl::copy_out(size_t gi, const GroupBlocks& list, uint64_t skip, uint64_t hit,
+                                           uint64_t j, TensorMemory memory, const uint8_t* object) {
   const Group& g = layout.groups[gi];
-  if (g.kind == GroupKind::kState || skip % H != 0) return -1;
-  auto it = request.blocks.find(g.name);
-  if (it == request.blocks.end()) return -1;
-  const std::vector<int64_t>& ids = it->second.local;
-  const uint64_t entry = j * H / g.block_tokens;
-  if (entry >= ids.size() || ids[entry] < 0 || static_cast<uint64_t>(ids[entry]) >= g.num_blocks) return -1;
-  const store_internal::ObjectPlan* op = canonical.object_plan(gi, false, (j * H % g.block_tokens) / H);
-  if (op == nullptr) return -1;
-  return static_cast<int64_t>(store_internal::get_object(*op, memory, static_cast<uint64_t>(ids[entry]), object));
+  const std::vector<int64_t>& ids = list.local;
+  if (g.kind == GroupKind::kState) {
+    // The state at `hit` goes into the entry that holds the hit's last token.
+    const uint64_t entry = g.entries_for_tokens(hit) - 1;
+    if (entry >= ids.size() || ids[entry] < 0) {
+      return Status::invalid_argument("store: group '" + g.name + "' lists no block for the state at token " +
+                                      std::to_string(hit) + " (entry " + std::to_string(entry) + ")");
+    }
+    return canonical.get(gi, ids[entry], 0, 0, object, memory);
+  }
+  // Object j holds tokens [j * H, (j + 1) * H), of which the rank has those
+  // before skip.
+  const uint64_t first = std::max(j * H, skip), end = (j + 1) * H;
+  const BlockSlot slot = g.slot_of_token(first);
+  if (slot.entry >= ids.size() || ids[slot.entry] < 0 || static_cast<uint64_t>(ids[slot.entry]) >= g.num_blocks) {
+    return Status::invalid_argument("store: get group '" + g.name + "': entry " + std::to_string(slot.entry) +
+                                    " of the block list is missing, -1 or past num_blocks");
+  }
+  return canonical.get(gi, ids[slot.entry], slot.token, slot.token + (end - first), object, memory);
 }
 
 Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory,
@@ -165,7 +172,7 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
     return Status::invalid_argument("store: request.num_tokens " + std::to_string(request.num_tokens) +
                                     " exceeds the " + std::to_string(tokens.size()) + " tokens given");
   }
-  if (copy) KVB_RETURN_IF_ERROR(store_internal::check_memory(layout, memory));
+  if (copy) KVB_RETURN_IF_ERROR(check_memory(layout, memory).with_context("store"));
   const std::vector<BlockHash> hashes = chain_hashes(seed, H, tokens.first(request.num_tokens));
   uint64_t in_redis = 0;
   KVB_ASSIGN_OR_RETURN(std::vector<GroupPresence> pres, presence(hashes, &in_redis));
@@ -218,13 +225,16 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
         targets.push_back({key(stored[o], hashes, needed[o][x]), canonical.geometry(stored[o]).object_bytes,
                            &data[o][x]});
       }
-      // Copy each promoted object into the rank as it arrives, from cache,
-      // on the fast path (the rest is copied below).
+      // Copy each promoted object into the rank as it arrives, from cache
+      // (one that cannot be copied is left to the copy below, which reports
+      // why).
       auto ready = [&](size_t i, const uint8_t* bytes) {
         const auto [o, x] = fetch[i];
-        if (const int64_t n = copy_out_fast(stored[o], request, skip, needed[o][x], memory, bytes); n >= 0) {
+        Result<const GroupBlocks*> list = blocks(request, stored[o]);
+        if (!list.ok()) return;
+        if (Result<uint64_t> n = copy_out(stored[o], **list, skip, hit, needed[o][x], memory, bytes); n.ok()) {
           early[o][x] = 1;
-          result.bytes_copied += static_cast<uint64_t>(n);
+          result.bytes_copied += *n;
         }
       };
       Promotion sink(*s, H, targets, copy ? std::function<void(size_t, const uint8_t*)>(ready) : nullptr);
@@ -254,59 +264,20 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
   for (size_t o = 0; o < stored.size() && st.ok(); ++o) {
     if (needed[o].empty()) continue;
     const size_t gi = stored[o];
-    const Group& g = layout.groups[gi];
     Result<const GroupBlocks*> list = blocks(request, gi);
     if (!list.ok()) {
       st = list.error();
       break;
     }
-    if (g.kind != GroupKind::kState && skip % H == 0) {
-      // The fast path: cached per-object plans (canonical.h).
-      const std::vector<int64_t>& ids = (*list)->local;
-      size_t x = 0;
-      for (; x < needed[o].size(); ++x) {
-        if (early[o][x]) continue;  // copied as it arrived from Redis
-        const int64_t n = copy_out_fast(gi, request, skip, needed[o][x], memory, data[o][x]);
-        if (n >= 0) {
-          result.bytes_copied += static_cast<uint64_t>(n);
-          continue;
-        }
-        const uint64_t entry = needed[o][x] * H / g.block_tokens;
-        if (entry >= ids.size() || ids[entry] < 0 || static_cast<uint64_t>(ids[entry]) >= g.num_blocks) {
-          st = Status::invalid_argument("store: get group '" + g.name + "': entry " + std::to_string(entry) +
-                                        " of the block list is missing, -1 or past num_blocks");
-        }
-        break;  // an error, or no cached plan applies
+    for (size_t x = 0; x < needed[o].size() && st.ok(); ++x) {
+      if (early[o][x]) continue;  // copied as it arrived from Redis
+      Result<uint64_t> n = copy_out(gi, **list, skip, hit, needed[o][x], memory, data[o][x]);
+      if (n.ok()) {
+        result.bytes_copied += *n;
+      } else {
+        st = n.error();
       }
-      if (!st.ok()) break;
-      if (x == needed[o].size()) continue;
-      // Not affine: plan below (rewrites the same bytes).
     }
-    Request sub;
-    GroupBlocks& gb = sub.blocks[g.name];
-    sub.num_tokens = hit;
-    const uint64_t a = needed[o].front(), k = needed[o].size();
-    if (g.kind == GroupKind::kState) {
-      const uint64_t entry = (hit + g.block_tokens - 1) / g.block_tokens - 1;
-      if (entry >= (*list)->local.size() || (*list)->local[entry] < 0) {
-        st = Status::invalid_argument("store: group '" + g.name + "' lists no block for the state at token " +
-                                      std::to_string(hit) + " (entry " + std::to_string(entry) + ")");
-        break;
-      }
-      gb.local = {(*list)->local[entry]};
-      gb.remote = {0};
-    } else {
-      sub.skip_tokens = skip;
-      gb.local = truncated((*list)->local, hit, g.block_tokens);
-      gb.remote = canonical_ids(a, k);
-    }
-    const Layout& src = canonical.read_view(gi, k);
-    Result<Plan> p = plan(canonical.rank_view(gi), std::span<const Layout>(&src, 1), sub);
-    if (!p.ok()) {
-      st = p.error().with_context("store: get group '" + g.name + "'");
-      break;
-    }
-    result.bytes_copied += store_internal::copy_from_objects(*p, memory, data[o], canonical.geometry(gi).object_bytes);
   }
   unpin_all();
   if (!st.ok()) return st;

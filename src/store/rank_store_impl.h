@@ -49,28 +49,20 @@ struct RankStore::Impl {
   }
   Result<PutResult> put(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory);
   // Copies the rank's part of each item from `memory` into item.data.
-  Status copy_in(size_t gi, const GroupBlocks& list, std::span<const Item> items, TensorMemory memory,
+  Status copy_in(size_t gi, const GroupBlocks& list, std::span<const Item> items, ConstTensorMemory memory,
                  uint64_t* copied);
-  Status put_in_process(size_t gi, const GroupBlocks& list, TensorMemory memory,
+  Status put_in_process(size_t gi, const GroupBlocks& list, ConstTensorMemory memory,
                         const std::vector<BlockHash>& hashes, std::span<const store_internal::Selected> selected,
                         PutResult* result);
-  Status put_parts(size_t gi, const GroupBlocks& list, TensorMemory memory, const std::vector<BlockHash>& hashes,
+  Status put_parts(size_t gi, const GroupBlocks& list, ConstTensorMemory memory, const std::vector<BlockHash>& hashes,
                    std::span<const store_internal::Selected> selected, PutResult* result);
   Result<std::vector<store_internal::GroupPresence>> presence(const std::vector<BlockHash>& hashes, uint64_t* redis_found);
   Result<GetResult> get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory, bool copy);
-  // Copies object j of group gi into the rank with its cached per-object
-  // plan. Returns the bytes copied, or -1 when that path does not apply
-  // (then the get's general copy does it, or reports the error).
-  int64_t copy_out_fast(size_t gi, const Request& request, uint64_t skip, uint64_t j, TensorMemory memory,
-                        const uint8_t* object);
+  // Copies what the rank lacks of object j of group gi (hash block j, or the
+  // state at `hit`) into the rank block its list names. Returns the bytes
+  // copied; kInvalidArgument when the list names no block for it.
+  Result<uint64_t> copy_out(size_t gi, const GroupBlocks& list, uint64_t skip, uint64_t hit, uint64_t j,
+                            TensorMemory memory, const uint8_t* object);
 };
 
-namespace store_internal {
-
-// The rank block list covering tokens [0, end): its first ceil(end / bt) ids.
-std::vector<int64_t> truncated(const std::vector<int64_t>& ids, uint64_t end, uint64_t bt);
-// Canonical ids for objects [a, a + k): -1 before, then 0..k-1.
-std::vector<int64_t> canonical_ids(uint64_t a, uint64_t k);
-
-}  // namespace store_internal
 }  // namespace kvbridge

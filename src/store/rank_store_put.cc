@@ -1,87 +1,34 @@
 // One rank's puts: see kvbridge/store.h, docs/store.md and rank_store.cc.
 //
 // A put selects the hash blocks of each stored group (selection.h) and copies
-// the rank's head slice of each into an object-sized buffer through a plan
-// from its layout into the canonical write view. In process
+// the rank's part of each into an object-sized buffer (Canonical::put: a plan
+// template from its layout into the canonical write view). In process
 // (Assembly::kInProcess) the buffers are staging buffers that every rank of
 // the instance fills; the put that completes one publishes it into the memory
 // tier and then through to Redis. With Assembly::kShared the buffers are
 // scratch, and the rank writes its part into Redis, where the last part
 // publishes the object.
 #include <algorithm>
-#include <cstring>
-#include <numeric>
 #include <string>
 
-#include "kvbridge/plan.h"
 #include "store/object.h"
 #include "store/rank_store_impl.h"
 
 namespace kvbridge {
 
-using store_internal::canonical_ids;
-using store_internal::truncated;
-
-namespace store_internal {
-
-std::vector<int64_t> truncated(const std::vector<int64_t>& ids, uint64_t end, uint64_t bt) {
-  const uint64_t n = std::min<uint64_t>(ids.size(), (end + bt - 1) / bt);
-  return std::vector<int64_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
-}
-
-std::vector<int64_t> canonical_ids(uint64_t a, uint64_t k) {
-  std::vector<int64_t> ids(a + k, -1);
-  std::iota(ids.begin() + static_cast<std::ptrdiff_t>(a), ids.end(), int64_t{0});
-  return ids;
-}
-
-}  // namespace store_internal
-
-Status RankStore::Impl::copy_in(size_t gi, const GroupBlocks& list, std::span<const Item> items, TensorMemory memory,
-                                uint64_t* copied) {
+Status RankStore::Impl::copy_in(size_t gi, const GroupBlocks& list, std::span<const Item> items,
+                                ConstTensorMemory memory, uint64_t* copied) {
   const Group& g = layout.groups[gi];
-  const auto& geo = canonical.geometry(gi);
-  // The fast path: one cached plan per object position (canonical.h).
-  size_t done = 0;
-  for (; done < items.size(); ++done) {
-    const Item& it = items[done];
-    const uint64_t phase = g.kind == GroupKind::kState ? 0 : (it.j * H % g.block_tokens) / H;
-    const store_internal::ObjectPlan* op = canonical.object_plan(gi, true, phase);
-    if (op == nullptr) break;
-    const int64_t b = g.kind == GroupKind::kState ? it.state_id : list.local[it.j * H / g.block_tokens];
-    if (b < 0 || static_cast<uint64_t>(b) >= g.num_blocks) {
-      return Status::out_of_range("store: put group '" + g.name + "': block id " + std::to_string(b) +
-                                  " is not below num_blocks " + std::to_string(g.num_blocks));
-    }
-    *copied += store_internal::put_object(*op, memory, static_cast<uint64_t>(b), it.data, geo.skip);
-  }
-  // Otherwise one plan per run of consecutive objects (per object for state
-  // and sliding-window groups: the plan cuts a window to the run's last
-  // tokens, and a state plan moves one state).
-  const bool per_object = g.kind != GroupKind::kAttention;
-  for (size_t i = done; i < items.size();) {
-    size_t e = i + 1;
-    while (!per_object && e < items.size() && items[e].j == items[e - 1].j + 1) ++e;
-    const uint64_t a = items[i].j, k = e - i;
-    Request sub;
-    GroupBlocks& gb = sub.blocks[g.name];
-    if (g.kind == GroupKind::kState) {
-      sub.num_tokens = (a + 1) * H;
-      gb.local = {0};
-      gb.remote = {items[i].state_id};
-    } else {
-      sub.num_tokens = (a + k) * H;
-      sub.skip_tokens = a * H;
-      gb.local = canonical_ids(a, k);
-      gb.remote = truncated(list.local, sub.num_tokens, g.block_tokens);
-    }
-    const Layout& view = canonical.rank_view(gi);
-    Result<Plan> p = plan(canonical.write_view(gi, k), std::span<const Layout>(&view, 1), sub);
-    if (!p.ok()) return p.error().with_context("store: put group '" + g.name + "'");
-    std::vector<uint8_t*> bufs;
-    for (size_t x = i; x < e; ++x) bufs.push_back(items[x].data);
-    *copied += store_internal::copy_into_objects(*p, memory, bufs, geo.object_bytes, geo.skip);
-    i = e;
+  for (const Item& it : items) {
+    // Hash block j is tokens [j * H, (j + 1) * H), whose entry selection
+    // found listed; a state item names its block.
+    const BlockSlot slot = g.slot_of_token(it.j * H);
+    Result<uint64_t> n =
+        g.kind == GroupKind::kState
+            ? canonical.put(gi, it.state_id, 0, 0, memory, it.data)
+            : canonical.put(gi, list.local[slot.entry], slot.token, slot.token + H, memory, it.data);
+    if (!n.ok()) return n.error();
+    *copied += *n;
   }
   return Status();
 }
@@ -92,7 +39,8 @@ Result<PutResult> RankStore::Impl::put(std::span<const uint32_t> tokens, const R
     return Status::invalid_argument("store: request.num_tokens " + std::to_string(request.num_tokens) +
                                     " exceeds the " + std::to_string(tokens.size()) + " tokens given");
   }
-  KVB_RETURN_IF_ERROR(store_internal::check_memory(layout, memory));
+  KVB_RETURN_IF_ERROR(check_memory(layout, memory).with_context("store"));
+  const std::vector<std::span<const uint8_t>> rank(memory.begin(), memory.end());
   const std::vector<BlockHash> hashes = chain_hashes(seed, H, tokens.first(request.num_tokens));
   PutResult result;
   for (size_t gi : stored) {
@@ -100,15 +48,15 @@ Result<PutResult> RankStore::Impl::put(std::span<const uint32_t> tokens, const R
     KVB_ASSIGN_OR_RETURN(auto selected, store_internal::select_blocks(layout.groups[gi], list->local,
                                                                       request.num_tokens, request.skip_tokens, H));
     if (shared_assembly()) {
-      KVB_RETURN_IF_ERROR(put_parts(gi, *list, memory, hashes, selected, &result));
+      KVB_RETURN_IF_ERROR(put_parts(gi, *list, rank, hashes, selected, &result));
     } else {
-      KVB_RETURN_IF_ERROR(put_in_process(gi, *list, memory, hashes, selected, &result));
+      KVB_RETURN_IF_ERROR(put_in_process(gi, *list, rank, hashes, selected, &result));
     }
   }
   return result;
 }
 
-Status RankStore::Impl::put_in_process(size_t gi, const GroupBlocks& list, TensorMemory memory,
+Status RankStore::Impl::put_in_process(size_t gi, const GroupBlocks& list, ConstTensorMemory memory,
                                        const std::vector<BlockHash>& hashes,
                                        std::span<const store_internal::Selected> selected, PutResult* result) {
   const auto& geo = canonical.geometry(gi);
@@ -208,7 +156,7 @@ Status RankStore::Impl::put_in_process(size_t gi, const GroupBlocks& list, Tenso
 // right after), then writes its byte ranges and its part bit; Redis publishes
 // the object when the last part lands. Nothing enters the memory tier: it
 // holds whole objects only, and a get promotes the whole object from Redis.
-Status RankStore::Impl::put_parts(size_t gi, const GroupBlocks& list, TensorMemory memory,
+Status RankStore::Impl::put_parts(size_t gi, const GroupBlocks& list, ConstTensorMemory memory,
                                   const std::vector<BlockHash>& hashes,
                                   std::span<const store_internal::Selected> selected, PutResult* result) {
   const auto& geo = canonical.geometry(gi);

@@ -20,13 +20,14 @@ Result<std::vector<Selected>> select_blocks(const Group& g, std::span<const int6
   if (!g.prefix_cacheable || !g.transfer || g.kind == GroupKind::kScratch) return out;
   const uint64_t n = num_tokens / H;
   const uint64_t bt = g.block_tokens;
-  const uint64_t needed = (num_tokens + bt - 1) / bt;
+  const uint64_t needed = g.entries_for_tokens(num_tokens);
   if (ids.size() < needed) {
     return Status::invalid_argument("store: group '" + g.name + "': " + std::to_string(ids.size()) +
                                     " block ids for " + std::to_string(num_tokens) + " tokens of " +
                                     std::to_string(bt) + "-token blocks (need " + std::to_string(needed) + ")");
   }
-  auto listed = [&](uint64_t j) { return ids[j * H / bt] >= 0; };
+  // Hash block j starts at token j * H.
+  auto listed = [&](uint64_t j) { return ids[g.slot_of_token(j * H).entry] >= 0; };
   switch (g.kind) {
     case GroupKind::kAttention:
       for (uint64_t j = skip_tokens / H; j < n; ++j) {

@@ -34,7 +34,7 @@ struct Instance {
     const uint64_t per_group = (max_tokens + g.block_tokens - 1) / g.block_tokens;
     const Layout probe = preset(name, g.tp, 0, g.block_tokens, 1, g.order);
     uint64_t num_blocks = 2 + per_group;
-    if (testing::has_overlay(probe)) {
+    if (has_overlay(probe)) {
       stride = static_cast<int64_t>(per_group);
       num_blocks = 2 + per_group * probe.groups.size();
     }
@@ -318,9 +318,9 @@ TEST(StoreTest, EvictionUnderPressureNeverTouchesAnObjectBeingRead) {
 namespace kvbridge {
 namespace {
 
-TEST(StoreTest, PlansEachRequestWhenNoCachedObjectPlanApplies) {
-  // With one block per group the per-object plans cannot be checked for a
-  // shift per tensor (canonical.h), so puts and gets plan whole requests.
+TEST(StoreTest, LayoutsWithOneBlockPerGroupPutAndGetExactBytes) {
+  // One block per group: the copies of objects are planned from the layouts
+  // alone, with no second block to compare with (canonical.h).
   auto store = memory_store(8);
   for (const std::string name : {"llama3-8b", "gpt-oss"}) {
     RankMemory w(preset(name, 2, 1, 16, name == "gpt-oss" ? 2 : 1));

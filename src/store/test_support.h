@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <random>
 #include <span>
 #include <vector>
@@ -66,20 +65,6 @@ inline Request make_request(const Layout& l, uint64_t num_tokens, int64_t first 
 inline Layout stored_view(Layout l) {
   for (Group& g : l.groups) g.transfer = store_internal::is_stored(g);
   return l;
-}
-
-// True when two groups of the layout share a tensor.
-inline bool has_overlay(const Layout& l) {
-  std::map<std::string, size_t> owner;
-  for (size_t gi = 0; gi < l.groups.size(); ++gi) {
-    for (const Layer& layer : l.groups[gi].layers) {
-      for (const Component& c : layer.components) {
-        auto [it, fresh] = owner.emplace(c.tensor, gi);
-        if (!fresh && it->second != gi) return true;
-      }
-    }
-  }
-  return false;
 }
 
 inline std::vector<uint32_t> tokens(uint64_t seed, uint64_t n) {

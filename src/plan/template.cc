@@ -1,0 +1,439 @@
+// Instantiating plan templates: see kvbridge/plan.h and plan/template.h.
+//
+// The common path checks the request in one pass without building strings
+// (fits()), then replays the loops with the request's ids. Only a request
+// that fails the check pays for plan() itself, which is what makes its
+// errors plan()'s, word for word.
+#include <algorithm>
+#include <string>
+
+#include "plan/emit.h"
+#include "plan/template.h"
+
+namespace kvbridge {
+namespace plan_internal {
+namespace {
+
+std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+// True when the listed ids are distinct. Ascending lists (the usual
+// allocator output) take one pass; others a bitmap over the group's blocks,
+// or a sorted copy when the blocks far outnumber the ids.
+bool distinct(std::span<const int64_t> ids, uint64_t num_blocks, std::vector<uint64_t>& scratch) {
+  if (listed_ascending(ids)) return true;
+  if (num_blocks / 64 <= 4 * ids.size() + 1024) {
+    scratch.assign(num_blocks / 64 + 1, 0);
+    for (int64_t id : ids) {
+      if (id < 0) continue;
+      const uint64_t bit = uint64_t{1} << (id % 64);
+      uint64_t& word = scratch[static_cast<uint64_t>(id) / 64];
+      if (word & bit) return false;
+      word |= bit;
+    }
+    return true;
+  }
+  scratch.clear();
+  for (int64_t id : ids) {
+    if (id >= 0) scratch.push_back(static_cast<uint64_t>(id));
+  }
+  std::sort(scratch.begin(), scratch.end());
+  return std::adjacent_find(scratch.begin(), scratch.end()) == scratch.end();
+}
+
+// One list against its shape: the length, -1 exactly where the shape has
+// -1, every other id a block of the group.
+bool list_fits(std::span<const int64_t> ids, const std::vector<bool>& listed, uint64_t num_blocks) {
+  if (ids.size() != listed.size()) return false;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (listed[i] ? ids[i] < 0 || static_cast<uint64_t>(ids[i]) >= num_blocks : ids[i] != -1) return false;
+  }
+  return true;
+}
+
+// True when `r` fits the shape and its ids are in range and distinct per
+// list. Then plan() accepts it: everything else plan() checks depends on the
+// shape only, and create() planned the shape. Fills `lists` with each
+// group's local and remote list, in shape order.
+bool fits(const PlanTemplate::Impl& t, const Request& r, std::vector<std::span<const int64_t>>& lists,
+          std::vector<uint64_t>& scratch) {
+  if (r.num_tokens != t.shape.num_tokens || r.skip_tokens != t.shape.skip_tokens) return false;
+  if (r.blocks.size() != t.shape.groups.size()) return false;
+  lists.clear();
+  auto shape = t.shape.groups.begin();
+  auto group = t.groups.begin();
+  for (const auto& [name, blocks] : r.blocks) {
+    if (name != shape->first) return false;
+    if (!list_fits(blocks.local, shape->second.local, group->local_blocks) ||
+        !list_fits(blocks.remote, shape->second.remote, group->remote_blocks) ||
+        !distinct(blocks.local, group->local_blocks, scratch) ||
+        !distinct(blocks.remote, group->remote_blocks, scratch)) {
+      return false;
+    }
+    lists.emplace_back(blocks.local);
+    lists.emplace_back(blocks.remote);
+    ++shape;
+    ++group;
+  }
+  return true;
+}
+
+// The first difference between `r` and the shape.
+Status shape_difference(const RequestShape& shape, const Request& r) {
+  auto differs = [](std::string_view what, uint64_t got, uint64_t want) {
+    return Status::invalid_argument(std::string(what) + " " + std::to_string(got) + " differs from the template's " +
+                                    std::to_string(want));
+  };
+  if (r.num_tokens != shape.num_tokens) return differs("num_tokens", r.num_tokens, shape.num_tokens);
+  if (r.skip_tokens != shape.skip_tokens) return differs("skip_tokens", r.skip_tokens, shape.skip_tokens);
+  for (const auto& [name, gs] : shape.groups) {
+    auto it = r.blocks.find(name);
+    if (it == r.blocks.end()) {
+      return Status::invalid_argument("request has no block lists for group " + q(name) +
+                                      ", which the template's shape has");
+    }
+    for (int side = 0; side < 2; ++side) {
+      const std::string which = side == 0 ? "local" : "remote";
+      const std::vector<int64_t>& ids = side == 0 ? it->second.local : it->second.remote;
+      const std::vector<bool>& listed = side == 0 ? gs.local : gs.remote;
+      const std::string where = "group " + q(name) + " " + which;
+      if (ids.size() != listed.size()) {
+        return Status::invalid_argument(where + " block list has " + std::to_string(ids.size()) +
+                                        " entries, the template's shape " + std::to_string(listed.size()));
+      }
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const std::string entry = where + "[" + std::to_string(i) + "] is " + std::to_string(ids[i]);
+        if (listed[i] && ids[i] == -1) {
+          return Status::invalid_argument(entry + " but the template's shape lists a block there");
+        }
+        if (!listed[i] && ids[i] != -1) return Status::invalid_argument(entry + " but the template's shape has -1 there");
+      }
+    }
+  }
+  for (const auto& [name, blocks] : r.blocks) {
+    if (!shape.groups.contains(name)) {
+      return Status::invalid_argument("request names group " + q(name) + ", which the template's shape lacks");
+    }
+  }
+  return Status::internal("the request fits the template's shape but failed its check");
+}
+
+// The error of a request that does not pass fits(): plan()'s when plan()
+// rejects it (a request off the shape may fail anywhere in planning: a state
+// list one longer moves another block, which may alias one of another
+// group), else the first difference from the shape.
+Status request_error(const PlanTemplate::Impl& t, const Request& r) {
+  Result<Plan> planned = plan(t.local, t.remotes, r);
+  if (!planned.ok()) return planned.error();
+  return shape_difference(t.shape, r);
+}
+
+// One moving entry of a move in emission order: its local id, the id of its
+// first remote entry, and its class. The remote ids it reads
+// (TemplateMove::remote_reads of them) are gathered beside, in that order.
+struct EntryIds {
+  uint64_t local_id;
+  uint64_t remote_id;
+  uint32_t program;
+};
+
+// Where one loop's descriptors went: [begin, end) of the plan, when the loop
+// started with no earlier descriptor of its tensor (`fresh`).
+struct LoopSpan {
+  size_t begin = 0, end = 0;
+  bool fresh = false;
+  bool unordered = false;
+  std::vector<uint64_t> counts;  // descriptors per source, once a copy needed them
+};
+
+// Buffers of one instantiation.
+struct Scratch {
+  std::vector<LoopSpan> spans;
+  std::vector<uint64_t> bits_or_order;
+  std::vector<uint64_t> by_id;
+  std::vector<EntryIds> entries;
+  std::vector<int64_t> remote_ids;
+};
+
+// Emits one loop for `entries` (in emission order; `rids` holds `reads`
+// remote ids per entry), merging as plan()'s Emitter does. A loop writes one
+// local tensor, so the tensor's last descriptor is held in locals while
+// pieces merge into it, and written once, when the next one starts: a new
+// one is pushed whole, one from an earlier loop updated in place. With none,
+// its end is one no piece meets (ro0 + 0 is past every tensor) and nothing
+// starts before. kOnePiece, kOneSource, kRigid: TemplateLoop's flags.
+//
+// Why it is written so: a plan that merges little (shuffled ids) is a loop
+// that writes a descriptor per piece, and measured with perf it was bound by
+// the loop's bookkeeping, not by the stores: vector::push_back kept out of
+// line at -O2, and values spilled to the stack whose stores and reloads
+// chained the iterations. Hence flatten, few locals, and template flags for
+// what would otherwise be tested in the loop.
+template <bool kOnePiece, bool kOneSource, bool kRigid>
+[[gnu::flatten]] bool emit_loop(const TemplateLoop& loop, std::span<const EntryIds> entries, const int64_t* rids,
+                                uint32_t reads, std::vector<int64_t>& last, Plan& out, EmitOrder& order) {
+  std::vector<Descriptor>& ds = out.descriptors;
+  SourceTotals* totals = out.sources.data();
+  const uint16_t lt = loop.local_tensor;
+  const TemplatePiece* pieces = loop.pieces.data();
+  const uint32_t* program = loop.program.data();
+  // Few live values, so that the loop keeps them in registers: the held
+  // descriptor's offsets, bytes and (source, remote tensor) as one word, and
+  // where it is: kNone, kNew (not in `ds` yet) or its index in `ds`.
+  constexpr int64_t kNone = -2, kNew = -1;
+  auto route_of = [](uint16_t source, uint16_t remote_tensor) { return uint32_t{source} << 16 | remote_tensor; };
+  uint64_t lo0 = 0, ro0 = UINT64_MAX, bytes = 0;
+  uint32_t route = 0;
+  int64_t held = last[lt] >= 0 ? last[lt] : kNone;
+  bool unordered = false;
+  if (held >= 0) {
+    const Descriptor& d = ds[static_cast<size_t>(held)];
+    lo0 = d.local_offset;
+    ro0 = d.remote_offset;
+    bytes = d.bytes;
+    route = route_of(d.source, d.remote_tensor);
+  }
+  uint64_t started = 0;  // descriptors started, counted here when kOneSource
+  const size_t before = ds.size();
+  for (const EntryIds& e : entries) {
+    uint32_t x = kOnePiece ? e.program : program[e.program];
+    const uint32_t x_end = kOnePiece ? x + 1 : program[e.program + 1];
+    for (; x < x_end; ++x) {
+      const TemplatePiece& p = pieces[x];
+      const uint64_t rid = kOnePiece ? e.remote_id : static_cast<uint64_t>(rids[p.remote_entry]);
+      const uint64_t lo = p.local_offset + e.local_id * p.local_stride;
+      const uint64_t ro = p.remote_offset + rid * p.remote_stride;
+      const uint32_t r = route_of(p.source, p.remote_tensor);
+      if (lo == lo0 + bytes && ro == ro0 + bytes && r == route) {
+        bytes += p.bytes;
+      } else {
+        unordered |= lo < lo0 + bytes;
+        if (held >= 0) {
+          ds[static_cast<size_t>(held)].bytes = bytes;
+        } else if (held == kNew) {
+          ds.push_back({static_cast<uint16_t>(route >> 16), lt, static_cast<uint16_t>(route), 0, lo0, ro0, bytes});
+        }
+        held = kNew;
+        lo0 = lo;
+        ro0 = ro;
+        bytes = p.bytes;
+        route = r;
+        if (kOneSource) {
+          ++started;
+        } else {
+          ++totals[p.source].descriptors;
+        }
+      }
+      if (kRigid && x + 1 < x_end) {
+        // The entry's other pieces move with this one and are in order, none
+        // contiguous with the next on both sides: each is a new descriptor.
+        if (held >= 0) {
+          ds[static_cast<size_t>(held)].bytes = bytes;
+        } else {
+          ds.push_back({static_cast<uint16_t>(route >> 16), lt, static_cast<uint16_t>(route), 0, lo0, ro0, bytes});
+        }
+        const uint64_t dl = e.local_id * p.local_stride, dr = rid * p.remote_stride;
+        for (++x; x + 1 < x_end; ++x) {
+          const TemplatePiece& q = pieces[x];
+          ds.push_back({q.source, lt, q.remote_tensor, 0, q.local_offset + dl, q.remote_offset + dr, q.bytes});
+          if (!kOneSource) ++totals[q.source].descriptors;
+        }
+        const TemplatePiece& z = pieces[x];
+        held = kNew;
+        lo0 = z.local_offset + dl;
+        ro0 = z.remote_offset + dr;
+        bytes = z.bytes;
+        route = route_of(z.source, z.remote_tensor);
+        if (kOneSource) {
+          started += x_end - program[e.program] - 1;
+        } else {
+          ++totals[z.source].descriptors;
+        }
+        break;
+      }
+    }
+    if (!kOnePiece) rids += reads;
+  }
+  if (held >= 0) {
+    ds[static_cast<size_t>(held)].bytes = bytes;
+  } else if (held == kNew) {
+    last[lt] = static_cast<int64_t>(ds.size());
+    ds.push_back({static_cast<uint16_t>(route >> 16), lt, static_cast<uint16_t>(route), 0, lo0, ro0, bytes});
+  }
+  if (kOneSource && started > 0) totals[pieces[0].source].descriptors += started;
+  if (ds.size() > before) order.new_descriptor(lt);
+  order.unordered = order.unordered || unordered;
+  return unordered;
+}
+
+
+// Emits loop `copy` as the descriptors of the loop it copies (`original`,
+// emitted fresh at `span`) moved by its shifts.
+void copy_loop(const TemplateLoop& copy, const TemplateLoop& original, LoopSpan& span,
+               std::vector<int64_t>& last, Plan& out, EmitOrder& order) {
+  std::vector<Descriptor>& ds = out.descriptors;
+  const uint16_t lt = copy.local_tensor, rt = copy.remote_tensor;
+  const uint64_t dl = copy.local_shift, dr = copy.remote_shift;
+  // Sized first, then written through pointers: a loop the compiler keeps in
+  // registers (push_back's bookkeeping per element was most of its time).
+  const size_t n = span.end - span.begin, at = ds.size();
+  ds.resize(at + n);
+  const Descriptor* from = ds.data() + span.begin;
+  Descriptor* to = ds.data() + at;
+  for (size_t k = 0; k < n; ++k) {
+    to[k] = {from[k].source, lt, rt, 0, from[k].local_offset + dl, from[k].remote_offset + dr, from[k].bytes};
+  }
+  if (original.one_source) {
+    out.sources[original.pieces.front().source].descriptors += n;
+  } else {
+    // The original's count per source, once; then each copy adds it.
+    if (span.counts.empty()) {
+      span.counts.assign(out.sources.size(), 0);
+      for (size_t k = span.begin; k < span.end; ++k) ++span.counts[ds[k].source];
+    }
+    for (size_t src = 0; src < span.counts.size(); ++src) out.sources[src].descriptors += span.counts[src];
+  }
+  if (span.end > span.begin) {
+    last[lt] = static_cast<int64_t>(ds.size() - 1);
+    order.new_descriptor(lt);
+  }
+  order.unordered = order.unordered || span.unordered;
+}
+
+// Emits the loops of one move with the request's ids: entries in ascending
+// local block id (ids of moving entries are distinct), with the remote ids
+// each reads gathered in that order.
+void emit_move(const TemplateMove& tm, std::span<const int64_t> local_ids, std::span<const int64_t> remote_ids,
+               uint64_t num_blocks, Scratch& scratch, std::vector<int64_t>& last, Plan& out, EmitOrder& order_out) {
+  const std::span<const int64_t> lids = local_ids.subspan(tm.first_entry, tm.entry_class.size());
+  std::vector<uint64_t>& order = scratch.bits_or_order;
+  order.resize(lids.size());
+  bool ascending = true;
+  for (size_t k = 0; k < lids.size(); ++k) {
+    order[k] = k;
+    ascending = ascending && (k == 0 || lids[k] > lids[k - 1]);
+  }
+  if (!ascending && num_blocks <= 4 * lids.size() + 4096) {
+    // Few blocks per moving entry: place each entry at its id, then read
+    // the ids in order.
+    std::vector<uint64_t>& at = scratch.by_id;
+    at.assign(num_blocks, UINT64_MAX);
+    for (size_t k = 0; k < lids.size(); ++k) at[static_cast<uint64_t>(lids[k])] = k;
+    size_t x = 0;
+    for (uint64_t k : at) {
+      if (k != UINT64_MAX) order[x++] = k;
+    }
+  } else if (!ascending) {
+    for (size_t k = 0; k < lids.size(); ++k) order[k] = static_cast<uint64_t>(lids[k]) << 32 | k;
+    std::sort(order.begin(), order.end());
+    for (uint64_t& k : order) k &= UINT32_MAX;
+  }
+  const uint32_t reads = tm.remote_reads;
+  scratch.entries.resize(order.size());
+  scratch.remote_ids.assign(order.size() * reads, 0);
+  for (size_t x = 0; x < order.size(); ++x) {
+    const uint64_t k = order[x];
+    const uint64_t first = tm.remote_first[k];
+    scratch.entries[x] = {static_cast<uint64_t>(lids[k]), static_cast<uint64_t>(remote_ids[first]),
+                          tm.entry_class[k]};
+    const uint64_t n = std::min<uint64_t>(reads, remote_ids.size() - first);
+    std::copy_n(remote_ids.begin() + static_cast<std::ptrdiff_t>(first), n, scratch.remote_ids.begin() + x * reads);
+  }
+  const int64_t* rids = scratch.remote_ids.data();
+  std::vector<LoopSpan>& spans = scratch.spans;
+  spans.assign(tm.loops.size(), LoopSpan{});
+  for (size_t i = 0; i < tm.loops.size(); ++i) {
+    const TemplateLoop& loop = tm.loops[i];
+    LoopSpan& span = spans[i];
+    span.fresh = last[loop.local_tensor] < 0;
+    span.begin = out.descriptors.size();
+    if (loop.copy_of >= 0 && span.fresh && spans[static_cast<size_t>(loop.copy_of)].fresh) {
+      LoopSpan& original = spans[static_cast<size_t>(loop.copy_of)];
+      copy_loop(loop, tm.loops[static_cast<size_t>(loop.copy_of)], original, last, out, order_out);
+      span.unordered = original.unordered;
+    } else if (loop.one_piece && loop.one_source) {
+      span.unordered = emit_loop<true, true, false>(loop, scratch.entries, rids, reads, last, out, order_out);
+    } else if (loop.one_piece) {
+      span.unordered = emit_loop<true, false, false>(loop, scratch.entries, rids, reads, last, out, order_out);
+    } else if (loop.rigid && loop.one_source) {
+      span.unordered = emit_loop<false, true, true>(loop, scratch.entries, rids, reads, last, out, order_out);
+    } else if (loop.rigid) {
+      span.unordered = emit_loop<false, false, true>(loop, scratch.entries, rids, reads, last, out, order_out);
+    } else if (loop.one_source) {
+      span.unordered = emit_loop<false, true, false>(loop, scratch.entries, rids, reads, last, out, order_out);
+    } else {
+      span.unordered = emit_loop<false, false, false>(loop, scratch.entries, rids, reads, last, out, order_out);
+    }
+    span.end = out.descriptors.size();
+  }
+}
+
+Status instantiate(const PlanTemplate::Impl& t, const Request& r, Plan& out) {
+  std::vector<std::span<const int64_t>> lists;
+  Scratch scratch;
+  if (!fits(t, r, lists, scratch.bits_or_order)) return request_error(t, r);
+  if (!t.uniform) {
+    KVB_ASSIGN_OR_RETURN(out, plan(t.local, t.remotes, r));
+    return Status();
+  }
+  out.descriptors.clear();
+  out.descriptors.reserve(t.max_pieces);
+  out.sources = t.totals;
+  std::vector<int64_t> last(t.local.tensors.size(), -1);
+  EmitOrder order;
+  for (const TemplateMove& tm : t.moves) {
+    const TemplateGroup& g = t.groups[tm.group];
+    emit_move(tm, lists[2 * tm.group].subspan(g.local_entry0), lists[2 * tm.group + 1].subspan(g.remote_entry0),
+              g.local_blocks, scratch, last, out, order);
+  }
+  // Bytes written twice (overlaid groups given one id) fail as in plan(),
+  // whose message names the first overlap of its own descriptors: ask it.
+  if (!finish_plan(t.local, order, out).ok()) return request_error(t, r);
+  return Status();
+}
+
+}  // namespace
+
+PlanTemplate TemplateAccess::not_uniform(const PlanTemplate& t, std::string reason) {
+  auto copy = std::make_shared<PlanTemplate::Impl>(*t.impl_);
+  copy->uniform = false;
+  copy->fallback_reason = std::move(reason);
+  copy->moves.clear();
+  return PlanTemplate(std::move(copy));
+}
+
+}  // namespace plan_internal
+
+RequestShape shape_of(const Request& request) {
+  RequestShape s;
+  s.num_tokens = request.num_tokens;
+  s.skip_tokens = request.skip_tokens;
+  for (const auto& [name, blocks] : request.blocks) {
+    GroupShape& g = s.groups[name];
+    for (int64_t id : blocks.local) g.local.push_back(id != -1);
+    for (int64_t id : blocks.remote) g.remote.push_back(id != -1);
+  }
+  return s;
+}
+
+Result<PlanTemplate> PlanTemplate::create(const Layout& local, std::span<const Layout> remotes,
+                                          const RequestShape& shape) {
+  return plan_internal::build_template(local, remotes, shape);
+}
+
+const RequestShape& PlanTemplate::shape() const { return impl_->shape; }
+bool PlanTemplate::uniform() const { return impl_->uniform; }
+const std::string& PlanTemplate::fallback_reason() const { return impl_->fallback_reason; }
+uint64_t PlanTemplate::pieces() const { return impl_->pieces; }
+
+Result<Plan> PlanTemplate::instantiate(const Request& request) const {
+  Plan p;
+  KVB_RETURN_IF_ERROR(plan_internal::instantiate(*impl_, request, p));
+  if (p.descriptors.capacity() > p.descriptors.size() + p.descriptors.size() / 8) p.descriptors.shrink_to_fit();
+  return p;
+}
+
+Status PlanTemplate::instantiate(const Request& request, Plan* out) const {
+  return plan_internal::instantiate(*impl_, request, *out);
+}
+
+}  // namespace kvbridge

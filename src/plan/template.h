@@ -1,0 +1,111 @@
+// The state of a plan template (kvbridge/plan.h), built by
+// template_build.cc and instantiated by template.cc. Not a public header.
+//
+// Per group move (plan/internal.h) the template holds *loops*, one per unit
+// run walked block-outer or one per unit otherwise (plan/emit.h), in
+// plan()'s order. A loop visits the moving list entries in ascending local
+// block id, as plan() does, and emits for entry e the pieces of e's *class*:
+// entries with the same position range relative to their block and the same
+// alignment to remote blocks have the same pieces up to their block ids, so
+// a class program is recorded once, from a representative entry, with every
+// offset at block id 0. For entry e with local id L and remote ids R[.]:
+//
+//   local offset  = piece.local_offset  + L * piece.local_stride
+//   remote offset = piece.remote_offset + R[remote_first[e] + piece.remote_entry] * piece.remote_stride
+//
+// Thread-safety: immutable after build.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvbridge/layout.h"
+#include "kvbridge/layout_json.h"
+#include "kvbridge/plan.h"
+
+namespace kvbridge {
+namespace plan_internal {
+
+struct TemplatePiece {
+  uint64_t local_offset = 0;   // at local block id 0
+  uint64_t remote_offset = 0;  // at remote block id 0
+  uint64_t bytes = 0;
+  uint64_t local_stride = 0;   // the local offset moves by local id * local_stride
+  uint64_t remote_stride = 0;  // the remote offset moves by remote id * remote_stride
+  uint32_t remote_entry = 0;   // relative to the entry's first remote entry
+  uint16_t source = 0;
+  uint16_t remote_tensor = 0;
+  bool operator==(const TemplatePiece&) const = default;
+};
+
+struct TemplateLoop {
+  uint16_t local_tensor = 0;
+  std::vector<uint32_t> program;  // class c's pieces are [program[c], program[c + 1])
+  std::vector<TemplatePiece> pieces;
+  // Every class is one piece (pieces[c]) reading the entry's first remote
+  // entry: the common case, instantiated by a loop without an inner loop.
+  bool one_piece = false;
+  // Every piece reads one source: descriptors are counted once per loop.
+  bool one_source = false;
+  // In every class, the pieces move together (same strides, same remote
+  // entry) and come in local order, none contiguous on both sides with the
+  // next: after the first, each piece of an entry is a new descriptor.
+  bool rigid = false;
+  // A loop that is an earlier loop of its move (`copy_of`) moved by fixed
+  // offsets: the same classes, and pieces of the same bytes, strides, remote
+  // entries and sources, whose offsets all differ from that loop's by
+  // local_shift and remote_shift; every piece of each reads one remote
+  // tensor. Starting from the same state (no earlier descriptor of its
+  // tensor), it merges exactly as that loop does, so its descriptors are
+  // that loop's moved (the layers of a layer-major cache, for instance).
+  int64_t copy_of = -1;
+  uint64_t local_shift = 0, remote_shift = 0;
+  uint16_t remote_tensor = 0;  // of every piece, when copy_of >= 0 (or it is copied)
+};
+
+// One group move with moving positions.
+struct TemplateMove {
+  size_t group = 0;           // index into PlanTemplate::Impl::groups
+  uint64_t first_entry = 0;   // the move's first moving entry (move entries, see TemplateGroup)
+  std::vector<uint32_t> entry_class;  // per moving entry
+  std::vector<uint64_t> remote_first; // per moving entry: its first remote move entry
+  uint32_t remote_reads = 0;          // remote entries an entry reads at most, from its first
+  std::vector<TemplateLoop> loops;
+};
+
+// A group of the shape, in the shape's (name) order. Move entries index the
+// lists from `local_entry0`/`remote_entry0`: 0, or for a state group the
+// last entry (which holds the state that moves).
+struct TemplateGroup {
+  std::string name;
+  uint64_t local_blocks = 0, remote_blocks = 0;  // num_blocks per side
+  uint64_t local_entry0 = 0, remote_entry0 = 0;
+};
+
+struct TemplateAccess {
+  static const PlanTemplate::Impl& impl(const PlanTemplate& t) { return *t.impl_; }
+  static PlanTemplate make(std::shared_ptr<const PlanTemplate::Impl> impl) { return PlanTemplate(std::move(impl)); }
+  // For tests of the fallback path: a copy of `t` that is not uniform.
+  static PlanTemplate not_uniform(const PlanTemplate& t, std::string reason);
+};
+
+// PlanTemplate::create().
+Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape);
+
+}  // namespace plan_internal
+
+struct PlanTemplate::Impl {
+  Layout local;                 // copies of create()'s layouts: for plan()'s
+  std::vector<Layout> remotes;  // error messages, and the fallback
+  RequestShape shape;
+  bool uniform = true;
+  std::string fallback_reason;
+  std::vector<plan_internal::TemplateGroup> groups;
+  std::vector<plan_internal::TemplateMove> moves;  // in plan()'s (local group) order
+  std::vector<SourceTotals> totals;  // per source: tp_rank and bytes (fixed by the shape)
+  uint64_t max_pieces = 0;           // pieces emitted when nothing merges
+  uint64_t pieces = 0;               // pieces held
+};
+
+}  // namespace kvbridge
