@@ -91,10 +91,7 @@ class WorkerImpl final : public ConnectorWorker {
   }
 
   Status init(std::span<const std::span<uint8_t>> tensors) {
-    if (tensors.size() != layout_.tensors.size()) {
-      return Status::invalid_argument("memory for " + std::to_string(tensors.size()) + " tensors given, the layout has " +
-                                      std::to_string(layout_.tensors.size()));
-    }
+    KVB_RETURN_IF_ERROR(check_memory(layout_, tensors));
     connector::RankInfo info;
     info.instance_id = options_.instance_id;
     info.rank = layout_.tp_rank;
@@ -102,11 +99,6 @@ class WorkerImpl final : public ConnectorWorker {
     info.pid = static_cast<int32_t>(::getpid());
     info.layout_json = to_json(layout_, -1);
     for (size_t t = 0; t < tensors.size(); ++t) {
-      if (tensors[t].size() != layout_.tensors[t].bytes) {
-        return Status::invalid_argument("memory for tensor '" + layout_.tensors[t].name + "' is " +
-                                        std::to_string(tensors[t].size()) + " bytes, the layout says " +
-                                        std::to_string(layout_.tensors[t].bytes));
-      }
       KVB_ASSIGN_OR_RETURN(RegionId id, engine_.register_memory(tensors[t].data(), tensors[t].size(),
                                                                 layout_.tensors[t].memory, options_.remote_access));
       regions_.push_back(id);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/text.h"
 #include "kvbridge/layout.h"
 
 namespace kvbridge {
@@ -41,7 +42,6 @@ std::vector<const Group*> groups_by_name(const Layout& l) {
   return gs;
 }
 
-std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 template <typename T>
 Status differs(const std::string& where, std::string_view field, const T& a, const T& b) {

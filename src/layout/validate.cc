@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/checked.h"
+#include "common/text.h"
 #include "kvbridge/layout.h"
 
 namespace kvbridge {
@@ -15,7 +16,6 @@ namespace {
 // the cheap nesting proof below fails.
 constexpr uint64_t kMaxExactOverlapCells = uint64_t{1} << 22;
 
-std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 // Well-formed UTF-8 (no overlong forms, surrogates or code points past
 // U+10FFFF), so that every valid layout has a JSON form.

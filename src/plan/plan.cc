@@ -13,13 +13,13 @@
 #include <numeric>
 #include <string>
 
+#include "common/text.h"
 #include "plan/emit.h"
 
 namespace kvbridge {
 namespace plan_internal {
 namespace {
 
-std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 Side make_side(const Layout& layout, const Component& c) {
   Side s;

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <string>
 
+#include "common/text.h"
 #include "plan/internal.h"
 
 namespace kvbridge::plan_internal {
 namespace {
 
-std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
 

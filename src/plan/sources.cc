@@ -2,11 +2,11 @@
 #include <algorithm>
 #include <string>
 
+#include "common/text.h"
 #include "plan/internal.h"
 
 namespace kvbridge::plan_internal {
 namespace {
-std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 }  // namespace
 
 Result<std::vector<uint16_t>> check_remotes(const Layout& local, std::span<const Layout> remotes) {

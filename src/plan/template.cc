@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/text.h"
 #include "plan/emit.h"
 #include "plan/template.h"
 
@@ -14,7 +15,6 @@ namespace kvbridge {
 namespace plan_internal {
 namespace {
 
-std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 // True when the listed ids are distinct. Ascending lists (the usual
 // allocator output) take one pass; others a bitmap over the group's blocks,

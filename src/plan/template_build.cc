@@ -18,6 +18,7 @@
 #include <map>
 #include <string>
 
+#include "common/text.h"
 #include "plan/emit.h"
 #include "plan/template.h"
 
@@ -25,7 +26,6 @@ namespace kvbridge {
 namespace plan_internal {
 namespace {
 
-std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 // Appends `p` to `pieces`, as one piece with the last when the two move
 // together (same entries and strides on both sides, same source and remote

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/text.h"
 #include "kvbridge/verify.h"
 #include "plan/moving.h"
 
@@ -26,7 +27,6 @@ using plan_internal::moving_positions;
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kFinalState = ~uint64_t{0};
 
-std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 // The pattern of a cell: a function of its semantic coordinate only.
 struct Coordinate {

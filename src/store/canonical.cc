@@ -11,13 +11,13 @@
 #include <algorithm>
 #include <string>
 
+#include "common/text.h"
 #include "kvbridge/execute.h"
 #include "kvbridge/store_key.h"
 
 namespace kvbridge::store_internal {
 namespace {
 
-std::string q(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 bool token_indexed(GroupKind k) { return k != GroupKind::kState; }
 
