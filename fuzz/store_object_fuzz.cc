@@ -38,6 +38,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       copy[64 + data[24] % (copy.size() - 64)] ^= 0x5a;
       if (check_object(copy, key, copy.size(), hash_block_tokens).ok()) __builtin_trap();
     }
+    // Assembled from parts: untrusted until the shared tier's checksum is in
+    // (as the completing script writes it); then a flipped byte fails too.
+    write_part_header(copy.data(), key, copy.size(), hash_block_tokens);
+    if (check_object(copy, key, copy.size(), hash_block_tokens).ok()) __builtin_trap();
+    assembled_checksum(copy.data() + 64, copy.size() - 64, copy.data() + 40);
+    copy[48] |= kFlagAssembledChecksum;
+    if (!check_object(copy, key, copy.size(), hash_block_tokens).ok()) __builtin_trap();
+    if (copy.size() > 64) {
+      copy[64 + data[23] % (copy.size() - 64)] ^= 0x21;
+      if (check_object(copy, key, copy.size(), hash_block_tokens).ok()) __builtin_trap();
+    }
   }
   return 0;
 }

@@ -1,6 +1,8 @@
 // Store object header: see object.h.
 #include "store/object.h"
 
+#include <openssl/sha.h>
+
 #include <xxhash.h>
 
 #include <cstring>
@@ -49,6 +51,12 @@ bool has_checksum(const uint8_t* o) { return (get_le(o + 48, 4) & kFlagChecksum)
 
 uint64_t payload_checksum(const uint8_t* payload, uint64_t bytes) { return XXH3_64bits(payload, bytes); }
 
+void assembled_checksum(const uint8_t* payload, uint64_t bytes, uint8_t out[8]) {
+  uint8_t digest[SHA_DIGEST_LENGTH];
+  ::SHA1(payload, bytes, digest);
+  std::memcpy(out, digest, 8);
+}
+
 Status check_object(std::span<const uint8_t> o, const ObjectKey& key, uint64_t object_bytes, uint64_t H,
                     const uint64_t* payload_hash) {
   auto bad = [&](const std::string& what) {
@@ -65,10 +73,16 @@ Status check_object(std::span<const uint8_t> o, const ObjectKey& key, uint64_t o
   }
   if (get_le(o.data() + 32, 8) != object_bytes) return bad("header size differs");
   if (get_le(o.data() + 52, 4) != (H & 0xffffffffu)) return bad("hash_block_tokens differs");
-  if (get_le(o.data() + 48, 4) & kFlagChecksum) {
+  const uint64_t flags = get_le(o.data() + 48, 4);
+  if (flags & kFlagChecksum) {
     const uint64_t sum =
         payload_hash ? *payload_hash : XXH3_64bits(o.data() + kHeaderBytes, object_bytes - kHeaderBytes);
     if (sum != get_le(o.data() + 40, 8)) return bad("payload checksum mismatch");
+  } else if (flags & kFlagAssembled) {
+    if (!(flags & kFlagAssembledChecksum)) return bad("assembled without its checksum");
+    uint8_t sum[8];
+    assembled_checksum(o.data() + kHeaderBytes, object_bytes - kHeaderBytes, sum);
+    if (std::memcmp(sum, o.data() + 40, 8) != 0) return bad("assembled payload checksum mismatch");
   }
   return Status();
 }

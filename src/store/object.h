@@ -16,9 +16,13 @@ namespace kvbridge::store_internal {
 
 inline constexpr uint32_t kObjectVersion = 1;
 inline constexpr uint32_t kFlagChecksum = 1;
-// Assembled in the shared tier from the parts of several ranks: no checksum
-// (no rank has the whole payload); bytes 56..63 are the part bitmap.
+// Assembled in the shared tier from the parts of several ranks; bytes
+// 56..63 are the part bitmap. No rank has the whole payload, so the shared
+// tier writes its checksum when the last part is in: kFlagAssembledChecksum,
+// the first 8 bytes of SHA-1 of the payload at offset 40. An assembled
+// object without it is not trusted (a miss).
 inline constexpr uint32_t kFlagAssembled = 2;
+inline constexpr uint32_t kFlagAssembledChecksum = 4;
 // The part bitmap of an assembled object: header bytes [56, 64), part r is
 // bit 0x80 >> (r % 8) of byte 56 + r / 8 (Redis SETBIT numbering), so at most
 // 64 parts.
@@ -41,9 +45,14 @@ bool has_checksum(const uint8_t* object);
 // XXH3-64 of a payload, the checksum of the header.
 uint64_t payload_checksum(const uint8_t* payload, uint64_t bytes);
 
+// The first 8 bytes of SHA-1 of a payload, as an assembled object's header
+// holds them (what the shared tier writes when it completes the object).
+void assembled_checksum(const uint8_t* payload, uint64_t bytes, uint8_t out[8]);
+
 // OK when `object` is the object `key` of `object_bytes` bytes for hash
-// blocks of `hash_block_tokens`, with a matching checksum when it has one;
-// otherwise kInvalidArgument naming the field. `payload_hash`, when given, is
+// blocks of `hash_block_tokens`, with a matching checksum when it has one
+// (an assembled object must have one); otherwise kInvalidArgument naming the
+// field. `payload_hash`, when given, is
 // the payload's checksum computed by the caller (as the bytes arrived).
 Status check_object(std::span<const uint8_t> object, const ObjectKey& key, uint64_t object_bytes,
                     uint64_t hash_block_tokens, const uint64_t* payload_hash = nullptr);

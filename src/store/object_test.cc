@@ -46,12 +46,35 @@ TEST(StoreObjectTest, AWrittenHeaderChecksAndAChangedByteFails) {
   EXPECT_FALSE(check_object(object, key_of(43, 3), object.size(), 16).ok());
 }
 
+TEST(StoreObjectTest, AnAssembledObjectIsTrustedOnlyWithTheSharedTiersChecksum) {
+  const ObjectKey key = key_of(7, 0);
+  std::vector<uint8_t> object(64 + 300, 0x42);
+  write_part_header(object.data(), key, object.size(), 16);
+  Status s = check_object(object, key, object.size(), 16);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.to_string().find("assembled without its checksum"), std::string::npos) << s.to_string();
+  // What the completing script writes: SHA-1's first 8 bytes, flag bit 2.
+  assembled_checksum(object.data() + 64, object.size() - 64, object.data() + 40);
+  object[48] |= kFlagAssembledChecksum;
+  EXPECT_TRUE(check_object(object, key, object.size(), 16).ok());
+  // SHA-1 of 300 bytes of 0x42, as Redis's redis.sha1hex and Python's
+  // hashlib give it: 3e71285c3d3ef255...
+  const uint8_t expected[8] = {0x3e, 0x71, 0x28, 0x5c, 0x3d, 0x3e, 0xf2, 0x55};
+  EXPECT_EQ(std::memcmp(object.data() + 40, expected, 8), 0);
+  object[64 + 299] ^= 0x04;
+  s = check_object(object, key, object.size(), 16);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.to_string().find("assembled payload checksum mismatch"), std::string::npos) << s.to_string();
+}
+
 TEST(StoreObjectTest, SeedCorpusObjectsCheck) {
   const ObjectKey key = key_of(0x691fb1bfc4fd924bull, 1);
   std::vector<uint8_t> checksummed(64 + 512, 0x5a);
   write_header(checksummed.data(), key, checksummed.size(), 16, true);
   std::vector<uint8_t> assembled(64 + 128, 0x33);
   write_part_header(assembled.data(), key, assembled.size(), 16);
+  assembled_checksum(assembled.data() + 64, assembled.size() - 64, assembled.data() + 40);
+  assembled[48] |= kFlagAssembledChecksum;
   const kvbridge::testing::Seeds seeds = {
       {"checksummed.bin", input(key, 15, 0, true, checksummed)},
       {"assembled.bin", input(key, 15, 0, true, assembled)},

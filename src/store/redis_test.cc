@@ -13,11 +13,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "kvbridge/store.h"
+#include "store/object.h"
 #include "store/redis_tier.h"
 #include "store/test_support.h"
 #include "testing/redis_server.h"
@@ -357,6 +359,51 @@ TEST_F(RedisStoreTest, ACorruptObjectIsAMiss) {
   EXPECT_EQ(get_all(rc, t, 64, 4), 16u);
   EXPECT_EQ(c->stats().redis_bad_objects, 2u) << "the cut one and the corrupt one";
   EXPECT_EQ(c->stats().redis_errors, 0u);
+}
+
+TEST_F(RedisStoreTest, AnAssembledObjectCarriesTheChecksumRedisWroteAndACorruptOneIsAMiss) {
+  const std::vector<uint32_t> t = tokens(81, 64);
+  const pid_t a = spawn([&] { return put_rank(this, 2, 0, t, 64, 4); });
+  const pid_t b = spawn([&] { return put_rank(this, 2, 1, t, 64, 4); });
+  ASSERT_TRUE(wait_ok(a));
+  ASSERT_TRUE(wait_ok(b));
+  auto s = store();
+  auto r = ranks(s, 1, 16);
+  store_internal::RedisTier tier(*s->options().redis);
+  const std::string key = ObjectKey{r[0].store.hashes(t)[1], 0}.text(s->options().redis->key_prefix);
+  std::vector<std::string> get = {"GET", key};
+  Result<std::string> v = tier.command(get);
+  ASSERT_TRUE(v.ok());
+  // The header of the assembled object has its checksum flag and the first
+  // 8 bytes of SHA-1 of its payload, as the completing script wrote them.
+  const auto* o = reinterpret_cast<const uint8_t*>(v->data());
+  EXPECT_EQ(o[48] & (store_internal::kFlagAssembled | store_internal::kFlagAssembledChecksum),
+            store_internal::kFlagAssembled | store_internal::kFlagAssembledChecksum);
+  uint8_t sum[8];
+  store_internal::assembled_checksum(o + store_internal::kHeaderBytes, v->size() - store_internal::kHeaderBytes, sum);
+  EXPECT_EQ(std::memcmp(sum, o + 40, 8), 0);
+  EXPECT_EQ(get_all(r, t, 64, 5), 64u);
+  EXPECT_EQ(s->stats().redis_bad_objects, 0u);
+  // Four bytes of the payload changed in Redis: the second block is a miss
+  // (a hit stops at the first block), counted, not wrong bytes.
+  std::vector<std::string> poke = {"SETRANGE", key, std::to_string(v->size() - 100), "XXXX"};
+  ASSERT_TRUE(tier.command(poke).ok());
+  auto c = store();
+  auto rc = ranks(c, 1, 16);
+  EXPECT_EQ(get_all(rc, t, 64, 5), 16u);
+  EXPECT_EQ(c->stats().redis_bad_objects, 1u);
+  // An assembled object whose checksum flag was cleared is not trusted either.
+  const std::string key0 = ObjectKey{r[0].store.hashes(t)[0], 0}.text(s->options().redis->key_prefix);
+  std::vector<std::string> get0 = {"GET", key0};
+  Result<std::string> v0 = tier.command(get0);
+  ASSERT_TRUE(v0.ok());
+  std::string cleared(1, static_cast<char>((*v0)[48] & ~store_internal::kFlagAssembledChecksum));
+  std::vector<std::string> clear = {"SETRANGE", key0, "48", cleared};
+  ASSERT_TRUE(tier.command(clear).ok());
+  auto d = store();
+  auto rd = ranks(d, 1, 16);
+  EXPECT_EQ(get_all(rd, t, 64, 5), 0u);
+  EXPECT_EQ(d->stats().redis_bad_objects, 2u) << "the uncheckable first block's and the corrupt second's";
 }
 
 }  // namespace

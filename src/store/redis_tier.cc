@@ -38,14 +38,23 @@ constexpr size_t kInBytes = 256 << 10;
 constexpr size_t kMaxLineBytes = 64 << 10;
 
 // Completes an object assembled under a staging key (KEYS[1]): once its part
-// bitmap (bytes ARGV[2]..ARGV[3]) has ARGV[1] bits, the staging key becomes
-// the object key (KEYS[2]) without the staging TTL. Atomic with the part's
+// bitmap (bytes ARGV[2]..ARGV[3]) has ARGV[1] bits, it writes the payload's
+// checksum into the header (the first 8 bytes of SHA-1 of bytes 64.., at
+// offset 40, and flag bit 2 at offset 48: no rank holds the whole payload,
+// so Redis, which does, computes it), then the staging key becomes the
+// object key (KEYS[2]) without the staging TTL. Atomic with the part's
 // writes (it runs inside their MULTI/EXEC), so exactly one transaction
-// publishes and an object key never holds a partial object. When the object
-// exists already the staging key is dropped.
+// publishes and an object key never holds a partial or unchecksummed
+// object. When the object exists already the staging key is dropped. (Lua
+// 5.1 in Redis: string.char/tonumber build the bytes, `bit` sets the flag.)
 constexpr const char* kCompleteScript =
     "if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('DEL', KEYS[1]) return 2 end "
     "if redis.call('BITCOUNT', KEYS[1], ARGV[2], ARGV[3]) >= tonumber(ARGV[1]) then "
+    "local h = redis.sha1hex(redis.call('GETRANGE', KEYS[1], 64, -1)) "
+    "local b = {} for i = 0, 7 do b[i + 1] = string.char(tonumber(string.sub(h, 2 * i + 1, 2 * i + 2), 16)) end "
+    "redis.call('SETRANGE', KEYS[1], 40, table.concat(b)) "
+    "local f = string.byte(redis.call('GETRANGE', KEYS[1], 48, 48)) "
+    "redis.call('SETRANGE', KEYS[1], 48, string.char(bit.bor(f, 4))) "
     "redis.call('RENAME', KEYS[1], KEYS[2]) redis.call('PERSIST', KEYS[2]) return 1 end "
     "return 0";
 
