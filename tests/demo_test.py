@@ -127,6 +127,22 @@ def _(name):
     r = demo("--requests", "3", "--inject", "kill-prefill", "--policy", "recompute")
     clean(name, r)
     check(name, r["recomputed"] == 1 and r["failed"] == 0, f"recomputed {r['recomputed']} failed {r['failed']}")
+    # qwen3-next has state and a ring scratch: nothing short of the whole
+    # request resumes, so nothing is kept.
+    check(name, r["recompute_kept_tokens"] == 0, f"kept {r['recompute_kept_tokens']} tokens of a stateful model")
+
+
+@case("recompute-from-chunk")
+def _(name):
+    # Attention only: loads in 64-token chunks; prefill rank 0 dies well into
+    # the load, so the recompute starts at its first chunk not whole, and the
+    # request (the kept tokens as pulled, the rest recomputed) checks byte-exact.
+    r = demo("--preset", "llama3-8b", "--requests", "4", "--inject", "kill-prefill", "--policy", "recompute",
+             "--chunk-tokens", "64", "--inject-after-ms", "1500")
+    clean(name, r)
+    check(name, r["recomputed"] == 1 and r["failed"] == 0, f"recomputed {r['recomputed']} failed {r['failed']}")
+    check(name, 0 < r["recompute_kept_tokens"] < r["recompute_moving_tokens"],
+          f"kept {r['recompute_kept_tokens']} of {r['recompute_moving_tokens']} tokens")
 
 
 @case("data-parallel")

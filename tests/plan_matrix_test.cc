@@ -55,6 +55,7 @@ constexpr BlockPair kBlockPairs[] = {{false, false}, {false, true}, {true, false
 struct Totals {
   uint64_t plans = 0;
   uint64_t instances = 0;  // template instances checked against plan() and verified
+  uint64_t chunked = 0;    // requests cut into several token-ordered chunks, verified together
   uint64_t combos = 0;
   uint64_t skipped = 0;
   uint64_t descriptors = 0;
@@ -70,10 +71,11 @@ class SummaryEnvironment : public ::testing::Environment {
  public:
   void TearDown() override {
     const Totals& t = grand_totals();
-    std::printf("[ matrix    ] %llu plans and %llu template instances verified over %llu combinations (%llu TP pairs "
+    std::printf("[ matrix    ] %llu plans, %llu template instances and %llu chunked requests verified over %llu "
+                "combinations (%llu TP pairs "
                 "skipped); %llu descriptors (naive scheme: %llu), %llu bytes\n",
-                (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.combos,
-                (unsigned long long)t.skipped,
+                (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.chunked,
+                (unsigned long long)t.combos, (unsigned long long)t.skipped,
                 (unsigned long long)t.descriptors, (unsigned long long)t.naive, (unsigned long long)t.bytes);
   }
 };
@@ -221,6 +223,21 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
         ASSERT_TRUE(v.has_value()) << where << ": " << v.error().to_string();
         ASSERT_EQ(p->bytes, gen::expected_bytes(local, request)) << where;
         ASSERT_EQ(v->bytes_written, p->bytes) << where;
+        // Token-ordered chunks at block granularity move the same bytes.
+        Result<std::vector<PlanChunk>> chunks = plan_chunks(local, *prefill, request, 1);
+        ASSERT_TRUE(chunks.has_value()) << where << ": " << chunks.error().to_string();
+        Plan joined;
+        joined.sources = p->sources;
+        for (const PlanChunk& ch : *chunks) {
+          joined.descriptors.insert(joined.descriptors.end(), ch.plan.descriptors.begin(), ch.plan.descriptors.end());
+          joined.bytes += ch.plan.bytes;
+        }
+        ASSERT_EQ(joined.bytes, p->bytes) << where << " (chunks)";
+        if (chunks->size() > 1) {
+          Result<VerifyReport> vc = verify(joined, local, *prefill, request, /*check_minimal=*/false);
+          ASSERT_TRUE(vc.has_value()) << where << " (" << chunks->size() << " chunks): " << vc.error().to_string();
+          t.chunked += 1;
+        }
         // A template of the request's shape gives plan()'s plan for the
         // request and for random ids of the same shape; the instance verifies.
         const auto t2 = std::chrono::steady_clock::now();
@@ -257,17 +274,19 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
     if (!pair_ran) ++t.skipped;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("[ matrix    ] %-14s blocks %llu/%llu: %llu plans and %llu instances over %llu combinations, %llu TP "
+  std::printf("[ matrix    ] %-14s blocks %llu/%llu: %llu plans, %llu instances and %llu chunked over %llu combinations, %llu TP "
               "pairs skipped, %llu descriptors (naive %llu), %llu bytes, %.2f s (plan %.2f s, verify %.2f s, "
               "templates %.2f s)\n",
               preset.c_str(), (unsigned long long)base_block, (unsigned long long)alt_block,
-              (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.combos,
+              (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.chunked,
+              (unsigned long long)t.combos,
               (unsigned long long)t.skipped,
               (unsigned long long)t.descriptors, (unsigned long long)t.naive, (unsigned long long)t.bytes, seconds,
               plan_seconds, verify_seconds, template_seconds);
   Totals& g = grand_totals();
   g.plans += t.plans;
   g.instances += t.instances;
+  g.chunked += t.chunked;
   g.combos += t.combos;
   g.skipped += t.skipped;
   g.descriptors += t.descriptors;

@@ -45,14 +45,23 @@ Command add_demo_command(CLI::App& root) {
                   "File holding the shared secret of every channel (default: $KVBRIDGE_SECRET, if set)");
   app->add_option("--inject", *inject, "Fault to inject: " + demo::inject_names())->capture_default_str();
   app->add_option("--lease-ms", *lease_ms, "Prefill lease (default 30000; 1500 with --inject)");
+  auto after_ms = std::make_shared<uint64_t>(40);
+  app->add_option("--inject-after-ms", *after_ms,
+                  "kill-prefill, kill-decode, abort: how long after the load starts")
+      ->capture_default_str();
   app->add_option("--transfer-timeout-ms", *timeout_ms, "Deadline of each load (default 20000; 500 with --inject stall)");
   app->add_option("--flood", args->flood,
                   "Idle connections to each listener of each prefill rank during the first half of the requests");
+  app->add_option("--chunk-tokens", args->chunk_tokens,
+                  "Loads in token-ordered chunks of about this many tokens (0: one per load); a failed load "
+                  "recomputes from its first chunk that did not arrive whole")
+      ->capture_default_str();
   app->add_flag("--verify-plans", args->verify_plans,
                 "Decode ranks check every plan with the verifier before it runs");
   app->add_flag("--json", args->json, "Print one JSON object instead of the table");
   app->add_flag("!--no-progress", args->progress, "No progress bar");
-  return {app, [app, args, inject, lease_ms, timeout_ms, secret_file] {
+  return {app, [app, args, inject, lease_ms, timeout_ms, secret_file, after_ms] {
+            args->inject_after = std::chrono::milliseconds(*after_ms);
             Result<std::string> secret = read_secret(*secret_file);
             if (!secret.ok()) return fail(secret.error());
             args->secret = std::move(*secret);

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvbridge/connector.h"
 #include "kvbridge/status.h"
 
 namespace kvbridge::cli::demo {
@@ -62,8 +63,10 @@ struct DemoArgs {
   std::string secret;
   Inject inject = Inject::kNone;
   std::chrono::milliseconds lease{30000};
+  std::chrono::milliseconds inject_after{40};  // kill-prefill, kill-decode, abort: after the load starts
   std::chrono::milliseconds transfer_timeout{20000};
   bool verify_plans = false;  // each decode rank checks every plan with verify() first
+  uint64_t chunk_tokens = WorkerOptions{}.load_chunk_tokens;  // WorkerOptions::load_chunk_tokens
   // Idle connections to each listener of each prefill rank while the first
   // half of the requests runs (the second half is the same run's baseline).
   uint32_t flood = 0;

@@ -433,6 +433,7 @@ class Driver {
       if (!s.ok()) sum_.rank_errors.push_back("raw baseline: " + s.to_string());
     } else if (out->outcome == Outcome::kRecompute) {
       KVB_RETURN_IF_ERROR(round(decode, {{"cmd", "recompute"}, {"req", rec.id}, {"from", out->recompute_from}}, 60s));
+      rec.recompute_from = out->recompute_from;
       for (const json& r : current_.replies) rec.verify_bad += r.value("verify_bad", uint64_t{0});
       rec.outcome = "recomputed";
     }
@@ -441,7 +442,7 @@ class Driver {
   }
 
   void inject(RequestRecord& rec, const std::vector<Proc*>& decode) {
-    std::this_thread::sleep_for(40ms);  // let the transfers start
+    std::this_thread::sleep_for(a_.inject_after);  // let the transfers start
     Proc* victim = nullptr;
     if (a_.inject == Inject::kKillPrefill) victim = ranks_of(true, 0).front();
     if (a_.inject == Inject::kKillDecode) victim = decode.front();

@@ -18,6 +18,7 @@ struct RequestRecord {
   RequestId id = 0;
   uint32_t decode_instance = 0;
   uint64_t tokens = 0, skip = 0;
+  uint64_t recompute_from = 0;  // recomputed: the token the engine recomputed from
   std::string outcome;       // finished, failed, recompute(d), aborted, lease_expired
   std::string error;         // the first error, when not finished
   uint64_t bytes = 0;        // summed over decode ranks

@@ -77,6 +77,7 @@ class Rank {
     w.secret = a.secret;
     w.transfer_timeout = a.transfer_timeout;
     w.verify_plans = a.verify_plans;
+    w.load_chunk_tokens = a.chunk_tokens;
     w.heartbeat_interval = std::clamp<std::chrono::milliseconds>(a.lease / 4, std::chrono::milliseconds(50),
                                                                  std::chrono::milliseconds(1000));
     // Decode ranks only pull: peers need no access to their memory.

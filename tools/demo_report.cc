@@ -14,6 +14,7 @@ struct Figures {
   uint64_t ok = 0, failed = 0, recomputed = 0, aborted = 0, lease_expired = 0, verify_failures = 0;
   uint64_t bytes = 0, descriptors = 0, naive = 0, transfer_us = 0, raw_us = 0, raw_bytes = 0;
   uint64_t flooded_bytes = 0, flooded_us = 0;  // --flood: the requests that ran under it
+  uint64_t recompute_kept = 0, recompute_moving = 0;  // recomputed: tokens kept of the tokens to move
   double p50_ms = 0, p99_ms = 0;
   double lag_p50_us = 0, lag_p99_us = 0;  // the last byte landing to the load's result
   std::vector<std::string> errors;
@@ -41,7 +42,11 @@ Figures figures(const Summary& s) {
       lat.push_back(r.transfer_us);
       lags.push_back(r.completion_lag_us);
     } else {
-      if (r.outcome == "recomputed") ++f.recomputed;
+      if (r.outcome == "recomputed") {
+        ++f.recomputed;
+        f.recompute_kept += r.recompute_from - r.skip;
+        f.recompute_moving += r.tokens - r.skip;
+      }
       if (r.outcome == "aborted") ++f.aborted;
       if (r.outcome == "lease_expired") ++f.lease_expired;
       if (r.outcome == "failed" || r.outcome == "lease_expired") ++f.failed;
@@ -107,6 +112,8 @@ void print_report(const Summary& s) {
               {"ok", f.ok},
               {"failed", f.failed},
               {"recomputed", f.recomputed},
+              {"recompute_kept_tokens", f.recompute_kept},
+              {"recompute_moving_tokens", f.recompute_moving},
               {"aborted", f.aborted},
               {"verify_failures", f.verify_failures},
               {"stray_bytes", s.stray_bytes},
@@ -164,6 +171,10 @@ void print_report(const Summary& s) {
   std::printf("  requests          %llu ok, %llu failed, %llu recomputed, %llu aborted\n",
               static_cast<unsigned long long>(f.ok), static_cast<unsigned long long>(f.failed),
               static_cast<unsigned long long>(f.recomputed), static_cast<unsigned long long>(f.aborted));
+  if (f.recomputed > 0) {
+    std::printf("  recomputed        from the first chunk not whole: %llu of %llu tokens to move were kept\n",
+                static_cast<unsigned long long>(f.recompute_kept), static_cast<unsigned long long>(f.recompute_moving));
+  }
   std::printf("  verify failures   %llu (every byte of every load checked), stray bytes %llu\n",
               static_cast<unsigned long long>(f.verify_failures), static_cast<unsigned long long>(s.stray_bytes));
   std::printf("  blocks leaked     %llu (prefill releases: %llu read, %llu lease expired, %llu aborted; %llu double frees)\n",

@@ -109,7 +109,7 @@ struct LoadResult {
   RequestId request = 0;
   Status error;                   // OK when every byte arrived
   bool aborted = false;
-  uint64_t first_bad_token = 0;   // error: KV before this token arrived whole
+  uint64_t first_bad_token = 0;   // error: KV before this token arrived whole, and a recompute may start here
   uint64_t bytes = 0, descriptors = 0;
   uint64_t naive_descriptors = 0; // one per (layer, component, block) for comparison
   std::chrono::microseconds transfer_time{0};  // first submit to the last byte landing
@@ -179,6 +179,14 @@ struct WorkerOptions {
   // prefill rank (the default: decode ranks read it), kNone for a rank that
   // only reads from others (a pull-mode decode rank).
   RemoteAccess remote_access = RemoteAccess::kRead;
+  // Loads are cut into token-ordered chunks of about this many tokens
+  // (plan_chunks(), plan.h: rounded up to whole blocks of both sides), one
+  // read per chunk and source rank, so that a load that fails part way
+  // reports in LoadResult::first_bad_token the first chunk that did not
+  // arrive whole, and a recompute starts there. A request whose KV cannot
+  // resume mid-way (a state or scratch group, a sliding window moved only in
+  // part) is one chunk whatever this says. 0: one chunk per load.
+  uint64_t load_chunk_tokens = 2048;
 };
 
 // What a reader told this (prefill) rank.

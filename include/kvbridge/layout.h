@@ -50,6 +50,10 @@ inline constexpr size_t kMaxNameBytes = 256;
 enum class GroupKind : uint8_t { kAttention, kSlidingWindow, kState, kScratch };
 enum class AxisKind : uint8_t { kBlock, kHead, kPosition };
 
+// True for the kinds whose positions are tokens (or groups of
+// tokens_per_state tokens): all but kState, whose one position is a state.
+inline bool token_indexed(GroupKind kind) { return kind != GroupKind::kState; }
+
 // "attention", "sliding_window", "state", "scratch".
 std::string_view group_kind_name(GroupKind kind);
 std::optional<GroupKind> parse_group_kind(std::string_view name);

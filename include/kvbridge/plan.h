@@ -90,6 +90,39 @@ Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Re
 uint64_t naive_descriptor_count(const Layout& local, std::span<const Layout> remotes, const Request& request);
 
 // ---------------------------------------------------------------------------
+// Token-ordered chunks: one request's plan cut at token boundaries, so that a
+// load that fails part way knows which tokens arrived whole and the engine
+// recomputes only from there.
+//
+// plan_chunks() cuts the positions of the token-indexed groups (attention,
+// sliding window) at multiples of `chunk_tokens`, rounded up to a multiple
+// of every moving group's block tokens on both sides (so that chunks end on
+// block boundaries), in token order. A position belongs to the chunk that
+// holds its first token; the first chunk starts at the request's
+// skip_tokens, the last ends at num_tokens. State and scratch groups move
+// in the last chunk. Invariant (tested over generated layouts and the preset
+// matrix): the chunks' descriptors together write exactly the bytes plan()
+// writes (each chunk's plan is minimal; a run crossing a chunk boundary is
+// cut there), so verify() passes their concatenation with check_minimal off.
+//
+// `resume_token`: when the chunks before one arrived whole and it did not,
+// the engine can recompute from there. That is the chunk's first token when
+// the KV of the tokens before it is all a recompute needs: every moving
+// group is attention, or a sliding window moved from skip_tokens. Otherwise
+// (a state or scratch group holds only the request's final state; a window
+// moved only its last window_tokens) nothing short of the whole request is
+// resumable, and plan_chunks() returns one chunk resuming at skip_tokens.
+// `chunk_tokens` 0 gives one chunk. Errors: plan()'s.
+struct PlanChunk {
+  uint64_t first_token = 0;   // first token of the chunk's positions (skip_tokens for the first)
+  uint64_t end_token = 0;     // one past the last (num_tokens for the last)
+  uint64_t resume_token = 0;  // where a recompute starts when this is the first chunk not whole
+  Plan plan;
+};
+Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const Layout> remotes,
+                                           const Request& request, uint64_t chunk_tokens);
+
+// ---------------------------------------------------------------------------
 // Plan templates: planned once, instantiated for each request's block ids.
 //
 // What plan() computes from the layouts and the token counts (which

@@ -319,7 +319,7 @@ void bind_worker(py::module_& m) {
       .def(py::init([](py::object engine, const Layout& layout, py::object tensors, const std::string& instance_id,
                        const std::string& side_channel_host, const std::string& secret, py::object handshake_timeout,
                        py::object transfer_timeout, py::object heartbeat_interval, bool verify_plans,
-                       const std::string& remote_access) {
+                       const std::string& remote_access, uint64_t load_chunk_tokens) {
              PyEngine& pe = engine.cast<PyEngine&>();
              std::vector<std::string> names;
              for (const Tensor& t : layout.tensors) names.push_back(t.name);
@@ -345,6 +345,7 @@ void bind_worker(py::module_& m) {
              o.heartbeat_interval = to_millis(heartbeat_interval, o.heartbeat_interval);
              o.verify_plans = verify_plans;
              o.remote_access = unwrap(parse_remote_access(remote_access));
+             o.load_chunk_tokens = load_chunk_tokens;
              Engine& e = pe.get();
              Result<std::unique_ptr<ConnectorWorker>> w = [&] {
                py::gil_scoped_release nogil;
@@ -355,7 +356,7 @@ void bind_worker(py::module_& m) {
            py::arg("engine"), py::arg("layout"), py::arg("tensors"), py::arg("instance_id"),
            py::arg("side_channel_host") = "127.0.0.1", py::arg("secret") = "", py::arg("handshake_timeout") = 5.0,
            py::arg("transfer_timeout") = 30.0, py::arg("heartbeat_interval") = 1.0, py::arg("verify_plans") = false,
-           py::arg("remote_access") = "read",
+           py::arg("remote_access") = "read", py::arg("load_chunk_tokens") = WorkerOptions{}.load_chunk_tokens,
            "Registers each tensor of `layout` with `engine` and starts the side channel.\n\n"
            "tensors: one object per layout tensor (list in layout order, or dict by tensor name), each\n"
            "exactly the tensor's bytes and of its memory kind: torch tensors, numpy arrays, buffers.\n"
@@ -363,7 +364,9 @@ void bind_worker(py::module_& m) {
            "must be the engine's own (Engine(secret=...)), or InvalidArgument. Timeouts and the\n"
            "heartbeat interval are seconds. verify_plans: check every plan with verify() before it\n"
            "runs. remote_access: what peers may do to this rank's tensors: 'read' (a pull-mode\n"
-           "prefill rank, the default) or 'none' (a rank that only reads from others).")
+           "prefill rank, the default) or 'none' (a rank that only reads from others).\n"
+           "load_chunk_tokens: loads move in token-ordered chunks of about this many tokens, so that\n"
+           "a failed load's first_bad_token is its first chunk not whole (0: one chunk per load).")
       .def_property_readonly("side_channel_address", [](PyWorker& w) { return w.get().side_channel_address(); },
                              "host:port of this rank's side channel: give it to the other instance's add_remote().")
       .def_property_readonly("layout", [](PyWorker& w) { return w.get().layout(); })

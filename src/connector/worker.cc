@@ -40,12 +40,23 @@ struct RemoteInstance {
   std::vector<std::optional<PeerId>> peers;  // per rank, connected on first use as a source
 };
 
+// One read of a load: a chunk's bytes from one source rank.
+struct LoadTransfer {
+  uint32_t source = 0;  // tp_rank
+  uint32_t chunk = 0;   // index into Load::chunks
+  TransferId id = 0;
+};
+
+struct LoadChunk {
+  uint64_t first_token = 0, end_token = 0, resume_token = 0;  // PlanChunk's
+};
+
 struct Load {
   RequestId request = 0;
   std::string instance;
-  uint64_t first_token = 0;
-  std::vector<std::pair<uint32_t, TransferId>> transfers;  // (source tp_rank, id)
-  std::vector<PeerId> peers;                               // per source, same order
+  std::vector<LoadChunk> chunks;        // in token order
+  std::vector<LoadTransfer> transfers;  // chunk-major, in submission order
+  std::vector<PeerId> peers;            // the source ranks read from
   size_t pending = 0;                                      // transfers not ended yet
   LoadResult result;
   Clock::time_point started;
@@ -81,9 +92,9 @@ class WorkerImpl final : public ConnectorWorker {
     if (pump_.joinable()) pump_.join();
     // No lock held: a transfer's completion callback may run inside cancel().
     for (auto& [id, load] : loads_) {
-      for (auto& [src, t] : load.transfers) {
-        (void)engine_.cancel(t);
-        (void)engine_.release(t);
+      for (const LoadTransfer& t : load.transfers) {
+        (void)engine_.cancel(t.id);
+        (void)engine_.release(t.id);
       }
     }
     server_.reset();
@@ -159,39 +170,52 @@ class WorkerImpl final : public ConnectorWorker {
     lock.unlock();
     // Planning (and verifying) runs outside the lock, on the immutable snapshot.
     const std::vector<Layout>& layouts = fetched->layouts;
-    KVB_ASSIGN_OR_RETURN(Plan p, plan(layout_, layouts, blocks));
+    KVB_ASSIGN_OR_RETURN(std::vector<PlanChunk> chunks, plan_chunks(layout_, layouts, blocks, options_.load_chunk_tokens));
     if (options_.verify_plans) {
       // The verifier's independent rules on simulated memory: a plan that
-      // would move one wrong byte is refused before anything moves.
-      Result<VerifyReport> v = verify(p, layout_, layouts, blocks);
+      // would move one wrong byte is refused before anything moves. The
+      // chunks together are the request's plan (minimal when there is one).
+      Plan all;
+      for (const PlanChunk& c : chunks) {
+        all.descriptors.insert(all.descriptors.end(), c.plan.descriptors.begin(), c.plan.descriptors.end());
+      }
+      Result<VerifyReport> v = verify(all, layout_, layouts, blocks, /*check_minimal=*/chunks.size() == 1);
+      std::lock_guard<std::mutex> stats_lock(mu_);
       if (!v.ok()) {
-        std::lock_guard<std::mutex> stats_lock(mu_);
         ++stats_.plans_rejected;
         return v.error().with_context("request " + std::to_string(request) + ": plan from " + instance +
                                       " failed verification");
       }
-      std::lock_guard<std::mutex> stats_lock(mu_);
       ++stats_.plans_verified;
     }
     Load load;
     load.request = request;
     load.instance = instance;
-    load.first_token = blocks.skip_tokens;
     load.result.request = request;
-    load.result.bytes = p.bytes;
-    load.result.descriptors = p.descriptors.size();
     load.result.naive_descriptors = naive_descriptor_count(layout_, layouts, blocks);
-    // One batch per source rank, in the plan's (local address) order.
-    std::vector<std::vector<TransferItem>> items(layouts.size());
-    for (const Descriptor& d : p.descriptors) {
-      items[d.source].push_back(TransferItem{regions_[d.local_tensor], d.local_offset,
-                                             fetched->infos[d.source].tensors[d.remote_tensor].region,
-                                             d.remote_offset, d.bytes});
+    // Per chunk, one batch per source rank, in the plan's (local address)
+    // order; chunks in token order.
+    std::vector<std::vector<std::vector<TransferItem>>> items(chunks.size());
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      const Plan& p = chunks[k].plan;
+      load.chunks.push_back({chunks[k].first_token, chunks[k].end_token, chunks[k].resume_token});
+      load.result.bytes += p.bytes;
+      load.result.descriptors += p.descriptors.size();
+      items[k].resize(layouts.size());
+      for (const Descriptor& d : p.descriptors) {
+        items[k][d.source].push_back(TransferItem{regions_[d.local_tensor], d.local_offset,
+                                                  fetched->infos[d.source].tensors[d.remote_tensor].region,
+                                                  d.remote_offset, d.bytes});
+      }
+    }
+    std::vector<bool> used(layouts.size(), false);
+    for (const auto& chunk : items) {
+      for (size_t s = 0; s < chunk.size(); ++s) used[s] = used[s] || !chunk[s].empty();
     }
     // Engine connections to the sources, outside the lock: a connect dials
     // and runs the opening exchange, and must not hold up other loads.
-    for (size_t s = 0; s < items.size(); ++s) {
-      if (!items[s].empty()) KVB_RETURN_IF_ERROR(connect_peer(instance, s, fetched->infos[s]));
+    for (size_t s = 0; s < used.size(); ++s) {
+      if (used[s]) KVB_RETURN_IF_ERROR(connect_peer(instance, s, fetched->infos[s]));
     }
     lock.lock();
     if (loads_.count(request) != 0) return Status::already_exists("request " + std::to_string(request) + " is loading");
@@ -206,25 +230,38 @@ class WorkerImpl final : public ConnectorWorker {
       }
       wake->cv.notify_one();
     };
-    for (size_t s = 0; s < items.size(); ++s) {
-      if (items[s].empty()) continue;
-      Result<TransferId> id = engine_.submit(*remote.peers[s], TransferOp::kRead, items[s], o);
-      if (!id.ok()) {
-        for (auto& [r, t] : load.transfers) {
-          (void)engine_.cancel(t);
-          (void)engine_.release(t);
-          by_transfer_.erase(t);
+    for (size_t k = 0; k < items.size(); ++k) {
+      for (size_t s = 0; s < items[k].size(); ++s) {
+        if (items[k][s].empty()) continue;
+        Result<TransferId> id = engine_.submit(*remote.peers[s], TransferOp::kRead, items[k][s], o);
+        if (!id.ok()) {
+          for (const LoadTransfer& t : load.transfers) {
+            (void)engine_.cancel(t.id);
+            (void)engine_.release(t.id);
+            by_transfer_.erase(t.id);
+          }
+          return id.error().with_context("request " + std::to_string(request) + ": reading from " + instance +
+                                         " rank " + std::to_string(s));
         }
-        return id.error().with_context("request " + std::to_string(request) + ": reading from " + instance +
-                                       " rank " + std::to_string(s));
+        load.transfers.push_back({static_cast<uint32_t>(s), static_cast<uint32_t>(k), *id});
+        by_transfer_[*id] = request;
       }
-      load.transfers.emplace_back(static_cast<uint32_t>(s), *id);
-      by_transfer_[*id] = request;
+    }
+    for (size_t s = 0; s < used.size(); ++s) {
+      if (!used[s]) continue;
       load.peers.push_back(*remote.peers[s]);
       load.result.sources.push_back(static_cast<uint32_t>(s));
     }
     load.pending = load.transfers.size();
     ++stats_.loads_started;
+    if (load.pending == 0) {
+      // Nothing to move (the rank already holds every token): done now.
+      load.last_byte = load.started;
+      finish(load);
+      results_.push_back(std::move(load.result));
+      results_cv_.notify_all();
+      return Status();
+    }
     loads_.emplace(request, std::move(load));
     return Status();
   }
@@ -236,7 +273,7 @@ class WorkerImpl final : public ConnectorWorker {
       auto it = loads_.find(request);
       if (it == loads_.end()) return Status::not_found("request " + std::to_string(request) + " is not loading");
       it->second.aborted = true;
-      for (auto& [src, t] : it->second.transfers) ids.push_back(t);
+      for (const LoadTransfer& t : it->second.transfers) ids.push_back(t.id);
     }
     // cancel() returns once no byte of the transfer can land any more.
     for (TransferId t : ids) KVB_RETURN_IF_ERROR(engine_.cancel(t));
@@ -426,30 +463,39 @@ class WorkerImpl final : public ConnectorWorker {
     }
   }
 
-  // Requires mu_: every transfer of `load` ended. The first error by source
-  // order wins; transfers finish in no particular order, so a failed load's
-  // first bad token is its first moved token.
+  // Requires mu_: every transfer of `load` ended. The first error in
+  // submission order (token order, then source) wins; the first bad token
+  // is where the earliest chunk that did not arrive whole resumes.
   void finish(Load& load) {
     const Clock::time_point now = Clock::now();
     load.result.transfer_time = std::chrono::duration_cast<std::chrono::microseconds>(load.last_byte - load.started);
     load.result.completion_lag = std::chrono::duration_cast<std::chrono::microseconds>(now - load.last_byte);
     load.result.aborted = load.aborted;
-    for (auto& [src, t] : load.transfers) {
-      TransferStatus st = engine_.status(t);
-      (void)engine_.release(t);
-      if (st.state == TransferState::kDone || !load.result.error.ok()) continue;
+    uint64_t first_bad = load.chunks.back().end_token;
+    for (const LoadTransfer& t : load.transfers) {
+      TransferStatus st = engine_.status(t.id);
+      (void)engine_.release(t.id);
+      if (st.state == TransferState::kDone) continue;
+      const LoadChunk& c = load.chunks[t.chunk];
+      first_bad = std::min(first_bad, c.resume_token);
+      if (!load.result.error.ok()) continue;
       load.result.error = st.error.ok() ? Status::internal("transfer ended as " +
                                                            std::string(transfer_state_name(st.state)))
                                         : st.error;
-      load.result.error = load.result.error.with_context(
-          "request " + std::to_string(load.request) + ": reading from " + load.instance + " rank " +
-          std::to_string(src) + " (" + std::to_string(st.bytes_done) + " of " + std::to_string(st.bytes_total) +
-          " bytes)");
+      std::string what = "request " + std::to_string(load.request) + ": reading from " + load.instance + " rank " +
+                         std::to_string(t.source) + " (";
+      if (load.chunks.size() > 1) {
+        what += "tokens " + std::to_string(c.first_token) + ".." + std::to_string(c.end_token) + ", chunk " +
+                std::to_string(t.chunk + 1) + " of " + std::to_string(load.chunks.size()) + ": ";
+      }
+      load.result.error = load.result.error.with_context(what + std::to_string(st.bytes_done) + " of " +
+                                                         std::to_string(st.bytes_total) + " bytes)");
     }
     if (load.aborted && load.result.error.ok()) {
       load.result.error = Status::cancelled("request " + std::to_string(load.request) + " was aborted");
     }
-    load.result.first_bad_token = load.first_token;
+    if (load.aborted) first_bad = load.chunks.front().resume_token;
+    load.result.first_bad_token = load.result.error.ok() ? 0 : first_bad;
     if (load.aborted) {
       ++stats_.loads_aborted;
     } else if (load.result.error.ok()) {

@@ -32,6 +32,7 @@ struct InstanceOptions {
   uint64_t block_tokens = 16;
   WorkerOptions worker;
   std::shared_ptr<transport::Faults> faults;  // wraps the local transport when set
+  uint64_t inline_bytes = EngineOptions{}.inline_bytes;
 };
 
 InstanceOptions opts(std::string id, uint32_t tp) {
@@ -58,6 +59,7 @@ std::vector<std::unique_ptr<Rank>> instance(const InstanceOptions& o) {
     e.name = o.id + "/r" + std::to_string(r);
     e.transports = {"local"};
     e.default_timeout = 2s;
+    e.inline_bytes = o.inline_bytes;
     e.secret = o.worker.secret;  // one trust for the side channel and the engine
     std::vector<std::unique_ptr<transport::Transport>> ts;
     std::unique_ptr<transport::Transport> local = *transport::make_local_transport();
@@ -186,6 +188,56 @@ TEST(WorkerTest, AbortStopsEveryByteAndReportsTheLoadAsAborted) {
   }
   EXPECT_TRUE(heartbeat);
   EXPECT_TRUE(done);
+}
+
+TEST(WorkerTest, AChunkThatFailsMidLoadReportsItsFirstTokenAndEveryTokenBeforeItIsWhole) {
+  auto prefill = instance(opts("prefill", 1));
+  auto faults = std::make_shared<transport::Faults>();
+  InstanceOptions o = opts("decode", 1);
+  o.faults = faults;
+  o.inline_bytes = uint64_t{64} << 20;  // every read runs inside submit(), in token order
+  o.worker.load_chunk_tokens = 16;      // one block per chunk
+  auto decode = instance(o);
+  // 100 tokens in 7 blocks of 16: chunks from tokens 0, 16, 32, ..., 96.
+  Request q;
+  q.num_tokens = 100;
+  q.blocks["full"] = {{6, 5, 4, 3, 2, 1, 0}, {0, 1, 2, 3, 4, 5, 6}};
+  ASSERT_TRUE(fill_request(prefill[0]->layout, q, RequestSide::kRemote, 0, 21, prefill[0]->spans).ok());
+  ConnectorWorker& d = *decode[0]->worker;
+  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+  // The fifth run fails: a read of a chunk (2 MiB) is split over the
+  // engine's threads, so that is the third chunk's.
+  faults->fail_run(5, Status::io_error("link down"));
+  ASSERT_TRUE(d.start_load(4, "prefill", q).ok());
+  LoadResult r = wait_one(d);
+  ASSERT_FALSE(r.error.ok());
+  EXPECT_EQ(r.first_bad_token, 32u) << r.error.to_string();
+  const uint64_t fb = r.first_bad_token;
+  ASSERT_TRUE(fb > 0 && fb % 16 == 0) << fb;
+  const std::string chunk = "tokens " + std::to_string(fb) + ".." + std::to_string(fb + 16) + ", chunk " +
+                            std::to_string(fb / 16 + 1) + " of 7";
+  EXPECT_NE(r.error.to_string().find(chunk), std::string::npos) << r.error.to_string();
+  EXPECT_NE(r.error.to_string().find("link down"), std::string::npos) << r.error.to_string();
+  Request before = q;
+  before.num_tokens = r.first_bad_token;
+  Result<ContentReport> c = check_request(decode[0]->layout, before, RequestSide::kLocal, 0, 21, decode[0]->spans);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->bad_cells, 0u) << c->first_error;
+  EXPECT_EQ(c->bytes, fb * 32 * 8 * 2 * 128 * 2) << "tokens x 32 layers x 8 heads x K,V x 128 x bf16";
+  // The whole request then fails from that token on (its chunk did not
+  // land), and nowhere before.
+  Result<ContentReport> all = check_request(decode[0]->layout, q, RequestSide::kLocal, 0, 21, decode[0]->spans);
+  ASSERT_TRUE(all.ok());
+  EXPECT_GT(all->bad_cells, 0u);
+  EXPECT_EQ(all->first_bad_token, fb);
+  // The scheduler turns it into a recompute from there.
+  DecodeScheduler s(1, FailurePolicy::kRecompute);
+  ASSERT_TRUE(s.expect(4, 0, std::chrono::steady_clock::now() + 10s).ok());
+  ASSERT_TRUE(s.rank_result(0, r).ok());
+  std::vector<RequestOutcome> out = s.take_outcomes(std::chrono::steady_clock::now());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].outcome, Outcome::kRecompute);
+  EXPECT_EQ(out[0].recompute_from, fb);
 }
 
 TEST(WorkerTest, HandshakeFailuresComeBackFromStartLoadNamingTheCause) {

@@ -226,6 +226,70 @@ Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Re
   return p;
 }
 
+Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const Layout> remotes,
+                                           const Request& request, uint64_t chunk_tokens) {
+  using namespace plan_internal;
+  KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
+  KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, request));
+  const uint64_t skip = request.skip_tokens, n = request.num_tokens;
+  // Resumable from a chunk's first token only when every moving group keeps
+  // the KV of every token (attention), or moved its window from skip.
+  bool resumable = chunk_tokens > 0 && skip < n;
+  uint64_t align = 1;
+  for (const GroupMove& m : moves) {
+    const Group& g = local.groups[m.local_group];
+    if (m.end <= m.begin) continue;
+    if (g.kind == GroupKind::kState || g.kind == GroupKind::kScratch ||
+        (g.kind == GroupKind::kSlidingWindow && n > skip + *g.window_tokens)) {
+      resumable = false;
+      break;
+    }
+    for (uint64_t bt : {g.block_tokens, remotes[0].groups[m.remote_group[0]].block_tokens}) {
+      const uint64_t l = std::lcm(align, bt);
+      if (l <= (uint64_t{1} << 24)) align = l;
+    }
+  }
+  auto chunk = [&](uint64_t first, uint64_t end, bool whole) -> Result<PlanChunk> {
+    PlanChunk c;
+    c.first_token = first;
+    c.end_token = end;
+    c.resume_token = whole ? skip : first;
+    c.plan.sources.resize(remotes.size());
+    for (size_t r = 0; r < remotes.size(); ++r) c.plan.sources[r].tp_rank = remotes[r].tp_rank;
+    Emitter e(local.tensors.size(), &c.plan.descriptors, &c.plan.sources);
+    for (GroupMove& m : moves) {
+      const Group& g = local.groups[m.local_group];
+      const uint64_t begin = m.begin, stop = m.end;
+      if (!whole && token_indexed(g.kind)) {
+        const uint64_t tps = g.tokens_per_state;
+        if (first > skip) m.begin = std::max(m.begin, first / tps + (first % tps != 0));
+        if (end < n) m.end = std::min(m.end, end / tps + (end % tps != 0));
+      }
+      const Status s = emit_group(e, local, remotes, by_rank, m);
+      m.begin = begin;
+      m.end = stop;
+      KVB_RETURN_IF_ERROR(s);
+    }
+    KVB_RETURN_IF_ERROR(finish_plan(local, e.order(), c.plan));
+    return c;
+  };
+  std::vector<PlanChunk> out;
+  if (!resumable) {
+    KVB_ASSIGN_OR_RETURN(PlanChunk c, chunk(skip, n, true));
+    out.push_back(std::move(c));
+    return out;
+  }
+  const uint64_t step = (chunk_tokens + align - 1) / align * align;
+  for (uint64_t first = skip; first < n;) {
+    const uint64_t end = std::min(n, (first / step + 1) * step);
+    KVB_ASSIGN_OR_RETURN(PlanChunk c, chunk(first, end, false));
+    if (!c.plan.descriptors.empty() || out.empty()) out.push_back(std::move(c));
+    else out.back().end_token = end;
+    first = end;
+  }
+  return out;
+}
+
 uint64_t naive_descriptor_count(const Layout& local, std::span<const Layout> remotes, const Request& request) {
   using plan_internal::GroupMove;
   using plan_internal::HeadRun;

@@ -95,8 +95,6 @@ struct ModelRecipe {
   std::vector<GroupRecipe> groups;
 };
 
-inline bool token_indexed(GroupKind kind) { return kind != GroupKind::kState; }
-
 // Head map of rank `rank` of `tp` for `total` heads: T <= H splits evenly, T >
 // H gives each rank one head, held by T/H consecutive ranks. Requires that
 // one of the two divides the other.

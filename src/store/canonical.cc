@@ -19,8 +19,6 @@ namespace kvbridge::store_internal {
 namespace {
 
 
-bool token_indexed(GroupKind k) { return k != GroupKind::kState; }
-
 // Whether this rank writes the heads it holds of a sharded component. Heads
 // held by several ranks (TP above the head count) are written by the first of
 // them only, under the even-split convention of docs/presets.md; any other
