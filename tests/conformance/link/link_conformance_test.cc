@@ -77,10 +77,11 @@ TEST_P(LinkConformance, MovesABatchOf10000ShuffledCopiesBothWays) {
 }
 
 // More runs at once than a tcp link has streams, reads and writes mixed,
-// each on its own bytes.
+// each on its own bytes, each large enough that cma splits it over threads
+// of its own and tcp over several streams.
 TEST_P(LinkConformance, ConcurrentRunsOnOneLinkEachMoveTheirOwnBytes) {
-  constexpr int kThreads = 6, kRounds = 5;
-  constexpr uint64_t kRegion = uint64_t{4} << 20, kRunBytes = uint64_t{3} << 20;
+  constexpr int kThreads = 6, kRounds = 3;
+  constexpr uint64_t kRegion = uint64_t{10} << 20, kRunBytes = uint64_t{9} << 20;
   fill_pattern(local_.data(), kThreads * kRegion, kLocalSeed, 0);
   std::vector<Status> results(kThreads);
   std::vector<std::thread> threads;
