@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "conformance/pattern.h"
+#include "testing/peer_info.h"
 #include "testing/require.h"
 
 #ifndef KVB_LINK_PEER
@@ -69,15 +70,7 @@ LinkPeer::~LinkPeer() {
 }
 
 transport::PeerInfo LinkPeer::info(const std::string& name) const {
-  transport::PeerInfo p;
-  p.name = name;
-  p.pid = static_cast<uint64_t>(pid_);
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  p.hostname = host;
-  p.address = address_;
-  p.segments.push_back({kLinkSegment, base_, bytes_, key_});
-  return p;
+  return testing::peer_on_this_host(name, pid_, address_, {kLinkSegment, base_, bytes_, key_});
 }
 
 Result<std::string> LinkPeer::command(const std::string& line) {
