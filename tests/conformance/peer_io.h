@@ -5,7 +5,6 @@
 //   check OFFSET LEN SEED FROM   -> ok | mismatch at byte B (pattern SEED byte P)
 //                                   (bytes [OFFSET, OFFSET+LEN) against pattern SEED from FROM)
 //   fill OFFSET LEN SEED         -> ok   (pattern SEED bytes [OFFSET, OFFSET+LEN))
-//   set OFFSET LEN BYTE          -> ok   (every byte BYTE, 0 to 255)
 //   count OFFSET LEN BYTE        -> count N   (how many bytes equal BYTE)
 //   exit                         -> bye  (and the loop ends; end of stdin does the same)
 // A range past the buffer or a malformed line answers "error ...".
@@ -16,8 +15,10 @@
 // saw the run end, then sent a command over a pipe (and after a cancelled
 // run, bytes already sent may still arrive: the Link suite checks which
 // bytes can, not that none do). ThreadSanitizer cannot see that edge, so
-// these loops are left uninstrumented (plain loops, not memcpy or memset,
-// which TSan intercepts anyway).
+// these loops are left uninstrumented: plain loops over computed bytes, not
+// memcpy or memset, which TSan intercepts anyway. (So no command stores one
+// constant byte: the compiler would make that loop a memset. "fill" with
+// seed 0 writes zeros.)
 #pragma once
 
 #include <cstdint>
@@ -63,11 +64,6 @@ inline std::string check_answer(const uint8_t* p, uint64_t offset, uint64_t len,
          std::to_string(seed) + " byte " + std::to_string(from + static_cast<uint64_t>(bad)) + ")";
 }
 
-// Sets p[0, len) to `value`.
-__attribute__((no_sanitize_thread)) inline void set_buffer(uint8_t* p, uint64_t len, uint8_t value) {
-  for (uint64_t k = 0; k < len; ++k) p[k] = value;
-}
-
 // How many bytes of p[0, len) equal `value`.
 __attribute__((no_sanitize_thread)) inline uint64_t count_in_buffer(const uint8_t* p, uint64_t len, uint8_t value) {
   uint64_t n = 0;
@@ -79,12 +75,12 @@ __attribute__((no_sanitize_thread)) inline uint64_t count_in_buffer(const uint8_
 // `bytes` bytes, reading its arguments from `args`; false for another.
 inline bool serve_buffer_command(const std::string& cmd, std::istringstream& args, const std::string& line,
                                  uint8_t* buffer, uint64_t bytes) {
-  if (cmd != "check" && cmd != "fill" && cmd != "set" && cmd != "count") return false;
+  if (cmd != "check" && cmd != "fill" && cmd != "count") return false;
   uint64_t offset = 0, len = 0, from = 0;
   uint32_t value = 0;  // a seed, or a byte
   args >> offset >> len >> value;
   if (cmd == "check") args >> from;
-  if (!args || offset > bytes || len > bytes - offset || ((cmd == "set" || cmd == "count") && value > 255)) {
+  if (!args || offset > bytes || len > bytes - offset || (cmd == "count" && value > 255)) {
     say("error bad arguments or a range past the buffer: '" + line + "'");
     return true;
   }
@@ -93,9 +89,6 @@ inline bool serve_buffer_command(const std::string& cmd, std::istringstream& arg
     say(check_answer(p, offset, len, value, from));
   } else if (cmd == "fill") {
     fill_buffer(p, len, value, offset);
-    say("ok");
-  } else if (cmd == "set") {
-    set_buffer(p, len, static_cast<uint8_t>(value));
     say("ok");
   } else {
     say("count " + std::to_string(count_in_buffer(p, len, static_cast<uint8_t>(value))));

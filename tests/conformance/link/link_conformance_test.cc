@@ -139,7 +139,7 @@ TEST_P(LinkConformance, CancelEndsARunAndNothingLandsAfterItEnded) {
 // leaves local memory. Bytes already sent may still arrive (a tcp frame in
 // the socket), but none that local memory held only after the end.
 TEST_P(LinkConformance, ACancelledWriteSendsNoByteWrittenLocallyAfterItEnded) {
-  ASSERT_TRUE(peer_->set(0, kBytes, 0x22).ok());
+  ASSERT_TRUE(peer_->fill(0, kBytes, 0).ok());  // zeros: no byte is 0xee yet
   std::fill(local_.begin(), local_.end(), 0x11);
   const Interrupted r = interrupt_long_run(TransferOp::kWrite, [](RunControl& c) { c.cancel.store(true); });
   EXPECT_EQ(r.status.code(), Code::kCancelled) << r.status.to_string();

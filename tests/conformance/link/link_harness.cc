@@ -95,9 +95,9 @@ Result<std::string> LinkPeer::command(const std::string& line) {
   return ::testing::AssertionFailure() << "the peer's bytes [" << offset << ", " << offset + len << "): " << *answer;
 }
 
-Status LinkPeer::set(uint64_t offset, uint64_t len, uint8_t value) {
-  KVB_ASSIGN_OR_RETURN(std::string answer, command("set " + std::to_string(offset) + " " + std::to_string(len) + " " +
-                                                   std::to_string(value)));
+Status LinkPeer::fill(uint64_t offset, uint64_t len, uint32_t seed) {
+  KVB_ASSIGN_OR_RETURN(std::string answer, command("fill " + std::to_string(offset) + " " + std::to_string(len) +
+                                                   " " + std::to_string(seed)));
   return answer == "ok" ? Status() : Status::internal("link_peer: " + answer);
 }
 

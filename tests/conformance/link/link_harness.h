@@ -73,8 +73,9 @@ class LinkPeer {
   // Whether the peer's bytes [offset, offset + len) equal pattern `seed`
   // bytes [from, from + len).
   ::testing::AssertionResult check(uint64_t offset, uint64_t len, uint32_t seed, uint64_t from);
-  // Sets the peer's bytes [offset, offset + len) to `value`.
-  Status set(uint64_t offset, uint64_t len, uint8_t value);
+  // Sets the peer's bytes [offset, offset + len) to pattern `seed` bytes
+  // [offset, offset + len) (seed 0: zeros).
+  Status fill(uint64_t offset, uint64_t len, uint32_t seed);
   // How many of the peer's bytes [offset, offset + len) equal `value`.
   Result<uint64_t> count(uint64_t offset, uint64_t len, uint8_t value);
   // SIGKILL, and reaps it; later commands fail with kUnavailable.

@@ -10,7 +10,7 @@
 //   ready ADDRESS_HEX KEY_HEX BASE PID
 // (the transport's address blob, the segment's key blob, the buffer's
 // address, its own pid), or "error MESSAGE" and exits 1. Then it answers
-// the buffer commands of peer_io.h (check, fill, set, count) until "exit"
+// the buffer commands of peer_io.h (check, fill, count) until "exit"
 // or the end of stdin, and exits 0.
 #include <unistd.h>
 
