@@ -362,9 +362,10 @@ TEST_F(TcpTest, AReadOnlySegmentRefusesWritesAndKeepsItsBytes) {
 
 // With a secret, a stream must prove it; one that does gets tagged frames.
 TEST(TcpSecretTest, StreamsWithoutTheSecretAreRefusedAndTaggedOnesServed) {
+  // Memory first: the server's threads read it until the server is gone.
+  std::vector<uint8_t> mem(4096, 9);
   auto server = make_tcp_transport("127.0.0.1", 1, "s3cret");
   ASSERT_TRUE(server.ok());
-  std::vector<uint8_t> mem(4096, 9);
   ASSERT_TRUE((*server)->add_segment(Segment{1, mem.data(), mem.size(), "host", 3}).ok());
   RawClient none((*server)->address());
   EXPECT_EQ(none.open().code(), Code::kPermissionDenied);
