@@ -2,8 +2,8 @@
 // once and run against every transport that crosses processes, by each path
 // a run can take (link_harness.h). The peer is a link_peer child process.
 //
-// ctest runs this binary for cma and tcp, and for ucx once per UCX_TLS
-// selection (tcp, shm); see CMakeLists.txt.
+// ctest runs every instantiation (ucx with UCX's default selection), then
+// the ucx ones again with UCX_TLS=tcp and UCX_TLS=shm; see CMakeLists.txt.
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -55,7 +55,8 @@ TEST_P(LinkConformance, WritesEverySizeExactlyAndLeavesItsNeighboursAlone) {
   }
 }
 
-// The shape that plans produce: many small copies, neither side in order.
+// The shape that plans produce: many small copies, the peer's side in no
+// order.
 TEST_P(LinkConformance, MovesABatchOf10000ShuffledCopiesBothWays) {
   constexpr uint64_t kBlock = 2048, kCount = 10000;
   const std::vector<uint64_t> order = shuffled(kCount);
