@@ -41,7 +41,7 @@ test-asan: deps $(BUILD_ASAN)/build.ninja
 # The engine, transport, conformance, connector and store tests under ThreadSanitizer. UCX is
 # off here: libucm patches madvise, which glibc calls at thread exit, and
 # TSan's interceptor crashes inside that hook.
-TSAN_TESTS ?= engine_test conformance_test tcp_test tcp_protocol_test cma_test handshake_test connector_test store_test store_redis_test
+TSAN_TESTS ?= engine_test conformance_test link_conformance_test tcp_test tcp_protocol_test cma_test handshake_test connector_test store_test store_redis_test
 empty :=
 space := $(empty) $(empty)
 
@@ -49,7 +49,7 @@ $(BUILD_TSAN)/build.ninja: CMakeLists.txt | deps
 	cmake -G Ninja -S . -B $(BUILD_TSAN) -DKVB_SANITIZE=thread -DKVB_UCX=OFF -DKVB_BENCH=OFF -DKVB_PYTHON=OFF
 
 test-tsan: deps $(BUILD_TSAN)/build.ninja
-	cmake --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TESTS) kvb_conformance_peer
+	cmake --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TESTS) kvb_conformance_peer link_peer
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir $(BUILD_TSAN) --output-on-failure -j $(JOBS) \
 	  -R '^($(subst $(space),|,$(strip $(TSAN_TESTS))))$$'
 

@@ -7,14 +7,14 @@
 // (pattern.h) and prints "ready REGION METADATA_HEX". Then, one command per
 // line, one answer line each (hex "-" is the empty string):
 //   metadata                       -> metadata HEX
-//   check OFFSET LEN SEED FROM     -> ok | mismatch at byte B (pattern SEED byte P) | error ...
-//   fill OFFSET LEN SEED           -> ok            (pattern bytes [OFFSET, OFFSET+LEN))
+//   check, fill, set, count        on the buffer (peer_io.h)
 //   notifications                  -> notifications N, then N lines "PEER_HEX MESSAGE_HEX"
 //   connect METADATA_HEX           -> peer ID | error ...
 //   transfer read|write PEER REMOTE_REGION LOCAL_OFFSET REMOTE_OFFSET BYTES NOTE_HEX
 //                                  -> state NAME CODE_NAME MESSAGE_HEX   (waits up to 60 s)
 //   notify PEER MESSAGE_HEX        -> ok | error ...
 //   exit                           -> bye (and exits 0; end of stdin does the same)
+// A malformed line or an unknown command answers "error ...".
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -23,36 +23,13 @@
 #include <vector>
 
 #include "conformance/pattern.h"
+#include "conformance/peer_io.h"
 #include "kvbridge/engine.h"
 
 using namespace kvbridge;
 using namespace kvbridge::conformance;
 
 namespace {
-
-void say(const std::string& line) {
-  std::fwrite(line.data(), 1, line.size(), stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
-}
-
-// The buffer is written by transport threads (a peer's writes land on the
-// tcp server's threads) and read here, or read by them after a fill here. The
-// order is real but crosses processes: the test process saw the transfer
-// complete, then sent this command over a pipe. ThreadSanitizer cannot see
-// that edge, so these two loops are left uninstrumented (plain loops, not
-// memcpy, which TSan intercepts anyway).
-__attribute__((no_sanitize_thread)) void fill_buffer(uint8_t* p, uint64_t len, uint32_t seed, uint64_t from) {
-  for (uint64_t k = 0; k < len; ++k) p[k] = pattern_byte(from + k, seed);
-}
-
-__attribute__((no_sanitize_thread)) int64_t buffer_mismatch(const uint8_t* p, uint64_t len, uint32_t seed,
-                                                            uint64_t from) {
-  for (uint64_t k = 0; k < len; ++k) {
-    if (p[k] != pattern_byte(from + k, seed)) return static_cast<int64_t>(k);
-  }
-  return -1;
-}
 
 int usage(const char* why) {
   std::fprintf(stderr, "peer_main: %s\nusage: peer_main --name NAME --transport T --bytes N --seed S\n", why);
@@ -97,31 +74,10 @@ int main(int argc, char** argv) {
   }
   say("ready " + std::to_string(*region) + " " + to_hex(engine->metadata()));
 
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    std::istringstream in(line);
-    std::string cmd;
-    in >> cmd;
+  serve_commands([&](const std::string& cmd, std::istringstream& in, const std::string& line) {
+    if (serve_buffer_command(cmd, in, line, buffer.data(), bytes)) return true;
     if (cmd == "metadata") {
       say("metadata " + to_hex(engine->metadata()));
-    } else if (cmd == "check" || cmd == "fill") {
-      uint64_t offset = 0, len = 0, from = 0;
-      uint32_t s = 0;
-      in >> offset >> len >> s;
-      if (cmd == "check") in >> from;
-      if (!in || offset > bytes || len > bytes - offset) {
-        say("error bad arguments or range past the buffer: " + line);
-        continue;
-      }
-      if (cmd == "fill") {
-        fill_buffer(buffer.data() + offset, len, s, offset);
-        say("ok");
-        continue;
-      }
-      int64_t bad = buffer_mismatch(buffer.data() + offset, len, s, from);
-      say(bad < 0 ? "ok"
-                   : "mismatch at byte " + std::to_string(offset + bad) + " (pattern " + std::to_string(s) +
-                         " byte " + std::to_string(from + bad) + ")");
     } else if (cmd == "notifications") {
       std::vector<Notification> notes = engine->take_notifications();
       say("notifications " + std::to_string(notes.size()));
@@ -141,7 +97,7 @@ int main(int argc, char** argv) {
                                              std::span<const TransferItem>(&item, 1), from_hex(note));
       if (!id.ok()) {
         say("state failed " + std::string(code_name(id.error().code())) + " " + to_hex(id.error().message()));
-        continue;
+        return true;
       }
       TransferStatus st = engine->wait(*id, std::chrono::seconds(60));
       say("state " + std::string(transfer_state_name(st.state)) + " " + std::string(code_name(st.error.code())) +
@@ -153,13 +109,11 @@ int main(int argc, char** argv) {
       in >> peer >> hex;
       Status s = engine->notify(peer, from_hex(hex));
       say(s.ok() ? "ok" : "error " + s.to_string());
-    } else if (cmd == "exit") {
-      say("bye");
-      break;
     } else {
-      say("error unknown command: " + line);
+      return false;
     }
-  }
+    return true;
+  });
   engine.reset();
   return 0;
 }

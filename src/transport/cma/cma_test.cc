@@ -1,5 +1,9 @@
-// The cma transport at the Transport/Link level, against a real child
-// process that holds memory with a known pattern.
+// What is particular to the cma transport: its address blob and the
+// identity it carries (host, pid, start time, canary), pid reuse, and
+// unmapped peer memory, against a forked child that holds memory with a
+// known pattern. What every Link must do (sizes, batches, concurrency,
+// cancel, deadlines, a killed peer) is the Link conformance suite's
+// (tests/conformance/link/).
 #include <signal.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -7,13 +11,11 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
-#include <random>
 #include <thread>
 
+#include "testing/require.h"
 #include "transport/transport.h"
 
 namespace kvbridge::transport {
@@ -21,7 +23,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr uint64_t kChildBytes = uint64_t{72} << 20;
+constexpr uint64_t kChildBytes = uint64_t{32} << 20;
 
 uint8_t pattern(uint64_t i) { return static_cast<uint8_t>((i * 131 + (i >> 11) * 7 + 5) & 0xff); }
 
@@ -87,13 +89,6 @@ struct Child {
     if (command_fd >= 0) ::close(command_fd);
     command_fd = -1;
   }
-  // Reads the child's memory directly, independent of the transport.
-  std::vector<uint8_t> peek(uint64_t offset, uint64_t bytes) const {
-    std::vector<uint8_t> out(bytes);
-    iovec l{out.data(), bytes}, r{reinterpret_cast<void*>(base + offset), bytes};
-    EXPECT_EQ(::process_vm_readv(pid, &l, 1, &r, 1, 0), static_cast<ssize_t>(bytes));
-    return out;
-  }
   int command_fd = -1;
 };
 
@@ -101,11 +96,14 @@ class CmaTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto t = make_cma_transport();
-    if (!t.ok()) GTEST_SKIP() << "cma unavailable here: " << t.error().to_string();
+    if (!t.ok()) KVB_SKIP_UNLESS_REQUIRED("cma", "cma cannot run here: " + t.error().to_string());
     transport_ = std::move(*t);
-    child_.start();
+    ASSERT_NO_FATAL_FAILURE(child_.start());
     local_.assign(kChildBytes, 0);
     auto link = transport_->connect(peer());
+    // The kernel's ptrace check is per pair of processes (cma.cc).
+    if (!link.ok() && link.error().code() == Code::kUnavailable)
+      KVB_SKIP_UNLESS_REQUIRED("cma", "cma cannot reach its child here: " + link.error().to_string());
     ASSERT_TRUE(link.ok()) << link.error().to_string();
     link_ = std::move(*link);
   }
@@ -120,15 +118,6 @@ class CmaTest : public ::testing::Test {
     p.address = child_.address;
     p.segments.push_back({1, child_.base, kChildBytes, ""});
     return p;
-  }
-
-  // ~7.5 GiB of copies that cannot finish quickly. The run splits them by
-  // bytes over 1 to 4 threads; destinations repeat only within a twelfth of
-  // the list, so no two threads write the same local bytes (no data race).
-  std::vector<Copy> long_copies() {
-    std::vector<Copy> copies;
-    for (uint64_t i = 0; i < 1200; ++i) copies.push_back(copy((i / 100) * (6 << 20), 0, 6 << 20));
-    return copies;
   }
 
   Copy copy(uint64_t local_offset, uint64_t remote_offset, uint64_t bytes) {
@@ -187,110 +176,16 @@ TEST_F(CmaTest, CannotReachAProcessThatDoesNotExist) {
   EXPECT_NE(s.message().find(std::to_string(p.pid)), std::string::npos) << s.message();
 }
 
-TEST_F(CmaTest, ReadsEverySize) {
-  for (uint64_t size : {uint64_t{1}, uint64_t{4095}, uint64_t{4096}, uint64_t{4097}, uint64_t{1} << 20,
-                        uint64_t{64} << 20}) {
-    std::fill(local_.begin(), local_.end(), 0);
-    ASSERT_TRUE(run(TransferOp::kRead, {copy(5, 3, size)}).ok()) << size;
-    for (uint64_t i = 0; i < size; ++i) ASSERT_EQ(local_[5 + i], pattern(3 + i)) << size << " at " << i;
-    EXPECT_EQ(local_[4], 0);
-    EXPECT_EQ(local_[5 + size], 0);
-  }
-}
-
-TEST_F(CmaTest, WritesEverySize) {
-  for (uint64_t i = 0; i < local_.size(); ++i) local_[i] = static_cast<uint8_t>(~pattern(i));
-  for (uint64_t size : {uint64_t{1}, uint64_t{4095}, uint64_t{4096}, uint64_t{4097}, uint64_t{1} << 20,
-                        uint64_t{64} << 20}) {
-    ASSERT_TRUE(run(TransferOp::kWrite, {copy(11, 9, size)}).ok()) << size;
-    std::vector<uint8_t> got = child_.peek(8, size + 2);
-    EXPECT_EQ(got[0], pattern(8));
-    ASSERT_TRUE(std::equal(local_.begin() + 11, local_.begin() + 11 + size, got.begin() + 1)) << size;
-    EXPECT_EQ(got[size + 1], pattern(9 + size));
-  }
-}
-
-TEST_F(CmaTest, BatchOf10000ShuffledDescriptors) {
-  constexpr uint64_t kBlock = 2048, kCount = 10000;
-  std::vector<uint64_t> order(kCount);
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), std::mt19937(7));
-  std::vector<Copy> copies;
-  for (uint64_t i = 0; i < kCount; ++i) copies.push_back(copy(i * kBlock, order[i] * kBlock, kBlock));
-  ASSERT_TRUE(run(TransferOp::kRead, copies).ok());
-  for (uint64_t i = 0; i < kCount; ++i) {
-    for (uint64_t b = 0; b < kBlock; b += 97) ASSERT_EQ(local_[i * kBlock + b], pattern(order[i] * kBlock + b));
-  }
-  for (uint64_t i = 0; i < kCount * kBlock; ++i) local_[i] = static_cast<uint8_t>(i * 3);
-  ASSERT_TRUE(run(TransferOp::kWrite, copies).ok());
-  std::vector<uint8_t> got = child_.peek(0, kCount * kBlock);
-  for (uint64_t i = 0; i < kCount; ++i) {
-    ASSERT_TRUE(std::equal(local_.begin() + i * kBlock, local_.begin() + (i + 1) * kBlock,
-                           got.begin() + order[i] * kBlock))
-        << i;
-  }
-}
-
-TEST_F(CmaTest, ConcurrentRunsOnOneLink) {
-  std::vector<std::thread> threads;
-  std::vector<Status> results(4);
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      uint64_t off = uint64_t(t) * (16 << 20);
-      for (int round = 0; round < 5 && results[t].ok(); ++round)
-        results[t] = run(TransferOp::kRead, {copy(off, off + 1, (12 << 20) + round)});
-    });
-  }
-  for (auto& th : threads) th.join();
-  for (auto& s : results) EXPECT_TRUE(s.ok()) << s.to_string();
-  for (int t = 0; t < 4; ++t) {
-    uint64_t off = uint64_t(t) * (16 << 20);
-    for (uint64_t i = 0; i < (12 << 20); i += 4099) ASSERT_EQ(local_[off + i], pattern(off + 1 + i));
-  }
-}
-
-TEST_F(CmaTest, CancelStopsBeforeRunReturnsAndNothingLandsAfter) {
-  RunControl control;
-  control.cancel.store(true);
-  EXPECT_EQ(link_->run(TransferOp::kRead, std::vector<Copy>{copy(0, 0, 4096)}, control).code(), Code::kCancelled);
-  EXPECT_EQ(local_[0], 0) << "a run cancelled before it starts moves nothing";
-
-  RunControl running;
-  running.deadline = Clock::now() + 20s;
-  std::vector<Copy> copies = long_copies();
-  Status result;
-  std::thread t([&] { result = link_->run(TransferOp::kRead, copies, running); });
-  while (running.bytes_done.load() < (64 << 20)) std::this_thread::sleep_for(1ms);
-  running.cancel.store(true);
-  t.join();
-  EXPECT_EQ(result.code(), Code::kCancelled) << result.to_string();
-  // Scribble over the destination: a late byte would overwrite the marks.
-  std::fill(local_.begin(), local_.begin() + (64 << 20), 0xAB);
-  std::this_thread::sleep_for(50ms);
-  EXPECT_TRUE(std::all_of(local_.begin(), local_.begin() + (64 << 20), [](uint8_t b) { return b == 0xAB; }));
-}
-
-TEST_F(CmaTest, DeadlineEndsARunThatCannotFinish) {
-  std::vector<Copy> copies = long_copies();
-  auto start = Clock::now();
-  Status s = run(TransferOp::kRead, copies, 100ms);
-  EXPECT_EQ(s.code(), Code::kTimeout) << s.to_string();
-  EXPECT_LT(Clock::now() - start, 2s);
-}
-
-TEST_F(CmaTest, PeerKilledMidTransferIsAnIoErrorNamingThePeer) {
-  RunControl control;
-  control.deadline = Clock::now() + 20s;
-  std::vector<Copy> copies = long_copies();
-  Status result;
-  std::thread t([&] { result = link_->run(TransferOp::kRead, copies, control); });
-  while (control.bytes_done.load() < (64 << 20)) std::this_thread::sleep_for(1ms);
-  pid_t pid = child_.pid;
+// Every message of a link names the peer; cma's names its pid too, the
+// identity that the canary and the pidfd guard.
+TEST_F(CmaTest, AReadFromAPeerThatExitedIsAnIoErrorNamingItsPid) {
+  ASSERT_TRUE(run(TransferOp::kRead, {copy(0, 0, 4096)}).ok());
+  const pid_t pid = child_.pid;
   child_.kill();
-  t.join();
-  EXPECT_EQ(result.code(), Code::kIoError) << result.to_string();
-  EXPECT_NE(result.message().find("pid " + std::to_string(pid)), std::string::npos) << result.message();
-  EXPECT_EQ(run(TransferOp::kRead, {copy(0, 0, 1)}).code(), Code::kIoError);
+  Status s = run(TransferOp::kRead, {copy(0, 0, 4096)});
+  EXPECT_EQ(s.code(), Code::kIoError) << s.to_string();
+  EXPECT_NE(s.message().find("'child' (pid " + std::to_string(pid) + ")"), std::string::npos) << s.message();
+  EXPECT_EQ(run(TransferOp::kWrite, {copy(0, 0, 4096)}).code(), Code::kIoError);
 }
 
 // The liveness canary (cma.cc): a read's last syscall also reads the 16
