@@ -9,7 +9,7 @@ JOBS        ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test test-asan test-tsan fuzz fuzz-short bench clean install-python
+.PHONY: all deps build demo test check test-asan test-tsan fuzz fuzz-short bench clean install-python
 
 all: build
 
@@ -22,12 +22,18 @@ $(BUILD)/build.ninja: CMakeLists.txt | deps
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job.
-demo: build
+# The main job: builds only the CLI (the demo's ranks are the same binary).
+demo: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target kvbridge
 	$(BUILD)/tools/kvbridge demo
 
-# Every test: unit, property, matrix, CLI, and a short fuzz run.
-test: build
+# Every test: `check`, then the tests again under ASan/UBSan and the threaded
+# ones under TSan (what CI runs, with KVB_REQUIRE set: .ci/run).
+test: check test-asan test-tsan
+
+# The tests of the main build: unit, property, matrix, conformance, attack,
+# CLI, demo, Python, and a short run of every fuzz target.
+check: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(MAKE) --no-print-directory fuzz-short
 
@@ -38,10 +44,10 @@ test-asan: deps $(BUILD_ASAN)/build.ninja
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS)
 
-# The engine, transport, conformance, connector and store tests under ThreadSanitizer. UCX is
-# off here: libucm patches madvise, which glibc calls at thread exit, and
-# TSan's interceptor crashes inside that hook.
-TSAN_TESTS ?= engine_test conformance_test link_conformance_test tcp_test tcp_protocol_test cma_test handshake_test connector_test store_test store_redis_test
+# The network layer, engine, transport, conformance, connector, store and attack tests under
+# ThreadSanitizer. UCX is off here (so KVB_REQUIRE's ucx does not apply): libucm patches
+# madvise, which glibc calls at thread exit, and TSan's interceptor crashes inside that hook.
+TSAN_TESTS ?= net_test engine_test conformance_test link_conformance_test tcp_test tcp_protocol_test cma_test handshake_test connector_test store_test store_redis_test attack_test
 empty :=
 space := $(empty) $(empty)
 
@@ -49,8 +55,8 @@ $(BUILD_TSAN)/build.ninja: CMakeLists.txt | deps
 	cmake -G Ninja -S . -B $(BUILD_TSAN) -DKVB_SANITIZE=thread -DKVB_UCX=OFF -DKVB_BENCH=OFF -DKVB_PYTHON=OFF
 
 test-tsan: deps $(BUILD_TSAN)/build.ninja
-	cmake --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TESTS) kvb_conformance_peer link_peer
-	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir $(BUILD_TSAN) --output-on-failure -j $(JOBS) \
+	cmake --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TESTS) kvb_conformance_peer link_peer kvb_attack_peer
+	KVB_REQUIRE="$(subst ucx,,$(KVB_REQUIRE))" TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir $(BUILD_TSAN) --output-on-failure -j $(JOBS) \
 	  -R '^($(subst $(space),|,$(strip $(TSAN_TESTS))))$$'
 
 $(BUILD_FUZZ)/build.ninja: CMakeLists.txt | deps

@@ -8,10 +8,12 @@
 #
 # Usage: demo_netns_test.sh PATH/TO/kvbridge
 # Exit 77 (ctest's SKIP_RETURN_CODE) with a printed reason when not root or
-# when network namespaces cannot be created here.
+# when network namespaces cannot be created here (a failure when KVB_REQUIRE
+# names netns; a ucx that cannot run fails when it names ucx).
 set -euo pipefail
 kvb=${1:?usage: demo_netns_test.sh PATH/TO/kvbridge}
-skip() { echo "SKIP: demo_netns_test: $*"; exit 77; }
+source "$(dirname "$0")/require.sh"
+skip() { skip_unless_required netns "demo_netns_test: $*"; }
 
 work=$(mktemp -d)
 cleanup() {
@@ -29,7 +31,12 @@ for transport in tcp ucx; do
        --prefill-netns "$ns_a" --prefill-host 10.232.0.1 --decode-netns "$ns_b" --decode-host 10.232.0.2 \
        > "$out" 2> "$work/$transport.err"; then
     if [[ $transport == ucx ]] && grep -q "transport 'ucx' cannot run here" "$out" "$work/$transport.err"; then
-      echo "SKIP: ucx: the ucx transport is not built here"
+      if kvb_required ucx; then
+        echo "FAIL: ucx: the ucx transport cannot run here, and KVB_REQUIRE asks for ucx"
+        status=1
+      else
+        echo "SKIP: ucx: the ucx transport cannot run here"
+      fi
       continue
     fi
     echo "FAIL: $transport: the demo exited non-zero"; cat "$out" "$work/$transport.err" | tail -40

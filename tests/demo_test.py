@@ -188,7 +188,12 @@ def _(name):
 # 5,000 idle connections to each listener of each prefill rank during the
 # first half of the requests, and tcp as the data plane: the run is clean,
 # the listeners' threads stay idle, and throughput holds (a loose bound; the
-# figure is the report's).
+# figure is the report's). A listener that spun on its idle connections, or on
+# accept errors, would take a whole core; accepting and closing the flood
+# costs about 1% (5-6% in an ASan build): the bound is 20%.
+LISTENER_CPU_PCT = 20
+
+
 @case("flood")
 def _(name):
     r = demo("--transport", "tcp", "--requests", "12", "--flood", "5000")
@@ -196,7 +201,8 @@ def _(name):
     check(name, r["ok"] == 12, f"ok {r['ok']}")
     check(name, r["flood_connections"] >= 0.9 * 5000 * r["flood_listeners"],
           f"{r['flood_connections']} connections for {r['flood_listeners']} listeners")
-    check(name, r["listener_cpu_max_pct"] < 5, f"a listener thread used {r['listener_cpu_max_pct']:.1f}% of a core")
+    check(name, r["listener_cpu_max_pct"] < LISTENER_CPU_PCT,
+          f"a listener thread used {r['listener_cpu_max_pct']:.1f}% of a core")
     check(name, r["flood_ratio"] > 0.5, f"throughput under the flood {r['flood_ratio']:.2f} of without")
 
 
@@ -207,7 +213,8 @@ def _(name):
     r = demo("--requests", "16", "--flood", "5000", "--inject", "pause")
     clean(name, r)
     check(name, r["ok"] == 16, f"ok {r['ok']}: {r['errors']}")
-    check(name, r["listener_cpu_max_pct"] < 5, f"a listener thread used {r['listener_cpu_max_pct']:.1f}% of a core")
+    check(name, r["listener_cpu_max_pct"] < LISTENER_CPU_PCT,
+          f"a listener thread used {r['listener_cpu_max_pct']:.1f}% of a core")
 
 
 @case("bad-input")

@@ -7,10 +7,12 @@
 #
 # Usage: netns_test.sh PATH/TO/tcp_netns_peer
 # Exit 77 (ctest's SKIP_RETURN_CODE) with a printed reason when not root or
-# when network namespaces cannot be created here.
+# when network namespaces cannot be created here (a failure when KVB_REQUIRE
+# names netns: tests/require.sh).
 set -euo pipefail
 peer=${1:?usage: netns_test.sh PATH/TO/tcp_netns_peer}
-skip() { echo "SKIP: netns_test: $*"; exit 77; }
+source "$(dirname "$0")/require.sh"
+skip() { skip_unless_required netns "netns_test: $*"; }
 
 work=$(mktemp -d)
 server_pid=

@@ -9,7 +9,8 @@
 # Usage: store_cli_test.sh path/to/kvbridge
 set -euo pipefail
 KVB="$1"
-command -v redis-server >/dev/null || { echo "redis-server not installed"; exit 77; }
+source "$(dirname "$0")/require.sh"
+command -v redis-server >/dev/null || skip_unless_required redis "store_cli_test: redis-server is not installed"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --loglevel warning >/dev/null 2>&1 &
 RPID=$!

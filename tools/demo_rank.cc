@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 
+#include "connector/worker_internal.h"
 #include "demo.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
@@ -98,16 +99,24 @@ class Rank {
       switch (a.inject) {
         case Inject::kKillPrefill:
         case Inject::kKillDecode:
-        case Inject::kAbort: faults = "delay=5"; break;
-        case Inject::kStall: faults = "delay=1000"; break;
-        case Inject::kDropNotification: faults = "drop-notifications=1"; break;
-        default: break;
+        case Inject::kAbort:
+          faults = "delay=5";
+          break;
+        case Inject::kStall:
+          faults = "delay=1000";
+          break;
+        case Inject::kDropNotification:
+          faults = "drop-notifications=1";
+          break;
+        default:
+          break;
       }
     }
     KVB_ASSIGN_OR_RETURN(engine_, testing::create_engine_with_faults(e, faults));
     KVB_ASSIGN_OR_RETURN(worker_, ConnectorWorker::create(*engine_, layout_, spans_, w));
     std::string address = worker_->side_channel_address();
-    if (c_.prefill && (a.inject == Inject::kVersion || a.inject == Inject::kMalformed || a.inject == Inject::kTruncated)) {
+    if (c_.prefill &&
+        (a.inject == Inject::kVersion || a.inject == Inject::kMalformed || a.inject == Inject::kTruncated)) {
       // A side channel that answers wrongly stands in front of the real one.
       testing::FakeSideChannel::Options f;
       f.mode = a.inject == Inject::kVersion     ? testing::FakeSideChannel::Mode::kOtherVersion
@@ -121,7 +130,9 @@ class Rank {
       KVB_ASSIGN_OR_RETURN(fake_, testing::FakeSideChannel::start(std::move(f)));
       address = fake_->address();
     }
-    return ch_.send({{"ev", "ready"}, {"side_channel", address}, {"engine", e.name},
+    return ch_.send({{"ev", "ready"},
+                     {"side_channel", address},
+                     {"engine", e.name},
                      {"listeners", listening_addresses(::getpid())}});
   }
 
@@ -139,7 +150,9 @@ class Rank {
       }
       for (LoadResult& r : worker_->take_results()) KVB_RETURN_IF_ERROR(loaded(r));
       for (ReaderEvent& e : worker_->take_reader_events()) {
-        KVB_RETURN_IF_ERROR(ch_.send({{"ev", "reader"}, {"req", e.request}, {"reader", e.reader},
+        KVB_RETURN_IF_ERROR(ch_.send({{"ev", "reader"},
+                                      {"req", e.request},
+                                      {"reader", e.reader},
                                       {"kind", e.kind == ReaderEvent::Kind::kDone ? "done" : "hb"}}));
       }
     }
@@ -170,7 +183,10 @@ class Rank {
     if (cmd == "abort") {
       const auto t0 = Clock::now();
       Status s = worker_->abort(id);
-      return ch_.send({{"ev", "aborted"}, {"req", id}, {"ok", s.ok()}, {"error", s.ok() ? "" : s.to_string()},
+      return ch_.send({{"ev", "aborted"},
+                       {"req", id},
+                       {"ok", s.ok()},
+                       {"error", s.ok() ? "" : s.to_string()},
                        {"us", std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count()}});
     }
     if (cmd == "recompute") return recompute(id, m.at("from").get<uint64_t>());
@@ -180,10 +196,9 @@ class Rank {
       // final scan finds any byte written later or outside the plan.
       auto it = held_.find(id);
       if (it != held_.end() && !c_.prefill) {
-        KVB_RETURN_IF_ERROR(for_each_cell(layout_, it->second.request, RequestSide::kLocal, 0,
-                                          [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
-                                            std::memset(spans_[t].data() + off, kSentinel, n);
-                                          }));
+        KVB_RETURN_IF_ERROR(for_each_cell(
+            layout_, it->second.request, RequestSide::kLocal, 0,
+            [&](size_t t, uint64_t off, uint64_t n, uint64_t) { std::memset(spans_[t].data() + off, kSentinel, n); }));
       }
       held_.erase(id);
       return ch_.send({{"ev", "freed"}, {"req", id}});
@@ -235,7 +250,8 @@ class Rank {
   Status raw(RequestId id, const std::string& instance) {
     auto it = held_.find(id);
     if (it == held_.end()) return Status::not_found("request " + std::to_string(id) + " is not held");
-    KVB_ASSIGN_OR_RETURN(std::vector<ConnectorWorker::RemoteRankView> remotes, worker_->remote_ranks(instance));
+    KVB_ASSIGN_OR_RETURN(std::vector<connector_internal::RemoteRankView> remotes,
+                         connector_internal::remote_ranks(*worker_, instance));
     std::vector<Layout> layouts;
     for (const auto& r : remotes) layouts.push_back(r.layout);
     KVB_ASSIGN_OR_RETURN(Plan p, plan(layout_, layouts, it->second.request));

@@ -107,14 +107,14 @@ Result<FailurePolicy> parse_failure_policy(std::string_view name);  // "fail", "
 // One rank's result for one request (ConnectorWorker::take_results()).
 struct LoadResult {
   RequestId request = 0;
-  Status error;                   // OK when every byte arrived
+  Status error;  // OK when every byte arrived
   bool aborted = false;
-  uint64_t first_bad_token = 0;   // error: KV before this token arrived whole, and a recompute may start here
+  uint64_t first_bad_token = 0;  // error: KV before this token arrived whole, and a recompute may start here
   uint64_t bytes = 0, descriptors = 0;
-  uint64_t naive_descriptors = 0; // one per (layer, component, block) for comparison
-  std::chrono::microseconds transfer_time{0};  // first submit to the last byte landing
-  std::chrono::microseconds completion_lag{0}; // the last byte landing to this result being ready
-  std::vector<uint32_t> sources;  // prefill tp_ranks read from
+  uint64_t naive_descriptors = 0;               // one per (layer, component, block) for comparison
+  std::chrono::microseconds transfer_time{0};   // first submit to the last byte landing
+  std::chrono::microseconds completion_lag{0};  // the last byte landing to this result being ready
+  std::vector<uint32_t> sources;                // prefill tp_ranks read from
 };
 
 enum class Outcome : uint8_t { kFinished, kFailed, kRecompute, kAborted };
@@ -123,8 +123,8 @@ std::string_view outcome_name(Outcome outcome);
 struct RequestOutcome {
   RequestId request = 0;
   Outcome outcome = Outcome::kFinished;
-  Status error;                   // the first rank's error (by rank order)
-  uint64_t recompute_from = 0;    // kRecompute: the first token to recompute
+  Status error;                 // the first rank's error (by rank order)
+  uint64_t recompute_from = 0;  // kRecompute: the first token to recompute
 };
 
 class DecodeScheduler {
@@ -161,7 +161,7 @@ class DecodeScheduler {
 // Worker side.
 
 struct WorkerOptions {
-  std::string instance_id;            // e.g. "prefill-0"; names this rank with its tp_rank
+  std::string instance_id;  // e.g. "prefill-0"; names this rank with its tp_rank
   std::string side_channel_host = "127.0.0.1";
   // Shared secret of the side channel: must be the engine's own
   // (EngineOptions::secret), so the handshake, the control channel and the
@@ -197,8 +197,8 @@ struct ReaderEvent {
 };
 
 struct WorkerStats {
-  uint64_t handshakes = 0;        // remote ranks fetched (once per remote rank per instance)
-  uint64_t handshakes_served = 0; // served by this rank's side channel
+  uint64_t handshakes = 0;         // remote ranks fetched (once per remote rank per instance)
+  uint64_t handshakes_served = 0;  // served by this rank's side channel
   uint64_t handshakes_rejected = 0;
   std::string last_rejection;
   uint64_t loads_started = 0, loads_ok = 0, loads_failed = 0, loads_aborted = 0;
@@ -224,16 +224,6 @@ class ConnectorWorker {
   // The side channels of a remote instance's ranks, in tp_rank order. Their
   // metadata is fetched on the first load from that instance, once per rank.
   virtual Status add_remote(const std::string& instance, std::vector<std::string> rank_addresses) = 0;
-
-  // What the handshake told this rank about a remote instance's ranks, in
-  // tp_rank order (for tools: the demo's raw process_vm_readv baseline).
-  // kNotFound before the first load from that instance.
-  struct RemoteRankView {
-    Layout layout;
-    int32_t pid = 0;
-    std::vector<uint64_t> tensor_bases;  // per layout tensor
-  };
-  virtual Result<std::vector<RemoteRankView>> remote_ranks(const std::string& instance) const = 0;
 
   // Decode side: plans `request` (local ids = this rank's blocks, remote ids
   // = the prefill instance's) and starts reading. Errors before anything

@@ -23,18 +23,18 @@ namespace kvbridge {
 // exception map.
 enum class Code : uint8_t {
   kOk = 0,
-  kInvalidArgument,   // malformed input: bad JSON, bad field, bad option
-  kOutOfRange,        // an index, offset or size outside what it refers to
-  kIncompatible,      // two valid things that cannot work together (identity)
-  kNotFound,          // a named thing (group, tensor, peer) does not exist
-  kAlreadyExists,     // a name or id is used twice
-  kResourceExhausted, // a bound on size or count was exceeded
-  kUnavailable,       // a transport or peer cannot be used here, and why
-  kTimeout,           // a deadline passed
-  kCancelled,         // the operation was cancelled
-  kIoError,           // the OS or the network failed
-  kInternal,          // a broken invariant: a bug in kvbridge
-  kPermissionDenied,  // authentication failed (a missing or wrong secret), or an access not granted
+  kInvalidArgument,    // malformed input: bad JSON, bad field, bad option
+  kOutOfRange,         // an index, offset or size outside what it refers to
+  kIncompatible,       // two valid things that cannot work together (identity)
+  kNotFound,           // a named thing (group, tensor, peer) does not exist
+  kAlreadyExists,      // a name or id is used twice
+  kResourceExhausted,  // a bound on size or count was exceeded
+  kUnavailable,        // a transport or peer cannot be used here, and why
+  kTimeout,            // a deadline passed
+  kCancelled,          // the operation was cancelled
+  kIoError,            // the OS or the network failed
+  kInternal,           // a broken invariant: a bug in kvbridge
+  kPermissionDenied,   // authentication failed (a missing or wrong secret), or an access not granted
 };
 
 // The lower-case name of a code ("invalid_argument"), stable for tools.
@@ -46,7 +46,6 @@ class [[nodiscard]] Status {
   Status() = default;
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
 
-  static Status ok_status() { return Status(); }
   static Status invalid_argument(std::string m) { return {Code::kInvalidArgument, std::move(m)}; }
   static Status out_of_range(std::string m) { return {Code::kOutOfRange, std::move(m)}; }
   static Status incompatible(std::string m) { return {Code::kIncompatible, std::move(m)}; }
@@ -80,7 +79,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit like std::expected
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit like std::expected
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     assert(!std::get<Status>(v_).ok() && "Result built from an OK Status");
   }
@@ -110,17 +109,16 @@ class [[nodiscard]] Result {
 }  // namespace kvbridge
 
 // Returns the Status from the enclosing function if `expr` is not OK.
-#define KVB_RETURN_IF_ERROR(expr)                 \
-  do {                                            \
-    ::kvbridge::Status kvb_status_ = (expr);      \
-    if (!kvb_status_.ok()) return kvb_status_;    \
+#define KVB_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::kvbridge::Status kvb_status_ = (expr);   \
+    if (!kvb_status_.ok()) return kvb_status_; \
   } while (0)
 
 #define KVB_CONCAT_INNER_(a, b) a##b
 #define KVB_CONCAT_(a, b) KVB_CONCAT_INNER_(a, b)
 // `KVB_ASSIGN_OR_RETURN(auto x, f());` binds the value or returns the error.
-#define KVB_ASSIGN_OR_RETURN(decl, expr)                          \
-  auto KVB_CONCAT_(kvb_result_, __LINE__) = (expr);               \
-  if (!KVB_CONCAT_(kvb_result_, __LINE__).has_value())            \
-    return KVB_CONCAT_(kvb_result_, __LINE__).error();            \
+#define KVB_ASSIGN_OR_RETURN(decl, expr)                                                                  \
+  auto KVB_CONCAT_(kvb_result_, __LINE__) = (expr);                                                       \
+  if (!KVB_CONCAT_(kvb_result_, __LINE__).has_value()) return KVB_CONCAT_(kvb_result_, __LINE__).error(); \
   decl = std::move(KVB_CONCAT_(kvb_result_, __LINE__)).value()

@@ -22,6 +22,7 @@ from ._kvbridge import (  # noqa: F401
     __version__,
     descriptor_dtype,
     has_cuda,
+    testing,  # hooks for tests and tools, not part of the API
 )
 from ._layout_builder import describe_tensor, dtype_name, layout_dict_from_tensors, layout_from_tensors  # noqa: F401
 
@@ -41,7 +42,7 @@ __all__ = [
     "EngineMetrics",
     # connector
     "PrefillScheduler", "DecodeScheduler", "ConnectorWorker", "Release", "RequestOutcome", "LoadResult",
-    "ReaderEvent", "WorkerStats", "RemoteRankView",
+    "ReaderEvent", "WorkerStats",
     "__version__", "has_cuda",
 ]
 

@@ -356,10 +356,16 @@ class WorkerStats:
     notifications_failed: int
     last_notification_error: str
 
-class RemoteRankView:
-    layout: Layout
-    pid: int
-    tensor_bases: List[int]
+class _Testing:
+    class RemoteRankView:
+        layout: Layout
+        pid: int
+        tensor_bases: List[int]
+    @staticmethod
+    def remote_ranks(worker: ConnectorWorker, instance: str) -> List["_Testing.RemoteRankView"]: ...
+
+# Hooks for tests and tools; not part of the API.
+testing: _Testing
 
 class ConnectorWorker:
     def __init__(self, engine: Engine, layout: Layout, tensors: Tensors, instance_id: str,
@@ -371,7 +377,6 @@ class ConnectorWorker:
     @property
     def layout(self) -> Layout: ...
     def add_remote(self, instance: str, rank_addresses: List[str]) -> None: ...
-    def remote_ranks(self, instance: str) -> List[RemoteRankView]: ...
     def start_load(self, request: int, instance: str, blocks: Request) -> None: ...
     def abort(self, request: int) -> None: ...
     def take_results(self) -> List[LoadResult]: ...

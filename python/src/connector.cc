@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <set>
 
+#include "connector/worker_internal.h"
 #include "engine_wrapper.h"
 #include "kvbridge/connector.h"
 
@@ -126,8 +127,9 @@ class PyWorker {
 void bind_schedulers(py::module_& m) {
   py::class_<Release>(m, "Release", "A held request whose blocks may be freed now (PrefillScheduler).")
       .def_readonly("request", &Release::request)
-      .def_property_readonly("reason", [](const Release& r) { return std::string(release_reason_name(r.reason)); },
-                             "'read', 'lease_expired' or 'aborted'.")
+      .def_property_readonly(
+          "reason", [](const Release& r) { return std::string(release_reason_name(r.reason)); },
+          "'read', 'lease_expired' or 'aborted'.")
       .def_readonly("readers_missing", &Release::readers_missing, "Expected readers that never reported done.")
       .def("__repr__", [](const Release& r) {
         return "Release(request=" + std::to_string(r.request) + ", reason='" +
@@ -174,7 +176,8 @@ void bind_schedulers(py::module_& m) {
           py::arg("event"), py::arg("now") = py::none(),
           "Feeds a ReaderEvent from ConnectorWorker.take_reader_events() (heartbeat or done).")
       .def(
-          "abort", [](PrefillScheduler& s, RequestId request, py::object now) { check(s.abort(request, to_steady(now))); },
+          "abort",
+          [](PrefillScheduler& s, RequestId request, py::object now) { check(s.abort(request, to_steady(now))); },
           py::arg("request"), py::arg("now") = py::none(),
           "Aborts; blocks are released once no reader is reading. Raises NotFound when not held.")
       .def(
@@ -191,8 +194,9 @@ void bind_schedulers(py::module_& m) {
 
   py::class_<RequestOutcome>(m, "RequestOutcome", "How a request ended on the decode instance (DecodeScheduler).")
       .def_readonly("request", &RequestOutcome::request)
-      .def_property_readonly("outcome", [](const RequestOutcome& o) { return std::string(outcome_name(o.outcome)); },
-                             "'finished', 'failed', 'recompute' or 'aborted'.")
+      .def_property_readonly(
+          "outcome", [](const RequestOutcome& o) { return std::string(outcome_name(o.outcome)); },
+          "'finished', 'failed', 'recompute' or 'aborted'.")
       .def_readonly("error", &RequestOutcome::error, "The first rank's error (a Status).")
       .def_readonly("recompute_from", &RequestOutcome::recompute_from, "'recompute': the first token to recompute.")
       .def("__repr__", [](const RequestOutcome& o) {
@@ -222,8 +226,7 @@ void bind_schedulers(py::module_& m) {
           "The request now waits for remote KV from every rank until `deadline` (time.monotonic()\n"
           "seconds; None: now + timeout seconds).")
       .def(
-          "rank_result",
-          [](DecodeScheduler& s, uint32_t rank, const LoadResult& r) { check(s.rank_result(rank, r)); },
+          "rank_result", [](DecodeScheduler& s, uint32_t rank, const LoadResult& r) { check(s.rank_result(rank, r)); },
           py::arg("rank"), py::arg("result"),
           "A rank's LoadResult. Raises NotFound for a request not waiting, InvalidArgument for a rank\n"
           "out of range or reported twice.")
@@ -234,7 +237,8 @@ void bind_schedulers(py::module_& m) {
                                                           : Status::unavailable(py::str(why).cast<std::string>()));
           },
           py::arg("rank"), py::arg("why"), "A rank is gone (why: a Status or a message): its requests fail.")
-      .def("abort", [](DecodeScheduler& s, RequestId request) { check(s.abort(request)); }, py::arg("request"))
+      .def(
+          "abort", [](DecodeScheduler& s, RequestId request) { check(s.abort(request)); }, py::arg("request"))
       .def(
           "take_outcomes", [](DecodeScheduler& s, py::object now) { return s.take_outcomes(to_steady(now)); },
           py::arg("now") = py::none(), "Ended requests, each exactly once; requests past their deadline fail.")
@@ -263,15 +267,15 @@ void bind_worker_values(py::module_& m) {
       .def_readonly("bytes", &LoadResult::bytes)
       .def_readonly("descriptors", &LoadResult::descriptors)
       .def_readonly("naive_descriptors", &LoadResult::naive_descriptors)
-      .def_property_readonly("transfer_time", [](const LoadResult& r) { return seconds_of(r.transfer_time); },
-                             "Seconds from the first submit to the last completion.")
+      .def_property_readonly(
+          "transfer_time", [](const LoadResult& r) { return seconds_of(r.transfer_time); },
+          "Seconds from the first submit to the last completion.")
       .def_readonly("sources", &LoadResult::sources, "Prefill tp_ranks read from.")
       .def_property_readonly("ok", [](const LoadResult& r) { return r.error.ok() && !r.aborted; })
       .def("__repr__", [](const LoadResult& r) {
         return "<kvbridge.LoadResult request=" + std::to_string(r.request) +
-               (r.error.ok() ? std::string(" ok") : " error=" + r.error.to_string()) +
-               (r.aborted ? " aborted" : "") + " bytes=" + std::to_string(r.bytes) +
-               " descriptors=" + std::to_string(r.descriptors) + ">";
+               (r.error.ok() ? std::string(" ok") : " error=" + r.error.to_string()) + (r.aborted ? " aborted" : "") +
+               " bytes=" + std::to_string(r.bytes) + " descriptors=" + std::to_string(r.descriptors) + ">";
       });
 
   py::class_<ReaderEvent>(m, "ReaderEvent", "A reader's heartbeat or done message, seen by a prefill rank.")
@@ -299,10 +303,20 @@ void bind_worker_values(py::module_& m) {
       .def_readonly("notifications_failed", &WorkerStats::notifications_failed)
       .def_readonly("last_notification_error", &WorkerStats::last_notification_error);
 
-  py::class_<ConnectorWorker::RemoteRankView>(m, "RemoteRankView", "What the handshake told about a remote rank.")
-      .def_readonly("layout", &ConnectorWorker::RemoteRankView::layout)
-      .def_readonly("pid", &ConnectorWorker::RemoteRankView::pid)
-      .def_readonly("tensor_bases", &ConnectorWorker::RemoteRankView::tensor_bases);
+  // Test hooks, out of the API: kvbridge.testing.
+  py::module_ t = m.def_submodule("testing", "Hooks for tests and tools; not part of the API.");
+  py::class_<connector_internal::RemoteRankView>(t, "RemoteRankView", "What the handshake told about a remote rank.")
+      .def_readonly("layout", &connector_internal::RemoteRankView::layout)
+      .def_readonly("pid", &connector_internal::RemoteRankView::pid)
+      .def_readonly("tensor_bases", &connector_internal::RemoteRankView::tensor_bases);
+  t.def(
+      "remote_ranks",
+      [](PyWorker& w, const std::string& instance) {
+        return unwrap(connector_internal::remote_ranks(w.get(), instance));
+      },
+      py::arg("worker"), py::arg("instance"),
+      "What the handshake told `worker` about a remote instance's ranks. Raises NotFound before the\n"
+      "first load from it.");
 }
 
 void bind_worker(py::module_& m) {
@@ -367,8 +381,9 @@ void bind_worker(py::module_& m) {
            "prefill rank, the default) or 'none' (a rank that only reads from others).\n"
            "load_chunk_tokens: loads move in token-ordered chunks of about this many tokens, so that\n"
            "a failed load's first_bad_token is its first chunk not whole (0: one chunk per load).")
-      .def_property_readonly("side_channel_address", [](PyWorker& w) { return w.get().side_channel_address(); },
-                             "host:port of this rank's side channel: give it to the other instance's add_remote().")
+      .def_property_readonly(
+          "side_channel_address", [](PyWorker& w) { return w.get().side_channel_address(); },
+          "host:port of this rank's side channel: give it to the other instance's add_remote().")
       .def_property_readonly("layout", [](PyWorker& w) { return w.get().layout(); })
       .def(
           "add_remote",
@@ -377,12 +392,6 @@ void bind_worker(py::module_& m) {
           },
           py::arg("instance"), py::arg("rank_addresses"),
           "The side channel addresses of a remote instance's ranks, in tp_rank order.")
-      .def(
-          "remote_ranks",
-          [](PyWorker& w, const std::string& instance) { return unwrap(w.get().remote_ranks(instance)); },
-          py::arg("instance"),
-          "What the handshake told about a remote instance's ranks. Raises NotFound before the first\n"
-          "load from it.")
       .def(
           "start_load",
           [](PyWorker& w, RequestId request, const std::string& instance, const Request& blocks) {
@@ -415,7 +424,8 @@ void bind_worker(py::module_& m) {
           "with aborted=True. Raises NotFound for an unknown request.")
       .def("take_results", &PyWorker::take_results, "LoadResults of loads that ended since the last call.")
       .def(
-          "wait_results", [](PyWorker& w, py::object timeout) { return w.wait_results(to_millis(timeout, milliseconds(0))); },
+          "wait_results",
+          [](PyWorker& w, py::object timeout) { return w.wait_results(to_millis(timeout, milliseconds(0))); },
           py::arg("timeout"),
           "Waits (GIL released) until a result is ready or `timeout` seconds pass; True when one is.")
       .def(
@@ -432,8 +442,9 @@ void bind_worker(py::module_& m) {
           py::arg("requests"), py::arg("timeout") = 60.0,
           "Waits for the LoadResults of `requests` (an id or ids) and returns {request: LoadResult}.\n"
           "Results of other requests stay for take_results(). Raises Timeout naming the missing ones.")
-      .def("take_reader_events", [](PyWorker& w) { return w.get().take_reader_events(); },
-           "Prefill side: readers' heartbeats and done messages since the last call.")
+      .def(
+          "take_reader_events", [](PyWorker& w) { return w.get().take_reader_events(); },
+          "Prefill side: readers' heartbeats and done messages since the last call.")
       .def("stats", [](PyWorker& w) { return w.get().stats(); })
       .def_property_readonly("closed", &PyWorker::closed)
       .def("close", &PyWorker::close,

@@ -78,7 +78,7 @@ def test_load_moves_blocks_and_readers_report_done(workers):
         time.sleep(0.01)
     assert any(e.kind == "done" and e.request == 5 and e.reader == "decode/r0" for e in events)
     assert wd.stats().handshakes == 1 and wp.stats().handshakes_served == 1
-    (view,) = wd.remote_ranks("prefill")
+    (view,) = kvbridge.testing.remote_ranks(wd, "prefill")
     assert view.layout == wp.layout and len(view.tensor_bases) == len(p)
 
 

@@ -36,7 +36,7 @@ class ChildProcess {
   // kUnavailable naming the program when it cannot be started; a program
   // that is not installed exits 127 at once.
   static Result<std::unique_ptr<ChildProcess>> spawn(const std::vector<std::string>& argv,
-                                                      const SpawnOptions& options = {});
+                                                     const SpawnOptions& options = {});
   // `sh -c COMMAND`: a command line with redirections. Start it with `exec`
   // ("exec timeout 60 iperf3 -s", "VAR=x exec prog") so the shell becomes the
   // program and the program is the child that dies with this process.
@@ -47,7 +47,6 @@ class ChildProcess {
 
   pid_t pid() const { return pid_; }
   int stdin_fd() const { return stdin_fd_; }
-  int stdout_fd() const { return stdout_fd_; }
   void close_stdin();
 
   // Sends `signal` while it runs.

@@ -17,6 +17,7 @@
 
 #include "common/thread_name.h"
 #include "connector/side_channel.h"
+#include "connector/worker_internal.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/verify.h"
@@ -36,7 +37,7 @@ struct Fetched {
 
 struct RemoteInstance {
   std::vector<std::string> addresses;
-  std::shared_ptr<const Fetched> fetched;   // null until the first load
+  std::shared_ptr<const Fetched> fetched;    // null until the first load
   std::vector<std::optional<PeerId>> peers;  // per rank, connected on first use as a source
 };
 
@@ -57,10 +58,10 @@ struct Load {
   std::vector<LoadChunk> chunks;        // in token order
   std::vector<LoadTransfer> transfers;  // chunk-major, in submission order
   std::vector<PeerId> peers;            // the source ranks read from
-  size_t pending = 0;                                      // transfers not ended yet
+  size_t pending = 0;                   // transfers not ended yet
   LoadResult result;
   Clock::time_point started;
-  Clock::time_point last_byte{};                           // the latest transfer end so far
+  Clock::time_point last_byte{};  // the latest transfer end so far
   bool aborted = false;
 };
 
@@ -114,8 +115,7 @@ class WorkerImpl final : public ConnectorWorker {
                                                                 layout_.tensors[t].memory, options_.remote_access));
       regions_.push_back(id);
       info.tensors.push_back(connector::TensorRegion{layout_.tensors[t].name, id,
-                                                     reinterpret_cast<uint64_t>(tensors[t].data()),
-                                                     tensors[t].size()});
+                                                     reinterpret_cast<uint64_t>(tensors[t].data()), tensors[t].size()});
     }
     info.engine_metadata = engine_.metadata();
     connector::SideChannelOptions sc;
@@ -146,16 +146,16 @@ class WorkerImpl final : public ConnectorWorker {
     return Status();
   }
 
-  Result<std::vector<RemoteRankView>> remote_ranks(const std::string& instance) const override {
+  Result<std::vector<connector_internal::RemoteRankView>> remote_ranks(const std::string& instance) const {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = remotes_.find(instance);
     if (it == remotes_.end() || !it->second.fetched) {
       return Status::not_found("no handshake with instance '" + instance + "' yet");
     }
     const Fetched& f = *it->second.fetched;
-    std::vector<RemoteRankView> out;
+    std::vector<connector_internal::RemoteRankView> out;
     for (size_t r = 0; r < f.infos.size(); ++r) {
-      RemoteRankView v{f.layouts[r], f.infos[r].pid, {}};
+      connector_internal::RemoteRankView v{f.layouts[r], f.infos[r].pid, {}};
       for (const connector::TensorRegion& t : f.infos[r].tensors) v.tensor_bases.push_back(t.base);
       out.push_back(std::move(v));
     }
@@ -170,7 +170,8 @@ class WorkerImpl final : public ConnectorWorker {
     lock.unlock();
     // Planning (and verifying) runs outside the lock, on the immutable snapshot.
     const std::vector<Layout>& layouts = fetched->layouts;
-    KVB_ASSIGN_OR_RETURN(std::vector<PlanChunk> chunks, plan_chunks(layout_, layouts, blocks, options_.load_chunk_tokens));
+    KVB_ASSIGN_OR_RETURN(std::vector<PlanChunk> chunks,
+                         plan_chunks(layout_, layouts, blocks, options_.load_chunk_tokens));
     if (options_.verify_plans) {
       // The verifier's independent rules on simulated memory: a plan that
       // would move one wrong byte is refused before anything moves. The
@@ -454,7 +455,8 @@ class WorkerImpl final : public ConnectorWorker {
         if (Clock::now() >= next_beat) {
           next_beat = Clock::now() + options_.heartbeat_interval;
           for (auto& [id, load] : loads_) {
-            for (PeerId p : load.peers) messages.emplace_back(p, std::string(kMessagePrefix) + "hb " + std::to_string(id));
+            for (PeerId p : load.peers)
+              messages.emplace_back(p, std::string(kMessagePrefix) + "hb " + std::to_string(id));
           }
         }
       }
@@ -479,9 +481,9 @@ class WorkerImpl final : public ConnectorWorker {
       const LoadChunk& c = load.chunks[t.chunk];
       first_bad = std::min(first_bad, c.resume_token);
       if (!load.result.error.ok()) continue;
-      load.result.error = st.error.ok() ? Status::internal("transfer ended as " +
-                                                           std::string(transfer_state_name(st.state)))
-                                        : st.error;
+      load.result.error = st.error.ok()
+                              ? Status::internal("transfer ended as " + std::string(transfer_state_name(st.state)))
+                              : st.error;
       std::string what = "request " + std::to_string(load.request) + ": reading from " + load.instance + " rank " +
                          std::to_string(t.source) + " (";
       if (load.chunks.size() > 1) {
@@ -540,14 +542,23 @@ Result<std::unique_ptr<ConnectorWorker>> ConnectorWorker::create(Engine& engine,
                                                                  const WorkerOptions& options) {
   KVB_RETURN_IF_ERROR(validate(layout).with_context("worker layout"));
   if (engine.has_secret() != !options.secret.empty()) {
-    return Status::invalid_argument(engine.has_secret()
-                                        ? "the engine has a shared secret but the worker has none: give both the same"
-                                        : "the worker has a shared secret but its engine has none (EngineOptions::secret): "
-                                          "give both the same");
+    return Status::invalid_argument(
+        engine.has_secret() ? "the engine has a shared secret but the worker has none: give both the same"
+                            : "the worker has a shared secret but its engine has none (EngineOptions::secret): "
+                              "give both the same");
   }
   auto w = std::make_unique<WorkerImpl>(engine, layout, options);
   KVB_RETURN_IF_ERROR(w->init(tensors));
   return std::unique_ptr<ConnectorWorker>(std::move(w));
 }
 
+namespace connector_internal {
+
+Result<std::vector<RemoteRankView>> remote_ranks(const ConnectorWorker& worker, const std::string& instance) {
+  const auto* impl = dynamic_cast<const WorkerImpl*>(&worker);
+  if (impl == nullptr) return Status::invalid_argument("not a worker made by ConnectorWorker::create");
+  return impl->remote_ranks(instance);
+}
+
+}  // namespace connector_internal
 }  // namespace kvbridge

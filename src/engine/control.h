@@ -104,8 +104,12 @@ class Channel {
     Clock::time_point deadline;
     std::function<void(Status)> done;
   };
-  Channel(Control* control, net::Fd fd, net::Session session, std::string peer, std::function<void(const Status&)> on_gone)
-      : control_(control), fd_(std::move(fd)), session_(std::move(session)), peer_(std::move(peer)),
+  Channel(Control* control, net::Fd fd, net::Session session, std::string peer,
+          std::function<void(const Status&)> on_gone)
+      : control_(control),
+        fd_(std::move(fd)),
+        session_(std::move(session)),
+        peer_(std::move(peer)),
         on_gone_(std::move(on_gone)) {}
   // Under mu_: records the end once; returns the callbacks to run (outside).
   std::vector<std::function<void(Status)>> end_locked(const Status& why);
@@ -117,12 +121,12 @@ class Channel {
   const std::function<void(const Status&)> on_gone_;
   mutable std::mutex mu_;
   uint64_t next_seq_ = 0;
-  std::string out_;         // frames not yet written
+  std::string out_;  // frames not yet written
   size_t out_pos_ = 0;
   std::map<uint64_t, Pending> pending_;  // by seq, awaiting their Ack
-  Status gone_;             // OK while open
+  Status gone_;                          // OK while open
   bool gone_reported_ = false;
-  std::string in_;          // control thread only: unparsed bytes
+  std::string in_;  // control thread only: unparsed bytes
 };
 
 class Control {
@@ -150,9 +154,6 @@ class Control {
   // fail); on_gone does not fire.
   void close(const std::shared_ptr<Channel>& channel);
 
-  // The listener's counters (for tests and metrics).
-  net::ListenerStats listener_stats() const { return listener_->stats(); }
-
  private:
   friend class Channel;
   struct Inbound;
@@ -161,8 +162,8 @@ class Control {
   void adopt(net::Accepted accepted);
   void loop();
   void wake();
-  bool read_inbound(Inbound& in);  // false: close it
-  bool read_channel(Channel& ch);  // false: the connection ended
+  bool read_inbound(Inbound& in);   // false: close it
+  bool read_channel(Channel& ch);   // false: the connection ended
   bool write_channel(Channel& ch);  // false: the connection ended
   void expire(Channel& ch, Clock::time_point now);
   void end_channel(Channel& ch, const Status& why, bool report);
@@ -174,10 +175,10 @@ class Control {
   std::mutex mu_;  // guards channels_, adopted_, per_peer_ and stop_
   bool stop_ = false;
   std::vector<std::shared_ptr<Channel>> channels_;
-  std::vector<net::Accepted> adopted_;  // kept by the listener, not yet polled
+  std::vector<net::Accepted> adopted_;                           // kept by the listener, not yet polled
   std::map<std::pair<std::string, uint64_t>, size_t> per_peer_;  // inbound connections per identity
-  std::vector<std::unique_ptr<Inbound>> inbound_;  // control thread only
-  std::unique_ptr<net::Listener> listener_;  // last: stopped first
+  std::vector<std::unique_ptr<Inbound>> inbound_;                // control thread only
+  std::unique_ptr<net::Listener> listener_;                      // last: stopped first
 };
 
 // The control protocol's payload limits (for its FrameReaders).

@@ -143,9 +143,16 @@ TEST(ListenerTest, OutOfDescriptorsPausesAcceptingInsteadOfSpinning) {
   rlimit old{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
   std::vector<Fd> fill;
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
   const pid_t child = ::fork();
   if (child == 0) {
-    // The client: many connections the listener cannot accept.
+    // The client: many connections the listener cannot accept, once the
+    // parent has no descriptor left (a slow build must not let it accept
+    // them first).
+    char c;
+    ::close(go[1]);
+    if (::read(go[0], &c, 1) != 1) ::_exit(1);
     std::vector<Fd> conns;
     for (int i = 0; i < 20; ++i) {
       Result<Fd> fd = dial(f->listener->address(), IoLimits{Clock::now() + 2s, nullptr, nullptr}, "c");
@@ -156,6 +163,7 @@ TEST(ListenerTest, OutOfDescriptorsPausesAcceptingInsteadOfSpinning) {
   }
   // Use up this process's descriptors, then measure its CPU while the
   // client's connections wait.
+  ::close(go[0]);
   rlimit low = old;
   low.rlim_cur = 64;
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
@@ -164,6 +172,8 @@ TEST(ListenerTest, OutOfDescriptorsPausesAcceptingInsteadOfSpinning) {
     if (fd < 0) break;
     fill.emplace_back(fd);
   }
+  ASSERT_EQ(::write(go[1], "g", 1), 1);
+  ::close(go[1]);
   rusage before{}, after{};
   ::getrusage(RUSAGE_SELF, &before);
   std::this_thread::sleep_for(1500ms);

@@ -49,8 +49,6 @@ void write_part_header(uint8_t* o, const ObjectKey& key, uint64_t object_bytes, 
 
 bool has_checksum(const uint8_t* o) { return (get_le(o + 48, 4) & kFlagChecksum) != 0; }
 
-uint64_t payload_checksum(const uint8_t* payload, uint64_t bytes) { return XXH3_64bits(payload, bytes); }
-
 void assembled_checksum(const uint8_t* payload, uint64_t bytes, uint8_t out[8]) {
   uint8_t digest[SHA_DIGEST_LENGTH];
   ::SHA1(payload, bytes, digest);

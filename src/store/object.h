@@ -42,9 +42,6 @@ void write_part_header(uint8_t* object, const ObjectKey& key, uint64_t object_by
 // True when the header (at least 64 bytes) says the payload has a checksum.
 bool has_checksum(const uint8_t* object);
 
-// XXH3-64 of a payload, the checksum of the header.
-uint64_t payload_checksum(const uint8_t* payload, uint64_t bytes);
-
 // The first 8 bytes of SHA-1 of a payload, as an assembled object's header
 // holds them (what the shared tier writes when it completes the object).
 void assembled_checksum(const uint8_t* payload, uint64_t bytes, uint8_t out[8]);

@@ -23,6 +23,7 @@
 #include "store/redis_tier.h"
 #include "store/test_support.h"
 #include "testing/redis_server.h"
+#include "testing/require.h"
 
 namespace kvbridge {
 namespace {
@@ -38,7 +39,7 @@ class RedisStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
     Result<std::unique_ptr<testing::RedisServer>> s = testing::RedisServer::start();
-    if (!s.ok()) GTEST_SKIP() << s.error().to_string() << " (scripts/deps.sh installs it)";
+    if (!s.ok()) KVB_SKIP_UNLESS_REQUIRED("redis", s.error().to_string() + " (scripts/deps.sh installs it)");
     server_ = std::move(*s);
   }
   std::shared_ptr<Store> store(uint64_t H = 16, std::chrono::milliseconds timeout = 2000ms,
@@ -84,8 +85,8 @@ std::vector<Rank> ranks(const std::shared_ptr<Store>& s, uint32_t tp, uint64_t b
 
 void put_all(std::vector<Rank>& rs, const std::vector<uint32_t>& t, uint64_t n, uint64_t seed) {
   for (Rank& r : rs) {
-    ASSERT_TRUE(fill_request(r.mem.layout, make_request(r.mem.layout, n), RequestSide::kLocal, 0, seed,
-                             r.mem.memory()).ok());
+    ASSERT_TRUE(
+        fill_request(r.mem.layout, make_request(r.mem.layout, n), RequestSide::kLocal, 0, seed, r.mem.memory()).ok());
     ASSERT_TRUE(r.store.put(t, make_request(r.mem.layout, n), r.mem.memory()).ok());
   }
 }
@@ -166,8 +167,8 @@ bool put_rank(RedisStoreTest* t, uint32_t tp, uint32_t rank, const std::vector<u
   auto s = t->shared_store(ttl);
   auto r = ranks(s, tp, 16, static_cast<int>(rank));
   Rank& me = r[0];
-  EXPECT_TRUE(fill_request(me.mem.layout, make_request(me.mem.layout, n), RequestSide::kLocal, 0, 5,
-                           me.mem.memory()).ok());
+  EXPECT_TRUE(
+      fill_request(me.mem.layout, make_request(me.mem.layout, n), RequestSide::kLocal, 0, 5, me.mem.memory()).ok());
   Result<PutResult> p = me.store.put(toks, make_request(me.mem.layout, n), me.mem.memory());
   EXPECT_TRUE(p.ok()) << p.status().to_string();
   if (!p.ok()) return false;
@@ -197,7 +198,8 @@ TEST_F(RedisStoreTest, RanksInSeparateProcessesAssembleObjectsInRedis) {
     auto w = store(16, 2000ms, Assembly::kShared);
     auto rk = ranks(w, 2, 16, 1);
     EXPECT_TRUE(fill_request(rk[0].mem.layout, make_request(rk[0].mem.layout, 100), RequestSide::kLocal, 0, 5,
-                             rk[0].mem.memory()).ok());
+                             rk[0].mem.memory())
+                    .ok());
     Result<PutResult> p = rk[0].store.put(t, make_request(rk[0].mem.layout, 100), rk[0].mem.memory());
     return p.ok() && p->objects_present == 6 && p->parts_written == 0 && p->bytes_copied == 0;
   })));
@@ -241,7 +243,7 @@ TEST_F(RedisStoreTest, RedisDownInTheMiddleOfARunDegradesToMisses) {
   server_->stop();  // SIGKILL: connections reset, port closed
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(get_all(rb, p1, 64, 1), 0u) << "only Redis had it: a miss";
-  put_all(wa, p2, 64, 2);                 // the write-through fails: memory only
+  put_all(wa, p2, 64, 2);                  // the write-through fails: memory only
   EXPECT_EQ(get_all(wa, p1, 64, 1), 64u);  // memory still serves
   EXPECT_EQ(get_all(wa, p2, 64, 2), 64u);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(get_all(rb, p2, 64, 2), 0u);
@@ -278,8 +280,7 @@ TEST_F(RedisStoreTest, TheTierMovesValuesOfEverySizeByteExact) {
   RedisOptions o = *store()->options().redis;
   o.pipeline_depth = 3;
   store_internal::RedisTier tier(o);
-  const std::vector<uint64_t> sizes = {0, 1, 1024, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, (256 << 10) + 7,
-                                       3 << 20};
+  const std::vector<uint64_t> sizes = {0, 1, 1024, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, (256 << 10) + 7, 3 << 20};
   std::vector<std::string> keys;
   std::vector<std::vector<uint8_t>> values;
   std::vector<std::span<const uint8_t>> spans;

@@ -25,6 +25,7 @@
 #include "net/opening.h"
 #include "net/socket.h"
 #include "net/wire.h"
+#include "testing/require.h"
 #include "transport/transport.h"
 
 namespace kvbridge {
@@ -218,8 +219,10 @@ TEST(AttackTest, IdleAndOpenedStreamsNeverTakeTheTcpServerDown) {
     body.str("attacker " + std::to_string(i % 2));
     Result<net::Opened> o = net::open_client(
         fd.get(), net::OpeningConfig{net::Protocol::kTcp, 2, "", net::OpeningLimits{8 + 4 + 256, 0}}, body.take(),
-        [](uint8_t t) { return t >= 16 ? size_t{1} << 21 : net::opening_limit(t, {268, 0}); }, {Clock::now() + 5s},
-        "attacker");
+        [](uint8_t t) {
+          return t >= 16 ? size_t{1} << 21 : net::opening_limit(t, {268, 0});
+        },
+        {Clock::now() + 5s}, "attacker");
     if (o.ok()) ++opened;
     held.push_back(std::move(fd));
   }
@@ -248,7 +251,9 @@ TEST(AttackTest, AFloodOfIdleControlConnectionsDoesNotLockOutARealReader) {
   const rlimit old = r;
   r.rlim_cur = r.rlim_max;
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &r), 0);
-  if (r.rlim_cur < 9000) GTEST_SKIP() << "needs 9000 descriptors, the hard limit is " << r.rlim_cur;
+  if (r.rlim_cur < 9000) {
+    KVB_SKIP_UNLESS_REQUIRED("fds", "needs 9000 descriptors, the hard limit is " + std::to_string(r.rlim_cur));
+  }
   auto prefill = make_rank("prefill/r0", "prefill", "local", "", RemoteAccess::kRead);
   const engine_internal::EngineMetadata pm = metadata_of(*prefill->engine);
   std::vector<net::Fd> idle;
@@ -258,10 +263,11 @@ TEST(AttackTest, AFloodOfIdleControlConnectionsDoesNotLockOutARealReader) {
   ::getrusage(RUSAGE_SELF, &before);
   std::this_thread::sleep_for(1s);
   ::getrusage(RUSAGE_SELF, &after);
-  const long cpu_us = (after.ru_utime.tv_sec - before.ru_utime.tv_sec + after.ru_stime.tv_sec - before.ru_stime.tv_sec) *
-                          1000000L +
-                      after.ru_utime.tv_usec - before.ru_utime.tv_usec + after.ru_stime.tv_usec - before.ru_stime.tv_usec;
-  EXPECT_LT(cpu_us, 50000) << "the listeners spent " << cpu_us / 1000 << " ms of CPU in 1 s while idle connections waited";
+  const long cpu_us =
+      (after.ru_utime.tv_sec - before.ru_utime.tv_sec + after.ru_stime.tv_sec - before.ru_stime.tv_sec) * 1000000L +
+      after.ru_utime.tv_usec - before.ru_utime.tv_usec + after.ru_stime.tv_usec - before.ru_stime.tv_usec;
+  EXPECT_LT(cpu_us, 50000) << "the listeners spent " << cpu_us / 1000
+                           << " ms of CPU in 1 s while idle connections waited";
   auto decode = make_rank("decode/r0", "decode", "local", "", RemoteAccess::kNone);
   const auto t0 = Clock::now();
   Result<PeerId> peer = decode->engine->connect(prefill->engine->metadata());
@@ -398,9 +404,9 @@ TEST(AttackTest, APullModePrefillRefusesWritesAndWithASecretTellsNothing) {
   std::vector<uint8_t> junk(4096, 0x66);
   transport::RunControl control;
   control.deadline = Clock::now() + 2s;
-  Status w = (*link)->run(TransferOp::kWrite,
-                          std::vector<transport::Copy>{{junk.data(), m->segments[0].base, junk.size(), m->segments[0].id}},
-                          control);
+  Status w = (*link)->run(
+      TransferOp::kWrite,
+      std::vector<transport::Copy>{{junk.data(), m->segments[0].base, junk.size(), m->segments[0].id}}, control);
   EXPECT_EQ(w.code(), Code::kPermissionDenied) << w.to_string();
   EXPECT_EQ(prefill->mem[0], before) << "a write landed in the prefill's KV";
   // Through an engine: submit refuses before anything is sent.
@@ -409,8 +415,8 @@ TEST(AttackTest, APullModePrefillRefusesWritesAndWithASecretTellsNothing) {
   std::unique_ptr<Engine> e = std::move(*Engine::create(eo));
   RegionId local = *e->register_memory(junk.data(), junk.size());
   PeerId p = *e->connect(info->engine_metadata);
-  Result<TransferId> t = e->submit(p, TransferOp::kWrite,
-                                   std::vector<TransferItem>{{local, 0, info->tensors[0].region, 0, 4096}});
+  Result<TransferId> t =
+      e->submit(p, TransferOp::kWrite, std::vector<TransferItem>{{local, 0, info->tensors[0].region, 0, 4096}});
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.error().code(), Code::kPermissionDenied) << t.error().to_string();
   // With a secret: no metadata, no stream.

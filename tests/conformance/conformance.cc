@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "engine/engine_impl.h"
+#include "testing/require.h"
 
 namespace kvbridge::conformance {
 
@@ -17,7 +18,8 @@ void ConformanceBase::SetUp() {
   std::vector<TransportReport> reports;
   Result<std::vector<std::unique_ptr<transport::Transport>>> made = engine_internal::make_transports(options, &reports);
   if (!made.ok() && made.error().code() == Code::kUnavailable) {
-    GTEST_SKIP() << "transport '" << GetParam().transport << "' cannot run here: " << made.error().message();
+    KVB_SKIP_UNLESS_REQUIRED(GetParam().transport,
+                             "transport '" + GetParam().transport + "' cannot run here: " + made.error().message());
   }
   ASSERT_TRUE(made.ok()) << made.error().to_string();
   std::vector<std::unique_ptr<transport::Transport>> wrapped;

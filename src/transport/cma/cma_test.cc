@@ -15,6 +15,7 @@
 #include <cstring>
 #include <thread>
 
+#include "testing/link_run.h"
 #include "testing/require.h"
 #include "transport/transport.h"
 
@@ -125,15 +126,7 @@ class CmaTest : public ::testing::Test {
   }
 
   Status run(TransferOp op, const std::vector<Copy>& copies, std::chrono::milliseconds timeout = 20s) {
-    RunControl control;
-    control.deadline = Clock::now() + timeout;
-    Status s = link_->run(op, copies, control);
-    if (s.ok()) {
-      uint64_t total = 0;
-      for (const Copy& c : copies) total += c.bytes;
-      EXPECT_EQ(control.bytes_done.load(), total);
-    }
-    return s;
+    return testing::run_link(*link_, op, copies, timeout);
   }
 
   std::unique_ptr<Transport> transport_;
@@ -228,8 +221,8 @@ TEST_F(CmaTest, ConnectRefusesAPeerWithoutItsCanaryOrWithAMalformedOne) {
   Status s = transport_->can_reach(p);
   EXPECT_EQ(s.code(), Code::kUnavailable) << s.to_string();
   EXPECT_NE(s.message().find("does not hold the canary it advertised"), std::string::npos) << s.message();
-  for (const char* bad : {"canary=12:zz", "canary=0:00112233445566778899aabbccddeeff", "canary=1234",
-                          "canary=99:00112233"}) {
+  for (const char* bad :
+       {"canary=12:zz", "canary=0:00112233445566778899aabbccddeeff", "canary=1234", "canary=99:00112233"}) {
     p = peer();
     p.address = p.address.substr(0, p.address.find("canary=")) + bad;
     s = transport_->can_reach(p);

@@ -51,7 +51,6 @@ class TcpServer {
 
   uint16_t port() const { return listener_->address().port; }
   uint64_t instance() const { return instance_; }
-  net::ListenerStats listener_stats() const { return listener_->stats(); }
 
   void add_segment(uint32_t id, uint64_t base, uint64_t bytes, uint8_t access);
   // When it returns, no stream touches [base, base + bytes) of `id` again.
@@ -89,7 +88,7 @@ class TcpServer {
 
   std::mutex conns_mutex_;
   std::list<std::unique_ptr<Conn>> conns_;
-  std::map<std::string, size_t> per_peer_;  // streams per client label, guarded by conns_mutex_
+  std::map<std::string, size_t> per_peer_;   // streams per client label, guarded by conns_mutex_
   std::unique_ptr<net::Listener> listener_;  // last: stopped first
 };
 

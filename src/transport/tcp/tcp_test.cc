@@ -16,6 +16,7 @@
 #include "net/opening.h"
 #include "net/socket.h"
 #include "net/wire.h"
+#include "testing/link_run.h"
 #include "transport/tcp/tcp_link.h"
 #include "transport/tcp/tcp_protocol.h"
 #include "transport/transport.h"
@@ -60,15 +61,7 @@ class TcpTest : public ::testing::Test {
   }
 
   Status run(TransferOp op, const std::vector<Copy>& copies, std::chrono::milliseconds timeout = 20s) {
-    RunControl control;
-    control.deadline = Clock::now() + timeout;
-    Status s = link_->run(op, copies, control);
-    if (s.ok()) {
-      uint64_t total = 0;
-      for (const Copy& c : copies) total += c.bytes;
-      EXPECT_EQ(control.bytes_done.load(), total);
-    }
-    return s;
+    return testing::run_link(*link_, op, copies, timeout);
   }
 
   // A link over one stream, so which stream a run takes is known.
@@ -378,8 +371,10 @@ TEST(TcpSecretTest, StreamsWithoutTheSecretAreRefusedAndTaggedOnesServed) {
   std::vector<uint8_t> local(4096, 0);
   RunControl control;
   control.deadline = Clock::now() + 5s;
-  ASSERT_TRUE((*link)->run(TransferOp::kRead, std::vector<Copy>{{local.data(), reinterpret_cast<uint64_t>(mem.data()),
-                                                                  4096, 1}}, control).ok());
+  ASSERT_TRUE((*link)
+                  ->run(TransferOp::kRead,
+                        std::vector<Copy>{{local.data(), reinterpret_cast<uint64_t>(mem.data()), 4096, 1}}, control)
+                  .ok());
   EXPECT_EQ(local[4095], 9);
   auto plain = make_tcp_transport("127.0.0.1", 1, "");
   EXPECT_FALSE((*plain)->connect(p).ok()) << "a client without the secret connected";

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "conformance/pattern.h"
+#include "testing/link_run.h"
 #include "testing/peer_info.h"
 #include "testing/require.h"
 
@@ -96,14 +97,14 @@ Result<std::string> LinkPeer::command(const std::string& line) {
 }
 
 Status LinkPeer::fill(uint64_t offset, uint64_t len, uint32_t seed) {
-  KVB_ASSIGN_OR_RETURN(std::string answer, command("fill " + std::to_string(offset) + " " + std::to_string(len) +
-                                                   " " + std::to_string(seed)));
+  KVB_ASSIGN_OR_RETURN(std::string answer, command("fill " + std::to_string(offset) + " " + std::to_string(len) + " " +
+                                                   std::to_string(seed)));
   return answer == "ok" ? Status() : Status::internal("link_peer: " + answer);
 }
 
 Result<uint64_t> LinkPeer::count(uint64_t offset, uint64_t len, uint8_t value) {
-  KVB_ASSIGN_OR_RETURN(std::string answer, command("count " + std::to_string(offset) + " " + std::to_string(len) +
-                                                   " " + std::to_string(value)));
+  KVB_ASSIGN_OR_RETURN(std::string answer, command("count " + std::to_string(offset) + " " + std::to_string(len) + " " +
+                                                   std::to_string(value)));
   uint64_t n = 0;
   if (std::sscanf(answer.c_str(), "count %lu", &n) != 1) return Status::internal("link_peer: " + answer);
   return n;
@@ -204,7 +205,8 @@ std::unique_ptr<LinkConformance::Flight> LinkConformance::launch(TransferOp op, 
   auto outcome = std::make_shared<Outcome>();
   flight->outcome_ = outcome;
   if (GetParam().path == RunPath::kRun) {
-    flight->thread_ = std::thread([this, op, copies, &control, outcome] { outcome->set(link_->run(op, copies, control)); });
+    flight->thread_ =
+        std::thread([this, op, copies, &control, outcome] { outcome->set(link_->run(op, copies, control)); });
   } else {
     {
       std::lock_guard lock(outcomes_mu_);
@@ -216,10 +218,10 @@ std::unique_ptr<LinkConformance::Flight> LinkConformance::launch(TransferOp op, 
 }
 
 Status LinkConformance::run(TransferOp op, const std::vector<Copy>& copies, std::chrono::milliseconds timeout) {
+  if (GetParam().path == RunPath::kRun) return kvbridge::testing::run_link(*link_, op, copies, timeout);
   RunControl control;
   control.deadline = Clock::now() + timeout;
-  const Status s = GetParam().path == RunPath::kRun ? link_->run(op, copies, control)
-                                                    : launch(op, copies, control)->wait();
+  const Status s = launch(op, copies, control)->wait();
   if (s.ok()) {
     uint64_t total = 0;
     for (const Copy& c : copies) total += c.bytes;
@@ -228,8 +230,7 @@ Status LinkConformance::run(TransferOp op, const std::vector<Copy>& copies, std:
   return s;
 }
 
-::testing::AssertionResult LinkConformance::await_progress(const RunControl& control, uint64_t bytes,
-                                                           Flight& flight) {
+::testing::AssertionResult LinkConformance::await_progress(const RunControl& control, uint64_t bytes, Flight& flight) {
   const Clock::time_point limit = Clock::now() + 20s;
   while (control.bytes_done.load() < bytes) {
     if (std::optional<Status> ended = flight.outcome_->wait(0ms)) {
@@ -237,8 +238,8 @@ Status LinkConformance::run(TransferOp op, const std::vector<Copy>& copies, std:
                                            << control.bytes_done.load() << " bytes, before " << bytes;
     }
     if (Clock::now() >= limit) {
-      return ::testing::AssertionFailure() << "the run moved " << control.bytes_done.load() << " bytes in 20 s, not "
-                                           << bytes;
+      return ::testing::AssertionFailure()
+             << "the run moved " << control.bytes_done.load() << " bytes in 20 s, not " << bytes;
     }
     std::this_thread::sleep_for(1ms);
   }
@@ -246,7 +247,7 @@ Status LinkConformance::run(TransferOp op, const std::vector<Copy>& copies, std:
 }
 
 LinkConformance::Interrupted LinkConformance::interrupt_long_run(TransferOp op,
-                                                                const std::function<void(RunControl&)>& interrupt) {
+                                                                 const std::function<void(RunControl&)>& interrupt) {
   const std::vector<Copy> copies = long_copies();
   RunControl control;
   control.deadline = Clock::now() + 60s;
