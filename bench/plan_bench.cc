@@ -68,8 +68,11 @@ struct Scenario {
 std::vector<Layout> instance(const Scenario& s, uint32_t tp, Order order, uint64_t num_blocks) {
   std::vector<Layout> ranks;
   for (uint32_t r = 0; r < tp; ++r) {
-    Result<Layout> l = make_preset(PresetOptions{.name = s.preset, .tp_size = tp, .tp_rank = r,
-                                                 .block_tokens = s.block_tokens, .order = order,
+    Result<Layout> l = make_preset(PresetOptions{.name = s.preset,
+                                                 .tp_size = tp,
+                                                 .tp_rank = r,
+                                                 .block_tokens = s.block_tokens,
+                                                 .order = order,
                                                  .num_blocks = num_blocks});
     if (!l) {
       std::fprintf(stderr, "plan_bench: %s\n", l.error().to_string().c_str());
@@ -86,8 +89,7 @@ uint64_t num_blocks_for(const Scenario& s) {
   uint64_t need = 64;
   if (probe) {
     for (const Group& g : probe->groups) {
-      need += g.kind == GroupKind::kState ? gen::kMaxStateBlocks
-                                          : gen::token_list_length(g.block_tokens, kTokens);
+      need += g.kind == GroupKind::kState ? gen::kMaxStateBlocks : gen::token_list_length(g.block_tokens, kTokens);
     }
   }
   return need;
@@ -268,6 +270,8 @@ constexpr auto kB = Order::kBLHNC;
 constexpr auto kSeq = gen::BlockIds::kConsecutive;
 constexpr auto kShuf = gen::BlockIds::kShuffled;
 
+// The first argument is the benchmark's name, as written.
+// clang-format off
 BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/consecutive,
                   Scenario{"llama3-70b", 8, 8, kL, kL, 16, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/shuffled,
@@ -312,6 +316,7 @@ BENCHMARK_CAPTURE(BM_Instantiate, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/consecu
                   Scenario{"qwen3-next", 4, 2, kN, kN, 64, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Instantiate, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/shuffled,
                   Scenario{"qwen3-next", 4, 2, kN, kN, 64, kShuf})->Unit(benchmark::kMillisecond);
+// clang-format on
 
 }  // namespace
 }  // namespace kvbridge

@@ -21,9 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view bytes(reinterpret_cast<const char*>(data), size);
   std::string_view payload = bytes;
   if (size >= net::kFrameHeaderBytes) {
-    kvbridge::Result<net::FrameHeader> h = net::decode_header(bytes.substr(0, net::kFrameHeaderBytes),
-                                                              net::Protocol::kSideChannel, hs::kHandshakeVersion,
-                                                              hs::max_payload_bytes);
+    kvbridge::Result<net::FrameHeader> h =
+        net::decode_header(bytes.substr(0, net::kFrameHeaderBytes), net::Protocol::kSideChannel, hs::kHandshakeVersion,
+                           hs::max_payload_bytes);
     if (h.ok()) {
       payload = bytes.substr(net::kFrameHeaderBytes);
       if (h->type == net::kRefuse) {

@@ -27,8 +27,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   };
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   if (size < net::kFrameHeaderBytes) return 0;
-  kvbridge::Result<net::FrameHeader> h =
-      net::decode_header(bytes.substr(0, net::kFrameHeaderBytes), net::Protocol::kTcp, tcp::kVersion, tcp::payload_limit);
+  kvbridge::Result<net::FrameHeader> h = net::decode_header(bytes.substr(0, net::kFrameHeaderBytes),
+                                                            net::Protocol::kTcp, tcp::kVersion, tcp::payload_limit);
   if (!h.ok()) return 0;
   const std::string_view payload = bytes.substr(net::kFrameHeaderBytes, h->payload_bytes);
   std::vector<tcp::Range> ranges;

@@ -7,7 +7,7 @@ PACKAGES=(
   cmake ninja-build g++ make pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libxxhash-dev libcli11-dev
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev clang-format-14
   libssl-dev
   python3 jq iproute2
   libucx-dev ucx-utils iperf3

@@ -71,16 +71,16 @@ class SummaryEnvironment : public ::testing::Environment {
  public:
   void TearDown() override {
     const Totals& t = grand_totals();
-    std::printf("[ matrix    ] %llu plans, %llu template instances and %llu chunked requests verified over %llu "
-                "combinations (%llu TP pairs "
-                "skipped); %llu descriptors (naive scheme: %llu), %llu bytes\n",
-                (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.chunked,
-                (unsigned long long)t.combos, (unsigned long long)t.skipped,
-                (unsigned long long)t.descriptors, (unsigned long long)t.naive, (unsigned long long)t.bytes);
+    std::printf(
+        "[ matrix    ] %llu plans, %llu template instances and %llu chunked requests verified over %llu "
+        "combinations (%llu TP pairs "
+        "skipped); %llu descriptors (naive scheme: %llu), %llu bytes\n",
+        (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.chunked,
+        (unsigned long long)t.combos, (unsigned long long)t.skipped, (unsigned long long)t.descriptors,
+        (unsigned long long)t.naive, (unsigned long long)t.bytes);
   }
 };
-[[maybe_unused]] ::testing::Environment* const kSummary =
-    ::testing::AddGlobalTestEnvironment(new SummaryEnvironment);
+[[maybe_unused]] ::testing::Environment* const kSummary = ::testing::AddGlobalTestEnvironment(new SummaryEnvironment);
 
 bool full_matrix() {
   const char* v = std::getenv("KVB_MATRIX_FULL");
@@ -127,8 +127,8 @@ Result<std::vector<Layout>> instance(const std::string& preset, uint32_t tp, uin
                                      uint64_t num_blocks) {
   std::vector<Layout> ranks;
   for (uint32_t r = 0; r < tp; ++r) {
-    Result<Layout> l = make_preset(PresetOptions{.name = preset, .tp_size = tp, .tp_rank = r,
-                                                 .block_tokens = block, .order = order, .num_blocks = num_blocks});
+    Result<Layout> l = make_preset(PresetOptions{
+        .name = preset, .tp_size = tp, .tp_rank = r, .block_tokens = block, .order = order, .num_blocks = num_blocks});
     if (!l) return l.error();
     ranks.push_back(std::move(*l));
   }
@@ -136,8 +136,8 @@ Result<std::vector<Layout>> instance(const std::string& preset, uint32_t tp, uin
 }
 
 std::string describe(const std::string& preset, const Combo& c, uint64_t pb, uint64_t db) {
-  return preset + " P TP" + std::to_string(c.prefill_tp) + " " + std::string(order_name(c.orders.prefill)) +
-         " block " + std::to_string(pb) + " -> D TP" + std::to_string(c.decode_tp) + " " +
+  return preset + " P TP" + std::to_string(c.prefill_tp) + " " + std::string(order_name(c.orders.prefill)) + " block " +
+         std::to_string(pb) + " -> D TP" + std::to_string(c.decode_tp) + " " +
          std::string(order_name(c.orders.decode)) + " block " + std::to_string(db);
 }
 
@@ -274,15 +274,15 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
     if (!pair_ran) ++t.skipped;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("[ matrix    ] %-14s blocks %llu/%llu: %llu plans, %llu instances and %llu chunked over %llu combinations, %llu TP "
-              "pairs skipped, %llu descriptors (naive %llu), %llu bytes, %.2f s (plan %.2f s, verify %.2f s, "
-              "templates %.2f s)\n",
-              preset.c_str(), (unsigned long long)base_block, (unsigned long long)alt_block,
-              (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.chunked,
-              (unsigned long long)t.combos,
-              (unsigned long long)t.skipped,
-              (unsigned long long)t.descriptors, (unsigned long long)t.naive, (unsigned long long)t.bytes, seconds,
-              plan_seconds, verify_seconds, template_seconds);
+  std::printf(
+      "[ matrix    ] %-14s blocks %llu/%llu: %llu plans, %llu instances and %llu chunked over %llu combinations, %llu "
+      "TP "
+      "pairs skipped, %llu descriptors (naive %llu), %llu bytes, %.2f s (plan %.2f s, verify %.2f s, "
+      "templates %.2f s)\n",
+      preset.c_str(), (unsigned long long)base_block, (unsigned long long)alt_block, (unsigned long long)t.plans,
+      (unsigned long long)t.instances, (unsigned long long)t.chunked, (unsigned long long)t.combos,
+      (unsigned long long)t.skipped, (unsigned long long)t.descriptors, (unsigned long long)t.naive,
+      (unsigned long long)t.bytes, seconds, plan_seconds, verify_seconds, template_seconds);
   Totals& g = grand_totals();
   g.plans += t.plans;
   g.instances += t.instances;

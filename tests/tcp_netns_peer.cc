@@ -67,8 +67,8 @@ int client(const std::string& host, const std::string& address, uint64_t base, u
   auto start = Clock::now();
   auto link = (*t)->connect(peer);
   if (expect_gone) {
-    Status s = link.ok() ? run(**link, TransferOp::kRead, {Copy{nullptr, base, 0, 1}}, std::chrono::seconds(5))
-                         : link.error();
+    Status s =
+        link.ok() ? run(**link, TransferOp::kRead, {Copy{nullptr, base, 0, 1}}, std::chrono::seconds(5)) : link.error();
     if (link.ok()) {
       std::vector<uint8_t> buf(4096);
       s = run(**link, TransferOp::kRead, {Copy{buf.data(), base, buf.size(), 1}}, std::chrono::seconds(5));
@@ -96,7 +96,8 @@ int client(const std::string& host, const std::string& address, uint64_t base, u
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937(3));
   std::vector<Copy> copies;
-  for (uint64_t i = 0; i < count; ++i) copies.push_back(Copy{local.data() + i * block, base + order[i] * block, block, 1});
+  for (uint64_t i = 0; i < count; ++i)
+    copies.push_back(Copy{local.data() + i * block, base + order[i] * block, block, 1});
   for (uint64_t i = 0; i < count * block; ++i) local[i] = static_cast<uint8_t>(i * 7 + 1);
   std::vector<uint8_t> sent(local.begin(), local.begin() + count * block);
   s = run(**link, TransferOp::kWrite, copies, std::chrono::seconds(30));

@@ -29,12 +29,12 @@ struct BenchArgs {
   std::vector<uint64_t> batches = {1, 100, 10000};
   std::vector<std::string> patterns = {"contiguous", "shuffled"};
   std::vector<std::string> ops = {"read", "write"};
-  uint64_t buffer_bytes = uint64_t{256} << 20;  // per side
-  double min_seconds = 0.1;                     // per repetition
-  uint32_t reps = 5;                            // the median is reported
-  uint32_t threads = 2;                         // EngineOptions::threads
+  uint64_t buffer_bytes = uint64_t{256} << 20;           // per side
+  double min_seconds = 0.1;                              // per repetition
+  uint32_t reps = 5;                                     // the median is reported
+  uint32_t threads = 2;                                  // EngineOptions::threads
   uint64_t inline_bytes = EngineOptions{}.inline_bytes;  // EngineOptions::inline_bytes
-  uint32_t tcp_streams = 4;                     // EngineOptions::tcp_streams
+  uint32_t tcp_streams = 4;                              // EngineOptions::tcp_streams
   uint32_t iperf_seconds = 3;
   bool quick = false;
   bool json = false;
@@ -71,8 +71,7 @@ Timing time_median(const std::function<bool(uint64_t)>& once, double min_seconds
 // so that no two descriptors of a transfer touch the same block.
 class Workload {
  public:
-  Workload(uint64_t buffer_bytes, uint64_t block_bytes, bool shuffled, uint64_t batch, RegionId local,
-           RegionId remote);
+  Workload(uint64_t buffer_bytes, uint64_t block_bytes, bool shuffled, uint64_t batch, RegionId local, RegionId remote);
   uint64_t batch() const { return batch_; }
   uint64_t block_bytes() const { return block_bytes_; }
   uint64_t bytes_per_transfer() const { return batch_ * block_bytes_; }

@@ -43,8 +43,8 @@ Result<double> iperf3_gbps(uint32_t seconds) {
   const int port = free_port();
   if (port == 0) return Status::unavailable("no free TCP port for iperf3");
   const std::string p = std::to_string(port);
-  KVB_ASSIGN_OR_RETURN(auto server,
-                       ShellChild::start("exec timeout " + std::to_string(seconds + 20) + " iperf3 -s -1 -B 127.0.0.1 -p " + p));
+  KVB_ASSIGN_OR_RETURN(auto server, ShellChild::start("exec timeout " + std::to_string(seconds + 20) +
+                                                      " iperf3 -s -1 -B 127.0.0.1 -p " + p));
   ShellOutput client;
   // The server needs a moment to listen; retry the client briefly.
   for (int attempt = 0; attempt < 20; ++attempt) {
@@ -59,7 +59,8 @@ Result<double> iperf3_gbps(uint32_t seconds) {
   if (j.is_discarded() || !j.contains("end")) return Status::io_error("iperf3 client produced no result");
   const nlohmann::json& end = j["end"];
   for (const char* key : {"sum_received", "sum_sent"}) {
-    if (end.contains(key) && end[key].contains("bits_per_second")) return end[key]["bits_per_second"].get<double>() / 1e9;
+    if (end.contains(key) && end[key].contains("bits_per_second"))
+      return end[key]["bits_per_second"].get<double>() / 1e9;
   }
   return Status::io_error("iperf3 JSON has no end.sum_received.bits_per_second");
 }
@@ -70,7 +71,7 @@ namespace {
 // "iters lat50 lat_avg lat_overall bw_avg bw_overall rate_avg rate_overall"
 // (latencies in microseconds, bandwidths in MiB/s).
 Result<std::array<double, 8>> ucx_perftest_final(const std::string& test, uint64_t size, uint64_t iterations,
-                                                const std::string& tls) {
+                                                 const std::string& tls) {
   if (!have_program("ucx_perftest")) return Status::unavailable("ucx_perftest is not installed (Debian: ucx-utils)");
   const int port = free_port();
   if (port == 0) return Status::unavailable("no free TCP port for ucx_perftest");
@@ -92,7 +93,8 @@ Result<std::array<double, 8>> ucx_perftest_final(const std::string& test, uint64
   std::istringstream words(client.out.substr(at + 6));
   std::array<double, 8> v{};
   for (double& x : v) words >> x;
-  if (!words && v[5] == 0 && v[3] == 0) return Status::io_error("ucx_perftest" + args + ": cannot parse the Final line");
+  if (!words && v[5] == 0 && v[3] == 0)
+    return Status::io_error("ucx_perftest" + args + ": cannot parse the Final line");
   return v;
 }
 

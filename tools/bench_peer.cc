@@ -24,9 +24,7 @@
 #include <thread>
 
 namespace kvbridge::cli::bench {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 std::string to_hex(std::string_view bytes) {
   static const char* digits = "0123456789abcdef";
@@ -55,14 +53,14 @@ std::string from_hex(std::string_view hex) {
   return out;
 }
 
-Result<std::unique_ptr<PeerProcess>> PeerProcess::spawn(const std::string& transport, uint64_t bytes,
-                                                        uint32_t threads, uint32_t tcp_streams) {
+Result<std::unique_ptr<PeerProcess>> PeerProcess::spawn(const std::string& transport, uint64_t bytes, uint32_t threads,
+                                                        uint32_t tcp_streams) {
   std::unique_ptr<PeerProcess> p(new PeerProcess());
-  KVB_ASSIGN_OR_RETURN(p->child_,
-                       ChildProcess::spawn({"/proc/self/exe", "bench", "peer", "--transport", transport, "--bytes",
-                                            std::to_string(bytes), "--threads", std::to_string(threads),
-                                            "--tcp-streams", std::to_string(tcp_streams)},
-                                           SpawnOptions{.pipe_stdin = true, .pipe_stdout = true}));
+  KVB_ASSIGN_OR_RETURN(
+      p->child_, ChildProcess::spawn(
+                     {"/proc/self/exe", "bench", "peer", "--transport", transport, "--bytes", std::to_string(bytes),
+                      "--threads", std::to_string(threads), "--tcp-streams", std::to_string(tcp_streams)},
+                     SpawnOptions{.pipe_stdin = true, .pipe_stdout = true}));
   const std::string line = p->child_->read_line(std::chrono::seconds(30));
   std::istringstream words(line);
   std::string word, hex;
@@ -138,9 +136,7 @@ ShellOutput run_shell(const std::string& command) {
   return r;
 }
 
-bool have_program(const std::string& program) {
-  return run_shell("command -v " + program + " >/dev/null").ok;
-}
+bool have_program(const std::string& program) { return run_shell("command -v " + program + " >/dev/null").ok; }
 
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

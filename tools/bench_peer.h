@@ -37,7 +37,7 @@ class PeerProcess {
   // when its engine cannot offer `transport`, kTimeout when it says nothing
   // within 30 s.
   static Result<std::unique_ptr<PeerProcess>> spawn(const std::string& transport, uint64_t bytes, uint32_t threads,
-                                                     uint32_t tcp_streams);
+                                                    uint32_t tcp_streams);
   ~PeerProcess();
 
   pid_t pid() const { return child_->pid(); }

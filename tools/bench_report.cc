@@ -57,11 +57,16 @@ void print_table(std::ostream& out, const std::vector<BenchRow>& rows) {
 std::string rows_json(const std::vector<BenchRow>& rows) {
   nlohmann::json a = nlohmann::json::array();
   for (const BenchRow& r : rows) {
-    nlohmann::json o = {{"transport", r.transport}, {"op", r.op},
-                        {"block_bytes", r.block_bytes}, {"pattern", r.pattern},
-                        {"batch", r.batch},         {"gbps", r.gbps},
-                        {"latency_us", r.latency_us}, {"baseline", r.baseline},
-                        {"baseline_gbps", r.baseline_gbps}, {"ratio", r.ratio}};
+    nlohmann::json o = {{"transport", r.transport},
+                        {"op", r.op},
+                        {"block_bytes", r.block_bytes},
+                        {"pattern", r.pattern},
+                        {"batch", r.batch},
+                        {"gbps", r.gbps},
+                        {"latency_us", r.latency_us},
+                        {"baseline", r.baseline},
+                        {"baseline_gbps", r.baseline_gbps},
+                        {"ratio", r.ratio}};
     if (r.transport == "tcp") {
       o["ucx_tcp_gbps"] = r.ucx_tcp_gbps;
       o["ucx_tcp_ratio"] = r.ucx_tcp_ratio;
@@ -116,9 +121,8 @@ void print_targets(std::ostream& out, const std::vector<BenchRow>& rows, double 
       best = &r;
   }
   const double tcp_best = best ? best->gbps : 0;
-  const std::string where = best ? " (read " + size_name(best->block_bytes) + " contiguous batch " +
-                                       std::to_string(best->batch) + ")"
-                                 : "";
+  const std::string where =
+      best ? " (read " + size_name(best->block_bytes) + " contiguous batch " + std::to_string(best->batch) + ")" : "";
   out << "  tcp >= 0.80 x iperf3 single stream: " << fixed(tcp_best, 2) << " vs " << fixed(iperf3, 2)
       << " Gbit/s = " << (iperf3 > 0 ? fixed(tcp_best / iperf3, 2) : "-") << where << ": "
       << verdict(best && iperf3 > 0, iperf3 > 0 && tcp_best >= 0.8 * iperf3) << "\n";
@@ -140,13 +144,15 @@ Status plot_png(const std::vector<BenchRow>& rows, const std::string& png) {
   if (!have_program("gnuplot")) return Status::unavailable("gnuplot is not installed (Debian: gnuplot-nox)");
   std::vector<std::string> transports;
   for (const BenchRow& r : rows) {
-    if (std::find(transports.begin(), transports.end(), r.transport) == transports.end()) transports.push_back(r.transport);
+    if (std::find(transports.begin(), transports.end(), r.transport) == transports.end())
+      transports.push_back(r.transport);
   }
   if (transports.empty()) return Status::invalid_argument("bench: nothing to plot");
   std::ostringstream g;
   g << "set terminal pngcairo size 1400," << 380 * transports.size() << " font 'sans,10' noenhanced\n";
   g << "set output '" << png << "'\n";
-  g << "set multiplot layout " << transports.size() << ",2 title 'kvbridge bench: engine (solid: contiguous, "
+  g << "set multiplot layout " << transports.size()
+    << ",2 title 'kvbridge bench: engine (solid: contiguous, "
        "dashed: shuffled) vs baseline (dotted, contiguous)'\n";
   g << "set logscale x 2\nset grid\nset key outside right top\nset ylabel 'Gbit/s (log)'\nset logscale y 10\n";
   int block_id = 0;

@@ -119,8 +119,8 @@ Status measure(const std::string& transport, const BenchArgs& args, Engine& engi
           row.latency_us = t.seconds_per_call * 1e6;
           row.baseline = baseline.row_name ? baseline.row_name(w, read) : baseline.name;
           if (baseline.once) {
-            const Timing b = time_median([&](uint64_t k) { return baseline.once(w, read, k); }, args.min_seconds,
-                                         args.reps);
+            const Timing b =
+                time_median([&](uint64_t k) { return baseline.once(w, read, k); }, args.min_seconds, args.reps);
             if (!b.ok) {
               return Status::io_error("bench: baseline " + baseline.name + " failed: " + std::strerror(errno));
             }
@@ -151,7 +151,8 @@ Status bench_local(const BenchArgs& args, std::vector<BenchRow>& rows) {
   KVB_ASSIGN_OR_RETURN(RegionId lr, here->register_memory(local.data, local.bytes));
   KVB_ASSIGN_OR_RETURN(RegionId rr, there->register_memory(remote.data, remote.bytes));
   KVB_ASSIGN_OR_RETURN(PeerId peer, here->connect(there->metadata()));
-  Baseline memcpy_baseline{"memcpy", [&](const Workload& w, bool read, uint64_t k) {
+  Baseline memcpy_baseline{"memcpy",
+                           [&](const Workload& w, bool read, uint64_t k) {
                              for (const TransferItem& it : w.transfer(k)) {
                                uint8_t* l = local.data + it.local_offset;
                                uint8_t* r = remote.data + it.remote_offset;
@@ -162,12 +163,12 @@ Status bench_local(const BenchArgs& args, std::vector<BenchRow>& rows) {
                                }
                              }
                              return true;
-                           }, nullptr, nullptr};
+                           },
+                           nullptr, nullptr};
   return measure("local", args, *here, peer, lr, rr, memcpy_baseline, rows);
 }
 
-Status bench_remote(const std::string& transport, const BenchArgs& args, RunState& state,
-                    std::vector<BenchRow>& rows) {
+Status bench_remote(const std::string& transport, const BenchArgs& args, RunState& state, std::vector<BenchRow>& rows) {
   KVB_ASSIGN_OR_RETURN(auto here, make_engine("bench", transport, args));
   Buffer local(args.buffer_bytes);
   if (!local.data) return Status::resource_exhausted("bench: cannot allocate the buffer");
@@ -199,7 +200,8 @@ Status bench_remote(const std::string& transport, const BenchArgs& args, RunStat
     };
     auto perftest_for = [](const Workload& w, bool read) {
       if (read) return PerftestTest{"ucp_get", "perftest:get"};
-      return w.batch() == 1 ? PerftestTest{"ucp_put_lat", "perftest:put_rtt"} : PerftestTest{"ucp_put_bw", "perftest:put_bw"};
+      return w.batch() == 1 ? PerftestTest{"ucp_put_lat", "perftest:put_rtt"}
+                            : PerftestTest{"ucp_put_bw", "perftest:put_bw"};
     };
     baseline.name = "ucx_perftest";
     baseline.row_name = [perftest_for](const Workload& w, bool read) -> std::string {
@@ -280,8 +282,9 @@ int run_bench(BenchArgs args) {
     std::cout << rows_json(rows) << "\n";
   } else {
     std::cout << "kvbridge bench: Gbit/s = 10^9 bit/s; latency = one submit() + wait(); median of " << args.reps
-              << " x " << args.min_seconds << " s; buffer " << (args.buffer_bytes >> 20) << " MiB per side; engine threads "
-              << args.threads << ", inline_bytes " << args.inline_bytes << ", baselines single-threaded\n";
+              << " x " << args.min_seconds << " s; buffer " << (args.buffer_bytes >> 20)
+              << " MiB per side; engine threads " << args.threads << ", inline_bytes " << args.inline_bytes
+              << ", baselines single-threaded\n";
     if (state.iperf3_gbps > 0) std::cout << "iperf3 single stream, loopback: " << state.iperf3_gbps << " Gbit/s\n";
     if (state.ucx_tcp_gbps > 0)
       std::cout << "ucx_perftest ucp_get UCX_TLS=tcp 1 MiB: " << state.ucx_tcp_gbps << " Gbit/s\n";
@@ -295,7 +298,8 @@ int run_bench(BenchArgs args) {
                    "remote completion, as a batch of one write is)\n";
       std::cout << "note: ucx_perftest moves one buffer of the message size again and again (cache-hot); the engine "
                    "walks a "
-                << (args.buffer_bytes >> 20) << " MiB buffer, so for blocks that fit in cache the ucx ratio is pessimistic\n";
+                << (args.buffer_bytes >> 20)
+                << " MiB buffer, so for blocks that fit in cache the ucx ratio is pessimistic\n";
     }
     print_table(std::cout, rows);
     print_targets(std::cout, rows, state.iperf3_gbps, state.ucx_tcp_gbps);
@@ -305,7 +309,8 @@ int run_bench(BenchArgs args) {
     if (!s.ok()) return fail(s);
     std::cerr << "bench: chart written to " << args.plot << "\n";
   }
-  if (rows.empty()) return fail(Status::unavailable("bench: no transport could run (" + std::to_string(skipped) + " skipped)"));
+  if (rows.empty())
+    return fail(Status::unavailable("bench: no transport could run (" + std::to_string(skipped) + " skipped)"));
   return 0;
 }
 
@@ -319,22 +324,39 @@ Command add_bench_command(CLI::App& root) {
   app->add_option("--transport", args->transports, "Transports to measure (local, cma, tcp, ucx)")
       ->check(CLI::IsMember({"local", "cma", "tcp", "ucx"}))
       ->capture_default_str();
-  app->add_option("--block-bytes", args->block_bytes, "Block sizes in bytes")->check(CLI::PositiveNumber)->capture_default_str();
-  app->add_option("--batch", args->batches, "Descriptors per transfer")->check(CLI::PositiveNumber)->capture_default_str();
+  app->add_option("--block-bytes", args->block_bytes, "Block sizes in bytes")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app->add_option("--batch", args->batches, "Descriptors per transfer")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app->add_option("--pattern", args->patterns, "Block id patterns")
       ->check(CLI::IsMember({"contiguous", "shuffled"}))
       ->capture_default_str();
   app->add_option("--op", args->ops, "Operations")->check(CLI::IsMember({"read", "write"}))->capture_default_str();
-  app->add_option("--buffer-bytes", args->buffer_bytes, "Buffer per side")->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 36))->capture_default_str();
-  app->add_option("--min-time", args->min_seconds, "Seconds per repetition")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app->add_option("--reps", args->reps, "Repetitions; the median is reported")->check(CLI::PositiveNumber)->capture_default_str();
-  app->add_option("--threads", args->threads, "Engine worker threads")->check(CLI::PositiveNumber)->capture_default_str();
+  app->add_option("--buffer-bytes", args->buffer_bytes, "Buffer per side")
+      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 36))
+      ->capture_default_str();
+  app->add_option("--min-time", args->min_seconds, "Seconds per repetition")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app->add_option("--reps", args->reps, "Repetitions; the median is reported")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app->add_option("--threads", args->threads, "Engine worker threads")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app->add_option("--inline-bytes", args->inline_bytes,
                   "EngineOptions::inline_bytes: local/cma transfers up to this size run inside submit() (0: never)")
       ->capture_default_str();
-  app->add_option("--tcp-streams", args->tcp_streams, "tcp connections per peer")->check(CLI::PositiveNumber)->capture_default_str();
-  app->add_option("--iperf-seconds", args->iperf_seconds, "iperf3 run length")->check(CLI::PositiveNumber)->capture_default_str();
-  app->add_flag("--quick", args->quick, "Short run (8 MiB buffers, 5 ms x 3 repetitions): a smoke test, not a measurement");
+  app->add_option("--tcp-streams", args->tcp_streams, "tcp connections per peer")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app->add_option("--iperf-seconds", args->iperf_seconds, "iperf3 run length")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app->add_flag("--quick", args->quick,
+                "Short run (8 MiB buffers, 5 ms x 3 repetitions): a smoke test, not a measurement");
   app->add_flag("--json", args->json, "Print one JSON array of rows instead of the table");
   app->add_option("--plot", args->plot, "Write a PNG chart (gnuplot) to this file");
   // The hidden peer process (bench_peer.h); started by the bench itself.
@@ -345,7 +367,8 @@ Command add_bench_command(CLI::App& root) {
   peer_app->add_option("--threads", peer->threads);
   peer_app->add_option("--tcp-streams", peer->tcp_streams);
   return Command{app, [args, peer, peer_app] {
-                   if (peer_app->parsed()) return run_bench_peer(peer->transport, peer->bytes, peer->threads, peer->tcp_streams);
+                   if (peer_app->parsed())
+                     return run_bench_peer(peer->transport, peer->bytes, peer->threads, peer->tcp_streams);
                    return run_bench(*args);
                  }};
 }

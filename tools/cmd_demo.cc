@@ -9,7 +9,8 @@ namespace {
 
 void add_side(CLI::App* app, const std::string& name, demo::SideArgs& s) {
   app->add_option("--" + name + "-tp", s.tp, "TP size of the " + name + " instance")->capture_default_str();
-  app->add_option("--" + name + "-block-tokens", s.block_tokens, name + " logical block tokens (0: preset default; qwen3-next's default run: " +
+  app->add_option("--" + name + "-block-tokens", s.block_tokens,
+                  name + " logical block tokens (0: preset default; qwen3-next's default run: " +
                       (name == "prefill" ? "64" : "128") + ")")
       ->capture_default_str();
   app->add_option("--" + name + "-kernel-block-tokens", s.kernel_block_tokens,
@@ -46,18 +47,17 @@ Command add_demo_command(CLI::App& root) {
   app->add_option("--inject", *inject, "Fault to inject: " + demo::inject_names())->capture_default_str();
   app->add_option("--lease-ms", *lease_ms, "Prefill lease (default 30000; 1500 with --inject)");
   auto after_ms = std::make_shared<uint64_t>(40);
-  app->add_option("--inject-after-ms", *after_ms,
-                  "kill-prefill, kill-decode, abort: how long after the load starts")
+  app->add_option("--inject-after-ms", *after_ms, "kill-prefill, kill-decode, abort: how long after the load starts")
       ->capture_default_str();
-  app->add_option("--transfer-timeout-ms", *timeout_ms, "Deadline of each load (default 20000; 500 with --inject stall)");
+  app->add_option("--transfer-timeout-ms", *timeout_ms,
+                  "Deadline of each load (default 20000; 500 with --inject stall)");
   app->add_option("--flood", args->flood,
                   "Idle connections to each listener of each prefill rank during the first half of the requests");
   app->add_option("--chunk-tokens", args->chunk_tokens,
                   "Loads in token-ordered chunks of about this many tokens (0: one per load); a failed load "
                   "recomputes from its first chunk that did not arrive whole")
       ->capture_default_str();
-  app->add_flag("--verify-plans", args->verify_plans,
-                "Decode ranks check every plan with the verifier before it runs");
+  app->add_flag("--verify-plans", args->verify_plans, "Decode ranks check every plan with the verifier before it runs");
   app->add_flag("--json", args->json, "Print one JSON object instead of the table");
   app->add_flag("!--no-progress", args->progress, "No progress bar");
   return {app, [app, args, inject, lease_ms, timeout_ms, secret_file, after_ms] {
@@ -66,8 +66,9 @@ Command add_demo_command(CLI::App& root) {
             if (!secret.ok()) return fail(secret.error());
             args->secret = std::move(*secret);
             // The default run shows different block sizes on the two sides.
-            const bool blocks_given = app->get_option("--prefill-block-tokens")->count() +
-                                          app->get_option("--decode-block-tokens")->count() > 0;
+            const bool blocks_given =
+                app->get_option("--prefill-block-tokens")->count() + app->get_option("--decode-block-tokens")->count() >
+                0;
             if (args->preset == "qwen3-next" && !blocks_given) {
               args->prefill.block_tokens = 64;
               args->decode.block_tokens = 128;
@@ -77,8 +78,9 @@ Command add_demo_command(CLI::App& root) {
             args->inject = *i;
             const bool injecting = *i != demo::Inject::kNone;
             args->lease = std::chrono::milliseconds(*lease_ms ? *lease_ms : injecting ? 1500 : 30000);
-            args->transfer_timeout =
-                std::chrono::milliseconds(*timeout_ms ? *timeout_ms : *i == demo::Inject::kStall ? 500 : 20000);
+            args->transfer_timeout = std::chrono::milliseconds(*timeout_ms                  ? *timeout_ms
+                                                               : *i == demo::Inject::kStall ? 500
+                                                                                            : 20000);
             return demo::run(*args);
           }};
 }

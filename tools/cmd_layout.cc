@@ -40,14 +40,11 @@ int run_presets() {
 
 Command add_layout_command(CLI::App& root) {
   auto args = std::make_shared<LayoutArgs>();
-  CLI::App* app = root.add_subcommand(
-      "layout", "Print the layout (kvbridge.layout/1 JSON) of one rank of a preset");
-  app->add_option("--preset", args->preset.name, "Preset name (see `kvbridge presets`)")
-      ->required();
+  CLI::App* app = root.add_subcommand("layout", "Print the layout (kvbridge.layout/1 JSON) of one rank of a preset");
+  app->add_option("--preset", args->preset.name, "Preset name (see `kvbridge presets`)")->required();
   app->add_option("--tp", args->preset.tp_size, "Tensor-parallel size")->capture_default_str();
   app->add_option("--rank", args->preset.tp_rank, "TP rank, below --tp")->capture_default_str();
-  app->add_option("--block-tokens", args->preset.block_tokens,
-                  "Tokens per logical block (default: the preset's)");
+  app->add_option("--block-tokens", args->preset.block_tokens, "Tokens per logical block (default: the preset's)");
   app->add_option("--kernel-block-tokens", args->preset.kernel_block_tokens,
                   "Tokens per kernel block; divides --block-tokens (default: the preset's)");
   app->add_option("--order", args->order, "Physical order: LBHNC, LBNHC or BLHNC")
@@ -56,10 +53,8 @@ Command add_layout_command(CLI::App& root) {
         Result<Order> order = parse_order(value);
         return order ? std::string() : order.error().message();
       });
-  app->add_option("--num-blocks", args->preset.num_blocks,
-                  "Blocks per group (default: the preset's)");
-  app->add_option("--spec-tokens", args->preset.spec_tokens,
-                  "Speculative tokens (sizes qwen3-next's ring)")
+  app->add_option("--num-blocks", args->preset.num_blocks, "Blocks per group (default: the preset's)");
+  app->add_option("--spec-tokens", args->preset.spec_tokens, "Speculative tokens (sizes qwen3-next's ring)")
       ->capture_default_str();
   app->add_flag("--compact", args->compact, "Print the JSON on one line");
   return {app, [args] { return run_layout(*args); }};

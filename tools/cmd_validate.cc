@@ -36,9 +36,9 @@ int run_validate(const std::string& path) {
   if (!layout) return fail(layout.error().with_context(path));
   size_t layers = 0;
   for (const Group& g : layout->groups) layers += g.layers.size();
-  std::cout << "valid: " << layout->model << " tp " << layout->tp_rank << "/" << layout->tp_size
-            << ", " << layout->groups.size() << " groups, " << layers
-            << " layers, compatibility hash " << compatibility_hash_hex(*layout) << "\n";
+  std::cout << "valid: " << layout->model << " tp " << layout->tp_rank << "/" << layout->tp_size << ", "
+            << layout->groups.size() << " groups, " << layers << " layers, compatibility hash "
+            << compatibility_hash_hex(*layout) << "\n";
   return 0;
 }
 
@@ -57,16 +57,16 @@ int run_identity(const std::string& path) {
 
 Command add_validate_command(CLI::App& root) {
   auto path = std::make_shared<std::string>();
-  CLI::App* app = root.add_subcommand(
-      "validate", "Check a layout (kvbridge.layout/1) or a request (kvbridge.request/1)");
+  CLI::App* app =
+      root.add_subcommand("validate", "Check a layout (kvbridge.layout/1) or a request (kvbridge.request/1)");
   app->add_option("file", *path, "JSON file, or - for stdin")->required();
   return {app, [path] { return run_validate(*path); }};
 }
 
 Command add_identity_command(CLI::App& root) {
   auto path = std::make_shared<std::string>();
-  CLI::App* app = root.add_subcommand(
-      "identity", "Print a layout's compatibility hash and the identity text it hashes");
+  CLI::App* app =
+      root.add_subcommand("identity", "Print a layout's compatibility hash and the identity text it hashes");
   app->add_option("file", *path, "Layout JSON file, or - for stdin")->required();
   return {app, [path] { return run_identity(*path); }};
 }

@@ -34,14 +34,26 @@ struct SideArgs {
   uint64_t block_tokens = 0;         // 0: the preset's
   uint64_t kernel_block_tokens = 0;  // 0: the preset's
   std::string order = "LBHNC";
-  std::string netns;                 // run the ranks in this network namespace
-  std::string host = "127.0.0.1";    // address the ranks listen on
+  std::string netns;               // run the ranks in this network namespace
+  std::string host = "127.0.0.1";  // address the ranks listen on
 };
 
 // What --inject can do; each is one of the fault cases.
 enum class Inject : uint8_t {
-  kNone, kKillPrefill, kKillDecode, kDropNotification, kStall, kVersion, kHash,
-  kWrongSecret, kMissingSecret, kMalformed, kTruncated, kAbort, kLease, kPause,
+  kNone,
+  kKillPrefill,
+  kKillDecode,
+  kDropNotification,
+  kStall,
+  kVersion,
+  kHash,
+  kWrongSecret,
+  kMissingSecret,
+  kMalformed,
+  kTruncated,
+  kAbort,
+  kLease,
+  kPause,
 };
 Result<Inject> parse_inject(std::string_view name);
 std::string_view inject_name(Inject inject);
@@ -65,7 +77,7 @@ struct DemoArgs {
   std::chrono::milliseconds lease{30000};
   std::chrono::milliseconds inject_after{40};  // kill-prefill, kill-decode, abort: after the load starts
   std::chrono::milliseconds transfer_timeout{20000};
-  bool verify_plans = false;  // each decode rank checks every plan with verify() first
+  bool verify_plans = false;                                  // each decode rank checks every plan with verify() first
   uint64_t chunk_tokens = WorkerOptions{}.load_chunk_tokens;  // WorkerOptions::load_chunk_tokens
   // Idle connections to each listener of each prefill rank while the first
   // half of the requests runs (the second half is the same run's baseline).

@@ -356,7 +356,8 @@ class Driver {
         if (p) d = dpools_[rec.decode_instance].allocate(dn, rng_);
         if (p && d) break;
         if (p) ppool_->release(*p);
-        if (Clock::now() > until) return Status::resource_exhausted("no free blocks for request " + std::to_string(rec.id));
+        if (Clock::now() > until)
+          return Status::resource_exhausted("no free blocks for request " + std::to_string(rec.id));
         pump(5ms);  // blocks come back as leases end
       }
       pids.insert(pids.end(), p->begin(), p->end());
@@ -385,8 +386,8 @@ class Driver {
     const std::string qjson = to_json(q, -1);
     const uint64_t seed = a_.seed * 1000003 + rec.id;
     const std::vector<Proc*> prefill = ranks_of(true, 0), decode = ranks_of(false, rec.decode_instance);
-    KVB_RETURN_IF_ERROR(round(prefill, {{"cmd", "prefill"}, {"req", rec.id}, {"request", json::parse(qjson)},
-                                        {"seed", seed}}, 60s));
+    KVB_RETURN_IF_ERROR(
+        round(prefill, {{"cmd", "prefill"}, {"req", rec.id}, {"request", json::parse(qjson)}, {"seed", seed}}, 60s));
     std::set<std::string> readers;
     for (Proc* p : decode) readers.insert(p->engine);
     KVB_RETURN_IF_ERROR(psched_.hold(rec.id, readers, Clock::now()));
@@ -401,8 +402,8 @@ class Driver {
     KVB_RETURN_IF_ERROR(ds.expect(rec.id, rec.skip, Clock::now() + a_.transfer_timeout + 10s));
     loads_.erase(rec.id);
     for (Proc* p : decode) {
-      (void)p->ch.send({{"cmd", "load"}, {"req", rec.id}, {"instance", "prefill"}, {"request", json::parse(qjson)},
-                        {"seed", seed}});
+      (void)p->ch.send(
+          {{"cmd", "load"}, {"req", rec.id}, {"instance", "prefill"}, {"request", json::parse(qjson)}, {"seed", seed}});
     }
     if (fault) inject(rec, decode);
     std::optional<RequestOutcome> out;
@@ -511,8 +512,7 @@ class Driver {
       if (p->alive) (void)p->ch.send({{"cmd", "finish"}});
     }
     const auto deadline = Clock::now() + 60s;
-    while (Clock::now() < deadline &&
-           std::any_of(procs_.begin(), procs_.end(), [](auto& p) { return p->alive; })) {
+    while (Clock::now() < deadline && std::any_of(procs_.begin(), procs_.end(), [](auto& p) { return p->alive; })) {
       pump(5ms);
     }
     for (auto& p : procs_) {

@@ -19,16 +19,16 @@ struct RequestRecord {
   uint32_t decode_instance = 0;
   uint64_t tokens = 0, skip = 0;
   uint64_t recompute_from = 0;  // recomputed: the token the engine recomputed from
-  std::string outcome;       // finished, failed, recompute(d), aborted, lease_expired
-  std::string error;         // the first error, when not finished
-  uint64_t bytes = 0;        // summed over decode ranks
-  uint64_t descriptors = 0;  // summed over decode ranks
+  std::string outcome;          // finished, failed, recompute(d), aborted, lease_expired
+  std::string error;            // the first error, when not finished
+  uint64_t bytes = 0;           // summed over decode ranks
+  uint64_t descriptors = 0;     // summed over decode ranks
   uint64_t naive = 0;
-  uint64_t transfer_us = 0;  // slowest decode rank
+  uint64_t transfer_us = 0;        // slowest decode rank
   uint64_t completion_lag_us = 0;  // slowest decode rank: its last byte landing to its result
-  uint64_t raw_us = 0;       // slowest decode rank, raw process_vm_readv
-  bool flooded = false;      // ran while --flood held its connections
-  uint64_t verify_bad = 0;   // cells that did not check
+  uint64_t raw_us = 0;             // slowest decode rank, raw process_vm_readv
+  bool flooded = false;            // ran while --flood held its connections
+  uint64_t verify_bad = 0;         // cells that did not check
   std::string verify_error;
 };
 

@@ -13,7 +13,7 @@ using nlohmann::json;
 struct Figures {
   uint64_t ok = 0, failed = 0, recomputed = 0, aborted = 0, lease_expired = 0, verify_failures = 0;
   uint64_t bytes = 0, descriptors = 0, naive = 0, transfer_us = 0, raw_us = 0, raw_bytes = 0;
-  uint64_t flooded_bytes = 0, flooded_us = 0;  // --flood: the requests that ran under it
+  uint64_t flooded_bytes = 0, flooded_us = 0;         // --flood: the requests that ran under it
   uint64_t recompute_kept = 0, recompute_moving = 0;  // recomputed: tokens kept of the tokens to move
   double p50_ms = 0, p99_ms = 0;
   double lag_p50_us = 0, lag_p99_us = 0;  // the last byte landing to the load's result
@@ -50,7 +50,8 @@ Figures figures(const Summary& s) {
       if (r.outcome == "aborted") ++f.aborted;
       if (r.outcome == "lease_expired") ++f.lease_expired;
       if (r.outcome == "failed" || r.outcome == "lease_expired") ++f.failed;
-      if (!r.error.empty() && f.errors.size() < 8) f.errors.push_back("request " + std::to_string(r.id) + ": " + r.error);
+      if (!r.error.empty() && f.errors.size() < 8)
+        f.errors.push_back("request " + std::to_string(r.id) + ": " + r.error);
     }
   }
   std::sort(lat.begin(), lat.end());
@@ -69,7 +70,9 @@ Figures figures(const Summary& s) {
   return f;
 }
 
-double gbps(uint64_t bytes, uint64_t us) { return us == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(us) / 1000.0; }
+double gbps(uint64_t bytes, uint64_t us) {
+  return us == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(us) / 1000.0;
+}
 
 }  // namespace
 
@@ -85,12 +88,16 @@ bool clean(const Summary& s) {
   if (s.listeners_elsewhere != 0) return false;
   switch (s.args->inject) {
     case Inject::kNone:
-    case Inject::kPause: return f.ok == total;
-    case Inject::kAbort: return f.aborted == 1 && f.ok + 1 == total;
-    case Inject::kLease: return f.lease_expired == 1 && released("lease_expired") >= 1 && f.ok + 1 == total;
+    case Inject::kPause:
+      return f.ok == total;
+    case Inject::kAbort:
+      return f.aborted == 1 && f.ok + 1 == total;
+    case Inject::kLease:
+      return f.lease_expired == 1 && released("lease_expired") >= 1 && f.ok + 1 == total;
     case Inject::kDropNotification:
       return f.ok == total && s.notifications_failed >= 1 && released("lease_expired") >= 1;
-    default: return f.ok < total && !f.errors.empty();
+    default:
+      return f.ok < total && !f.errors.empty();
   }
 }
 
@@ -177,9 +184,10 @@ void print_report(const Summary& s) {
   }
   std::printf("  verify failures   %llu (every byte of every load checked), stray bytes %llu\n",
               static_cast<unsigned long long>(f.verify_failures), static_cast<unsigned long long>(s.stray_bytes));
-  std::printf("  blocks leaked     %llu (prefill releases: %llu read, %llu lease expired, %llu aborted; %llu double frees)\n",
-              static_cast<unsigned long long>(s.leaked_blocks), released("read"), released("lease_expired"),
-              released("aborted"), static_cast<unsigned long long>(s.double_frees));
+  std::printf(
+      "  blocks leaked     %llu (prefill releases: %llu read, %llu lease expired, %llu aborted; %llu double frees)\n",
+      static_cast<unsigned long long>(s.leaked_blocks), released("read"), released("lease_expired"),
+      released("aborted"), static_cast<unsigned long long>(s.double_frees));
   std::printf("  bytes moved       %.1f MB\n", static_cast<double>(f.bytes) / 1e6);
   std::printf("  descriptors       %.1f per request (one per (layer, component, block): %.1f, %.1fx more)\n", per_req,
               naive_per_req, per_req > 0 ? naive_per_req / per_req : 0.0);
@@ -190,8 +198,9 @@ void print_report(const Summary& s) {
               f.lag_p99_us);
   if (a.inject == Inject::kKillPrefill || a.inject == Inject::kKillDecode || a.inject == Inject::kAbort ||
       a.inject == Inject::kStall) {
-    std::printf("                    (--inject %s slows every copy on the decode side, so that the fault lands mid-transfer)\n",
-                std::string(inject_name(a.inject)).c_str());
+    std::printf(
+        "                    (--inject %s slows every copy on the decode side, so that the fault lands mid-transfer)\n",
+        std::string(inject_name(a.inject)).c_str());
   }
   std::printf("  listeners         %zu, %llu not on the host asked for\n", s.listeners.size(),
               static_cast<unsigned long long>(s.listeners_elsewhere));
@@ -211,7 +220,8 @@ void print_report(const Summary& s) {
   std::printf("  handshakes        %llu (once per remote rank per decode rank), %llu rejected\n",
               static_cast<unsigned long long>(s.handshakes), static_cast<unsigned long long>(s.handshakes_rejected));
   if (a.verify_plans) {
-    std::printf("  plans verified    %llu (verify() before each load)\n", static_cast<unsigned long long>(s.plans_verified));
+    std::printf("  plans verified    %llu (verify() before each load)\n",
+                static_cast<unsigned long long>(s.plans_verified));
   }
   if (!s.last_rejection.empty()) std::printf("  last rejection    %s\n", s.last_rejection.c_str());
   if (s.notifications_failed) {
@@ -222,10 +232,11 @@ void print_report(const Summary& s) {
   for (const std::string& e : f.errors) std::printf("  error: %s\n", e.c_str());
   for (const std::string& e : s.rank_errors) std::printf("  rank error: %s\n", e.c_str());
   for (const RequestRecord& r : s.requests) {
-    if (r.verify_bad) std::printf("  verify: request %llu: %s\n", static_cast<unsigned long long>(r.id), r.verify_error.c_str());
+    if (r.verify_bad)
+      std::printf("  verify: request %llu: %s\n", static_cast<unsigned long long>(r.id), r.verify_error.c_str());
   }
   std::printf("\n%s\n", clean(s) ? "clean: every request ended as expected, nothing leaked, nothing stray"
-                                  : "NOT CLEAN: see above");
+                                 : "NOT CLEAN: see above");
 }
 
 }  // namespace kvbridge::cli::demo

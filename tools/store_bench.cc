@@ -32,10 +32,9 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 // rps of SET and GET from redis-benchmark's --csv output.
 Result<std::pair<double, double>> redis_benchmark(const RedisOptions& r, uint64_t value_bytes, uint64_t count) {
-  const std::string cmd = "redis-benchmark -h " + r.host + " -p " + std::to_string(r.port) +
-                          " -t set,get -d " + std::to_string(value_bytes) + " -P " +
-                          std::to_string(r.pipeline_depth) + " -c 1 -n " + std::to_string(count) +
-                          " -q --csv";
+  const std::string cmd = "redis-benchmark -h " + r.host + " -p " + std::to_string(r.port) + " -t set,get -d " +
+                          std::to_string(value_bytes) + " -P " + std::to_string(r.pipeline_depth) + " -c 1 -n " +
+                          std::to_string(count) + " -q --csv";
   // A ChildProcess: it dies with the bench (a killed bench used to leave
   // redis-benchmark running at 100% of a core).
   KVB_ASSIGN_OR_RETURN(auto child, ChildProcess::shell("exec " + cmd, SpawnOptions{.pipe_stdout = true}));
@@ -245,10 +244,10 @@ Result<TierFigures> bench_tier(const StoreArgs& a, std::optional<RedisOptions> r
       base_put = std::min(base_put, memcpy_seconds(writer, dst, put_bytes, *value_bytes));
       base_get = std::min(base_get, memcpy_seconds(writer, dst, get_bytes, *value_bytes));
     }
-    rows.push_back(row(tier, "put", *value_bytes, put_bytes, put_s, "memcpy",
-                       static_cast<double>(put_bytes) / base_put / 1e9));
-    rows.push_back(row(tier, "get", *value_bytes, get_bytes, get_s, "memcpy",
-                       static_cast<double>(get_bytes) / base_get / 1e9));
+    rows.push_back(
+        row(tier, "put", *value_bytes, put_bytes, put_s, "memcpy", static_cast<double>(put_bytes) / base_put / 1e9));
+    rows.push_back(
+        row(tier, "get", *value_bytes, get_bytes, get_s, "memcpy", static_cast<double>(get_bytes) / base_get / 1e9));
   } else {
     const uint64_t objects = std::max<uint64_t>(32, store->stats().published);
     KVB_ASSIGN_OR_RETURN(auto rps, redis_benchmark(*redis, *value_bytes, objects));
@@ -295,8 +294,8 @@ int run_store_bench(const StoreArgs& a) {
   }
   if (redis) {
     // Redis holds every set put: keep it smaller than the memory rows.
-    Result<TierFigures> rt = bench_tier(a, redis, std::min<uint64_t>(bench_bytes, uint64_t{128} << 20),
-                                        &value_bytes, &bytes_per_token, rows);
+    Result<TierFigures> rt = bench_tier(a, redis, std::min<uint64_t>(bench_bytes, uint64_t{128} << 20), &value_bytes,
+                                        &bytes_per_token, rows);
     if (!rt.ok()) return fail(rt.error());
     Result<double> rl = lookup_seconds(a, redis, a.lookup_tokens);
     if (!rl.ok()) return fail(rl.error());

@@ -16,7 +16,8 @@ Request make_request(const Layout& l, uint64_t num_tokens, int64_t first, int64_
     if (!g.transfer) continue;
     GroupBlocks& b = r.blocks[g.name];
     const uint64_t n = g.kind == GroupKind::kScratch ? 1 : (num_tokens + g.block_tokens - 1) / g.block_tokens;
-    for (uint64_t i = 0; i < n; ++i) b.local.push_back(first + static_cast<int64_t>(gi) * stride + static_cast<int64_t>(i));
+    for (uint64_t i = 0; i < n; ++i)
+      b.local.push_back(first + static_cast<int64_t>(gi) * stride + static_cast<int64_t>(i));
     b.remote = b.local;
   }
   return r;
@@ -108,8 +109,10 @@ Result<GetCheck> SyntheticInstance::check(uint64_t hit, uint64_t seed) {
   for (size_t r = 0; r < ranks.size() && hit > 0; ++r) {
     RankMem& m = *ranks[r];
     Layout view = m.layout;
-    for (Group& grp : view.groups) grp.transfer = grp.transfer && grp.prefix_cacheable && grp.kind != GroupKind::kScratch;
-    KVB_ASSIGN_OR_RETURN(ContentReport c, check_request(view, request(r, hit), RequestSide::kLocal, 0, seed, m.memory()));
+    for (Group& grp : view.groups)
+      grp.transfer = grp.transfer && grp.prefix_cacheable && grp.kind != GroupKind::kScratch;
+    KVB_ASSIGN_OR_RETURN(ContentReport c,
+                         check_request(view, request(r, hit), RequestSide::kLocal, 0, seed, m.memory()));
     out.cells += c.cells;
     out.bad_cells += c.bad_cells;
     if (out.first_error.empty()) out.first_error = c.first_error;
@@ -130,7 +133,8 @@ Result<GetCheck> SyntheticInstance::get_and_check(std::span<const uint32_t> toke
     if (g.hit_tokens == 0) continue;
     // Check only what the store keeps (not scratch groups).
     Layout view = m.layout;
-    for (Group& grp : view.groups) grp.transfer = grp.transfer && grp.prefix_cacheable && grp.kind != GroupKind::kScratch;
+    for (Group& grp : view.groups)
+      grp.transfer = grp.transfer && grp.prefix_cacheable && grp.kind != GroupKind::kScratch;
     KVB_ASSIGN_OR_RETURN(ContentReport c,
                          check_request(view, request(r, g.hit_tokens), RequestSide::kLocal, 0, seed, m.memory()));
     out.cells += c.cells;

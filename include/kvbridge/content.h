@@ -44,15 +44,15 @@ Status for_each_cell(const Layout& layout, const Request& request, RequestSide s
 
 // Writes the pattern of (seed, coordinate) into every cell for_each_cell
 // visits. kInvalidArgument when `tensors` does not match the layout.
-Status fill_request(const Layout& layout, const Request& request, RequestSide side, uint64_t first_token,
-                    uint64_t seed, TensorMemory tensors);
+Status fill_request(const Layout& layout, const Request& request, RequestSide side, uint64_t first_token, uint64_t seed,
+                    TensorMemory tensors);
 
 struct ContentReport {
-  uint64_t cells = 0;           // cells checked
-  uint64_t bytes = 0;           // their bytes
-  uint64_t bad_cells = 0;       // cells that did not match
-  uint64_t first_bad_token = 0; // smallest `token` of a bad cell (when bad_cells > 0)
-  std::string first_error;      // the first bad byte with its coordinate
+  uint64_t cells = 0;            // cells checked
+  uint64_t bytes = 0;            // their bytes
+  uint64_t bad_cells = 0;        // cells that did not match
+  uint64_t first_bad_token = 0;  // smallest `token` of a bad cell (when bad_cells > 0)
+  std::string first_error;       // the first bad byte with its coordinate
 };
 
 // Checks every cell the request holds at tokens >= first_token on `side`.

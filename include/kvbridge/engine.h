@@ -61,8 +61,8 @@ struct TransferItem {
 
 struct TransferStatus {
   TransferState state = TransferState::kInProgress;
-  Status error;              // kFailed: the first error; kCancelled: why
-  uint64_t bytes_done = 0;   // bytes known to have completed
+  Status error;             // kFailed: the first error; kCancelled: why
+  uint64_t bytes_done = 0;  // bytes known to have completed
   uint64_t bytes_total = 0;
   std::chrono::steady_clock::time_point ended_at{};  // when it ended (its last byte landed, for kDone)
 };
@@ -86,7 +86,7 @@ struct SubmitOptions {
 using PreparedId = uint64_t;
 
 struct Notification {
-  std::string peer;     // the sender's engine name, as its connection opened
+  std::string peer;  // the sender's engine name, as its connection opened
   std::string message;
   uint64_t peer_instance = 0;  // the sender's engine instance (with a secret: proven)
 };
@@ -117,8 +117,8 @@ struct EngineOptions {
   // (docs/security.md); peers must hold the same one. Empty: none.
   std::string secret;
   std::chrono::milliseconds connect_timeout{5000};  // a control connection's opening, in connect()
-  uint32_t tcp_streams = 4;        // connections per peer for tcp
-  uint32_t threads = 2;            // worker threads
+  uint32_t tcp_streams = 4;                         // connections per peer for tcp
+  uint32_t threads = 2;                             // worker threads
   // A transfer of at most this many bytes, without a notification, on a
   // transport whose copies never wait on a network (local, cma), runs on
   // the submitting thread: submit() returns with it ended (status() tells
@@ -202,8 +202,8 @@ class Engine {
   // write write), kInvalidArgument for an empty batch or a zero-length item.
   virtual Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
                                     SubmitOptions options) = 0;
-  Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
-                            std::string notification, std::chrono::milliseconds timeout) {
+  Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items, std::string notification,
+                            std::chrono::milliseconds timeout) {
     SubmitOptions o;
     o.notification = std::move(notification);
     o.timeout = timeout;

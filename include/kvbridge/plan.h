@@ -56,7 +56,7 @@ struct Descriptor {
 static_assert(sizeof(Descriptor) == 32);
 
 struct SourceTotals {
-  uint32_t tp_rank = 0;     // the remote rank's tp_rank
+  uint32_t tp_rank = 0;  // the remote rank's tp_rank
   uint64_t descriptors = 0;
   uint64_t bytes = 0;
 };
@@ -119,8 +119,8 @@ struct PlanChunk {
   uint64_t resume_token = 0;  // where a recompute starts when this is the first chunk not whole
   Plan plan;
 };
-Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const Layout> remotes,
-                                           const Request& request, uint64_t chunk_tokens);
+Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const Layout> remotes, const Request& request,
+                                           uint64_t chunk_tokens);
 
 // ---------------------------------------------------------------------------
 // Plan templates: planned once, instantiated for each request's block ids.
@@ -177,8 +177,7 @@ class PlanTemplate {
   // too short for its tokens, a -1 where a block moves, an identity
   // mismatch, ...); kInvalidArgument when a list lists more blocks than its
   // group has (num_blocks), since no request of the shape could be valid.
-  static Result<PlanTemplate> create(const Layout& local, std::span<const Layout> remotes,
-                                     const RequestShape& shape);
+  static Result<PlanTemplate> create(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape);
 
   const RequestShape& shape() const;
 

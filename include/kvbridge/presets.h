@@ -27,14 +27,14 @@ Result<Order> parse_order(std::string_view name);
 std::vector<Order> all_orders();
 
 struct PresetOptions {
-  std::string name;             // see preset_names()
+  std::string name;  // see preset_names()
   uint32_t tp_size = 1;
   uint32_t tp_rank = 0;
-  uint64_t block_tokens = 0;    // 0: the preset's default
+  uint64_t block_tokens = 0;         // 0: the preset's default
   uint64_t kernel_block_tokens = 0;  // 0: the preset's default
   Order order = Order::kLBHNC;
-  uint64_t num_blocks = 0;      // 0: the preset's default
-  uint32_t spec_tokens = 0;     // speculative tokens (qwen3-next ring capacity)
+  uint64_t num_blocks = 0;   // 0: the preset's default
+  uint32_t spec_tokens = 0;  // speculative tokens (qwen3-next ring capacity)
 };
 
 // Names of every preset, in a stable order.

@@ -96,27 +96,27 @@ struct StoreOptions {
 
 struct StoreStats {
   // Memory tier.
-  uint64_t memory_objects = 0;    // visible objects held
-  uint64_t memory_bytes = 0;      // their bytes (headers included)
+  uint64_t memory_objects = 0;  // visible objects held
+  uint64_t memory_bytes = 0;    // their bytes (headers included)
   uint64_t capacity_bytes = 0;
-  uint64_t pooled_bytes = 0;      // free buffers kept for reuse (count toward capacity)
-  uint64_t staging_objects = 0;   // objects waiting for parts
-  uint64_t pinned_objects = 0;    // objects under a reader's lease now
-  uint64_t evictions = 0;         // objects evicted (LRU)
-  uint64_t rejected = 0;          // objects that did not fit (everything pinned)
-  uint64_t published = 0;         // objects that became visible here
+  uint64_t pooled_bytes = 0;     // free buffers kept for reuse (count toward capacity)
+  uint64_t staging_objects = 0;  // objects waiting for parts
+  uint64_t pinned_objects = 0;   // objects under a reader's lease now
+  uint64_t evictions = 0;        // objects evicted (LRU)
+  uint64_t rejected = 0;         // objects that did not fit (everything pinned)
+  uint64_t published = 0;        // objects that became visible here
   // Reads, in objects.
   uint64_t memory_hits = 0;
-  uint64_t redis_hits = 0;        // read from Redis (and promoted)
-  uint64_t misses = 0;            // needed by a lookup, in no tier
+  uint64_t redis_hits = 0;  // read from Redis (and promoted)
+  uint64_t misses = 0;      // needed by a lookup, in no tier
   // Shared tier.
   bool redis_configured = false;
   bool redis_up = false;
-  uint64_t redis_writes = 0;      // objects written (whole, or completed by a part)
-  uint64_t redis_parts = 0;       // parts written (Assembly::kShared)
-  uint64_t redis_errors = 0;      // failed operations (connect, timeout, error reply)
-  uint64_t redis_skipped = 0;     // operations skipped while Redis was down
-  uint64_t redis_bad_objects = 0; // objects that failed the format or checksum check
+  uint64_t redis_writes = 0;       // objects written (whole, or completed by a part)
+  uint64_t redis_parts = 0;        // parts written (Assembly::kShared)
+  uint64_t redis_errors = 0;       // failed operations (connect, timeout, error reply)
+  uint64_t redis_skipped = 0;      // operations skipped while Redis was down
+  uint64_t redis_bad_objects = 0;  // objects that failed the format or checksum check
 };
 
 class Store {
@@ -166,8 +166,8 @@ struct LookupResult {
 };
 
 struct GetResult {
-  uint64_t hit_tokens = 0;      // tokens the rank's memory now holds from the store
-  uint64_t bytes_copied = 0;    // bytes written into the rank's memory
+  uint64_t hit_tokens = 0;    // tokens the rank's memory now holds from the store
+  uint64_t bytes_copied = 0;  // bytes written into the rank's memory
   uint64_t memory_objects = 0;
   uint64_t redis_objects = 0;
 };

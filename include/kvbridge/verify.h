@@ -29,9 +29,9 @@
 namespace kvbridge {
 
 struct VerifyReport {
-  uint64_t cells_checked = 0;   // semantic cells the request moves
-  uint64_t bytes_checked = 0;   // their bytes
-  uint64_t bytes_written = 0;   // bytes the plan's descriptors write
+  uint64_t cells_checked = 0;  // semantic cells the request moves
+  uint64_t bytes_checked = 0;  // their bytes
+  uint64_t bytes_written = 0;  // bytes the plan's descriptors write
 };
 
 // OK with a report when the plan is exact, in bounds and touches nothing

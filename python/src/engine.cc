@@ -48,8 +48,8 @@ std::vector<TransferItem> items_of(py::handle items) {
   }
   auto r = a.unchecked<2>();
   for (py::ssize_t i = 0; i < r.shape(0); ++i) {
-    out.push_back(TransferItem{static_cast<RegionId>(r(i, 0)), r(i, 1), static_cast<RegionId>(r(i, 2)), r(i, 3),
-                               r(i, 4)});
+    out.push_back(
+        TransferItem{static_cast<RegionId>(r(i, 0)), r(i, 1), static_cast<RegionId>(r(i, 2)), r(i, 3), r(i, 4)});
   }
   return out;
 }
@@ -84,10 +84,10 @@ void bind_values(py::module_& m) {
       .value("FAILED", TransferState::kFailed)
       .value("CANCELLED", TransferState::kCancelled);
 
-  py::class_<TransferItem>(m, "TransferItem",
-                           "One copy of a transfer; offsets from the start of each registration.")
-      .def(py::init([](RegionId local, uint64_t local_offset, RegionId remote, uint64_t remote_offset,
-                       uint64_t bytes) { return TransferItem{local, local_offset, remote, remote_offset, bytes}; }),
+  py::class_<TransferItem>(m, "TransferItem", "One copy of a transfer; offsets from the start of each registration.")
+      .def(py::init([](RegionId local, uint64_t local_offset, RegionId remote, uint64_t remote_offset, uint64_t bytes) {
+             return TransferItem{local, local_offset, remote, remote_offset, bytes};
+           }),
            py::arg("local"), py::arg("local_offset"), py::arg("remote"), py::arg("remote_offset"), py::arg("bytes"))
       .def_readwrite("local", &TransferItem::local)
       .def_readwrite("local_offset", &TransferItem::local_offset)
@@ -107,10 +107,11 @@ void bind_values(py::module_& m) {
       .def_readonly("error", &TransferStatus::error)
       .def_readonly("bytes_done", &TransferStatus::bytes_done)
       .def_readonly("bytes_total", &TransferStatus::bytes_total)
-      .def_property_readonly("ok", [](const TransferStatus& s) { return s.state == TransferState::kDone; },
-                             "True when DONE.")
-      .def_property_readonly("finished", [](const TransferStatus& s) { return s.state != TransferState::kInProgress; },
-                             "True when the transfer ended (DONE, FAILED or CANCELLED).")
+      .def_property_readonly(
+          "ok", [](const TransferStatus& s) { return s.state == TransferState::kDone; }, "True when DONE.")
+      .def_property_readonly(
+          "finished", [](const TransferStatus& s) { return s.state != TransferState::kInProgress; },
+          "True when the transfer ended (DONE, FAILED or CANCELLED).")
       .def(
           "raise_if_failed",
           [](const TransferStatus& s) {
@@ -128,8 +129,8 @@ void bind_values(py::module_& m) {
   py::class_<Notification>(m, "Notification", "A message a peer sent; peer is the sender's engine name.")
       .def_readonly("peer", &Notification::peer)
       .def_readonly("peer_instance", &Notification::peer_instance, "The sender engine's instance id.")
-      .def_property_readonly("message", [](const Notification& n) { return py::bytes(n.message); },
-                             "The message bytes.")
+      .def_property_readonly(
+          "message", [](const Notification& n) { return py::bytes(n.message); }, "The message bytes.")
       .def_property_readonly(
           "text", [](const Notification& n) { return py::bytes(n.message).attr("decode")("utf-8", "replace"); },
           "The message decoded as UTF-8.")
@@ -215,7 +216,8 @@ void bind_engine(py::module_& m) {
            py::arg("faults") = "", py::arg("inline_bytes") = EngineOptions{}.inline_bytes, py::arg("secret") = "",
            "Starts the engine's threads and listeners.\n\n"
            "name: shown to peers and in errors; '' = a name of this engine's own (kvbridge-<host>-<pid>-<hex>).\n"
-           "Peers are told apart by name and a random instance id, so names need not be unique. transports: preference order, e.g.\n"
+           "Peers are told apart by name and a random instance id, so names need not be unique. transports: preference "
+           "order, e.g.\n"
            "['cma', 'tcp']; None = every available one. host: address the tcp and control listeners\n"
            "bind. default_timeout: seconds (or a timedelta) for transfers submitted without one.\n"
            "faults: fault injection, for tests only ('delay=MS', 'drop-notifications=N').\n"
@@ -225,8 +227,9 @@ void bind_engine(py::module_& m) {
            "cma, runs inside submit() (it has ended when submit returns); 0 = always on engine threads.\n"
            "Raises Unavailable when a named transport cannot run here (the message says why).")
       .def_property_readonly("name", [](PyEngine& e) { return e.get().name(); })
-      .def("transports", [](PyEngine& e) { return e.get().transports(); },
-           "Every transport with whether this engine can use it, and why not.")
+      .def(
+          "transports", [](PyEngine& e) { return e.get().transports(); },
+          "Every transport with whether this engine can use it, and why not.")
       .def(
           "register_memory",
           [](PyEngine& e, py::object obj, std::optional<std::string> memory, const std::string& access) {
@@ -259,9 +262,10 @@ void bind_engine(py::module_& m) {
           py::arg("region"),
           "Drops one reference to a registration. Raises Unavailable while a transfer uses it,\n"
           "NotFound for an unknown id.")
-      .def("metadata", [](PyEngine& e) { return py::bytes(e.get().metadata()); },
-           "The bytes a peer passes to connect(): transports and registrations. Registrations made\n"
-           "later need a fresh metadata() and connect() again (which refreshes the peer).")
+      .def(
+          "metadata", [](PyEngine& e) { return py::bytes(e.get().metadata()); },
+          "The bytes a peer passes to connect(): transports and registrations. Registrations made\n"
+          "later need a fresh metadata() and connect() again (which refreshes the peer).")
       .def(
           "connect",
           [](PyEngine& e, py::bytes metadata) {
@@ -279,8 +283,7 @@ void bind_engine(py::module_& m) {
           "metadata, Incompatible for a version mismatch, Unavailable when no transport is shared.")
       .def(
           "submit",
-          [](PyEngine& e, PeerId peer, py::object op, py::object items, py::object notification,
-             py::object timeout) {
+          [](PyEngine& e, PeerId peer, py::object op, py::object items, py::object notification, py::object timeout) {
             const TransferOp o = op_of(op);
             std::vector<TransferItem> v = items_of(items);
             std::string note = notification.is_none() ? std::string() : bytes_of(notification);
@@ -301,8 +304,9 @@ void bind_engine(py::module_& m) {
           "the last byte. timeout: seconds (None: the engine's default_timeout).\n"
           "Every item is checked first; on error nothing moves: NotFound (peer, region), OutOfRange\n"
           "(naming the item and region), InvalidArgument (empty batch, zero-length item).")
-      .def("status", [](PyEngine& e, TransferId id) { return e.get().status(id); }, py::arg("transfer"),
-           "The TransferStatus of a transfer (error NotFound for an unknown id).")
+      .def(
+          "status", [](PyEngine& e, TransferId id) { return e.get().status(id); }, py::arg("transfer"),
+          "The TransferStatus of a transfer (error NotFound for an unknown id).")
       .def(
           "wait",
           [](PyEngine& e, TransferId id, py::object timeout) {
@@ -326,8 +330,9 @@ void bind_engine(py::module_& m) {
           py::arg("transfer"),
           "Cancels a transfer; when it returns no further byte of it lands in local memory. No error\n"
           "when it had already ended.")
-      .def("release", [](PyEngine& e, TransferId id) { check(e.get().release(id)); }, py::arg("transfer"),
-           "Forgets an ended transfer. Raises Unavailable while it is in progress.")
+      .def(
+          "release", [](PyEngine& e, TransferId id) { check(e.get().release(id)); }, py::arg("transfer"),
+          "Forgets an ended transfer. Raises Unavailable while it is in progress.")
       .def(
           "notify",
           [](PyEngine& e, PeerId peer, py::object message) {
@@ -342,11 +347,14 @@ void bind_engine(py::module_& m) {
           },
           py::arg("peer"), py::arg("message"),
           "Sends a notification (str or bytes) after every earlier transfer to the peer.")
-      .def("take_notifications", [](PyEngine& e) { return e.get().take_notifications(); },
-           "Notifications received since the last call, in arrival order per peer.")
-      .def("metrics", [](PyEngine& e) { return e.get().metrics(); }, "The engine's EngineMetrics.")
-      .def("metrics_prometheus", [](PyEngine& e) { return e.get().metrics_prometheus(); },
-           "Prometheus text exposition of metrics() (names prefixed 'kvbridge_').")
+      .def(
+          "take_notifications", [](PyEngine& e) { return e.get().take_notifications(); },
+          "Notifications received since the last call, in arrival order per peer.")
+      .def(
+          "metrics", [](PyEngine& e) { return e.get().metrics(); }, "The engine's EngineMetrics.")
+      .def(
+          "metrics_prometheus", [](PyEngine& e) { return e.get().metrics_prometheus(); },
+          "Prometheus text exposition of metrics() (names prefixed 'kvbridge_').")
       .def_property_readonly("closed", &PyEngine::closed)
       .def("close", &PyEngine::close,
            "Cancels every transfer in progress, closes peers and joins threads (GIL released), then\n"

@@ -102,9 +102,8 @@ void bind_errors(py::module_& m) {
                      "Appears in results that report errors instead of raising them (TransferStatus.error,\n"
                      "LoadResult.error, RequestOutcome.error). raise_if_error() raises the matching\n"
                      "kvbridge exception.")
-      .def(py::init([](const std::string& code, const std::string& message) {
-             return Status(parse_code(code), message);
-           }),
+      .def(py::init(
+               [](const std::string& code, const std::string& message) { return Status(parse_code(code), message); }),
            py::arg("code") = "ok", py::arg("message") = "",
            "Status(code='ok', message=''): code is a stable name such as 'invalid_argument'.")
       .def_property_readonly("ok", &Status::ok, "True when there is no error.")
@@ -115,12 +114,12 @@ void bind_errors(py::module_& m) {
       .def(
           "exception", [](const Status& s) -> py::object { return s.ok() ? py::none() : exception_for(s); },
           "The kvbridge exception for this status (not raised), or None when OK.")
-      .def("raise_if_error", [](const Status& s) { check(s); }, "Raises the matching kvbridge exception unless OK.")
+      .def(
+          "raise_if_error", [](const Status& s) { check(s); }, "Raises the matching kvbridge exception unless OK.")
       .def("__str__", &Status::to_string)
       .def("__repr__", [](const Status& s) { return "<kvbridge.Status " + s.to_string() + ">"; })
-      .def("__eq__", [](const Status& a, const Status& b) {
-        return a.code() == b.code() && a.message() == b.message();
-      });
+      .def("__eq__",
+           [](const Status& a, const Status& b) { return a.code() == b.code() && a.message() == b.message(); });
 }
 
 }  // namespace kvbridge::python

@@ -35,7 +35,9 @@ void write_file(const std::string& path, const std::string& text) {
 
 GroupKind group_kind_of(const std::string& s) {
   auto k = parse_group_kind(s);
-  if (!k) throw_status(Status::invalid_argument("unknown group kind '" + s + "' (attention, sliding_window, state, scratch)"));
+  if (!k)
+    throw_status(
+        Status::invalid_argument("unknown group kind '" + s + "' (attention, sliding_window, state, scratch)"));
   return *k;
 }
 
@@ -77,8 +79,8 @@ std::string layout_repr(const Layout& l) {
     if (!groups.empty()) groups += ", ";
     groups += g.name + "(" + std::string(group_kind_name(g.kind)) + ", " + std::to_string(g.layers.size()) + " layers)";
   }
-  return "<kvbridge.Layout model='" + l.model + "' dtype='" + l.dtype + "' tp_rank=" + std::to_string(l.tp_rank) +
-         "/" + std::to_string(l.tp_size) + " tensors=" + std::to_string(l.tensors.size()) + " groups=[" + groups + "]>";
+  return "<kvbridge.Layout model='" + l.model + "' dtype='" + l.dtype + "' tp_rank=" + std::to_string(l.tp_rank) + "/" +
+         std::to_string(l.tp_size) + " tensors=" + std::to_string(l.tensors.size()) + " groups=[" + groups + "]>";
 }
 
 void bind_model(py::module_& m) {
@@ -112,7 +114,9 @@ void bind_model(py::module_& m) {
       });
 
   py::class_<HeadMap>(m, "HeadMap", "Local head h of a component is global head first + h; count heads are held.")
-      .def(py::init([](uint32_t total, uint32_t first, uint32_t count) { return HeadMap{total, first, count}; }),
+      .def(py::init([](uint32_t total, uint32_t first, uint32_t count) {
+             return HeadMap{total, first, count};
+           }),
            py::arg("total"), py::arg("first"), py::arg("count"))
       .def_readwrite("total", &HeadMap::total)
       .def_readwrite("first", &HeadMap::first)
@@ -233,10 +237,12 @@ void bind_layout_class(py::module_& m) {
       .def_static(
           "load", [](const std::string& path) { return layout_from_json(read_file(path)); }, py::arg("path"),
           "Reads and validates a layout JSON file. Raises IoError when the file cannot be read.")
-      .def("to_json", [](const Layout& l, int indent) { return to_json(l, indent); }, py::arg("indent") = 2,
-           "The layout as JSON; indent < 0 writes one line.")
       .def(
-          "save", [](const Layout& l, const std::string& path, int indent) { write_file(path, to_json(l, indent) + "\n"); },
+          "to_json", [](const Layout& l, int indent) { return to_json(l, indent); }, py::arg("indent") = 2,
+          "The layout as JSON; indent < 0 writes one line.")
+      .def(
+          "save",
+          [](const Layout& l, const std::string& path, int indent) { write_file(path, to_json(l, indent) + "\n"); },
           py::arg("path"), py::arg("indent") = 2, "Writes the layout as JSON to `path`.")
       .def(
           "to_dict", [](const Layout& l) { return py::module_::import("json").attr("loads")(to_json(l, -1)); },
@@ -247,9 +253,10 @@ void bind_layout_class(py::module_& m) {
             return layout_from_json(py::module_::import("json").attr("dumps")(d).cast<std::string>());
           },
           py::arg("d"), "Parses and validates a dict of the JSON form.")
-      .def("validate", [](const Layout& l) { check(validate(l)); },
-           "Checks every rule of docs/formats/layout.md; raises InvalidArgument, OutOfRange or\n"
-           "ResourceExhausted naming the group, layer and component at fault.")
+      .def(
+          "validate", [](const Layout& l) { check(validate(l)); },
+          "Checks every rule of docs/formats/layout.md; raises InvalidArgument, OutOfRange or\n"
+          "ResourceExhausted naming the group, layer and component at fault.")
       .def("identity_text", &identity_text, "The canonical text of what must match between peers.")
       .def_property_readonly("compatibility_hash", &compatibility_hash,
                              "XXH3-64 of identity_text(): equal identities, equal hashes on any machine.")
@@ -261,7 +268,8 @@ void bind_layout_class(py::module_& m) {
           "differing field and both values, e.g. \"group 'full' layer 'layers.0' component 'k': cell_bytes\n"
           "differs: 256 vs 128\".")
       .def(
-          "is_compatible", [](const Layout& local, const Layout& remote) { return check_compatible(local, remote).ok(); },
+          "is_compatible",
+          [](const Layout& local, const Layout& remote) { return check_compatible(local, remote).ok(); },
           py::arg("remote"), "True when check_compatible() would not raise.")
       .def(
           "find_tensor",
@@ -335,7 +343,8 @@ void bind_request(py::module_& m) {
       .def_static(
           "from_json", [](const std::string& text) { return unwrap(parse_request(text)); }, py::arg("text"),
           "Parses `kvbridge.request/1` JSON (structure only; the planner checks it against layouts).")
-      .def("to_json", [](const Request& r, int indent) { return to_json(r, indent); }, py::arg("indent") = 2)
+      .def(
+          "to_json", [](const Request& r, int indent) { return to_json(r, indent); }, py::arg("indent") = 2)
       .def_readwrite("num_tokens", &Request::num_tokens)
       .def_readwrite("skip_tokens", &Request::skip_tokens)
       .def_property(
@@ -349,8 +358,9 @@ void bind_request(py::module_& m) {
 
 void bind_presets(py::module_& m) {
   m.def("preset_names", &preset_names, "Names of every preset layout, in a stable order.");
-  m.def("preset_summary", [](const std::string& name) { return preset_summary(name); }, py::arg("name"),
-        "One line describing a preset ('' if unknown).");
+  m.def(
+      "preset_summary", [](const std::string& name) { return preset_summary(name); }, py::arg("name"),
+      "One line describing a preset ('' if unknown).");
   m.def(
       "make_preset",
       [](const std::string& name, uint32_t tp_size, uint32_t tp_rank, uint64_t block_tokens,

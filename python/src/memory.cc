@@ -70,8 +70,10 @@ Memory memory_of(py::handle obj, bool writable, const std::string& what) {
     }
   }
   throw_status(Status::invalid_argument(
-      what + ": expected a torch tensor, a numpy array (or another buffer), or a (data_ptr, bytes[, memory]) tuple, "
-             "not " + std::string(py::str(py::type::of(obj).attr("__name__")))));
+      what +
+      ": expected a torch tensor, a numpy array (or another buffer), or a (data_ptr, bytes[, memory]) tuple, "
+      "not " +
+      std::string(py::str(py::type::of(obj).attr("__name__")))));
 }
 
 std::vector<Memory> memories_of(py::handle objects, const std::vector<std::string>& names, bool writable) {
@@ -112,8 +114,8 @@ std::chrono::milliseconds to_millis(py::handle seconds, std::chrono::millisecond
     s = seconds.cast<double>();
   }
   if (!std::isfinite(s) || s < 0 || s > 1e9) {
-    throw_status(Status::invalid_argument("a duration must be finite seconds >= 0, not " +
-                                          std::string(py::str(seconds))));
+    throw_status(
+        Status::invalid_argument("a duration must be finite seconds >= 0, not " + std::string(py::str(seconds))));
   }
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(s * 1000)));
 }

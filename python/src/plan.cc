@@ -12,7 +12,6 @@
 #include "kvbridge/plan.h"
 #include "kvbridge/verify.h"
 
-
 namespace kvbridge::python {
 namespace {
 
@@ -175,8 +174,8 @@ void bind_plan(py::module_& m) {
         py::gil_scoped_release nogil;
         check(fill_request(layout, request, side_of(side), first_token, seed, spans));
       },
-      py::arg("layout"), py::arg("request"), py::arg("tensors"), py::arg("side") = "remote",
-      py::arg("first_token") = 0, py::arg("seed") = 0,
+      py::arg("layout"), py::arg("request"), py::arg("tensors"), py::arg("side") = "remote", py::arg("first_token") = 0,
+      py::arg("seed") = 0,
       "Writes a deterministic pattern of (seed, semantic coordinate) into every cell `request` holds\n"
       "on `side` ('remote' = the prefill side's block ids) at tokens >= first_token. tensors: one\n"
       "host tensor/array per layout tensor (list in layout order, or dict by name).");
@@ -191,8 +190,8 @@ void bind_plan(py::module_& m) {
         }();
         return unwrap(std::move(r));
       },
-      py::arg("layout"), py::arg("request"), py::arg("tensors"), py::arg("side") = "local",
-      py::arg("first_token") = 0, py::arg("seed") = 0,
+      py::arg("layout"), py::arg("request"), py::arg("tensors"), py::arg("side") = "local", py::arg("first_token") = 0,
+      py::arg("seed") = 0,
       "Checks the pattern fill_request() writes, on `side` ('local' = the decode side's block ids).\n"
       "Mismatches are in the ContentReport, not raised. Works across TP, block size and order.");
 }

@@ -6,13 +6,9 @@
 
 namespace kvbridge {
 
-inline bool checked_add(uint64_t a, uint64_t b, uint64_t* out) {
-  return !__builtin_add_overflow(a, b, out);
-}
+inline bool checked_add(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_add_overflow(a, b, out); }
 
-inline bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) {
-  return !__builtin_mul_overflow(a, b, out);
-}
+inline bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_mul_overflow(a, b, out); }
 
 // a * b + c
 inline bool checked_mul_add(uint64_t a, uint64_t b, uint64_t c, uint64_t* out) {

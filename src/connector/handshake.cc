@@ -39,8 +39,8 @@ Status check_rank_info(const RankInfo& info) {
     return Status::invalid_argument("rank info: " + std::to_string(info.tensors.size()) + " tensors, more than " +
                                     std::to_string(kMaxTensors));
   }
-  size_t total = 8 + 8 + 4 + 4 + 4 + 4 * 4 + info.instance_id.size() + info.layout_json.size() +
-                 info.engine_metadata.size();
+  size_t total =
+      8 + 8 + 4 + 4 + 4 + 4 * 4 + info.instance_id.size() + info.layout_json.size() + info.engine_metadata.size();
   for (const TensorRegion& t : info.tensors) {
     KVB_RETURN_IF_ERROR(limit("tensor name '" + t.name.substr(0, 64) + "'", t.name.size(), kMaxTensorNameBytes));
     total += kTensorFixedBytes + t.name.size();

@@ -60,14 +60,14 @@ struct TensorRegion {
 
 // What one rank serves.
 struct RankInfo {
-  std::string instance_id;             // e.g. "prefill-0", <= kMaxInstanceIdBytes
-  uint32_t rank = 0;                   // tp_rank, < tp_size
+  std::string instance_id;  // e.g. "prefill-0", <= kMaxInstanceIdBytes
+  uint32_t rank = 0;        // tp_rank, < tp_size
   uint32_t tp_size = 1;
   int32_t pid = 0;
-  std::string layout_json;             // kvbridge::to_json(layout, -1), <= kMaxLayoutJsonBytes
-  std::string engine_metadata;         // Engine::metadata() bytes (opaque here), <= kMaxEngineMetadataBytes
-  std::vector<TensorRegion> tensors;   // per layout tensor, in layout order; <= kMaxTensors
-  uint64_t clock_ns = 0;               // server CLOCK_REALTIME when it replied (filled by the server)
+  std::string layout_json;            // kvbridge::to_json(layout, -1), <= kMaxLayoutJsonBytes
+  std::string engine_metadata;        // Engine::metadata() bytes (opaque here), <= kMaxEngineMetadataBytes
+  std::vector<TensorRegion> tensors;  // per layout tensor, in layout order; <= kMaxTensors
+  uint64_t clock_ns = 0;              // server CLOCK_REALTIME when it replied (filled by the server)
 
   bool operator==(const RankInfo&) const = default;
 };

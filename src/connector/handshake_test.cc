@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 
-
 #include "connector/side_channel.h"
 #include "net/frame.h"
 #include "net/opening.h"

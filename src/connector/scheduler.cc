@@ -8,19 +8,26 @@ namespace kvbridge {
 
 std::string_view release_reason_name(ReleaseReason reason) {
   switch (reason) {
-    case ReleaseReason::kRead: return "read";
-    case ReleaseReason::kLeaseExpired: return "lease_expired";
-    case ReleaseReason::kAborted: return "aborted";
+    case ReleaseReason::kRead:
+      return "read";
+    case ReleaseReason::kLeaseExpired:
+      return "lease_expired";
+    case ReleaseReason::kAborted:
+      return "aborted";
   }
   return "unknown";
 }
 
 std::string_view outcome_name(Outcome outcome) {
   switch (outcome) {
-    case Outcome::kFinished: return "finished";
-    case Outcome::kFailed: return "failed";
-    case Outcome::kRecompute: return "recompute";
-    case Outcome::kAborted: return "aborted";
+    case Outcome::kFinished:
+      return "finished";
+    case Outcome::kFailed:
+      return "failed";
+    case Outcome::kRecompute:
+      return "recompute";
+    case Outcome::kAborted:
+      return "aborted";
   }
   return "unknown";
 }
@@ -65,8 +72,7 @@ Status PrefillScheduler::abort(RequestId request, SteadyTime) {
   if (it == held_.end()) return Status::not_found("request " + std::to_string(request) + " is not held");
   it->second.aborted = true;
   if (!it->second.heard) {  // nobody started reading: free now
-    ready_.push_back(Release{request, ReleaseReason::kAborted,
-                             {it->second.waiting.begin(), it->second.waiting.end()}});
+    ready_.push_back(Release{request, ReleaseReason::kAborted, {it->second.waiting.begin(), it->second.waiting.end()}});
     held_.erase(it);
   }
   return Status();
@@ -75,8 +81,8 @@ Status PrefillScheduler::abort(RequestId request, SteadyTime) {
 std::vector<Release> PrefillScheduler::take_releases(SteadyTime now) {
   for (auto it = held_.begin(); it != held_.end();) {
     if (it->second.expires <= now) {
-      ready_.push_back(Release{it->first, ReleaseReason::kLeaseExpired,
-                               {it->second.waiting.begin(), it->second.waiting.end()}});
+      ready_.push_back(
+          Release{it->first, ReleaseReason::kLeaseExpired, {it->second.waiting.begin(), it->second.waiting.end()}});
       it = held_.erase(it);
     } else {
       ++it;

@@ -15,15 +15,15 @@ TEST(PrefillSchedulerTest, ReleasesWhenEveryReaderIsDoneOnce) {
   ASSERT_TRUE(s.hold(7, {"d/r0", "d/r1"}, t0).ok());
   EXPECT_EQ(s.hold(7, {"d/r0"}, t0).code(), Code::kAlreadyExists);
   s.reader_done(7, "d/r0", t0);
-  s.reader_done(7, "d/r0", t0);        // twice: counted once
-  s.reader_done(7, "stranger", t0);    // not expected: ignored
+  s.reader_done(7, "d/r0", t0);      // twice: counted once
+  s.reader_done(7, "stranger", t0);  // not expected: ignored
   EXPECT_TRUE(s.take_releases(t0).empty());
   s.reader_done(7, "d/r1", t0);
   std::vector<Release> r = s.take_releases(t0);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].request, 7u);
   EXPECT_EQ(r[0].reason, ReleaseReason::kRead);
-  s.reader_done(7, "d/r1", t0);        // late: nothing more
+  s.reader_done(7, "d/r1", t0);  // late: nothing more
   EXPECT_TRUE(s.take_releases(t0 + milliseconds(5000)).empty());
   EXPECT_EQ(s.held(), 0u);
 }

@@ -78,7 +78,8 @@ SideChannelServer::~SideChannelServer() { listener_.reset(); }
 
 net::Answer SideChannelServer::answer(const net::OpenRequest& request) {
   Result<uint64_t> hash = decode_open_body(request.body);
-  if (!hash.ok()) return net::Answer::refuse(net::RefuseCode::kMalformed, "malformed handshake: " + hash.error().message());
+  if (!hash.ok())
+    return net::Answer::refuse(net::RefuseCode::kMalformed, "malformed handshake: " + hash.error().message());
   if (*hash != hash_) {
     // The client learns our identity only now, after the opening exchange,
     // so that it can name the field.
@@ -93,7 +94,8 @@ net::Answer SideChannelServer::answer(const net::OpenRequest& request) {
     payload = encode_metadata({hash_, info_});
   }
   if (!payload.ok()) {
-    return net::Answer::refuse(net::RefuseCode::kUnavailable, "cannot serve the rank info: " + payload.error().message());
+    return net::Answer::refuse(net::RefuseCode::kUnavailable,
+                               "cannot serve the rank info: " + payload.error().message());
   }
   return net::Answer::reply(kMetadataFrame, std::move(*payload));
 }

@@ -34,11 +34,11 @@
 namespace kvbridge::connector {
 
 struct SideChannelOptions {
-  std::string host = "127.0.0.1";  // bind address (server)
-  uint16_t port = 0;               // 0 = ephemeral (server)
-  std::string secret;              // empty: no authentication; else both sides must share it
+  std::string host = "127.0.0.1";           // bind address (server)
+  uint16_t port = 0;                        // 0 = ephemeral (server)
+  std::string secret;                       // empty: no authentication; else both sides must share it
   std::chrono::milliseconds timeout{5000};  // per handshake, both sides
-  size_t max_pending = 64;         // server: connections still opening
+  size_t max_pending = 64;                  // server: connections still opening
 };
 
 class SideChannelServer {

@@ -102,9 +102,9 @@ net::OpeningConfig opening_config(std::string secret) {
 // The Refuse frame at the start of `bytes`.
 Result<net::Refusal> refusal_in(std::string_view bytes) {
   if (bytes.size() < net::kFrameHeaderBytes) return Status::invalid_argument("no frame");
-  KVB_ASSIGN_OR_RETURN(net::FrameHeader h, net::decode_header(bytes.substr(0, net::kFrameHeaderBytes),
-                                                              net::Protocol::kSideChannel, kHandshakeVersion,
-                                                              max_payload_bytes));
+  KVB_ASSIGN_OR_RETURN(net::FrameHeader h,
+                       net::decode_header(bytes.substr(0, net::kFrameHeaderBytes), net::Protocol::kSideChannel,
+                                          kHandshakeVersion, max_payload_bytes));
   if (h.type != net::kRefuse) return Status::invalid_argument("not a Refuse");
   return net::decode_refusal(bytes.substr(net::kFrameHeaderBytes, h.payload_bytes), kMaxRefuseDetailBytes);
 }
@@ -134,7 +134,8 @@ TEST(SideChannelTest, ServesWithAMatchingSecretAndServesUpdatedInfo) {
   ASSERT_TRUE(fetch_rank_info(server->address(), side.identity, side.hash, fast("correct horse battery staple")).ok());
   side.info.instance_id = "prefill-7";
   server->set_info(side.info);
-  Result<RankInfo> got = fetch_rank_info(server->address(), side.identity, side.hash, fast("correct horse battery staple"));
+  Result<RankInfo> got =
+      fetch_rank_info(server->address(), side.identity, side.hash, fast("correct horse battery staple"));
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   EXPECT_EQ(got->instance_id, "prefill-7");
   EXPECT_TRUE(eventually([&] { return server->served() == 2; }));
@@ -177,7 +178,8 @@ TEST(SideChannelTest, NamesTheFirstDifferingFieldOnAHashMismatch) {
   remote.groups[0].layers[0].components[0].heads->total = 4;
   Side server_side = side_of(remote);
   auto server = start(server_side, fast("s3cret"));
-  Result<RankInfo> got = fetch_rank_info(server->address(), identity_text(local), compatibility_hash(local), fast("s3cret"));
+  Result<RankInfo> got =
+      fetch_rank_info(server->address(), identity_text(local), compatibility_hash(local), fast("s3cret"));
   expect_error(got, Code::kIncompatible,
                "compatibility hash mismatch (local " + compatibility_hash_hex(local) + ", peer " +
                    compatibility_hash_hex(remote) +
@@ -329,9 +331,7 @@ void expect_survives(const std::string& bytes, const std::string& why, bool clos
   EXPECT_TRUE(got.ok()) << got.status().to_string();
 }
 
-TEST(SideChannelTest, SurvivesAGarbageClient) {
-  expect_survives(std::string(64, '\x5a'), "malformed: bad magic");
-}
+TEST(SideChannelTest, SurvivesAGarbageClient) { expect_survives(std::string(64, '\x5a'), "malformed: bad magic"); }
 
 TEST(SideChannelTest, SurvivesAnOversizedLength) {
   std::string header;

@@ -69,7 +69,8 @@ std::vector<std::unique_ptr<Rank>> instance(const InstanceOptions& o) {
     rank->engine = std::move(*engine);
     WorkerOptions w = o.worker;
     w.instance_id = o.id;
-    Result<std::unique_ptr<ConnectorWorker>> worker = ConnectorWorker::create(*rank->engine, rank->layout, rank->spans, w);
+    Result<std::unique_ptr<ConnectorWorker>> worker =
+        ConnectorWorker::create(*rank->engine, rank->layout, rank->spans, w);
     EXPECT_TRUE(worker.ok()) << worker.error().to_string();
     rank->worker = std::move(*worker);
     ranks.push_back(std::move(rank));

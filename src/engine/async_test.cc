@@ -69,8 +69,10 @@ class ThreadLink final : public Link {
         if (delay_.count() > 0) {
           for (auto slept = 0ms; slept < delay_ && s.ok(); slept += 1ms) {
             std::this_thread::sleep_for(1ms);
-            if (w.control->cancel.load()) s = Status::cancelled("thread link: cancelled");
-            else if (transport::Clock::now() >= w.control->deadline) s = Status::timeout("thread link: deadline");
+            if (w.control->cancel.load())
+              s = Status::cancelled("thread link: cancelled");
+            else if (transport::Clock::now() >= w.control->deadline)
+              s = Status::timeout("thread link: deadline");
           }
         }
         if (!s.ok()) break;
@@ -142,7 +144,8 @@ TEST(AsyncRunsTest, ReadsAndWritesOfEverySizeLandExactly) {
     std::fill(p.x.begin(), p.x.end(), 0);
     std::vector<TransferItem> items;
     const uint64_t piece = size >= (1 << 20) ? 1024 : size;
-    for (uint64_t off = 0; off < size; off += piece) items.push_back({p.rx, off * 2, p.ry, off, piece});  // gaps: no merging
+    for (uint64_t off = 0; off < size; off += piece)
+      items.push_back({p.rx, off * 2, p.ry, off, piece});  // gaps: no merging
     TransferId id = *p.a->submit(p.peer, TransferOp::kRead, items);
     TransferStatus st = p.a->wait(id, 30s);
     ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();

@@ -21,9 +21,9 @@
 
 #include "common/text.h"
 #include "common/thread_name.h"
+#include "engine/metadata.h"
 #include "net/opening.h"
 #include "net/socket.h"
-#include "engine/metadata.h"
 #include "net/wire.h"
 
 namespace kvbridge::engine_internal {
@@ -85,9 +85,12 @@ bool flush(int fd, std::string& out, size_t& pos) {
 
 size_t control_payload_limit(uint8_t type) {
   switch (type) {
-    case kAccept: return 8;
-    case kNotify: return 8 + kMaxControlPayload;
-    case kAck: return 8;
+    case kAccept:
+      return 8;
+    case kNotify:
+      return 8 + kMaxControlPayload;
+    case kAck:
+      return 8;
   }
   return net::opening_limit(type, net::OpeningLimits{kMaxOpenBody, 0});
 }
@@ -122,8 +125,8 @@ Status Channel::health() const {
 
 void Channel::notify(std::string message, Clock::time_point deadline, std::function<void(Status)> done, bool drop) {
   if (message.size() > kMaxControlPayload) {
-    return done(Status::resource_exhausted("notification is " + std::to_string(message.size()) +
-                                           " bytes, more than " + std::to_string(kMaxControlPayload)));
+    return done(Status::resource_exhausted("notification is " + std::to_string(message.size()) + " bytes, more than " +
+                                           std::to_string(kMaxControlPayload)));
   }
   Status failed;
   std::vector<std::function<void(Status)>> fail;  // when a send error ends the channel here
@@ -163,7 +166,8 @@ void Channel::notify(std::string message, Clock::time_point deadline, std::funct
 Status Channel::notify_and_wait(std::string message, Clock::time_point deadline, bool drop) {
   auto result = std::make_shared<std::promise<Status>>();
   std::future<Status> f = result->get_future();
-  notify(std::move(message), deadline, [result](Status s) { result->set_value(std::move(s)); }, drop);
+  notify(
+      std::move(message), deadline, [result](Status s) { result->set_value(std::move(s)); }, drop);
   return f.get();
 }
 
@@ -245,15 +249,14 @@ void Control::adopt(net::Accepted accepted) {
 }
 
 Result<std::shared_ptr<Channel>> Control::connect(const std::string& address, uint64_t instance,
-                                                  const std::string& peer,
-                                                  std::function<void(const Status&)> on_gone) {
+                                                  const std::string& peer, std::function<void(const Status&)> on_gone) {
   const std::string who = "control connection to peer " + peer + " at " + address;
   KVB_ASSIGN_OR_RETURN(net::HostPort to, net::parse_host_port(address, "control address"));
   const net::IoLimits limits{Clock::now() + options_.open_timeout, nullptr, nullptr};
   KVB_ASSIGN_OR_RETURN(net::Fd fd, net::dial(to, limits, who));
-  KVB_ASSIGN_OR_RETURN(net::Opened opened, net::open_client(fd.get(), opening(options_),
-                                                            encode_identity(options_.self, instance),
-                                                            control_payload_limit, limits, who));
+  KVB_ASSIGN_OR_RETURN(net::Opened opened,
+                       net::open_client(fd.get(), opening(options_), encode_identity(options_.self, instance),
+                                        control_payload_limit, limits, who));
   net::WireReader r(opened.payload, "control Accept");
   uint64_t theirs = 0;
   if (opened.header.type != kAccept || !r.u64("instance", &theirs).ok() || !r.finish().ok() || theirs != instance) {
@@ -304,7 +307,8 @@ bool Control::read_inbound(Inbound& in) {
     if (!in.reader.ready()) continue;
     const net::FrameHeader& h = in.reader.header();
     if (h.tagged != in.session.keyed()) return false;
-    if (in.session.keyed() && !in.session.check(in.reader.raw_header(), in.reader.payload(), in.reader.tag())) return false;
+    if (in.session.keyed() && !in.session.check(in.reader.raw_header(), in.reader.payload(), in.reader.tag()))
+      return false;
     if (h.type != kNotify) return false;
     net::WireReader r(in.reader.payload(), "Notify");
     uint64_t seq = 0;
@@ -330,9 +334,8 @@ bool Control::read_channel(Channel& ch) {
     size_t pos = 0;
     while (ch.in_.size() - pos >= frame) {
       std::string_view f = std::string_view(ch.in_).substr(pos, frame);
-      Result<net::FrameHeader> h =
-          net::decode_header(f.substr(0, net::kFrameHeaderBytes), net::Protocol::kControl, kControlVersion,
-                             control_payload_limit);
+      Result<net::FrameHeader> h = net::decode_header(f.substr(0, net::kFrameHeaderBytes), net::Protocol::kControl,
+                                                      kControlVersion, control_payload_limit);
       if (!h.ok() || h->type != kAck || h->payload_bytes != 8 || h->tagged != ch.session_.keyed()) return false;
       if (ch.session_.keyed() &&
           !ch.session_.check(f.substr(0, net::kFrameHeaderBytes), f.substr(net::kFrameHeaderBytes, 8),

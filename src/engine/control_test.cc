@@ -196,13 +196,14 @@ TEST(ControlTest, MalformedInboundFramesCloseTheConnectionOnly) {
   Inbox in;
   auto c = make("c", 0xc, in);
   std::vector<std::string> bad = {
-      std::string(16, '\xff'),  // magic
+      std::string(16, '\xff'),                         // magic
       "KVBC\x01\x00\x01\x00" + std::string(12, '\0'),  // the format before the shared header
   };
   {
     std::string notify_first;  // a Notify where the Open belongs
     net::Session none;
-    net::append_frame(notify_first, {net::Protocol::kControl, 17, kControlVersion, 0, false}, std::string(8, '\0'), none);
+    net::append_frame(notify_first, {net::Protocol::kControl, 17, kControlVersion, 0, false}, std::string(8, '\0'),
+                      none);
     bad.push_back(notify_first);
     std::string huge;
     net::encode_header({net::Protocol::kControl, net::kOpen, kControlVersion, 1u << 30, false}, huge);

@@ -13,10 +13,14 @@ namespace kvbridge {
 
 std::string_view transfer_state_name(TransferState state) {
   switch (state) {
-    case TransferState::kInProgress: return "in_progress";
-    case TransferState::kDone: return "done";
-    case TransferState::kFailed: return "failed";
-    case TransferState::kCancelled: return "cancelled";
+    case TransferState::kInProgress:
+      return "in_progress";
+    case TransferState::kDone:
+      return "done";
+    case TransferState::kFailed:
+      return "failed";
+    case TransferState::kCancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -140,8 +144,7 @@ EngineImpl::~EngineImpl() {
   transports_.clear();
 }
 
-Result<RegionId> EngineImpl::register_memory(void* base, uint64_t bytes, std::string_view memory,
-                                             RemoteAccess access) {
+Result<RegionId> EngineImpl::register_memory(void* base, uint64_t bytes, std::string_view memory, RemoteAccess access) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t before = registry_->num_regions();
   KVB_ASSIGN_OR_RETURN(RegionId id, registry_->add(base, bytes, memory, static_cast<uint8_t>(access)));

@@ -63,8 +63,7 @@ class EngineImpl final : public Engine {
   const std::string& name() const override { return options_.name; }
   bool has_secret() const override { return !options_.secret.empty(); }
   std::vector<TransportReport> transports() const override { return reports_; }
-  Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory,
-                                   RemoteAccess access) override;
+  Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory, RemoteAccess access) override;
   Status deregister_memory(RegionId id) override;
   std::string metadata() const override;
   Result<PeerId> connect(std::string_view metadata) override;
@@ -75,7 +74,9 @@ class EngineImpl final : public Engine {
   Status release_prepared(PreparedId list) override;
   using Engine::submit;
   TransferStatus status(TransferId id) const override { return transfers_->status(id); }
-  TransferStatus wait(TransferId id, std::chrono::milliseconds timeout) override { return transfers_->wait(id, timeout); }
+  TransferStatus wait(TransferId id, std::chrono::milliseconds timeout) override {
+    return transfers_->wait(id, timeout);
+  }
   Status cancel(TransferId id) override { return transfers_->cancel(id); }
   Status release(TransferId id) override { return transfers_->release(id); }
   Status notify(PeerId peer, std::string message) override;
@@ -85,7 +86,7 @@ class EngineImpl final : public Engine {
   EngineMetrics metrics() const override { return metrics_.snapshot(); }
   std::string metrics_prometheus() const override { return metrics_.prometheus(); }
 
- // Internal types, for the engine's own files.
+  // Internal types, for the engine's own files.
   struct Peer {
     PeerId id = 0;
     uint64_t connection = 0;  // changes when the link and channel are reopened
@@ -99,7 +100,7 @@ class EngineImpl final : public Engine {
     };
     std::map<RegionId, RemoteRegion> regions;
     uint64_t generation = 0;  // bumped each time `regions` is refreshed
-    std::string transport;  // the chosen transport's name
+    std::string transport;    // the chosen transport's name
     std::shared_ptr<transport::Link> link;
     std::shared_ptr<Channel> channel;
   };
@@ -108,10 +109,10 @@ class EngineImpl final : public Engine {
   struct PreparedList {
     std::shared_ptr<Peer> peer;
     TransferOp op = TransferOp::kRead;
-    uint64_t generation = 0;                          // the peer's, when last checked
-    std::vector<transport::Copy> copies;              // one per item, in order
-    std::map<RegionId, MetadataRegion> remote;        // the peer regions it names, as they were
-    std::vector<RegionHold> holds;                    // its local regions
+    uint64_t generation = 0;                    // the peer's, when last checked
+    std::vector<transport::Copy> copies;        // one per item, in order
+    std::map<RegionId, MetadataRegion> remote;  // the peer regions it names, as they were
+    std::vector<RegionHold> holds;              // its local regions
   };
 
  private:
@@ -122,8 +123,7 @@ class EngineImpl final : public Engine {
   // Builds, splits and starts a transfer of resolved copies (the holds are
   // its; released here on failure).
   Result<TransferId> start_transfer(const Peer& p, TransferOp op, std::vector<transport::Copy> copies,
-                                    std::vector<RegionHold> holds, uint64_t bytes, size_t items,
-                                    SubmitOptions options);
+                                    std::vector<RegionHold> holds, uint64_t bytes, size_t items, SubmitOptions options);
   // Requires mu_. The metadata of this engine as it stands.
   EngineMetadata describe_locked() const;
   // Picks the transport and opens a link and a channel (without mu_: it

@@ -229,7 +229,8 @@ TEST(EngineTest, AdjacentItemsMergeWithoutChangingWhatLandsWhere) {
     TransferId id = *a->submit(peer, TransferOp::kRead, items);
     ASSERT_EQ(a->wait(id, std::chrono::seconds(30)).state, TransferState::kDone);
     std::vector<uint8_t> want(kSize, 0);
-    for (const TransferItem& it : items) std::copy_n(y.begin() + it.remote_offset, it.bytes, want.begin() + it.local_offset);
+    for (const TransferItem& it : items)
+      std::copy_n(y.begin() + it.remote_offset, it.bytes, want.begin() + it.local_offset);
     EXPECT_TRUE(x == want) << "inline_bytes " << inline_bytes;
     EXPECT_EQ(a->metrics().descriptors, items.size());
   }

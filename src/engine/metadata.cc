@@ -23,8 +23,8 @@ std::string at(std::string_view list, size_t i) { return std::string(list) + "["
 Status check_string(const std::string& field, const std::string& s, size_t max_bytes, bool required) {
   if (required && s.empty()) return Status::invalid_argument("metadata: " + field + " is empty");
   if (s.size() > max_bytes) {
-    return Status::resource_exhausted("metadata: " + field + " is " + std::to_string(s.size()) +
-                                      " bytes, more than " + std::to_string(max_bytes));
+    return Status::resource_exhausted("metadata: " + field + " is " + std::to_string(s.size()) + " bytes, more than " +
+                                      std::to_string(max_bytes));
   }
   return Status();
 }
@@ -72,7 +72,8 @@ Status check_metadata(const EngineMetadata& m) {
   for (size_t i = 0; i < m.segments.size(); ++i) {
     const MetadataSegment& s = m.segments[i];
     const std::string f = at("segments", i);
-    if (!by_id.emplace(s.id, &s).second) return Status::invalid_argument("metadata: " + f + ".id " + std::to_string(s.id) + " is used twice");
+    if (!by_id.emplace(s.id, &s).second)
+      return Status::invalid_argument("metadata: " + f + ".id " + std::to_string(s.id) + " is used twice");
     uint64_t end = 0;
     if (s.bytes == 0) return Status::invalid_argument("metadata: " + f + ".bytes is 0");
     if (s.base == 0 || !checked_add(s.base, s.bytes, &end)) {
@@ -94,7 +95,8 @@ Status check_metadata(const EngineMetadata& m) {
   for (size_t i = 0; i < m.regions.size(); ++i) {
     const MetadataRegion& r = m.regions[i];
     const std::string f = at("regions", i);
-    if (!ids.insert(r.id).second) return Status::invalid_argument("metadata: " + f + ".id " + std::to_string(r.id) + " is used twice");
+    if (!ids.insert(r.id).second)
+      return Status::invalid_argument("metadata: " + f + ".id " + std::to_string(r.id) + " is used twice");
     auto found = by_id.find(r.segment);
     const MetadataSegment* s = found == by_id.end() ? nullptr : found->second;
     if (s == nullptr) {
@@ -160,14 +162,16 @@ Result<EngineMetadata> decode_metadata(std::string_view bytes) {
   uint32_t magic = 0;
   uint16_t flags = 0;
   KVB_RETURN_IF_ERROR(r.u32("magic", &magic));
-  if (magic != kMetadataMagic) return Status::invalid_argument("metadata: magic is not 'KVBM': not kvbridge engine metadata");
+  if (magic != kMetadataMagic)
+    return Status::invalid_argument("metadata: magic is not 'KVBM': not kvbridge engine metadata");
   KVB_RETURN_IF_ERROR(r.u16("version", &m.version));
   if (m.version != kMetadataVersion) {
     return Status::incompatible("metadata: version is " + std::to_string(m.version) + " but this build reads " +
                                 std::to_string(kMetadataVersion));
   }
   KVB_RETURN_IF_ERROR(r.u16("flags", &flags));
-  if (flags != 0) return Status::invalid_argument("metadata: flags is " + std::to_string(flags) + ", must be 0 in version 2");
+  if (flags != 0)
+    return Status::invalid_argument("metadata: flags is " + std::to_string(flags) + ", must be 0 in version 2");
   KVB_RETURN_IF_ERROR(r.str("name", kMaxNameBytes, &m.name));
   KVB_RETURN_IF_ERROR(r.u64("instance", &m.instance));
   KVB_RETURN_IF_ERROR(r.u64("pid", &m.pid));

@@ -28,11 +28,11 @@ inline constexpr uint32_t kMetadataMagic = 0x4d42564b;  // "KVBM" little-endian
 inline constexpr uint16_t kMetadataVersion = 2;
 
 // Bounds enforced by both encode_metadata() and decode_metadata().
-inline constexpr size_t kMaxNameBytes = 256;          // engine name, hostname
+inline constexpr size_t kMaxNameBytes = 256;  // engine name, hostname
 inline constexpr size_t kMaxControlAddressBytes = 256;
 inline constexpr size_t kMaxTransportNameBytes = 32;
 inline constexpr size_t kMaxMemoryKindBytes = 32;
-inline constexpr size_t kMaxBlobBytes = 4096;         // address and key blobs
+inline constexpr size_t kMaxBlobBytes = 4096;  // address and key blobs
 inline constexpr size_t kMaxTransports = 16;
 inline constexpr size_t kMaxSegments = 65536;
 inline constexpr size_t kMaxRegions = 65536;

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "engine/metadata.h"
-#include "testing/corpus.h"
 #include "kvbridge/engine.h"
+#include "testing/corpus.h"
 
 namespace kvbridge::engine_internal {
 namespace {
@@ -66,7 +66,8 @@ TEST(MetadataTest, WrongMagicAndVersionAreNamed) {
   Result<EngineMetadata> r = decode_metadata(bad);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), Code::kIncompatible);
-  EXPECT_NE(r.error().message().find("version is 1 but this build reads 2"), std::string::npos) << r.error().to_string();
+  EXPECT_NE(r.error().message().find("version is 1 but this build reads 2"), std::string::npos)
+      << r.error().to_string();
 }
 
 TEST(MetadataTest, AnInstanceOfZeroIsRejected) {

@@ -15,10 +15,17 @@ size_t latency_bucket(std::chrono::nanoseconds latency) {
 
 void Metrics::ended(TransferState state, TransferOp op, uint64_t bytes, std::chrono::nanoseconds latency) {
   switch (state) {
-    case TransferState::kDone: transfers_done_.fetch_add(1, std::memory_order_relaxed); break;
-    case TransferState::kFailed: transfers_failed_.fetch_add(1, std::memory_order_relaxed); break;
-    case TransferState::kCancelled: transfers_cancelled_.fetch_add(1, std::memory_order_relaxed); break;
-    case TransferState::kInProgress: return;
+    case TransferState::kDone:
+      transfers_done_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case TransferState::kFailed:
+      transfers_failed_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case TransferState::kCancelled:
+      transfers_cancelled_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case TransferState::kInProgress:
+      return;
   }
   (op == TransferOp::kRead ? bytes_read_ : bytes_written_).fetch_add(bytes, std::memory_order_relaxed);
   latency_buckets_[latency_bucket(latency)].fetch_add(1, std::memory_order_relaxed);
@@ -36,7 +43,8 @@ EngineMetrics Metrics::snapshot() const {
   m.bytes_written = bytes_written_.load(std::memory_order_relaxed);
   m.notifications_sent = notifications_sent_.load(std::memory_order_relaxed);
   m.notifications_received = notifications_received_.load(std::memory_order_relaxed);
-  for (size_t k = 0; k < kLatencyBuckets; ++k) m.latency_us_buckets[k] = latency_buckets_[k].load(std::memory_order_relaxed);
+  for (size_t k = 0; k < kLatencyBuckets; ++k)
+    m.latency_us_buckets[k] = latency_buckets_[k].load(std::memory_order_relaxed);
   return m;
 }
 
@@ -71,7 +79,8 @@ std::string to_prometheus(const EngineMetrics& m, double latency_sum_seconds) {
   for (size_t k = 0; k + 1 < kLatencyBuckets; ++k) {
     cumulative += m.latency_us_buckets[k];
     std::snprintf(le, sizeof(le), "%g", static_cast<double>(uint64_t{1} << k) * 1e-6);
-    out += std::string("kvbridge_transfer_latency_seconds_bucket{le=\"") + le + "\"} " + std::to_string(cumulative) + "\n";
+    out +=
+        std::string("kvbridge_transfer_latency_seconds_bucket{le=\"") + le + "\"} " + std::to_string(cumulative) + "\n";
   }
   cumulative += m.latency_us_buckets[kLatencyBuckets - 1];
   out += "kvbridge_transfer_latency_seconds_bucket{le=\"+Inf\"} " + std::to_string(cumulative) + "\n";

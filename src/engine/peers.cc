@@ -76,9 +76,9 @@ Status EngineImpl::open_peer(Peer& peer) {
   }
   peer.connection = next_connection_.fetch_add(1);
   const uint64_t connection = peer.connection;
-  Result<std::shared_ptr<Channel>> channel = control_->connect(
-      m.control_address, m.instance, peer_text(m),
-      [this, connection](const Status& why) { transfers_->fail_peer(connection, why); });
+  Result<std::shared_ptr<Channel>> channel =
+      control_->connect(m.control_address, m.instance, peer_text(m),
+                        [this, connection](const Status& why) { transfers_->fail_peer(connection, why); });
   if (!channel.ok()) {
     peer.link.reset();
     return channel.error();
@@ -89,7 +89,8 @@ Status EngineImpl::open_peer(Peer& peer) {
 
 Result<std::shared_ptr<EngineImpl::Peer>> EngineImpl::find_peer_locked(PeerId id, std::string_view what) const {
   auto it = peers_.find(id);
-  if (it == peers_.end()) return Status::not_found(std::string(what) + ": peer " + std::to_string(id) + " is not connected");
+  if (it == peers_.end())
+    return Status::not_found(std::string(what) + ": peer " + std::to_string(id) + " is not connected");
   const std::shared_ptr<Peer>& p = it->second;
   if (Status health = p->channel->health(); !health.ok()) {
     std::string why = std::string(what) + ": peer " + peer_text(p->metadata) + ": " + health.message();
@@ -118,8 +119,7 @@ Result<PeerId> EngineImpl::connect(std::string_view bytes) {
       if (same_process) {
         // The same engine with new registrations: refresh what items may name.
         const size_t k = find_transport(m, p.transport);
-        KVB_RETURN_IF_ERROR(
-            p.link->refresh(peer_info(m, k)).with_context("connect: refresh peer " + peer_text(m)));
+        KVB_RETURN_IF_ERROR(p.link->refresh(peer_info(m, k)).with_context("connect: refresh peer " + peer_text(m)));
         p.regions = index_regions(m);
         ++p.generation;
         p.metadata = std::move(m);

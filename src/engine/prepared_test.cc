@@ -101,7 +101,8 @@ TEST(PreparedTest, PrepareChecksEachItemAsSubmitWould) {
   RegionId read_only = *p.b->register_memory(ro.data(), ro.size(), "host", RemoteAccess::kRead);
   PeerId again = *p.a->connect(p.b->metadata());
   ASSERT_EQ(again, p.peer);
-  Result<PreparedId> write = p.a->prepare(p.peer, TransferOp::kWrite, std::vector<TransferItem>{{p.rx, 0, read_only, 0, 64}});
+  Result<PreparedId> write =
+      p.a->prepare(p.peer, TransferOp::kWrite, std::vector<TransferItem>{{p.rx, 0, read_only, 0, 64}});
   ASSERT_FALSE(write.ok());
   EXPECT_EQ(write.error().code(), Code::kPermissionDenied) << write.error().to_string();
 }

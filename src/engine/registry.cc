@@ -23,10 +23,14 @@ namespace kvbridge {
 
 std::string_view remote_access_name(RemoteAccess access) {
   switch (access) {
-    case RemoteAccess::kNone: return "none";
-    case RemoteAccess::kRead: return "read";
-    case RemoteAccess::kWrite: return "write";
-    case RemoteAccess::kReadWrite: return "read_write";
+    case RemoteAccess::kNone:
+      return "none";
+    case RemoteAccess::kRead:
+      return "read";
+    case RemoteAccess::kWrite:
+      return "write";
+    case RemoteAccess::kReadWrite:
+      return "read_write";
   }
   return "unknown";
 }
@@ -107,14 +111,14 @@ Result<RegionId> Registry::add(void* base_ptr, uint64_t bytes, std::string_view 
   for (const auto& [id, s] : segments_) {
     if (!overlaps(s.segment.base, s.segment.bytes, base, bytes)) continue;
     if (s.segment.memory != memory) {
-      return Status::invalid_argument("register_memory: range overlaps registered memory of kind '" +
-                                      s.segment.memory + "' but is '" + std::string(memory) + "'");
+      return Status::invalid_argument("register_memory: range overlaps registered memory of kind '" + s.segment.memory +
+                                      "' but is '" + std::string(memory) + "'");
     }
     if (s.segment.access != access) {
-      return Status::invalid_argument(
-          "register_memory: range overlaps registered memory that grants peers access '" +
-          std::string(remote_access_name(static_cast<RemoteAccess>(s.segment.access))) + "' but asks for '" +
-          std::string(remote_access_name(static_cast<RemoteAccess>(access))) + "'");
+      return Status::invalid_argument("register_memory: range overlaps registered memory that grants peers access '" +
+                                      std::string(remote_access_name(static_cast<RemoteAccess>(s.segment.access))) +
+                                      "' but asks for '" +
+                                      std::string(remote_access_name(static_cast<RemoteAccess>(access))) + "'");
     }
     begin = std::min(begin, s.segment.base);
     end = std::max(end, s.segment.base + s.segment.bytes);
@@ -167,8 +171,8 @@ Status Registry::remove(RegionId id) {
     }
   }
   const SegmentEntry& s = segments_.at(old);
-  const bool unchanged = cover.size() == 1 && cover[0].first == s.segment.base &&
-                         cover[0].second == s.segment.base + s.segment.bytes;
+  const bool unchanged =
+      cover.size() == 1 && cover[0].first == s.segment.base && cover[0].second == s.segment.base + s.segment.bytes;
   if (!unchanged) {
     std::vector<uint32_t> added;
     for (const auto& [b, e] : cover) {

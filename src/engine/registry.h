@@ -24,8 +24,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <memory>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>

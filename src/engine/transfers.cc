@@ -199,8 +199,10 @@ bool Transfers::begin_chunk(const std::shared_ptr<Transfer>& tp, size_t index, b
   {
     std::lock_guard<std::mutex> lock(t.mu);
     if (check_deadline && !t.stop && Clock::now() >= t.deadline) {
-      stop_locked(t, Status::timeout(transfer_name(t) + " passed its deadline of " + std::to_string(t.timeout.count()) +
-                                     " ms before it started"), false);
+      stop_locked(t,
+                  Status::timeout(transfer_name(t) + " passed its deadline of " + std::to_string(t.timeout.count()) +
+                                  " ms before it started"),
+                  false);
     }
     if (!t.stop && !t.ended) {
       ++t.running;
@@ -275,11 +277,14 @@ void Transfers::start_notification(const std::shared_ptr<Transfer>& tp) {
   const bool drop = callbacks_.drop_notification && callbacks_.drop_notification();
   // Nothing waits for the acknowledgement: the channel calls back when it
   // comes, at the deadline, or when the peer is gone.
-  t.channel->notify(t.notification, t.deadline, [this, tp](Status s) {
-    end_notification(tp, std::move(s));
-    std::lock_guard<std::mutex> lock(async_mu_);
-    if (--async_callbacks_ == 0) async_cv_.notify_all();
-  }, drop);
+  t.channel->notify(
+      t.notification, t.deadline,
+      [this, tp](Status s) {
+        end_notification(tp, std::move(s));
+        std::lock_guard<std::mutex> lock(async_mu_);
+        if (--async_callbacks_ == 0) async_cv_.notify_all();
+      },
+      drop);
 }
 
 void Transfers::end_notification(const std::shared_ptr<Transfer>& tp, Status s) {
@@ -323,10 +328,11 @@ void Transfers::timer() {
     {
       std::lock_guard<std::mutex> tl(t->mu);
       if (!t->ended) {
-        stop_locked(*t, Status::timeout(transfer_name(*t) + " passed its deadline of " +
-                                        std::to_string(t->timeout.count()) + " ms" +
-                                        (t->notifying ? " waiting for the peer to acknowledge the notification" : "")),
-                    false);
+        stop_locked(
+            *t,
+            Status::timeout(transfer_name(*t) + " passed its deadline of " + std::to_string(t->timeout.count()) +
+                            " ms" + (t->notifying ? " waiting for the peer to acknowledge the notification" : "")),
+            false);
         // With runs executing, the last one to return ends the transfer.
         if (t->running == 0) finish_locked(*t);
       }

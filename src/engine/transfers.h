@@ -29,6 +29,7 @@
 // transfer's lock (docs/thread_model.md).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -36,7 +37,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <atomic>
 #include <optional>
 #include <string>
 #include <thread>
@@ -84,7 +84,7 @@ struct Transfer {
   // Set before start(), then read-only.
   TransferId id = 0;
   uint64_t connection = 0;  // the peer connection (link + channel) it runs on
-  std::string peer_name;  // peer_text() of the peer
+  std::string peer_name;    // peer_text() of the peer
   TransferOp op = TransferOp::kRead;
   std::shared_ptr<transport::Link> link;
   std::shared_ptr<Channel> channel;
@@ -103,20 +103,20 @@ struct Transfer {
   // Guarded by mu.
   mutable std::mutex mu;
   std::condition_variable cv;
-  size_t chunks_left = 0;   // chunks not yet finished or skipped
-  size_t running = 0;       // Link::run calls executing now
-  bool stop = false;        // no further run starts
-  bool cancelled = false;   // stopped by cancel(): ends as kCancelled
-  bool notifying = false;   // every run returned OK; the notification is on its way
-  Status stop_reason;       // the first cause
+  size_t chunks_left = 0;  // chunks not yet finished or skipped
+  size_t running = 0;      // Link::run calls executing now
+  bool stop = false;       // no further run starts
+  bool cancelled = false;  // stopped by cancel(): ends as kCancelled
+  bool notifying = false;  // every run returned OK; the notification is on its way
+  Status stop_reason;      // the first cause
   bool ended = false;
   Clock::time_point ended_at;
   TransferState state = TransferState::kInProgress;
   Status error;
 
   // Guarded by the table lock (Transfers::mu_), not by mu.
-  size_t queued = 0;                    // its chunks still in the work queue
-  bool has_deadline = false;            // deadline_entry is in the deadline queue
+  size_t queued = 0;                       // its chunks still in the work queue
+  bool has_deadline = false;               // deadline_entry is in the deadline queue
   DeadlineQueue::iterator deadline_entry;  // erased when the transfer ends or is released
 };
 

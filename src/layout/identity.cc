@@ -42,7 +42,6 @@ std::vector<const Group*> groups_by_name(const Layout& l) {
   return gs;
 }
 
-
 template <typename T>
 Status differs(const std::string& where, std::string_view field, const T& a, const T& b) {
   std::string m = where.empty() ? std::string() : where + ": ";
@@ -288,7 +287,8 @@ Status compare_parsed(const TextIdentity& a, const TextIdentity& b) {
     for (size_t i = 0; i < x.layers.size(); ++i) {
       const TextLayer& lx = x.layers[i];
       const TextLayer& ly = y.layers[i];
-      if (lx.name != ly.name) return text_differs(where, "layer " + std::to_string(i) + " name", lx.name, ly.name, true);
+      if (lx.name != ly.name)
+        return text_differs(where, "layer " + std::to_string(i) + " name", lx.name, ly.name, true);
       const std::string lwhere = where + " layer " + sq(lx.name);
       if (lx.components.size() != ly.components.size())
         return text_differs(lwhere, "component count", std::to_string(lx.components.size()),
@@ -299,7 +299,8 @@ Status compare_parsed(const TextIdentity& a, const TextIdentity& b) {
         if (cx.name != cy.name)
           return text_differs(lwhere, "component " + std::to_string(j) + " name", cx.name, cy.name, true);
         const std::string cwhere = lwhere + " component " + sq(cx.name);
-        if (cx.cell_bytes != cy.cell_bytes) return text_differs(cwhere, "cell_bytes", cx.cell_bytes, cy.cell_bytes, false);
+        if (cx.cell_bytes != cy.cell_bytes)
+          return text_differs(cwhere, "cell_bytes", cx.cell_bytes, cy.cell_bytes, false);
         if (cx.heads != cy.heads) return text_differs(cwhere, "heads.total", cx.heads, cy.heads, false);
       }
     }

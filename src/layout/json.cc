@@ -98,8 +98,7 @@ Result<Layer> read_layer(const Json& value, const std::string& path) {
   KVB_ASSIGN_OR_RETURN(const Json* components, r.array_field("components", kMaxComponentsPerLayer));
   layer.components.reserve(components->size());
   for (size_t i = 0; i < components->size(); ++i) {
-    KVB_ASSIGN_OR_RETURN(Component c,
-                         read_component((*components)[i], json_io::index_path(r.child("components"), i)));
+    KVB_ASSIGN_OR_RETURN(Component c, read_component((*components)[i], json_io::index_path(r.child("components"), i)));
     layer.components.push_back(std::move(c));
   }
   return layer;

@@ -86,8 +86,8 @@ class DuplicateKeyFinder {
  private:
   struct Frame {
     bool object;
-    std::string key;       // current key, for objects
-    size_t elements;       // elements seen so far, for arrays
+    std::string key;  // current key, for objects
+    size_t elements;  // elements seen so far, for arrays
     std::set<std::string> keys;
   };
 
@@ -177,9 +177,7 @@ std::string field_path(const std::string& parent, std::string_view key) {
   return parent + "." + std::string(key);
 }
 
-std::string index_path(const std::string& parent, size_t index) {
-  return parent + "[" + std::to_string(index) + "]";
-}
+std::string index_path(const std::string& parent, size_t index) { return parent + "[" + std::to_string(index) + "]"; }
 
 std::string quote_text(std::string_view text) {
   constexpr size_t kMaxQuotedBytes = 64;
@@ -202,13 +200,16 @@ std::string quote_text(std::string_view text) {
 
 std::string describe(const Json& value) {
   switch (value.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::boolean: return value.get<bool>() ? "true" : "false";
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return value.get<bool>() ? "true" : "false";
     case Json::value_t::number_integer: {
       const int64_t v = value.get<int64_t>();
       return v == 0 ? "-0" : std::to_string(v);  // A signed zero can only come from "-0".
     }
-    case Json::value_t::number_unsigned: return std::to_string(value.get<uint64_t>());
+    case Json::value_t::number_unsigned:
+      return std::to_string(value.get<uint64_t>());
     case Json::value_t::number_float: {
       try {
         return value.dump();
@@ -216,11 +217,16 @@ std::string describe(const Json& value) {
         return "a number";
       }
     }
-    case Json::value_t::string: return "the string " + quote_text(value.get_ref<const std::string&>());
-    case Json::value_t::array: return "an array";
-    case Json::value_t::object: return "an object";
-    case Json::value_t::binary: return "binary data";
-    case Json::value_t::discarded: return "nothing";
+    case Json::value_t::string:
+      return "the string " + quote_text(value.get_ref<const std::string&>());
+    case Json::value_t::array:
+      return "an array";
+    case Json::value_t::object:
+      return "an object";
+    case Json::value_t::binary:
+      return "binary data";
+    case Json::value_t::discarded:
+      return "nothing";
   }
   return "an unknown value";
 }
@@ -266,10 +272,9 @@ Result<bool> read_bool(const Json& value, const std::string& path) {
 Result<const Json*> read_array(const Json& value, const std::string& path, size_t max_items) {
   if (!value.is_array()) return path_error(path, expected("an array", value));
   if (value.size() > max_items) {
-    return path_error(path,
-                      "has " + std::to_string(value.size()) + " entries, more than the limit of " +
-                          std::to_string(max_items),
-                      Code::kResourceExhausted);
+    return path_error(
+        path, "has " + std::to_string(value.size()) + " entries, more than the limit of " + std::to_string(max_items),
+        Code::kResourceExhausted);
   }
   return &value;
 }

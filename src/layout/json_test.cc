@@ -248,7 +248,8 @@ TEST(LayoutJsonTest, PrettyOutputKeepsEachAxisAndHeadMapOnOneLine) {
   const std::string text = to_json(design_layout(), 2);
   EXPECT_TRUE(Contains(text, "\n                {\"axis\": \"block\", \"size\": 1024, \"stride\": 32768},\n"));
   EXPECT_TRUE(Contains(text, "\"heads\": {\"total\": 8, \"first\": 4, \"count\": 4},\n"));
-  EXPECT_TRUE(Contains(text, "\n  \"tensors\": [\n    {\"name\": \"kv0\", \"bytes\": 268435456, \"memory\": \"host\"}\n"));
+  EXPECT_TRUE(
+      Contains(text, "\n  \"tensors\": [\n    {\"name\": \"kv0\", \"bytes\": 268435456, \"memory\": \"host\"}\n"));
   EXPECT_EQ(text.find('\n'), 1u);
 }
 
@@ -299,35 +300,37 @@ INSTANTIATE_TEST_SUITE_P(
         // Unknown fields, at every level, with a suggestion for typos.
         Rejection{"UnknownTopLevelField", [](OJson& j) { j["modle"] = "x"; }, Code::kInvalidArgument,
                   R"(unknown field "modle" (did you mean "model"?))"},
-        Rejection{"UnknownTensorField", [](OJson& j) { j["tensors"][0]["location"] = "x"; },
-                  Code::kInvalidArgument, R"(tensors[0] ('kv0'): unknown field "location")"},
+        Rejection{"UnknownTensorField", [](OJson& j) { j["tensors"][0]["location"] = "x"; }, Code::kInvalidArgument,
+                  R"(tensors[0] ('kv0'): unknown field "location")"},
         Rejection{"UnknownGroupField", [](OJson& j) { j["groups"][0]["window"] = 4; }, Code::kInvalidArgument,
                   R"(groups[0] ('full'): unknown field "window")"},
         Rejection{"UnknownLayerField", [](OJson& j) { j["groups"][0]["layers"][0]["index"] = 0; },
                   Code::kInvalidArgument, R"(groups[0] ('full').layers[0] ('layers.0'): unknown field "index")"},
         Rejection{"UnknownComponentField", [](OJson& j) { component(j)["strde"] = 1; }, Code::kInvalidArgument,
                   kComp + R"(: unknown field "strde")"},
-        Rejection{"UnknownHeadsField", [](OJson& j) { component(j)["heads"]["cont"] = 4; },
-                  Code::kInvalidArgument, kComp + R"(.heads: unknown field "cont" (did you mean "count"?))"},
-        Rejection{"UnknownAxisField", [](OJson& j) { component(j)["axes"][2]["strde"] = 1; },
-                  Code::kInvalidArgument, kAxis2 + R"(: unknown field "strde" (did you mean "stride"?))"},
+        Rejection{"UnknownHeadsField", [](OJson& j) { component(j)["heads"]["cont"] = 4; }, Code::kInvalidArgument,
+                  kComp + R"(.heads: unknown field "cont" (did you mean "count"?))"},
+        Rejection{"UnknownAxisField", [](OJson& j) { component(j)["axes"][2]["strde"] = 1; }, Code::kInvalidArgument,
+                  kAxis2 + R"(: unknown field "strde" (did you mean "stride"?))"},
         // Wrong types.
         Rejection{"StringForANumber", [](OJson& j) { j["tp_size"] = "2"; }, Code::kInvalidArgument,
                   R"(tp_size: expected an unsigned integer, got the string "2")"},
-        Rejection{"BooleanForANumber", [](OJson& j) { j["groups"][0]["num_blocks"] = true; },
-                  Code::kInvalidArgument, "groups[0] ('full').num_blocks: expected an unsigned integer, got true"},
-        Rejection{"NumberForABoolean", [](OJson& j) { j["groups"][0]["prefix_cacheable"] = 1; },
-                  Code::kInvalidArgument, "groups[0] ('full').prefix_cacheable: expected true or false, got 1"},
-        Rejection{"NullForABoolean", [](OJson& j) { j["groups"][0]["transfer"] = nullptr; },
-                  Code::kInvalidArgument, "groups[0] ('full').transfer: expected true or false, got null"},
+        Rejection{"BooleanForANumber", [](OJson& j) { j["groups"][0]["num_blocks"] = true; }, Code::kInvalidArgument,
+                  "groups[0] ('full').num_blocks: expected an unsigned integer, got true"},
+        Rejection{"NumberForABoolean", [](OJson& j) { j["groups"][0]["prefix_cacheable"] = 1; }, Code::kInvalidArgument,
+                  "groups[0] ('full').prefix_cacheable: expected true or false, got 1"},
+        Rejection{"NullForABoolean", [](OJson& j) { j["groups"][0]["transfer"] = nullptr; }, Code::kInvalidArgument,
+                  "groups[0] ('full').transfer: expected true or false, got null"},
         Rejection{"ObjectForAnArray", [](OJson& j) { j["tensors"] = OJson::object(); }, Code::kInvalidArgument,
                   "tensors: expected an array, got an object"},
-        Rejection{"ArrayForAnObject", [](OJson& j) { component(j)["heads"] = {8, 4, 4}; },
+        Rejection{"ArrayForAnObject",
+                  [](OJson& j) {
+                    component(j)["heads"] = {8, 4, 4};
+                  },
                   Code::kInvalidArgument, kComp + ".heads: expected an object, got an array"},
         Rejection{"NumberForAGroup", [](OJson& j) { j["groups"][0] = 3; }, Code::kInvalidArgument,
                   "groups[0]: expected an object, got 3"},
-        Rejection{"NumberForAName", [](OJson& j) { j["groups"][0]["layers"][0]["name"] = 3; },
-                  Code::kInvalidArgument,
+        Rejection{"NumberForAName", [](OJson& j) { j["groups"][0]["layers"][0]["name"] = 3; }, Code::kInvalidArgument,
                   "groups[0] ('full').layers[0].name: expected a name (a non-empty string), got 3"},
         Rejection{"StringForWindowTokens", [](OJson& j) { j["groups"][0]["window_tokens"] = "128"; },
                   Code::kInvalidArgument,
@@ -338,33 +341,37 @@ INSTANTIATE_TEST_SUITE_P(
         Rejection{"NameLongerThanTheLimit", [](OJson& j) { j["model"] = std::string(kMaxNameBytes + 1, 'm'); },
                   Code::kResourceExhausted, "model: the name is 257 bytes, longer than the limit of 256"},
         // Numbers that are not unsigned integers.
-        Rejection{"NegativeNumber", [](OJson& j) { component(j)["axes"][2]["stride"] = -4; },
-                  Code::kInvalidArgument, kAxis2 + ".stride: expected an unsigned integer, got -4"},
+        Rejection{"NegativeNumber", [](OJson& j) { component(j)["axes"][2]["stride"] = -4; }, Code::kInvalidArgument,
+                  kAxis2 + ".stride: expected an unsigned integer, got -4"},
         Rejection{"FractionalNumber", [](OJson& j) { component(j)["cell_bytes"] = 2.5; }, Code::kInvalidArgument,
                   kComp + ".cell_bytes: expected an unsigned integer, got 2.5"},
         Rejection{"IntegralFloat", [](OJson& j) { component(j)["cell_bytes"] = 256.0; }, Code::kInvalidArgument,
                   kComp + ".cell_bytes: expected an unsigned integer, got 256.0"},
         Rejection{"NumberPast64Bits", [](OJson& j) { j["tensors"][0]["bytes"] = OJson::parse("18446744073709551616"); },
-                  Code::kInvalidArgument, "tensors[0] ('kv0').bytes: expected an unsigned integer, got 1.8446744073709552e+19"},
+                  Code::kInvalidArgument,
+                  "tensors[0] ('kv0').bytes: expected an unsigned integer, got 1.8446744073709552e+19"},
         // Values above the bounds of layout.h.
         Rejection{"TensorBytesAboveTheLimit", [](OJson& j) { j["tensors"][0]["bytes"] = kMaxTensorBytes + 1; },
                   Code::kResourceExhausted,
                   "tensors[0] ('kv0').bytes: 72057594037927937 is larger than the limit 72057594037927936"},
         Rejection{"TpSizeAboveTheLimit", [](OJson& j) { j["tp_size"] = kMaxTpSize + 1; }, Code::kResourceExhausted,
                   "tp_size: 65537 is larger than the limit 65536"},
-        Rejection{"TpRankAboveTheLimit", [](OJson& j) { j["tp_rank"] = uint64_t{1} << 32; },
-                  Code::kResourceExhausted, "tp_rank: 4294967296 is larger than the limit 65535"},
+        Rejection{"TpRankAboveTheLimit", [](OJson& j) { j["tp_rank"] = uint64_t{1} << 32; }, Code::kResourceExhausted,
+                  "tp_rank: 4294967296 is larger than the limit 65535"},
         Rejection{"HeadsAboveTheLimit", [](OJson& j) { component(j)["heads"]["total"] = kMaxHeads + 1; },
                   Code::kResourceExhausted, kComp + ".heads.total: 65537 is larger than the limit 65536"},
         Rejection{"NumBlocksAboveTheLimit", [](OJson& j) { j["groups"][0]["num_blocks"] = kMaxNumBlocks + 1; },
-                  Code::kResourceExhausted, "groups[0] ('full').num_blocks: 4294967297 is larger than the limit 4294967296"},
+                  Code::kResourceExhausted,
+                  "groups[0] ('full').num_blocks: 4294967297 is larger than the limit 4294967296"},
         Rejection{"BlockTokensAboveTheLimit", [](OJson& j) { j["groups"][0]["block_tokens"] = kMaxBlockTokens + 1; },
-                  Code::kResourceExhausted, "groups[0] ('full').block_tokens: 16777217 is larger than the limit 16777216"},
+                  Code::kResourceExhausted,
+                  "groups[0] ('full').block_tokens: 16777217 is larger than the limit 16777216"},
         Rejection{"CellBytesAboveTheLimit", [](OJson& j) { component(j)["cell_bytes"] = kMaxCellBytes + 1; },
                   Code::kResourceExhausted, kComp + ".cell_bytes: 4294967297 is larger than the limit 4294967296"},
         Rejection{"TooManyAxes",
                   [](OJson& j) {
-                    for (int i = 0; i < 4; ++i) component(j)["axes"].push_back({{"axis", "position"}, {"size", 1}, {"stride", 0}});
+                    for (int i = 0; i < 4; ++i)
+                      component(j)["axes"].push_back({{"axis", "position"}, {"size", 1}, {"stride", 0}});
                   },
                   Code::kResourceExhausted, kComp + ".axes: has 7 entries, more than the limit of 6"},
         // Missing required fields, at every level.
@@ -379,12 +386,12 @@ INSTANTIATE_TEST_SUITE_P(
         Rejection{"MissingLayerField", [](OJson& j) { j["groups"][0]["layers"][0].erase("components"); },
                   Code::kInvalidArgument,
                   R"(groups[0] ('full').layers[0] ('layers.0'): missing required field "components")"},
-        Rejection{"MissingComponentField", [](OJson& j) { component(j).erase("cell_bytes"); },
-                  Code::kInvalidArgument, kComp + R"(: missing required field "cell_bytes")"},
-        Rejection{"MissingHeadsField", [](OJson& j) { component(j)["heads"].erase("count"); },
-                  Code::kInvalidArgument, kComp + R"(.heads: missing required field "count")"},
-        Rejection{"MissingAxisField", [](OJson& j) { component(j)["axes"][2].erase("stride"); },
-                  Code::kInvalidArgument, kAxis2 + R"(: missing required field "stride")"},
+        Rejection{"MissingComponentField", [](OJson& j) { component(j).erase("cell_bytes"); }, Code::kInvalidArgument,
+                  kComp + R"(: missing required field "cell_bytes")"},
+        Rejection{"MissingHeadsField", [](OJson& j) { component(j)["heads"].erase("count"); }, Code::kInvalidArgument,
+                  kComp + R"(.heads: missing required field "count")"},
+        Rejection{"MissingAxisField", [](OJson& j) { component(j)["axes"][2].erase("stride"); }, Code::kInvalidArgument,
+                  kAxis2 + R"(: missing required field "stride")"},
         // Enumerations and the format.
         Rejection{"WrongFormat", [](OJson& j) { j["format"] = "kvbridge.layout/2"; }, Code::kInvalidArgument,
                   R"(format: expected "kvbridge.layout/1", got "kvbridge.layout/2")"},
@@ -392,15 +399,15 @@ INSTANTIATE_TEST_SUITE_P(
                   R"(missing required field "format")"},
         Rejection{"RequestFormat", [](OJson& j) { j["format"] = "kvbridge.request/1"; }, Code::kInvalidArgument,
                   R"(format: expected "kvbridge.layout/1", got "kvbridge.request/1")"},
-        Rejection{"BadKind", [](OJson& j) { j["groups"][0]["kind"] = "mla"; }, Code::kInvalidArgument,
-                  R"(groups[0] ('full').kind: unknown kind "mla"; expected attention, sliding_window, state or scratch)"},
-        Rejection{"BadAxisName", [](OJson& j) { component(j)["axes"][2]["axis"] = "token"; },
-                  Code::kInvalidArgument,
+        Rejection{
+            "BadKind", [](OJson& j) { j["groups"][0]["kind"] = "mla"; }, Code::kInvalidArgument,
+            R"(groups[0] ('full').kind: unknown kind "mla"; expected attention, sliding_window, state or scratch)"},
+        Rejection{"BadAxisName", [](OJson& j) { component(j)["axes"][2]["axis"] = "token"; }, Code::kInvalidArgument,
                   kAxis2 + R"(.axis: unknown axis "token"; expected block, head or position)"},
         Rejection{"BadMemory", [](OJson& j) { j["tensors"][0]["memory"] = "gpu0"; }, Code::kInvalidArgument,
                   R"(tensors[0] ('kv0').memory: unknown memory "gpu0"; expected "host" or "cuda:N" (N: 0 to 99999))"},
-        Rejection{"CudaWithoutDevice", [](OJson& j) { j["tensors"][0]["memory"] = "cuda:"; },
-                  Code::kInvalidArgument, R"(tensors[0] ('kv0').memory: unknown memory "cuda:")", true},
+        Rejection{"CudaWithoutDevice", [](OJson& j) { j["tensors"][0]["memory"] = "cuda:"; }, Code::kInvalidArgument,
+                  R"(tensors[0] ('kv0').memory: unknown memory "cuda:")", true},
         Rejection{"CudaWithNonDecimalDevice", [](OJson& j) { j["tensors"][0]["memory"] = "cuda:0x1"; },
                   Code::kInvalidArgument, R"(tensors[0] ('kv0').memory: unknown memory "cuda:0x1")", true},
         Rejection{"TopLevelArray", [](OJson& j) { j = OJson::array(); }, Code::kInvalidArgument,
@@ -410,8 +417,8 @@ INSTANTIATE_TEST_SUITE_P(
                   Code::kInvalidArgument,
                   "group 'full': layer 'layers.0' component 'k': block axis size 1023 differs from the group's "
                   "num_blocks 1024"},
-        Rejection{"CellsPastTheTensor", [](OJson& j) { j["tensors"][0]["bytes"] = 32768 * 1023; },
-                  Code::kOutOfRange, "group 'full': layer 'layers.0' component 'k': cells end at byte", true}),
+        Rejection{"CellsPastTheTensor", [](OJson& j) { j["tensors"][0]["bytes"] = 32768 * 1023; }, Code::kOutOfRange,
+                  "group 'full': layer 'layers.0' component 'k': cells end at byte", true}),
     [](const ::testing::TestParamInfo<Rejection>& info) { return std::string(info.param.name); });
 
 TEST(LayoutJsonTest, RejectsDuplicateFieldAndNamesIt) {
@@ -467,8 +474,8 @@ TEST(LayoutJsonTest, RejectsNestingDeeperThanTheLimitBeforeParsing) {
   EXPECT_EQ(r.error().code(), Code::kResourceExhausted);
   EXPECT_EQ(r.error().message(), "JSON nests deeper than 32 levels (at byte 42)");
   // One level less is parsed (and rejected for its type, not its depth).
-  const std::string ok = "{\"format\": " + std::string(kMaxJsonDepth - 1, '[') +
-                         std::string(kMaxJsonDepth - 1, ']') + "}";
+  const std::string ok =
+      "{\"format\": " + std::string(kMaxJsonDepth - 1, '[') + std::string(kMaxJsonDepth - 1, ']') + "}";
   Result<Layout> r2 = parse_layout(ok);
   ASSERT_FALSE(r2.has_value());
   EXPECT_EQ(r2.error().message(), "format: expected a string, got an array");

@@ -8,17 +8,20 @@ namespace kvbridge {
 
 std::string_view group_kind_name(GroupKind kind) {
   switch (kind) {
-    case GroupKind::kAttention: return "attention";
-    case GroupKind::kSlidingWindow: return "sliding_window";
-    case GroupKind::kState: return "state";
-    case GroupKind::kScratch: return "scratch";
+    case GroupKind::kAttention:
+      return "attention";
+    case GroupKind::kSlidingWindow:
+      return "sliding_window";
+    case GroupKind::kState:
+      return "state";
+    case GroupKind::kScratch:
+      return "scratch";
   }
   return "unknown";
 }
 
 std::optional<GroupKind> parse_group_kind(std::string_view name) {
-  for (GroupKind k : {GroupKind::kAttention, GroupKind::kSlidingWindow, GroupKind::kState,
-                      GroupKind::kScratch}) {
+  for (GroupKind k : {GroupKind::kAttention, GroupKind::kSlidingWindow, GroupKind::kState, GroupKind::kScratch}) {
     if (group_kind_name(k) == name) return k;
   }
   return std::nullopt;
@@ -26,9 +29,12 @@ std::optional<GroupKind> parse_group_kind(std::string_view name) {
 
 std::string_view axis_kind_name(AxisKind kind) {
   switch (kind) {
-    case AxisKind::kBlock: return "block";
-    case AxisKind::kHead: return "head";
-    case AxisKind::kPosition: return "position";
+    case AxisKind::kBlock:
+      return "block";
+    case AxisKind::kHead:
+      return "head";
+    case AxisKind::kPosition:
+      return "position";
   }
   return "unknown";
 }
@@ -162,16 +168,14 @@ Result<uint64_t> cell_offset(const Component& c, const CellIndex& cell) {
         break;
     }
     if (index >= a.size) {
-      return Status::out_of_range("component '" + c.name + "': " + std::string(axis_kind_name(a.kind)) +
-                                  " index " + std::to_string(index) + " is past the axis size " +
-                                  std::to_string(a.size));
+      return Status::out_of_range("component '" + c.name + "': " + std::string(axis_kind_name(a.kind)) + " index " +
+                                  std::to_string(index) + " is past the axis size " + std::to_string(a.size));
     }
     off += index * a.stride;
   }
   if (rest != 0) {
     return Status::out_of_range("component '" + c.name + "': position " + std::to_string(cell.position) +
-                                " is past the " + std::to_string(c.positions_per_block()) +
-                                " positions of a block");
+                                " is past the " + std::to_string(c.positions_per_block()) + " positions of a block");
   }
   if (!saw_head && cell.head != 0) {
     return Status::out_of_range("component '" + c.name + "' is replicated and has no head " +

@@ -61,8 +61,7 @@ TEST_P(CellOffsetTest, MatchesRowMajorIndexForEveryAxisOrder) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Orders, CellOffsetTest,
-                         ::testing::Values("LBHN", "LBNH", "BLHN", "BLNH", "LHBN", "BHLN"));
+INSTANTIATE_TEST_SUITE_P(Orders, CellOffsetTest, ::testing::Values("LBHN", "LBNH", "BLHN", "BLNH", "LHBN", "BHLN"));
 
 TEST(CellOffsetTest2, SplitsPositionsOverKernelPagesOutermostFirst) {
   // A logical block of 3 kernel pages of 4 positions; heads sit between the
@@ -189,8 +188,8 @@ TEST(LayoutModelTest, MemoryMustMatchTheTensorsOneSpanEach) {
   spans[1] = spans[1].first(100);
   Status small = check_memory(l, spans);
   EXPECT_EQ(small.code(), Code::kInvalidArgument);
-  EXPECT_EQ(small.message(), "memory for tensor 'kv.1' is 100 bytes, the layout says " +
-                                 std::to_string(l.tensors[1].bytes));
+  EXPECT_EQ(small.message(),
+            "memory for tensor 'kv.1' is 100 bytes, the layout says " + std::to_string(l.tensors[1].bytes));
 }
 
 }  // namespace

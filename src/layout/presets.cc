@@ -55,9 +55,9 @@ struct Part {
 // part, the parts one after the other.
 struct Page {
   std::vector<Part> parts;
-  std::optional<HeadMap> heads;  // shared by every part; absent: replicated
-  uint64_t positions = 0;        // per block; 0 for a state page
-  uint64_t kernel_positions = 0; // per kernel page
+  std::optional<HeadMap> heads;   // shared by every part; absent: replicated
+  uint64_t positions = 0;         // per block; 0 for a state page
+  uint64_t kernel_positions = 0;  // per kernel page
 
   uint64_t local_heads() const { return heads ? heads->count : 1; }
   uint64_t content_bytes() const {
@@ -94,9 +94,8 @@ Status bad(std::string message) { return Status::invalid_argument(std::move(mess
 Result<HeadMap> shard(uint32_t total, const Options& o, std::string_view what) {
   const bool ok = o.tp <= total ? total % o.tp == 0 : o.tp % total == 0;
   if (!ok) {
-    return bad("--tp " + to_string(o.tp) + ": " + o.model + " has " + to_string(total) + " " +
-               std::string(what) + "; the TP size must divide " + to_string(total) +
-               " or be a multiple of it");
+    return bad("--tp " + to_string(o.tp) + ": " + o.model + " has " + to_string(total) + " " + std::string(what) +
+               "; the TP size must divide " + to_string(total) + " or be a multiple of it");
   }
   if (o.tp <= total) {
     const uint32_t count = total / o.tp;
@@ -105,15 +104,12 @@ Result<HeadMap> shard(uint32_t total, const Options& o, std::string_view what) {
   return HeadMap{total, o.rank / (o.tp / total), 1};
 }
 
-Page token_page(std::vector<Part> parts, std::optional<HeadMap> heads, uint64_t block_tokens,
-                uint64_t kernel_tokens, uint64_t tokens_per_state = 1) {
-  return Page{std::move(parts), heads, block_tokens / tokens_per_state,
-              kernel_tokens / tokens_per_state};
+Page token_page(std::vector<Part> parts, std::optional<HeadMap> heads, uint64_t block_tokens, uint64_t kernel_tokens,
+                uint64_t tokens_per_state = 1) {
+  return Page{std::move(parts), heads, block_tokens / tokens_per_state, kernel_tokens / tokens_per_state};
 }
 
-Page state_page(std::vector<Part> parts, std::optional<HeadMap> heads) {
-  return Page{std::move(parts), heads, 0, 0};
-}
+Page state_page(std::vector<Part> parts, std::optional<HeadMap> heads) { return Page{std::move(parts), heads, 0, 0}; }
 
 GroupSpec make_group(std::string name, GroupKind kind, uint64_t block_tokens, const Options& o) {
   GroupSpec g;
@@ -135,8 +131,7 @@ Result<std::vector<GroupSpec>> llama(const Options& o, uint32_t num_layers) {
   KVB_ASSIGN_OR_RETURN(HeadMap heads, shard(8, o, "KV heads"));
   GroupSpec full = make_group("full", GroupKind::kAttention, o.block_tokens, o);
   for (uint32_t i = 0; i < num_layers; ++i) {
-    Page page = token_page({{"k", 128 * kBf16}, {"v", 128 * kBf16}}, heads, o.block_tokens,
-                           o.kernel_tokens);
+    Page page = token_page({{"k", 128 * kBf16}, {"v", 128 * kBf16}}, heads, o.block_tokens, o.kernel_tokens);
     full.layers.push_back({layer_name(i), {{"kv", i, std::move(page)}}});
   }
   return std::vector<GroupSpec>{std::move(full)};
@@ -148,12 +143,11 @@ GroupSpec deepseek_mla(const Options& o, bool indexer) {
   GroupSpec mla = make_group("mla", GroupKind::kAttention, o.block_tokens, o);
   for (uint32_t i = 0; i < 61; ++i) {
     LayerSpec layer{layer_name(i), {}};
-    layer.pages.push_back({"kv", i,
-                           token_page({{"latent", 512 * kBf16}, {"rope", 64 * kBf16}},
-                                      std::nullopt, o.block_tokens, o.kernel_tokens)});
+    layer.pages.push_back(
+        {"kv", i,
+         token_page({{"latent", 512 * kBf16}, {"rope", 64 * kBf16}}, std::nullopt, o.block_tokens, o.kernel_tokens)});
     if (indexer) {
-      layer.pages.push_back(
-          {"idx", i, token_page({{"index", 132}}, std::nullopt, o.block_tokens, o.kernel_tokens)});
+      layer.pages.push_back({"idx", i, token_page({{"index", 132}}, std::nullopt, o.block_tokens, o.kernel_tokens)});
     }
     mla.layers.push_back(std::move(layer));
   }
@@ -171,8 +165,7 @@ Result<std::vector<GroupSpec>> mla_with_draft(const Options& o) {
   draft.layers.push_back(
       {"draft.layers.0",
        {{"draft.kv", 0,
-         token_page({{"k", 128 * kBf16}, {"v", 128 * kBf16}}, heads, o.block_tokens,
-                    o.kernel_tokens)}}});
+         token_page({{"k", 128 * kBf16}, {"v", 128 * kBf16}}, heads, o.block_tokens, o.kernel_tokens)}}});
   groups.push_back(std::move(draft));
   return groups;
 }
@@ -196,9 +189,8 @@ Result<std::vector<GroupSpec>> glm5_flash(const Options& o) {
   constexpr uint32_t kKdaGroups = 4;  // ceil(34 KDA layers / 11 MLA slots)
 
   if (o.kernel_tokens % kKpool != 0) {
-    return bad("--kernel-block-tokens " + to_string(o.kernel_tokens) +
-               ": glm5-flash's indexer keeps one state per " + to_string(kKpool) +
-               " tokens, so a kernel block must be a multiple of " + to_string(kKpool) + " tokens");
+    return bad("--kernel-block-tokens " + to_string(o.kernel_tokens) + ": glm5-flash's indexer keeps one state per " +
+               to_string(kKpool) + " tokens, so a kernel block must be a multiple of " + to_string(kKpool) + " tokens");
   }
   KVB_ASSIGN_OR_RETURN(HeadMap kda_heads, shard(16, o, "KDA heads"));
   const uint64_t mla_page = o.block_tokens * kMlaTokenBytes;
@@ -206,19 +198,17 @@ Result<std::vector<GroupSpec>> glm5_flash(const Options& o) {
   if (state_bytes > mla_page) {
     return bad("--block-tokens " + to_string(o.block_tokens) + ": glm5-flash's KDA state page at TP " +
                to_string(o.tp) + " (" + to_string(state_bytes) + " B) does not fit the MLA page (" +
-               to_string(o.block_tokens) + " tokens x " + to_string(kMlaTokenBytes) +
-               " B = " + to_string(mla_page) + " B) it overlays; the smallest block that fits is " +
-               to_string(min_block_tokens(state_bytes, kMlaTokenBytes, o.kernel_tokens)) +
-               " tokens");
+               to_string(o.block_tokens) + " tokens x " + to_string(kMlaTokenBytes) + " B = " + to_string(mla_page) +
+               " B) it overlays; the smallest block that fits is " +
+               to_string(min_block_tokens(state_bytes, kMlaTokenBytes, o.kernel_tokens)) + " tokens");
   }
   const uint64_t tail_bytes = kTailPositions * kTailCell;
   const uint64_t index_page = o.block_tokens / kKpool * kIndexCell;
   if (tail_bytes > index_page) {
-    return bad("--block-tokens " + to_string(o.block_tokens) + ": glm5-flash's indexer page (" +
-               to_string(index_page) + " B) cannot hold the " + to_string(tail_bytes) +
+    return bad("--block-tokens " + to_string(o.block_tokens) + ": glm5-flash's indexer page (" + to_string(index_page) +
+               " B) cannot hold the " + to_string(tail_bytes) +
                " B indexer tail placed at its start; the smallest block that fits is " +
-               to_string(min_block_tokens(tail_bytes * kKpool, kIndexCell, o.kernel_tokens)) +
-               " tokens");
+               to_string(min_block_tokens(tail_bytes * kKpool, kIndexCell, o.kernel_tokens)) + " tokens");
   }
 
   GroupSpec mla = make_group("mla", GroupKind::kAttention, o.block_tokens, o);
@@ -236,25 +226,22 @@ Result<std::vector<GroupSpec>> glm5_flash(const Options& o) {
       const uint32_t slot = i / 4;
       mla.layers.push_back({layer_name(i),
                             {{"kv", slot,
-                              token_page({{"latent", 512 * kBf16}, {"rope", 64 * kBf16}},
-                                         std::nullopt, o.block_tokens, o.kernel_tokens)}}});
+                              token_page({{"latent", 512 * kBf16}, {"rope", 64 * kBf16}}, std::nullopt, o.block_tokens,
+                                         o.kernel_tokens)}}});
       indexer.layers.push_back(
           {layer_name(i),
            {{"idx", slot,
-             token_page({{"index", kIndexCell}}, std::nullopt, o.block_tokens, o.kernel_tokens,
-                        kKpool)}}});
+             token_page({{"index", kIndexCell}}, std::nullopt, o.block_tokens, o.kernel_tokens, kKpool)}}});
       // The tail sits at the start of the indexer page of the same slot.
       tail.layers.push_back(
           {layer_name(i),
-           {{"idx", slot,
-             token_page({{"tail", kTailCell}}, std::nullopt, kTailPositions, kTailPositions)}}});
+           {{"idx", slot, token_page({{"tail", kTailCell}}, std::nullopt, kTailPositions, kTailPositions)}}});
     } else {
       // Round robin over the KDA groups; the s-th layer of each overlays the
       // MLA page of slot s.
       const uint32_t slot = kda_index / kKdaGroups;
       kda[kda_index % kKdaGroups].layers.push_back(
-          {layer_name(i),
-           {{"kv", slot, state_page({{"conv", kConvCell}, {"ssm", kSsmCell}}, kda_heads)}}});
+          {layer_name(i), {{"kv", slot, state_page({{"conv", kConvCell}, {"ssm", kSsmCell}}, kda_heads)}}});
       ++kda_index;
     }
   }
@@ -284,16 +271,13 @@ Result<std::vector<GroupSpec>> qwen3_next(const Options& o) {
       full.layers.push_back(
           {layer_name(i),
            {{"kv", slot,
-             token_page({{"k", 256 * kBf16}, {"v", 256 * kBf16}}, kv_heads, o.block_tokens,
-                        o.kernel_tokens)}}});
+             token_page({{"k", 256 * kBf16}, {"v", 256 * kBf16}}, kv_heads, o.block_tokens, o.kernel_tokens)}}});
       ring.layers.push_back(
-          {layer_name(i),
-           {{"ring", slot, token_page({{"ring", 1024}}, kv_heads, ring_tokens, ring_tokens)}}});
+          {layer_name(i), {{"ring", slot, token_page({{"ring", 1024}}, kv_heads, ring_tokens, ring_tokens)}}});
     } else {
-      linear.layers.push_back(
-          {layer_name(i),
-           {{"state", linear_slot++,
-             state_page({{"conv", 3 * 512 * kBf16}, {"ssm", 2 * 128 * 128 * 4}}, linear_heads)}}});
+      linear.layers.push_back({layer_name(i),
+                               {{"state", linear_slot++,
+                                 state_page({{"conv", 3 * 512 * kBf16}, {"ssm", 2 * 128 * 128 * 4}}, linear_heads)}}});
     }
   }
   return std::vector<GroupSpec>{std::move(full), std::move(linear), std::move(ring)};
@@ -307,8 +291,7 @@ Result<std::vector<GroupSpec>> gpt_oss(const Options& o) {
   swa.group.window_tokens = 128;
   GroupSpec full = make_group("full", GroupKind::kAttention, o.block_tokens, o);
   for (uint32_t i = 0; i < 36; ++i) {
-    Page page = token_page({{"k", 64 * kBf16}, {"v", 64 * kBf16}}, heads, o.block_tokens,
-                           o.kernel_tokens);
+    Page page = token_page({{"k", 64 * kBf16}, {"v", 64 * kBf16}}, heads, o.block_tokens, o.kernel_tokens);
     (i % 2 == 0 ? swa : full).layers.push_back({layer_name(i), {{"kv", i / 2, std::move(page)}}});
   }
   return std::vector<GroupSpec>{std::move(swa), std::move(full)};
@@ -329,8 +312,8 @@ const std::vector<PresetDef>& presets() {
        [](const Options& o) { return llama(o, 32); }},
       {"llama3-70b", "Llama 3 70B: 80 layers, GQA 8 KV heads x 128, bf16; block 16", 16, 16, 1024,
        [](const Options& o) { return llama(o, 80); }},
-      {"deepseek-v3", "DeepSeek-V3: 61 MLA layers, latent 512 + rope 64 bf16, replicated; block 64",
-       64, 64, 1024, [](const Options& o) { return deepseek(o, false); }},
+      {"deepseek-v3", "DeepSeek-V3: 61 MLA layers, latent 512 + rope 64 bf16, replicated; block 64", 64, 64, 1024,
+       [](const Options& o) { return deepseek(o, false); }},
       {"deepseek-v3.2",
        "DeepSeek-V3.2: deepseek-v3 plus a 132 B/token sparse-attention indexer per layer in its "
        "own tensor; block 64",
@@ -370,12 +353,10 @@ Result<Options> resolve(const PresetOptions& in, const PresetDef& def) {
   o.order = in.order;
   o.spec_tokens = in.spec_tokens;
   if (o.tp == 0 || o.tp > kMaxTpSize) {
-    return bad("--tp " + to_string(o.tp) + ": the TP size must be between 1 and " +
-               to_string(kMaxTpSize));
+    return bad("--tp " + to_string(o.tp) + ": the TP size must be between 1 and " + to_string(kMaxTpSize));
   }
   if (o.rank >= o.tp) {
-    return bad("--rank " + to_string(o.rank) + ": the rank must be below the TP size (--tp " +
-               to_string(o.tp) + ")");
+    return bad("--rank " + to_string(o.rank) + ": the rank must be below the TP size (--tp " + to_string(o.tp) + ")");
   }
   o.block_tokens = in.block_tokens != 0 ? in.block_tokens : def.block_tokens;
   if (o.block_tokens > kMaxBlockTokens) {
@@ -385,17 +366,14 @@ Result<Options> resolve(const PresetOptions& in, const PresetDef& def) {
   // Without an explicit kernel block, use the largest divisor of the block
   // that the preset's kernel block allows, as vLLM's select_common_block_size
   // does (vllm-connectors.md §1.6).
-  o.kernel_tokens = in.kernel_block_tokens != 0 ? in.kernel_block_tokens
-                                                : std::gcd(o.block_tokens, def.kernel_tokens);
+  o.kernel_tokens = in.kernel_block_tokens != 0 ? in.kernel_block_tokens : std::gcd(o.block_tokens, def.kernel_tokens);
   if (o.kernel_tokens > o.block_tokens || o.block_tokens % o.kernel_tokens != 0) {
-    return bad("--kernel-block-tokens " + to_string(o.kernel_tokens) +
-               ": the block of " + to_string(o.block_tokens) +
+    return bad("--kernel-block-tokens " + to_string(o.kernel_tokens) + ": the block of " + to_string(o.block_tokens) +
                " tokens (--block-tokens) must be a multiple of the kernel block");
   }
   o.num_blocks = in.num_blocks != 0 ? in.num_blocks : def.num_blocks;
   if (o.num_blocks > kMaxNumBlocks) {
-    return bad("--num-blocks " + to_string(o.num_blocks) + ": more than the limit of " +
-               to_string(kMaxNumBlocks));
+    return bad("--num-blocks " + to_string(o.num_blocks) + ": more than the limit of " + to_string(kMaxNumBlocks));
   }
   return o;
 }
@@ -407,8 +385,7 @@ struct Where {
   uint64_t block_stride = 0;
 };
 
-std::vector<Component> components_of(const Page& page, const Where& w, Order order,
-                                     uint64_t num_blocks) {
+std::vector<Component> components_of(const Page& page, const Where& w, Order order, uint64_t num_blocks) {
   const uint64_t h = page.local_heads();
   const uint64_t c = page.content_bytes();
   std::vector<Component> out;
@@ -444,9 +421,8 @@ std::vector<Component> components_of(const Page& page, const Where& w, Order ord
 
 Status tensor_bytes(uint64_t row, const Options& o, const std::string& name, uint64_t* out) {
   if (!checked_mul(row, o.num_blocks, out) || *out > kMaxTensorBytes) {
-    return bad("--num-blocks " + to_string(o.num_blocks) + ": tensor '" + name + "' of " +
-               to_string(row) + " B per block would exceed the limit of " +
-               to_string(kMaxTensorBytes) + " B");
+    return bad("--num-blocks " + to_string(o.num_blocks) + ": tensor '" + name + "' of " + to_string(row) +
+               " B per block would exceed the limit of " + to_string(kMaxTensorBytes) + " B");
   }
   return Status();
 }
@@ -499,8 +475,7 @@ Result<Layout> assemble(const Options& o, std::vector<GroupSpec> groups) {
     for (const LayerSpec& l : g.layers) {
       Layer layer{l.name, {}};
       for (const Placed& p : l.pages) {
-        for (Component& c : components_of(p.page, where.at({p.family, p.slot}), o.order,
-                                          o.num_blocks)) {
+        for (Component& c : components_of(p.page, where.at({p.family, p.slot}), o.order, o.num_blocks)) {
           layer.components.push_back(std::move(c));
         }
       }
@@ -515,9 +490,12 @@ Result<Layout> assemble(const Options& o, std::vector<GroupSpec> groups) {
 
 std::string_view order_name(Order order) {
   switch (order) {
-    case Order::kLBHNC: return "LBHNC";
-    case Order::kLBNHC: return "LBNHC";
-    case Order::kBLHNC: return "BLHNC";
+    case Order::kLBHNC:
+      return "LBHNC";
+    case Order::kLBNHC:
+      return "LBNHC";
+    case Order::kBLHNC:
+      return "BLHNC";
   }
   return "unknown";
 }
@@ -558,8 +536,7 @@ Result<Layout> make_preset(const PresetOptions& options) {
   // in this file, reported as such rather than handed out.
   Status valid = validate(layout);
   if (!valid.ok()) {
-    return Status::internal("preset '" + o.model + "' built an invalid layout: " +
-                            valid.to_string());
+    return Status::internal("preset '" + o.model + "' built an invalid layout: " + valid.to_string());
   }
   return layout;
 }

@@ -25,15 +25,15 @@ namespace {
 // (an input of the tests, chosen from docs/presets.md).
 uint64_t other_block_tokens(const std::string& name) {
   static const std::map<std::string, uint64_t> blocks = {
-      {"llama3-8b", 32},   {"llama3-70b", 32},  {"deepseek-v3", 128}, {"deepseek-v3.2", 128},
-      {"glm5-flash", 1152}, {"qwen3-next", 128}, {"gpt-oss", 32},     {"mla-with-draft", 128},
+      {"llama3-8b", 32},    {"llama3-70b", 32},  {"deepseek-v3", 128}, {"deepseek-v3.2", 128},
+      {"glm5-flash", 1152}, {"qwen3-next", 128}, {"gpt-oss", 32},      {"mla-with-draft", 128},
   };
   auto it = blocks.find(name);
   return it == blocks.end() ? 0 : it->second;
 }
 
-PresetOptions options(const std::string& name, uint32_t tp = 1, uint32_t rank = 0,
-                      Order order = Order::kLBHNC, uint64_t block_tokens = 0) {
+PresetOptions options(const std::string& name, uint32_t tp = 1, uint32_t rank = 0, Order order = Order::kLBHNC,
+                      uint64_t block_tokens = 0) {
   PresetOptions o;
   o.name = name;
   o.tp_size = tp;
@@ -94,9 +94,8 @@ TEST(PresetsTest, EveryPresetValidatesAtEveryTpOrderAndTwoBlockSizes) {
             PresetOptions o = options(name, tp, rank, order, block);
             o.num_blocks = 0;  // the preset's default
             Result<Layout> layout = make_preset(o);
-            ASSERT_TRUE(layout.ok()) << name << " tp " << tp << " rank " << rank << " "
-                                     << order_name(order) << " block " << block << ": "
-                                     << layout.status().to_string();
+            ASSERT_TRUE(layout.ok()) << name << " tp " << tp << " rank " << rank << " " << order_name(order)
+                                     << " block " << block << ": " << layout.status().to_string();
             EXPECT_TRUE(validate(*layout).ok()) << validate(*layout).to_string();
             EXPECT_EQ(layout->model, name);
             EXPECT_EQ(layout->tp_size, tp);
@@ -264,12 +263,10 @@ TEST(PresetsTest, AttentionCellsFollowTheDocumentedOrder) {
       for (uint64_t b : {0u, 3u}) {
         for (uint64_t h = 0; h < heads; ++h) {
           for (uint64_t p : {0u, 1u, 15u, 16u, 17u, 63u}) {
-            const uint64_t in_kernel = order == Order::kLBNHC
-                                           ? (p % kKernel) * heads * kC + h * kC
-                                           : h * kKernel * kC + (p % kKernel) * kC;
+            const uint64_t in_kernel =
+                order == Order::kLBNHC ? (p % kKernel) * heads * kC + h * kC : h * kKernel * kC + (p % kKernel) * kC;
             const uint64_t expected = b * row + layer_base + (p / kKernel) * kernel_page + in_kernel;
-            EXPECT_EQ(offset_of(*k, b, h, p), expected) << order_name(order) << " b" << b << " h"
-                                                        << h << " p" << p;
+            EXPECT_EQ(offset_of(*k, b, h, p), expected) << order_name(order) << " b" << b << " h" << h << " p" << p;
             EXPECT_EQ(offset_of(*v, b, h, p), expected + kCell);
           }
         }
@@ -386,8 +383,7 @@ TEST(PresetsTest, Glm5KdaStateOverlaysOneMlaPagePerLayer) {
           const Layer* host = nullptr;
           for (const Layer& m : mla->layers) {
             const Component* latent = find_component(m, "latent");
-            if (latent->tensor == conv->tensor &&
-                offset_of(*latent, 1, 0, 0) == offset_of(*conv, 1, 0, 0)) {
+            if (latent->tensor == conv->tensor && offset_of(*latent, 1, 0, 0) == offset_of(*conv, 1, 0, 0)) {
               host = &m;
             }
           }
@@ -501,8 +497,7 @@ void expect_error_naming(PresetOptions o, Code code, const std::string& needle) 
   Result<Layout> layout = make_preset(o);
   ASSERT_FALSE(layout.ok()) << o.name << " should fail, naming " << needle;
   EXPECT_EQ(layout.error().code(), code) << layout.error().to_string();
-  EXPECT_NE(layout.error().message().find(needle), std::string::npos)
-      << layout.error().to_string();
+  EXPECT_NE(layout.error().message().find(needle), std::string::npos) << layout.error().to_string();
 }
 
 TEST(PresetsTest, BadOptionsGiveErrorsNamingTheOption) {
@@ -521,8 +516,8 @@ TEST(PresetsTest, BadOptionsGiveErrorsNamingTheOption) {
   kpool.kernel_block_tokens = 6;
   expect_error_naming(kpool, Code::kInvalidArgument, "--kernel-block-tokens");
 
-  expect_error_naming(options("llama3-8b", 1, 0, Order::kLBHNC, kMaxBlockTokens + 1),
-                      Code::kInvalidArgument, "--block-tokens");
+  expect_error_naming(options("llama3-8b", 1, 0, Order::kLBHNC, kMaxBlockTokens + 1), Code::kInvalidArgument,
+                      "--block-tokens");
   PresetOptions blocks = options("llama3-70b");
   blocks.num_blocks = kMaxNumBlocks;  // fine alone, too many bytes for one tensor
   blocks.block_tokens = 1u << 20;
@@ -542,8 +537,7 @@ TEST(PresetsTest, KernelBlockDefaultsToADivisorOfTheBlock) {
   // Block 8 is below llama's 16-token kernel block; the kernel shrinks to fit.
   const Layout layout = make(options("llama3-8b", 1, 0, Order::kLBHNC, 8));
   EXPECT_EQ(layout.groups[0].block_tokens, 8u);
-  EXPECT_EQ(position_axes(layout.groups[0].layers[0].components[0]).sizes,
-            std::vector<uint64_t>{8});
+  EXPECT_EQ(position_axes(layout.groups[0].layers[0].components[0]).sizes, std::vector<uint64_t>{8});
 }
 
 TEST(PresetsTest, OrderNamesRoundTrip) {

@@ -66,10 +66,10 @@ Result<Request> read_request(std::string_view text) {
   KVB_ASSIGN_OR_RETURN(const Json* blocks, r.require("blocks"));
   KVB_RETURN_IF_ERROR(json_io::expect_object(*blocks, "blocks"));
   if (blocks->size() > kMaxGroups) {
-    return path_error("blocks",
-                      "has " + std::to_string(blocks->size()) + " groups, more than the limit of " +
-                          std::to_string(kMaxGroups),
-                      Code::kResourceExhausted);
+    return path_error(
+        "blocks",
+        "has " + std::to_string(blocks->size()) + " groups, more than the limit of " + std::to_string(kMaxGroups),
+        Code::kResourceExhausted);
   }
   for (const auto& [group, value] : blocks->items()) {
     const std::string path = json_io::field_path("blocks", group);

@@ -76,9 +76,8 @@ TEST(RequestJsonTest, RoundTripIsExactForStructAndText) {
 TEST(RequestJsonTest, WritesEveryFieldInTheDocumentedOrder) {
   Result<Request> r = parse_request(kDesignExample);
   ASSERT_TRUE(r.has_value()) << r.error().to_string();
-  EXPECT_EQ(to_json(*r, -1),
-            R"({"format":"kvbridge.request/1","num_tokens":5000,"skip_tokens":0,)"
-            R"("blocks":{"full":{"local":[7,8,9],"remote":[40,41,42]}}})");
+  EXPECT_EQ(to_json(*r, -1), R"({"format":"kvbridge.request/1","num_tokens":5000,"skip_tokens":0,)"
+                             R"("blocks":{"full":{"local":[7,8,9],"remote":[40,41,42]}}})");
   EXPECT_EQ(to_json(*r, 2),
             "{\n  \"format\": \"kvbridge.request/1\",\n  \"num_tokens\": 5000,\n  \"skip_tokens\": 0,\n"
             "  \"blocks\": {\n    \"full\": {\n      \"local\": [7, 8, 9],\n      \"remote\": [40, 41, 42]\n"
@@ -124,7 +123,9 @@ INSTANTIATE_TEST_SUITE_P(
                   Code::kInvalidArgument,
                   "blocks.full.local[2]: expected a block id (an integer from -1 to 2^63-1), got 9223372036854775808"},
         Rejection{"IdInAGroupWithAnOddName",
-                  [](OJson& j) { j["blocks"]["a b"] = {{"local", {true}}, {"remote", OJson::array()}}; },
+                  [](OJson& j) {
+                    j["blocks"]["a b"] = {{"local", {true}}, {"remote", OJson::array()}};
+                  },
                   Code::kInvalidArgument,
                   R"(blocks["a b"].local[0]: expected a block id (an integer from -1 to 2^63-1), got true)"},
         Rejection{"SkipTokensPastNumTokens", [](OJson& j) { j["skip_tokens"] = 5001; }, Code::kInvalidArgument,
@@ -137,16 +138,18 @@ INSTANTIATE_TEST_SUITE_P(
                   R"(missing required field "num_tokens")"},
         Rejection{"MissingBlocks", [](OJson& j) { j.erase("blocks"); }, Code::kInvalidArgument,
                   R"(missing required field "blocks")"},
-        Rejection{"MissingRemoteList", [](OJson& j) { j["blocks"]["full"].erase("remote"); },
-                  Code::kInvalidArgument, R"(blocks.full: missing required field "remote")"},
+        Rejection{"MissingRemoteList", [](OJson& j) { j["blocks"]["full"].erase("remote"); }, Code::kInvalidArgument,
+                  R"(blocks.full: missing required field "remote")"},
         Rejection{"BlocksAsAnArray", [](OJson& j) { j["blocks"] = OJson::array(); }, Code::kInvalidArgument,
                   "blocks: expected an object, got an array"},
-        Rejection{"GroupEntryAsAnArray", [](OJson& j) { j["blocks"]["full"] = {7, 8}; }, Code::kInvalidArgument,
-                  "blocks.full: expected an object, got an array"},
+        Rejection{"GroupEntryAsAnArray",
+                  [](OJson& j) {
+                    j["blocks"]["full"] = {7, 8};
+                  },
+                  Code::kInvalidArgument, "blocks.full: expected an object, got an array"},
         Rejection{"ListAsANumber", [](OJson& j) { j["blocks"]["full"]["local"] = 7; }, Code::kInvalidArgument,
                   "blocks.full.local: expected an array, got 7"},
-        Rejection{"EmptyGroupName", [](OJson& j) { j["blocks"][""] = j["blocks"]["full"]; },
-                  Code::kInvalidArgument,
+        Rejection{"EmptyGroupName", [](OJson& j) { j["blocks"][""] = j["blocks"]["full"]; }, Code::kInvalidArgument,
                   R"(blocks[""]: expected a name (a non-empty string), got the empty string)"},
         Rejection{"TooManyGroups",
                   [](OJson& j) {

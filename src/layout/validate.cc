@@ -16,7 +16,6 @@ namespace {
 // the cheap nesting proof below fails.
 constexpr uint64_t kMaxExactOverlapCells = uint64_t{1} << 22;
 
-
 // Well-formed UTF-8 (no overlong forms, surrogates or code points past
 // U+10FFFF), so that every valid layout has a JSON form.
 bool valid_utf8(std::string_view s) {
@@ -54,8 +53,8 @@ Status check_name(std::string_view what, const std::string& name) {
   if (name.empty()) return Status::invalid_argument(std::string(what) + " name is empty");
   if (!valid_utf8(name)) return Status::invalid_argument(std::string(what) + " name is not valid UTF-8");
   if (name.size() > kMaxNameBytes) {
-    return Status::resource_exhausted(std::string(what) + " name is longer than " +
-                                      std::to_string(kMaxNameBytes) + " bytes");
+    return Status::resource_exhausted(std::string(what) + " name is longer than " + std::to_string(kMaxNameBytes) +
+                                      " bytes");
   }
   return Status();
 }
@@ -91,7 +90,8 @@ Status check_no_overlap(const Component& c) {
     if (!checked_mul(cells, a.size, &cells) || cells > kMaxExactOverlapCells) {
       return Status::invalid_argument(
           "cells overlap or interleave (strides are not nested) and there are too many to check "
-          "exactly (limit " + std::to_string(kMaxExactOverlapCells) + ")");
+          "exactly (limit " +
+          std::to_string(kMaxExactOverlapCells) + ")");
     }
   }
   std::vector<uint64_t> starts{0};
@@ -185,10 +185,10 @@ Status validate_component(const Layout& layout, const Group& g, const Component&
       return Status::invalid_argument("a state group's block holds one state; remove the position axes");
     }
   } else if (position_product != g.positions_per_block()) {
-    return Status::invalid_argument("position axes hold " + std::to_string(position_product) +
-                                    " positions per block, but block_tokens / tokens_per_state = " +
-                                    std::to_string(g.block_tokens) + " / " + std::to_string(g.tokens_per_state) +
-                                    " = " + std::to_string(g.positions_per_block()));
+    return Status::invalid_argument(
+        "position axes hold " + std::to_string(position_product) +
+        " positions per block, but block_tokens / tokens_per_state = " + std::to_string(g.block_tokens) + " / " +
+        std::to_string(g.tokens_per_state) + " = " + std::to_string(g.positions_per_block()));
   }
   if (c.empty()) return Status();  // Moves nothing; it addresses no byte.
 

@@ -24,12 +24,15 @@ void expect_rejected(const Layout& l, Code code, std::initializer_list<std::stri
 Component& k0(Layout& l, size_t layer = 0) { return l.groups[0].layers[layer].components[0]; }
 Component& v1(Layout& l) { return l.groups[0].layers[1].components[1]; }
 
-TEST(ValidateTest, AcceptsTheSmallLayout) { EXPECT_TRUE(validate(small_gqa()).ok()) << validate(small_gqa()).to_string(); }
+TEST(ValidateTest, AcceptsTheSmallLayout) {
+  EXPECT_TRUE(validate(small_gqa()).ok()) << validate(small_gqa()).to_string();
+}
 
 TEST(ValidateTest, RejectsACellPastTheEndOfItsTensorAndNamesTheComponent) {
   Layout l = small_gqa();
   v1(l).offset += 1;  // v of the last block now ends one byte past the tensor
-  expect_rejected(l, Code::kOutOfRange, {"group 'full'", "layer 'layers.1'", "component 'v'", "past the end of tensor 'kv.1'"});
+  expect_rejected(l, Code::kOutOfRange,
+                  {"group 'full'", "layer 'layers.1'", "component 'v'", "past the end of tensor 'kv.1'"});
 }
 
 TEST(ValidateTest, RejectsAnOffsetPastTheTensor) {

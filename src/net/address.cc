@@ -67,8 +67,7 @@ Status split(std::string_view text, std::string_view what, bool port_required, s
 Result<uint16_t> parse_port(std::string_view port_text, std::string_view what, std::string_view text, bool allow_zero) {
   unsigned value = 0;
   const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), value);
-  if (ec != std::errc() || end != port_text.data() + port_text.size() || value > 65535 ||
-      (value == 0 && !allow_zero)) {
+  if (ec != std::errc() || end != port_text.data() + port_text.size() || value > 65535 || (value == 0 && !allow_zero)) {
     return bad(what, text, allow_zero ? "has a port that is not 0..65535" : "has a port that is not 1..65535");
   }
   return static_cast<uint16_t>(value);

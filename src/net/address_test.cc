@@ -21,10 +21,9 @@ TEST(AddressTest, ParsesHostPortAndBracketedIpv6) {
 
 TEST(AddressTest, RejectsWhatIsNotHostPortNamingTheField) {
   const std::pair<const char*, const char*> cases[] = {
-      {"stop", "no port"},           {"host:", "empty port"},        {":80", "empty host"},
-      {"h:0", "1..65535"},           {"h:65536", "1..65535"},        {"h:8x", "1..65535"},
-      {"::1:80", "IPv6"},            {"[::1]", "no port"},           {"[::1", "without ']'"},
-      {"[::1]x", "not :port"},       {"[h]:1", "not IPv6"},          {"a b:1", "malformed host"},
+      {"stop", "no port"},     {"host:", "empty port"}, {":80", "empty host"}, {"h:0", "1..65535"},
+      {"h:65536", "1..65535"}, {"h:8x", "1..65535"},    {"::1:80", "IPv6"},    {"[::1]", "no port"},
+      {"[::1", "without ']'"}, {"[::1]x", "not :port"}, {"[h]:1", "not IPv6"}, {"a b:1", "malformed host"},
       {"", "is empty"},
   };
   for (const auto& [text, why] : cases) {

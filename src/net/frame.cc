@@ -8,9 +8,12 @@ namespace kvbridge::net {
 
 std::string protocol_name(Protocol protocol) {
   switch (protocol) {
-    case Protocol::kSideChannel: return "side channel";
-    case Protocol::kControl: return "control";
-    case Protocol::kTcp: return "tcp";
+    case Protocol::kSideChannel:
+      return "side channel";
+    case Protocol::kControl:
+      return "control";
+    case Protocol::kTcp:
+      return "tcp";
   }
   return "protocol " + std::to_string(static_cast<unsigned>(protocol));
 }
@@ -69,8 +72,8 @@ Result<FrameHeader> decode_header(std::string_view bytes, Protocol protocol, uin
       return Status::incompatible(protocol_name(old) + " version mismatch: local " + std::to_string(version) +
                                   ", peer " + std::to_string(old_version));
     }
-    return Status::invalid_argument("bad magic " + q(printable(bytes.substr(0, 4))) +
-                                    " (not a kvbridge " + protocol_name(protocol) + ")");
+    return Status::invalid_argument("bad magic " + q(printable(bytes.substr(0, 4))) + " (not a kvbridge " +
+                                    protocol_name(protocol) + ")");
   }
   if (proto != static_cast<uint8_t>(protocol)) {
     return Status::invalid_argument("a " + protocol_name(static_cast<Protocol>(proto)) + " frame on a " +
@@ -94,9 +97,7 @@ Result<FrameHeader> decode_header(std::string_view bytes, Protocol protocol, uin
   return h;
 }
 
-size_t FrameReader::wanted() const {
-  return total_ - buf_.size();
-}
+size_t FrameReader::wanted() const { return total_ - buf_.size(); }
 
 Status FrameReader::feed(std::string_view bytes) {
   if (bytes.size() > wanted()) return Status::internal("FrameReader::feed: more bytes than wanted");

@@ -44,7 +44,8 @@ struct Listener::Conn {
 Listener::Listener(ListenerOptions options) : options_(std::move(options)) {}
 
 Result<std::unique_ptr<Listener>> Listener::start(ListenerOptions options) {
-  if (!options.on_open || !options.limit) return Status::invalid_argument(options.name + ": on_open and limit are required");
+  if (!options.on_open || !options.limit)
+    return Status::invalid_argument(options.name + ": on_open and limit are required");
   if (options.max_pending == 0 || options.max_open == 0 || options.open_timeout.count() <= 0) {
     return Status::invalid_argument(options.name + ": max_pending, max_open and open_timeout must be positive");
   }
@@ -111,7 +112,8 @@ void Listener::loop() {
         if (c->state == Conn::State::kLinger) {
           c->state = Conn::State::kClosed;
         } else {
-          abandon(*c, "opening exchange did not finish within " + std::to_string(options_.open_timeout.count()) + " ms");
+          abandon(*c,
+                  "opening exchange did not finish within " + std::to_string(options_.open_timeout.count()) + " ms");
         }
       }
     }
@@ -206,7 +208,8 @@ void Listener::step(Conn& c, short revents) {
   using State = Conn::State;
   if (c.state == State::kWrite) {
     while (c.out_pos < c.out.size()) {
-      const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t n =
+          ::send(c.fd.get(), c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n < 0) return abandon(c, "send: " + errno_text(errno));
@@ -281,9 +284,12 @@ void Listener::on_frame(Conn& c) {
   ServerOpening::Step s = c.opening.on_frame(c.reader.header(), c.reader.raw_header(), c.reader.payload());
   c.reader.next();
   switch (s.kind) {
-    case ServerOpening::Step::Kind::kSend: return send(c, std::move(s.bytes), false);
-    case ServerOpening::Step::Kind::kRefuse: return refuse(c, s.refusal);
-    case ServerOpening::Step::Kind::kOpened: return answer(c);
+    case ServerOpening::Step::Kind::kSend:
+      return send(c, std::move(s.bytes), false);
+    case ServerOpening::Step::Kind::kRefuse:
+      return refuse(c, s.refusal);
+    case ServerOpening::Step::Kind::kOpened:
+      return answer(c);
   }
 }
 

@@ -54,14 +54,14 @@ namespace kvbridge::net {
 inline constexpr std::chrono::milliseconds kAcceptBackoff{100};
 
 struct OpenRequest {
-  std::string peer_address;  // "127.0.0.1:40312"
-  std::string_view body;     // the client's Open body
+  std::string peer_address;    // "127.0.0.1:40312"
+  std::string_view body;       // the client's Open body
   bool authenticated = false;  // the client proved the shared secret
 };
 
 struct Answer {
   enum class Kind { kRefuse, kReply, kKeep } kind = Kind::kRefuse;
-  Refusal refusal;  // kRefuse
+  Refusal refusal;   // kRefuse
   uint8_t type = 0;  // kReply, kKeep: the first protocol frame (>= 16)
   std::string payload;
   static Answer refuse(RefuseCode code, std::string message, std::string detail = {}) {
@@ -82,7 +82,7 @@ struct Accepted {
 };
 
 struct ListenerOptions {
-  std::string name;  // "side channel", "control listener": errors and stats
+  std::string name;                        // "side channel", "control listener": errors and stats
   std::string thread_name = "kvb-listen";  // its thread's name (15 bytes at most)
   HostPort bind;
   OpeningConfig opening;
@@ -92,17 +92,17 @@ struct ListenerOptions {
   std::chrono::milliseconds open_timeout{3000};
   int backlog = 1024;
   std::function<Answer(const OpenRequest&)> on_open;
-  std::function<void(Accepted)> on_keep;  // required for Answer::kKeep
+  std::function<void(Accepted)> on_keep;                        // required for Answer::kKeep
   std::function<std::string(Protocol, uint16_t)> legacy_reply;  // optional
 };
 
 struct ListenerStats {
   uint64_t accepted = 0;
-  uint64_t replied = 0;    // kReply answers sent whole
-  uint64_t kept = 0;       // connections handed to on_keep
-  uint64_t refused = 0;    // Refuse frames sent (on_open's, auth, version, malformed, busy)
-  uint64_t abandoned = 0;  // closed without an answer: deadline, client gone, evicted, errors
-  uint64_t evicted = 0;    // of those, closed for a newer connection (max_pending)
+  uint64_t replied = 0;        // kReply answers sent whole
+  uint64_t kept = 0;           // connections handed to on_keep
+  uint64_t refused = 0;        // Refuse frames sent (on_open's, auth, version, malformed, busy)
+  uint64_t abandoned = 0;      // closed without an answer: deadline, client gone, evicted, errors
+  uint64_t evicted = 0;        // of those, closed for a newer connection (max_pending)
   uint64_t accept_pauses = 0;  // times accepting paused for kAcceptBackoff
   size_t pending = 0;
   size_t open = 0;

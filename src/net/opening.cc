@@ -21,8 +21,9 @@ std::string sha256(std::string_view a, std::string_view b) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  if (ctx == nullptr || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1 || EVP_DigestUpdate(ctx, a.data(), a.size()) != 1 ||
-      EVP_DigestUpdate(ctx, b.data(), b.size()) != 1 || EVP_DigestFinal_ex(ctx, out, &len) != 1) {
+  if (ctx == nullptr || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1 ||
+      EVP_DigestUpdate(ctx, a.data(), a.size()) != 1 || EVP_DigestUpdate(ctx, b.data(), b.size()) != 1 ||
+      EVP_DigestFinal_ex(ctx, out, &len) != 1) {
     std::abort();  // OpenSSL cannot hash: nothing safe to do
   }
   EVP_MD_CTX_free(ctx);
@@ -47,26 +48,40 @@ std::string frame(const FrameHeader& h, std::string_view payload) {
 
 std::string refuse_code_name(RefuseCode code) {
   switch (code) {
-    case RefuseCode::kVersion: return "version";
-    case RefuseCode::kAuthRequired: return "auth_required";
-    case RefuseCode::kAuthUnsupported: return "auth_unsupported";
-    case RefuseCode::kAuthFailed: return "auth_failed";
-    case RefuseCode::kMalformed: return "malformed";
-    case RefuseCode::kBusy: return "busy";
-    case RefuseCode::kStale: return "stale";
-    case RefuseCode::kMismatch: return "mismatch";
-    case RefuseCode::kDenied: return "denied";
-    case RefuseCode::kUnavailable: return "unavailable";
+    case RefuseCode::kVersion:
+      return "version";
+    case RefuseCode::kAuthRequired:
+      return "auth_required";
+    case RefuseCode::kAuthUnsupported:
+      return "auth_unsupported";
+    case RefuseCode::kAuthFailed:
+      return "auth_failed";
+    case RefuseCode::kMalformed:
+      return "malformed";
+    case RefuseCode::kBusy:
+      return "busy";
+    case RefuseCode::kStale:
+      return "stale";
+    case RefuseCode::kMismatch:
+      return "mismatch";
+    case RefuseCode::kDenied:
+      return "denied";
+    case RefuseCode::kUnavailable:
+      return "unavailable";
   }
   return "code " + std::to_string(static_cast<unsigned>(code));
 }
 
 size_t opening_limit(uint8_t type, const OpeningLimits& limits) {
   switch (type) {
-    case kOpen: return kOpenFixedBytes + limits.max_body;
-    case kChallenge: return kChallengeBytes;
-    case kProof: return kMacBytes;
-    case kRefuse: return 1 + 4 + kMaxRefuseMessageBytes + 4 + limits.max_detail;
+    case kOpen:
+      return kOpenFixedBytes + limits.max_body;
+    case kChallenge:
+      return kChallengeBytes;
+    case kProof:
+      return kMacBytes;
+    case kRefuse:
+      return 1 + 4 + kMaxRefuseMessageBytes + 4 + limits.max_detail;
   }
   return 0;
 }
@@ -94,18 +109,24 @@ Result<Refusal> decode_refusal(std::string_view payload, size_t max_detail) {
 Status refusal_status(const Refusal& r) {
   const std::string said = printable(r.message, kMaxRefuseMessageBytes);
   switch (r.code) {
-    case RefuseCode::kVersion: return Status::incompatible(said);
-    case RefuseCode::kMismatch: return Status::incompatible(said);
+    case RefuseCode::kVersion:
+      return Status::incompatible(said);
+    case RefuseCode::kMismatch:
+      return Status::incompatible(said);
     case RefuseCode::kAuthRequired:
       return Status::permission_denied("authentication failed: peer requires a shared secret");
     case RefuseCode::kAuthUnsupported:
       return Status::permission_denied("authentication failed: this side has a shared secret but the peer has none");
-    case RefuseCode::kAuthFailed: return Status::permission_denied("authentication failed: wrong shared secret");
-    case RefuseCode::kDenied: return Status::permission_denied(said);
-    case RefuseCode::kMalformed: return Status::invalid_argument("malformed: the peer says: " + said);
+    case RefuseCode::kAuthFailed:
+      return Status::permission_denied("authentication failed: wrong shared secret");
+    case RefuseCode::kDenied:
+      return Status::permission_denied(said);
+    case RefuseCode::kMalformed:
+      return Status::invalid_argument("malformed: the peer says: " + said);
     case RefuseCode::kBusy:
     case RefuseCode::kStale:
-    case RefuseCode::kUnavailable: return Status::unavailable(said);
+    case RefuseCode::kUnavailable:
+      return Status::unavailable(said);
   }
   return Status::unavailable("refused (" + refuse_code_name(r.code) + "): " + said);
 }
@@ -128,7 +149,8 @@ std::string ServerOpening::refuse_frame(const Refusal& refusal) {
 ServerOpening::Step ServerOpening::on_frame(const FrameHeader& h, std::string_view raw_header,
                                             std::string_view payload) {
   if (state_ == State::kOpen) {
-    if (h.type != kOpen) return refuse(RefuseCode::kMalformed, "expected an Open frame, got frame type " + std::to_string(h.type));
+    if (h.type != kOpen)
+      return refuse(RefuseCode::kMalformed, "expected an Open frame, got frame type " + std::to_string(h.type));
     if (h.tagged) return refuse(RefuseCode::kMalformed, "an Open frame cannot carry a tag");
     WireReader r(payload, "Open frame");
     uint8_t flags = 0;
@@ -149,7 +171,8 @@ ServerOpening::Step ServerOpening::on_frame(const FrameHeader& h, std::string_vi
       state_ = State::kDone;
       return Step{Step::Kind::kOpened, {}, {}};
     }
-    if (!client_secret) return refuse(RefuseCode::kAuthRequired, "authentication failed: the client offered no shared secret");
+    if (!client_secret)
+      return refuse(RefuseCode::kAuthRequired, "authentication failed: the client offered no shared secret");
     server_nonce_ = random_nonce();
     const Mac mac = proof(config_.secret, "kvbridge server", config_.protocol, server_nonce_, transcript_);
     WireWriter w;
@@ -159,7 +182,8 @@ ServerOpening::Step ServerOpening::on_frame(const FrameHeader& h, std::string_vi
     return Step{Step::Kind::kSend, frame({config_.protocol, kChallenge, config_.version, 0, false}, w.out()), {}};
   }
   if (state_ == State::kProof) {
-    if (h.type != kProof) return refuse(RefuseCode::kMalformed, "expected a Proof frame, got frame type " + std::to_string(h.type));
+    if (h.type != kProof)
+      return refuse(RefuseCode::kMalformed, "expected a Proof frame, got frame type " + std::to_string(h.type));
     if (h.tagged || payload.size() != kMacBytes) return refuse(RefuseCode::kMalformed, "malformed Proof frame");
     const Mac want = proof(config_.secret, "kvbridge client", config_.protocol, server_nonce_, transcript_);
     if (!equal_constant_time(payload, view(want))) {
@@ -179,12 +203,12 @@ ClientOpening::ClientOpening(OpeningConfig config, std::string body) : config_(s
   w.array(nonce_);
   w.str(body);
   open_ = frame({config_.protocol, kOpen, config_.version, 0, false}, w.out());
-  transcript_ = sha256(std::string_view(open_).substr(0, kFrameHeaderBytes),
-                       std::string_view(open_).substr(kFrameHeaderBytes));
+  transcript_ =
+      sha256(std::string_view(open_).substr(0, kFrameHeaderBytes), std::string_view(open_).substr(kFrameHeaderBytes));
 }
 
-ClientOpening::Step ClientOpening::on_frame(const FrameHeader& h, std::string_view raw_header,
-                                            std::string_view payload, std::string_view tag) {
+ClientOpening::Step ClientOpening::on_frame(const FrameHeader& h, std::string_view raw_header, std::string_view payload,
+                                            std::string_view tag) {
   auto failed = [](Status error) {
     Step s;
     s.kind = Step::Kind::kFailed;
@@ -213,7 +237,8 @@ ClientOpening::Step ClientOpening::on_frame(const FrameHeader& h, std::string_vi
     return s;
   }
   if (h.type == kChallenge) {
-    if (config_.secret.empty() || challenged_) return failed(Status::invalid_argument("malformed: an unexpected Challenge"));
+    if (config_.secret.empty() || challenged_)
+      return failed(Status::invalid_argument("malformed: an unexpected Challenge"));
     WireReader r(payload, "Challenge frame");
     Nonce server_nonce{};
     Mac server_proof{};

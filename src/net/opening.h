@@ -123,8 +123,7 @@ class ClientOpening {
   };
   // The next frame from the server. kOpened: the frame is the server's first
   // protocol frame (its tag already checked); take_session() is ready.
-  Step on_frame(const FrameHeader& header, std::string_view raw_header, std::string_view payload,
-                std::string_view tag);
+  Step on_frame(const FrameHeader& header, std::string_view raw_header, std::string_view payload, std::string_view tag);
   Session take_session() { return std::move(session_); }
 
  private:

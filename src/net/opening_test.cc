@@ -97,8 +97,7 @@ TEST(OpeningTest, EveryMismatchOfSecretsIsRefusedNamingIt) {
   EXPECT_EQ(none.client_error.code(), Code::kPermissionDenied);
   EXPECT_EQ(none.client_error.message(), "authentication failed: peer requires a shared secret");
   Outcome extra = run("s3cret", "");
-  EXPECT_EQ(extra.client_error.message(),
-            "authentication failed: this side has a shared secret but the peer has none");
+  EXPECT_EQ(extra.client_error.message(), "authentication failed: this side has a shared secret but the peer has none");
   Outcome wrong = run("guess", "s3cret");
   EXPECT_FALSE(wrong.opened);
   EXPECT_EQ(wrong.client_error.message(), "authentication failed: wrong shared secret");
@@ -127,7 +126,8 @@ TEST(OpeningTest, MalformedOpensAndOversizedBodiesAreRefused) {
   ServerOpening s(config(""));
   std::string bad;
   Session none;
-  append_frame(bad, {Protocol::kControl, kOpen, 2, 0, false}, std::string("\x04", 1) + std::string(32, 'n') + std::string(4, '\0'), none);
+  append_frame(bad, {Protocol::kControl, kOpen, 2, 0, false},
+               std::string("\x04", 1) + std::string(32, 'n') + std::string(4, '\0'), none);
   Parsed p = parse(bad);
   ServerOpening::Step st = s.on_frame(p.header, p.raw_header, p.payload);
   ASSERT_EQ(st.kind, ServerOpening::Step::Kind::kRefuse);

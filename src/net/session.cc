@@ -35,7 +35,8 @@ EVP_MAC_CTX* keyed_context(std::string_view key) {
   EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(hmac_algorithm());
   if (ctx == nullptr) die("EVP_MAC_CTX_new");
   char digest[] = "SHA256";
-  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_construct_end()};
+  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                         OSSL_PARAM_construct_end()};
   if (EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(), params) != 1) {
     die("EVP_MAC_init");
   }

@@ -66,7 +66,7 @@ Status recv_bytes(int fd, void* data, size_t len, const IoLimits& limits, std::s
 void tune_socket(int fd, bool bulk);
 
 struct Listening {
-  Fd fd;          // non-blocking
+  Fd fd;           // non-blocking
   HostPort bound;  // the host as given, the port the kernel chose for port 0
 };
 // Binds `at` (port 0: ephemeral) and listens with `backlog`. kUnavailable

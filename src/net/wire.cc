@@ -43,8 +43,8 @@ Status WireReader::count(std::string_view field, size_t max, size_t min_entry_by
   uint32_t n = 0;
   KVB_RETURN_IF_ERROR(u32(field, &n));
   if (n > max) {
-    return Status::resource_exhausted(what_ + ": " + std::string(field) + " " + std::to_string(n) +
-                                      " is more than " + std::to_string(max));
+    return Status::resource_exhausted(what_ + ": " + std::string(field) + " " + std::to_string(n) + " is more than " +
+                                      std::to_string(max));
   }
   if (min_entry_bytes > 0 && n > left() / min_entry_bytes) {
     return error(std::string(field) + " " + std::to_string(n) + " is more than the " + std::to_string(left()) +

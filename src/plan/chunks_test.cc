@@ -67,7 +67,8 @@ std::string check_chunks(const Layout& local, std::span<const Layout> remotes, c
   if (chunks->back().end_token != request.num_tokens) return "the last chunk does not end at num_tokens" + at;
   for (size_t k = 0; k < chunks->size(); ++k) {
     const PlanChunk& c = (*chunks)[k];
-    if (k > 0 && c.first_token != (*chunks)[k - 1].end_token) return "chunk " + std::to_string(k) + " leaves a gap" + at;
+    if (k > 0 && c.first_token != (*chunks)[k - 1].end_token)
+      return "chunk " + std::to_string(k) + " leaves a gap" + at;
     if (c.first_token > c.end_token) return "chunk " + std::to_string(k) + " ends before it starts" + at;
     if (c.resume_token != (cut ? c.first_token : request.skip_tokens)) {
       return "chunk " + std::to_string(k) + " resumes at " + std::to_string(c.resume_token) + at;
@@ -117,10 +118,11 @@ TEST(PlanChunksTest, ChunksAreThePlanInTokenOrderAndEachPrefixIsTheRequestCutThe
     ++passed;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("[ chunks    ] %llu requests: chunks are the plan in token order (%llu cut in several, %llu prefixes "
-              "verified as the request cut there) in %.2f s, seed %llu\n",
-              (unsigned long long)passed, (unsigned long long)multi, (unsigned long long)cuts, seconds,
-              (unsigned long long)base_seed());
+  std::printf(
+      "[ chunks    ] %llu requests: chunks are the plan in token order (%llu cut in several, %llu prefixes "
+      "verified as the request cut there) in %.2f s, seed %llu\n",
+      (unsigned long long)passed, (unsigned long long)multi, (unsigned long long)cuts, seconds,
+      (unsigned long long)base_seed());
   if (std::getenv("KVB_PROPERTY_CASE") == nullptr && passed >= 100) {
     EXPECT_GT(multi, passed / 10) << "the generator reaches requests cut in several chunks";
     EXPECT_GT(cuts, 0u);
@@ -128,8 +130,8 @@ TEST(PlanChunksTest, ChunksAreThePlanInTokenOrderAndEachPrefixIsTheRequestCutThe
 }
 
 Layout preset(const std::string& name, uint32_t tp, uint32_t rank, uint64_t block, Order order, uint64_t blocks) {
-  Result<Layout> l = make_preset(
-      PresetOptions{.name = name, .tp_size = tp, .tp_rank = rank, .block_tokens = block, .order = order, .num_blocks = blocks});
+  Result<Layout> l = make_preset(PresetOptions{
+      .name = name, .tp_size = tp, .tp_rank = rank, .block_tokens = block, .order = order, .num_blocks = blocks});
   EXPECT_TRUE(l.ok()) << l.error().to_string();
   return *l;
 }
@@ -169,13 +171,14 @@ TEST(PlanChunksTest, RunningTheChunksBeforeOneLeavesEveryTokenBeforeItWhole) {
       {"llama3-8b", 2, 4, 16, 32, 300, 20, true, 24},
       {"deepseek-v3", 1, 2, 64, 128, 400, 0, true, 12},
       {"deepseek-v3.2", 4, 1, 64, 64, 400, 100, true, 24},
-      {"gpt-oss", 2, 1, 16, 32, 120, 10, true, 24},     // every window moved from skip
-      {"gpt-oss", 2, 1, 16, 32, 400, 10, false, 60},    // windows moved in part
+      {"gpt-oss", 2, 1, 16, 32, 120, 10, true, 24},      // every window moved from skip
+      {"gpt-oss", 2, 1, 16, 32, 400, 10, false, 60},     // windows moved in part
       {"qwen3-next", 2, 4, 64, 128, 500, 0, false, 40},  // state and ring scratch
   };
   for (const Pair& p : pairs) {
     std::vector<Layout> remotes;
-    for (uint32_t r = 0; r < p.ptp; ++r) remotes.push_back(preset(p.preset, p.ptp, r, p.pblock, Order::kBLHNC, p.num_blocks));
+    for (uint32_t r = 0; r < p.ptp; ++r)
+      remotes.push_back(preset(p.preset, p.ptp, r, p.pblock, Order::kBLHNC, p.num_blocks));
     const Layout local = preset(p.preset, p.dtp, p.dtp - 1, p.dblock, Order::kLBHNC, p.num_blocks);
     const Request q = request_of(local, remotes[0], p.tokens, p.skip);
     const std::string where = p.preset + " " + std::to_string(p.tokens) + " tokens";

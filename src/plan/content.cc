@@ -105,12 +105,11 @@ Status for_each_cell(const Layout& layout, const Request& request, RequestSide s
               [&](const CellVisit& v) { cell(v.tensor, v.offset, v.bytes, v.token); });
 }
 
-Status fill_request(const Layout& layout, const Request& request, RequestSide side, uint64_t first_token,
-                    uint64_t seed, TensorMemory tensors) {
+Status fill_request(const Layout& layout, const Request& request, RequestSide side, uint64_t first_token, uint64_t seed,
+                    TensorMemory tensors) {
   KVB_RETURN_IF_ERROR(check_memory(layout, tensors));
-  return walk(layout, request, side, first_token, [&](const CellVisit& v) {
-    pattern(mix(v.seed ^ seed), v.bytes, tensors[v.tensor].data() + v.offset);
-  });
+  return walk(layout, request, side, first_token,
+              [&](const CellVisit& v) { pattern(mix(v.seed ^ seed), v.bytes, tensors[v.tensor].data() + v.offset); });
 }
 
 Result<ContentReport> check_request(const Layout& layout, const Request& request, RequestSide side,
@@ -132,8 +131,8 @@ Result<ContentReport> check_request(const Layout& layout, const Request& request
       char hex[64];
       std::snprintf(hex, sizeof hex, "holds 0x%02x, expected 0x%02x", got[k], want[k]);
       report.first_error = "tensor '" + layout.tensors[v.tensor].name + "' offset " + std::to_string(v.offset + k) +
-                           " (group '" + v.group + "' layer '" + v.layer_name + "' component '" +
-                           v.component_name + "' position " +
+                           " (group '" + v.group + "' layer '" + v.layer_name + "' component '" + v.component_name +
+                           "' position " +
                            (v.position == kFinalState ? std::string("final-state") : std::to_string(v.position)) +
                            " head " + std::to_string(v.head) + " byte " + std::to_string(k) + ") " + hex;
     }

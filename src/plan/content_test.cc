@@ -52,7 +52,8 @@ ContentReport move_and_check(const std::string& name, uint32_t ptp, uint32_t dtp
   Rank local(preset(name, dtp, dtp - 1, dblock, Order::kLBHNC, blocks));
   testing::Rng rng(seed);
   testing::RequestOptions ro;
-  ro.num_tokens = 1 + rng() % (2 * std::max(remote_layouts[0].groups[0].block_tokens, local.layout.groups[0].block_tokens));
+  ro.num_tokens =
+      1 + rng() % (2 * std::max(remote_layouts[0].groups[0].block_tokens, local.layout.groups[0].block_tokens));
   ro.skip_tokens = seed % 2 ? rng() % ro.num_tokens : 0;
   ro.max_state_blocks = 2;
   const Request q = testing::make_request(rng, local.layout, remote_layouts, ro);

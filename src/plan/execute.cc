@@ -52,27 +52,26 @@ Status describe_error(std::span<const Descriptor> descriptors, size_t i, std::sp
   {
     const Descriptor& d = descriptors[i];
     if (d.source >= remotes.size()) {
-      return Status::invalid_argument("descriptor " + std::to_string(i) + " names source " +
-                                      std::to_string(d.source) + " but memory of " +
-                                      std::to_string(remotes.size()) + " sources is given");
+      return Status::invalid_argument("descriptor " + std::to_string(i) + " names source " + std::to_string(d.source) +
+                                      " but memory of " + std::to_string(remotes.size()) + " sources is given");
     }
     const std::span<const Remote> remote = remotes[d.source];
     if (d.local_tensor >= local.size() || d.remote_tensor >= remote.size()) {
       const bool at_local = d.local_tensor >= local.size();
-      return Status::invalid_argument(
-          "descriptor " + std::to_string(i) + " names " + (at_local ? "local" : "remote") + " tensor " +
-          std::to_string(at_local ? d.local_tensor : d.remote_tensor) + " but memory of " +
-          std::to_string(at_local ? local.size() : remote.size()) + " tensors is given" +
-          (at_local ? "" : " for source " + std::to_string(d.source)));
+      return Status::invalid_argument("descriptor " + std::to_string(i) + " names " + (at_local ? "local" : "remote") +
+                                      " tensor " + std::to_string(at_local ? d.local_tensor : d.remote_tensor) +
+                                      " but memory of " + std::to_string(at_local ? local.size() : remote.size()) +
+                                      " tensors is given" +
+                                      (at_local ? "" : " for source " + std::to_string(d.source)));
     }
     if (!inside(d.local_offset, d.bytes, local[d.local_tensor].size())) {
       return Status::out_of_range(
           range_error(i, "local", d.local_offset, d.bytes, d.local_tensor, local[d.local_tensor].size()));
     }
     if (!inside(d.remote_offset, d.bytes, remote[d.remote_tensor].size())) {
-      return Status::out_of_range(range_error(i, "remote", d.remote_offset, d.bytes, d.remote_tensor,
-                                              remote[d.remote_tensor].size()) +
-                                  " of source " + std::to_string(d.source));
+      return Status::out_of_range(
+          range_error(i, "remote", d.remote_offset, d.bytes, d.remote_tensor, remote[d.remote_tensor].size()) +
+          " of source " + std::to_string(d.source));
     }
   }
   return Status::internal("descriptor " + std::to_string(i) + " failed a check that it passes");

@@ -58,17 +58,21 @@ TEST(ExecuteTest, ABadDescriptorIsNamedAndNothingIsCopied) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {{0, 0, 0, 0, 60, 0, 8}, Code::kOutOfRange,
+      {{0, 0, 0, 0, 60, 0, 8},
+       Code::kOutOfRange,
        "descriptor 1: local range [60, +8) is outside local tensor 0 (64 bytes given)"},
-      {{0, 0, 0, 0, 0, 12, 8}, Code::kOutOfRange,
+      {{0, 0, 0, 0, 0, 12, 8},
+       Code::kOutOfRange,
        "descriptor 1: remote range [12, +8) is outside remote tensor 0 (16 bytes given) of source 0"},
-      {{0, 0, 0, 0, UINT64_MAX, 0, 2}, Code::kOutOfRange,
+      {{0, 0, 0, 0, UINT64_MAX, 0, 2},
+       Code::kOutOfRange,
        "descriptor 1: local range [18446744073709551615, +2) is outside local tensor 0 (64 bytes given)"},
-      {{2, 0, 0, 0, 0, 0, 1}, Code::kInvalidArgument,
-       "descriptor 1 names source 2 but memory of 1 sources is given"},
-      {{0, 3, 0, 0, 0, 0, 1}, Code::kInvalidArgument,
+      {{2, 0, 0, 0, 0, 0, 1}, Code::kInvalidArgument, "descriptor 1 names source 2 but memory of 1 sources is given"},
+      {{0, 3, 0, 0, 0, 0, 1},
+       Code::kInvalidArgument,
        "descriptor 1 names local tensor 3 but memory of 1 tensors is given"},
-      {{0, 0, 1, 0, 0, 0, 1}, Code::kInvalidArgument,
+      {{0, 0, 1, 0, 0, 0, 1},
+       Code::kInvalidArgument,
        "descriptor 1 names remote tensor 1 but memory of 1 tensors is given for source 0"},
   };
   for (const Case& c : cases) {

@@ -18,10 +18,10 @@ namespace kvbridge::plan_internal {
 // each side. A state group is normalised to one position in one "block" per
 // side: the last listed block. Scratch moves all positions of its one block.
 struct GroupMove {
-  size_t local_group = 0;                 // index into local.groups
-  std::vector<size_t> remote_group;       // per remote layout, index into its groups
-  uint64_t begin = 0, end = 0;            // request positions
-  uint64_t local_ppb = 1, remote_ppb = 1; // positions per block on each side
+  size_t local_group = 0;                  // index into local.groups
+  std::vector<size_t> remote_group;        // per remote layout, index into its groups
+  uint64_t begin = 0, end = 0;             // request positions
+  uint64_t local_ppb = 1, remote_ppb = 1;  // positions per block on each side
   std::vector<int64_t> local_ids, remote_ids;
 };
 

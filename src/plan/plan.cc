@@ -20,7 +20,6 @@ namespace kvbridge {
 namespace plan_internal {
 namespace {
 
-
 Side make_side(const Layout& layout, const Component& c) {
   Side s;
   s.tensor = static_cast<uint16_t>(layout.find_tensor(c.tensor) - layout.tensors.data());
@@ -45,8 +44,7 @@ Side make_side(const Layout& layout, const Component& c) {
 // same layer on this side: same tensor, same axes and heads, and starts where
 // the run's cell ends.
 bool continues(const Component& first, uint64_t end, const Component& b) {
-  return !b.empty() && b.tensor == first.tensor && b.axes == first.axes && b.heads == first.heads &&
-         b.offset == end;
+  return !b.empty() && b.tensor == first.tensor && b.axes == first.axes && b.heads == first.heads && b.offset == end;
 }
 
 }  // namespace
@@ -93,8 +91,8 @@ Result<std::vector<Unit>> make_units(const Layout& local, std::span<const Layout
       KVB_ASSIGN_OR_RETURN(u.runs, plan_internal::head_runs(local, remotes, by_rank, m, l, c));
       u.remote_inner = 0;
       for (const HeadRun& run : u.runs) u.remote_inner = std::gcd(u.remote_inner, u.remote[run.source].inner_size());
-      u.block_is_segment = m.local_ppb == m.remote_ppb && u.local.inner_size() == m.local_ppb &&
-                           u.remote_inner == m.remote_ppb;
+      u.block_is_segment =
+          m.local_ppb == m.remote_ppb && u.local.inner_size() == m.local_ppb && u.remote_inner == m.remote_ppb;
       units.push_back(std::move(u));
       c = last + 1;
     }
@@ -111,7 +109,8 @@ std::vector<UnitRun> unit_runs(std::span<const Unit> units) {
   for (size_t s = 0; s < units.size();) {
     size_t t = s;
     while (t < units.size() && units[t].local.tensor == units[s].local.tensor) ++t;
-    const bool block_outer = t - s > 1 && units[t - 1].local.offset - units[s].local.offset < units[s].local.block_stride;
+    const bool block_outer =
+        t - s > 1 && units[t - 1].local.offset - units[s].local.offset < units[s].local.block_stride;
     runs.push_back({s, t, block_outer});
     s = t;
   }
@@ -226,8 +225,8 @@ Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Re
   return p;
 }
 
-Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const Layout> remotes,
-                                           const Request& request, uint64_t chunk_tokens) {
+Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const Layout> remotes, const Request& request,
+                                           uint64_t chunk_tokens) {
   using namespace plan_internal;
   KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
   KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, request));
@@ -283,8 +282,10 @@ Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const 
   for (uint64_t first = skip; first < n;) {
     const uint64_t end = std::min(n, (first / step + 1) * step);
     KVB_ASSIGN_OR_RETURN(PlanChunk c, chunk(first, end, false));
-    if (!c.plan.descriptors.empty() || out.empty()) out.push_back(std::move(c));
-    else out.back().end_token = end;
+    if (!c.plan.descriptors.empty() || out.empty())
+      out.push_back(std::move(c));
+    else
+      out.back().end_token = end;
     first = end;
   }
   return out;

@@ -38,11 +38,21 @@ std::string mutate_identity(gen::Rng& rng, gen::ModelRecipe& m) {
   gen::GroupRecipe& g = m.groups[gen::draw(rng, 0, m.groups.size() - 1)];
   gen::ComponentRecipe& c = g.components[gen::draw(rng, 0, g.components.size() - 1)];
   switch (gen::draw(rng, 0, 10)) {
-    case 0: m.model += "-other"; return "model";
-    case 1: m.dtype = m.dtype == "bf16" ? "fp8" : "bf16"; return "dtype";
-    case 2: c.cell_bytes = c.cell_bytes == 0 ? 4 : c.cell_bytes + 2; return "cell_bytes of " + c.name;
-    case 3: c.name = "renamed"; return "component name";
-    case 4: c.total_heads = c.total_heads == 0 ? 1 : 0; return "replicated vs sharded " + c.name;
+    case 0:
+      m.model += "-other";
+      return "model";
+    case 1:
+      m.dtype = m.dtype == "bf16" ? "fp8" : "bf16";
+      return "dtype";
+    case 2:
+      c.cell_bytes = c.cell_bytes == 0 ? 4 : c.cell_bytes + 2;
+      return "cell_bytes of " + c.name;
+    case 3:
+      c.name = "renamed";
+      return "component name";
+    case 4:
+      c.total_heads = c.total_heads == 0 ? 1 : 0;
+      return "replicated vs sharded " + c.name;
     case 5:
       if (g.kind != GroupKind::kAttention && g.kind != GroupKind::kSlidingWindow) return "";
       g.tokens_per_state *= 2;
@@ -51,7 +61,9 @@ std::string mutate_identity(gen::Rng& rng, gen::ModelRecipe& m) {
       if (!g.window_tokens) return "";
       *g.window_tokens += 1;
       return "window_tokens of " + g.name;
-    case 7: g.layers[0] += "-renamed"; return "layer name";
+    case 7:
+      g.layers[0] += "-renamed";
+      return "layer name";
     case 8:
       if (g.components.size() < 2) return "";
       g.components.pop_back();
@@ -149,7 +161,8 @@ TEST(PlanPropertyTest, InvalidRequestsAndMismatchedLayoutsReturnErrorsNeverPlans
       auto [a, b] = gen::pick(rng, pairs);
       in.request.blocks.at(in.local.groups[b].name).local.back() =
           in.request.blocks.at(in.local.groups[a].name).local.back();
-      e = {"overlay id clash", "overlaid groups '" + in.local.groups[a].name + "' and '" + in.local.groups[b].name +
+      e = {"overlay id clash",
+           "overlaid groups '" + in.local.groups[a].name + "' and '" + in.local.groups[b].name +
                "' sharing a local block id",
            Code::kInvalidArgument, /*or_plan_that_verifies=*/true};
     } else if (which == 8) {
@@ -163,8 +176,8 @@ TEST(PlanPropertyTest, InvalidRequestsAndMismatchedLayoutsReturnErrorsNeverPlans
       std::vector<int64_t>& ids = in.request.blocks.at(g->name).local;
       ids[ids.size() - 2] = ids.back();
       // Always an error: a block holds one stretch of a request.
-      e = {"duplicate local id", "local block id " + std::to_string(ids.back()) + " listed twice in group '" +
-                                     g->name + "'",
+      e = {"duplicate local id",
+           "local block id " + std::to_string(ids.back()) + " listed twice in group '" + g->name + "'",
            Code::kInvalidArgument, /*or_plan_that_verifies=*/false};
     } else if (which == 9) {
       const Group* g = pick_group(rng, in.local, [](const Group& x) { return x.kind == GroupKind::kScratch; });
@@ -221,8 +234,8 @@ TEST(PlanPropertyTest, InvalidRequestsAndMismatchedLayoutsReturnErrorsNeverPlans
     }
     if (!failure.empty()) {
       const std::string dir = dump(c, in, e.what + ": " + failure);
-      ADD_FAILURE() << c.describe() << " (invalid-input variant): " << e.what << ": " << failure
-                    << "\n  written to " << dir;
+      ADD_FAILURE() << c.describe() << " (invalid-input variant): " << e.what << ": " << failure << "\n  written to "
+                    << dir;
       if (++failures >= 5) break;
     }
   }

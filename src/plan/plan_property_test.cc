@@ -43,12 +43,13 @@ TEST(PlanPropertyTest, RandomLayoutsOfEveryShapeValidate) {
       for (const gen::ComponentRecipe& c : g.components) empty += c.cell_bytes == 0;
     }
   }
-  std::printf("[ generator ] %llu instances: %llu with overlays, %llu one-tensor families, %llu split families, "
-              "%llu with junk unit strides, %llu kernel-paged groups, %llu with three position axes, "
-              "%llu empty components\n",
-              (unsigned long long)cases, (unsigned long long)overlays, (unsigned long long)one_tensor,
-              (unsigned long long)split, (unsigned long long)junk, (unsigned long long)kernel,
-              (unsigned long long)inner, (unsigned long long)empty);
+  std::printf(
+      "[ generator ] %llu instances: %llu with overlays, %llu one-tensor families, %llu split families, "
+      "%llu with junk unit strides, %llu kernel-paged groups, %llu with three position axes, "
+      "%llu empty components\n",
+      (unsigned long long)cases, (unsigned long long)overlays, (unsigned long long)one_tensor,
+      (unsigned long long)split, (unsigned long long)junk, (unsigned long long)kernel, (unsigned long long)inner,
+      (unsigned long long)empty);
   if (std::getenv("KVB_PROPERTY_CASE") == nullptr && cases >= 100) {
     EXPECT_GT(overlays, 0u);
     EXPECT_GT(one_tensor, 0u);

@@ -153,7 +153,11 @@ Layout state_layout(uint32_t tp, uint32_t rank) {
   for (int i = 0; i < 2; ++i) {
     std::string t = "state." + std::to_string(i);
     l.tensors.push_back({t, 10 * heads * 64, "host"});
-    Component c{"ssm", t, 0, 64, HeadMap{8, rank * heads, heads},
+    Component c{"ssm",
+                t,
+                0,
+                64,
+                HeadMap{8, rank * heads, heads},
                 {{AxisKind::kBlock, 10, heads * 64}, {AxisKind::kHead, heads, 64}}};
     g.layers.push_back({"layers." + std::to_string(i), {c}});
   }

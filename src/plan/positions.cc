@@ -9,14 +9,13 @@
 namespace kvbridge::plan_internal {
 namespace {
 
-
 uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
 
 // Every id must be -1 or a block of the group; the entries that move must not
 // be -1. `need` is the number of entries the moving positions use, from
 // `first_used`.
-Status check_ids(const std::string& where, std::string_view side, const std::vector<int64_t>& ids,
-                 uint64_t num_blocks, uint64_t first_used, uint64_t need) {
+Status check_ids(const std::string& where, std::string_view side, const std::vector<int64_t>& ids, uint64_t num_blocks,
+                 uint64_t first_used, uint64_t need) {
   if (ids.size() < need) {
     return Status::invalid_argument(where + " " + std::string(side) + " block list has " + std::to_string(ids.size()) +
                                     " entries but the request's positions need " + std::to_string(need));

@@ -86,8 +86,8 @@ struct Case {
 };
 
 inline gen::BlockIds random_ids(gen::Rng& rng) {
-  return gen::pick(rng, std::vector<gen::BlockIds>{gen::BlockIds::kConsecutive, gen::BlockIds::kShuffled,
-                                                   gen::BlockIds::kRuns});
+  return gen::pick(
+      rng, std::vector<gen::BlockIds>{gen::BlockIds::kConsecutive, gen::BlockIds::kShuffled, gen::BlockIds::kRuns});
 }
 
 // One (group, layer, component, global head) the local rank holds; head 0
@@ -247,7 +247,8 @@ inline std::string check_structure(const Plan& p, const Layout& local, const std
     totals[d.source].bytes += d.bytes;
     bytes += d.bytes;
   }
-  if (bytes != p.bytes) return "plan.bytes " + std::to_string(p.bytes) + " but descriptors sum to " + std::to_string(bytes);
+  if (bytes != p.bytes)
+    return "plan.bytes " + std::to_string(p.bytes) + " but descriptors sum to " + std::to_string(bytes);
   for (size_t s = 0; s < remotes.size(); ++s) {
     if (p.sources[s].tp_rank != remotes[s].tp_rank || p.sources[s].descriptors != totals[s].descriptors ||
         p.sources[s].bytes != totals[s].bytes) {
@@ -290,12 +291,12 @@ inline Outcome check(const Layout& local, const std::vector<Layout>& remotes, co
   Result<VerifyReport> v = verify(*p, local, remotes, request, /*check_minimal=*/true);
   if (!v) return fail("verify", v.error().to_string());
   if (v->bytes_written != p->bytes) {
-    return fail("verify report", "bytes_written " + std::to_string(v->bytes_written) + " but plan.bytes " +
-                                     std::to_string(p->bytes));
+    return fail("verify report",
+                "bytes_written " + std::to_string(v->bytes_written) + " but plan.bytes " + std::to_string(p->bytes));
   }
   if (v->bytes_checked != expected) {
-    return fail("verify report", "bytes_checked " + std::to_string(v->bytes_checked) +
-                                     " but the request moves " + std::to_string(expected) + " bytes");
+    return fail("verify report", "bytes_checked " + std::to_string(v->bytes_checked) + " but the request moves " +
+                                     std::to_string(expected) + " bytes");
   }
   if (p->bytes != expected) {
     return fail("bytes", "plan moves " + std::to_string(p->bytes) + " bytes, the request " + std::to_string(expected));
@@ -336,9 +337,8 @@ inline std::vector<Inputs> reductions(const Inputs& in) {
   const Layout& l = in.local;
   for (size_t g = 0; g < l.groups.size() && l.groups.size() > 1; ++g) {
     const std::string name = l.groups[g].name;
-    Inputs r = edit_layouts(in, [&](Layout& x) {
-      std::erase_if(x.groups, [&](const Group& y) { return y.name == name; });
-    });
+    Inputs r =
+        edit_layouts(in, [&](Layout& x) { std::erase_if(x.groups, [&](const Group& y) { return y.name == name; }); });
     r.request.blocks.erase(name);
     out.push_back(std::move(r));
   }
@@ -411,8 +411,8 @@ inline Inputs shrink(Inputs in, const std::string& kind) {
 
 inline std::string dump(const Case& c, const Inputs& in, const std::string& failure) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path("/tmp/kvb_property") /
-                       ("seed_" + std::to_string(c.seed) + "_case_" + std::to_string(c.index));
+  const fs::path dir =
+      fs::path("/tmp/kvb_property") / ("seed_" + std::to_string(c.seed) + "_case_" + std::to_string(c.index));
   std::error_code ec;
   fs::create_directories(dir, ec);
   auto write = [&](const std::string& name, const std::string& text) { std::ofstream(dir / name) << text << "\n"; };
@@ -429,8 +429,8 @@ inline void report(const Case& c, const Outcome& o) {
   const Outcome again = check(reduced.local, reduced.remotes, reduced.request);
   const std::string dir = dump(c, reduced, again.failure);
   ADD_FAILURE() << c.describe() << ": " << o.failure << "\n  reduced case (" << reduced.local.groups.size()
-                << " groups, " << reduced.request.num_tokens << " tokens): " << again.failure
-                << "\n  written to " << dir;
+                << " groups, " << reduced.request.num_tokens << " tokens): " << again.failure << "\n  written to "
+                << dir;
 }
 
 }  // namespace kvbridge::property

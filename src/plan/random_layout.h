@@ -139,8 +139,8 @@ inline ModelRecipe random_recipe(Rng& rng) {
     g.name = "g" + std::to_string(gi);
     g.kind = gi == 0 && chance(rng, 70)
                  ? GroupKind::kAttention
-                 : pick(rng, std::vector<GroupKind>{GroupKind::kAttention, GroupKind::kSlidingWindow,
-                                                    GroupKind::kState, GroupKind::kScratch});
+                 : pick(rng, std::vector<GroupKind>{GroupKind::kAttention, GroupKind::kSlidingWindow, GroupKind::kState,
+                                                    GroupKind::kScratch});
     switch (g.kind) {
       case GroupKind::kAttention:
         g.tokens_per_state = pick(rng, std::vector<uint64_t>{1, 1, 1, 2, 4});
@@ -211,9 +211,9 @@ struct FamilyShape {
 
 struct GroupShape {
   uint64_t block_tokens = 0;
-  uint64_t kernel_ratio = 1;         // kernel pages per block: two position axes when > 1
-  uint64_t inner_split = 1;          // a third position axis (the innermost digit) when > 1
-  bool omit_unit_position = false;   // one position per block written with no position axis
+  uint64_t kernel_ratio = 1;        // kernel pages per block: two position axes when > 1
+  uint64_t inner_split = 1;         // a third position axis (the innermost digit) when > 1
+  bool omit_unit_position = false;  // one position per block written with no position axis
 };
 
 // Two families of different groups that overlay one tensor (the hybrid
@@ -288,9 +288,12 @@ inline InstanceShape random_instance(Rng& rng, const ModelRecipe& recipe, uint32
   uint64_t need = 0;
   for (size_t gi = 0; gi < recipe.groups.size(); ++gi) {
     const GroupRecipe& g = recipe.groups[gi];
-    if (g.kind == GroupKind::kState) need += kMaxStateBlocks;
-    else if (g.kind == GroupKind::kScratch) need += 1;
-    else need += token_list_length(s.groups[gi].block_tokens, max_tokens);
+    if (g.kind == GroupKind::kState)
+      need += kMaxStateBlocks;
+    else if (g.kind == GroupKind::kScratch)
+      need += 1;
+    else
+      need += token_list_length(s.groups[gi].block_tokens, max_tokens);
   }
   s.num_blocks = same_blocks != nullptr ? same_blocks->num_blocks : need + draw(rng, 0, 8);
 
@@ -336,8 +339,10 @@ inline InstanceShape random_instance(Rng& rng, const ModelRecipe& recipe, uint32
           if (token_indexed(g.kind) && !gs.omit_unit_position) usual.push_back(Dim::kPosition);
           if (gs.inner_split > 1) usual.push_back(Dim::kInner);
           if (f.sharded && !heads_first) usual.push_back(Dim::kHead);
-          if (chance(rng, 70)) usual.push_back(Dim::kComponent);
-          else usual.insert(usual.begin() + draw(rng, 0, usual.size()), Dim::kComponent);
+          if (chance(rng, 70))
+            usual.push_back(Dim::kComponent);
+          else
+            usual.insert(usual.begin() + draw(rng, 0, usual.size()), Dim::kComponent);
           f.dims = usual;
         } else {
           shuffle(rng, f.dims);
@@ -371,8 +376,10 @@ inline InstanceShape random_instance(Rng& rng, const ModelRecipe& recipe, uint32
       FamilyShape& other = s.families[b];
       if (other.one_tensor != one) {
         other.one_tensor = one;
-        if (one) other.dims.push_back(Dim::kLayer);
-        else other.dims.erase(std::find(other.dims.begin(), other.dims.end(), Dim::kLayer));
+        if (one)
+          other.dims.push_back(Dim::kLayer);
+        else
+          other.dims.erase(std::find(other.dims.begin(), other.dims.end(), Dim::kLayer));
       }
       s.families[b].base_offset = s.families[a].base_offset;
       s.overlays.push_back({a, b, chance(rng, 30) ? uint64_t{32} : uint64_t{0}});

@@ -54,8 +54,12 @@ inline uint64_t expected_bytes(const Layout& local, const Request& request) {
       // plan.h is silent on a request whose receiver has every token
       // (skip_tokens == num_tokens); the planner and the verifier both move
       // no state then, and so does this count.
-      case GroupKind::kState: positions = request.skip_tokens < request.num_tokens ? 1 : 0; break;
-      case GroupKind::kScratch: positions = g.positions_per_block(); break;
+      case GroupKind::kState:
+        positions = request.skip_tokens < request.num_tokens ? 1 : 0;
+        break;
+      case GroupKind::kScratch:
+        positions = g.positions_per_block();
+        break;
     }
     for (const Layer& l : g.layers) {
       for (const Component& c : l.components) {
@@ -169,9 +173,12 @@ inline std::map<std::string, std::vector<int64_t>> side_lists(Rng& rng, std::spa
   std::map<size_t, uint64_t> need, num_blocks;
   auto length = [&](const Group& g) -> uint64_t {
     switch (g.kind) {
-      case GroupKind::kState: return state_len.at(g.name);
-      case GroupKind::kScratch: return 1;
-      default: return token_list_length(g.block_tokens, o.num_tokens);
+      case GroupKind::kState:
+        return state_len.at(g.name);
+      case GroupKind::kScratch:
+        return 1;
+      default:
+        return token_list_length(g.block_tokens, o.num_tokens);
     }
   };
   for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
@@ -214,8 +221,7 @@ inline std::map<std::string, std::vector<int64_t>> side_lists(Rng& rng, std::spa
 // state lists are 1 to max_state_blocks long, independently on each side;
 // scratch lists hold one block. Groups that overlay each other in any rank of
 // a side get distinct ids there. Requires: num_blocks large enough.
-inline Request make_request(Rng& rng, const Layout& local, std::span<const Layout> remotes,
-                            const RequestOptions& o) {
+inline Request make_request(Rng& rng, const Layout& local, std::span<const Layout> remotes, const RequestOptions& o) {
   Request r;
   r.num_tokens = o.num_tokens;
   r.skip_tokens = o.skip_tokens;
@@ -226,8 +232,8 @@ inline Request make_request(Rng& rng, const Layout& local, std::span<const Layou
       remote_state[g.name] = draw(rng, 1, o.max_state_blocks);
     }
   }
-  auto lists_local = detail::side_lists(rng, std::span(&local, 1), o, o.local_ids,
-                                       o.local_unused_as_minus_one_percent, local_state);
+  auto lists_local =
+      detail::side_lists(rng, std::span(&local, 1), o, o.local_ids, o.local_unused_as_minus_one_percent, local_state);
   auto lists_remote =
       detail::side_lists(rng, remotes, o, o.remote_ids, o.remote_unused_as_minus_one_percent, remote_state);
   for (auto& [name, ids] : lists_local) {

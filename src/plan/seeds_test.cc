@@ -27,7 +27,11 @@ Layout indexer(uint64_t row_padding = 0) {
   g.tokens_per_state = 4;
   g.num_blocks = blocks;
   g.layers = {{"layers.0",
-               {{"index", "idx", 0, 132, std::nullopt,
+               {{"index",
+                 "idx",
+                 0,
+                 132,
+                 std::nullopt,
                  {{AxisKind::kBlock, blocks, row}, {AxisKind::kPosition, 2, page}, {AxisKind::kPosition, 2, 132}}}}}};
   Group tail;
   tail.name = "tail";

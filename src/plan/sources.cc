@@ -6,8 +6,7 @@
 #include "plan/internal.h"
 
 namespace kvbridge::plan_internal {
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 Result<std::vector<uint16_t>> check_remotes(const Layout& local, std::span<const Layout> remotes) {
   if (remotes.empty()) return Status::invalid_argument("no remote layouts given");
@@ -34,10 +33,11 @@ Result<std::vector<uint16_t>> check_remotes(const Layout& local, std::span<const
     for (const Group& g : r.groups) {
       const Group* f = first.find_group(g.name);
       if (g.block_tokens != f->block_tokens || g.num_blocks != f->num_blocks) {
-        return Status::incompatible(who + " group " + q(g.name) + " has block_tokens " + std::to_string(g.block_tokens) +
-                                    " and num_blocks " + std::to_string(g.num_blocks) + " but remote rank " +
-                                    std::to_string(first.tp_rank) + " has " + std::to_string(f->block_tokens) +
-                                    " and " + std::to_string(f->num_blocks) + "; one instance shares block geometry");
+        return Status::incompatible(who + " group " + q(g.name) + " has block_tokens " +
+                                    std::to_string(g.block_tokens) + " and num_blocks " + std::to_string(g.num_blocks) +
+                                    " but remote rank " + std::to_string(first.tp_rank) + " has " +
+                                    std::to_string(f->block_tokens) + " and " + std::to_string(f->num_blocks) +
+                                    "; one instance shares block geometry");
       }
     }
   }

@@ -15,7 +15,6 @@ namespace kvbridge {
 namespace plan_internal {
 namespace {
 
-
 // True when the listed ids are distinct. Ascending lists (the usual
 // allocator output) take one pass; others a bitmap over the group's blocks,
 // or a sorted copy when the blocks far outnumber the ids.
@@ -105,7 +104,8 @@ Status shape_difference(const RequestShape& shape, const Request& r) {
         if (listed[i] && ids[i] == -1) {
           return Status::invalid_argument(entry + " but the template's shape lists a block there");
         }
-        if (!listed[i] && ids[i] != -1) return Status::invalid_argument(entry + " but the template's shape has -1 there");
+        if (!listed[i] && ids[i] != -1)
+          return Status::invalid_argument(entry + " but the template's shape has -1 there");
       }
     }
   }
@@ -265,11 +265,10 @@ template <bool kOnePiece, bool kOneSource, bool kRigid>
   return unordered;
 }
 
-
 // Emits loop `copy` as the descriptors of the loop it copies (`original`,
 // emitted fresh at `span`) moved by its shifts.
-void copy_loop(const TemplateLoop& copy, const TemplateLoop& original, LoopSpan& span,
-               std::vector<int64_t>& last, Plan& out, EmitOrder& order) {
+void copy_loop(const TemplateLoop& copy, const TemplateLoop& original, LoopSpan& span, std::vector<int64_t>& last,
+               Plan& out, EmitOrder& order) {
   std::vector<Descriptor>& ds = out.descriptors;
   const uint16_t lt = copy.local_tensor, rt = copy.remote_tensor;
   const uint64_t dl = copy.local_shift, dr = copy.remote_shift;
@@ -333,8 +332,7 @@ void emit_move(const TemplateMove& tm, std::span<const int64_t> local_ids, std::
   for (size_t x = 0; x < order.size(); ++x) {
     const uint64_t k = order[x];
     const uint64_t first = tm.remote_first[k];
-    scratch.entries[x] = {static_cast<uint64_t>(lids[k]), static_cast<uint64_t>(remote_ids[first]),
-                          tm.entry_class[k]};
+    scratch.entries[x] = {static_cast<uint64_t>(lids[k]), static_cast<uint64_t>(remote_ids[first]), tm.entry_class[k]};
     const uint64_t n = std::min<uint64_t>(reads, remote_ids.size() - first);
     std::copy_n(remote_ids.begin() + static_cast<std::ptrdiff_t>(first), n, scratch.remote_ids.begin() + x * reads);
   }

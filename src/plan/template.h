@@ -66,11 +66,11 @@ struct TemplateLoop {
 
 // One group move with moving positions.
 struct TemplateMove {
-  size_t group = 0;           // index into PlanTemplate::Impl::groups
-  uint64_t first_entry = 0;   // the move's first moving entry (move entries, see TemplateGroup)
-  std::vector<uint32_t> entry_class;  // per moving entry
-  std::vector<uint64_t> remote_first; // per moving entry: its first remote move entry
-  uint32_t remote_reads = 0;          // remote entries an entry reads at most, from its first
+  size_t group = 0;                    // index into PlanTemplate::Impl::groups
+  uint64_t first_entry = 0;            // the move's first moving entry (move entries, see TemplateGroup)
+  std::vector<uint32_t> entry_class;   // per moving entry
+  std::vector<uint64_t> remote_first;  // per moving entry: its first remote move entry
+  uint32_t remote_reads = 0;           // remote entries an entry reads at most, from its first
   std::vector<TemplateLoop> loops;
 };
 
@@ -103,9 +103,9 @@ struct PlanTemplate::Impl {
   std::string fallback_reason;
   std::vector<plan_internal::TemplateGroup> groups;
   std::vector<plan_internal::TemplateMove> moves;  // in plan()'s (local group) order
-  std::vector<SourceTotals> totals;  // per source: tp_rank and bytes (fixed by the shape)
-  uint64_t max_pieces = 0;           // pieces emitted when nothing merges
-  uint64_t pieces = 0;               // pieces held
+  std::vector<SourceTotals> totals;                // per source: tp_rank and bytes (fixed by the shape)
+  uint64_t max_pieces = 0;                         // pieces emitted when nothing merges
+  uint64_t pieces = 0;                             // pieces held
 };
 
 }  // namespace kvbridge

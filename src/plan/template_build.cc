@@ -26,7 +26,6 @@ namespace kvbridge {
 namespace plan_internal {
 namespace {
 
-
 // Appends `p` to `pieces`, as one piece with the last when the two move
 // together (same entries and strides on both sides, same source and remote
 // tensor) and are contiguous on both sides: for any ids, plan()'s Emitter
@@ -182,9 +181,8 @@ void order_by_address(std::vector<TemplateLoop>& loops, uint64_t entries) {
         program.insert(program.end(), loops[k].pieces.begin() + loops[k].program[c],
                        loops[k].pieces.begin() + loops[k].program[c + 1]);
       }
-      std::stable_sort(program.begin(), program.end(), [](const TemplatePiece& a, const TemplatePiece& b) {
-        return a.local_offset < b.local_offset;
-      });
+      std::stable_sort(program.begin(), program.end(),
+                       [](const TemplatePiece& a, const TemplatePiece& b) { return a.local_offset < b.local_offset; });
       merged.program.push_back(static_cast<uint32_t>(merged.pieces.size()));
       const size_t first = merged.pieces.size();
       for (const TemplatePiece& p : program) {
@@ -215,9 +213,8 @@ bool build_move(const GroupMove& m, std::span<const Unit> units, const std::stri
   std::vector<uint64_t> representative, members;
   for (uint64_t e = e0; e < e1; ++e) {
     const uint64_t pb = std::max(m.begin, e * m.local_ppb), pe = std::min(m.end, (e + 1) * m.local_ppb);
-    const auto [it, fresh] =
-        classes.emplace(std::array<uint64_t, 3>{pb - e * m.local_ppb, pe - pb, pb % m.remote_ppb},
-                        static_cast<uint32_t>(representative.size()));
+    const auto [it, fresh] = classes.emplace(std::array<uint64_t, 3>{pb - e * m.local_ppb, pe - pb, pb % m.remote_ppb},
+                                             static_cast<uint32_t>(representative.size()));
     if (fresh) {
       representative.push_back(e);
       members.push_back(0);
@@ -234,8 +231,8 @@ bool build_move(const GroupMove& m, std::span<const Unit> units, const std::stri
   };
   auto fail = [&](uint64_t e, uint64_t rep) {
     t.uniform = false;
-    t.fallback_reason = "group " + q(group) + " list entry " + std::to_string(e) + ": its pieces are not those of entry " +
-                        std::to_string(rep) + " moved by its block ids";
+    t.fallback_reason = "group " + q(group) + " list entry " + std::to_string(e) +
+                        ": its pieces are not those of entry " + std::to_string(rep) + " moved by its block ids";
     return false;
   };
   auto add_loop = [&](size_t k0, size_t k1) {
@@ -278,9 +275,8 @@ bool build_move(const GroupMove& m, std::span<const Unit> units, const std::stri
       }
     }
     for (const TemplatePiece& p : loop.pieces) tm.remote_reads = std::max(tm.remote_reads, p.remote_entry + 1);
-    loop.one_source = std::all_of(loop.pieces.begin(), loop.pieces.end(), [&](const TemplatePiece& p) {
-      return p.source == loop.pieces.front().source;
-    });
+    loop.one_source = std::all_of(loop.pieces.begin(), loop.pieces.end(),
+                                  [&](const TemplatePiece& p) { return p.source == loop.pieces.front().source; });
     loop.rigid = true;
     for (size_t c = 0; c + 1 < loop.program.size() && loop.rigid; ++c) {
       for (uint32_t x = loop.program[c] + 1; x < loop.program[c + 1] && loop.rigid; ++x) {
@@ -292,9 +288,9 @@ bool build_move(const GroupMove& m, std::span<const Unit> units, const std::stri
                        a.source == b.source && a.remote_tensor == b.remote_tensor);
       }
     }
-    loop.one_piece = loop.pieces.size() + 1 == loop.program.size() &&
-                     std::all_of(loop.pieces.begin(), loop.pieces.end(),
-                                 [](const TemplatePiece& p) { return p.remote_entry == 0; });
+    loop.one_piece =
+        loop.pieces.size() + 1 == loop.program.size() &&
+        std::all_of(loop.pieces.begin(), loop.pieces.end(), [](const TemplatePiece& p) { return p.remote_entry == 0; });
     t.pieces += loop.pieces.size();
   }
   return true;
@@ -302,8 +298,7 @@ bool build_move(const GroupMove& m, std::span<const Unit> units, const std::stri
 
 }  // namespace
 
-Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes,
-                                    const RequestShape& shape) {
+Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape) {
   KVB_ASSIGN_OR_RETURN(Request probe, probe_request(local, remotes, shape));
   KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
   KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, probe));

@@ -91,11 +91,11 @@ TEST(PlanTemplatePropertyTest, InstancesAreWhatPlanReturnsForTheSameRequestAndVe
     ++passed;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("[ template  ] %llu templates: instances equal plan() and verify (%llu pieces held, %llu loops of "
-              "which %llu copies, %llu descriptors, %llu not uniform) in %.2f s, seed %llu\n",
-              (unsigned long long)passed, (unsigned long long)pieces, (unsigned long long)loops,
-              (unsigned long long)copies, (unsigned long long)descriptors, (unsigned long long)not_uniform, seconds,
-              (unsigned long long)base_seed());
+  std::printf(
+      "[ template  ] %llu templates: instances equal plan() and verify (%llu pieces held, %llu loops of "
+      "which %llu copies, %llu descriptors, %llu not uniform) in %.2f s, seed %llu\n",
+      (unsigned long long)passed, (unsigned long long)pieces, (unsigned long long)loops, (unsigned long long)copies,
+      (unsigned long long)descriptors, (unsigned long long)not_uniform, seconds, (unsigned long long)base_seed());
   EXPECT_EQ(not_uniform, 0u) << "every generated layout is uniform";
   if (std::getenv("KVB_PROPERTY_CASE") == nullptr && passed >= 100) {
     EXPECT_GT(copies, 0u) << "the generator reaches loops that are copies of others";

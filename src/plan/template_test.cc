@@ -19,8 +19,11 @@ std::vector<Layout> instance(const std::string& name, uint32_t tp, Order order =
                              uint64_t num_blocks = 64, uint64_t block_tokens = 16) {
   std::vector<Layout> ranks;
   for (uint32_t r = 0; r < tp; ++r) {
-    Result<Layout> l = make_preset(PresetOptions{.name = name, .tp_size = tp, .tp_rank = r,
-                                                 .block_tokens = block_tokens, .order = order,
+    Result<Layout> l = make_preset(PresetOptions{.name = name,
+                                                 .tp_size = tp,
+                                                 .tp_rank = r,
+                                                 .block_tokens = block_tokens,
+                                                 .order = order,
                                                  .num_blocks = num_blocks});
     EXPECT_TRUE(l.ok()) << l.error().to_string();
     ranks.push_back(*l);
@@ -76,8 +79,8 @@ TEST(PlanTemplateTest, InstancesAreWhatPlanReturnsForOtherIdsOfTheShape) {
 TEST(PlanTemplateTest, ConsecutiveIdsMergeAcrossBlocksAndShuffledOnesDoNot) {
   const std::vector<Layout> prefill = instance("llama3-8b", 1);
   const std::vector<Layout> decode = instance("llama3-8b", 1);
-  Result<PlanTemplate> t = PlanTemplate::create(decode[0], prefill, shape_of(attention_request(64, 0, {0, 1, 2, 3},
-                                                                                                {0, 1, 2, 3})));
+  Result<PlanTemplate> t =
+      PlanTemplate::create(decode[0], prefill, shape_of(attention_request(64, 0, {0, 1, 2, 3}, {0, 1, 2, 3})));
   ASSERT_TRUE(t.ok());
   const Result<Plan> merged = t->instantiate(attention_request(64, 0, {8, 9, 10, 11}, {20, 21, 22, 23}));
   const Result<Plan> apart = t->instantiate(attention_request(64, 0, {8, 30, 10, 2}, {20, 21, 22, 23}));
@@ -176,8 +179,8 @@ TEST(PlanTemplateTest, BadIdsGetPlansErrorsWordForWord) {
 TEST(PlanTemplateTest, RequestsOffTheShapeAreRejectedNamingTheDifference) {
   const std::vector<Layout> prefill = instance("llama3-8b", 1);
   const std::vector<Layout> decode = instance("llama3-8b", 1);
-  Result<PlanTemplate> t = PlanTemplate::create(decode[0], prefill,
-                                                shape_of(attention_request(40, 20, {-1, 1, 2}, {-1, 4, 5})));
+  Result<PlanTemplate> t =
+      PlanTemplate::create(decode[0], prefill, shape_of(attention_request(40, 20, {-1, 1, 2}, {-1, 4, 5})));
   ASSERT_TRUE(t.ok());
   // Each of these is a request plan() accepts.
   const std::vector<std::pair<Request, std::string>> cases = {
@@ -185,7 +188,8 @@ TEST(PlanTemplateTest, RequestsOffTheShapeAreRejectedNamingTheDifference) {
       {attention_request(40, 17, {-1, 1, 2}, {-1, 4, 5}), "skip_tokens 17 differs from the template's 20"},
       {attention_request(40, 20, {-1, 1, 2, -1}, {-1, 4, 5}),
        "group 'full' local block list has 4 entries, the template's shape 3"},
-      {attention_request(40, 20, {0, 1, 2}, {-1, 4, 5}), "group 'full' local[0] is 0 but the template's shape has -1 there"},
+      {attention_request(40, 20, {0, 1, 2}, {-1, 4, 5}),
+       "group 'full' local[0] is 0 but the template's shape has -1 there"},
   };
   for (const auto& [r, message] : cases) {
     ASSERT_TRUE(plan(decode[0], prefill, r).ok()) << message;
@@ -195,8 +199,8 @@ TEST(PlanTemplateTest, RequestsOffTheShapeAreRejectedNamingTheDifference) {
     EXPECT_EQ(got.error().message(), message);
   }
   // -1 where the shape lists a block that moves nothing.
-  Result<PlanTemplate> t2 = PlanTemplate::create(decode[0], prefill,
-                                                 shape_of(attention_request(40, 20, {0, 1, 2}, {3, 4, 5})));
+  Result<PlanTemplate> t2 =
+      PlanTemplate::create(decode[0], prefill, shape_of(attention_request(40, 20, {0, 1, 2}, {3, 4, 5})));
   ASSERT_TRUE(t2.ok());
   const Result<Plan> got = t2->instantiate(attention_request(40, 20, {-1, 1, 2}, {3, 4, 5}));
   ASSERT_FALSE(got.ok());

@@ -27,7 +27,6 @@ using plan_internal::moving_positions;
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kFinalState = ~uint64_t{0};
 
-
 // The pattern of a cell: a function of its semantic coordinate only.
 struct Coordinate {
   uint64_t group, layer, component, position, head;
@@ -265,11 +264,11 @@ Result<VerifyReport> verify(const Plan& plan, const Layout& local, std::span<con
               if (got != want) {
                 char hex[64];
                 std::snprintf(hex, sizeof(hex), "holds 0x%02x, expected 0x%02x", got, want);
-                return Status::internal(
-                    "local tensor " + q(comp.tensor) + " offset " + std::to_string(*off + k) + " (group " +
-                    q(g.name) + " layer " + q(g.layers[l].name) + " component " + q(comp.name) + " position " +
-                    (semantic == kFinalState ? std::string("final-state") : std::to_string(p)) + " head " +
-                    std::to_string(global) + " byte " + std::to_string(k) + ") " + hex);
+                return Status::internal("local tensor " + q(comp.tensor) + " offset " + std::to_string(*off + k) +
+                                        " (group " + q(g.name) + " layer " + q(g.layers[l].name) + " component " +
+                                        q(comp.name) + " position " +
+                                        (semantic == kFinalState ? std::string("final-state") : std::to_string(p)) +
+                                        " head " + std::to_string(global) + " byte " + std::to_string(k) + ") " + hex);
               }
             }
             expected.push_back({t, *off, *off + comp.cell_bytes});

@@ -18,7 +18,6 @@
 namespace kvbridge::store_internal {
 namespace {
 
-
 // Whether this rank writes the heads it holds of a sharded component. Heads
 // held by several ranks (TP above the head count) are written by the first of
 // them only, under the even-split convention of docs/presets.md; any other
@@ -82,12 +81,11 @@ Result<Canonical> Canonical::create(const Layout& rank, uint64_t H) {
       }
       if (token_indexed(g.kind) && H % g.tokens_per_state != 0) {
         return Status::invalid_argument(where + ": hash_block_tokens " + std::to_string(H) +
-                                        " is not a multiple of tokens_per_state " +
-                                        std::to_string(g.tokens_per_state));
+                                        " is not a multiple of tokens_per_state " + std::to_string(g.tokens_per_state));
       }
       if (g.kind == GroupKind::kSlidingWindow && g.window_tokens && *g.window_tokens < H) {
-        return Status::invalid_argument(where + ": hash_block_tokens " + std::to_string(H) +
-                                        " exceeds window_tokens " + std::to_string(*g.window_tokens));
+        return Status::invalid_argument(where + ": hash_block_tokens " + std::to_string(H) + " exceeds window_tokens " +
+                                        std::to_string(*g.window_tokens));
       }
       block_tokens = H;
     }
@@ -215,8 +213,8 @@ Result<Canonical::Copy*> Canonical::copy(size_t gi, bool put, uint64_t first, ui
   const Layout& object = put ? write_views_[gi] : slice_views_[gi];
   Result<PlanTemplate> t = PlanTemplate::create(object, std::span(&rank_views_[gi], 1), shape_of(r));
   if (!t.ok()) {
-    return Status::internal("store: group " + q(g.name) + ": the copy of an object cannot be planned: " +
-                            t.error().message());
+    return Status::internal("store: group " + q(g.name) +
+                            ": the copy of an object cannot be planned: " + t.error().message());
   }
   return &copies_.emplace(std::tuple{gi, put, first, end}, Copy{std::move(*t), std::move(r)}).first->second;
 }

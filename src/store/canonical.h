@@ -40,9 +40,9 @@ bool is_stored(const Group& g);
 
 struct GroupGeometry {
   bool stored = false;
-  uint32_t id = 0;              // group id (name order)
-  uint64_t positions = 1;       // per object
-  uint64_t object_bytes = 0;    // header + payload
+  uint32_t id = 0;            // group id (name order)
+  uint64_t positions = 1;     // per object
+  uint64_t object_bytes = 0;  // header + payload
   // Object byte ranges [begin, end) this rank writes (its part: the heads it
   // holds and writes, the replicated components it writes), in order and
   // merged. Over all ranks of an instance the parts cover the payload.
@@ -90,8 +90,8 @@ class Canonical {
   // descriptors into the object tensor are exactly this rank's part.
   std::vector<Layout> rank_views_, slice_views_, write_views_;
   std::map<std::tuple<size_t, bool, uint64_t, uint64_t>, Copy> copies_;
-  Plan plan_;  // reused by every copy
-  std::vector<std::span<uint8_t>> object_spans_;          // one per view tensor
+  Plan plan_;                                     // reused by every copy
+  std::vector<std::span<uint8_t>> object_spans_;  // one per view tensor
   std::vector<std::span<const uint8_t>> const_object_spans_;
 };
 

@@ -41,7 +41,11 @@ class Promotion final : public store_internal::GetSink {
   // the store lock, while its bytes are still in cache.
   Promotion(Store::Impl& s, uint64_t H, std::span<const Target> targets,
             std::function<void(size_t, const uint8_t*)> ready)
-      : s_(s), H_(H), targets_(targets), ready_(std::move(ready)), state_(XXH3_createState()),
+      : s_(s),
+        H_(H),
+        targets_(targets),
+        ready_(std::move(ready)),
+        state_(XXH3_createState()),
         buffers_(targets.size(), nullptr) {}
   ~Promotion() override {
     std::lock_guard<std::mutex> lock(s_.mu);
@@ -142,8 +146,8 @@ Result<std::vector<GroupPresence>> RankStore::Impl::presence(const std::vector<B
   return out;
 }
 
-Result<uint64_t> RankStore::Impl::copy_out(size_t gi, const GroupBlocks& list, uint64_t skip, uint64_t hit,
-                                           uint64_t j, TensorMemory memory, const uint8_t* object) {
+Result<uint64_t> RankStore::Impl::copy_out(size_t gi, const GroupBlocks& list, uint64_t skip, uint64_t hit, uint64_t j,
+                                           TensorMemory memory, const uint8_t* object) {
   const Group& g = layout.groups[gi];
   const std::vector<int64_t>& ids = list.local;
   if (g.kind == GroupKind::kState) {
@@ -219,11 +223,12 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
     }
     if (!fetch.empty() && s->redis) {
       std::vector<std::string> keys;
-      for (const auto& [o, x] : fetch) keys.push_back(key(stored[o], hashes, needed[o][x]).text(s->redis->options().key_prefix));
+      for (const auto& [o, x] : fetch)
+        keys.push_back(key(stored[o], hashes, needed[o][x]).text(s->redis->options().key_prefix));
       std::vector<Promotion::Target> targets;
       for (const auto& [o, x] : fetch) {
-        targets.push_back({key(stored[o], hashes, needed[o][x]), canonical.geometry(stored[o]).object_bytes,
-                           &data[o][x]});
+        targets.push_back(
+            {key(stored[o], hashes, needed[o][x]), canonical.geometry(stored[o]).object_bytes, &data[o][x]});
       }
       // Copy each promoted object into the rank as it arrives, from cache
       // (one that cannot be copied is left to the copy below, which reports

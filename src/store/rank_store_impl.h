@@ -56,7 +56,8 @@ struct RankStore::Impl {
                         PutResult* result);
   Status put_parts(size_t gi, const GroupBlocks& list, ConstTensorMemory memory, const std::vector<BlockHash>& hashes,
                    std::span<const store_internal::Selected> selected, PutResult* result);
-  Result<std::vector<store_internal::GroupPresence>> presence(const std::vector<BlockHash>& hashes, uint64_t* redis_found);
+  Result<std::vector<store_internal::GroupPresence>> presence(const std::vector<BlockHash>& hashes,
+                                                              uint64_t* redis_found);
   Result<GetResult> get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory, bool copy);
   // Copies what the rank lacks of object j of group gi (hash block j, or the
   // state at `hit`) into the rank block its list names. Returns the bytes

@@ -23,18 +23,16 @@ Status RankStore::Impl::copy_in(size_t gi, const GroupBlocks& list, std::span<co
     // Hash block j is tokens [j * H, (j + 1) * H), whose entry selection
     // found listed; a state item names its block.
     const BlockSlot slot = g.slot_of_token(it.j * H);
-    Result<uint64_t> n =
-        g.kind == GroupKind::kState
-            ? canonical.put(gi, it.state_id, 0, 0, memory, it.data)
-            : canonical.put(gi, list.local[slot.entry], slot.token, slot.token + H, memory, it.data);
+    Result<uint64_t> n = g.kind == GroupKind::kState
+                             ? canonical.put(gi, it.state_id, 0, 0, memory, it.data)
+                             : canonical.put(gi, list.local[slot.entry], slot.token, slot.token + H, memory, it.data);
     if (!n.ok()) return n.error();
     *copied += *n;
   }
   return Status();
 }
 
-Result<PutResult> RankStore::Impl::put(std::span<const uint32_t> tokens, const Request& request,
-                                       TensorMemory memory) {
+Result<PutResult> RankStore::Impl::put(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory) {
   if (request.num_tokens > tokens.size()) {
     return Status::invalid_argument("store: request.num_tokens " + std::to_string(request.num_tokens) +
                                     " exceeds the " + std::to_string(tokens.size()) + " tokens given");
@@ -218,13 +216,18 @@ Status RankStore::Impl::put_parts(size_t gi, const GroupBlocks& list, ConstTenso
       }
       for (store_internal::PartOutcome o : s->redis->put_parts(parts)) {
         switch (o) {
-          case store_internal::PartOutcome::kFailed: break;
-          case store_internal::PartOutcome::kWritten: ++result->parts_written; break;
+          case store_internal::PartOutcome::kFailed:
+            break;
+          case store_internal::PartOutcome::kWritten:
+            ++result->parts_written;
+            break;
           case store_internal::PartOutcome::kPublished:
             ++result->parts_written;
             ++result->objects_published;
             break;
-          case store_internal::PartOutcome::kPresent: ++result->objects_present; break;
+          case store_internal::PartOutcome::kPresent:
+            ++result->objects_present;
+            break;
         }
       }
     }
@@ -234,6 +237,5 @@ Status RankStore::Impl::put_parts(size_t gi, const GroupBlocks& list, ConstTenso
   }
   return Status();
 }
-
 
 }  // namespace kvbridge

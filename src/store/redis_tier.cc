@@ -265,10 +265,16 @@ std::vector<PartOutcome> RedisTier::put_parts(std::span<const PartWrite> parts) 
       {
         const std::string count = std::to_string(p.parts), b0 = std::to_string(p.bitmap_byte_begin),
                           b1 = std::to_string(p.bitmap_byte_end);
-        const char* argv[8] = {"EVAL", kCompleteScript, "2", p.staging_key.data(), p.object_key.data(),
-                               count.data(), b0.data(), b1.data()};
-        const size_t lens[8] = {4, std::strlen(kCompleteScript), 1, p.staging_key.size(), p.object_key.size(),
-                                count.size(), b0.size(), b1.size()};
+        const char* argv[8] = {"EVAL",       kCompleteScript, "2",      p.staging_key.data(), p.object_key.data(),
+                               count.data(), b0.data(),       b1.data()};
+        const size_t lens[8] = {4,
+                                std::strlen(kCompleteScript),
+                                1,
+                                p.staging_key.size(),
+                                p.object_key.size(),
+                                count.size(),
+                                b0.size(),
+                                b1.size()};
         ok = ok && append(8, argv, lens);
       }
       {
@@ -496,12 +502,17 @@ Result<std::string> RedisTier::command(std::span<const std::string> args) {
   }
   Reply reply(static_cast<redisReply*>(r));
   switch (reply->type) {
-    case REDIS_REPLY_INTEGER: return std::to_string(reply->integer);
+    case REDIS_REPLY_INTEGER:
+      return std::to_string(reply->integer);
     case REDIS_REPLY_STRING:
-    case REDIS_REPLY_STATUS: return std::string(reply->str, reply->len);
-    case REDIS_REPLY_ERROR: return Status::io_error("redis: " + std::string(reply->str, reply->len));
-    case REDIS_REPLY_NIL: return Status::not_found("redis: nil reply");
-    default: return std::string();
+    case REDIS_REPLY_STATUS:
+      return std::string(reply->str, reply->len);
+    case REDIS_REPLY_ERROR:
+      return Status::io_error("redis: " + std::string(reply->str, reply->len));
+    case REDIS_REPLY_NIL:
+      return Status::not_found("redis: nil reply");
+    default:
+      return std::string();
   }
 }
 

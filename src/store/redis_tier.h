@@ -68,13 +68,13 @@ class GetSink {
 struct PartWrite {
   std::string object_key;
   std::string staging_key;
-  const uint8_t* object = nullptr;  // object-sized; only the ranges below are read
+  const uint8_t* object = nullptr;                        // object-sized; only the ranges below are read
   std::span<const std::pair<uint64_t, uint64_t>> ranges;  // [begin, end) object offsets
-  uint64_t header_bytes = 0;        // object[0, header_bytes) is written too
-  uint64_t part_bit = 0;            // SETBIT offset of this part
-  uint64_t bitmap_byte_begin = 0;   // the bitmap's bytes, for BITCOUNT
-  uint64_t bitmap_byte_end = 0;     // inclusive
-  uint32_t parts = 0;               // bits that make the object complete
+  uint64_t header_bytes = 0;                              // object[0, header_bytes) is written too
+  uint64_t part_bit = 0;                                  // SETBIT offset of this part
+  uint64_t bitmap_byte_begin = 0;                         // the bitmap's bytes, for BITCOUNT
+  uint64_t bitmap_byte_end = 0;                           // inclusive
+  uint32_t parts = 0;                                     // bits that make the object complete
 };
 
 enum class PartOutcome : uint8_t {

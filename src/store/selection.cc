@@ -22,9 +22,9 @@ Result<std::vector<Selected>> select_blocks(const Group& g, std::span<const int6
   const uint64_t bt = g.block_tokens;
   const uint64_t needed = g.entries_for_tokens(num_tokens);
   if (ids.size() < needed) {
-    return Status::invalid_argument("store: group '" + g.name + "': " + std::to_string(ids.size()) +
-                                    " block ids for " + std::to_string(num_tokens) + " tokens of " +
-                                    std::to_string(bt) + "-token blocks (need " + std::to_string(needed) + ")");
+    return Status::invalid_argument("store: group '" + g.name + "': " + std::to_string(ids.size()) + " block ids for " +
+                                    std::to_string(num_tokens) + " tokens of " + std::to_string(bt) +
+                                    "-token blocks (need " + std::to_string(needed) + ")");
   }
   // Hash block j starts at token j * H.
   auto listed = [&](uint64_t j) { return ids[g.slot_of_token(j * H).entry] >= 0; };

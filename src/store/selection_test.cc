@@ -75,7 +75,7 @@ TEST(SelectionTest, HitNeedsEveryGroup) {
   GroupPresence w{&win, std::vector<uint8_t>(8, 0)};
   std::vector<GroupPresence> groups = {a, s};
   EXPECT_EQ(hit_tokens(groups, 16, 64, 128), 0u);  // attention present, state absent
-  groups[1].present[3] = 1;                         // the state at 64
+  groups[1].present[3] = 1;                        // the state at 64
   EXPECT_EQ(hit_tokens(groups, 16, 64, 128), 64u);
   groups[1].present[7] = 1;  // the state at 128
   EXPECT_EQ(hit_tokens(groups, 16, 64, 128), 128u);

@@ -36,8 +36,8 @@ struct Staging {
   uint64_t bytes = 0;
   std::vector<uint8_t> done;  // per tp_rank
   uint32_t done_count = 0;
-  uint32_t writers = 0;       // ranks copying into it now
-  uint64_t seq = 0;           // creation order, oldest dropped first
+  uint32_t writers = 0;  // ranks copying into it now
+  uint64_t seq = 0;      // creation order, oldest dropped first
 };
 
 struct Store::Impl {

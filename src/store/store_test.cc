@@ -52,12 +52,14 @@ struct Instance {
       for (const Group& g : m.layout.groups) {
         if (g.kind != GroupKind::kState) continue;
         for (uint64_t t = g.block_tokens; t < n; t += g.block_tokens) {
-          ASSERT_TRUE(fill_request(m.layout, make_request(m.layout, t, first, stride), RequestSide::kLocal, 0, seed,
-                                   m.memory()).ok());
+          ASSERT_TRUE(
+              fill_request(m.layout, make_request(m.layout, t, first, stride), RequestSide::kLocal, 0, seed, m.memory())
+                  .ok());
         }
       }
-      ASSERT_TRUE(fill_request(m.layout, make_request(m.layout, n, first, stride), RequestSide::kLocal, 0, seed,
-                               m.memory()).ok());
+      ASSERT_TRUE(
+          fill_request(m.layout, make_request(m.layout, n, first, stride), RequestSide::kLocal, 0, seed, m.memory())
+              .ok());
     }
   }
   uint64_t put(const std::vector<uint32_t>& t, uint64_t n, size_t only_rank = SIZE_MAX, int64_t first = 0) {
@@ -79,8 +81,9 @@ struct Instance {
       ASSERT_TRUE(g.ok()) << g.status().to_string();
       EXPECT_EQ(g->hit_tokens, expect_hit) << "rank " << r;
       if (g->hit_tokens == 0) continue;
-      Result<ContentReport> c = check_request(stored_view(m.layout), make_request(m.layout, g->hit_tokens, first, stride),
-                                              RequestSide::kLocal, 0, seed, m.memory());
+      Result<ContentReport> c =
+          check_request(stored_view(m.layout), make_request(m.layout, g->hit_tokens, first, stride),
+                        RequestSide::kLocal, 0, seed, m.memory());
       ASSERT_TRUE(c.ok()) << c.status().to_string();
       EXPECT_GT(c->cells, 0u);
       EXPECT_EQ(c->bad_cells, 0u) << "rank " << r << ": " << c->first_error;
@@ -130,28 +133,30 @@ TEST_P(CrossGeometryTest, ReaderOfAnotherTpAndBlockSizeGetsTheExactBytes) {
   EXPECT_EQ(writer.put(t, c.num_tokens), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Presets, CrossGeometryTest,
-    ::testing::Values(CrossCase{"llama3-8b", 16, {8, 32}, {2, 16}, 200, 192},
-                      CrossCase{"llama3-8b", 16, {1, 16}, {4, 64, Order::kBLHNC}, 200, 192},
-                      CrossCase{"deepseek-v3", 64, {4, 128}, {1, 64, Order::kBLHNC}, 320, 320},
-                      CrossCase{"gpt-oss", 16, {8, 32}, {2, 16, Order::kLBNHC}, 400, 400},
-                      CrossCase{"qwen3-next", 16, {8, 64}, {2, 128}, 128, 128},
-                      CrossCase{"mla-with-draft", 32, {2, 64}, {8, 128}, 256, 256}),
-    [](const auto& info) {
-      std::string n = info.param.preset + "_tp" + std::to_string(info.param.writer.tp) + "_to_tp" +
-                      std::to_string(info.param.reader.tp) + "_" + std::to_string(info.index);
-      for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(Presets, CrossGeometryTest,
+                         ::testing::Values(CrossCase{"llama3-8b", 16, {8, 32}, {2, 16}, 200, 192},
+                                           CrossCase{"llama3-8b", 16, {1, 16}, {4, 64, Order::kBLHNC}, 200, 192},
+                                           CrossCase{"deepseek-v3", 64, {4, 128}, {1, 64, Order::kBLHNC}, 320, 320},
+                                           CrossCase{"gpt-oss", 16, {8, 32}, {2, 16, Order::kLBNHC}, 400, 400},
+                                           CrossCase{"qwen3-next", 16, {8, 64}, {2, 128}, 128, 128},
+                                           CrossCase{"mla-with-draft", 32, {2, 64}, {8, 128}, 256, 256}),
+                         [](const auto& info) {
+                           std::string n = info.param.preset + "_tp" + std::to_string(info.param.writer.tp) + "_to_tp" +
+                                           std::to_string(info.param.reader.tp) + "_" + std::to_string(info.index);
+                           for (char& ch : n)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
 
 // The parts ranks write when they assemble an object in Redis
 // (GroupGeometry::part): over the ranks of an instance they cover the payload
 // exactly once, so an object whose every part bit is set is whole.
 TEST(StoreTest, PartsOfEveryRankCoverThePayloadExactlyOnce) {
-  const std::vector<std::pair<std::string, std::vector<uint32_t>>> cases = {
-      {"llama3-8b", {1, 2, 8, 16}}, {"deepseek-v3", {1, 4}}, {"qwen3-next", {2, 8}}, {"gpt-oss", {8}},
-      {"mla-with-draft", {2, 8}}};
+  const std::vector<std::pair<std::string, std::vector<uint32_t>>> cases = {{"llama3-8b", {1, 2, 8, 16}},
+                                                                            {"deepseek-v3", {1, 4}},
+                                                                            {"qwen3-next", {2, 8}},
+                                                                            {"gpt-oss", {8}},
+                                                                            {"mla-with-draft", {2, 8}}};
   for (const auto& [name, tps] : cases) {
     for (uint32_t tp : tps) {
       std::vector<store_internal::Canonical> ranks;
@@ -285,14 +290,17 @@ TEST(StoreTest, EvictionUnderPressureNeverTouchesAnObjectBeingRead) {
     RankMemory m(a.ranks[0].layout);
     while (!stop) {
       Result<GetResult> g = a.stores[0].get(mine, make_request(m.layout, 64, 4), m.memory());
-      if (!g.ok()) { ++bad; continue; }
+      if (!g.ok()) {
+        ++bad;
+        continue;
+      }
       if (g->hit_tokens == 0) {
         // Evicted between reads (not under one): put it back.
         a.put(mine, 64);
         continue;
       }
-      Result<ContentReport> c = check_request(m.layout, make_request(m.layout, g->hit_tokens, 4),
-                                              RequestSide::kLocal, 0, 100, m.memory());
+      Result<ContentReport> c =
+          check_request(m.layout, make_request(m.layout, g->hit_tokens, 4), RequestSide::kLocal, 0, 100, m.memory());
       if (!c.ok() || c->bad_cells != 0) ++bad;
       ++hits;
     }
@@ -333,8 +341,8 @@ TEST(StoreTest, LayoutsWithOneBlockPerGroupPutAndGetExactBytes) {
     RankMemory w0(preset(name, 2, 0, 16, name == "gpt-oss" ? 2 : 1));
     RankStore ws0 = *RankStore::create(store, w0.layout);
     for (auto* m : {&w, &w0}) {
-      ASSERT_TRUE(fill_request(m->layout, make_request(m->layout, 16, 0, stride), RequestSide::kLocal, 0, 5,
-                               m->memory()).ok());
+      ASSERT_TRUE(
+          fill_request(m->layout, make_request(m->layout, 16, 0, stride), RequestSide::kLocal, 0, 5, m->memory()).ok());
     }
     ASSERT_TRUE(ws.put(t, make_request(w.layout, 16, 0, stride), w.memory()).ok());
     ASSERT_TRUE(ws0.put(t, make_request(w0.layout, 16, 0, stride), w0.memory()).ok());

@@ -28,8 +28,8 @@ struct RankMemory {
   TensorMemory memory() { return TensorMemory(spans); }
 };
 
-inline Layout preset(const std::string& name, uint32_t tp, uint32_t rank, uint64_t block_tokens,
-                     uint64_t num_blocks, Order order = Order::kLBHNC) {
+inline Layout preset(const std::string& name, uint32_t tp, uint32_t rank, uint64_t block_tokens, uint64_t num_blocks,
+                     Order order = Order::kLBHNC) {
   PresetOptions o;
   o.name = name;
   o.tp_size = tp;

@@ -51,8 +51,9 @@ void FakeSideChannel::serve(int fd) {
     // A server of the next version refuses every older client.
     net::Session none;
     std::string out;
-    net::append_frame(out, {net::Protocol::kSideChannel, net::kRefuse, static_cast<uint16_t>(kHandshakeVersion + 1), 0, false},
-                      net::encode_refusal({net::RefuseCode::kVersion, "version mismatch", ""}, 0), none);
+    net::append_frame(
+        out, {net::Protocol::kSideChannel, net::kRefuse, static_cast<uint16_t>(kHandshakeVersion + 1), 0, false},
+        net::encode_refusal({net::RefuseCode::kVersion, "version mismatch", ""}, 0), none);
     (void)net::send_bytes(fd, out.data(), out.size(), limits, "fake");
   } else {
     // The real opening exchange, then half of the real Metadata frame.
@@ -76,7 +77,8 @@ void FakeSideChannel::serve(int fd) {
     connector::SideChannelOptions sc;
     sc.secret = options_.secret;
     sc.timeout = options_.timeout;
-    Result<connector::RankInfo> info = connector::fetch_rank_info(options_.real_address, options_.identity, options_.hash, sc);
+    Result<connector::RankInfo> info =
+        connector::fetch_rank_info(options_.real_address, options_.identity, options_.hash, sc);
     if (!info.ok()) return;
     Result<std::string> payload = connector::encode_metadata({options_.hash, *info});
     if (!payload.ok()) return;

@@ -31,9 +31,9 @@ class FakeSideChannel {
   struct Options {
     Mode mode = Mode::kGarbage;
     std::string host = "127.0.0.1";
-    std::string secret;                    // as the real rank's
-    std::string real_address;              // kTruncate: the real side channel
-    std::string identity;                  // kTruncate: the real rank's identity_text() and hash
+    std::string secret;        // as the real rank's
+    std::string real_address;  // kTruncate: the real side channel
+    std::string identity;      // kTruncate: the real rank's identity_text() and hash
     uint64_t hash = 0;
     std::chrono::milliseconds timeout{5000};
   };

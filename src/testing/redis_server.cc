@@ -42,8 +42,8 @@ Result<std::unique_ptr<RedisServer>> RedisServer::start() {
     std::unique_ptr<RedisServer> r(new RedisServer());
     r->port_ = free_port();
     KVB_ASSIGN_OR_RETURN(r->child_, ChildProcess::spawn({"redis-server", "--port", std::to_string(r->port_), "--bind",
-                                                         "127.0.0.1", "--save", "", "--appendonly", "no",
-                                                         "--daemonize", "no", "--loglevel", "warning"}));
+                                                         "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize",
+                                                         "no", "--loglevel", "warning"}));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (std::chrono::steady_clock::now() < deadline) {
       if (accepts(r->port_)) return r;

@@ -36,11 +36,11 @@ inline bool required(std::string_view capability) {
 
 // Ends the current test (return from SetUp or the test body): skipped with
 // `reason`, or failed when KVB_REQUIRE names `capability`.
-#define KVB_SKIP_UNLESS_REQUIRED(capability, reason)                                                    \
-  do {                                                                                                  \
-    const std::string kvb_reason_ = (reason);                                                           \
-    if (::kvbridge::testing::required(capability)) {                                                    \
-      GTEST_FAIL() << kvb_reason_ << ", and KVB_REQUIRE asks for " << (capability);                   \
-    }                                                                                                   \
-    GTEST_SKIP() << kvb_reason_;                                                                        \
+#define KVB_SKIP_UNLESS_REQUIRED(capability, reason)                                \
+  do {                                                                              \
+    const std::string kvb_reason_ = (reason);                                       \
+    if (::kvbridge::testing::required(capability)) {                                \
+      GTEST_FAIL() << kvb_reason_ << ", and KVB_REQUIRE asks for " << (capability); \
+    }                                                                               \
+    GTEST_SKIP() << kvb_reason_;                                                    \
   } while (0)

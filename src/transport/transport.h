@@ -55,11 +55,11 @@ struct PeerSegment {
   uint32_t id = 0;
   uint64_t base = 0;  // the peer's virtual address
   uint64_t bytes = 0;
-  std::string key;    // transport-specific (a UCX rkey); may be empty
+  std::string key;  // transport-specific (a UCX rkey); may be empty
 };
 
 struct PeerInfo {
-  std::string name;      // the peer engine's name
+  std::string name;  // the peer engine's name
   uint64_t pid = 0;
   std::string hostname;  // host identity, to decide whether local/cma apply
   std::string address;   // this transport's address blob on the peer

@@ -41,7 +41,8 @@ struct ConformanceParam {
 };
 
 inline void PrintTo(const ConformanceParam& p, std::ostream* os) {
-  *os << p.name << " (transport " << p.transport << (p.child_peer ? ", peer in a child process)" : ", peer in process)");
+  *os << p.name << " (transport " << p.transport
+      << (p.child_peer ? ", peer in a child process)" : ", peer in process)");
 }
 
 std::string conformance_name(const ::testing::TestParamInfo<ConformanceParam>& info);

@@ -292,7 +292,8 @@ TEST_P(TransportConformance, TwoEnginesWithOneNameAreTwoPeers) {
   ASSERT_TRUE(read_from(*b_id, (*b)->region(), 4096).ok());
   ASSERT_TRUE(read_from(peer_id_, peer_->region(), 8192).ok());
   EXPECT_EQ(find_mismatch(local_.data(), 4096, kPeerSeed, 0), -1) << "the first read came from the wrong engine";
-  EXPECT_EQ(find_mismatch(local_.data() + 4096, 4096, kOtherSeed, 0), -1) << "the second read came from the wrong engine";
+  EXPECT_EQ(find_mismatch(local_.data() + 4096, 4096, kOtherSeed, 0), -1)
+      << "the second read came from the wrong engine";
   EXPECT_EQ(find_mismatch(local_.data() + 8192, 4096, kPeerSeed, 0), -1) << "the third read came from the wrong engine";
   ASSERT_TRUE(engine_->notify(peer_id_, "done 3").ok());
   ASSERT_TRUE(engine_->notify(*b_id, "done 4").ok());
@@ -331,7 +332,8 @@ TEST_P(TransportConformance, ARestartedPeerIsANewPeerAndTheOldIdFailsNamingBoth)
   Result<TransferId> old = engine_->submit(peer_id_, TransferOp::kRead, std::vector<TransferItem>{item(0, 0, 16)});
   ASSERT_FALSE(old.ok()) << "a transfer to the old engine's id was accepted";
   EXPECT_NE(old.error().message().find("the name now belongs to"), std::string::npos) << old.error().to_string();
-  EXPECT_NE(old.error().message().find("peer " + std::to_string(*new_id)), std::string::npos) << old.error().to_string();
+  EXPECT_NE(old.error().message().find("peer " + std::to_string(*new_id)), std::string::npos)
+      << old.error().to_string();
   TransferItem it{local_region_, 0, (*again)->region(), 0, 4096};
   Result<TransferId> ok = engine_->submit(*new_id, TransferOp::kRead, std::vector<TransferItem>{it});
   ASSERT_TRUE(ok.ok()) << ok.error().to_string();

@@ -38,7 +38,8 @@ class InProcessPeer final : public Peer {
   std::string metadata() override { return engine_ ? engine_->metadata() : std::string(); }
   RegionId region() const override { return region_; }
   ::testing::AssertionResult check(uint64_t offset, uint64_t len, uint32_t seed, uint64_t from) override {
-    if (offset > buffer_.size() || len > buffer_.size() - offset) return ::testing::AssertionFailure() << "check past the buffer";
+    if (offset > buffer_.size() || len > buffer_.size() - offset)
+      return ::testing::AssertionFailure() << "check past the buffer";
     int64_t bad = find_mismatch(buffer_.data() + offset, len, seed, from);
     if (bad < 0) return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure() << "peer '" << name_ << "' byte " << offset + bad << " differs from pattern "
@@ -77,9 +78,9 @@ class ChildPeer final : public Peer {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
     posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-    std::vector<std::string> args = {KVB_PEER_MAIN,   "--name",  o.name,
-                                     "--transport",   o.transport, "--bytes",
-                                     std::to_string(o.bytes), "--seed", std::to_string(o.seed)};
+    std::vector<std::string> args = {KVB_PEER_MAIN,           "--name",    o.name,
+                                     "--transport",           o.transport, "--bytes",
+                                     std::to_string(o.bytes), "--seed",    std::to_string(o.seed)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -124,8 +125,8 @@ class ChildPeer final : public Peer {
     return ::testing::AssertionFailure() << "peer '" << name_ << "': " << *line;
   }
   Status fill(uint64_t offset, uint64_t len, uint32_t seed) override {
-    KVB_ASSIGN_OR_RETURN(std::string line, command("fill " + std::to_string(offset) + " " + std::to_string(len) +
-                                                   " " + std::to_string(seed)));
+    KVB_ASSIGN_OR_RETURN(std::string line, command("fill " + std::to_string(offset) + " " + std::to_string(len) + " " +
+                                                   std::to_string(seed)));
     return line == "ok" ? Status() : Status::internal("peer_main: " + line);
   }
   std::vector<Notification> take_notifications() override {
@@ -191,7 +192,9 @@ class ChildPeer final : public Peer {
 
 }  // namespace
 
-Result<std::unique_ptr<Peer>> make_in_process_peer(const PeerOptions& options) { return InProcessPeer::create(options); }
+Result<std::unique_ptr<Peer>> make_in_process_peer(const PeerOptions& options) {
+  return InProcessPeer::create(options);
+}
 Result<std::unique_ptr<Peer>> make_child_peer(const PeerOptions& options) { return ChildPeer::create(options); }
 
 std::vector<Notification> await_notifications(Peer& peer, size_t count, std::chrono::milliseconds timeout) {

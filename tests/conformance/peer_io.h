@@ -40,8 +40,7 @@ inline void say(const std::string& line) {
 }
 
 // Writes pattern `seed` bytes [from, from + len) to p.
-__attribute__((no_sanitize_thread)) inline void fill_buffer(uint8_t* p, uint64_t len, uint32_t seed,
-                                                            uint64_t from) {
+__attribute__((no_sanitize_thread)) inline void fill_buffer(uint8_t* p, uint64_t len, uint32_t seed, uint64_t from) {
   for (uint64_t k = 0; k < len; ++k) p[k] = pattern_byte(from + k, seed);
 }
 

@@ -100,8 +100,8 @@ int main(int argc, char** argv) {
         return true;
       }
       TransferStatus st = engine->wait(*id, std::chrono::seconds(60));
-      say("state " + std::string(transfer_state_name(st.state)) + " " + std::string(code_name(st.error.code())) +
-          " " + to_hex(st.error.message()));
+      say("state " + std::string(transfer_state_name(st.state)) + " " + std::string(code_name(st.error.code())) + " " +
+          to_hex(st.error.message()));
       (void)engine->release(*id);
     } else if (cmd == "notify") {
       PeerId peer = 0;

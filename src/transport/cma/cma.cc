@@ -23,22 +23,22 @@
 // use the calling engine thread only. Runs on one Link may overlap.
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
-#include <poll.h>
-#include <pthread.h>
-#include <sys/mman.h>
-#include <sys/random.h>
 
 #include <algorithm>
 #include <array>
-#include <charconv>
-#include <optional>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -197,12 +197,18 @@ Identity parse_identity(std::string_view blob) {
     size_t eq = token.find('=');
     if (eq == std::string::npos) continue;
     std::string key = token.substr(0, eq), value = token.substr(eq + 1);
-    if (key == "pid") id.pid = value;
-    else if (key == "start") id.start = value;
-    else if (key == "boot") id.boot = value;
-    else if (key == "pidns") id.pidns = value;
-    else if (key == "host") id.host = value;
-    else if (key == "canary") id.canary = value;
+    if (key == "pid")
+      id.pid = value;
+    else if (key == "start")
+      id.start = value;
+    else if (key == "boot")
+      id.boot = value;
+    else if (key == "pidns")
+      id.pidns = value;
+    else if (key == "host")
+      id.host = value;
+    else if (key == "canary")
+      id.canary = value;
   }
   return id;
 }
@@ -311,8 +317,7 @@ class CmaLink final : public Link {
         int err = errno;
         if (err == EINTR || err == ENOMEM || err == EAGAIN) continue;
         if (err == ESRCH) return Status::io_error(who_ + " is gone (" + verb + ": ESRCH)");
-        if (err == EPERM)
-          return Status::unavailable(who_ + ": " + verb + " not permitted (" + policy_text() + ")");
+        if (err == EPERM) return Status::unavailable(who_ + ": " + verb + " not permitted (" + policy_text() + ")");
         KVB_RETURN_IF_ERROR(check_alive());
         return Status::io_error(who_ + ": " + verb + ": " + std::strerror(err));
       }
@@ -355,8 +360,7 @@ class CmaTransport final : public Transport {
         return Status::unavailable(who + " is on another host (host '" + other.host + "' boot id " + other.boot +
                                    ", here '" + self_.host + "' boot id " + self_.boot + ")");
       if (!other.pidns.empty() && other.pidns != self_.pidns)
-        return Status::unavailable(who + " is in another pid namespace (" + other.pidns + " vs " + self_.pidns +
-                                   ")");
+        return Status::unavailable(who + " is in another pid namespace (" + other.pidns + " vs " + self_.pidns + ")");
     } else if (!peer.hostname.empty() && peer.hostname != self_.host) {
       return Status::unavailable(who + " is on another host ('" + peer.hostname + "', here '" + self_.host + "')");
     }

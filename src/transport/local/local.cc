@@ -52,7 +52,7 @@ class LocalLink final : public Link {
     // The first check comes after the first slice: the engine checked both
     // just before starting the run.
     uint64_t budget = kSliceBytes;  // bytes that may be copied before the next check
-    uint64_t pending = 0;  // bytes copied but not yet added to bytes_done
+    uint64_t pending = 0;           // bytes copied but not yet added to bytes_done
     for (const Copy& c : copies) {
       for (uint64_t done = 0; done < c.bytes;) {
         if (budget == 0) {
@@ -61,7 +61,8 @@ class LocalLink final : public Link {
           if (control.cancel.load(std::memory_order_acquire)) {
             return Status::cancelled("local: run to peer '" + peer_ + "' cancelled");
           }
-          if (Clock::now() >= control.deadline) return Status::timeout("local: run to peer '" + peer_ + "' passed its deadline");
+          if (Clock::now() >= control.deadline)
+            return Status::timeout("local: run to peer '" + peer_ + "' passed its deadline");
           budget = kSliceBytes;
         }
         const uint64_t n = std::min(budget, c.bytes - done);
@@ -103,13 +104,14 @@ class LocalTransport final : public Transport {
   Status can_reach(const PeerInfo& peer) const override {
     if (peer.pid != pid_ || peer.hostname != hostname_) {
       return Status::unavailable("peer '" + peer.name + "' is process " + std::to_string(peer.pid) + " on host '" +
-                                 peer.hostname + "', not this process " + std::to_string(pid_) + " on '" +
-                                 hostname_ + "'");
+                                 peer.hostname + "', not this process " + std::to_string(pid_) + " on '" + hostname_ +
+                                 "'");
     }
     return Status();
   }
   Result<std::string> add_segment(const Segment& segment) override {
-    if (segment.memory != "host") return Status::invalid_argument("local: memory kind '" + segment.memory + "' is not host");
+    if (segment.memory != "host")
+      return Status::invalid_argument("local: memory kind '" + segment.memory + "' is not host");
     return std::string();
   }
   Status remove_segment(uint32_t) override { return Status(); }

@@ -25,7 +25,10 @@ std::string local_label() {
 class TcpTransport final : public Transport {
  public:
   TcpTransport(std::string host, uint32_t streams, std::string secret, std::unique_ptr<tcp::TcpServer> server)
-      : host_(std::move(host)), streams_(streams), secret_(std::move(secret)), server_(std::move(server)),
+      : host_(std::move(host)),
+        streams_(streams),
+        secret_(std::move(secret)),
+        server_(std::move(server)),
         label_(local_label()) {}
 
   std::string_view name() const override { return "tcp"; }

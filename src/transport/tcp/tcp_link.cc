@@ -7,9 +7,9 @@
 
 #include <algorithm>
 #include <charconv>
-#include <optional>
 #include <cinttypes>
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "common/text.h"
@@ -207,8 +207,10 @@ void TcpLink::release(const std::vector<Stream*>& streams) {
     std::lock_guard lock(mutex_);
     // Healthy streams go to the back, where acquire() takes from first.
     for (Stream* s : streams) {
-      if (!s->fd) idle_.insert(idle_.begin(), s);
-      else idle_.push_back(s);
+      if (!s->fd)
+        idle_.insert(idle_.begin(), s);
+      else
+        idle_.push_back(s);
     }
   }
   idle_cv_.notify_all();
@@ -296,8 +298,8 @@ Status TcpLink::run_stream(Stream& stream, TransferOp op, std::span<const Copy> 
           Result<net::FrameHeader> h =
               net::decode_header(std::string_view(head, sizeof head), net::Protocol::kTcp, kVersion, payload_limit);
           if (!h.ok() || h->tagged != stream.session.keyed()) {
-            failure = Status::io_error(who_ + ": bad reply: " + (h.ok() ? "tag flag does not match the session"
-                                                                       : h.error().message()));
+            failure = Status::io_error(
+                who_ + ": bad reply: " + (h.ok() ? "tag flag does not match the session" : h.error().message()));
             break;
           }
           reply = *h;

@@ -9,12 +9,16 @@ namespace kvbridge::transport::tcp {
 
 size_t payload_limit(uint8_t type) {
   switch (type) {
-    case kAccept: return 4 + kMaxLabelBytes;
+    case kAccept:
+      return 4 + kMaxLabelBytes;
     case kRead:
-    case kWrite: return size_t{kMaxRangesPerFrame} * kRangeBytes;
+    case kWrite:
+      return size_t{kMaxRangesPerFrame} * kRangeBytes;
     case kReadData:
-    case kWriteAck: return 4;
-    case kError: return 4 + 4 + kMaxErrorText;
+    case kWriteAck:
+      return 4;
+    case kError:
+      return 4 + 4 + kMaxErrorText;
   }
   return net::opening_limit(type, net::OpeningLimits{8 + 4 + kMaxLabelBytes, 0});
 }

@@ -43,8 +43,8 @@ TEST(TcpProtocolTest, OpenBodyRoundTripsAndRejectsLyingLengths) {
 TEST(TcpProtocolTest, RangesInsideTheSegmentAreAccepted) {
   std::vector<Range> ranges;
   uint64_t total = 0;
-  Status s = decode_ranges(encode_ranges(std::vector<Range>{{3, 1000, 10}, {3, 1090, 10}}),
-                           one_segment(3, 1000, 100), false, &ranges, &total);
+  Status s = decode_ranges(encode_ranges(std::vector<Range>{{3, 1000, 10}, {3, 1090, 10}}), one_segment(3, 1000, 100),
+                           false, &ranges, &total);
   ASSERT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(total, 20u);
   ASSERT_EQ(ranges.size(), 2u);
@@ -56,10 +56,10 @@ TEST(TcpProtocolTest, RangesOutsideTheirSegmentAreRejected) {
   std::vector<Range> ranges;
   uint64_t total = 0;
   auto check = [&](Range r) { return decode_ranges(encode_ranges(std::vector<Range>{r}), seg, true, &ranges, &total); };
-  EXPECT_EQ(check({3, 1091, 10}).code(), Code::kOutOfRange);  // past the end by one
-  EXPECT_EQ(check({3, 999, 1}).code(), Code::kOutOfRange);    // before the start
-  EXPECT_EQ(check({4, 1000, 1}).code(), Code::kOutOfRange);   // unknown segment
-  EXPECT_EQ(check({3, 1000, 0}).code(), Code::kOutOfRange);   // empty
+  EXPECT_EQ(check({3, 1091, 10}).code(), Code::kOutOfRange);              // past the end by one
+  EXPECT_EQ(check({3, 999, 1}).code(), Code::kOutOfRange);                // before the start
+  EXPECT_EQ(check({4, 1000, 1}).code(), Code::kOutOfRange);               // unknown segment
+  EXPECT_EQ(check({3, 1000, 0}).code(), Code::kOutOfRange);               // empty
   EXPECT_EQ(check({3, ~uint64_t{0} - 4, 10}).code(), Code::kOutOfRange);  // wraps
   EXPECT_TRUE(check({3, 1090, 10}).ok());
   EXPECT_NE(check({4, 1000, 1}).message().find("segment 4"), std::string::npos);
@@ -138,9 +138,8 @@ TEST(TcpProtocolTest, SeedCorpusFramesDecode) {
   EXPECT_GE(checked_in.size(), seeds.size());
   for (const auto& [name, bytes] : checked_in) {
     ASSERT_GE(bytes.size(), net::kFrameHeaderBytes) << name;
-    Result<net::FrameHeader> h =
-        net::decode_header(std::string_view(bytes).substr(0, net::kFrameHeaderBytes), net::Protocol::kTcp, kVersion,
-                           payload_limit);
+    Result<net::FrameHeader> h = net::decode_header(std::string_view(bytes).substr(0, net::kFrameHeaderBytes),
+                                                    net::Protocol::kTcp, kVersion, payload_limit);
     ASSERT_TRUE(h.ok()) << name << ": " << h.error().to_string();
     EXPECT_EQ(bytes.size(), net::kFrameHeaderBytes + h->payload_bytes) << name;
   }

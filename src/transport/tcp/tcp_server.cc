@@ -75,8 +75,8 @@ net::Answer TcpServer::answer(const net::OpenRequest& request) {
   }
   std::lock_guard lock(conns_mutex_);
   if (per_peer_[label] >= kMaxStreamsPerPeer) {
-    return net::Answer::refuse(net::RefuseCode::kBusy, "tcp: " + std::to_string(kMaxStreamsPerPeer) +
-                                                           " streams from " + q(printable(label)) + " are open already");
+    return net::Answer::refuse(net::RefuseCode::kBusy, "tcp: " + std::to_string(kMaxStreamsPerPeer) + " streams from " +
+                                                           q(printable(label)) + " are open already");
   }
   return net::Answer::keep(kAccept, [&] {
     net::WireWriter w;
@@ -179,7 +179,8 @@ Status TcpServer::serve_request(int fd, net::Session& session, uint8_t type, std
   Status valid;
   {
     std::shared_lock lock(segments_mutex_);
-    valid = decode_ranges(payload, [this](uint32_t id) { return lookup_locked(id); }, is_write, &ranges, &total);
+    valid = decode_ranges(
+        payload, [this](uint32_t id) { return lookup_locked(id); }, is_write, &ranges, &total);
   }
   std::string out;
   const uint32_t count = static_cast<uint32_t>(payload.size() / kRangeBytes);

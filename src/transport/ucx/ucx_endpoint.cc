@@ -64,8 +64,8 @@ void Worker::check_liveness(Endpoint& e) {
 
 Status Worker::open(Endpoint& e) {
   ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.field_mask =
+      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = reinterpret_cast<const ucp_address_t*>(e.address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &Worker::on_error;
@@ -118,9 +118,9 @@ Status Worker::open(Endpoint& e) {
       ucp_request_cancel(worker_.get(), flush);
       wait_request(flush);
       close(e);
-      return Status::timeout("ucx peer '" + e.peer + "': no answer to the endpoint wireup within " +
-                             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(kWireupTimeout).count()) +
-                             " ms");
+      return Status::timeout(
+          "ucx peer '" + e.peer + "': no answer to the endpoint wireup within " +
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(kWireupTimeout).count()) + " ms");
     }
     ucp_request_free(flush);
     if (fs != UCS_OK) {

@@ -62,7 +62,7 @@ struct Worker::Job {
   struct FlushToken {
     Job* job;
   }* flush_token = nullptr;  // the flush callback's user data
-  bool finished = false;  // guarded by Worker::mu_
+  bool finished = false;     // guarded by Worker::mu_
   // Set for start(): the job is on the heap, and `done` replaces `finished`.
   std::function<void(Status)> done;
 };
@@ -475,7 +475,8 @@ void Worker::force_close(Endpoint& e) {
     if (job->endpoint != &e) continue;
     job->forced = true;
     if (!job->stopping)
-      stop(*job, Status::io_error("ucx peer '" + e.peer + "': the endpoint was closed because the peer did not "
+      stop(*job, Status::io_error("ucx peer '" + e.peer +
+                                  "': the endpoint was closed because the peer did not "
                                   "complete outstanding requests of a stopped run within " +
                                   std::to_string(kStopGrace.count()) + " ms"));
   }

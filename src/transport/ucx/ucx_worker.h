@@ -73,20 +73,20 @@ class Worker;
 // callback makes the first peer error stick: every later run fails with it.
 struct Endpoint {
   Worker* worker = nullptr;
-  std::string peer;        // the peer engine's name, for messages
-  std::string address;     // the peer's worker address
-  std::map<uint32_t, std::string> keys;  // packed rkeys by segment id
-  ucp_ep_h ep = nullptr;   // null until opened, or after a forced close
+  std::string peer;                                           // the peer engine's name, for messages
+  std::string address;                                        // the peer's worker address
+  std::map<uint32_t, std::string> keys;                       // packed rkeys by segment id
+  ucp_ep_h ep = nullptr;                                      // null until opened, or after a forced close
   std::unordered_map<uint32_t, std::unique_ptr<Rkey>> rkeys;  // for `ep`
-  std::vector<std::unique_ptr<Rkey>> retired;  // dropped while runs were active
-  Status broken;           // the first peer error
+  std::vector<std::unique_ptr<Rkey>> retired;                 // dropped while runs were active
+  Status broken;                                              // the first peer error
   size_t active_runs = 0;
   // UCP_ERR_HANDLING_MODE_PEER needs transports that detect a dead peer;
   // UCX 1.13's shared memory ones (posix, sysv) do not, so with UCX_TLS=shm
   // the endpoint is made in UCP_ERR_HANDLING_MODE_NONE and the peer's
   // process is watched here instead, through `pidfd` (same host only).
   bool peer_mode = true;
-  int pidfd = -1;          // pidfd_open(2) of the peer's pid, or -1
+  int pidfd = -1;  // pidfd_open(2) of the peer's pid, or -1
   bool peer_exited = false;
   Clock::time_point last_liveness_check;
   Endpoint() = default;
