@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <tuple>
 
 #include "common/text.h"
 #include "common/thread_name.h"
@@ -38,6 +39,7 @@ struct Listener::Conn {
   bool keep = false;   // after `out`: hand over to on_keep
   Session session;
   bool decided = false;  // counted in stats already
+  uint32_t frames = 0;   // whole frames received: how far the opening got
   Conn(const ListenerOptions& o) : reader(o.opening.protocol, o.opening.version, o.limit), opening(o.opening) {}
 };
 
@@ -124,7 +126,10 @@ void Listener::loop() {
 }
 
 void Listener::accept_all() {
-  while (true) {
+  // At most half the table per round: every connection is polled at least
+  // once (and its first frame read) before newer ones can push it out.
+  const size_t per_round = std::max<size_t>(1, options_.max_pending / 2);
+  for (size_t accepted = 0; accepted < per_round; ++accepted) {
     sockaddr_storage ss{};
     socklen_t len = sizeof ss;
     const int fd = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -143,24 +148,28 @@ void Listener::accept_all() {
     }
     tune_socket(fd, false);
     if (conns_.size() >= options_.max_pending) {
-      // The oldest connection still opening makes room: an idle client
-      // cannot hold a slot that a real one needs.
-      auto oldest = std::min_element(conns_.begin(), conns_.end(), [](const auto& a, const auto& b) {
-        return (a->state == Conn::State::kClosed) < (b->state == Conn::State::kClosed) ||
-               ((a->state == Conn::State::kClosed) == (b->state == Conn::State::kClosed) && a->deadline < b->deadline);
+      // Room is made by the connection that got least far, the oldest of
+      // those: an idle client (no frame sent) never pushes out one that is
+      // in the middle of its opening exchange.
+      auto victim = std::min_element(conns_.begin(), conns_.end(), [](const auto& a, const auto& b) {
+        const auto rank = [](const Conn& c) {
+          return std::make_tuple(c.state != Conn::State::kClosed, c.state != Conn::State::kLinger, c.frames,
+                                 c.deadline);
+        };
+        return rank(*a) < rank(*b);
       });
-      if (oldest != conns_.end()) {
-        if ((*oldest)->state == Conn::State::kLinger) {
-          (*oldest)->state = Conn::State::kClosed;
-        } else if ((*oldest)->state != Conn::State::kClosed) {
+      if (victim != conns_.end()) {
+        if ((*victim)->state == Conn::State::kLinger) {
+          (*victim)->state = Conn::State::kClosed;
+        } else if ((*victim)->state != Conn::State::kClosed) {
           {
             std::lock_guard<std::mutex> lock(mu_);
             ++stats_.evicted;
           }
-          abandon(**oldest, "closed for a newer connection: " + std::to_string(options_.max_pending) +
+          abandon(**victim, "closed for a newer connection: " + std::to_string(options_.max_pending) +
                                 " connections were opening");
         }
-        conns_.erase(oldest);
+        conns_.erase(victim);
       }
     }
     auto c = std::make_unique<Conn>(options_);
@@ -281,6 +290,7 @@ void Listener::step(Conn& c, short revents) {
 }
 
 void Listener::on_frame(Conn& c) {
+  ++c.frames;
   ServerOpening::Step s = c.opening.on_frame(c.reader.header(), c.reader.raw_header(), c.reader.payload());
   c.reader.next();
   switch (s.kind) {

@@ -11,9 +11,11 @@
 //     must hand it off without blocking (a thread of its own, a poll loop).
 // Bounds (every one has a default and is an option):
 //   - max_pending connections still in their opening exchange; when a new
-//     one arrives and the table is full, the oldest is closed, so idle
-//     connections can never lock a real client out (it finishes its opening
-//     in a few round trips, long before max_pending newer ones arrive);
+//     one arrives and the table is full, the one that got least far (fewest
+//     frames received, then the oldest) is closed, and at most half the
+//     table is accepted per round, so every connection is read before it can
+//     be pushed out: idle connections, however many and however fast, can
+//     never lock out a real client, which sends its Open frame at once;
 //   - open_timeout from accept to the end of the opening (and of a reply);
 //   - max_open kept connections (their slots); past it a client is refused
 //     as busy;

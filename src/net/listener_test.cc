@@ -126,6 +126,47 @@ TEST(ListenerTest, IdleConnectionsNeverLockOutARealClient) {
   EXPECT_LE(f->listener->stats().pending, 16u);
 }
 
+// A flood that arrives while a real client is in the middle of its opening
+// (its Open read, the Challenge answered next) pushes out idle connections,
+// never the client that got further.
+TEST(ListenerTest, AFloodDuringARealClientsOpeningDoesNotPushItOut) {
+  auto f = start("s3cret", 16, 64, 10s);
+  const IoLimits limits{Clock::now() + 5s, nullptr, nullptr};
+  Result<Fd> fd = dial(f->listener->address(), limits, "real");
+  ASSERT_TRUE(fd.ok()) << fd.error().to_string();
+  const OpeningConfig config{Protocol::kControl, 2, "s3cret", kLimits};
+  ClientOpening opening(config, "real");
+  ASSERT_TRUE(send_bytes(fd->get(), opening.open_frame().data(), opening.open_frame().size(), limits, "real").ok());
+  const auto read_one = [&](FrameReader& reader) -> Status {
+    while (!reader.ready()) {
+      std::string buf(reader.wanted(), '\0');
+      KVB_RETURN_IF_ERROR(recv_bytes(fd->get(), buf.data(), buf.size(), limits, "real"));
+      KVB_RETURN_IF_ERROR(reader.feed(buf));
+    }
+    return Status();
+  };
+  FrameReader reader(config.protocol, config.version, limit);
+  ASSERT_TRUE(read_one(reader).ok());  // the Challenge: the server has read our Open
+  ClientOpening::Step proof = opening.on_frame(reader.header(), reader.raw_header(), reader.payload(), reader.tag());
+  ASSERT_EQ(proof.kind, ClientOpening::Step::Kind::kSend);
+  reader.next();
+
+  std::vector<Fd> idle;
+  for (int i = 0; i < 400; ++i) {
+    Result<Fd> d = dial(f->listener->address(), limits, "idle");
+    ASSERT_TRUE(d.ok()) << d.error().to_string();
+    idle.push_back(std::move(*d));
+  }
+  for (int i = 0; i < 200 && f->listener->stats().evicted < 300; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_GE(f->listener->stats().evicted, 300u);  // the flood was accepted past the table, many times over
+
+  ASSERT_TRUE(send_bytes(fd->get(), proof.bytes.data(), proof.bytes.size(), limits, "real").ok());
+  Status answered = read_one(reader);
+  ASSERT_TRUE(answered.ok()) << answered.to_string() << "; " << f->listener->stats().last_failure;
+  ClientOpening::Step opened = opening.on_frame(reader.header(), reader.raw_header(), reader.payload(), reader.tag());
+  EXPECT_EQ(opened.kind, ClientOpening::Step::Kind::kOpened) << opened.error.to_string();
+}
+
 TEST(ListenerTest, ASilentClientIsClosedAtTheOpenTimeout) {
   auto f = start("", 8, 4, 200ms);
   Result<Fd> fd = dial(f->listener->address(), IoLimits{Clock::now() + 5s, nullptr, nullptr}, "silent");
