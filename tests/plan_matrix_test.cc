@@ -56,6 +56,7 @@ struct Totals {
   uint64_t plans = 0;
   uint64_t instances = 0;  // template instances checked against plan() and verified
   uint64_t chunked = 0;    // requests cut into several token-ordered chunks, verified together
+  uint64_t staged = 0;     // requests cut into several stages (layer x chunk), verified together
   uint64_t combos = 0;
   uint64_t skipped = 0;
   uint64_t descriptors = 0;
@@ -72,12 +73,12 @@ class SummaryEnvironment : public ::testing::Environment {
   void TearDown() override {
     const Totals& t = grand_totals();
     std::printf(
-        "[ matrix    ] %llu plans, %llu template instances and %llu chunked requests verified over %llu "
-        "combinations (%llu TP pairs "
+        "[ matrix    ] %llu plans, %llu template instances, %llu chunked and %llu staged requests verified over "
+        "%llu combinations (%llu TP pairs "
         "skipped); %llu descriptors (naive scheme: %llu), %llu bytes\n",
         (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.chunked,
-        (unsigned long long)t.combos, (unsigned long long)t.skipped, (unsigned long long)t.descriptors,
-        (unsigned long long)t.naive, (unsigned long long)t.bytes);
+        (unsigned long long)t.staged, (unsigned long long)t.combos, (unsigned long long)t.skipped,
+        (unsigned long long)t.descriptors, (unsigned long long)t.naive, (unsigned long long)t.bytes);
   }
 };
 [[maybe_unused]] ::testing::Environment* const kSummary = ::testing::AddGlobalTestEnvironment(new SummaryEnvironment);
@@ -238,6 +239,20 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
           ASSERT_TRUE(vc.has_value()) << where << " (" << chunks->size() << " chunks): " << vc.error().to_string();
           t.chunked += 1;
         }
+        // Stages of one layer per token chunk (the finest streaming cut) are
+        // disjoint and together move exactly the request.
+        Result<std::vector<PlanStage>> stages = plan_stages(local, *prefill, request, StageOptions{1, 1});
+        ASSERT_TRUE(stages.has_value()) << where << ": " << stages.error().to_string();
+        Plan staged;
+        staged.sources = p->sources;
+        for (const PlanStage& st : *stages) {
+          staged.descriptors.insert(staged.descriptors.end(), st.plan.descriptors.begin(), st.plan.descriptors.end());
+          staged.bytes += st.plan.bytes;
+        }
+        ASSERT_EQ(staged.bytes, p->bytes) << where << " (stages)";
+        Result<VerifyReport> vs = verify(staged, local, *prefill, request, /*check_minimal=*/false);
+        ASSERT_TRUE(vs.has_value()) << where << " (" << stages->size() << " stages): " << vs.error().to_string();
+        t.staged += stages->size() > 1;
         // A template of the request's shape gives plan()'s plan for the
         // request and for random ids of the same shape; the instance verifies.
         const auto t2 = std::chrono::steady_clock::now();
@@ -287,6 +302,7 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
   g.plans += t.plans;
   g.instances += t.instances;
   g.chunked += t.chunked;
+  g.staged += t.staged;
   g.combos += t.combos;
   g.skipped += t.skipped;
   g.descriptors += t.descriptors;

@@ -123,6 +123,47 @@ Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const 
                                            uint64_t chunk_tokens);
 
 // ---------------------------------------------------------------------------
+// Stages: one request's plan cut by layer (and by token chunk), so that a
+// stage can move as soon as the prefill has computed its layers, while it
+// computes the next (layer-wise streaming: docs/connector.md).
+//
+// layer_order() is the model's layer order: every layer name of the layout,
+// once, sorted by the number the name ends with ("layers.12": 12), ties and
+// names without a number by name (those after the numbered ones). Layer
+// names are part of a layout's identity, so both sides of a transfer agree
+// on it.
+//
+// plan_stages() cuts the request's token-indexed positions into chunks as
+// plan_chunks() does (`chunk_tokens`, same rounding, same resume rule), and
+// each chunk into stages of `layers_per_stage` consecutive layers of
+// layer_order(), in the order a chunked prefill computes them: chunk by
+// chunk, and layer by layer inside a chunk. A (group, layer) unit belongs to
+// the stage of its layer; so a state or scratch layer moves in its layer's
+// stage of the last chunk (it is final only then: such a request is one
+// chunk anyway). Stages that move nothing are left out (a request moving
+// nothing gets one empty stage). Invariant (tested over generated layouts
+// and the preset matrix): each stage is minimal on its own, the stages are
+// disjoint, and together they write exactly the bytes plan() writes, so
+// verify() passes their concatenation with check_minimal off. Errors:
+// plan()'s.
+std::vector<std::string> layer_order(const Layout& layout);
+
+struct StageOptions {
+  uint32_t layers_per_stage = 1;  // 0: every layer in one stage
+  uint64_t chunk_tokens = 0;      // as plan_chunks(); 0: one chunk
+};
+
+struct PlanStage {
+  uint32_t first_layer = 0, end_layer = 0;  // its layers: [first_layer, end_layer) of layer_order()
+  std::vector<std::string> layers;          // their names
+  uint64_t first_token = 0, end_token = 0;  // its chunk's tokens (PlanChunk's)
+  uint64_t resume_token = 0;                // where a recompute starts when this stage is the first not whole
+  Plan plan;
+};
+Result<std::vector<PlanStage>> plan_stages(const Layout& local, std::span<const Layout> remotes, const Request& request,
+                                           const StageOptions& options);
+
+// ---------------------------------------------------------------------------
 // Plan templates: planned once, instantiated for each request's block ids.
 //
 // What plan() computes from the layouts and the token counts (which

@@ -10,7 +10,9 @@
 // for any order because local ranges never overlap. Either way no mergeable
 // pair is left: the plan is minimal.
 #include <algorithm>
+#include <map>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "common/text.h"
@@ -119,10 +121,14 @@ std::vector<UnitRun> unit_runs(std::span<const Unit> units) {
 
 namespace {
 
+// Emits one group move; with `layers` (one flag per layer of the local
+// group), only the layers flagged.
 Status emit_group(Emitter& e, const Layout& local, std::span<const Layout> remotes, std::span<const uint16_t> by_rank,
-                  const GroupMove& m) {
+                  const GroupMove& m, std::span<const uint8_t> layers = {}) {
   if (m.end <= m.begin) return Status();
   KVB_ASSIGN_OR_RETURN(std::vector<Unit> units, make_units(local, remotes, by_rank, m));
+  if (!layers.empty()) std::erase_if(units, [&](const Unit& u) { return layers[u.layer] == 0; });
+  if (units.empty()) return Status();
   // Local list entries with moving positions, in ascending local block id, so
   // that a layer-major tensor is visited in address order.
   std::vector<uint64_t> entries;
@@ -225,17 +231,23 @@ Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Re
   return p;
 }
 
-Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const Layout> remotes, const Request& request,
-                                           uint64_t chunk_tokens) {
-  using namespace plan_internal;
-  KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
-  KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, request));
+namespace {
+
+// The token ranges plan_chunks() cuts a request into (plan.h): `whole` when
+// it is not resumable (one range, every position of every group).
+struct Cuts {
+  bool whole = true;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+};
+
+Cuts cut_tokens(const Layout& local, std::span<const Layout> remotes, std::span<const plan_internal::GroupMove> moves,
+                const Request& request, uint64_t chunk_tokens) {
   const uint64_t skip = request.skip_tokens, n = request.num_tokens;
   // Resumable from a chunk's first token only when every moving group keeps
   // the KV of every token (attention), or moved its window from skip.
   bool resumable = chunk_tokens > 0 && skip < n;
   uint64_t align = 1;
-  for (const GroupMove& m : moves) {
+  for (const plan_internal::GroupMove& m : moves) {
     const Group& g = local.groups[m.local_group];
     if (m.end <= m.begin) continue;
     if (g.kind == GroupKind::kState || g.kind == GroupKind::kScratch ||
@@ -248,45 +260,141 @@ Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const 
       if (l <= (uint64_t{1} << 24)) align = l;
     }
   }
-  auto chunk = [&](uint64_t first, uint64_t end, bool whole) -> Result<PlanChunk> {
-    PlanChunk c;
-    c.first_token = first;
-    c.end_token = end;
-    c.resume_token = whole ? skip : first;
-    c.plan.sources.resize(remotes.size());
-    for (size_t r = 0; r < remotes.size(); ++r) c.plan.sources[r].tp_rank = remotes[r].tp_rank;
-    Emitter e(local.tensors.size(), &c.plan.descriptors, &c.plan.sources);
-    for (GroupMove& m : moves) {
-      const Group& g = local.groups[m.local_group];
-      const uint64_t begin = m.begin, stop = m.end;
-      if (!whole && token_indexed(g.kind)) {
-        const uint64_t tps = g.tokens_per_state;
-        if (first > skip) m.begin = std::max(m.begin, first / tps + (first % tps != 0));
-        if (end < n) m.end = std::min(m.end, end / tps + (end % tps != 0));
-      }
-      const Status s = emit_group(e, local, remotes, by_rank, m);
-      m.begin = begin;
-      m.end = stop;
-      KVB_RETURN_IF_ERROR(s);
-    }
-    KVB_RETURN_IF_ERROR(finish_plan(local, e.order(), c.plan));
-    return c;
-  };
-  std::vector<PlanChunk> out;
+  Cuts cuts;
   if (!resumable) {
-    KVB_ASSIGN_OR_RETURN(PlanChunk c, chunk(skip, n, true));
-    out.push_back(std::move(c));
-    return out;
+    cuts.ranges.emplace_back(skip, n);
+    return cuts;
   }
+  cuts.whole = false;
   const uint64_t step = (chunk_tokens + align - 1) / align * align;
   for (uint64_t first = skip; first < n;) {
     const uint64_t end = std::min(n, (first / step + 1) * step);
-    KVB_ASSIGN_OR_RETURN(PlanChunk c, chunk(first, end, false));
-    if (!c.plan.descriptors.empty() || out.empty())
-      out.push_back(std::move(c));
-    else
-      out.back().end_token = end;
+    cuts.ranges.emplace_back(first, end);
     first = end;
+  }
+  return cuts;
+}
+
+// The plan of the positions of tokens [first, end) (every position when
+// `whole`), of the layers `layers` flags (per move, per local group layer;
+// empty: all).
+Result<Plan> plan_part(const Layout& local, std::span<const Layout> remotes, std::span<const uint16_t> by_rank,
+                       std::span<plan_internal::GroupMove> moves, const Request& request, uint64_t first, uint64_t end,
+                       bool whole, std::span<const std::vector<uint8_t>> layers) {
+  using namespace plan_internal;
+  Plan p;
+  p.sources.resize(remotes.size());
+  for (size_t r = 0; r < remotes.size(); ++r) p.sources[r].tp_rank = remotes[r].tp_rank;
+  Emitter e(local.tensors.size(), &p.descriptors, &p.sources);
+  for (size_t k = 0; k < moves.size(); ++k) {
+    GroupMove& m = moves[k];
+    const Group& g = local.groups[m.local_group];
+    const uint64_t begin = m.begin, stop = m.end;
+    if (!whole && token_indexed(g.kind)) {
+      const uint64_t tps = g.tokens_per_state;
+      if (first > request.skip_tokens) m.begin = std::max(m.begin, first / tps + (first % tps != 0));
+      if (end < request.num_tokens) m.end = std::min(m.end, end / tps + (end % tps != 0));
+    }
+    const Status s = emit_group(e, local, remotes, by_rank, m, layers.empty() ? std::span<const uint8_t>() : layers[k]);
+    m.begin = begin;
+    m.end = stop;
+    KVB_RETURN_IF_ERROR(s);
+  }
+  KVB_RETURN_IF_ERROR(finish_plan(local, e.order(), p));
+  return p;
+}
+
+// The number a layer name ends with ("layers.12": 12), if any.
+std::optional<uint64_t> trailing_number(std::string_view name) {
+  size_t i = name.size();
+  while (i > 0 && name[i - 1] >= '0' && name[i - 1] <= '9') --i;
+  if (i == name.size() || name.size() - i > 18) return std::nullopt;
+  uint64_t v = 0;
+  for (size_t k = i; k < name.size(); ++k) v = v * 10 + static_cast<uint64_t>(name[k] - '0');
+  return v;
+}
+
+}  // namespace
+
+Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const Layout> remotes, const Request& request,
+                                           uint64_t chunk_tokens) {
+  using namespace plan_internal;
+  KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
+  KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, request));
+  const Cuts cuts = cut_tokens(local, remotes, moves, request, chunk_tokens);
+  std::vector<PlanChunk> out;
+  for (const auto& [first, end] : cuts.ranges) {
+    KVB_ASSIGN_OR_RETURN(Plan p, plan_part(local, remotes, by_rank, moves, request, first, end, cuts.whole, {}));
+    if (!p.descriptors.empty() || out.empty()) {
+      out.push_back(PlanChunk{first, end, cuts.whole ? request.skip_tokens : first, std::move(p)});
+    } else {
+      out.back().end_token = end;
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> layer_order(const Layout& layout) {
+  std::vector<std::string> names;
+  for (const Group& g : layout.groups) {
+    for (const Layer& l : g.layers) names.push_back(l.name);
+  }
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+    const std::optional<uint64_t> na = trailing_number(a), nb = trailing_number(b);
+    if (na.has_value() != nb.has_value()) return na.has_value();
+    if (na && *na != *nb) return *na < *nb;
+    return a < b;
+  });
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+Result<std::vector<PlanStage>> plan_stages(const Layout& local, std::span<const Layout> remotes, const Request& request,
+                                           const StageOptions& options) {
+  using namespace plan_internal;
+  KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
+  KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, request));
+  const std::vector<std::string> order = layer_order(local);
+  const size_t per = options.layers_per_stage == 0 ? std::max<size_t>(order.size(), 1) : options.layers_per_stage;
+  std::map<std::string_view, size_t> ordinal;
+  for (size_t i = 0; i < order.size(); ++i) ordinal.emplace(order[i], i);
+  const Cuts cuts = cut_tokens(local, remotes, moves, request, options.chunk_tokens);
+  std::vector<PlanStage> out;
+  std::vector<std::vector<uint8_t>> masks(moves.size());
+  for (const auto& [first, end] : cuts.ranges) {
+    for (size_t begin_layer = 0; begin_layer < std::max<size_t>(order.size(), 1); begin_layer += per) {
+      const size_t end_layer = std::min(order.size(), begin_layer + per);
+      for (size_t k = 0; k < moves.size(); ++k) {
+        const Group& g = local.groups[moves[k].local_group];
+        masks[k].assign(g.layers.size(), 0);
+        for (size_t l = 0; l < g.layers.size(); ++l) {
+          const size_t o = ordinal.at(g.layers[l].name);
+          masks[k][l] = o >= begin_layer && o < end_layer;
+        }
+      }
+      KVB_ASSIGN_OR_RETURN(Plan p, plan_part(local, remotes, by_rank, moves, request, first, end, cuts.whole, masks));
+      if (p.descriptors.empty()) continue;
+      PlanStage s;
+      s.first_layer = static_cast<uint32_t>(begin_layer);
+      s.end_layer = static_cast<uint32_t>(end_layer);
+      s.layers.assign(order.begin() + static_cast<std::ptrdiff_t>(begin_layer),
+                      order.begin() + static_cast<std::ptrdiff_t>(end_layer));
+      s.first_token = first;
+      s.end_token = end;
+      s.resume_token = cuts.whole ? request.skip_tokens : first;
+      s.plan = std::move(p);
+      out.push_back(std::move(s));
+    }
+  }
+  if (out.empty()) {
+    PlanStage s;
+    s.end_layer = static_cast<uint32_t>(order.size());
+    s.layers = order;
+    s.first_token = s.resume_token = request.skip_tokens;
+    s.end_token = std::max(request.skip_tokens, request.num_tokens);
+    s.plan.sources.resize(remotes.size());
+    for (size_t r = 0; r < remotes.size(); ++r) s.plan.sources[r].tp_rank = remotes[r].tp_rank;
+    out.push_back(std::move(s));
   }
   return out;
 }
