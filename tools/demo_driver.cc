@@ -453,10 +453,14 @@ class Driver {
       return;
     }
     if (a_.inject == Inject::kAbort) {
+      // The engine aborts the request on both sides at once: the prefill
+      // scheduler first, so that the readers' done messages (sent when
+      // their cancelled loads end) release it as aborted, whenever they
+      // arrive; it holds the blocks until then.
       (void)dscheds_[rec.decode_instance].abort(rec.id);
+      (void)psched_.abort(rec.id, Clock::now());
       Status s = round(decode, {{"cmd", "abort"}, {"req", rec.id}}, 30s);
       if (!s.ok()) sum_.rank_errors.push_back("abort: " + s.to_string());
-      (void)psched_.abort(rec.id, Clock::now());
     }
   }
 

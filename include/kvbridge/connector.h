@@ -29,7 +29,12 @@
 //
 // Messages between workers travel as engine notifications:
 // "kvb/1 hb <request>" and "kvb/1 done <request>", from the decode rank's
-// engine to each prefill rank it reads from; the sender is the engine name.
+// engine to each prefill rank it reads from, and "kvb/1 ready <request>
+// <layer>" (streaming) from a prefill rank's engine to each decode rank of
+// the instance it streams to; the sender is the engine (name and instance,
+// proven with a secret), and a decode rank takes "ready" only from the
+// engine of a prefill rank it reads from. The worker takes every
+// notification of its engine (Engine::set_notification_listener).
 //
 // Thread-safety: the schedulers are not thread-safe (one owner); every
 // ConnectorWorker method may be called from any thread.
@@ -43,6 +48,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvbridge/engine.h"
@@ -115,6 +121,8 @@ struct LoadResult {
   std::chrono::microseconds transfer_time{0};   // first submit to the last byte landing
   std::chrono::microseconds completion_lag{0};  // the last byte landing to this result being ready
   std::vector<uint32_t> sources;                // prefill tp_ranks read from
+  uint32_t stages = 0;                          // reads it was cut into: chunks, or streamed stages
+  std::string first_bad_layer;                  // error: the first layer of the first stage that did not land
 };
 
 enum class Outcome : uint8_t { kFinished, kFailed, kRecompute, kAborted };
@@ -187,6 +195,24 @@ struct WorkerOptions {
   // resume mid-way (a state or scratch group, a sliding window moved only in
   // part) is one chunk whatever this says. 0: one chunk per load.
   uint64_t load_chunk_tokens = 2048;
+  // A streamed load (LoadOptions::stream) moves in stages of this many
+  // consecutive layers of layer_order() (plan_stages(), plan.h), each read
+  // once every prefill rank it reads from said its layers are saved. 0: all
+  // layers in one stage.
+  uint32_t stream_layers_per_stage = 1;
+};
+
+// How start_load() moves one request.
+struct LoadOptions {
+  // Layer-wise streaming: start the load at admission, while the prefill is
+  // still computing. Each stage (WorkerOptions::stream_layers_per_stage
+  // layers, load_chunk_tokens tokens) is read as soon as every prefill rank
+  // it reads from has announced its layers (save_layer(), after stream_to()
+  // this decode instance); wait_for_layer() says when a layer has landed.
+  // A stage not announced within transfer_timeout of start_load fails the
+  // load, naming the layer. Off (the default): the prefill has finished and
+  // everything is read at once.
+  bool stream = false;
 };
 
 // What a reader told this (prefill) rank.
@@ -229,9 +255,21 @@ class ConnectorWorker {
   // = the prefill instance's) and starts reading. Errors before anything
   // moves (handshake, plan, submit) come back here; the caller then reports
   // the load as failed at its first token.
-  virtual Status start_load(RequestId request, const std::string& instance, const Request& blocks) = 0;
+  Status start_load(RequestId request, const std::string& instance, const Request& blocks) {
+    return start_load(request, instance, blocks, LoadOptions{});
+  }
+  virtual Status start_load(RequestId request, const std::string& instance, const Request& blocks,
+                            const LoadOptions& options) = 0;
+  // Decode side: returns once every byte of `layer` (a name of
+  // layer_order()) that the load of `request` moves has landed (OK), or the
+  // load ended without it (its error), or `timeout` passed (kTimeout). A
+  // layer the load does not move has landed at once. For a request that
+  // ended: its outcome, as long as it is among the last 4096 ended;
+  // kNotFound for one never loaded; kInvalidArgument for an unknown layer.
+  virtual Status wait_for_layer(RequestId request, std::string_view layer, std::chrono::milliseconds timeout) = 0;
   // Cancels the request's transfers; when it returns no byte of it lands in
-  // local memory. Its result comes with aborted = true. kNotFound if unknown.
+  // local memory, and no stage not yet started will start. Its result comes
+  // with aborted = true. kNotFound if unknown.
   virtual Status abort(RequestId request) = 0;
   // Loads that ended since the last call.
   virtual std::vector<LoadResult> take_results() = 0;
@@ -240,6 +278,24 @@ class ConnectorWorker {
 
   // Prefill side: readers' heartbeats and done messages since the last call.
   virtual std::vector<ReaderEvent> take_reader_events() = 0;
+
+  // Prefill side, layer-wise streaming (the hooks engines already call):
+  // stream_to() names the decode instance (known by add_remote()) whose
+  // ranks load `request` streamed; save_layer() says that this rank has
+  // written every token of `layer` of the request (a name of layer_order()),
+  // so readers may read it now; wait_for_save() returns once every
+  // announcement was acknowledged by every decode rank, with the first
+  // error, and forgets the request. Either of stream_to() and save_layer()
+  // may come first: layers saved before stream_to() are announced by it.
+  // Saving a layer again is a no-op. stream_to() dials the decode ranks once
+  // per instance (their side channels, then their engines), so its errors
+  // are handshake and connect errors; save_layer() never blocks.
+  // kInvalidArgument for an unknown layer; kNotFound from wait_for_save()
+  // for a request never streamed; kTimeout when acknowledgements are still
+  // missing after `timeout`.
+  virtual Status stream_to(RequestId request, const std::string& instance) = 0;
+  virtual Status save_layer(RequestId request, std::string_view layer) = 0;
+  virtual Status wait_for_save(RequestId request, std::chrono::milliseconds timeout) = 0;
 
   virtual WorkerStats stats() const = 0;
 };

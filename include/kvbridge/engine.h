@@ -254,6 +254,13 @@ class Engine {
                       std::function<void(Status)> done) = 0;
   // Notifications received since the last call, in arrival order per peer.
   virtual std::vector<Notification> take_notifications() = 0;
+  // `wake` runs after each notification is queued (on the engine thread
+  // that received it, no engine lock held), so a thread that sleeps on
+  // other things too can be woken to take_notifications(); it must not
+  // block or call back into the engine. One listener: a later call replaces
+  // it, an empty function removes it; when this returns, the previous one
+  // is no longer running and will not run again.
+  virtual void set_notification_listener(std::function<void()> wake) = 0;
 
   virtual EngineMetrics metrics() const = 0;
   // Prometheus text exposition of metrics(), names prefixed "kvbridge_".

@@ -1,21 +1,29 @@
-// ConnectorWorker: registration, side channel, remote ranks, loads as engine
-// reads, and the heartbeat/done messages between workers (connector.h).
+// ConnectorWorker: registration, side channel, loads as engine reads cut
+// into stages, layer-wise streaming, and the messages between workers
+// (connector.h).
 //
 // Bookkeeping is under mu_. Loads are engine transfers whose completions
-// (SubmitOptions::on_end) land in a small shared inbox (Wakeups); one thread
-// of the worker ("pump") sleeps on it until a transfer ends or a heartbeat
-// is due, ends loads, and sends heartbeats and done messages without
-// waiting for them (Engine::notify with a callback). Nothing polls. Reader
-// events are drained from the engine's notifications by take_reader_events.
+// (SubmitOptions::on_end) land in a small shared inbox (Wakeups), and so do
+// the engine's "a notification arrived" signals; one thread of the worker
+// ("pump") sleeps on it until a transfer ends, a notification arrives, a
+// heartbeat is due or a streamed load's deadline passes. It ends loads,
+// starts streamed stages whose layers were announced, and sends heartbeats,
+// done messages and announcements without waiting for them (Engine::notify
+// with a callback). Nothing polls.
 #include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <thread>
 
+#include "common/text.h"
 #include "common/thread_name.h"
+#include "connector/announcer.h"
+#include "connector/load.h"
+#include "connector/remotes.h"
 #include "connector/side_channel.h"
 #include "connector/worker_internal.h"
 #include "kvbridge/connector.h"
@@ -26,70 +34,43 @@ namespace kvbridge {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using connector::Fetched;
+using connector::Load;
+using connector::LoadStage;
+using connector::LoadTransfer;
 constexpr std::string_view kMessagePrefix = "kvb/1 ";
+constexpr size_t kEndedKept = 4096;   // outcomes kept for wait_for_layer()
+constexpr size_t kEarlyKept = 65536;  // announcements kept for loads not started yet
 
-// What the handshakes told us about a remote instance's ranks, in tp_rank
-// order; immutable once fetched, so loads plan from it without the lock.
-struct Fetched {
-  std::vector<connector::RankInfo> infos;
-  std::vector<Layout> layouts;
-};
-
-struct RemoteInstance {
-  std::vector<std::string> addresses;
-  std::shared_ptr<const Fetched> fetched;    // null until the first load
-  std::vector<std::optional<PeerId>> peers;  // per rank, connected on first use as a source
-};
-
-// One read of a load: a chunk's bytes from one source rank.
-struct LoadTransfer {
-  uint32_t source = 0;  // tp_rank
-  uint32_t chunk = 0;   // index into Load::chunks
-  TransferId id = 0;
-};
-
-struct LoadChunk {
-  uint64_t first_token = 0, end_token = 0, resume_token = 0;  // PlanChunk's
-};
-
-struct Load {
-  RequestId request = 0;
-  std::string instance;
-  std::vector<LoadChunk> chunks;        // in token order
-  std::vector<LoadTransfer> transfers;  // chunk-major, in submission order
-  std::vector<PeerId> peers;            // the source ranks read from
-  size_t pending = 0;                   // transfers not ended yet
-  LoadResult result;
-  Clock::time_point started;
-  Clock::time_point last_byte{};  // the latest transfer end so far
-  bool aborted = false;
-};
-
-// Transfer ends, pushed by the engine's completion callbacks (on engine or
-// transport threads, or inside submit) and taken by the pump. Shared, so a
+// What the engine's callbacks push and the pump takes. Shared, so a
 // callback that outlives the worker touches nothing else.
 struct Wakeups {
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<std::pair<TransferId, Clock::time_point>> ended;  // transfer, when it ended
-  bool poke = false;                                            // stop
+  struct Ended {
+    TransferId id;
+    Clock::time_point at;
+    bool done;
+  };
+  std::vector<Ended> ended;
+  bool notes = false;  // a notification arrived
+  bool poke = false;   // stop, or look at the loads again (abort)
 };
 
 class WorkerImpl final : public ConnectorWorker {
  public:
   WorkerImpl(Engine& engine, Layout layout, const WorkerOptions& options)
-      : engine_(engine), layout_(std::move(layout)), options_(options) {}
+      : engine_(engine), layout_(std::move(layout)), options_(options), order_(layer_order(layout_)) {
+    for (size_t i = 0; i < order_.size(); ++i) ordinal_.emplace(order_[i], static_cast<uint32_t>(i));
+  }
 
   ~WorkerImpl() override {
+    engine_.set_notification_listener(nullptr);
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
-    {
-      std::lock_guard<std::mutex> lock(wake_->mu);
-      wake_->poke = true;
-    }
-    wake_->cv.notify_all();
+    poke();
     if (pump_.joinable()) pump_.join();
     // No lock held: a transfer's completion callback may run inside cancel().
     for (auto& [id, load] : loads_) {
@@ -122,9 +103,18 @@ class WorkerImpl final : public ConnectorWorker {
     sc.host = options_.side_channel_host;
     sc.secret = options_.secret;
     sc.timeout = options_.handshake_timeout;
-    identity_ = identity_text(layout_);
-    hash_ = compatibility_hash(layout_);
-    KVB_ASSIGN_OR_RETURN(server_, connector::SideChannelServer::start(sc, identity_, hash_, std::move(info)));
+    const std::string identity = identity_text(layout_);
+    const uint64_t hash = compatibility_hash(layout_);
+    remotes_ = std::make_unique<connector::Remotes>(engine_, layout_, sc, identity, hash);
+    announcer_ = std::make_unique<connector::Announcer>(engine_, *remotes_, order_, options_.transfer_timeout, sent_);
+    KVB_ASSIGN_OR_RETURN(server_, connector::SideChannelServer::start(sc, identity, hash, std::move(info)));
+    engine_.set_notification_listener([wake = wake_] {
+      {
+        std::lock_guard<std::mutex> lock(wake->mu);
+        wake->notes = true;
+      }
+      wake->cv.notify_one();
+    });
     pump_ = std::thread([this] {
       set_thread_name("kvb-pump");
       pump();
@@ -136,51 +126,45 @@ class WorkerImpl final : public ConnectorWorker {
   const Layout& layout() const override { return layout_; }
 
   Status add_remote(const std::string& instance, std::vector<std::string> rank_addresses) override {
-    if (rank_addresses.empty()) return Status::invalid_argument("instance '" + instance + "' has no rank");
-    std::lock_guard<std::mutex> lock(mu_);
-    RemoteInstance& r = remotes_[instance];
-    if (r.fetched && r.addresses != rank_addresses) {
-      return Status::already_exists("instance '" + instance + "' is already known with other addresses");
-    }
-    r.addresses = std::move(rank_addresses);
-    return Status();
+    return remotes_->add(instance, std::move(rank_addresses));
   }
 
   Result<std::vector<connector_internal::RemoteRankView>> remote_ranks(const std::string& instance) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = remotes_.find(instance);
-    if (it == remotes_.end() || !it->second.fetched) {
-      return Status::not_found("no handshake with instance '" + instance + "' yet");
-    }
-    const Fetched& f = *it->second.fetched;
+    std::shared_ptr<const Fetched> f = remotes_->fetched(instance);
+    if (!f) return Status::not_found("no handshake with instance '" + instance + "' yet");
     std::vector<connector_internal::RemoteRankView> out;
-    for (size_t r = 0; r < f.infos.size(); ++r) {
-      connector_internal::RemoteRankView v{f.layouts[r], f.infos[r].pid, {}};
-      for (const connector::TensorRegion& t : f.infos[r].tensors) v.tensor_bases.push_back(t.base);
+    for (size_t r = 0; r < f->infos.size(); ++r) {
+      connector_internal::RemoteRankView v{f->layouts[r], f->infos[r].pid, {}};
+      for (const connector::TensorRegion& t : f->infos[r].tensors) v.tensor_bases.push_back(t.base);
       out.push_back(std::move(v));
     }
     return out;
   }
 
-  Status start_load(RequestId request, const std::string& instance, const Request& blocks) override {
-    KVB_RETURN_IF_ERROR(fetch_remote(instance));
-    std::unique_lock<std::mutex> lock(mu_);
-    if (loads_.count(request) != 0) return Status::already_exists("request " + std::to_string(request) + " is loading");
-    const std::shared_ptr<const Fetched> fetched = remotes_[instance].fetched;
-    lock.unlock();
+  Status start_load(RequestId request, const std::string& instance, const Request& blocks,
+                    const LoadOptions& options) override {
+    KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(instance));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (loads_.count(request) != 0) {
+        return Status::already_exists("request " + std::to_string(request) + " is loading");
+      }
+    }
     // Planning (and verifying) runs outside the lock, on the immutable snapshot.
     const std::vector<Layout>& layouts = fetched->layouts;
-    KVB_ASSIGN_OR_RETURN(std::vector<PlanChunk> chunks,
-                         plan_chunks(layout_, layouts, blocks, options_.load_chunk_tokens));
+    StageOptions so;
+    so.layers_per_stage = options.stream ? options_.stream_layers_per_stage : 0;
+    so.chunk_tokens = options_.load_chunk_tokens;
+    KVB_ASSIGN_OR_RETURN(std::vector<PlanStage> stages, plan_stages(layout_, layouts, blocks, so));
     if (options_.verify_plans) {
       // The verifier's independent rules on simulated memory: a plan that
       // would move one wrong byte is refused before anything moves. The
-      // chunks together are the request's plan (minimal when there is one).
+      // stages together are the request's plan (minimal when there is one).
       Plan all;
-      for (const PlanChunk& c : chunks) {
-        all.descriptors.insert(all.descriptors.end(), c.plan.descriptors.begin(), c.plan.descriptors.end());
+      for (const PlanStage& s : stages) {
+        all.descriptors.insert(all.descriptors.end(), s.plan.descriptors.begin(), s.plan.descriptors.end());
       }
-      Result<VerifyReport> v = verify(all, layout_, layouts, blocks, /*check_minimal=*/chunks.size() == 1);
+      Result<VerifyReport> v = verify(all, layout_, layouts, blocks, /*check_minimal=*/stages.size() == 1);
       std::lock_guard<std::mutex> stats_lock(mu_);
       if (!v.ok()) {
         ++stats_.plans_rejected;
@@ -192,79 +176,96 @@ class WorkerImpl final : public ConnectorWorker {
     Load load;
     load.request = request;
     load.instance = instance;
+    load.fetched = fetched;
+    load.stream = options.stream;
     load.result.request = request;
     load.result.naive_descriptors = naive_descriptor_count(layout_, layouts, blocks);
-    // Per chunk, one batch per source rank, in the plan's (local address)
-    // order; chunks in token order.
-    std::vector<std::vector<std::vector<TransferItem>>> items(chunks.size());
-    for (size_t k = 0; k < chunks.size(); ++k) {
-      const Plan& p = chunks[k].plan;
-      load.chunks.push_back({chunks[k].first_token, chunks[k].end_token, chunks[k].resume_token});
-      load.result.bytes += p.bytes;
-      load.result.descriptors += p.descriptors.size();
-      items[k].resize(layouts.size());
-      for (const Descriptor& d : p.descriptors) {
-        items[k][d.source].push_back(TransferItem{regions_[d.local_tensor], d.local_offset,
+    load.result.stages = static_cast<uint32_t>(stages.size());
+    load.used.assign(layouts.size(), false);
+    load.layer_left.assign(order_.size(), 0);
+    // Per stage, one batch per source rank, in the plan's (local address) order.
+    for (const PlanStage& s : stages) {
+      LoadStage ls;
+      ls.first_token = s.first_token;
+      ls.end_token = s.end_token;
+      ls.resume_token = s.resume_token;
+      ls.first_layer = s.first_layer;
+      ls.end_layer = s.end_layer;
+      ls.items.resize(layouts.size());
+      load.result.bytes += s.plan.bytes;
+      load.result.descriptors += s.plan.descriptors.size();
+      for (const Descriptor& d : s.plan.descriptors) {
+        ls.items[d.source].push_back(TransferItem{regions_[d.local_tensor], d.local_offset,
                                                   fetched->infos[d.source].tensors[d.remote_tensor].region,
                                                   d.remote_offset, d.bytes});
+        load.used[d.source] = true;
       }
-    }
-    std::vector<bool> used(layouts.size(), false);
-    for (const auto& chunk : items) {
-      for (size_t s = 0; s < chunk.size(); ++s) used[s] = used[s] || !chunk[s].empty();
+      if (!s.plan.descriptors.empty()) {
+        for (uint32_t l = s.first_layer; l < s.end_layer; ++l) ++load.layer_left[l];
+      }
+      load.stages.push_back(std::move(ls));
     }
     // Engine connections to the sources, outside the lock: a connect dials
     // and runs the opening exchange, and must not hold up other loads.
-    for (size_t s = 0; s < used.size(); ++s) {
-      if (used[s]) KVB_RETURN_IF_ERROR(connect_peer(instance, s, fetched->infos[s]));
-    }
-    lock.lock();
-    if (loads_.count(request) != 0) return Status::already_exists("request " + std::to_string(request) + " is loading");
-    RemoteInstance& remote = remotes_[instance];
-    load.started = Clock::now();
-    SubmitOptions o;
-    o.timeout = options_.transfer_timeout;
-    o.on_end = [wake = wake_](TransferId id, const TransferStatus& st) {
-      {
-        std::lock_guard<std::mutex> wl(wake->mu);
-        wake->ended.emplace_back(id, st.ended_at);
-      }
-      wake->cv.notify_one();
-    };
-    for (size_t k = 0; k < items.size(); ++k) {
-      for (size_t s = 0; s < items[k].size(); ++s) {
-        if (items[k][s].empty()) continue;
-        Result<TransferId> id = engine_.submit(*remote.peers[s], TransferOp::kRead, items[k][s], o);
-        if (!id.ok()) {
-          for (const LoadTransfer& t : load.transfers) {
-            (void)engine_.cancel(t.id);
-            (void)engine_.release(t.id);
-            by_transfer_.erase(t.id);
-          }
-          return id.error().with_context("request " + std::to_string(request) + ": reading from " + instance +
-                                         " rank " + std::to_string(s));
-        }
-        load.transfers.push_back({static_cast<uint32_t>(s), static_cast<uint32_t>(k), *id});
-        by_transfer_[*id] = request;
-      }
-    }
-    for (size_t s = 0; s < used.size(); ++s) {
-      if (!used[s]) continue;
-      load.peers.push_back(*remote.peers[s]);
+    for (size_t s = 0; s < load.used.size(); ++s) {
+      if (!load.used[s]) continue;
+      Result<PeerId> p = remotes_->peer(instance, s);
+      if (!p.ok()) return p.error();
+      load.peers.push_back(*p);
       load.result.sources.push_back(static_cast<uint32_t>(s));
     }
-    load.pending = load.transfers.size();
-    ++stats_.loads_started;
-    if (load.pending == 0) {
-      // Nothing to move (the rank already holds every token): done now.
-      load.last_byte = load.started;
-      finish(load);
-      results_.push_back(std::move(load.result));
-      results_cv_.notify_all();
-      return Status();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (loads_.count(request) != 0) return Status::already_exists("request " + std::to_string(request) + " is loading");
+    ended_.erase(request);
+    load.started = Clock::now();
+    load.deadline = load.started + options_.transfer_timeout;
+    load.unsubmitted = load.stages.size();
+    if (load.stream) {
+      load.announced.assign(layouts.size(), std::vector<uint8_t>(order_.size(), 0));
+      auto early = early_.find(request);
+      if (early != early_.end()) {
+        for (const auto& [engine, layer] : early->second) announce(load, engine, layer);
+        early_.erase(early);
+      }
     }
-    loads_.emplace(request, std::move(load));
+    if (Status started = start_ready_stages(load); !started.ok()) {
+      // An error before the load is under way comes back here, with nothing
+      // left in flight; the caller reports the load as failed.
+      for (const LoadTransfer& t : load.transfers) {
+        (void)engine_.cancel(t.id);
+        (void)engine_.release(t.id);
+        by_transfer_.erase(t.id);
+      }
+      return started;
+    }
+    ++stats_.loads_started;
+    auto [it, inserted] = loads_.emplace(request, std::move(load));
+    if (it->second.pending == 0 && (it->second.unsubmitted == 0 || !it->second.start_error.ok())) end_load(it);
     return Status();
+  }
+
+  Status wait_for_layer(RequestId request, std::string_view layer, std::chrono::milliseconds timeout) override {
+    auto o = ordinal_.find(std::string(layer));
+    if (o == ordinal_.end()) return Status::invalid_argument("no layer " + q(layer) + " in this rank's layout");
+    std::unique_lock<std::mutex> lock(mu_);
+    Status out = Status::timeout("request " + std::to_string(request) + ": " + q(layer) + " did not land within " +
+                                 std::to_string(timeout.count()) + " ms");
+    results_cv_.wait_for(lock, timeout, [&] {
+      auto it = loads_.find(request);
+      if (it != loads_.end()) {
+        if (it->second.layer_left[o->second] != 0) return false;
+        out = Status();
+        return true;
+      }
+      auto e = ended_.find(request);
+      if (e == ended_.end()) {
+        out = Status::not_found("request " + std::to_string(request) + " is not loading");
+        return true;
+      }
+      out = e->second;
+      return true;
+    });
+    return out;
   }
 
   Status abort(RequestId request) override {
@@ -273,11 +274,12 @@ class WorkerImpl final : public ConnectorWorker {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = loads_.find(request);
       if (it == loads_.end()) return Status::not_found("request " + std::to_string(request) + " is not loading");
-      it->second.aborted = true;
+      it->second.aborted = true;  // no stage starts any more
       for (const LoadTransfer& t : it->second.transfers) ids.push_back(t.id);
     }
     // cancel() returns once no byte of the transfer can land any more.
     for (TransferId t : ids) KVB_RETURN_IF_ERROR(engine_.cancel(t));
+    poke();  // a load with nothing in flight ends now
     return Status();
   }
 
@@ -301,6 +303,16 @@ class WorkerImpl final : public ConnectorWorker {
     return out;
   }
 
+  Status stream_to(RequestId request, const std::string& instance) override {
+    return announcer_->stream_to(request, instance);
+  }
+  Status save_layer(RequestId request, std::string_view layer) override {
+    return announcer_->save_layer(request, layer);
+  }
+  Status wait_for_save(RequestId request, std::chrono::milliseconds timeout) override {
+    return announcer_->wait_for_save(request, timeout);
+  }
+
   WorkerStats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
     WorkerStats s = stats_;
@@ -309,6 +321,7 @@ class WorkerImpl final : public ConnectorWorker {
       s.notifications_failed = sent_->failed;
       s.last_notification_error = sent_->last_error;
     }
+    s.handshakes = remotes_->handshakes();
     s.handshakes_served = server_->served();
     s.handshakes_rejected = server_->rejected();
     s.last_rejection = server_->last_rejection();
@@ -316,92 +329,131 @@ class WorkerImpl final : public ConnectorWorker {
   }
 
  private:
-  // Fetches every rank of `instance` once (the handshake), outside mu_.
-  Status fetch_remote(const std::string& instance) {
-    std::vector<std::string> addresses;
+  void poke() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = remotes_.find(instance);
-      if (it == remotes_.end()) return Status::not_found("unknown remote instance '" + instance + "'");
-      if (it->second.fetched) return Status();
-      addresses = it->second.addresses;
+      std::lock_guard<std::mutex> lock(wake_->mu);
+      wake_->poke = true;
     }
-    std::lock_guard<std::mutex> fetch(fetch_mu_);  // one handshake round per instance at a time
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (remotes_[instance].fetched) return Status();
+    wake_->cv.notify_all();
+  }
+
+  // Requires mu_: `engine` announced `layer` (an ordinal) of `load`. Taken
+  // only from the engine of a source rank of the load's instance.
+  void announce(Load& load, const std::pair<std::string, uint64_t>& engine, uint32_t layer) {
+    for (size_t s = 0; s < load.fetched->engines.size(); ++s) {
+      if (load.fetched->engines[s] == engine) load.announced[s][layer] = 1;
     }
-    connector::SideChannelOptions sc;
-    sc.secret = options_.secret;
-    sc.timeout = options_.handshake_timeout;
-    auto fetched = std::make_shared<Fetched>();
-    for (size_t r = 0; r < addresses.size(); ++r) {
-      const std::string who = instance + " rank " + std::to_string(r);
-      Result<connector::RankInfo> got = connector::fetch_rank_info(addresses[r], identity_, hash_, sc);
-      if (!got.ok()) return got.error().with_context(who);
-      connector::RankInfo info = std::move(*got);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ++stats_.handshakes;
+  }
+
+  // Requires mu_: submits every stage not submitted whose layers every
+  // source it reads from announced (all of them, when not streaming). The
+  // first submit error stops the load from starting more.
+  Status start_ready_stages(Load& load) {
+    if (load.aborted || load.expired || !load.start_error.ok()) return load.start_error;
+    for (uint32_t k = 0; k < load.stages.size(); ++k) {
+      LoadStage& st = load.stages[k];
+      if (st.submitted) continue;
+      bool ready = true;
+      for (size_t s = 0; ready && load.stream && s < st.items.size(); ++s) {
+        if (st.items[s].empty()) continue;
+        for (uint32_t l = st.first_layer; ready && l < st.end_layer; ++l) ready = load.announced[s][l] != 0;
       }
-      Result<Layout> parsed = parse_layout(info.layout_json);
-      if (!parsed.ok()) return parsed.error().with_context(who + " layout");
-      Layout l = std::move(*parsed);
-      KVB_RETURN_IF_ERROR(check_compatible(layout_, l).with_context(instance + " rank " + std::to_string(r)));
-      if (l.tp_rank != r || l.tp_size != addresses.size() || info.tensors.size() != l.tensors.size()) {
-        return Status::incompatible(instance + " rank " + std::to_string(r) + " at " + addresses[r] +
-                                    " describes itself as rank " + std::to_string(l.tp_rank) + " of " +
-                                    std::to_string(l.tp_size) + " with " + std::to_string(info.tensors.size()) +
-                                    " tensor regions");
+      if (!ready) continue;
+      SubmitOptions o;
+      o.timeout = options_.transfer_timeout;
+      o.on_end = [wake = wake_](TransferId id, const TransferStatus& ts) {
+        {
+          std::lock_guard<std::mutex> wl(wake->mu);
+          wake->ended.push_back({id, ts.ended_at, ts.state == TransferState::kDone});
+        }
+        wake->cv.notify_one();
+      };
+      st.submitted = true;
+      --load.unsubmitted;
+      for (size_t s = 0; s < st.items.size(); ++s) {
+        if (st.items[s].empty()) continue;
+        PeerId peer = load.peers[std::find(load.result.sources.begin(), load.result.sources.end(), s) -
+                                 load.result.sources.begin()];
+        Result<TransferId> id = engine_.submit(peer, TransferOp::kRead, st.items[s], o);
+        if (!id.ok()) {
+          st.failed = true;
+          load.start_error = id.error().with_context("request " + std::to_string(load.request) + ": reading from " +
+                                                     load.instance + " rank " + std::to_string(s));
+          return load.start_error;
+        }
+        load.transfers.push_back({static_cast<uint32_t>(s), k, *id});
+        by_transfer_[*id] = {load.request, k};
+        ++st.pending;
+        ++load.pending;
       }
-      fetched->infos.push_back(std::move(info));
-      fetched->layouts.push_back(std::move(l));
+      st.items = {};
+      if (st.pending == 0) land(load, st);
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    RemoteInstance& r = remotes_[instance];
-    r.peers.assign(fetched->infos.size(), std::nullopt);
-    r.fetched = std::move(fetched);
     return Status();
   }
 
-  // Connects the engine to source rank `rank` of `instance` once (without
-  // mu_: it dials and waits for the peer's answer).
-  Status connect_peer(const std::string& instance, size_t rank, const connector::RankInfo& info) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (remotes_[instance].peers[rank]) return Status();
-    }
-    KVB_ASSIGN_OR_RETURN(PeerId id, engine_.connect(info.engine_metadata));
-    std::lock_guard<std::mutex> lock(mu_);
-    remotes_[instance].peers[rank] = id;
-    return Status();
+  // Requires mu_: every transfer of `st` ended done.
+  void land(Load& load, LoadStage& st) {
+    st.landed = true;
+    for (uint32_t l = st.first_layer; l < st.end_layer; ++l) --load.layer_left[l];
+    results_cv_.notify_all();
   }
 
   void drain_notifications() {
     std::vector<Notification> got = engine_.take_notifications();
     if (got.empty()) return;
     std::lock_guard<std::mutex> lock(mu_);
+    bool failed_start = false;
     for (Notification& n : got) {
       std::string_view m = n.message;
       if (m.substr(0, kMessagePrefix.size()) != kMessagePrefix) continue;
       m.remove_prefix(kMessagePrefix.size());
       ReaderEvent e;
+      bool ready = false;
       if (m.substr(0, 3) == "hb ") {
         e.kind = ReaderEvent::Kind::kHeartbeat;
         m.remove_prefix(3);
       } else if (m.substr(0, 5) == "done ") {
         e.kind = ReaderEvent::Kind::kDone;
         m.remove_prefix(5);
+      } else if (m.substr(0, 6) == "ready ") {
+        ready = true;
+        m.remove_prefix(6);
       } else {
         continue;
       }
       uint64_t id = 0;
       const auto [end, ec] = std::from_chars(m.data(), m.data() + m.size(), id);
-      if (m.empty() || ec != std::errc() || end != m.data() + m.size()) continue;
-      e.request = id;
-      e.reader = std::move(n.peer);
-      events_.push_back(std::move(e));
+      if (m.empty() || ec != std::errc()) continue;
+      const std::string_view rest(end, static_cast<size_t>(m.data() + m.size() - end));
+      if (!ready) {
+        if (!rest.empty()) continue;
+        e.request = id;
+        e.reader = std::move(n.peer);
+        events_.push_back(std::move(e));
+        continue;
+      }
+      if (rest.size() < 2 || rest[0] != ' ') continue;
+      auto o = ordinal_.find(std::string(rest.substr(1)));
+      if (o == ordinal_.end()) continue;
+      std::pair<std::string, uint64_t> engine{std::move(n.peer), n.peer_instance};
+      auto it = loads_.find(id);
+      if (it == loads_.end()) {
+        // Announced before the load started (or after it ended: dropped
+        // with the oldest when too many are kept).
+        if (early_count_ >= kEarlyKept) {
+          early_count_ -= early_.begin()->second.size();
+          early_.erase(early_.begin());
+        }
+        early_[id].emplace_back(std::move(engine), o->second);
+        ++early_count_;
+        continue;
+      }
+      if (!it->second.stream) continue;
+      announce(it->second, engine, o->second);
+      failed_start = !start_ready_stages(it->second).ok() || failed_start;
     }
+    if (failed_start) poke();  // the pump ends the load
   }
 
   // Never blocks: the engine calls back when the peer acknowledged the
@@ -411,93 +463,100 @@ class WorkerImpl final : public ConnectorWorker {
     // The callback may outlive the worker (a peer that never answers): it
     // holds only the counters.
     engine_.notify(peer, message, options_.transfer_timeout, [sent = sent_](Status s) {
-      if (s.ok()) return;
-      std::lock_guard<std::mutex> lock(sent->mu);
-      ++sent->failed;
-      sent->last_error = s.to_string();
+      if (!s.ok()) sent->add(s);
     });
   }
 
-  // Sleeps until a transfer ends or a heartbeat is due; ends loads whose
-  // transfers all ended; sends done messages and heartbeats (without
-  // waiting for their acknowledgements).
+  // Sleeps until a transfer ends, a notification arrives, a heartbeat is
+  // due or a streamed load's deadline passes; ends loads; sends done
+  // messages and heartbeats (without waiting for their acknowledgements).
   void pump() {
     Clock::time_point next_beat = Clock::now() + options_.heartbeat_interval;
     while (true) {
-      std::vector<std::pair<TransferId, Clock::time_point>> ended;
-      {
-        std::unique_lock<std::mutex> wl(wake_->mu);
-        wake_->cv.wait_until(wl, next_beat, [&] { return !wake_->ended.empty() || wake_->poke; });
-        ended.swap(wake_->ended);
-      }
-      std::vector<std::pair<PeerId, std::string>> messages;
-      bool any_result = false;
+      Clock::time_point wake_at = next_beat;
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (stop_) return;
-        for (const auto& [transfer, at] : ended) {
-          auto t = by_transfer_.find(transfer);
+        for (const auto& [id, load] : loads_) {
+          if (load.unsubmitted > 0 && !load.expired) wake_at = std::min(wake_at, load.deadline);
+        }
+      }
+      std::vector<Wakeups::Ended> ended;
+      bool notes = false;
+      {
+        std::unique_lock<std::mutex> wl(wake_->mu);
+        wake_->cv.wait_until(wl, wake_at, [&] { return !wake_->ended.empty() || wake_->poke || wake_->notes; });
+        ended.swap(wake_->ended);
+        notes = std::exchange(wake_->notes, false);
+        wake_->poke = false;
+      }
+      if (notes) drain_notifications();
+      std::vector<std::pair<PeerId, std::string>> messages;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return;
+        for (const Wakeups::Ended& e : ended) {
+          auto t = by_transfer_.find(e.id);
           if (t == by_transfer_.end()) continue;  // a load that failed to start
-          auto it = loads_.find(t->second);
+          auto it = loads_.find(t->second.first);
+          const uint32_t k = t->second.second;
           by_transfer_.erase(t);
           if (it == loads_.end()) continue;
           Load& load = it->second;
-          load.last_byte = std::max(load.last_byte, at);
-          if (--load.pending > 0) continue;
-          finish(load);
+          LoadStage& st = load.stages[k];
+          load.last_byte = std::max(load.last_byte, e.at);
+          --load.pending;
+          if (!e.done) st.failed = true;
+          if (--st.pending == 0 && !st.failed) land(load, st);
+        }
+        const Clock::time_point now = Clock::now();
+        for (auto it = loads_.begin(); it != loads_.end();) {
+          Load& load = (it++)->second;
+          if (load.unsubmitted > 0 && !load.expired && now >= load.deadline) load.expired = true;
+          const bool over = load.aborted || load.expired || !load.start_error.ok() || load.unsubmitted == 0;
+          if (load.pending > 0 || !over) continue;
           for (PeerId p : load.peers) {
             messages.emplace_back(p, std::string(kMessagePrefix) + "done " + std::to_string(load.request));
           }
-          results_.push_back(std::move(load.result));
-          loads_.erase(it);
-          any_result = true;
+          end_load(loads_.find(load.request));
         }
-        if (Clock::now() >= next_beat) {
-          next_beat = Clock::now() + options_.heartbeat_interval;
+        if (now >= next_beat) {
+          next_beat = now + options_.heartbeat_interval;
           for (auto& [id, load] : loads_) {
             for (PeerId p : load.peers)
               messages.emplace_back(p, std::string(kMessagePrefix) + "hb " + std::to_string(id));
           }
+          // Streams the engine never waited for are forgotten after a while.
+          announcer_->forget_older_than(now - 4 * options_.transfer_timeout);
         }
       }
-      if (any_result) results_cv_.notify_all();
       for (auto& [peer, m] : messages) send(peer, m);
     }
   }
 
-  // Requires mu_: every transfer of `load` ended. The first error in
-  // submission order (token order, then source) wins; the first bad token
-  // is where the earliest chunk that did not arrive whole resumes.
+  // Requires mu_: the load is over (nothing in flight); reports it.
+  void end_load(std::map<RequestId, Load>::iterator it) {
+    Load& load = it->second;
+    finish(load);
+    ended_[load.request] = load.result.error;
+    ended_order_.push_back(load.request);
+    if (ended_order_.size() > kEndedKept) {
+      ended_.erase(ended_order_.front());
+      ended_order_.pop_front();
+    }
+    results_.push_back(std::move(load.result));
+    loads_.erase(it);
+    results_cv_.notify_all();
+  }
+
+  // Requires mu_: nothing of `load` is in flight.
   void finish(Load& load) {
-    const Clock::time_point now = Clock::now();
-    load.result.transfer_time = std::chrono::duration_cast<std::chrono::microseconds>(load.last_byte - load.started);
-    load.result.completion_lag = std::chrono::duration_cast<std::chrono::microseconds>(now - load.last_byte);
-    load.result.aborted = load.aborted;
-    uint64_t first_bad = load.chunks.back().end_token;
+    std::vector<TransferStatus> statuses;
     for (const LoadTransfer& t : load.transfers) {
-      TransferStatus st = engine_.status(t.id);
+      statuses.push_back(engine_.status(t.id));
       (void)engine_.release(t.id);
-      if (st.state == TransferState::kDone) continue;
-      const LoadChunk& c = load.chunks[t.chunk];
-      first_bad = std::min(first_bad, c.resume_token);
-      if (!load.result.error.ok()) continue;
-      load.result.error = st.error.ok()
-                              ? Status::internal("transfer ended as " + std::string(transfer_state_name(st.state)))
-                              : st.error;
-      std::string what = "request " + std::to_string(load.request) + ": reading from " + load.instance + " rank " +
-                         std::to_string(t.source) + " (";
-      if (load.chunks.size() > 1) {
-        what += "tokens " + std::to_string(c.first_token) + ".." + std::to_string(c.end_token) + ", chunk " +
-                std::to_string(t.chunk + 1) + " of " + std::to_string(load.chunks.size()) + ": ";
-      }
-      load.result.error = load.result.error.with_context(what + std::to_string(st.bytes_done) + " of " +
-                                                         std::to_string(st.bytes_total) + " bytes)");
     }
-    if (load.aborted && load.result.error.ok()) {
-      load.result.error = Status::cancelled("request " + std::to_string(load.request) + " was aborted");
-    }
-    if (load.aborted) first_bad = load.chunks.front().resume_token;
-    load.result.first_bad_token = load.result.error.ok() ? 0 : first_bad;
+    settle(load, statuses, order_, options_.transfer_timeout, Clock::now());
     if (load.aborted) {
       ++stats_.loads_aborted;
     } else if (load.result.error.ok()) {
@@ -510,28 +569,27 @@ class WorkerImpl final : public ConnectorWorker {
   Engine& engine_;
   const Layout layout_;
   const WorkerOptions options_;
-  std::string identity_;
-  uint64_t hash_ = 0;
+  const std::vector<std::string> order_;     // layer_order(layout_)
+  std::map<std::string, uint32_t> ordinal_;  // layer name -> index into order_
   std::vector<RegionId> regions_;
+  std::unique_ptr<connector::Remotes> remotes_;
   std::unique_ptr<connector::SideChannelServer> server_;
 
   mutable std::mutex mu_;
-  std::mutex fetch_mu_;
-  std::condition_variable results_cv_;
-  std::map<TransferId, RequestId> by_transfer_;  // transfers of loads in progress
+  std::condition_variable results_cv_;                                // results, landed layers, ended loads
+  std::map<TransferId, std::pair<RequestId, uint32_t>> by_transfer_;  // -> (request, stage)
   const std::shared_ptr<Wakeups> wake_ = std::make_shared<Wakeups>();
   bool stop_ = false;
-  std::map<std::string, RemoteInstance> remotes_;
   std::map<RequestId, Load> loads_;
+  std::map<RequestId, Status> ended_;  // the last kEndedKept outcomes
+  std::deque<RequestId> ended_order_;
+  std::map<RequestId, std::vector<std::pair<std::pair<std::string, uint64_t>, uint32_t>>> early_;
+  size_t early_count_ = 0;
   std::vector<LoadResult> results_;
   std::vector<ReaderEvent> events_;
   WorkerStats stats_;
-  struct Sent {
-    std::mutex mu;
-    uint64_t failed = 0;
-    std::string last_error;
-  };
-  std::shared_ptr<Sent> sent_ = std::make_shared<Sent>();
+  const std::shared_ptr<connector::SendFailures> sent_ = std::make_shared<connector::SendFailures>();
+  std::unique_ptr<connector::Announcer> announcer_;  // prefill side of streaming
   std::thread pump_;
 };
 

@@ -4,11 +4,13 @@
 // heartbeats and done messages, abort.
 #include <gtest/gtest.h>
 
+#include <set>
 #include <thread>
 
 #include "engine/engine_impl.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
+#include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
 #include "testing/fake_side_channel.h"
 #include "transport/fault/fault.h"
@@ -294,6 +296,173 @@ TEST(WorkerTest, PlanErrorsComeBackBeforeAnythingMoves) {
   Status s = decode[0]->worker->start_load(1, "prefill", q);
   EXPECT_EQ(s.code(), Code::kOutOfRange) << s.to_string();
   EXPECT_EQ(decode[0]->engine->metrics().transfers_submitted, 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Layer-wise streaming (LoadOptions::stream, stream_to, save_layer).
+
+// `layout` with every layer's cells but `keep`'s emptied: what content checks
+// of those layers alone look at.
+Layout only(Layout layout, const std::set<std::string>& keep) {
+  for (Group& g : layout.groups)
+    for (Layer& l : g.layers)
+      if (keep.count(l.name) == 0)
+        for (Component& c : l.components) c.cell_bytes = 0;
+  return layout;
+}
+
+// Bad cells of `layers` of the request at the decode rank (0: all arrived).
+uint64_t bad_cells(const Rank& r, const Request& q, const std::set<std::string>& layers, uint64_t seed) {
+  Result<ContentReport> c = check_request(only(r.layout, layers), q, RequestSide::kLocal, q.skip_tokens, seed, r.spans);
+  EXPECT_TRUE(c.ok()) << c.error().to_string();
+  return c.ok() ? c->bad_cells : ~uint64_t{0};
+}
+
+uint64_t cells(const Rank& r, const Request& q, const std::set<std::string>& layers) {
+  Result<ContentReport> c = check_request(only(r.layout, layers), q, RequestSide::kLocal, q.skip_tokens, 1, r.spans);
+  return c.ok() ? c->cells : 0;
+}
+
+struct Streaming {
+  std::vector<std::unique_ptr<Rank>> prefill, decode;
+  std::vector<std::string> layers;
+  explicit Streaming(InstanceOptions d = opts("decode", 1)) {
+    prefill = instance(opts("prefill", 2));
+    decode = instance(d);
+    layers = layer_order(decode[0]->layout);
+    for (auto& r : decode) EXPECT_TRUE(r->worker->add_remote("prefill", addresses(prefill)).ok());
+    for (auto& r : prefill) EXPECT_TRUE(r->worker->add_remote("decode", addresses(decode)).ok());
+  }
+  // Prefill computes `layer` (writes its cells) on `ranks` and saves it.
+  void compute(RequestId id, const std::string& layer, std::vector<size_t> ranks = {0, 1}) {
+    for (size_t k : ranks) {
+      Rank& r = *prefill[k];
+      ASSERT_TRUE(fill_request(only(r.layout, {layer}), request(), RequestSide::kRemote, 0, 11, r.spans).ok());
+      ASSERT_TRUE(r.worker->save_layer(id, layer).ok());
+    }
+  }
+};
+
+TEST(WorkerStreamTest, EachLayerIsReadOnlyOnceEveryPrefillRankSavedItAndLandsBeforeTheNext) {
+  Streaming s;
+  ConnectorWorker& d = *s.decode[0]->worker;
+  ASSERT_EQ(s.layers.size(), 32u);
+  ASSERT_TRUE(d.start_load(1, "prefill", request(), LoadOptions{true}).ok());
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to(1, "decode").ok());
+  for (size_t i = 0; i < s.layers.size(); ++i) {
+    const std::set<std::string> later(s.layers.begin() + static_cast<long>(i), s.layers.end());
+    // Not saved yet by anyone: nothing of it or later has moved.
+    EXPECT_EQ(d.wait_for_layer(1, s.layers[i], 0ms).code(), Code::kTimeout);
+    EXPECT_EQ(bad_cells(*s.decode[0], request(), later, 11), cells(*s.decode[0], request(), later)) << s.layers[i];
+    s.compute(1, s.layers[i], {0});
+    if (i % 8 == 0) {  // one rank saved it, the other not yet: still not read
+      std::this_thread::sleep_for(20ms);
+      EXPECT_EQ(d.wait_for_layer(1, s.layers[i], 0ms).code(), Code::kTimeout) << s.layers[i];
+    }
+    s.compute(1, s.layers[i], {1});
+    ASSERT_TRUE(d.wait_for_layer(1, s.layers[i], 5s).ok()) << s.layers[i];
+    EXPECT_EQ(bad_cells(*s.decode[0], request(), {s.layers[i]}, 11), 0u) << s.layers[i];
+  }
+  LoadResult r = wait_one(d);
+  ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+  EXPECT_EQ(r.stages, 32u);
+  Result<ContentReport> all =
+      check_request(s.decode[0]->layout, request(), RequestSide::kLocal, 0, 11, s.decode[0]->spans);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->bad_cells, 0u) << all->first_error;
+  for (auto& p : s.prefill) EXPECT_TRUE(p->worker->wait_for_save(1, 5s).ok());
+  // After the load: its outcome.
+  EXPECT_TRUE(d.wait_for_layer(1, s.layers[3], 0ms).ok());
+  EXPECT_EQ(d.wait_for_layer(99, s.layers[3], 0ms).code(), Code::kNotFound);
+  EXPECT_EQ(d.wait_for_layer(1, "layers.99", 0ms).code(), Code::kInvalidArgument);
+}
+
+TEST(WorkerStreamTest, LayersSavedBeforeTheLoadStartsOrBeforeStreamToAreKept) {
+  Streaming s;
+  ConnectorWorker& d = *s.decode[0]->worker;
+  for (const std::string& l : s.layers) s.compute(7, l);  // before stream_to: kept
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to(7, "decode").ok());
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->wait_for_save(7, 5s).ok());  // announced before the load
+  ASSERT_TRUE(d.start_load(7, "prefill", request(), LoadOptions{true}).ok());
+  LoadResult r = wait_one(d);
+  ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+  EXPECT_EQ(bad_cells(*s.decode[0], request(), {s.layers.begin(), s.layers.end()}, 11), 0u);
+}
+
+// A prefill rank that dies (or whose announcement is lost) after layer 9:
+// the load fails at its deadline naming layer 10, the first bad token is
+// where a recompute must start, and nothing of layer 10 or later lands.
+TEST(WorkerStreamTest, AStageNeverAnnouncedFailsTheLoadNamingItsLayerAndNothingLaterLands) {
+  InstanceOptions o = opts("decode", 1);
+  o.worker.transfer_timeout = 300ms;
+  Streaming s(o);
+  ConnectorWorker& d = *s.decode[0]->worker;
+  ASSERT_TRUE(d.start_load(2, "prefill", request(), LoadOptions{true}).ok());
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to(2, "decode").ok());
+  for (size_t i = 0; i < 10; ++i) s.compute(2, s.layers[i]);
+  s.compute(2, s.layers[10], {0});  // rank 1 never saves layer 10
+  const auto t0 = std::chrono::steady_clock::now();
+  LoadResult r = wait_one(d);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 200ms);
+  ASSERT_FALSE(r.error.ok());
+  EXPECT_EQ(r.error.code(), Code::kTimeout) << r.error.to_string();
+  EXPECT_NE(r.error.message().find("layers.10"), std::string::npos) << r.error.to_string();
+  EXPECT_EQ(r.first_bad_layer, "layers.10");
+  EXPECT_EQ(r.first_bad_token, 0u);
+  const std::set<std::string> landed(s.layers.begin(), s.layers.begin() + 10);
+  const std::set<std::string> rest(s.layers.begin() + 10, s.layers.end());
+  EXPECT_EQ(bad_cells(*s.decode[0], request(), landed, 11), 0u);
+  EXPECT_EQ(bad_cells(*s.decode[0], request(), rest, 11), cells(*s.decode[0], request(), rest));
+  EXPECT_EQ(d.wait_for_layer(2, s.layers[12], 0ms).code(), Code::kTimeout);  // the load's outcome
+  // Announcements after the end are dropped: nothing lands late.
+  for (size_t i = 10; i < s.layers.size(); ++i) s.compute(2, s.layers[i]);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(bad_cells(*s.decode[0], request(), rest, 11), cells(*s.decode[0], request(), rest));
+}
+
+TEST(WorkerStreamTest, AnAbortMidStreamStartsNoFurtherStage) {
+  Streaming s;
+  ConnectorWorker& d = *s.decode[0]->worker;
+  ASSERT_TRUE(d.start_load(3, "prefill", request(), LoadOptions{true}).ok());
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to(3, "decode").ok());
+  for (size_t i = 0; i < 5; ++i) s.compute(3, s.layers[i]);
+  ASSERT_TRUE(d.wait_for_layer(3, s.layers[4], 5s).ok());
+  ASSERT_TRUE(d.abort(3).ok());
+  for (size_t i = 5; i < s.layers.size(); ++i) s.compute(3, s.layers[i]);
+  LoadResult r = wait_one(d);
+  EXPECT_TRUE(r.aborted);
+  EXPECT_EQ(r.error.code(), Code::kCancelled);
+  std::this_thread::sleep_for(50ms);
+  const std::set<std::string> rest(s.layers.begin() + 5, s.layers.end());
+  EXPECT_EQ(bad_cells(*s.decode[0], request(), rest, 11), cells(*s.decode[0], request(), rest));
+}
+
+// Only the engines of the prefill ranks a stage reads from can start it.
+TEST(WorkerStreamTest, AnnouncementsFromAnEngineThatIsNotASourceAreIgnored) {
+  Streaming s;
+  auto other = instance(opts("other", 1));
+  ASSERT_TRUE(other[0]->worker->add_remote("decode", addresses(s.decode)).ok());
+  ConnectorWorker& d = *s.decode[0]->worker;
+  ASSERT_TRUE(d.start_load(4, "prefill", request(), LoadOptions{true}).ok());
+  ASSERT_TRUE(other[0]->worker->stream_to(4, "decode").ok());
+  for (const std::string& l : s.layers) ASSERT_TRUE(other[0]->worker->save_layer(4, l).ok());
+  ASSERT_TRUE(other[0]->worker->wait_for_save(4, 5s).ok());  // the decode rank took them, and ignored them
+  EXPECT_EQ(d.wait_for_layer(4, s.layers[0], 50ms).code(), Code::kTimeout);
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to(4, "decode").ok());
+  for (const std::string& l : s.layers) s.compute(4, l);
+  LoadResult r = wait_one(d);
+  ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+  EXPECT_EQ(bad_cells(*s.decode[0], request(), {s.layers.begin(), s.layers.end()}, 11), 0u);
+}
+
+TEST(WorkerStreamTest, PrefillHooksNameWhatIsWrong) {
+  auto prefill = instance(opts("prefill", 1));
+  ConnectorWorker& p = *prefill[0]->worker;
+  EXPECT_EQ(p.save_layer(1, "layers.32").code(), Code::kInvalidArgument);
+  EXPECT_TRUE(p.save_layer(1, "layers.0").ok());
+  EXPECT_TRUE(p.save_layer(1, "layers.0").ok());                // again: a no-op
+  EXPECT_EQ(p.wait_for_save(1, 10ms).code(), Code::kNotFound);  // never streamed
+  EXPECT_EQ(p.stream_to(1, "nowhere").code(), Code::kNotFound);
 }
 
 }  // namespace

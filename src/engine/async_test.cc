@@ -187,6 +187,34 @@ TEST(AsyncRunsTest, TheNotificationFollowsTheBytesFromAWorker) {
   EXPECT_EQ(p.a->metrics().notifications_sent, 1u);
 }
 
+// A thread can sleep on its own condition and be woken by the listener
+// instead of polling take_notifications(); removing it waits for a running
+// call, and it is not called again.
+TEST(AsyncRunsTest, TheNotificationListenerWakesASleeperOncePerNotification) {
+  Pair p;
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  p.b->set_notification_listener([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    ++calls;
+    cv.notify_all();
+  });
+  ASSERT_TRUE(p.a->notify(p.peer, "one").ok());
+  ASSERT_TRUE(p.a->notify(p.peer, "two").ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return calls == 2; })) << calls;
+  }
+  std::vector<Notification> got = p.b->take_notifications();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].message, "two");
+  p.b->set_notification_listener(nullptr);
+  ASSERT_TRUE(p.a->notify(p.peer, "three").ok());
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(calls, 2);
+}
+
 TEST(AsyncRunsTest, CancelWaitsForTheRunAndNothingLandsAfter) {
   Pair p(20ms);
   std::vector<TransferItem> items;

@@ -186,9 +186,18 @@ std::string EngineImpl::metadata() const {
 }
 
 void EngineImpl::on_notification(Notification n) {
-  std::lock_guard<std::mutex> lock(notes_mu_);
-  notes_.push_back(std::move(n));
-  metrics_.notification_received();
+  {
+    std::lock_guard<std::mutex> lock(notes_mu_);
+    notes_.push_back(std::move(n));
+    metrics_.notification_received();
+  }
+  std::lock_guard<std::mutex> lock(listener_mu_);
+  if (listener_) listener_();
+}
+
+void EngineImpl::set_notification_listener(std::function<void()> wake) {
+  std::lock_guard<std::mutex> lock(listener_mu_);
+  listener_ = std::move(wake);
 }
 
 std::vector<Notification> EngineImpl::take_notifications() {

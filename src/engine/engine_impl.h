@@ -83,6 +83,7 @@ class EngineImpl final : public Engine {
   void notify(PeerId peer, std::string message, std::chrono::milliseconds timeout,
               std::function<void(Status)> done) override;
   std::vector<Notification> take_notifications() override;
+  void set_notification_listener(std::function<void()> wake) override;
   EngineMetrics metrics() const override { return metrics_.snapshot(); }
   std::string metrics_prometheus() const override { return metrics_.prometheus(); }
 
@@ -157,6 +158,8 @@ class EngineImpl final : public Engine {
 
   std::mutex notes_mu_;
   std::vector<Notification> notes_;
+  std::mutex listener_mu_;  // held while the listener runs, so replacing it waits for it
+  std::function<void()> listener_;
 };
 
 }  // namespace kvbridge::engine_internal

@@ -1,0 +1,67 @@
+// connector/load.h: one decode rank's load of one request: its stages (the
+// plan cut by plan_stages()), the engine transfers that read them, what the
+// prefill ranks announced (streaming), and how its result is settled once
+// nothing of it is in flight. Data only; the worker (worker.cc) drives it
+// under its lock.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "connector/remotes.h"
+#include "kvbridge/connector.h"
+
+namespace kvbridge::connector {
+
+using Clock = std::chrono::steady_clock;
+
+// One read of a load: a stage's bytes from one source rank.
+struct LoadTransfer {
+  uint32_t source = 0;  // tp_rank
+  uint32_t stage = 0;   // index into Load::stages
+  TransferId id = 0;
+};
+
+struct LoadStage {
+  uint64_t first_token = 0, end_token = 0, resume_token = 0;  // PlanStage's
+  uint32_t first_layer = 0, end_layer = 0;
+  std::vector<std::vector<TransferItem>> items;  // per source; emptied once submitted
+  uint32_t pending = 0;                          // transfers submitted and not ended
+  bool submitted = false, failed = false, landed = false;
+};
+
+struct Load {
+  RequestId request = 0;
+  std::string instance;
+  std::shared_ptr<const Fetched> fetched;
+  bool stream = false;
+  std::vector<LoadStage> stages;        // chunk by chunk, layer by layer
+  std::vector<LoadTransfer> transfers;  // in submission order
+  std::vector<bool> used;               // per source rank: read from
+  std::vector<PeerId> peers;            // the source ranks read from
+  std::vector<std::vector<uint8_t>> announced;  // streaming: per source, per layer ordinal
+  std::vector<uint32_t> layer_left;             // per layer ordinal: its stages not landed yet
+  size_t pending = 0;                           // transfers not ended yet
+  size_t unsubmitted = 0;                       // stages not submitted yet
+  Status start_error;                           // a stage's submit() failed: no more stages start
+  LoadResult result;
+  Clock::time_point started, deadline;
+  Clock::time_point last_byte{};  // the latest transfer end so far
+  bool aborted = false, expired = false;
+};
+
+// Settles `load.result` once nothing of it is in flight: times, aborted,
+// the error (the first stage in stage order that did not land: its
+// transfer's error, or that it was never announced within `timeout`, or the
+// submit error, or the abort), first_bad_token (where the earliest stage
+// that did not land resumes; the first stage's for an abort) and
+// first_bad_layer. `statuses` are the final statuses of load.transfers, in
+// order; `layers` is layer_order() of the local layout.
+void settle(Load& load, std::span<const TransferStatus> statuses, const std::vector<std::string>& layers,
+            std::chrono::milliseconds timeout, Clock::time_point now);
+
+}  // namespace kvbridge::connector
