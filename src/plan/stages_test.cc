@@ -210,7 +210,7 @@ TEST(PlanStagesTest, ChunkedRequestsStageChunkByChunkThenLayerByLayer) {
   // 200 tokens rounded up to a multiple of 16 and 32: 224; 32 layers in 4 stages each.
   std::vector<std::pair<uint64_t, uint32_t>> seen;
   for (const PlanStage& s : *stages) seen.emplace_back(s.first_token, s.first_layer);
-  const std::vector<std::pair<uint64_t, uint32_t>> want = {{7, 0},   {7, 8},   {7, 16},  {7, 24},
+  const std::vector<std::pair<uint64_t, uint32_t>> want = {{7, 0},   {7, 8},   {7, 16},   {7, 24},
                                                            {224, 0}, {224, 8}, {224, 16}, {224, 24},
                                                            {448, 0}, {448, 8}, {448, 16}, {448, 24}};
   EXPECT_EQ(seen, want);
