@@ -57,6 +57,20 @@ Command add_demo_command(CLI::App& root) {
                   "Loads in token-ordered chunks of about this many tokens (0: one per load); a failed load "
                   "recomputes from its first chunk that did not arrive whole")
       ->capture_default_str();
+  app->add_option("--stream", args->stream,
+                  "Layer-wise streaming: off, layer (every request) or auto (requests of --stream-min-tokens and "
+                  "more); each request then runs again unstreamed as the baseline")
+      ->check(CLI::IsMember({"off", "layer", "auto"}))
+      ->capture_default_str();
+  app->add_option("--layers-per-stage", args->layers_per_stage, "Streamed loads: consecutive layers per stage")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app->add_option(
+      "--stream-min-tokens", args->stream_min_tokens,
+      "--stream auto: the smallest request that streams (0: " + std::to_string(demo::kAutoStreamTokens) + ")");
+  app->add_option("--compute-us-per-layer", args->compute_us_per_layer,
+                  "Prefill compute per layer in microseconds (a busy loop, before the layer is written and saved)")
+      ->capture_default_str();
   app->add_flag("--verify-plans", args->verify_plans, "Decode ranks check every plan with the verifier before it runs");
   app->add_flag("--json", args->json, "Print one JSON object instead of the table");
   app->add_flag("!--no-progress", args->progress, "No progress bar");

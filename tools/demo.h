@@ -79,12 +79,28 @@ struct DemoArgs {
   std::chrono::milliseconds transfer_timeout{20000};
   bool verify_plans = false;                                  // each decode rank checks every plan with verify() first
   uint64_t chunk_tokens = WorkerOptions{}.load_chunk_tokens;  // WorkerOptions::load_chunk_tokens
+  // Layer-wise streaming: "off", "layer" (every request streams) or "auto"
+  // (requests of at least stream_min_tokens stream). With it on and no
+  // fault injected, each request runs again after itself, the same size,
+  // not streamed: the same run's baseline for the TTFT figures.
+  std::string stream = "off";
+  uint32_t layers_per_stage = WorkerOptions{}.stream_layers_per_stage;
+  uint64_t stream_min_tokens = 0;  // auto: 0 takes kAutoStreamTokens
+  // Prefill ranks spend this long computing each layer (a busy loop of
+  // multiply-adds, not a sleep) before writing and saving it.
+  uint64_t compute_us_per_layer = 0;
   // Idle connections to each listener of each prefill rank while the first
   // half of the requests runs (the second half is the same run's baseline).
   uint32_t flood = 0;
   bool json = false;
   bool progress = true;
 };
+
+// --stream auto streams requests of at least this many tokens: below it the
+// announcements and per-stage reads cost about what the overlap saves
+// (measured with the demo's own reruns: docs/connector.md, "When streaming
+// pays").
+inline constexpr uint64_t kAutoStreamTokens = 512;
 
 // Runs the demo; returns the exit code (0: every request ended cleanly as the
 // injected fault predicts, nothing leaked, nothing stray).

@@ -241,6 +241,18 @@ class Driver {
     for (auto& p : procs_) {
       if (!p->prefill) KVB_RETURN_IF_ERROR(p->ch.send({{"cmd", "remote"}, {"instance", "prefill"}, {"ranks", addrs}}));
     }
+    // Streaming prefill ranks announce layers to the decode instances.
+    for (uint32_t i = 0; i < a_.decode_instances; ++i) {
+      std::vector<std::string> decode;
+      for (auto& p : procs_) {
+        if (!p->prefill && p->decode_instance == i) decode.push_back(p->side_channel);
+      }
+      for (auto& p : procs_) {
+        if (!p->prefill) continue;
+        KVB_RETURN_IF_ERROR(
+            p->ch.send({{"cmd", "remote"}, {"instance", "decode-" + std::to_string(i)}, {"ranks", decode}}));
+      }
+    }
     return Status();
   }
 
@@ -300,6 +312,7 @@ class Driver {
         psched_.heartbeat(id, m.value("reader", ""), now);
       }
     } else if (ev == "loaded") {
+      loaded_at_[id] = std::max(loaded_at_[id], at(m, now));
       LoadResult r;
       r.request = id;
       r.aborted = m.value("aborted", false);
@@ -313,8 +326,20 @@ class Driver {
       sum_.rank_errors.push_back((p.engine.empty() ? p.instance + "/r" + std::to_string(p.rank) : p.engine) + ": " +
                                  m.value("error", ""));
     } else if (id == current_.id) {
+      if (ev == "prefilled") {
+        prefilled_at_ = std::max(prefilled_at_, at(m, now));
+        ++prefilled_;
+      }
       current_.replies.push_back(m);
     }
+  }
+
+  // The rank's own time of an event ("at_ns", steady_clock: one clock for
+  // the host's processes), or when the driver read it.
+  static Clock::time_point at(const json& m, Clock::time_point read) {
+    if (!m.contains("at_ns")) return read;
+    return Clock::time_point(
+        std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(m["at_ns"].get<int64_t>())));
   }
 
   std::vector<Proc*> ranks_of(bool prefill, uint32_t inst) {
@@ -374,6 +399,8 @@ class Driver {
     return last ? a_.requests - 1 : a_.requests / 2;
   }
 
+  // One request; with --stream on and no fault in it, the same request
+  // again, not streamed, as the baseline.
   Status one_request(uint32_t i) {
     RequestRecord rec;
     rec.id = 1000 + i;
@@ -381,16 +408,45 @@ class Driver {
     rec.tokens = 1 + rng_() % max_tokens_;
     rec.skip = i % 3 == 1 ? rng_() % rec.tokens : 0;  // a prefix hit on the decode side
     const bool fault = a_.inject != Inject::kNone && i == fault_index();
+    const uint64_t min_tokens = a_.stream_min_tokens ? a_.stream_min_tokens : kAutoStreamTokens;
+    rec.streamed = a_.stream == "layer" || (a_.stream == "auto" && rec.tokens >= min_tokens);
+    if (fault && a_.inject == Inject::kLease) rec.streamed = false;  // nobody reads
+    RequestRecord base = rec;
+    KVB_RETURN_IF_ERROR(run_request(rec, fault));
+    sum_.requests.push_back(rec);
+    if (a_.stream == "off" || a_.inject != Inject::kNone) return Status();  // a fault run has no baseline
+    base.id = 1000 + a_.requests + i;
+    base.streamed = false;
+    KVB_RETURN_IF_ERROR(run_request(base, false));
+    sum_.baselines.push_back(base);
+    return Status();
+  }
+
+  Status run_request(RequestRecord& rec, bool fault) {
     KVB_ASSIGN_OR_RETURN(Request q, make_request(rec));
     current_.id = rec.id;
     const std::string qjson = to_json(q, -1);
     const uint64_t seed = a_.seed * 1000003 + rec.id;
     const std::vector<Proc*> prefill = ranks_of(true, 0), decode = ranks_of(false, rec.decode_instance);
-    KVB_RETURN_IF_ERROR(
-        round(prefill, {{"cmd", "prefill"}, {"req", rec.id}, {"request", json::parse(qjson)}, {"seed", seed}}, 60s));
+    const json prefill_cmd = {
+        {"cmd", "prefill"}, {"req", rec.id},          {"request", json::parse(qjson)},
+        {"seed", seed},     {"stream", rec.streamed}, {"to", "decode-" + std::to_string(rec.decode_instance)}};
     std::set<std::string> readers;
     for (Proc* p : decode) readers.insert(p->engine);
-    KVB_RETURN_IF_ERROR(psched_.hold(rec.id, readers, Clock::now()));
+    const Clock::time_point admitted = Clock::now();
+    prefilled_at_ = {};
+    prefilled_ = 0;
+    loaded_at_.erase(rec.id);
+    if (rec.streamed) {
+      // Admitted at both instances at once: the decode ranks start their
+      // loads while the prefill computes; each layer moves once announced.
+      KVB_RETURN_IF_ERROR(psched_.hold(rec.id, readers, admitted));
+      current_.replies.clear();
+      for (Proc* p : prefill) (void)p->ch.send(prefill_cmd);
+    } else {
+      KVB_RETURN_IF_ERROR(round(prefill, prefill_cmd, 60s));
+      KVB_RETURN_IF_ERROR(psched_.hold(rec.id, readers, Clock::now()));
+    }
     if (fault && a_.inject == Inject::kLease) {
       // Nobody reads: the lease alone must free the blocks.
       while (prefill_blocks_.count(rec.id) != 0) pump(5ms);
@@ -402,8 +458,12 @@ class Driver {
     KVB_RETURN_IF_ERROR(ds.expect(rec.id, rec.skip, Clock::now() + a_.transfer_timeout + 10s));
     loads_.erase(rec.id);
     for (Proc* p : decode) {
-      (void)p->ch.send(
-          {{"cmd", "load"}, {"req", rec.id}, {"instance", "prefill"}, {"request", json::parse(qjson)}, {"seed", seed}});
+      (void)p->ch.send({{"cmd", "load"},
+                        {"req", rec.id},
+                        {"instance", "prefill"},
+                        {"request", json::parse(qjson)},
+                        {"seed", seed},
+                        {"stream", rec.streamed}});
     }
     if (fault) inject(rec, decode);
     std::optional<RequestOutcome> out;
@@ -419,6 +479,20 @@ class Driver {
     }
     rec.outcome = std::string(outcome_name(out->outcome));
     if (!out->error.ok()) rec.error = out->error.message();
+    if (rec.streamed) {
+      // The prefill's forward pass may still be announcing: its reply ends it.
+      const auto until = Clock::now() + 60s;
+      const size_t errors = sum_.rank_errors.size();
+      while (prefilled_ < prefill.size() && Clock::now() < until && sum_.rank_errors.size() == errors &&
+             std::all_of(prefill.begin(), prefill.end(), [](Proc* p) { return p->alive; })) {
+        pump(2ms);
+      }
+    }
+    auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    if (out->outcome == Outcome::kFinished && loaded_at_.count(rec.id) && prefilled_at_ != Clock::time_point{}) {
+      rec.ttft_ms = ms(loaded_at_[rec.id] - admitted);
+      rec.exposed_ms = std::max(0.0, ms(loaded_at_[rec.id] - prefilled_at_));
+    }
     for (const json& l : loads_[rec.id]) {
       rec.bytes += l.value("bytes", uint64_t{0});
       rec.descriptors += l.value("descriptors", uint64_t{0});
@@ -470,7 +544,6 @@ class Driver {
     dpools_[rec.decode_instance].release(decode_blocks_);
     decode_blocks_.clear();
     rec.flooded = flooding_;
-    sum_.requests.push_back(rec);
     return s;
   }
 
@@ -561,6 +634,9 @@ class Driver {
   std::map<RequestId, std::vector<json>> loads_;
   std::vector<RequestOutcome> outcomes_;
   Current current_;
+  std::map<RequestId, Clock::time_point> loaded_at_;  // the last decode rank's "loaded", per request
+  Clock::time_point prefilled_at_{};                  // the last prefill rank's "prefilled" of the current request
+  size_t prefilled_ = 0;                              // "prefilled" replies to the current request
   Flood flood_;
   bool flooding_ = false;
   Helper pauser_;

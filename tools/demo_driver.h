@@ -30,11 +30,15 @@ struct RequestRecord {
   bool flooded = false;            // ran while --flood held its connections
   uint64_t verify_bad = 0;         // cells that did not check
   std::string verify_error;
+  bool streamed = false;  // loaded layer by layer while the prefill computed
+  double ttft_ms = 0;     // admitted at prefill -> every decode rank has all its KV
+  double exposed_ms = 0;  // the prefill's last layer done -> every decode rank has all its KV
 };
 
 struct Summary {
   const DemoArgs* args = nullptr;
   std::vector<RequestRecord> requests;
+  std::vector<RequestRecord> baselines;  // --stream: each request again, not streamed
   uint64_t leaked_blocks = 0, double_frees = 0, stray_bytes = 0;
   std::string first_stray;
   uint64_t handshakes = 0, handshakes_rejected = 0, notifications_failed = 0, plans_verified = 0;

@@ -70,6 +70,28 @@ Figures figures(const Summary& s) {
   return f;
 }
 
+// p50 of the TTFT and exposed-transfer figures of `records` (finished ones).
+struct Ttft {
+  size_t n = 0;
+  double ttft_ms = 0, exposed_ms = 0;
+};
+Ttft ttft(const std::vector<RequestRecord>& records, bool streamed_only) {
+  std::vector<double> t, e;
+  for (const RequestRecord& r : records) {
+    if (r.outcome != "finished" || r.ttft_ms <= 0 || (streamed_only && !r.streamed)) continue;
+    t.push_back(r.ttft_ms);
+    e.push_back(r.exposed_ms);
+  }
+  Ttft out;
+  out.n = t.size();
+  if (t.empty()) return out;
+  std::sort(t.begin(), t.end());
+  std::sort(e.begin(), e.end());
+  out.ttft_ms = t[t.size() / 2];
+  out.exposed_ms = e[e.size() / 2];
+  return out;
+}
+
 double gbps(uint64_t bytes, uint64_t us) {
   return us == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(us) / 1000.0;
 }
@@ -86,6 +108,9 @@ bool clean(const Summary& s) {
     return it == s.releases.end() ? uint64_t{0} : it->second;
   };
   if (s.listeners_elsewhere != 0) return false;
+  for (const RequestRecord& b : s.baselines) {  // the unstreamed reruns must be clean too
+    if (b.outcome != "finished" || b.verify_bad != 0) return false;
+  }
   switch (s.args->inject) {
     case Inject::kNone:
     case Inject::kPause:
@@ -149,6 +174,22 @@ void print_report(const Summary& s) {
               {"listeners", s.listeners},
               {"listeners_elsewhere", s.listeners_elsewhere},
               {"clean", clean(s)}};
+    if (a.stream != "off") {
+      // The requests as streaming ran them (auto: the ones it streamed and
+      // the ones it did not), against the same requests rerun unstreamed.
+      const Ttft with = ttft(s.requests, false), without = ttft(s.baselines, false);
+      j["stream"] = a.stream;
+      j["layers_per_stage"] = a.layers_per_stage;
+      j["compute_us_per_layer"] = a.compute_us_per_layer;
+      j["streamed_requests"] =
+          std::count_if(s.requests.begin(), s.requests.end(), [](const RequestRecord& r) { return r.streamed; });
+      j["ttft_ms"] = with.ttft_ms;
+      j["ttft_no_stream_ms"] = without.ttft_ms;
+      j["ttft_ratio"] = without.ttft_ms > 0 ? with.ttft_ms / without.ttft_ms : 0.0;
+      j["exposed_transfer_ms"] = with.exposed_ms;
+      j["exposed_transfer_no_stream_ms"] = without.exposed_ms;
+      j["baselines"] = s.baselines.size();
+    }
     if (a.flood > 0) {
       const double quiet = gbps(f.bytes - f.flooded_bytes, f.transfer_us - f.flooded_us);
       j["flood_connections"] = s.flood_connections;
@@ -214,11 +255,28 @@ void print_report(const Summary& s) {
     std::printf("                    throughput %.2f GB/s under the flood, %.2f GB/s after it (ratio %.2f)\n", flooded,
                 quiet, quiet > 0 ? flooded / quiet : 0.0);
   }
+  if (a.stream != "off") {
+    const Ttft with = ttft(s.requests, false), without = ttft(s.baselines, false);
+    const long streamed =
+        std::count_if(s.requests.begin(), s.requests.end(), [](const RequestRecord& r) { return r.streamed; });
+    std::printf("  streaming         %s: %ld of %zu requests streamed, %u layer(s) per stage, %llu us of prefill\n",
+                a.stream.c_str(), streamed, s.requests.size(), a.layers_per_stage,
+                static_cast<unsigned long long>(a.compute_us_per_layer));
+    std::printf("                    compute per layer; %s\n", s.baselines.empty()
+                                                                   ? "no baseline (a fault was injected)"
+                                                                   : "each request rerun unstreamed as the baseline");
+    std::printf("  TTFT              p50 %.1f ms; the same requests unstreamed: %.1f ms (ratio %.2f)\n", with.ttft_ms,
+                without.ttft_ms, without.ttft_ms > 0 ? with.ttft_ms / without.ttft_ms : 0.0);
+    std::printf("  exposed transfer  p50 %.1f ms after the prefill's last layer; unstreamed: %.1f ms\n",
+                with.exposed_ms, without.exposed_ms);
+  }
   if (a.inject == Inject::kPause) {
     std::printf("  paused            prefill rank 0 stopped for 100 ms of every 300 ms throughout\n");
   }
-  std::printf("  handshakes        %llu (once per remote rank per decode rank), %llu rejected\n",
-              static_cast<unsigned long long>(s.handshakes), static_cast<unsigned long long>(s.handshakes_rejected));
+  std::printf("  handshakes        %llu (once per remote rank per decode rank%s), %llu rejected\n",
+              static_cast<unsigned long long>(s.handshakes),
+              a.stream != "off" ? ", and per streaming prefill rank" : "",
+              static_cast<unsigned long long>(s.handshakes_rejected));
   if (a.verify_plans) {
     std::printf("  plans verified    %llu (verify() before each load)\n",
                 static_cast<unsigned long long>(s.plans_verified));
