@@ -271,6 +271,9 @@ void bind_worker_values(py::module_& m) {
           "transfer_time", [](const LoadResult& r) { return seconds_of(r.transfer_time); },
           "Seconds from the first submit to the last completion.")
       .def_readonly("sources", &LoadResult::sources, "Prefill tp_ranks read from.")
+      .def_readonly("stages", &LoadResult::stages, "Reads the load was cut into: chunks, or streamed stages.")
+      .def_readonly("first_bad_layer", &LoadResult::first_bad_layer,
+                    "On an error: the first layer of the first stage that did not land.")
       .def_property_readonly("ok", [](const LoadResult& r) { return r.error.ok() && !r.aborted; })
       .def("__repr__", [](const LoadResult& r) {
         return "<kvbridge.LoadResult request=" + std::to_string(r.request) +
@@ -333,7 +336,7 @@ void bind_worker(py::module_& m) {
       .def(py::init([](py::object engine, const Layout& layout, py::object tensors, const std::string& instance_id,
                        const std::string& side_channel_host, const std::string& secret, py::object handshake_timeout,
                        py::object transfer_timeout, py::object heartbeat_interval, bool verify_plans,
-                       const std::string& remote_access, uint64_t load_chunk_tokens) {
+                       const std::string& remote_access, uint64_t load_chunk_tokens, uint32_t stream_layers_per_stage) {
              PyEngine& pe = engine.cast<PyEngine&>();
              std::vector<std::string> names;
              for (const Tensor& t : layout.tensors) names.push_back(t.name);
@@ -360,6 +363,7 @@ void bind_worker(py::module_& m) {
              o.verify_plans = verify_plans;
              o.remote_access = unwrap(parse_remote_access(remote_access));
              o.load_chunk_tokens = load_chunk_tokens;
+             o.stream_layers_per_stage = stream_layers_per_stage;
              Engine& e = pe.get();
              Result<std::unique_ptr<ConnectorWorker>> w = [&] {
                py::gil_scoped_release nogil;
@@ -371,6 +375,7 @@ void bind_worker(py::module_& m) {
            py::arg("side_channel_host") = "127.0.0.1", py::arg("secret") = "", py::arg("handshake_timeout") = 5.0,
            py::arg("transfer_timeout") = 30.0, py::arg("heartbeat_interval") = 1.0, py::arg("verify_plans") = false,
            py::arg("remote_access") = "read", py::arg("load_chunk_tokens") = WorkerOptions{}.load_chunk_tokens,
+           py::arg("stream_layers_per_stage") = WorkerOptions{}.stream_layers_per_stage,
            "Registers each tensor of `layout` with `engine` and starts the side channel.\n\n"
            "tensors: one object per layout tensor (list in layout order, or dict by tensor name), each\n"
            "exactly the tensor's bytes and of its memory kind: torch tensors, numpy arrays, buffers.\n"
@@ -380,7 +385,9 @@ void bind_worker(py::module_& m) {
            "runs. remote_access: what peers may do to this rank's tensors: 'read' (a pull-mode\n"
            "prefill rank, the default) or 'none' (a rank that only reads from others).\n"
            "load_chunk_tokens: loads move in token-ordered chunks of about this many tokens, so that\n"
-           "a failed load's first_bad_token is its first chunk not whole (0: one chunk per load).")
+           "a failed load's first_bad_token is its first chunk not whole (0: one chunk per load).\n"
+           "stream_layers_per_stage: a streamed load (start_load(stream=True)) reads this many\n"
+           "consecutive layers per stage (0: all layers in one stage).")
       .def_property_readonly(
           "side_channel_address", [](PyWorker& w) { return w.get().side_channel_address(); },
           "host:port of this rank's side channel: give it to the other instance's add_remote().")
@@ -394,20 +401,73 @@ void bind_worker(py::module_& m) {
           "The side channel addresses of a remote instance's ranks, in tp_rank order.")
       .def(
           "start_load",
-          [](PyWorker& w, RequestId request, const std::string& instance, const Request& blocks) {
+          [](PyWorker& w, RequestId request, const std::string& instance, const Request& blocks, bool stream) {
             ConnectorWorker& c = w.get();
             Status s;
             {
               py::gil_scoped_release nogil;
-              s = c.start_load(request, instance, blocks);
+              s = c.start_load(request, instance, blocks, LoadOptions{stream});
             }
             check(s);
           },
-          py::arg("request"), py::arg("instance"), py::arg("blocks"),
+          py::arg("request"), py::arg("instance"), py::arg("blocks"), py::arg("stream") = false,
           "Decode side: plans `blocks` (local ids = this rank's blocks, remote ids = the prefill\n"
           "instance's) and starts reading; the first load from an instance does the handshake (GIL\n"
           "released). Errors before anything moves raise here: Incompatible naming the differing\n"
-          "layout field, PermissionDenied for a wrong secret, Unavailable, the planner's errors.")
+          "layout field, PermissionDenied for a wrong secret, Unavailable, the planner's errors.\n"
+          "stream=True: layer-wise streaming, started at admission; each stage is read once every\n"
+          "prefill rank it reads from announced its layers (save_layer).")
+      .def(
+          "wait_for_layer",
+          [](PyWorker& w, RequestId request, const std::string& layer, py::object timeout) {
+            ConnectorWorker& c = w.get();
+            const milliseconds t = to_millis(timeout, std::chrono::seconds(30));
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c.wait_for_layer(request, layer, t);
+            }
+            check(s);
+          },
+          py::arg("request"), py::arg("layer"), py::arg("timeout") = 30.0,
+          "Decode side: returns once every byte of `layer` the load moves has landed (GIL released).\n"
+          "Raises the load's error if it ended without it, Timeout, NotFound for an unknown request,\n"
+          "InvalidArgument for an unknown layer.")
+      .def(
+          "stream_to",
+          [](PyWorker& w, RequestId request, const std::string& instance) {
+            ConnectorWorker& c = w.get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c.stream_to(request, instance);
+            }
+            check(s);
+          },
+          py::arg("request"), py::arg("instance"),
+          "Prefill side: the decode instance (known by add_remote) whose ranks load `request`\n"
+          "streamed; layers saved so far are announced now (GIL released: the first call dials).")
+      .def(
+          "save_layer",
+          [](PyWorker& w, RequestId request, const std::string& layer) { check(w.get().save_layer(request, layer)); },
+          py::arg("request"), py::arg("layer"),
+          "Prefill side: every token of `layer` of the request is written; readers may read it.\n"
+          "Never blocks. InvalidArgument for an unknown layer.")
+      .def(
+          "wait_for_save",
+          [](PyWorker& w, RequestId request, py::object timeout) {
+            ConnectorWorker& c = w.get();
+            const milliseconds t = to_millis(timeout, std::chrono::seconds(30));
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c.wait_for_save(request, t);
+            }
+            check(s);
+          },
+          py::arg("request"), py::arg("timeout") = 30.0,
+          "Prefill side: waits until every announcement of `request` was acknowledged, raises the\n"
+          "first error, and forgets the request.")
       .def(
           "abort",
           [](PyWorker& w, RequestId request) {

@@ -124,6 +124,10 @@ void bind_plan(py::module_& m) {
       "every needed head). Raises Incompatible (identity, naming the field), InvalidArgument,\n"
       "OutOfRange or ResourceExhausted naming the field; never returns a partial plan.");
   m.def(
+      "layer_order", [](const Layout& layout) { return layer_order(layout); }, py::arg("layout"),
+      "The model's layer order: every layer name once, by the number it ends with, then by name\n"
+      "(the names save_layer() and wait_for_layer() take).");
+  m.def(
       "naive_descriptor_count",
       [](const Layout& local, const std::vector<Layout>& remotes, const Request& request) {
         return naive_descriptor_count(local, remotes, request);

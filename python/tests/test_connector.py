@@ -95,6 +95,33 @@ def test_wait_results_and_take_results(workers):
         wd.abort(12345)
 
 
+def test_a_streamed_load_reads_each_layer_once_the_prefill_saved_it():
+    p, d = torch_caches(fill_seed=5), torch_caches()
+    lp, ld = kvbridge.layout_from_tensors(torch_spec(p)), kvbridge.layout_from_tensors(torch_spec(d))
+    layers = kvbridge.layer_order(ld)
+    assert len(layers) == 2
+    with kvbridge.Engine(name="prefill/r0") as ep, kvbridge.Engine(name="decode/r0") as ed:
+        with kvbridge.ConnectorWorker(ep, lp, p, instance_id="prefill") as wp, \
+                kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode", remote_access="none") as wd:
+            wd.add_remote("prefill", [wp.side_channel_address])
+            wp.add_remote("decode", [wd.side_channel_address])
+            wd.start_load(9, "prefill", kvbridge.Request(32, {"full": ([1, 2], [4, 5])}), stream=True)
+            wp.stream_to(9, "decode")
+            with pytest.raises(kvbridge.Timeout):
+                wd.wait_for_layer(9, layers[0], timeout=0.05)
+            wp.save_layer(9, layers[0])
+            wd.wait_for_layer(9, layers[0], timeout=10)
+            assert torch.equal(d[0][:, 1].view(torch.int16), p[0][:, 4].view(torch.int16))
+            assert not d[1].view(torch.int16).any()  # not saved yet: not read
+            wp.save_layer(9, layers[1])
+            result = wd.collect(9, timeout=20)[9]
+            assert result.ok and result.stages == 2 and result.first_bad_layer == "", result
+            assert torch.equal(d[1][:, 2].view(torch.int16), p[1][:, 5].view(torch.int16))
+            wp.wait_for_save(9, timeout=10)
+            with pytest.raises(kvbridge.InvalidArgument, match="no layer"):
+                wp.save_layer(9, "nope")
+
+
 def test_a_mismatched_handshake_raises_incompatible_naming_the_field():
     p, d = torch_caches(fill_seed=1), torch_caches()
     lp, ld = kvbridge.layout_from_tensors(torch_spec(p)), kvbridge.layout_from_tensors(torch_spec(d, dtype="fp8_e4m3"))

@@ -18,10 +18,10 @@ constexpr OpeningLimits kLimits{256, 0};
 size_t limit(uint8_t type) { return type >= kFirstProtocolType ? 4096 : opening_limit(type, kLimits); }
 
 struct Fixture {
-  std::unique_ptr<Listener> listener;
   std::atomic<int> kept{0};
   std::vector<Accepted> held;
   std::mutex mu;
+  std::unique_ptr<Listener> listener;  // last: stopped first, before what its thread touches
 };
 
 std::unique_ptr<Fixture> start(std::string secret, size_t max_pending = 8, size_t max_open = 4,
