@@ -81,8 +81,7 @@ Status Announcer::wait_for_save(RequestId request, std::chrono::milliseconds tim
     std::unique_lock<std::mutex> lock(acks->mu);
     if (!acks->cv.wait_for(lock, timeout, [&] { return acks->outstanding == 0; })) {
       return Status::timeout("request " + std::to_string(request) + ": " + std::to_string(acks->outstanding) +
-                             " layer announcements not acknowledged within " + std::to_string(timeout.count()) +
-                             " ms");
+                             " layer announcements not acknowledged within " + std::to_string(timeout.count()) + " ms");
     }
     out = acks->first_error;
   }

@@ -5,7 +5,7 @@
 namespace kvbridge::connector {
 
 void settle(Load& load, std::span<const TransferStatus> statuses, const std::vector<std::string>& layers,
-          std::chrono::milliseconds timeout, Clock::time_point now) {
+            std::chrono::milliseconds timeout, Clock::time_point now) {
   if (load.transfers.empty()) load.last_byte = load.started;
   load.result.transfer_time = std::chrono::duration_cast<std::chrono::microseconds>(load.last_byte - load.started);
   load.result.completion_lag = std::chrono::duration_cast<std::chrono::microseconds>(now - load.last_byte);
@@ -27,8 +27,9 @@ void settle(Load& load, std::span<const TransferStatus> statuses, const std::vec
               (st.end_layer - st.first_layer > 1 ? ".." + layers[st.end_layer - 1] : std::string());
     }
     if (n > 1) {
-      where += std::string(where.empty() ? "" : ", ") + "tokens " + std::to_string(st.first_token) + ".." + std::to_string(st.end_token) + ", " +
-               (load.stream ? "stage " : "chunk ") + std::to_string(k + 1) + " of " + std::to_string(n);
+      where += std::string(where.empty() ? "" : ", ") + "tokens " + std::to_string(st.first_token) + ".." +
+               std::to_string(st.end_token) + ", " + (load.stream ? "stage " : "chunk ") + std::to_string(k + 1) +
+               " of " + std::to_string(n);
     }
     if (!st.submitted) {
       if (!load.start_error.ok() || load.aborted) continue;  // said below
@@ -43,10 +44,9 @@ void settle(Load& load, std::span<const TransferStatus> statuses, const std::vec
       if (t.stage != k || ts.state == TransferState::kDone) continue;
       Status e = ts.error.ok() ? Status::internal("transfer ended as " + std::string(transfer_state_name(ts.state)))
                                : ts.error;
-      load.result.error = e.with_context(what + "reading from " + load.instance + " rank " +
-                                         std::to_string(t.source) + " (" + (where.empty() ? "" : where + ": ") +
-                                         std::to_string(ts.bytes_done) + " of " + std::to_string(ts.bytes_total) +
-                                         " bytes)");
+      load.result.error = e.with_context(what + "reading from " + load.instance + " rank " + std::to_string(t.source) +
+                                         " (" + (where.empty() ? "" : where + ": ") + std::to_string(ts.bytes_done) +
+                                         " of " + std::to_string(ts.bytes_total) + " bytes)");
       break;
     }
   }

@@ -39,10 +39,10 @@ struct Load {
   std::string instance;
   std::shared_ptr<const Fetched> fetched;
   bool stream = false;
-  std::vector<LoadStage> stages;        // chunk by chunk, layer by layer
-  std::vector<LoadTransfer> transfers;  // in submission order
-  std::vector<bool> used;               // per source rank: read from
-  std::vector<PeerId> peers;            // the source ranks read from
+  std::vector<LoadStage> stages;                // chunk by chunk, layer by layer
+  std::vector<LoadTransfer> transfers;          // in submission order
+  std::vector<bool> used;                       // per source rank: read from
+  std::vector<PeerId> peers;                    // the source ranks read from
   std::vector<std::vector<uint8_t>> announced;  // streaming: per source, per layer ordinal
   std::vector<uint32_t> layer_left;             // per layer ordinal: its stages not landed yet
   size_t pending = 0;                           // transfers not ended yet
