@@ -107,7 +107,7 @@ class Rank {
           faults = "delay=1000";
           break;
         case Inject::kDropNotification:
-          faults = "drop-notifications=1";
+          faults = "drop-done=1";  // a reader's done message: the lease must free the blocks
           break;
         default:
           break;
@@ -216,12 +216,8 @@ class Rank {
     } else {
       for (const std::string& layer : layer_order(layout_)) {
         busy(compute);
-        Layout one = layout_;  // this layer's cells only
-        for (Group& g : one.groups)
-          for (Layer& l : g.layers)
-            if (l.name != layer)
-              for (Component& c : l.components) c.cell_bytes = 0;
-        KVB_RETURN_IF_ERROR(fill_request(one, q, RequestSide::kRemote, 0, held_[id].seed, spans_));
+        KVB_RETURN_IF_ERROR(
+            fill_request(keep_layers(layout_, {layer}), q, RequestSide::kRemote, 0, held_[id].seed, spans_));
         if (stream) KVB_RETURN_IF_ERROR(worker_->save_layer(id, layer));
       }
     }

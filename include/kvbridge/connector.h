@@ -118,7 +118,7 @@ struct LoadResult {
   uint64_t first_bad_token = 0;  // error: KV before this token arrived whole, and a recompute may start here
   uint64_t bytes = 0, descriptors = 0;
   uint64_t naive_descriptors = 0;               // one per (layer, component, block) for comparison
-  std::chrono::microseconds transfer_time{0};   // first submit to the last byte landing
+  std::chrono::microseconds transfer_time{0};   // start_load to the last byte landing (streamed: waits included)
   std::chrono::microseconds completion_lag{0};  // the last byte landing to this result being ready
   std::vector<uint32_t> sources;                // prefill tp_ranks read from
   uint32_t stages = 0;                          // reads it was cut into: chunks, or streamed stages

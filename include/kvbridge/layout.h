@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -163,6 +164,13 @@ struct Layout {
 // hybrid allocator's overlay): such groups must not be given the same block
 // ids in one request.
 bool has_overlay(const Layout& layout);
+
+// `layout` with the cells of every layer whose name is not in `keep` emptied
+// (cell_bytes 0: a component that addresses no byte, which validate()
+// accepts). Planning, filling or checking a request against it touches the
+// kept layers' bytes alone, at the same offsets and semantic coordinates:
+// how one layer is written (a streaming prefill) or checked (a stage).
+Layout keep_layers(Layout layout, const std::set<std::string, std::less<>>& keep);
 
 // Checks every rule of docs/formats/layout.md. Returns OK, or kInvalidArgument
 // (structure, names, types of values), kOutOfRange (a cell outside its tensor,

@@ -269,7 +269,7 @@ void bind_worker_values(py::module_& m) {
       .def_readonly("naive_descriptors", &LoadResult::naive_descriptors)
       .def_property_readonly(
           "transfer_time", [](const LoadResult& r) { return seconds_of(r.transfer_time); },
-          "Seconds from the first submit to the last completion.")
+          "Seconds from start_load to the last completion (a streamed load: waiting for the prefill included).")
       .def_readonly("sources", &LoadResult::sources, "Prefill tp_ranks read from.")
       .def_readonly("stages", &LoadResult::stages, "Reads the load was cut into: chunks, or streamed stages.")
       .def_readonly("first_bad_layer", &LoadResult::first_bad_layer,

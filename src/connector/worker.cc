@@ -225,6 +225,7 @@ class WorkerImpl final : public ConnectorWorker {
       auto early = early_.find(request);
       if (early != early_.end()) {
         for (const auto& [engine, layer] : early->second) announce(load, engine, layer);
+        early_count_ -= early->second.size();
         early_.erase(early);
       }
     }
@@ -439,13 +440,19 @@ class WorkerImpl final : public ConnectorWorker {
       std::pair<std::string, uint64_t> engine{std::move(n.peer), n.peer_instance};
       auto it = loads_.find(id);
       if (it == loads_.end()) {
-        // Announced before the load started (or after it ended: dropped
-        // with the oldest when too many are kept).
-        if (early_count_ >= kEarlyKept) {
-          early_count_ -= early_.begin()->second.size();
-          early_.erase(early_.begin());
+        // After the load ended: dropped, so that nothing lands late. Before
+        // it started: kept for it, the first kept going first past the bound.
+        if (ended_.count(id) != 0) continue;
+        while (early_count_ >= kEarlyKept && !early_order_.empty()) {
+          auto first = early_.find(early_order_.front());
+          early_order_.pop_front();
+          if (first == early_.end()) continue;
+          early_count_ -= first->second.size();
+          early_.erase(first);
         }
-        early_[id].emplace_back(std::move(engine), o->second);
+        auto& kept = early_[id];
+        if (kept.empty()) early_order_.push_back(id);
+        kept.emplace_back(std::move(engine), o->second);
         ++early_count_;
         continue;
       }
@@ -585,6 +592,7 @@ class WorkerImpl final : public ConnectorWorker {
   std::deque<RequestId> ended_order_;
   std::map<RequestId, std::vector<std::pair<std::pair<std::string, uint64_t>, uint32_t>>> early_;
   size_t early_count_ = 0;
+  std::deque<RequestId> early_order_;  // requests of early_, first kept first
   std::vector<LoadResult> results_;
   std::vector<ReaderEvent> events_;
   WorkerStats stats_;

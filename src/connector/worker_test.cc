@@ -301,25 +301,17 @@ TEST(WorkerTest, PlanErrorsComeBackBeforeAnythingMoves) {
 // ---------------------------------------------------------------------------
 // Layer-wise streaming (LoadOptions::stream, stream_to, save_layer).
 
-// `layout` with every layer's cells but `keep`'s emptied: what content checks
-// of those layers alone look at.
-Layout only(Layout layout, const std::set<std::string>& keep) {
-  for (Group& g : layout.groups)
-    for (Layer& l : g.layers)
-      if (keep.count(l.name) == 0)
-        for (Component& c : l.components) c.cell_bytes = 0;
-  return layout;
-}
-
 // Bad cells of `layers` of the request at the decode rank (0: all arrived).
-uint64_t bad_cells(const Rank& r, const Request& q, const std::set<std::string>& layers, uint64_t seed) {
-  Result<ContentReport> c = check_request(only(r.layout, layers), q, RequestSide::kLocal, q.skip_tokens, seed, r.spans);
+uint64_t bad_cells(const Rank& r, const Request& q, const std::set<std::string, std::less<>>& layers, uint64_t seed) {
+  Result<ContentReport> c =
+      check_request(keep_layers(r.layout, layers), q, RequestSide::kLocal, q.skip_tokens, seed, r.spans);
   EXPECT_TRUE(c.ok()) << c.error().to_string();
   return c.ok() ? c->bad_cells : ~uint64_t{0};
 }
 
-uint64_t cells(const Rank& r, const Request& q, const std::set<std::string>& layers) {
-  Result<ContentReport> c = check_request(only(r.layout, layers), q, RequestSide::kLocal, q.skip_tokens, 1, r.spans);
+uint64_t cells(const Rank& r, const Request& q, const std::set<std::string, std::less<>>& layers) {
+  Result<ContentReport> c =
+      check_request(keep_layers(r.layout, layers), q, RequestSide::kLocal, q.skip_tokens, 1, r.spans);
   return c.ok() ? c->cells : 0;
 }
 
@@ -337,7 +329,7 @@ struct Streaming {
   void compute(RequestId id, const std::string& layer, std::vector<size_t> ranks = {0, 1}) {
     for (size_t k : ranks) {
       Rank& r = *prefill[k];
-      ASSERT_TRUE(fill_request(only(r.layout, {layer}), request(), RequestSide::kRemote, 0, 11, r.spans).ok());
+      ASSERT_TRUE(fill_request(keep_layers(r.layout, {layer}), request(), RequestSide::kRemote, 0, 11, r.spans).ok());
       ASSERT_TRUE(r.worker->save_layer(id, layer).ok());
     }
   }
@@ -350,7 +342,7 @@ TEST(WorkerStreamTest, EachLayerIsReadOnlyOnceEveryPrefillRankSavedItAndLandsBef
   ASSERT_TRUE(d.start_load(1, "prefill", request(), LoadOptions{true}).ok());
   for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to(1, "decode").ok());
   for (size_t i = 0; i < s.layers.size(); ++i) {
-    const std::set<std::string> later(s.layers.begin() + static_cast<long>(i), s.layers.end());
+    const std::set<std::string, std::less<>> later(s.layers.begin() + static_cast<long>(i), s.layers.end());
     // Not saved yet by anyone: nothing of it or later has moved.
     EXPECT_EQ(d.wait_for_layer(1, s.layers[i], 0ms).code(), Code::kTimeout);
     EXPECT_EQ(bad_cells(*s.decode[0], request(), later, 11), cells(*s.decode[0], request(), later)) << s.layers[i];
@@ -409,15 +401,21 @@ TEST(WorkerStreamTest, AStageNeverAnnouncedFailsTheLoadNamingItsLayerAndNothingL
   EXPECT_NE(r.error.message().find("layers.10"), std::string::npos) << r.error.to_string();
   EXPECT_EQ(r.first_bad_layer, "layers.10");
   EXPECT_EQ(r.first_bad_token, 0u);
-  const std::set<std::string> landed(s.layers.begin(), s.layers.begin() + 10);
-  const std::set<std::string> rest(s.layers.begin() + 10, s.layers.end());
+  const std::set<std::string, std::less<>> landed(s.layers.begin(), s.layers.begin() + 10);
+  const std::set<std::string, std::less<>> rest(s.layers.begin() + 10, s.layers.end());
   EXPECT_EQ(bad_cells(*s.decode[0], request(), landed, 11), 0u);
   EXPECT_EQ(bad_cells(*s.decode[0], request(), rest, 11), cells(*s.decode[0], request(), rest));
   EXPECT_EQ(d.wait_for_layer(2, s.layers[12], 0ms).code(), Code::kTimeout);  // the load's outcome
-  // Announcements after the end are dropped: nothing lands late.
+  // Announcements after the end are dropped: nothing lands late, and a
+  // later load of the same request id is not started by them.
   for (size_t i = 10; i < s.layers.size(); ++i) s.compute(2, s.layers[i]);
+  for (auto& r : s.prefill) EXPECT_TRUE(r->worker->wait_for_save(2, 5s).ok());
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(bad_cells(*s.decode[0], request(), rest, 11), cells(*s.decode[0], request(), rest));
+  ASSERT_TRUE(d.start_load(2, "prefill", request(), LoadOptions{true}).ok());
+  EXPECT_EQ(d.wait_for_layer(2, s.layers[10], 100ms).code(), Code::kTimeout);
+  ASSERT_TRUE(d.abort(2).ok());
+  EXPECT_TRUE(wait_one(d).aborted);
 }
 
 TEST(WorkerStreamTest, AnAbortMidStreamStartsNoFurtherStage) {
@@ -433,7 +431,7 @@ TEST(WorkerStreamTest, AnAbortMidStreamStartsNoFurtherStage) {
   EXPECT_TRUE(r.aborted);
   EXPECT_EQ(r.error.code(), Code::kCancelled);
   std::this_thread::sleep_for(50ms);
-  const std::set<std::string> rest(s.layers.begin() + 5, s.layers.end());
+  const std::set<std::string, std::less<>> rest(s.layers.begin() + 5, s.layers.end());
   EXPECT_EQ(bad_cells(*s.decode[0], request(), rest, 11), cells(*s.decode[0], request(), rest));
 }
 

@@ -219,7 +219,7 @@ Status EngineImpl::notify(PeerId peer, std::string message) {
   }
   const Clock::time_point deadline = Clock::now() + options_.default_timeout;
   KVB_RETURN_IF_ERROR(transfers_->wait_peer(p->connection, deadline).with_context("notify"));
-  const bool drop = hooks_.drop_notification && hooks_.drop_notification();
+  const bool drop = hooks_.drop_notification && hooks_.drop_notification(message);
   KVB_RETURN_IF_ERROR(p->channel->notify_and_wait(std::move(message), deadline, drop).with_context("notify"));
   metrics_.notification_sent();
   return Status();
@@ -235,7 +235,7 @@ void EngineImpl::notify(PeerId peer, std::string message, std::chrono::milliseco
     p = std::move(*found);
   }
   if (timeout.count() <= 0) timeout = options_.default_timeout;
-  const bool drop = hooks_.drop_notification && hooks_.drop_notification();
+  const bool drop = hooks_.drop_notification && hooks_.drop_notification(message);
   p->channel->notify(
       std::move(message), Clock::now() + timeout,
       [this, done = std::move(done)](Status s) {

@@ -38,7 +38,7 @@ struct EngineHooks {
   // Called before each notification is sent (after a transfer or notify());
   // true drops it: nothing is sent, and the sender waits for an
   // acknowledgement that never comes (so the transfer fails by its deadline).
-  std::function<bool()> drop_notification;
+  std::function<bool(std::string_view message)> drop_notification;
 };
 
 // Builds the transports that `options` asks for (every known one when empty,

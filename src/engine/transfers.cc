@@ -274,7 +274,7 @@ void Transfers::start_notification(const std::shared_ptr<Transfer>& tp) {
     std::lock_guard<std::mutex> lock(async_mu_);
     ++async_callbacks_;
   }
-  const bool drop = callbacks_.drop_notification && callbacks_.drop_notification();
+  const bool drop = callbacks_.drop_notification && callbacks_.drop_notification(t.notification);
   // Nothing waits for the acknowledgement: the channel calls back when it
   // comes, at the deadline, or when the peer is gone.
   t.channel->notify(

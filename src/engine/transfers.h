@@ -143,7 +143,7 @@ class Transfers {
  public:
   struct Callbacks {
     // Fault injection: whether to drop the next notification.
-    std::function<bool()> drop_notification;
+    std::function<bool(std::string_view message)> drop_notification;
   };
 
   Transfers(size_t threads, Metrics* metrics, Callbacks callbacks);

@@ -88,6 +88,16 @@ const Group* Layout::find_group(std::string_view name) const {
   return nullptr;
 }
 
+Layout keep_layers(Layout layout, const std::set<std::string, std::less<>>& keep) {
+  for (Group& g : layout.groups) {
+    for (Layer& l : g.layers) {
+      if (keep.count(l.name) != 0) continue;
+      for (Component& c : l.components) c.cell_bytes = 0;
+    }
+  }
+  return layout;
+}
+
 bool has_overlay(const Layout& layout) {
   std::map<std::string_view, size_t> owner;  // tensor name -> first group using it
   for (size_t gi = 0; gi < layout.groups.size(); ++gi) {

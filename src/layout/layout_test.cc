@@ -176,6 +176,24 @@ TEST(LayoutModelTest, GroupsSharingATensorAreAnOverlay) {
   EXPECT_FALSE(has_overlay(l));
 }
 
+TEST(LayoutModelTest, KeepLayersEmptiesEveryOtherLayersCellsAndStaysValid) {
+  const Layout l = testing::small_gqa();
+  ASSERT_GE(l.groups[0].layers.size(), 2u);
+  const std::string first = l.groups[0].layers[0].name;
+  const Layout kept = keep_layers(l, {first});
+  EXPECT_TRUE(validate(kept).ok()) << validate(kept).to_string();
+  for (size_t i = 0; i < kept.groups[0].layers.size(); ++i) {
+    for (size_t c = 0; c < kept.groups[0].layers[i].components.size(); ++c) {
+      const Component& got = kept.groups[0].layers[i].components[c];
+      const Component& was = l.groups[0].layers[i].components[c];
+      EXPECT_EQ(got.cell_bytes, i == 0 ? was.cell_bytes : 0u) << kept.groups[0].layers[i].name;
+      EXPECT_EQ(got.offset, was.offset);  // same addresses for what is kept
+    }
+  }
+  EXPECT_EQ(kept.tensors, l.tensors);
+  EXPECT_TRUE(keep_layers(l, {}).groups[0].layers[0].components[0].empty());
+}
+
 TEST(LayoutModelTest, MemoryMustMatchTheTensorsOneSpanEach) {
   Layout l = testing::small_gqa(2);
   std::vector<std::vector<uint8_t>> bytes;

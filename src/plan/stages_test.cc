@@ -18,19 +18,6 @@ namespace {
 
 using namespace ::kvbridge::property;
 
-// `layout` with the cells of every layer not in `keep` emptied (cell_bytes
-// 0: a component that addresses no byte), so that verify() expects exactly
-// the bytes of the kept layers.
-Layout only_layers(Layout layout, const std::set<std::string>& keep) {
-  for (Group& g : layout.groups) {
-    for (Layer& l : g.layers) {
-      if (keep.count(l.name) != 0) continue;
-      for (Component& c : l.components) c.cell_bytes = 0;
-    }
-  }
-  return layout;
-}
-
 // Empty when the stages of `request` keep every promise of plan.h.
 std::string check_stages(const Layout& local, std::span<const Layout> remotes, const Request& request,
                          const StageOptions& options, uint64_t* stages_seen) {
@@ -92,10 +79,10 @@ std::string check_stages(const Layout& local, std::span<const Layout> remotes, c
       part.skip_tokens = s.first_token;
       part.num_tokens = s.end_token;
     }
-    const std::set<std::string> keep(s.layers.begin(), s.layers.end());
+    const std::set<std::string, std::less<>> keep(s.layers.begin(), s.layers.end());
     std::vector<Layout> rs;
-    for (const Layout& r : remotes) rs.push_back(only_layers(r, keep));
-    Result<VerifyReport> v = verify(s.plan, only_layers(local, keep), rs, part, /*check_minimal=*/true);
+    for (const Layout& r : remotes) rs.push_back(keep_layers(r, keep));
+    Result<VerifyReport> v = verify(s.plan, keep_layers(local, keep), rs, part, /*check_minimal=*/true);
     if (!v) return which + " is not exactly and minimally its layers' bytes: " + v.error().to_string();
     all.descriptors.insert(all.descriptors.end(), s.plan.descriptors.begin(), s.plan.descriptors.end());
     bytes += s.plan.bytes;

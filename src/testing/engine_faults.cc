@@ -27,9 +27,11 @@ Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec) {
       faults->set_delay(std::chrono::milliseconds(n), UINT64_MAX);  // per copy, as documented
     } else if (key == "drop-notifications") {
       faults->drop_notifications(n);
+    } else if (key == "drop-done") {
+      faults->drop_notifications(n, "kvb/1 done ");  // the connector's done messages only
     } else {
       return Status::invalid_argument("engine faults: unknown fault '" + std::string(key) +
-                                      "' (known: delay, drop-notifications)");
+                                      "' (known: delay, drop-notifications, drop-done)");
     }
   }
   return faults;
@@ -44,7 +46,7 @@ Result<std::unique_ptr<Engine>> create_engine_with_faults(const EngineOptions& o
   KVB_ASSIGN_OR_RETURN(auto transports, engine_internal::make_transports(options, &reports));
   for (auto& t : transports) t = transport::make_fault_transport(std::move(t), faults);
   engine_internal::EngineHooks hooks;
-  hooks.drop_notification = [faults] { return faults->take_notification_drop(); };
+  hooks.drop_notification = [faults](std::string_view m) { return faults->take_notification_drop(m); };
   return engine_internal::create_engine(options, std::move(transports), std::move(reports), std::move(hooks));
 }
 

@@ -15,6 +15,7 @@ namespace kvbridge::testing {
 // Engine::create(options) with faults armed, comma-separated:
 //   "delay=MS"              every copy of every transport sleeps MS first (a slow link);
 //   "drop-notifications=N"  the next N notifications this engine sends are lost on the way.
+//   "drop-done=N"           the same for the next N connector done messages ("kvb/1 done ...") only.
 // Empty: exactly Engine::create. kInvalidArgument naming an unknown fault
 // or a missing number.
 Result<std::unique_ptr<Engine>> create_engine_with_faults(const EngineOptions& options, std::string_view faults);

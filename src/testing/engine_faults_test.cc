@@ -19,5 +19,26 @@ TEST(EngineFaultsTest, ParsesKnownFaultsAndNamesWhatIsWrong) {
   EXPECT_NE(bad.error().message().find("unknown fault 'explode'"), std::string::npos) << bad.error().to_string();
 }
 
+// drop-done loses a connector done message and lets everything else through.
+TEST(EngineFaultsTest, DropDoneDropsOnlyDoneMessages) {
+  EngineOptions o;
+  o.transports = {"local"};
+  o.default_timeout = std::chrono::milliseconds(300);
+  o.name = "faulty";
+  Result<std::unique_ptr<Engine>> a = create_engine_with_faults(o, "drop-done=1");
+  ASSERT_TRUE(a.ok()) << a.error().to_string();
+  o.name = "plain";
+  Result<std::unique_ptr<Engine>> b = Engine::create(o);
+  ASSERT_TRUE(b.ok());
+  Result<PeerId> peer = (*a)->connect((*b)->metadata());
+  ASSERT_TRUE(peer.ok()) << peer.error().to_string();
+  EXPECT_TRUE((*a)->notify(*peer, "kvb/1 hb 7").ok());
+  EXPECT_EQ((*a)->notify(*peer, "kvb/1 done 7").code(), Code::kTimeout);  // lost: never acknowledged
+  EXPECT_TRUE((*a)->notify(*peer, "kvb/1 done 8").ok());                  // one drop only
+  std::vector<std::string> got;
+  for (const Notification& n : (*b)->take_notifications()) got.push_back(n.message);
+  EXPECT_EQ(got, (std::vector<std::string>{"kvb/1 hb 7", "kvb/1 done 8"}));
+}
+
 }  // namespace
 }  // namespace kvbridge::testing

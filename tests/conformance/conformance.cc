@@ -25,7 +25,7 @@ void ConformanceBase::SetUp() {
   std::vector<std::unique_ptr<transport::Transport>> wrapped;
   for (auto& t : *made) wrapped.push_back(transport::make_fault_transport(std::move(t), faults_));
   engine_internal::EngineHooks hooks;
-  hooks.drop_notification = [f = faults_] { return f->take_notification_drop(); };
+  hooks.drop_notification = [f = faults_](std::string_view m) { return f->take_notification_drop(m); };
   Result<std::unique_ptr<Engine>> engine =
       engine_internal::create_engine(options, std::move(wrapped), std::move(reports), std::move(hooks));
   ASSERT_TRUE(engine.ok()) << engine.error().to_string();

@@ -29,9 +29,10 @@ void Faults::set_cancel_linger(std::chrono::milliseconds linger) {
   linger_ = linger;
 }
 
-void Faults::drop_notifications(uint64_t count) {
+void Faults::drop_notifications(uint64_t count, std::string prefix) {
   std::lock_guard<std::mutex> lock(mu_);
   drops_ = count;
+  drop_prefix_ = std::move(prefix);
 }
 
 void Faults::clear() {
@@ -42,9 +43,9 @@ void Faults::clear() {
   drops_ = 0;
 }
 
-bool Faults::take_notification_drop() {
+bool Faults::take_notification_drop(std::string_view message) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (drops_ == 0) return false;
+  if (drops_ == 0 || message.substr(0, drop_prefix_.size()) != drop_prefix_) return false;
   --drops_;
   return true;
 }

@@ -14,7 +14,8 @@
 //  - set_cancel_linger(d): a link slow to notice cancel and deadlines: once
 //    it sees one it keeps copying for up to `d` before returning (still
 //    honouring the Link contract: nothing lands after run() returns);
-//  - drop_notifications(n): the engine drops the next n notifications (the
+//  - drop_notifications(n, prefix): the engine drops the next n
+//    notifications whose message starts with `prefix` (empty: any; the
 //    engine asks take_notification_drop() through its test hook, because
 //    notifications travel on the control connection, not through a Link).
 // It also counts runs, so a test can check that none is executing.
@@ -41,12 +42,12 @@ class Faults {
   static constexpr uint64_t kDefaultDelayPiece = 4096;
   void set_delay(std::chrono::milliseconds per_piece, uint64_t piece_bytes = kDefaultDelayPiece);
   void set_cancel_linger(std::chrono::milliseconds linger);
-  void drop_notifications(uint64_t count);
+  void drop_notifications(uint64_t count, std::string prefix = {});
   // Disarms everything (counters stay).
   void clear();
 
-  // True once per armed drop.
-  bool take_notification_drop();
+  // True once per armed drop, for a message with the armed prefix.
+  bool take_notification_drop(std::string_view message);
 
   // Whether a delay or a cancel linger is armed: runs are then slow, and
   // the engine must not run them on a submitting thread.
@@ -80,6 +81,7 @@ class Faults {
   std::chrono::milliseconds delay_{0}, linger_{0};
   uint64_t delay_piece_ = kDefaultDelayPiece;
   uint64_t drops_ = 0;
+  std::string drop_prefix_;
 };
 
 // Wraps `inner`. Requires both non-null.
