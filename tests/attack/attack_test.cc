@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -278,6 +279,24 @@ TEST(AttackTest, AFloodOfIdleControlConnectionsDoesNotLockOutARealReader) {
   ::setrlimit(RLIMIT_NOFILE, &old);
 }
 
+// Whether every thread of `pid` is stopped (kill() returns once the signal
+// is queued; a thread running on another CPU stops a little later).
+bool all_stopped(pid_t pid) {
+  std::error_code ec;
+  bool any = false;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::FILE* f = std::fopen((t.path() / "stat").c_str(), "r");
+    if (f == nullptr) return false;
+    char buf[512] = {};
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    const char* close = std::strrchr(buf, ')');  // "pid (comm) S ..."
+    if (n == 0 || close == nullptr || close[1] != ' ' || (close[2] != 'T' && close[2] != 't')) return false;
+    any = true;
+  }
+  return any && !ec;
+}
+
 // A prefill rank in a child process (attack_peer), so it can be stopped.
 struct Child {
   pid_t pid = -1;
@@ -360,6 +379,8 @@ TEST(AttackTest, AStoppedPrefillDelaysOnlyTheLoadsThatNeedIt) {
   ASSERT_TRUE(first_a.ok() && first_a->error.ok()) << (first_a.ok() ? first_a->error.to_string() : "");
   ASSERT_TRUE(first_b.ok() && first_b->error.ok());
   ASSERT_EQ(::kill(a->pid, SIGSTOP), 0);
+  for (int i = 0; i < 2000 && !all_stopped(a->pid); ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(all_stopped(a->pid)) << "prefill a did not stop within 2 s";
   const auto t0 = Clock::now();
   ASSERT_TRUE(w.start_load(3, "a", request()).ok());  // its reads stall: the peer is stopped
   for (RequestId id = 4; id < 8; ++id) {
