@@ -225,14 +225,19 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
         ASSERT_EQ(p->bytes, gen::expected_bytes(local, request)) << where;
         ASSERT_EQ(v->bytes_written, p->bytes) << where;
         // Token-ordered chunks at block granularity move the same bytes.
+        // The parts' descriptors one after the other, as one plan.
+        auto join = [&](const auto& parts) {
+          Plan all;
+          all.sources = p->sources;
+          for (const auto& part : parts) {
+            all.descriptors.insert(all.descriptors.end(), part.plan.descriptors.begin(), part.plan.descriptors.end());
+            all.bytes += part.plan.bytes;
+          }
+          return all;
+        };
         Result<std::vector<PlanChunk>> chunks = plan_chunks(local, *prefill, request, 1);
         ASSERT_TRUE(chunks.has_value()) << where << ": " << chunks.error().to_string();
-        Plan joined;
-        joined.sources = p->sources;
-        for (const PlanChunk& ch : *chunks) {
-          joined.descriptors.insert(joined.descriptors.end(), ch.plan.descriptors.begin(), ch.plan.descriptors.end());
-          joined.bytes += ch.plan.bytes;
-        }
+        const Plan joined = join(*chunks);
         ASSERT_EQ(joined.bytes, p->bytes) << where << " (chunks)";
         if (chunks->size() > 1) {
           Result<VerifyReport> vc = verify(joined, local, *prefill, request, /*check_minimal=*/false);
@@ -243,12 +248,7 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
         // disjoint and together move exactly the request.
         Result<std::vector<PlanStage>> stages = plan_stages(local, *prefill, request, StageOptions{1, 1});
         ASSERT_TRUE(stages.has_value()) << where << ": " << stages.error().to_string();
-        Plan staged;
-        staged.sources = p->sources;
-        for (const PlanStage& st : *stages) {
-          staged.descriptors.insert(staged.descriptors.end(), st.plan.descriptors.begin(), st.plan.descriptors.end());
-          staged.bytes += st.plan.bytes;
-        }
+        const Plan staged = join(*stages);
         ASSERT_EQ(staged.bytes, p->bytes) << where << " (stages)";
         Result<VerifyReport> vs = verify(staged, local, *prefill, request, /*check_minimal=*/false);
         ASSERT_TRUE(vs.has_value()) << where << " (" << stages->size() << " stages): " << vs.error().to_string();

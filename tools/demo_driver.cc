@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "demo_blocks.h"
 #include "demo_driver.h"
 #include "demo_flood.h"
 #include "kvbridge/presets.h"
@@ -26,43 +27,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 using namespace std::chrono_literals;
-
-// The engine's block allocator, stand-in: one pool of ids per instance shared
-// by its groups (overlaid groups never share an id), with double frees seen.
-class BlockPool {
- public:
-  explicit BlockPool(uint64_t n) {
-    for (uint64_t b = 0; b < n; ++b) free_.push_back(static_cast<int64_t>(b));
-  }
-  std::optional<std::vector<int64_t>> allocate(uint64_t count, std::mt19937_64& rng) {
-    if (count > free_.size()) return std::nullopt;
-    std::vector<int64_t> ids;
-    for (uint64_t i = 0; i < count; ++i) {
-      // Mostly consecutive, as allocators hand out, with some jumps.
-      const size_t at = rng() % 4 == 0 ? rng() % free_.size() : 0;
-      ids.push_back(free_[at]);
-      used_.insert(free_[at]);
-      free_.erase(free_.begin() + static_cast<long>(at));
-    }
-    return ids;
-  }
-  void release(const std::vector<int64_t>& ids) {
-    for (int64_t id : ids) {
-      if (used_.erase(id) == 0) {
-        ++double_frees_;
-      } else {
-        free_.push_back(id);
-      }
-    }
-  }
-  uint64_t in_use() const { return used_.size(); }
-  uint64_t double_frees() const { return double_frees_; }
-
- private:
-  std::deque<int64_t> free_;
-  std::set<int64_t> used_;
-  uint64_t double_frees_ = 0;
-};
 
 struct Proc {
   pid_t pid = -1;
@@ -79,34 +43,6 @@ struct Current {
   RequestId id = 0;
   std::vector<json> replies;  // prefilled / raw / freed / aborted / recomputed replies
 };
-
-// Rank 0's layout of one side; errors name the side.
-Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_blocks) {
-  const char* side = &s == &a.prefill ? "prefill" : "decode";
-  PresetOptions p;
-  p.name = a.preset;
-  p.tp_size = s.tp;
-  p.block_tokens = s.block_tokens;
-  p.kernel_block_tokens = s.kernel_block_tokens;
-  Result<Order> order = parse_order(s.order);
-  if (!order.ok()) return order.error().with_context(side);
-  p.order = *order;
-  p.num_blocks = num_blocks;
-  Result<Layout> l = make_preset(p);
-  if (!l.ok()) return l.error().with_context(side);
-  return l;
-}
-
-uint64_t blocks_for(const Group& g, uint64_t tokens) {
-  if (g.kind == GroupKind::kState || g.kind == GroupKind::kScratch) return 1;
-  return (tokens + g.block_tokens - 1) / g.block_tokens;
-}
-
-uint64_t blocks_per_request(const Layout& l, uint64_t tokens) {
-  uint64_t n = 0;
-  for (const Group& g : l.groups) n += g.transfer ? blocks_for(g, tokens) : 0;
-  return n;
-}
 
 class Driver {
  public:

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/text.h"
+#include "connector/messages.h"
 
 namespace kvbridge::connector {
 
@@ -98,7 +99,7 @@ void Announcer::forget_older_than(Clock::time_point before) {
 Announcer::Messages Announcer::take_announcements(RequestId request, Stream& s) {
   Messages out;
   for (; s.announced < s.saved.size(); ++s.announced) {
-    const std::string m = "kvb/1 ready " + std::to_string(request) + " " + s.saved[s.announced];
+    const std::string m = format_message(Message::Kind::kReady, request, s.saved[s.announced]);
     for (PeerId p : s.readers) out.emplace_back(p, m);
   }
   std::lock_guard<std::mutex> lock(s.acks->mu);

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -23,6 +22,7 @@
 #include "common/thread_name.h"
 #include "connector/announcer.h"
 #include "connector/load.h"
+#include "connector/messages.h"
 #include "connector/remotes.h"
 #include "connector/side_channel.h"
 #include "connector/worker_internal.h"
@@ -38,7 +38,6 @@ using connector::Fetched;
 using connector::Load;
 using connector::LoadStage;
 using connector::LoadTransfer;
-constexpr std::string_view kMessagePrefix = "kvb/1 ";
 constexpr size_t kEndedKept = 4096;   // outcomes kept for wait_for_layer()
 constexpr size_t kEarlyKept = 65536;  // announcements kept for loads not started yet
 
@@ -406,36 +405,18 @@ class WorkerImpl final : public ConnectorWorker {
     std::lock_guard<std::mutex> lock(mu_);
     bool failed_start = false;
     for (Notification& n : got) {
-      std::string_view m = n.message;
-      if (m.substr(0, kMessagePrefix.size()) != kMessagePrefix) continue;
-      m.remove_prefix(kMessagePrefix.size());
-      ReaderEvent e;
-      bool ready = false;
-      if (m.substr(0, 3) == "hb ") {
-        e.kind = ReaderEvent::Kind::kHeartbeat;
-        m.remove_prefix(3);
-      } else if (m.substr(0, 5) == "done ") {
-        e.kind = ReaderEvent::Kind::kDone;
-        m.remove_prefix(5);
-      } else if (m.substr(0, 6) == "ready ") {
-        ready = true;
-        m.remove_prefix(6);
-      } else {
-        continue;
-      }
-      uint64_t id = 0;
-      const auto [end, ec] = std::from_chars(m.data(), m.data() + m.size(), id);
-      if (m.empty() || ec != std::errc()) continue;
-      const std::string_view rest(end, static_cast<size_t>(m.data() + m.size() - end));
-      if (!ready) {
-        if (!rest.empty()) continue;
-        e.request = id;
+      const std::optional<connector::Message> m = connector::parse_message(n.message);
+      if (!m) continue;
+      if (m->kind != connector::Message::Kind::kReady) {
+        ReaderEvent e;
+        e.kind = m->kind == connector::Message::Kind::kDone ? ReaderEvent::Kind::kDone : ReaderEvent::Kind::kHeartbeat;
+        e.request = m->request;
         e.reader = std::move(n.peer);
         events_.push_back(std::move(e));
         continue;
       }
-      if (rest.size() < 2 || rest[0] != ' ') continue;
-      auto o = ordinal_.find(std::string(rest.substr(1)));
+      const RequestId id = m->request;
+      auto o = ordinal_.find(std::string(m->layer));
       if (o == ordinal_.end()) continue;
       std::pair<std::string, uint64_t> engine{std::move(n.peer), n.peer_instance};
       auto it = loads_.find(id);
@@ -523,7 +504,7 @@ class WorkerImpl final : public ConnectorWorker {
           const bool over = load.aborted || load.expired || !load.start_error.ok() || load.unsubmitted == 0;
           if (load.pending > 0 || !over) continue;
           for (PeerId p : load.peers) {
-            messages.emplace_back(p, std::string(kMessagePrefix) + "done " + std::to_string(load.request));
+            messages.emplace_back(p, connector::format_message(connector::Message::Kind::kDone, load.request));
           }
           end_load(loads_.find(load.request));
         }
@@ -531,7 +512,7 @@ class WorkerImpl final : public ConnectorWorker {
           next_beat = now + options_.heartbeat_interval;
           for (auto& [id, load] : loads_) {
             for (PeerId p : load.peers)
-              messages.emplace_back(p, std::string(kMessagePrefix) + "hb " + std::to_string(id));
+              messages.emplace_back(p, connector::format_message(connector::Message::Kind::kHeartbeat, id));
           }
           // Streams the engine never waited for are forgotten after a while.
           announcer_->forget_older_than(now - 4 * options_.transfer_timeout);

@@ -1,0 +1,34 @@
+#include "demo_blocks.h"
+
+#include "kvbridge/presets.h"
+
+namespace kvbridge::cli::demo {
+
+Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_blocks) {
+  const char* side = &s == &a.prefill ? "prefill" : "decode";
+  PresetOptions p;
+  p.name = a.preset;
+  p.tp_size = s.tp;
+  p.block_tokens = s.block_tokens;
+  p.kernel_block_tokens = s.kernel_block_tokens;
+  Result<Order> order = parse_order(s.order);
+  if (!order.ok()) return order.error().with_context(side);
+  p.order = *order;
+  p.num_blocks = num_blocks;
+  Result<Layout> l = make_preset(p);
+  if (!l.ok()) return l.error().with_context(side);
+  return l;
+}
+
+uint64_t blocks_for(const Group& g, uint64_t tokens) {
+  if (g.kind == GroupKind::kState || g.kind == GroupKind::kScratch) return 1;
+  return (tokens + g.block_tokens - 1) / g.block_tokens;
+}
+
+uint64_t blocks_per_request(const Layout& l, uint64_t tokens) {
+  uint64_t n = 0;
+  for (const Group& g : l.groups) n += g.transfer ? blocks_for(g, tokens) : 0;
+  return n;
+}
+
+}  // namespace kvbridge::cli::demo

@@ -1,0 +1,64 @@
+// tools/demo_blocks.h: what the demo's driver plays of an engine's block
+// manager: a pool of block ids per instance, and how many blocks a request
+// of a side's layout needs.
+//
+// Thread-safety: none needed (the driver is single-threaded).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "demo.h"
+#include "kvbridge/layout.h"
+
+namespace kvbridge::cli::demo {
+
+// The engine's block allocator, stand-in: one pool of ids per instance shared
+// by its groups (overlaid groups never share an id), with double frees seen.
+class BlockPool {
+ public:
+  explicit BlockPool(uint64_t n) {
+    for (uint64_t b = 0; b < n; ++b) free_.push_back(static_cast<int64_t>(b));
+  }
+  std::optional<std::vector<int64_t>> allocate(uint64_t count, std::mt19937_64& rng) {
+    if (count > free_.size()) return std::nullopt;
+    std::vector<int64_t> ids;
+    for (uint64_t i = 0; i < count; ++i) {
+      // Mostly consecutive, as allocators hand out, with some jumps.
+      const size_t at = rng() % 4 == 0 ? rng() % free_.size() : 0;
+      ids.push_back(free_[at]);
+      used_.insert(free_[at]);
+      free_.erase(free_.begin() + static_cast<long>(at));
+    }
+    return ids;
+  }
+  void release(const std::vector<int64_t>& ids) {
+    for (int64_t id : ids) {
+      if (used_.erase(id) == 0) {
+        ++double_frees_;
+      } else {
+        free_.push_back(id);
+      }
+    }
+  }
+  uint64_t in_use() const { return used_.size(); }
+  uint64_t double_frees() const { return double_frees_; }
+
+ private:
+  std::deque<int64_t> free_;
+  std::set<int64_t> used_;
+  uint64_t double_frees_ = 0;
+};
+
+// Rank 0's layout of one side; errors name the side.
+Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_blocks);
+// Blocks of group `g` (and of every transfer group of `l`) that a request
+// of `tokens` tokens holds.
+uint64_t blocks_for(const Group& g, uint64_t tokens);
+uint64_t blocks_per_request(const Layout& l, uint64_t tokens);
+
+}  // namespace kvbridge::cli::demo
