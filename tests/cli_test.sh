@@ -125,10 +125,23 @@ rss3_kib=$(tail -1 "$TMP/rss3")
 (( rss3_kib < rss_kib + 65536 )) && ok "reading stops at the bound (max RSS ${rss_kib} KiB for 96 MiB, ${rss3_kib} KiB for 288 MiB)" ||
   fail "max RSS ${rss_kib} KiB for 96 MiB but ${rss3_kib} KiB for 288 MiB: the input was read whole"
 
+# 7c. Who reads whom: glm5-flash decode TP 2 from prefill TP 4 (MLA and
+# indexer replicated, KDA state sharded): each decode rank reads the two
+# prefill ranks holding its KDA heads, and each prefill rank has one reader.
+for r in 0 1 2 3; do "$KVB" layout --preset glm5-flash --tp 4 --rank $r --num-blocks 8 --compact >"$TMP/p$r.json"; done
+for r in 0 1; do "$KVB" layout --preset glm5-flash --tp 2 --rank $r --num-blocks 8 --compact >"$TMP/d$r.json"; done
+expect "readers" 0 "$KVB" readers --compact --local "$TMP/d0.json" "$TMP/d1.json" \
+  --remote "$TMP/p0.json" "$TMP/p1.json" "$TMP/p2.json" "$TMP/p3.json"
+contains "decode rank 1 reads prefill ranks 2 and 3 only" "$TMP/out" '{"rank":1,"source_ranks":[2,3]}'
+contains "prefill rank 2 has one reader, decode rank 1" "$TMP/out" '{"rank":2,"readers":1,"reader_ranks":[1]}'
+expect "readers without a rank holding a needed head" 1 "$KVB" readers --local "$TMP/d1.json" \
+  --remote "$TMP/p0.json" "$TMP/p1.json" "$TMP/p2.json"
+contains "the error names the local rank and the head" "$TMP/err" "local rank 1"
+
 # 8. --help works for the tool and each subcommand.
 expect "--help" 0 "$KVB" --help
 contains "--help lists the subcommands" "$TMP/out" "layout"
-for cmd in layout presets validate identity; do
+for cmd in layout presets validate identity plan readers; do
   expect "$cmd --help" 0 "$KVB" "$cmd" --help
   [[ -s $TMP/out ]] && ok "$cmd --help prints help" || fail "$cmd --help printed nothing"
 done

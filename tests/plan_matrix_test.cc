@@ -62,6 +62,7 @@ struct Totals {
   uint64_t descriptors = 0;
   uint64_t naive = 0;
   uint64_t bytes = 0;
+  uint64_t sources = 0;  // source ranks chosen, summed over plans (each checked minimal)
 };
 Totals& grand_totals() {
   static Totals t;
@@ -75,10 +76,11 @@ class SummaryEnvironment : public ::testing::Environment {
     std::printf(
         "[ matrix    ] %llu plans, %llu template instances, %llu chunked and %llu staged requests verified over "
         "%llu combinations (%llu TP pairs "
-        "skipped); %llu descriptors (naive scheme: %llu), %llu bytes\n",
+        "skipped); %llu descriptors (naive scheme: %llu), %llu bytes, %llu source ranks (each set the fewest)\n",
         (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.chunked,
         (unsigned long long)t.staged, (unsigned long long)t.combos, (unsigned long long)t.skipped,
-        (unsigned long long)t.descriptors, (unsigned long long)t.naive, (unsigned long long)t.bytes);
+        (unsigned long long)t.descriptors, (unsigned long long)t.naive, (unsigned long long)t.bytes,
+        (unsigned long long)t.sources);
   }
 };
 [[maybe_unused]] ::testing::Environment* const kSummary = ::testing::AddGlobalTestEnvironment(new SummaryEnvironment);
@@ -134,6 +136,45 @@ Result<std::vector<Layout>> instance(const std::string& preset, uint32_t tp, uin
     ranks.push_back(std::move(*l));
   }
   return ranks;
+}
+
+// The oracle for source choice, written apart from the planner: true when
+// the remote ranks flagged in `in` hold every local head of every component
+// of every transfer group of `local` (a replicated component: some flagged
+// rank where it is not empty).
+bool covers(const Layout& local, const std::vector<Layout>& remotes, const std::vector<bool>& in) {
+  for (const Group& g : local.groups) {
+    if (!g.transfer) continue;
+    for (size_t l = 0; l < g.layers.size(); ++l) {
+      for (size_t c = 0; c < g.layers[l].components.size(); ++c) {
+        const Component& comp = g.layers[l].components[c];
+        if (comp.empty()) continue;
+        for (uint32_t h = 0; h < (comp.heads ? comp.heads->count : 1); ++h) {
+          bool held = false;
+          for (size_t r = 0; r < remotes.size() && !held; ++r) {
+            if (!in[r]) continue;
+            const Component& rc = remotes[r].find_group(g.name)->layers[l].components[c];
+            held = comp.heads ? rc.heads && comp.heads->first + h >= rc.heads->first &&
+                                    comp.heads->first + h < rc.heads->first + rc.heads->count
+                              : !rc.empty();
+          }
+          if (!held) return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+// By brute force: whether some `k` of the remote ranks cover `local`.
+bool some_cover_of_size(const Layout& local, const std::vector<Layout>& remotes, size_t k) {
+  std::vector<bool> in(remotes.size(), false);
+  std::fill(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(std::min(k, remotes.size())), true);
+  std::sort(in.begin(), in.end());  // the first permutation
+  do {
+    if (covers(local, remotes, in)) return true;
+  } while (std::next_permutation(in.begin(), in.end()));
+  return false;
 }
 
 std::string describe(const std::string& preset, const Combo& c, uint64_t pb, uint64_t db) {
@@ -223,6 +264,19 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
         verify_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
         ASSERT_TRUE(v.has_value()) << where << ": " << v.error().to_string();
         ASSERT_EQ(p->bytes, gen::expected_bytes(local, request)) << where;
+        // The plan reads from the chosen sources only; they cover what the
+        // rank needs, and no smaller set of ranks does (brute force).
+        Result<std::vector<uint32_t>> chosen = source_ranks(local, *prefill);
+        ASSERT_TRUE(chosen.has_value()) << where << ": " << chosen.error().to_string();
+        std::vector<bool> in(prefill->size(), false);
+        for (size_t s = 0; s < prefill->size(); ++s) {
+          in[s] = std::count(chosen->begin(), chosen->end(), (*prefill)[s].tp_rank) != 0;
+          ASSERT_TRUE(in[s] || p->sources[s].bytes == 0) << where << ": reads from rank " << s << ", not chosen";
+        }
+        ASSERT_TRUE(covers(local, *prefill, in)) << where << ": the chosen sources miss something";
+        ASSERT_FALSE(some_cover_of_size(local, *prefill, chosen->size() - 1))
+            << where << ": " << chosen->size() << " sources chosen, fewer would do";
+        t.sources += chosen->size();
         ASSERT_EQ(v->bytes_written, p->bytes) << where;
         // Token-ordered chunks at block granularity move the same bytes.
         // The parts' descriptors one after the other, as one plan.
@@ -308,6 +362,7 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
   g.descriptors += t.descriptors;
   g.naive += t.naive;
   g.bytes += t.bytes;
+  g.sources += t.sources;
 
   EXPECT_GT(t.combos, 0u) << preset << " supports no TP pair";
   EXPECT_EQ(orders_done.size(), order_pairs().size()) << preset << ": not every order pair ran";

@@ -32,6 +32,7 @@ Command add_presets_command(CLI::App& root);
 Command add_validate_command(CLI::App& root);
 Command add_identity_command(CLI::App& root);
 Command add_plan_command(CLI::App& root);
+Command add_readers_command(CLI::App& root);
 Command add_demo_command(CLI::App& root);
 Command add_bench_command(CLI::App& root);
 Command add_store_command(CLI::App& root);

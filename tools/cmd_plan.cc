@@ -1,7 +1,9 @@
 // `kvbridge plan`: plans (and optionally verifies) one request from JSON files.
+// `kvbridge readers`: which ranks of one instance read which ranks of another.
 
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "cli.h"
@@ -56,7 +58,61 @@ int run_plan(const PlanArgs& args) {
   return 0;
 }
 
+struct ReadersArgs {
+  std::vector<std::string> locals, remotes;
+  bool compact = false;
+};
+
+int run_readers(const ReadersArgs& args) {
+  std::vector<Layout> locals, remotes;
+  for (const auto& [paths, out] : {std::pair{&args.locals, &locals}, std::pair{&args.remotes, &remotes}}) {
+    for (const std::string& path : *paths) {
+      Result<Layout> l = load_layout(path);
+      if (!l) return fail(l.error());
+      out->push_back(std::move(*l));
+    }
+  }
+  Result<std::vector<SourceReaders>> readers = readers_per_source(locals, remotes);
+  if (!readers) return fail(readers.error());
+  nlohmann::ordered_json j;
+  j["format"] = "kvbridge.readers/1";
+  nlohmann::ordered_json sources = nlohmann::ordered_json::array();
+  for (const SourceReaders& s : *readers) {
+    nlohmann::ordered_json o;
+    o["rank"] = s.tp_rank;
+    o["readers"] = s.readers.size();
+    o["reader_ranks"] = s.readers;
+    sources.push_back(std::move(o));
+  }
+  j["sources"] = std::move(sources);
+  nlohmann::ordered_json reads = nlohmann::ordered_json::array();
+  for (const Layout& local : locals) {
+    Result<std::vector<uint32_t>> from = source_ranks(local, remotes);
+    if (!from) return fail(from.error());
+    reads.push_back({{"rank", local.tp_rank}, {"source_ranks", *from}});
+  }
+  j["locals"] = std::move(reads);
+  std::cout << j.dump(args.compact ? -1 : 2) << "\n";
+  return 0;
+}
+
 }  // namespace
+
+Command add_readers_command(CLI::App& root) {
+  auto args = std::make_shared<ReadersArgs>();
+  CLI::App* app = root.add_subcommand(
+      "readers",
+      "For a pair of instances: the remote ranks each local rank reads from (the fewest that hold what it needs), "
+      "and how many local ranks read each remote rank (kvbridge.readers/1 JSON)");
+  app->add_option("--local", args->locals, "Layouts of the reading instance's ranks (e.g. decode), in any order")
+      ->required()
+      ->expected(1, -1);
+  app->add_option("--remote", args->remotes, "Layouts of the instance read from (e.g. prefill), in any order")
+      ->required()
+      ->expected(1, -1);
+  app->add_flag("--compact", args->compact, "Print the JSON on one line");
+  return {app, [args] { return run_readers(*args); }};
+}
 
 Command add_plan_command(CLI::App& root) {
   auto args = std::make_shared<PlanArgs>();

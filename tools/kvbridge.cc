@@ -10,8 +10,9 @@ int main(int argc, char** argv) {
   CLI::App app{"kvbridge: move LLM KV caches between inference workers"};
   app.require_subcommand(1);
   const std::vector<Command> commands = {
-      add_layout_command(app), add_presets_command(app), add_validate_command(app), add_identity_command(app),
-      add_plan_command(app),   add_demo_command(app),    add_bench_command(app),    add_store_command(app),
+      add_layout_command(app),   add_presets_command(app), add_validate_command(app),
+      add_identity_command(app), add_plan_command(app),    add_readers_command(app),
+      add_demo_command(app),     add_bench_command(app),   add_store_command(app),
   };
   try {
     app.parse(argc, argv);

@@ -69,7 +69,7 @@ struct Plan {
 
 // Plans `request` into `local` from the ranks in `remotes` (any order; all of
 // one instance: same tp_size, distinct tp_ranks; a subset is allowed when it
-// holds every head the local rank needs).
+// holds every head the local rank needs). It reads from source_ranks() only.
 //
 // Errors, each naming the field; never a partial plan:
 //  - kIncompatible: an identity mismatch (check_compatible's message), remote
@@ -83,6 +83,27 @@ struct Plan {
 //  - kResourceExhausted: more than 65,535 tensors or remote ranks.
 // Requires valid layouts (parse_layout() or validate()).
 Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Request& request);
+
+// The remote ranks a plan into `local` reads from (docs/planner.md,
+// "Sources"): the fewest of `remotes` that together hold everything `local`
+// moves (each local head of each component of every transfer group), as
+// tp_ranks in ascending order. A plan's descriptors come from these ranks
+// only, and a request that moves every transfer group reads from each of
+// them. Deterministic, from the layouts alone. Errors: plan()'s for the
+// layouts (an identity mismatch, a needed head no given rank holds, ...).
+Result<std::vector<uint32_t>> source_ranks(const Layout& local, std::span<const Layout> remotes);
+
+// Who reads whom, for a pair of instances: for each remote rank (in the
+// order given), the tp_ranks of the `locals` (the ranks of the reading
+// instance) whose source_ranks() include it, ascending. What a prefill rank
+// counts before it frees a request's blocks: every reader said done. A
+// remote rank nobody reads has an empty list. Errors: source_ranks()'s,
+// naming the local rank.
+struct SourceReaders {
+  uint32_t tp_rank = 0;           // the remote rank
+  std::vector<uint32_t> readers;  // local tp_ranks reading it
+};
+Result<std::vector<SourceReaders>> readers_per_source(std::span<const Layout> locals, std::span<const Layout> remotes);
 
 // The count of descriptors the usual engine scheme would post for the same
 // request: one per (layer, component, block pair with moving positions, and

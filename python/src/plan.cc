@@ -7,6 +7,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <map>
+
 #include "bindings.h"
 #include "kvbridge/content.h"
 #include "kvbridge/plan.h"
@@ -123,6 +125,22 @@ void bind_plan(py::module_& m) {
       "Plans `request` into `local` from the ranks in `remotes` (one instance, any subset that holds\n"
       "every needed head). Raises Incompatible (identity, naming the field), InvalidArgument,\n"
       "OutOfRange or ResourceExhausted naming the field; never returns a partial plan.");
+  m.def(
+      "source_ranks",
+      [](const Layout& local, const std::vector<Layout>& remotes) { return unwrap(source_ranks(local, remotes)); },
+      py::arg("local"), py::arg("remotes"),
+      "The tp_ranks of `remotes` that plans into `local` read from: the fewest that hold everything\n"
+      "it moves (docs/planner.md, \"Sources\"), ascending. Raises plan()'s errors for the layouts.");
+  m.def(
+      "readers_per_source",
+      [](const std::vector<Layout>& locals, const std::vector<Layout>& remotes) {
+        std::map<uint32_t, std::vector<uint32_t>> out;
+        for (SourceReaders& s : unwrap(readers_per_source(locals, remotes))) out[s.tp_rank] = std::move(s.readers);
+        return out;
+      },
+      py::arg("locals"), py::arg("remotes"),
+      "For a pair of instances: {remote tp_rank: [local tp_ranks reading it]} (an empty list for a\n"
+      "rank nobody reads): how many readers a prefill rank waits for before it frees a request.");
   m.def(
       "layer_order", [](const Layout& layout) { return layer_order(layout); }, py::arg("layout"),
       "The model's layer order: every layer name once, by the number it ends with, then by name\n"

@@ -84,3 +84,15 @@ def test_fill_and_check_content_across_geometries():
     assert bad.bad_cells > 0 and "tensor 'kv.0'" in bad.first_error
     with pytest.raises(kvbridge.InvalidArgument):
         kvbridge.check_request(decode, request, dst[:-1])
+
+
+def test_source_ranks_are_the_fewest_and_readers_are_counted():
+    # glm5-flash: MLA and indexer replicated, KDA state sharded. Decode TP 2
+    # rank 1 needs prefill TP 4 ranks 2 and 3 alone.
+    prefill = [kvbridge.make_preset("glm5-flash", tp_size=4, tp_rank=r, num_blocks=8) for r in range(4)]
+    decode = [kvbridge.make_preset("glm5-flash", tp_size=2, tp_rank=r, num_blocks=8) for r in range(2)]
+    assert kvbridge.source_ranks(decode[1], prefill) == [2, 3]
+    assert kvbridge.source_ranks(decode[0], prefill) == [0, 1]
+    assert kvbridge.readers_per_source(decode, prefill) == {0: [0], 1: [0], 2: [1], 3: [1]}
+    with pytest.raises(kvbridge.Incompatible, match="global head"):
+        kvbridge.source_ranks(decode[1], prefill[:3])

@@ -46,14 +46,39 @@ struct HeadRun {
 
 // Checks that the remote layouts form one instance compatible with `local`
 // (same tp_size, distinct ranks, equal identity, equal block geometry per
-// group). Returns the remote indices sorted by tp_rank.
+// group). Returns the indices of the sources chosen by choose_sources(),
+// sorted by tp_rank.
 Result<std::vector<uint16_t>> check_remotes(const Layout& local, std::span<const Layout> remotes);
 
+// What the local rank needs: the distinct sets of remote ranks that hold one
+// thing it moves (a local head of a component of a transfer group, by its
+// global head, or a replicated component, where it is not empty), each a
+// bit set over the indices into remotes of `words` 64-bit words, stored one
+// after the other in `sets`.
+struct SourceNeeds {
+  size_t words = 0;
+  std::vector<uint64_t> sets;
+};
+// kIncompatible naming the component (and global head) when no rank of
+// by_rank holds it.
+Result<SourceNeeds> source_needs(const Layout& local, std::span<const Layout> remotes,
+                                 std::span<const uint16_t> by_rank);
+
+// The fewest remote ranks that hold everything the local rank needs
+// (docs/planner.md, "Sources"), in tp_rank order: every rank that alone
+// holds something, then the first smallest set covering the rest, trying
+// candidates in tp_rank order rotated by local.tp_rank (greedy past
+// kMaxCombinations tries). Deterministic; depends on the layouts only.
+Result<std::vector<uint16_t>> choose_sources(const Layout& local, std::span<const Layout> remotes,
+                                             std::span<const uint16_t> by_rank);
+
 // Chooses, for each local head of component (group g, layer l, component c),
-// the remote rank that serves it: among the ranks holding that global head
-// (in tp_rank order), the one at local.tp_rank modulo their count, so local
-// ranks spread over remote ranks. Returns kIncompatible naming the component
-// and the global head when no given rank holds it.
+// the remote rank of `by_rank` (the chosen sources) that serves it: among
+// those holding that global head (in tp_rank order), with n of them, the
+// group's layers are cut into n contiguous ranges, and layer l is served by
+// holder (local.tp_rank + range) mod n, so local ranks spread over remote
+// ranks and one rank's bytes spread over its sources. Returns kIncompatible
+// naming the component and the global head when no given rank holds it.
 Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layout> remotes,
                                        std::span<const uint16_t> by_rank, const GroupMove& move, size_t layer,
                                        size_t component);

@@ -1,4 +1,5 @@
-// Which remote rank serves which local heads.
+// Which remote ranks a local rank reads from (the fewest that hold all it
+// needs), and which of them serves which local heads.
 #include <algorithm>
 #include <string>
 
@@ -6,7 +7,140 @@
 #include "plan/internal.h"
 
 namespace kvbridge::plan_internal {
-namespace {}  // namespace
+namespace {
+
+// Combinations tried by the exact search before it falls back to greedy.
+constexpr uint64_t kMaxCombinations = 200000;
+
+bool has(std::span<const uint64_t> set, size_t r) { return (set[r / 64] >> (r % 64) & 1) != 0; }
+void add(std::span<uint64_t> set, size_t r) { set[r / 64] |= uint64_t{1} << (r % 64); }
+bool meets(std::span<const uint64_t> a, std::span<const uint64_t> b) {
+  for (size_t w = 0; w < a.size(); ++w) {
+    if ((a[w] & b[w]) != 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Result<SourceNeeds> source_needs(const Layout& local, std::span<const Layout> remotes,
+                                 std::span<const uint16_t> by_rank) {
+  SourceNeeds out;
+  out.words = (remotes.size() + 63) / 64;
+  std::vector<uint64_t> holders(out.words);
+  std::vector<const Group*> rg(remotes.size());
+  for (const Group& g : local.groups) {
+    if (!g.transfer) continue;
+    for (size_t r = 0; r < remotes.size(); ++r) rg[r] = remotes[r].find_group(g.name);
+    for (size_t l = 0; l < g.layers.size(); ++l) {
+      for (size_t c = 0; c < g.layers[l].components.size(); ++c) {
+        const Component& comp = g.layers[l].components[c];
+        if (comp.empty()) continue;
+        const uint32_t count = comp.heads ? comp.heads->count : 1;
+        for (uint32_t h = 0; h < count; ++h) {
+          std::fill(holders.begin(), holders.end(), 0);
+          bool any = false;
+          for (uint16_t r : by_rank) {
+            const Component& rc = rg[r]->layers[l].components[c];
+            const uint32_t global = comp.heads ? comp.heads->first + h : 0;
+            const bool held = comp.heads
+                                  ? rc.heads && global >= rc.heads->first && global < rc.heads->first + rc.heads->count
+                                  : !rc.empty();
+            if (held) add(holders, r), any = true;
+          }
+          if (!any) {
+            return Status::incompatible(
+                "group " + q(g.name) + " layer " + q(g.layers[l].name) + " component " + q(comp.name) + ": " +
+                (comp.heads ? "no given remote rank holds global head " + std::to_string(comp.heads->first + h)
+                            : std::string("no remote rank holds it")));
+          }
+          // Distinct sets only; there are few, so a linear search is cheapest.
+          bool known = false;
+          for (size_t n = 0; n < out.sets.size() && !known; n += out.words) {
+            known = std::equal(holders.begin(), holders.end(), out.sets.begin() + static_cast<std::ptrdiff_t>(n));
+          }
+          if (!known) out.sets.insert(out.sets.end(), holders.begin(), holders.end());
+        }
+      }
+    }
+  }
+  return out;
+}
+
+Result<std::vector<uint16_t>> choose_sources(const Layout& local, std::span<const Layout> remotes,
+                                             std::span<const uint16_t> by_rank) {
+  KVB_ASSIGN_OR_RETURN(SourceNeeds needs, source_needs(local, remotes, by_rank));
+  const size_t words = needs.words;
+  auto need = [&](size_t i) { return std::span<const uint64_t>(needs.sets).subspan(i * words, words); };
+  const size_t count = needs.sets.size() / std::max<size_t>(words, 1);
+  std::vector<uint64_t> in(words, 0);
+  // A rank that alone holds something is in every covering set.
+  for (size_t i = 0; i < count; ++i) {
+    size_t bits = 0, last = 0;
+    for (size_t w = 0; w < words; ++w) {
+      if (need(i)[w] == 0) continue;
+      bits += static_cast<size_t>(__builtin_popcountll(need(i)[w]));
+      last = w * 64 + 63 - static_cast<size_t>(__builtin_clzll(need(i)[w]));
+    }
+    if (bits == 1) add(in, last);
+  }
+  std::vector<size_t> left;  // needs the forced ranks do not meet
+  for (size_t i = 0; i < count; ++i) {
+    if (!meets(need(i), in)) left.push_back(i);
+  }
+  if (!left.empty()) {
+    // Candidates in tp_rank order, rotated by the local rank, so that local
+    // ranks with the same needs spread over the remote ranks.
+    std::vector<uint16_t> cand;
+    for (uint16_t r : by_rank) {
+      if (std::any_of(left.begin(), left.end(), [&](size_t i) { return has(need(i), r); })) cand.push_back(r);
+    }
+    std::rotate(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(local.tp_rank % cand.size()), cand.end());
+    auto covers = [&](std::span<const uint64_t> set) {
+      return std::all_of(left.begin(), left.end(), [&](size_t i) { return meets(need(i), set); });
+    };
+    // Exact: the first combination (in candidate order) of the smallest size.
+    uint64_t tried = 0;
+    bool found = false;
+    std::vector<uint64_t> trial(words);
+    for (size_t k = 1; k <= cand.size() && !found && tried < kMaxCombinations; ++k) {
+      std::vector<size_t> idx(k);
+      for (size_t i = 0; i < k; ++i) idx[i] = i;
+      while (tried < kMaxCombinations) {
+        ++tried;
+        trial = in;
+        for (size_t i : idx) add(trial, cand[i]);
+        if (covers(trial)) {
+          in = trial;
+          found = true;
+          break;
+        }
+        // The next combination, in lexicographic order of positions.
+        size_t i = k;
+        while (i > 0 && idx[i - 1] == cand.size() - k + i - 1) --i;
+        if (i == 0) break;
+        ++idx[i - 1];
+        for (size_t j = i; j < k; ++j) idx[j] = idx[j - 1] + 1;
+      }
+    }
+    // Too many to try: greedy, the candidate meeting most needs left first.
+    while (!found && !left.empty()) {
+      size_t best = 0, best_hits = 0;
+      for (size_t c = 0; c < cand.size(); ++c) {
+        const size_t hits = static_cast<size_t>(
+            std::count_if(left.begin(), left.end(), [&](size_t i) { return has(need(i), cand[c]); }));
+        if (hits > best_hits) best = c, best_hits = hits;
+      }
+      add(in, cand[best]);
+      std::erase_if(left, [&](size_t i) { return has(need(i), cand[best]); });
+    }
+  }
+  std::vector<uint16_t> out;
+  for (uint16_t r : by_rank) {
+    if (has(in, r)) out.push_back(r);
+  }
+  return out;
+}
 
 Result<std::vector<uint16_t>> check_remotes(const Layout& local, std::span<const Layout> remotes) {
   if (remotes.empty()) return Status::invalid_argument("no remote layouts given");
@@ -41,7 +175,7 @@ Result<std::vector<uint16_t>> check_remotes(const Layout& local, std::span<const
       }
     }
   }
-  return by_rank;
+  return choose_sources(local, remotes, by_rank);
 }
 
 Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layout> remotes,
@@ -52,6 +186,9 @@ Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layo
   auto remote_component = [&](uint16_t r) -> const Component& {
     return remotes[r].groups[move.remote_group[r]].layers[layer].components[component];
   };
+  // Of n holders, the one serving this layer: the group's layers cut into n
+  // contiguous ranges, one per holder, rotated by the local rank.
+  auto spread = [&](size_t n) { return (local.tp_rank + layer * n / g.layers.size()) % n; };
   std::vector<HeadRun> runs;
   std::vector<uint16_t> holders;
   if (!c.heads) {
@@ -63,7 +200,7 @@ Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layo
       return Status::incompatible("group " + q(g.name) + " layer " + q(g.layers[layer].name) + " component " +
                                   q(c.name) + ": no remote rank holds it");
     }
-    runs.push_back({0, 1, holders[local.tp_rank % holders.size()], 0});
+    runs.push_back({0, 1, holders[spread(holders.size())], 0});
     return runs;
   }
   for (uint32_t h = 0; h < c.heads->count; ++h) {
@@ -77,7 +214,7 @@ Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layo
       return Status::incompatible("group " + q(g.name) + " layer " + q(g.layers[layer].name) + " component " +
                                   q(c.name) + ": no given remote rank holds global head " + std::to_string(global));
     }
-    const uint16_t src = holders[local.tp_rank % holders.size()];
+    const uint16_t src = holders[spread(holders.size())];
     const uint32_t rh = global - remote_component(src).heads->first;
     if (!runs.empty() && runs.back().source == src && runs.back().remote_head + runs.back().count == rh) {
       ++runs.back().count;
@@ -89,3 +226,26 @@ Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layo
 }
 
 }  // namespace kvbridge::plan_internal
+
+namespace kvbridge {
+
+Result<std::vector<uint32_t>> source_ranks(const Layout& local, std::span<const Layout> remotes) {
+  KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> chosen, plan_internal::check_remotes(local, remotes));
+  std::vector<uint32_t> out;
+  for (uint16_t r : chosen) out.push_back(remotes[r].tp_rank);
+  return out;
+}
+
+Result<std::vector<SourceReaders>> readers_per_source(std::span<const Layout> locals, std::span<const Layout> remotes) {
+  std::vector<SourceReaders> out(remotes.size());
+  for (size_t r = 0; r < remotes.size(); ++r) out[r].tp_rank = remotes[r].tp_rank;
+  for (const Layout& local : locals) {
+    Result<std::vector<uint16_t>> chosen = plan_internal::check_remotes(local, remotes);
+    if (!chosen) return chosen.error().with_context("local rank " + std::to_string(local.tp_rank));
+    for (uint16_t r : *chosen) out[r].readers.push_back(local.tp_rank);
+  }
+  for (SourceReaders& s : out) std::sort(s.readers.begin(), s.readers.end());
+  return out;
+}
+
+}  // namespace kvbridge
