@@ -272,6 +272,34 @@ def _(name):
         check(f"{name} {fault}", r["streamed_requests"] == 3, f"streamed {r['streamed_requests']}")
 
 
+# Pipeline-parallel instances: a prefill in stages into a decode instance of
+# other stages and TP, every preset, each byte checked and each plan
+# verified; then faults and streaming with stages on both sides.
+@case("pipeline")
+def _(name):
+    presets = subprocess.run([KVB, "presets"], capture_output=True, text=True, check=True).stdout
+    names = [line.split()[0] for line in presets.splitlines() if line.strip()]
+    shapes = [("2", "1", "1", "2"), ("1", "2", "3", "1")]  # prefill PP, TP -> decode PP, TP
+    for preset in names if not SANITIZED else names[:3]:
+        for ppp, ptp, dpp, dtp in shapes:
+            what = f"{preset} PP{ppp}xTP{ptp}->PP{dpp}xTP{dtp}"
+            r = demo("--preset", preset, "--prefill-pp", ppp, "--prefill-tp", ptp, "--decode-pp", dpp,
+                     "--decode-tp", dtp, "--requests", "2", "--max-tokens", "600", "--verify-plans")
+            clean(what, r)
+            check(what, r["ok"] == 2 and r["prefill_pp"] == int(ppp) and r["decode_pp"] == int(dpp),
+                  f"ok {r['ok']}: {r['errors']}")
+            ranks = int(dpp) * int(dtp)
+            check(what, r["plans_verified"] == 2 * ranks, f"plans verified {r['plans_verified']}, expected {2 * ranks}")
+    for fault in ("kill-prefill", "kill-decode", "abort"):
+        r = demo("--preset", "llama3-8b", "--prefill-pp", "2", "--decode-pp", "2", "--requests", "3",
+                 "--inject", fault)
+        clean(f"{name} {fault}", r)
+    r = demo("--preset", "llama3-8b", "--prefill-pp", "2", "--decode-pp", "2", "--stream", "layer",
+             "--compute-us-per-layer", "500", "--requests", "3")
+    clean(f"{name} stream", r)
+    check(f"{name} stream", r["streamed_requests"] == 3, f"streamed {r['streamed_requests']}")
+
+
 # The targets: zero verification failures and zero leaked blocks for every
 # preset and every TP pair in {1,2,4} x {1,2,4} (two requests each, one with
 # a prefix hit). Run as its own ctest entry: `demo_test.py KVB matrix`.

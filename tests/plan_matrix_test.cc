@@ -62,7 +62,8 @@ struct Totals {
   uint64_t descriptors = 0;
   uint64_t naive = 0;
   uint64_t bytes = 0;
-  uint64_t sources = 0;  // source ranks chosen, summed over plans (each checked minimal)
+  uint64_t sources = 0;        // source ranks chosen, summed over plans (each checked minimal)
+  uint64_t staged_combos = 0;  // combinations with an instance in pipeline stages
 };
 Totals& grand_totals() {
   static Totals t;
@@ -75,12 +76,12 @@ class SummaryEnvironment : public ::testing::Environment {
     const Totals& t = grand_totals();
     std::printf(
         "[ matrix    ] %llu plans, %llu template instances, %llu chunked and %llu staged requests verified over "
-        "%llu combinations (%llu TP pairs "
+        "%llu combinations (%llu with pipeline stages, %llu TP pairs "
         "skipped); %llu descriptors (naive scheme: %llu), %llu bytes, %llu source ranks (each set the fewest)\n",
         (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.chunked,
-        (unsigned long long)t.staged, (unsigned long long)t.combos, (unsigned long long)t.skipped,
-        (unsigned long long)t.descriptors, (unsigned long long)t.naive, (unsigned long long)t.bytes,
-        (unsigned long long)t.sources);
+        (unsigned long long)t.staged, (unsigned long long)t.combos, (unsigned long long)t.staged_combos,
+        (unsigned long long)t.skipped, (unsigned long long)t.descriptors, (unsigned long long)t.naive,
+        (unsigned long long)t.bytes, (unsigned long long)t.sources);
   }
 };
 [[maybe_unused]] ::testing::Environment* const kSummary = ::testing::AddGlobalTestEnvironment(new SummaryEnvironment);
@@ -121,19 +122,29 @@ uint64_t alternative_block_tokens(const std::string& preset, uint64_t block) {
 struct Combo {
   uint32_t prefill_tp = 1;
   uint32_t decode_tp = 1;
+  uint32_t prefill_pp = 1;  // pipeline stages of each instance
+  uint32_t decode_pp = 1;
   OrderPair orders{};
   BlockPair blocks{};
 };
 
-// Every layout of one instance, or the first error.
+// Every layout of one instance (stage-major), or the first error.
 Result<std::vector<Layout>> instance(const std::string& preset, uint32_t tp, uint64_t block, Order order,
-                                     uint64_t num_blocks) {
+                                     uint64_t num_blocks, uint32_t pp = 1) {
   std::vector<Layout> ranks;
-  for (uint32_t r = 0; r < tp; ++r) {
-    Result<Layout> l = make_preset(PresetOptions{
-        .name = preset, .tp_size = tp, .tp_rank = r, .block_tokens = block, .order = order, .num_blocks = num_blocks});
-    if (!l) return l.error();
-    ranks.push_back(std::move(*l));
+  for (uint32_t s = 0; s < pp; ++s) {
+    for (uint32_t r = 0; r < tp; ++r) {
+      Result<Layout> l = make_preset(PresetOptions{.name = preset,
+                                                   .tp_size = tp,
+                                                   .tp_rank = r,
+                                                   .block_tokens = block,
+                                                   .order = order,
+                                                   .num_blocks = num_blocks,
+                                                   .pp_size = pp,
+                                                   .pp_rank = s});
+      if (!l) return l.error();
+      ranks.push_back(std::move(*l));
+    }
   }
   return ranks;
 }
@@ -154,9 +165,8 @@ bool covers(const Layout& local, const std::vector<Layout>& remotes, const std::
           for (size_t r = 0; r < remotes.size() && !held; ++r) {
             if (!in[r]) continue;
             const Component& rc = remotes[r].find_group(g.name)->layers[l].components[c];
-            held = comp.heads ? rc.heads && comp.heads->first + h >= rc.heads->first &&
-                                    comp.heads->first + h < rc.heads->first + rc.heads->count
-                              : !rc.empty();
+            held = !rc.empty() && (!comp.heads || (rc.heads && comp.heads->first + h >= rc.heads->first &&
+                                                   comp.heads->first + h < rc.heads->first + rc.heads->count));
           }
           if (!held) return false;
         }
@@ -178,9 +188,10 @@ bool some_cover_of_size(const Layout& local, const std::vector<Layout>& remotes,
 }
 
 std::string describe(const std::string& preset, const Combo& c, uint64_t pb, uint64_t db) {
-  return preset + " P TP" + std::to_string(c.prefill_tp) + " " + std::string(order_name(c.orders.prefill)) + " block " +
-         std::to_string(pb) + " -> D TP" + std::to_string(c.decode_tp) + " " +
-         std::string(order_name(c.orders.decode)) + " block " + std::to_string(db);
+  auto pp = [](uint32_t n) { return n > 1 ? " PP" + std::to_string(n) + "x" : std::string(" "); };
+  return preset + " P" + pp(c.prefill_pp) + "TP" + std::to_string(c.prefill_tp) + " " +
+         std::string(order_name(c.orders.prefill)) + " block " + std::to_string(pb) + " -> D" + pp(c.decode_pp) + "TP" +
+         std::to_string(c.decode_tp) + " " + std::string(order_name(c.orders.decode)) + " block " + std::to_string(db);
 }
 
 class PlanMatrixTest : public ::testing::TestWithParam<std::string> {};
@@ -210,7 +221,10 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
         // cover every order pair and every block pairing.
         const size_t order = (i + preset_index + k) % num_orders;
         const size_t block = (i + i / 8 + k / num_orders) % std::size(kBlockPairs);
-        combos.push_back({ptp, dtp, order_pairs()[order], kBlockPairs[block]});
+        // Every third pair with a prefill in 2 pipeline stages, and the next
+        // with a decode instance in 2 (3 when the prefill is TP 1).
+        const uint32_t ppp = i % 3 == 1 ? 2 : 1, dpp = i % 3 == 2 ? (ptp == 1 ? 3 : 2) : 1;
+        combos.push_back({ptp, dtp, ppp, dpp, order_pairs()[order], kBlockPairs[block]});
       }
       per_pair.push_back(std::move(combos));
       ++i;
@@ -240,8 +254,9 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
       o.remote_unused_as_minus_one_percent = 100;
       const uint64_t num_blocks = 8 * (o.num_tokens / std::min(pb, db) + 1) + 64;
       const std::string what = describe(preset, c, pb, db);
-      Result<std::vector<Layout>> prefill = instance(preset, c.prefill_tp, pb, c.orders.prefill, num_blocks);
-      Result<std::vector<Layout>> decode = instance(preset, c.decode_tp, db, c.orders.decode, num_blocks);
+      Result<std::vector<Layout>> prefill =
+          instance(preset, c.prefill_tp, pb, c.orders.prefill, num_blocks, c.prefill_pp);
+      Result<std::vector<Layout>> decode = instance(preset, c.decode_tp, db, c.orders.decode, num_blocks, c.decode_pp);
       if (!prefill || !decode) {
         const Status& e = prefill ? decode.error() : prefill.error();
         ASSERT_EQ(e.code(), Code::kInvalidArgument) << what << ": " << e.to_string();
@@ -252,7 +267,7 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
       o.remote_ids = modes[(case_index / 3) % 3];
       const Request request = gen::make_request(rng, decode->front(), *prefill, o);
       for (const Layout& local : *decode) {
-        const std::string where = what + " rank " + std::to_string(local.tp_rank) + " (" +
+        const std::string where = what + " rank " + std::to_string(local.rank()) + " (" +
                                   std::to_string(request.num_tokens) + " tokens, skip " +
                                   std::to_string(request.skip_tokens) + ")";
         const auto t0 = std::chrono::steady_clock::now();
@@ -270,7 +285,7 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
         ASSERT_TRUE(chosen.has_value()) << where << ": " << chosen.error().to_string();
         std::vector<bool> in(prefill->size(), false);
         for (size_t s = 0; s < prefill->size(); ++s) {
-          in[s] = std::count(chosen->begin(), chosen->end(), (*prefill)[s].tp_rank) != 0;
+          in[s] = std::count(chosen->begin(), chosen->end(), (*prefill)[s].rank()) != 0;
           ASSERT_TRUE(in[s] || p->sources[s].bytes == 0) << where << ": reads from rank " << s << ", not chosen";
         }
         ASSERT_TRUE(covers(local, *prefill, in)) << where << ": the chosen sources miss something";
@@ -336,6 +351,7 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
         t.bytes += p->bytes;
       }
       t.combos += 1;
+      t.staged_combos += c.prefill_pp > 1 || c.decode_pp > 1;
       pair_ran = true;
       orders_done.insert({c.orders.prefill, c.orders.decode});
       blocks_done.insert({c.blocks.prefill_alt, c.blocks.decode_alt});
@@ -363,8 +379,10 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
   g.naive += t.naive;
   g.bytes += t.bytes;
   g.sources += t.sources;
+  g.staged_combos += t.staged_combos;
 
   EXPECT_GT(t.combos, 0u) << preset << " supports no TP pair";
+  EXPECT_GT(t.staged_combos, 0u) << preset << ": no combination with pipeline stages ran";
   EXPECT_EQ(orders_done.size(), order_pairs().size()) << preset << ": not every order pair ran";
   EXPECT_EQ(blocks_done.size(), std::size(kBlockPairs)) << preset << ": not every block-size pairing ran";
 }

@@ -9,6 +9,9 @@ namespace {
 
 void add_side(CLI::App* app, const std::string& name, demo::SideArgs& s) {
   app->add_option("--" + name + "-tp", s.tp, "TP size of the " + name + " instance")->capture_default_str();
+  app->add_option("--" + name + "-pp", s.pp,
+                  "pipeline stages of the " + name + " instance (each rank holds its stage's layers)")
+      ->capture_default_str();
   app->add_option("--" + name + "-block-tokens", s.block_tokens,
                   name + " logical block tokens (0: preset default; qwen3-next's default run: " +
                       (name == "prefill" ? "64" : "128") + ")")

@@ -40,10 +40,13 @@ int run_presets() {
 
 Command add_layout_command(CLI::App& root) {
   auto args = std::make_shared<LayoutArgs>();
-  CLI::App* app = root.add_subcommand("layout", "Print the layout (kvbridge.layout/1 JSON) of one rank of a preset");
+  CLI::App* app = root.add_subcommand("layout", "Print the layout (kvbridge.layout JSON) of one rank of a preset");
   app->add_option("--preset", args->preset.name, "Preset name (see `kvbridge presets`)")->required();
   app->add_option("--tp", args->preset.tp_size, "Tensor-parallel size")->capture_default_str();
   app->add_option("--rank", args->preset.tp_rank, "TP rank, below --tp")->capture_default_str();
+  app->add_option("--pp", args->preset.pp_size, "Pipeline-parallel size: the model's layers split into stages")
+      ->capture_default_str();
+  app->add_option("--pp-rank", args->preset.pp_rank, "Pipeline stage of this rank, below --pp")->capture_default_str();
   app->add_option("--block-tokens", args->preset.block_tokens, "Tokens per logical block (default: the preset's)");
   app->add_option("--kernel-block-tokens", args->preset.kernel_block_tokens,
                   "Tokens per kernel block; divides --block-tokens (default: the preset's)");

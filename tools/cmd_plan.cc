@@ -79,7 +79,7 @@ int run_readers(const ReadersArgs& args) {
   nlohmann::ordered_json sources = nlohmann::ordered_json::array();
   for (const SourceReaders& s : *readers) {
     nlohmann::ordered_json o;
-    o["rank"] = s.tp_rank;
+    o["rank"] = s.rank;
     o["readers"] = s.readers.size();
     o["reader_ranks"] = s.readers;
     sources.push_back(std::move(o));
@@ -89,7 +89,7 @@ int run_readers(const ReadersArgs& args) {
   for (const Layout& local : locals) {
     Result<std::vector<uint32_t>> from = source_ranks(local, remotes);
     if (!from) return fail(from.error());
-    reads.push_back({{"rank", local.tp_rank}, {"source_ranks", *from}});
+    reads.push_back({{"rank", local.rank()}, {"source_ranks", *from}});
   }
   j["locals"] = std::move(reads);
   std::cout << j.dump(args.compact ? -1 : 2) << "\n";

@@ -34,11 +34,16 @@ int run_validate(const std::string& path) {
   }
   Result<Layout> layout = parse_layout(*text);
   if (!layout) return fail(layout.error().with_context(path));
-  size_t layers = 0;
-  for (const Group& g : layout->groups) layers += g.layers.size();
-  std::cout << "valid: " << layout->model << " tp " << layout->tp_rank << "/" << layout->tp_size << ", "
-            << layout->groups.size() << " groups, " << layers << " layers, compatibility hash "
-            << compatibility_hash_hex(*layout) << "\n";
+  size_t layers = 0, held = 0;
+  for (const Group& g : layout->groups) {
+    layers += g.layers.size();
+    for (const Layer& l : g.layers) held += l.held;
+  }
+  std::cout << "valid: " << layout->model << " tp " << layout->tp_rank << "/" << layout->tp_size;
+  if (layout->pp_size > 1) std::cout << " pp " << layout->pp_rank << "/" << layout->pp_size;
+  std::cout << ", " << layout->groups.size() << " groups, " << layers << " layers";
+  if (held != layers) std::cout << " (" << held << " held)";
+  std::cout << ", compatibility hash " << compatibility_hash_hex(*layout) << "\n";
   return 0;
 }
 

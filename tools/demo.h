@@ -31,6 +31,8 @@ namespace kvbridge::cli::demo {
 
 struct SideArgs {
   uint32_t tp = 1;
+  uint32_t pp = 1;  // pipeline stages: tp * pp ranks, stage by stage
+  uint32_t ranks() const { return tp * pp; }
   uint64_t block_tokens = 0;         // 0: the preset's
   uint64_t kernel_block_tokens = 0;  // 0: the preset's
   std::string order = "LBHNC";
@@ -63,8 +65,8 @@ struct DemoArgs {
   std::string preset = "qwen3-next";
   // Block sizes 0 take the preset's; with the default preset and no block
   // option given, the CLI picks 64 (prefill) and 128 (decode) tokens.
-  SideArgs prefill{2, 0, 0, "BLHNC", "", "127.0.0.1"};
-  SideArgs decode{4, 0, 0, "LBHNC", "", "127.0.0.1"};
+  SideArgs prefill{2, 1, 0, 0, "BLHNC", "", "127.0.0.1"};
+  SideArgs decode{4, 1, 0, 0, "LBHNC", "", "127.0.0.1"};
   uint32_t decode_instances = 1;
   uint32_t requests = 12;
   uint64_t num_blocks = 0;  // 0: enough for the requests

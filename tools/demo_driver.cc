@@ -119,7 +119,7 @@ class Driver {
     ppool_.emplace(sum_.num_blocks);
     for (uint32_t i = 0; i < a_.decode_instances; ++i) {
       dpools_.emplace_back(sum_.num_blocks);
-      dscheds_.emplace_back(a_.decode.tp, policy);
+      dscheds_.emplace_back(a_.decode.ranks(), policy);
     }
     psched_ = PrefillScheduler(a_.lease);
     return Status();
@@ -150,9 +150,9 @@ class Driver {
       procs_.push_back(std::move(p));
       return Status();
     };
-    for (uint32_t r = 0; r < a_.prefill.tp; ++r) KVB_RETURN_IF_ERROR(add(true, 0, r));
+    for (uint32_t r = 0; r < a_.prefill.ranks(); ++r) KVB_RETURN_IF_ERROR(add(true, 0, r));
     for (uint32_t i = 0; i < a_.decode_instances; ++i) {
-      for (uint32_t r = 0; r < a_.decode.tp; ++r) KVB_RETURN_IF_ERROR(add(false, i, r));
+      for (uint32_t r = 0; r < a_.decode.ranks(); ++r) KVB_RETURN_IF_ERROR(add(false, i, r));
     }
     return Status();
   }

@@ -59,7 +59,9 @@ class Rank {
     PresetOptions p;
     p.name = a.preset;
     p.tp_size = c_.side.tp;
-    p.tp_rank = c_.rank;
+    p.tp_rank = c_.rank % c_.side.tp;
+    p.pp_size = c_.side.pp;
+    p.pp_rank = c_.rank / c_.side.tp;
     p.block_tokens = c_.side.block_tokens;
     p.kernel_block_tokens = c_.side.kernel_block_tokens;
     KVB_ASSIGN_OR_RETURN(p.order, parse_order(c_.side.order));

@@ -159,6 +159,8 @@ void print_report(const Summary& s) {
     json j = {{"preset", a.preset},
               {"prefill_tp", a.prefill.tp},
               {"decode_tp", a.decode.tp},
+              {"prefill_pp", a.prefill.pp},
+              {"decode_pp", a.decode.pp},
               {"decode_instances", a.decode_instances},
               {"transport", a.transport},
               {"policy", a.policy},
@@ -230,9 +232,12 @@ void print_report(const Summary& s) {
     if (side.kernel_block_tokens) b += ", " + std::to_string(side.kernel_block_tokens) + "-token kernel blocks";
     return b;
   };
-  std::printf("kvbridge demo: %s, prefill TP %u (%s, %s) -> %u decode instance(s) of TP %u (%s, %s)\n",
-              a.preset.c_str(), a.prefill.tp, a.prefill.order.c_str(), blocks(a.prefill).c_str(), a.decode_instances,
-              a.decode.tp, a.decode.order.c_str(), blocks(a.decode).c_str());
+  auto shape = [](const SideArgs& side) {
+    return (side.pp > 1 ? "PP " + std::to_string(side.pp) + " x " : std::string()) + "TP " + std::to_string(side.tp);
+  };
+  std::printf("kvbridge demo: %s, prefill %s (%s, %s) -> %u decode instance(s) of %s (%s, %s)\n", a.preset.c_str(),
+              shape(a.prefill).c_str(), a.prefill.order.c_str(), blocks(a.prefill).c_str(), a.decode_instances,
+              shape(a.decode).c_str(), a.decode.order.c_str(), blocks(a.decode).c_str());
   std::printf("transport %s, failure policy %s, injected fault: %s; %zu requests in %.1f s\n\n", a.transport.c_str(),
               a.policy.c_str(), std::string(inject_name(a.inject)).c_str(), s.requests.size(), s.seconds);
   auto released = [&](const char* why) {

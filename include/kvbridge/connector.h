@@ -120,7 +120,7 @@ struct LoadResult {
   uint64_t naive_descriptors = 0;               // one per (layer, component, block) for comparison
   std::chrono::microseconds transfer_time{0};   // start_load to the last byte landing (streamed: waits included)
   std::chrono::microseconds completion_lag{0};  // the last byte landing to this result being ready
-  std::vector<uint32_t> sources;                // prefill tp_ranks read from
+  std::vector<uint32_t> sources;                // prefill ranks read from (Layout::rank())
   uint32_t stages = 0;                          // reads it was cut into: chunks, or streamed stages
   std::string first_bad_layer;                  // error: the first layer of the first stage that did not land
 };
@@ -169,7 +169,7 @@ class DecodeScheduler {
 // Worker side.
 
 struct WorkerOptions {
-  std::string instance_id;  // e.g. "prefill-0"; names this rank with its tp_rank
+  std::string instance_id;  // e.g. "prefill-0"; names this rank with its rank (Layout::rank())
   std::string side_channel_host = "127.0.0.1";
   // Shared secret of the side channel: must be the engine's own
   // (EngineOptions::secret), so the handshake, the control channel and the
@@ -247,7 +247,8 @@ class ConnectorWorker {
   virtual std::string side_channel_address() const = 0;
   virtual const Layout& layout() const = 0;
 
-  // The side channels of a remote instance's ranks, in tp_rank order. Their
+  // The side channels of a remote instance's ranks, in rank order
+  // (Layout::rank(): tp_rank, stage by stage for pipeline stages). Their
   // metadata is fetched on the first load from that instance, once per rank.
   virtual Status add_remote(const std::string& instance, std::vector<std::string> rank_addresses) = 0;
 

@@ -10,7 +10,14 @@
 //
 // and the cell is `cell_bytes` contiguous bytes. Every other part of kvbridge
 // reads geometry through this header and nothing else derives it. The JSON form
-// is `kvbridge.layout/1` (docs/formats/layout.md), parsed by layout_json.h.
+// is `kvbridge.layout/2` (docs/formats/layout.md; /1 documents are read too),
+// parsed by layout_json.h.
+//
+// A rank of a pipeline-parallel instance holds a range of the model's layers
+// (its PP stage): its layout still lists every layer of the model, so that
+// its identity is the whole model's, and marks the layers it does not hold
+// (Layer::held false: their components keep name, cell_bytes and heads, and
+// address nothing).
 //
 // A Layout value is plain data; validate() checks it, and the functions taking
 // a Layout other than validate() require a valid one (parse_layout() returns
@@ -31,7 +38,10 @@
 
 namespace kvbridge {
 
-inline constexpr std::string_view kLayoutFormat = "kvbridge.layout/1";
+inline constexpr std::string_view kLayoutFormat = "kvbridge.layout/2";
+// The first version: no PP fields; to_json() still writes it for a layout
+// that uses nothing of /2 (pp_size 1), so older readers keep reading it.
+inline constexpr std::string_view kLayoutFormatV1 = "kvbridge.layout/1";
 
 // Bounds on what a layout may hold, so that hostile input cannot exhaust
 // memory or overflow 64-bit address arithmetic.
@@ -40,6 +50,7 @@ inline constexpr uint64_t kMaxNumBlocks = uint64_t{1} << 32;
 inline constexpr uint64_t kMaxBlockTokens = uint64_t{1} << 24;
 inline constexpr uint64_t kMaxCellBytes = uint64_t{1} << 32;
 inline constexpr uint32_t kMaxTpSize = 1u << 16;
+inline constexpr uint32_t kMaxPpSize = 1u << 10;
 inline constexpr uint32_t kMaxHeads = 1u << 16;
 inline constexpr size_t kMaxTensors = 1u << 16;
 inline constexpr size_t kMaxGroups = 256;
@@ -99,13 +110,18 @@ struct Component {
   uint64_t positions_per_block() const;
   // Local heads held: heads->count, or 1 for a replicated component.
   uint64_t local_heads() const { return heads ? heads->count : 1; }
-  // True when no byte is ever addressed (zero cells or zero cell bytes).
+  // True when no byte is ever addressed (zero cells or zero cell bytes, or
+  // no axes: a component of a layer this rank does not hold).
   bool empty() const;
 };
 
 struct Layer {
   std::string name;
   std::vector<Component> components;
+  // False for a layer of the model that this rank does not hold (another PP
+  // stage's): its components have a name, cell_bytes and heads (the
+  // identity) and no tensor, offset or axes.
+  bool held = true;
   bool operator==(const Layer&) const = default;
 };
 
@@ -151,6 +167,10 @@ struct Layout {
   std::string dtype;
   uint32_t tp_size = 1;
   uint32_t tp_rank = 0;
+  // Pipeline stages: this rank is TP rank tp_rank of stage pp_rank of
+  // pp_size; with pp_size 1 it holds every layer.
+  uint32_t pp_size = 1;
+  uint32_t pp_rank = 0;
   std::vector<Tensor> tensors;
   std::vector<Group> groups;
   bool operator==(const Layout&) const = default;
@@ -158,7 +178,32 @@ struct Layout {
   // Lookups by name; nullptr when absent.
   const Tensor* find_tensor(std::string_view name) const;
   const Group* find_group(std::string_view name) const;
+  // This rank's index in its instance: pp_rank * tp_size + tp_rank (the
+  // tp_rank when there is one stage).
+  uint32_t rank() const { return pp_rank * tp_size + tp_rank; }
 };
+
+// The model's layer order: every layer name of the layout (held or not),
+// once, sorted by the number the name ends with ("layers.12": 12), ties and
+// names without a number by name (those after the numbered ones). Layer
+// names are part of a layout's identity, so both sides of a transfer agree
+// on it.
+std::vector<std::string> layer_order(const Layout& layout);
+
+// The layers of `order` (a layer_order()) that PP stage `pp_rank` of
+// `pp_size` holds, as engines partition them (vLLM's get_pp_indices): each
+// stage a contiguous range of order.size() / pp_size layers, and one more
+// for each of the stages before the last that the remainder reaches,
+// counted back from the second to last. Requires 1 <= pp_size <=
+// order.size() and pp_rank < pp_size.
+std::set<std::string, std::less<>> pp_stage_layers(const std::vector<std::string>& order, uint32_t pp_size,
+                                                   uint32_t pp_rank);
+
+// `layout` as a rank of PP stage `pp_rank` of `pp_size` that holds only the
+// layers named in `held`: every other layer is marked not held (its
+// components keep name, cell_bytes and heads). The tensors stay as they
+// are; a preset builds a stage's own, smaller tensors (presets.h).
+Layout as_pp_stage(Layout layout, uint32_t pp_size, uint32_t pp_rank, const std::set<std::string, std::less<>>& held);
 
 // True when two groups of the layout have components in one tensor (the
 // hybrid allocator's overlay): such groups must not be given the same block
@@ -228,8 +273,9 @@ PositionAxes position_axes(const Component& component);
 // Two ranks can exchange KV exactly when their identities are equal: model,
 // dtype, each group's name, kind, tokens_per_state and window_tokens, each
 // layer's name, and each component's name, cell_bytes and total heads (or
-// "replicated"). TP size, block sizes, strides, axis order, tensors, num_blocks
-// and memory kind are not part of it.
+// "replicated"). TP size, PP stages (which layers a rank holds), block
+// sizes, strides, axis order, tensors, num_blocks and memory kind are not
+// part of it.
 
 // A canonical, platform-independent text of the identity (groups in name
 // order, layers and components in layout order). Stable across versions of

@@ -57,6 +57,7 @@ static_assert(sizeof(Descriptor) == 32);
 
 struct SourceTotals {
   uint32_t tp_rank = 0;  // the remote rank's tp_rank
+  uint32_t pp_rank = 0;  // and its pipeline stage
   uint64_t descriptors = 0;
   uint64_t bytes = 0;
 };
@@ -68,12 +69,16 @@ struct Plan {
 };
 
 // Plans `request` into `local` from the ranks in `remotes` (any order; all of
-// one instance: same tp_size, distinct tp_ranks; a subset is allowed when it
-// holds every head the local rank needs). It reads from source_ranks() only.
+// one instance: same tp_size and pp_size, distinct ranks; a subset is allowed
+// when it holds every layer and head the local rank needs). The local rank
+// and the remote ranks may be pipeline stages (of any sizes): each layer the
+// local rank holds is read from the remote ranks that hold it. It reads from
+// source_ranks() only.
 //
 // Errors, each naming the field; never a partial plan:
 //  - kIncompatible: an identity mismatch (check_compatible's message), remote
-//    ranks of different tp_size, or no given remote rank holds a needed head;
+//    ranks of different tp_size or pp_size, or no given remote rank holds a
+//    needed layer (naming it and the stages given) or head;
 //  - kInvalidArgument: duplicate remote ranks, a request naming an unknown or
 //    non-transfer group or missing a transfer group, a block list too short
 //    for its tokens, a -1 where a block moves, a scratch list not of length 1,
@@ -87,21 +92,22 @@ Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Re
 // The remote ranks a plan into `local` reads from (docs/planner.md,
 // "Sources"): the fewest of `remotes` that together hold everything `local`
 // moves (each local head of each component of every transfer group), as
-// tp_ranks in ascending order. A plan's descriptors come from these ranks
+// ranks of their instance (Layout::rank(): the tp_rank when there is one
+// pipeline stage) in ascending order. A plan's descriptors come from these ranks
 // only, and a request that moves every transfer group reads from each of
 // them. Deterministic, from the layouts alone. Errors: plan()'s for the
 // layouts (an identity mismatch, a needed head no given rank holds, ...).
 Result<std::vector<uint32_t>> source_ranks(const Layout& local, std::span<const Layout> remotes);
 
 // Who reads whom, for a pair of instances: for each remote rank (in the
-// order given), the tp_ranks of the `locals` (the ranks of the reading
-// instance) whose source_ranks() include it, ascending. What a prefill rank
+// order given), the ranks (Layout::rank()) of the `locals` (the ranks of the
+// reading instance) whose source_ranks() include it, ascending. What a prefill rank
 // counts before it frees a request's blocks: every reader said done. A
 // remote rank nobody reads has an empty list. Errors: source_ranks()'s,
 // naming the local rank.
 struct SourceReaders {
-  uint32_t tp_rank = 0;           // the remote rank
-  std::vector<uint32_t> readers;  // local tp_ranks reading it
+  uint32_t rank = 0;              // the remote rank (Layout::rank())
+  std::vector<uint32_t> readers;  // local ranks reading it
 };
 Result<std::vector<SourceReaders>> readers_per_source(std::span<const Layout> locals, std::span<const Layout> remotes);
 
@@ -148,11 +154,7 @@ Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const 
 // stage can move as soon as the prefill has computed its layers, while it
 // computes the next (layer-wise streaming: docs/connector.md).
 //
-// layer_order() is the model's layer order: every layer name of the layout,
-// once, sorted by the number the name ends with ("layers.12": 12), ties and
-// names without a number by name (those after the numbered ones). Layer
-// names are part of a layout's identity, so both sides of a transfer agree
-// on it.
+// layer_order() (layout.h) is the model's layer order.
 //
 // plan_stages() cuts the request's token-indexed positions into chunks as
 // plan_chunks() does (`chunk_tokens`, same rounding, same resume rule), and
@@ -167,7 +169,6 @@ Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const 
 // disjoint, and together they write exactly the bytes plan() writes, so
 // verify() passes their concatenation with check_minimal off. Errors:
 // plan()'s.
-std::vector<std::string> layer_order(const Layout& layout);
 
 struct StageOptions {
   uint32_t layers_per_stage = 1;  // 0: every layer in one stage

@@ -35,6 +35,10 @@ struct PresetOptions {
   Order order = Order::kLBHNC;
   uint64_t num_blocks = 0;   // 0: the preset's default
   uint32_t spec_tokens = 0;  // speculative tokens (qwen3-next ring capacity)
+  // Pipeline stages: the rank holds the layers of stage pp_rank of pp_size
+  // (pp_stage_layers(), layout.h), in tensors of its own layers only.
+  uint32_t pp_size = 1;
+  uint32_t pp_rank = 0;
 };
 
 // Names of every preset, in a stable order.

@@ -175,8 +175,9 @@ struct GetResult {
 class RankStore {
  public:
   // Binds a rank's layout to the store. kInvalidArgument when the layout is
-  // invalid or the store's hash block does not fit a stored group (naming the
-  // group and the rule).
+  // invalid, is a rank of a pipeline stage (pp_size above 1: not supported
+  // by the store), or the store's hash block does not fit a stored group
+  // (naming the group and the rule).
   static Result<RankStore> create(std::shared_ptr<Store> store, const Layout& layout);
   RankStore(RankStore&&) noexcept;
   RankStore& operator=(RankStore&&) noexcept;

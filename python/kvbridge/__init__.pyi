@@ -81,6 +81,7 @@ class Component:
 class Layer:
     name: str
     components: List[Component]
+    held: bool
     def __init__(self, name: str, components: List[Component]) -> None: ...
 
 class Group:
@@ -103,6 +104,10 @@ class Layout:
     dtype: str
     tp_size: int
     tp_rank: int
+    pp_size: int
+    pp_rank: int
+    @property
+    def rank(self) -> int: ...
     tensors: List[Tensor]
     groups: List[Group]
     def __init__(self, model: str, dtype: str, tp_size: int = 1, tp_rank: int = 0, tensors: List[Tensor] = ...,
@@ -150,7 +155,8 @@ class Request:
 def preset_names() -> List[str]: ...
 def preset_summary(name: str) -> str: ...
 def make_preset(name: str, tp_size: int = 1, tp_rank: int = 0, block_tokens: int = 0, kernel_block_tokens: int = 0,
-                order: str = "LBHNC", num_blocks: int = 0, spec_tokens: int = 0) -> Layout: ...
+                order: str = "LBHNC", num_blocks: int = 0, spec_tokens: int = 0, pp_size: int = 1,
+                pp_rank: int = 0) -> Layout: ...
 
 def dtype_name(dtype: Any) -> str: ...
 def describe_tensor(t: Any) -> Dict[str, Any]: ...

@@ -163,6 +163,8 @@ void bind_model(py::module_& m) {
            py::arg("name"), py::arg("components"))
       .def_readwrite("name", &Layer::name)
       .def_readwrite("components", &Layer::components)
+      .def_readwrite("held", &Layer::held,
+                     "False for a layer of another pipeline stage: its components carry identity only")
       .def("__eq__", [](const Layer& a, const Layer& b) { return a == b; })
       .def("__repr__", [](const Layer& l) {
         return "<kvbridge.Layer '" + l.name + "' components=" + std::to_string(l.components.size()) + ">";
@@ -297,6 +299,9 @@ void bind_layout_class(py::module_& m) {
       .def_readwrite("dtype", &Layout::dtype)
       .def_readwrite("tp_size", &Layout::tp_size)
       .def_readwrite("tp_rank", &Layout::tp_rank)
+      .def_readwrite("pp_size", &Layout::pp_size)
+      .def_readwrite("pp_rank", &Layout::pp_rank)
+      .def_property_readonly("rank", &Layout::rank, "pp_rank * tp_size + tp_rank: the rank in its instance")
       .def_readwrite("tensors", &Layout::tensors, "list of Tensor (a copy: assign a modified list back)")
       .def_readwrite("groups", &Layout::groups, "list of Group (a copy: assign a modified list back)")
       .def("__eq__", [](const Layout& a, const Layout& b) { return a == b; })
@@ -364,7 +369,8 @@ void bind_presets(py::module_& m) {
   m.def(
       "make_preset",
       [](const std::string& name, uint32_t tp_size, uint32_t tp_rank, uint64_t block_tokens,
-         uint64_t kernel_block_tokens, const std::string& order, uint64_t num_blocks, uint32_t spec_tokens) {
+         uint64_t kernel_block_tokens, const std::string& order, uint64_t num_blocks, uint32_t spec_tokens,
+         uint32_t pp_size, uint32_t pp_rank) {
         PresetOptions o;
         o.name = name;
         o.tp_size = tp_size;
@@ -374,12 +380,15 @@ void bind_presets(py::module_& m) {
         o.order = unwrap(parse_order(order));
         o.num_blocks = num_blocks;
         o.spec_tokens = spec_tokens;
+        o.pp_size = pp_size;
+        o.pp_rank = pp_rank;
         return unwrap(make_preset(o));
       },
       py::arg("name"), py::arg("tp_size") = 1, py::arg("tp_rank") = 0, py::arg("block_tokens") = 0,
       py::arg("kernel_block_tokens") = 0, py::arg("order") = "LBHNC", py::arg("num_blocks") = 0,
-      py::arg("spec_tokens") = 0,
-      "The layout of rank tp_rank of an instance of a public architecture (docs/presets.md).\n"
+      py::arg("spec_tokens") = 0, py::arg("pp_size") = 1, py::arg("pp_rank") = 0,
+      "The layout of rank tp_rank (of pipeline stage pp_rank of pp_size) of an instance of a public\n"
+      "architecture (docs/presets.md).\n"
       "0 takes the preset's default; order is 'LBHNC', 'LBNHC' or 'BLHNC'. Raises NotFound for an\n"
       "unknown name, InvalidArgument naming the option the architecture cannot take.");
 }

@@ -135,7 +135,7 @@ void bind_plan(py::module_& m) {
       "readers_per_source",
       [](const std::vector<Layout>& locals, const std::vector<Layout>& remotes) {
         std::map<uint32_t, std::vector<uint32_t>> out;
-        for (SourceReaders& s : unwrap(readers_per_source(locals, remotes))) out[s.tp_rank] = std::move(s.readers);
+        for (SourceReaders& s : unwrap(readers_per_source(locals, remotes))) out[s.rank] = std::move(s.readers);
         return out;
       },
       py::arg("locals"), py::arg("remotes"),

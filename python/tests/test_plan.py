@@ -96,3 +96,18 @@ def test_source_ranks_are_the_fewest_and_readers_are_counted():
     assert kvbridge.readers_per_source(decode, prefill) == {0: [0], 1: [0], 2: [1], 3: [1]}
     with pytest.raises(kvbridge.Incompatible, match="global head"):
         kvbridge.source_ranks(decode[1], prefill[:3])
+
+
+def test_pipeline_stages_plan_and_verify():
+    # Prefill in 2 pipeline stages of TP 2, decode TP 1 holding every layer.
+    prefill = [kvbridge.make_preset("llama3-8b", tp_size=2, tp_rank=t, pp_size=2, pp_rank=s, num_blocks=8)
+               for s in range(2) for t in range(2)]
+    decode = kvbridge.make_preset("llama3-8b", num_blocks=8, block_tokens=32)
+    assert [p.rank for p in prefill] == [0, 1, 2, 3]
+    assert sum(l.held for l in prefill[2].groups[0].layers) == 16
+    request = kvbridge.Request(64, {"full": ([0, 1], [2, 3, 4, 5])})
+    p = kvbridge.plan(decode, prefill, request)
+    assert kvbridge.verify(p, decode, prefill, request).bytes_written == p.bytes
+    assert kvbridge.source_ranks(decode, prefill) == [0, 1, 2, 3]
+    with pytest.raises(kvbridge.Incompatible, match="no given remote rank holds the layer"):
+        kvbridge.plan(decode, prefill[:2], request)

@@ -58,9 +58,10 @@ Result<std::shared_ptr<const Fetched>> Remotes::fetch(const std::string& instanc
     if (!parsed.ok()) return parsed.error().with_context(who + " layout");
     Layout l = std::move(*parsed);
     KVB_RETURN_IF_ERROR(check_compatible(local_, l).with_context(who));
-    if (l.tp_rank != r || l.tp_size != addresses.size() || info.tensors.size() != l.tensors.size()) {
+    if (l.rank() != r || uint64_t{l.tp_size} * l.pp_size != addresses.size() ||
+        info.tensors.size() != l.tensors.size()) {
       return Status::incompatible(who + " at " + addresses[r] + " describes itself as rank " +
-                                  std::to_string(l.tp_rank) + " of " + std::to_string(l.tp_size) + " with " +
+                                  std::to_string(l.rank()) + " of " + std::to_string(l.tp_size * l.pp_size) + " with " +
                                   std::to_string(info.tensors.size()) + " tensor regions");
     }
     Result<engine_internal::EngineMetadata> m = engine_internal::decode_metadata(info.engine_metadata);

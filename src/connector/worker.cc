@@ -86,8 +86,8 @@ class WorkerImpl final : public ConnectorWorker {
     KVB_RETURN_IF_ERROR(check_memory(layout_, tensors));
     connector::RankInfo info;
     info.instance_id = options_.instance_id;
-    info.rank = layout_.tp_rank;
-    info.tp_size = layout_.tp_size;
+    info.rank = layout_.rank();  // pp_rank * tp_size + tp_rank
+    info.tp_size = layout_.tp_size * layout_.pp_size;
     info.pid = static_cast<int32_t>(::getpid());
     info.layout_json = to_json(layout_, -1);
     for (size_t t = 0; t < tensors.size(); ++t) {

@@ -88,23 +88,46 @@ Result<Component> read_component(const Json& value, const std::string& path) {
   return c;
 }
 
-Result<Layer> read_layer(const Json& value, const std::string& path) {
+// A component of a layer the rank does not hold: name, cell_bytes, heads.
+Result<Component> read_unheld_component(const Json& value, const std::string& path) {
+  KVB_RETURN_IF_ERROR(json_io::expect_object(value, path));
+  ObjectReader r(value, path);
+  Component c;
+  KVB_ASSIGN_OR_RETURN(c.name, r.name_field("name"));
+  r.set_name(c.name);
+  KVB_RETURN_IF_ERROR(r.check_fields({"name", "cell_bytes", "heads"}));
+  KVB_ASSIGN_OR_RETURN(c.cell_bytes, r.unsigned_field("cell_bytes", kMaxCellBytes));
+  if (const Json* heads = r.find("heads"); heads != nullptr && !heads->is_null()) {
+    KVB_ASSIGN_OR_RETURN(c.heads, read_heads(*heads, r.child("heads")));
+  }
+  return c;
+}
+
+// `v2`: the document is kvbridge.layout/2, where a layer may say "held".
+Result<Layer> read_layer(const Json& value, const std::string& path, bool v2) {
   KVB_RETURN_IF_ERROR(json_io::expect_object(value, path));
   ObjectReader r(value, path);
   Layer layer;
   KVB_ASSIGN_OR_RETURN(layer.name, r.name_field("name"));
   r.set_name(layer.name);
-  KVB_RETURN_IF_ERROR(r.check_fields({"name", "components"}));
+  if (v2) {
+    KVB_RETURN_IF_ERROR(r.check_fields({"name", "held", "components"}));
+    KVB_ASSIGN_OR_RETURN(layer.held, r.bool_field_or("held", true));
+  } else {
+    KVB_RETURN_IF_ERROR(r.check_fields({"name", "components"}));
+  }
   KVB_ASSIGN_OR_RETURN(const Json* components, r.array_field("components", kMaxComponentsPerLayer));
   layer.components.reserve(components->size());
   for (size_t i = 0; i < components->size(); ++i) {
-    KVB_ASSIGN_OR_RETURN(Component c, read_component((*components)[i], json_io::index_path(r.child("components"), i)));
+    const std::string where = json_io::index_path(r.child("components"), i);
+    KVB_ASSIGN_OR_RETURN(Component c, layer.held ? read_component((*components)[i], where)
+                                                 : read_unheld_component((*components)[i], where));
     layer.components.push_back(std::move(c));
   }
   return layer;
 }
 
-Result<Group> read_group(const Json& value, const std::string& path) {
+Result<Group> read_group(const Json& value, const std::string& path, bool v2) {
   KVB_RETURN_IF_ERROR(json_io::expect_object(value, path));
   ObjectReader r(value, path);
   Group g;
@@ -128,7 +151,7 @@ Result<Group> read_group(const Json& value, const std::string& path) {
   KVB_ASSIGN_OR_RETURN(const Json* layers, r.array_field("layers", kMaxLayersPerGroup));
   g.layers.reserve(layers->size());
   for (size_t i = 0; i < layers->size(); ++i) {
-    KVB_ASSIGN_OR_RETURN(Layer layer, read_layer((*layers)[i], json_io::index_path(r.child("layers"), i)));
+    KVB_ASSIGN_OR_RETURN(Layer layer, read_layer((*layers)[i], json_io::index_path(r.child("layers"), i), v2));
     g.layers.push_back(std::move(layer));
   }
   return g;
@@ -158,10 +181,17 @@ Result<Layout> read_layout(std::string_view text) {
   ObjectReader r(doc, "");
   // The format first: a request or another version fails here, not on its fields.
   KVB_ASSIGN_OR_RETURN(std::string format, r.string_field("format"));
-  if (format != kLayoutFormat) {
-    return path_error("format", "expected " + quote_text(kLayoutFormat) + ", got " + quote_text(format));
+  if (format != kLayoutFormat && format != kLayoutFormatV1) {
+    return path_error("format", "expected " + quote_text(kLayoutFormat) + " (or " + quote_text(kLayoutFormatV1) +
+                                    "), got " + quote_text(format));
   }
-  KVB_RETURN_IF_ERROR(r.check_fields({"format", "model", "dtype", "tp_size", "tp_rank", "tensors", "groups"}));
+  const bool v2 = format == kLayoutFormat;
+  if (v2) {
+    KVB_RETURN_IF_ERROR(
+        r.check_fields({"format", "model", "dtype", "tp_size", "tp_rank", "pp_size", "pp_rank", "tensors", "groups"}));
+  } else {
+    KVB_RETURN_IF_ERROR(r.check_fields({"format", "model", "dtype", "tp_size", "tp_rank", "tensors", "groups"}));
+  }
   Layout layout;
   KVB_ASSIGN_OR_RETURN(layout.model, r.name_field("model"));
   KVB_ASSIGN_OR_RETURN(layout.dtype, r.name_field("dtype"));
@@ -169,6 +199,12 @@ Result<Layout> read_layout(std::string_view text) {
   KVB_ASSIGN_OR_RETURN(uint64_t tp_rank, r.unsigned_field("tp_rank", kMaxTpSize - 1));
   layout.tp_size = static_cast<uint32_t>(tp_size);
   layout.tp_rank = static_cast<uint32_t>(tp_rank);
+  if (v2) {
+    KVB_ASSIGN_OR_RETURN(uint64_t pp_size, r.unsigned_field_or("pp_size", kMaxPpSize, 1));
+    KVB_ASSIGN_OR_RETURN(uint64_t pp_rank, r.unsigned_field_or("pp_rank", kMaxPpSize - 1, 0));
+    layout.pp_size = static_cast<uint32_t>(pp_size);
+    layout.pp_rank = static_cast<uint32_t>(pp_rank);
+  }
   KVB_ASSIGN_OR_RETURN(const Json* tensors, r.array_field("tensors", kMaxTensors));
   layout.tensors.reserve(tensors->size());
   for (size_t i = 0; i < tensors->size(); ++i) {
@@ -178,20 +214,23 @@ Result<Layout> read_layout(std::string_view text) {
   KVB_ASSIGN_OR_RETURN(const Json* groups, r.array_field("groups", kMaxGroups));
   layout.groups.reserve(groups->size());
   for (size_t i = 0; i < groups->size(); ++i) {
-    KVB_ASSIGN_OR_RETURN(Group g, read_group((*groups)[i], json_io::index_path("groups", i)));
+    KVB_ASSIGN_OR_RETURN(Group g, read_group((*groups)[i], json_io::index_path("groups", i), v2));
     layout.groups.push_back(std::move(g));
   }
   KVB_RETURN_IF_ERROR(validate(layout));
   return layout;
 }
 
-OrderedJson component_json(const Component& c) {
+OrderedJson component_json(const Component& c, bool held) {
   OrderedJson j;
   j["name"] = c.name;
-  j["tensor"] = c.tensor;
-  j["offset"] = c.offset;
+  if (held) {
+    j["tensor"] = c.tensor;
+    j["offset"] = c.offset;
+  }
   j["cell_bytes"] = c.cell_bytes;
   if (c.heads) j["heads"] = {{"total", c.heads->total}, {"first", c.heads->first}, {"count", c.heads->count}};
+  if (!held) return j;
   j["axes"] = OrderedJson::array();
   for (const Axis& a : c.axes) {
     j["axes"].push_back({{"axis", axis_kind_name(a.kind)}, {"size", a.size}, {"stride", a.stride}});
@@ -213,8 +252,9 @@ OrderedJson group_json(const Group& g) {
   for (const Layer& l : g.layers) {
     OrderedJson layer;
     layer["name"] = l.name;
+    if (!l.held) layer["held"] = false;
     layer["components"] = OrderedJson::array();
-    for (const Component& c : l.components) layer["components"].push_back(component_json(c));
+    for (const Component& c : l.components) layer["components"].push_back(component_json(c, l.held));
     j["layers"].push_back(std::move(layer));
   }
   return j;
@@ -228,11 +268,17 @@ Result<Layout> parse_layout(std::string_view json) {
 
 std::string to_json(const Layout& layout, int indent) {
   OrderedJson j;
-  j["format"] = kLayoutFormat;
+  // /1 when nothing of /2 is used, so that older readers keep reading it.
+  const bool v2 = layout.pp_size != 1;
+  j["format"] = v2 ? kLayoutFormat : kLayoutFormatV1;
   j["model"] = layout.model;
   j["dtype"] = layout.dtype;
   j["tp_size"] = layout.tp_size;
   j["tp_rank"] = layout.tp_rank;
+  if (v2) {
+    j["pp_size"] = layout.pp_size;
+    j["pp_rank"] = layout.pp_rank;
+  }
   j["tensors"] = OrderedJson::array();
   for (const Tensor& t : layout.tensors) {
     j["tensors"].push_back({{"name", t.name}, {"bytes", t.bytes}, {"memory", t.memory}});

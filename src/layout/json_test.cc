@@ -244,6 +244,43 @@ TEST(LayoutJsonTest, WritesEveryFieldInTheDocumentedOrder) {
             R"("cell_bytes":256,"axes":[{"axis":"block","size":1024,"stride":32768}]}]}]}]})");
 }
 
+// A PP stage's rank: /2, with pp_size and pp_rank, and the layers it does
+// not hold written with their identity only; read back exactly.
+TEST(LayoutJsonTest, APipelineStageIsWrittenAsVersion2AndReadBackExactly) {
+  Layout l = design_layout();
+  Layer other = l.groups[0].layers[0];
+  other.name = "layers.1";
+  l.groups[0].layers.push_back(other);
+  l = as_pp_stage(l, 2, 1, {"layers.1"});
+  ASSERT_TRUE(validate(l).ok()) << validate(l).to_string();
+  EXPECT_EQ(to_json(l, -1),
+            R"({"format":"kvbridge.layout/2","model":"llama3-8b","dtype":"bf16","tp_size":2,"tp_rank":1,)"
+            R"("pp_size":2,"pp_rank":1,"tensors":[{"name":"kv0","bytes":268435456,"memory":"host"}],)"
+            R"("groups":[{"name":"full","kind":"attention","block_tokens":16,"tokens_per_state":1,)"
+            R"("window_tokens":null,"prefix_cacheable":true,"transfer":true,"num_blocks":1024,)"
+            R"("layers":[{"name":"layers.0","held":false,"components":[{"name":"k","cell_bytes":256,)"
+            R"("heads":{"total":8,"first":4,"count":4}}]},{"name":"layers.1","components":[{"name":"k","tensor":"kv0",)"
+            R"("offset":0,"cell_bytes":256,"heads":{"total":8,"first":4,"count":4},"axes":[{"axis":"block",)"
+            R"("size":1024,"stride":32768},{"axis":"head","size":4,"stride":4096},{"axis":"position","size":16,)"
+            R"("stride":256}]}]}]}]})");
+  expect_exact_round_trip(l);
+  // The identity is the whole model's.
+  Layout whole = design_layout();
+  whole.groups[0].layers.push_back(other);
+  EXPECT_EQ(compatibility_hash(l), compatibility_hash(whole));
+  EXPECT_TRUE(check_compatible(l, whole).ok());
+}
+
+// A /2 document without PP fields reads as one stage, like its /1 twin.
+TEST(LayoutJsonTest, Version2WithoutPipelineFieldsReadsLikeVersion1) {
+  OJson j = OJson::parse(kDesignExample);
+  j["format"] = "kvbridge.layout/2";
+  Result<Layout> v2 = parse_layout(j.dump());
+  ASSERT_TRUE(v2.ok()) << v2.error().to_string();
+  EXPECT_EQ(*v2, design_layout());
+  EXPECT_EQ(v2->pp_size, 1u);
+}
+
 TEST(LayoutJsonTest, PrettyOutputKeepsEachAxisAndHeadMapOnOneLine) {
   const std::string text = to_json(design_layout(), 2);
   EXPECT_TRUE(Contains(text, "\n                {\"axis\": \"block\", \"size\": 1024, \"stride\": 32768},\n"));
@@ -393,12 +430,53 @@ INSTANTIATE_TEST_SUITE_P(
         Rejection{"MissingAxisField", [](OJson& j) { component(j)["axes"][2].erase("stride"); }, Code::kInvalidArgument,
                   kAxis2 + R"(: missing required field "stride")"},
         // Enumerations and the format.
-        Rejection{"WrongFormat", [](OJson& j) { j["format"] = "kvbridge.layout/2"; }, Code::kInvalidArgument,
-                  R"(format: expected "kvbridge.layout/1", got "kvbridge.layout/2")"},
+        Rejection{"WrongFormat", [](OJson& j) { j["format"] = "kvbridge.layout/3"; }, Code::kInvalidArgument,
+                  R"(format: expected "kvbridge.layout/2" (or "kvbridge.layout/1"), got "kvbridge.layout/3")"},
+        // A /1 document has no /2 fields.
+        Rejection{"PpFieldInVersion1", [](OJson& j) { j["pp_size"] = 2; }, Code::kInvalidArgument,
+                  R"(unknown field "pp_size")", true},
+        Rejection{"HeldInVersion1", [](OJson& j) { j["groups"][0]["layers"][0]["held"] = false; },
+                  Code::kInvalidArgument, R"(unknown field "held")", true},
+        // /2: a layer not held carries its identity only, and pp_size 1 holds all.
+        Rejection{"UnheldWithGeometry",
+                  [](OJson& j) {
+                    j["format"] = "kvbridge.layout/2";
+                    j["pp_size"] = 2;
+                    j["groups"][0]["layers"][0]["held"] = false;
+                  },
+                  Code::kInvalidArgument, R"(components[0] ('k'): unknown field)", true},
+        Rejection{"UnheldWithOneStage",
+                  [](OJson& j) {
+                    j["format"] = "kvbridge.layout/2";
+                    OJson& c = component(j);
+                    c.erase("tensor");
+                    c.erase("offset");
+                    c.erase("axes");
+                    j["groups"][0]["layers"][0]["held"] = false;
+                  },
+                  Code::kInvalidArgument, R"(is not held, but pp_size is 1)", true},
+        Rejection{"NothingHeld",
+                  [](OJson& j) {
+                    j["format"] = "kvbridge.layout/2";
+                    j["pp_size"] = 2;
+                    OJson& c = component(j);
+                    c.erase("tensor");
+                    c.erase("offset");
+                    c.erase("axes");
+                    j["groups"][0]["layers"][0]["held"] = false;
+                  },
+                  Code::kInvalidArgument, R"(the layout holds no layer)", true},
+        Rejection{"PpRankPastSize",
+                  [](OJson& j) {
+                    j["format"] = "kvbridge.layout/2";
+                    j["pp_size"] = 2;
+                    j["pp_rank"] = 2;
+                  },
+                  Code::kInvalidArgument, R"(pp_rank 2 must be below pp_size 2)", true},
         Rejection{"MissingFormat", [](OJson& j) { j.erase("format"); }, Code::kInvalidArgument,
                   R"(missing required field "format")"},
         Rejection{"RequestFormat", [](OJson& j) { j["format"] = "kvbridge.request/1"; }, Code::kInvalidArgument,
-                  R"(format: expected "kvbridge.layout/1", got "kvbridge.request/1")"},
+                  R"(format: expected "kvbridge.layout/2" (or "kvbridge.layout/1"), got "kvbridge.request/1")"},
         Rejection{
             "BadKind", [](OJson& j) { j["groups"][0]["kind"] = "mla"; }, Code::kInvalidArgument,
             R"(groups[0] ('full').kind: unknown kind "mla"; expected attention, sliding_window, state or scratch)"},

@@ -1,7 +1,9 @@
 // Names of kinds, lookups, and the address arithmetic of the layout model.
 #include "kvbridge/layout.h"
 
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace kvbridge {
@@ -55,7 +57,7 @@ uint64_t Component::positions_per_block() const {
 }
 
 bool Component::empty() const {
-  if (cell_bytes == 0) return true;
+  if (cell_bytes == 0 || axes.empty()) return true;
   if (heads && heads->count == 0) return true;
   for (const Axis& a : axes) {
     if (a.size == 0) return true;
@@ -98,10 +100,68 @@ Layout keep_layers(Layout layout, const std::set<std::string, std::less<>>& keep
   return layout;
 }
 
+namespace {
+
+// The number a layer name ends with ("layers.12": 12), if any.
+std::optional<uint64_t> trailing_number(std::string_view name) {
+  size_t i = name.size();
+  while (i > 0 && name[i - 1] >= '0' && name[i - 1] <= '9') --i;
+  if (i == name.size() || name.size() - i > 18) return std::nullopt;
+  uint64_t v = 0;
+  for (size_t k = i; k < name.size(); ++k) v = v * 10 + static_cast<uint64_t>(name[k] - '0');
+  return v;
+}
+
+}  // namespace
+
+std::vector<std::string> layer_order(const Layout& layout) {
+  std::vector<std::string> names;
+  for (const Group& g : layout.groups) {
+    for (const Layer& l : g.layers) names.push_back(l.name);
+  }
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+    const std::optional<uint64_t> na = trailing_number(a), nb = trailing_number(b);
+    if (na.has_value() != nb.has_value()) return na.has_value();
+    if (na && *na != *nb) return *na < *nb;
+    return a < b;
+  });
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+std::set<std::string, std::less<>> pp_stage_layers(const std::vector<std::string>& order, uint32_t pp_size,
+                                                   uint32_t pp_rank) {
+  std::vector<size_t> sizes(pp_size, order.size() / pp_size);
+  const size_t remaining = order.size() % pp_size;
+  for (size_t i = 2; i < remaining + 2; ++i) ++sizes[pp_size - i];
+  size_t first = 0;
+  for (uint32_t s = 0; s < pp_rank; ++s) first += sizes[s];
+  return {order.begin() + static_cast<std::ptrdiff_t>(first),
+          order.begin() + static_cast<std::ptrdiff_t>(first + sizes[pp_rank])};
+}
+
+Layout as_pp_stage(Layout layout, uint32_t pp_size, uint32_t pp_rank, const std::set<std::string, std::less<>>& held) {
+  layout.pp_size = pp_size;
+  layout.pp_rank = pp_rank;
+  for (Group& g : layout.groups) {
+    for (Layer& l : g.layers) {
+      if (held.count(l.name) != 0) continue;
+      l.held = false;
+      for (Component& c : l.components) {
+        c.tensor.clear();
+        c.offset = 0;
+        c.axes.clear();
+      }
+    }
+  }
+  return layout;
+}
+
 bool has_overlay(const Layout& layout) {
   std::map<std::string_view, size_t> owner;  // tensor name -> first group using it
   for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
     for (const Layer& layer : layout.groups[gi].layers) {
+      if (!layer.held) continue;
       for (const Component& c : layer.components) {
         auto [it, fresh] = owner.emplace(c.tensor, gi);
         if (!fresh && it->second != gi) return true;

@@ -22,6 +22,7 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "common/checked.h"
@@ -427,7 +428,7 @@ Status tensor_bytes(uint64_t row, const Options& o, const std::string& name, uin
   return Status();
 }
 
-Result<Layout> assemble(const Options& o, std::vector<GroupSpec> groups) {
+Result<Layout> assemble(const Options& o, const std::vector<GroupSpec>& groups) {
   // Slot sizes per family, families in order of first use.
   std::vector<std::string> families;
   std::map<std::string, std::vector<uint64_t>> slots;
@@ -462,6 +463,7 @@ Result<Layout> assemble(const Options& o, std::vector<GroupSpec> groups) {
       layout.tensors.push_back(std::move(t));
     } else {
       for (uint32_t s = 0; s < pages.size(); ++s) {
+        if (pages[s] == 0) continue;  // a slot of layers another PP stage holds
         Tensor t{f + "." + to_string(s), 0, "host"};
         KVB_RETURN_IF_ERROR(tensor_bytes(pages[s], o, t.name, &t.bytes));
         where[{f, s}] = Where{t.name, 0, pages[s]};
@@ -470,8 +472,8 @@ Result<Layout> assemble(const Options& o, std::vector<GroupSpec> groups) {
     }
   }
 
-  for (GroupSpec& g : groups) {
-    Group group = std::move(g.group);
+  for (const GroupSpec& g : groups) {
+    Group group = g.group;
     for (const LayerSpec& l : g.layers) {
       Layer layer{l.name, {}};
       for (const Placed& p : l.pages) {
@@ -484,6 +486,36 @@ Result<Layout> assemble(const Options& o, std::vector<GroupSpec> groups) {
     layout.groups.push_back(std::move(group));
   }
   return layout;
+}
+
+// The rank of PP stage options.pp_rank: the whole model's layout `full`
+// with the layers of the other stages marked not held, and the tensors of a
+// layout assembled from the stage's own layers (so a stage allocates only
+// what it holds; block-major rows hold only its layers).
+Result<Layout> pp_stage(const Options& o, const PresetOptions& options, std::vector<GroupSpec> groups, Layout full) {
+  const std::vector<std::string> order = layer_order(full);
+  if (options.pp_size == 0 || options.pp_size > std::min<size_t>(order.size(), kMaxPpSize)) {
+    return bad("--pp " + to_string(options.pp_size) + ": " + o.model + " has " + to_string(order.size()) +
+               " layers; the PP size must be between 1 and that");
+  }
+  if (options.pp_rank >= options.pp_size) {
+    return bad("--pp-rank " + to_string(options.pp_rank) + ": the stage must be below the PP size (--pp " +
+               to_string(options.pp_size) + ")");
+  }
+  const std::set<std::string, std::less<>> held = pp_stage_layers(order, options.pp_size, options.pp_rank);
+  for (GroupSpec& g : groups) {
+    std::erase_if(g.layers, [&](const LayerSpec& l) { return held.count(l.name) == 0; });
+  }
+  KVB_ASSIGN_OR_RETURN(Layout own, assemble(o, groups));
+  Layout out = as_pp_stage(std::move(full), options.pp_size, options.pp_rank, held);
+  out.tensors = std::move(own.tensors);
+  for (size_t gi = 0; gi < out.groups.size(); ++gi) {
+    size_t next = 0;  // the stage's layers come in the same order
+    for (Layer& l : out.groups[gi].layers) {
+      if (l.held) l = std::move(own.groups[gi].layers[next++]);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -531,7 +563,10 @@ Result<Layout> make_preset(const PresetOptions& options) {
   }
   KVB_ASSIGN_OR_RETURN(Options o, resolve(options, *def));
   KVB_ASSIGN_OR_RETURN(std::vector<GroupSpec> groups, def->build(o));
-  KVB_ASSIGN_OR_RETURN(Layout layout, assemble(o, std::move(groups)));
+  KVB_ASSIGN_OR_RETURN(Layout layout, assemble(o, groups));
+  if (options.pp_size != 1 || options.pp_rank != 0) {
+    KVB_ASSIGN_OR_RETURN(layout, pp_stage(o, options, std::move(groups), std::move(layout)));
+  }
   // The contract is that a preset always validates; a failure here is a bug
   // in this file, reported as such rather than handed out.
   Status valid = validate(layout);

@@ -114,6 +114,31 @@ Status check_no_overlap(const Component& c) {
   return Status();
 }
 
+Status check_heads(const HeadMap& h) {
+  if (h.total == 0 || h.total > kMaxHeads) {
+    return Status::invalid_argument("heads.total " + std::to_string(h.total) + " must be in [1, " +
+                                    std::to_string(kMaxHeads) + "]");
+  }
+  if (h.count > h.total || h.first >= h.total || uint64_t{h.first} + h.count > h.total) {
+    return Status::invalid_argument("heads {first " + std::to_string(h.first) + ", count " + std::to_string(h.count) +
+                                    "} do not fit in heads.total " + std::to_string(h.total));
+  }
+  return Status();
+}
+
+// A component of a layer this rank does not hold: its identity only.
+Status validate_unheld_component(const Component& c) {
+  KVB_RETURN_IF_ERROR(check_name("component", c.name));
+  if (c.cell_bytes > kMaxCellBytes) {
+    return Status::resource_exhausted("cell_bytes " + std::to_string(c.cell_bytes) + " exceeds " +
+                                      std::to_string(kMaxCellBytes));
+  }
+  if (!c.tensor.empty() || c.offset != 0 || !c.axes.empty()) {
+    return Status::invalid_argument("is in a layer this rank does not hold, so it has no tensor, offset or axes");
+  }
+  return c.heads ? check_heads(*c.heads) : Status();
+}
+
 Status validate_component(const Layout& layout, const Group& g, const Component& c) {
   KVB_RETURN_IF_ERROR(check_name("component", c.name));
   const Tensor* t = layout.find_tensor(c.tensor);
@@ -165,17 +190,7 @@ Status validate_component(const Layout& layout, const Group& g, const Component&
   if (heads == 0 && c.heads) {
     return Status::invalid_argument("has a heads map but no head axis (a replicated component has neither)");
   }
-  if (c.heads) {
-    const HeadMap& h = *c.heads;
-    if (h.total == 0 || h.total > kMaxHeads) {
-      return Status::invalid_argument("heads.total " + std::to_string(h.total) + " must be in [1, " +
-                                      std::to_string(kMaxHeads) + "]");
-    }
-    if (h.count > h.total || h.first >= h.total || uint64_t{h.first} + h.count > h.total) {
-      return Status::invalid_argument("heads {first " + std::to_string(h.first) + ", count " + std::to_string(h.count) +
-                                      "} do not fit in heads.total " + std::to_string(h.total));
-    }
-  }
+  if (c.heads) KVB_RETURN_IF_ERROR(check_heads(*c.heads));
   if (positions > kMaxPositionAxes) {
     return Status::invalid_argument("has " + std::to_string(positions) + " position axes; at most " +
                                     std::to_string(kMaxPositionAxes) + " are allowed");
@@ -251,11 +266,17 @@ Status validate_group(const Layout& layout, const Group& g) {
       return Status::resource_exhausted(where + " has more than " + std::to_string(kMaxComponentsPerLayer) +
                                         " components");
     }
+    if (!l.held && layout.pp_size == 1) {
+      return Status::invalid_argument(where +
+                                      " is not held, but pp_size is 1: a rank without pipeline stages "
+                                      "holds every layer");
+    }
     std::set<std::string_view> component_names;
     for (const Component& c : l.components) {
       std::string cwhere = where + " component " + q(c.name);
       if (!component_names.insert(c.name).second) return Status::already_exists(cwhere + " appears twice");
-      KVB_RETURN_IF_ERROR(validate_component(layout, g, c).with_context(cwhere));
+      KVB_RETURN_IF_ERROR(
+          (l.held ? validate_component(layout, g, c) : validate_unheld_component(c)).with_context(cwhere));
     }
   }
   return Status();
@@ -275,6 +296,14 @@ Status validate(const Layout& layout) {
   if (layout.tp_rank >= layout.tp_size) {
     return Status::invalid_argument("tp_rank " + std::to_string(layout.tp_rank) + " must be below tp_size " +
                                     std::to_string(layout.tp_size));
+  }
+  if (layout.pp_size == 0 || layout.pp_size > kMaxPpSize) {
+    return Status::invalid_argument("pp_size " + std::to_string(layout.pp_size) + " must be in [1, " +
+                                    std::to_string(kMaxPpSize) + "]");
+  }
+  if (layout.pp_rank >= layout.pp_size) {
+    return Status::invalid_argument("pp_rank " + std::to_string(layout.pp_rank) + " must be below pp_size " +
+                                    std::to_string(layout.pp_size));
   }
   if (layout.tensors.size() > kMaxTensors) {
     return Status::resource_exhausted("more than " + std::to_string(kMaxTensors) + " tensors");
@@ -302,6 +331,10 @@ Status validate(const Layout& layout) {
     if (!group_names.insert(g.name).second) return Status::already_exists(where + " is declared twice");
     KVB_RETURN_IF_ERROR(validate_group(layout, g).with_context(where));
   }
+  const bool holds_any = std::any_of(layout.groups.begin(), layout.groups.end(), [](const Group& g) {
+    return std::any_of(g.layers.begin(), g.layers.end(), [](const Layer& l) { return l.held; });
+  });
+  if (!holds_any) return Status::invalid_argument("the layout holds no layer (every layer is marked not held)");
   return Status();
 }
 

@@ -221,7 +221,8 @@ Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Re
   KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, request));
   Plan p;
   p.sources.resize(remotes.size());
-  for (size_t r = 0; r < remotes.size(); ++r) p.sources[r].tp_rank = remotes[r].tp_rank;
+  for (size_t r = 0; r < remotes.size(); ++r)
+    p.sources[r].tp_rank = remotes[r].tp_rank, p.sources[r].pp_rank = remotes[r].pp_rank;
   Emitter e(local.tensors.size(), &p.descriptors, &p.sources);
   for (const GroupMove& m : moves) {
     KVB_RETURN_IF_ERROR(emit_group(e, local, remotes, by_rank, m));
@@ -284,7 +285,8 @@ Result<Plan> plan_part(const Layout& local, std::span<const Layout> remotes, std
   using namespace plan_internal;
   Plan p;
   p.sources.resize(remotes.size());
-  for (size_t r = 0; r < remotes.size(); ++r) p.sources[r].tp_rank = remotes[r].tp_rank;
+  for (size_t r = 0; r < remotes.size(); ++r)
+    p.sources[r].tp_rank = remotes[r].tp_rank, p.sources[r].pp_rank = remotes[r].pp_rank;
   Emitter e(local.tensors.size(), &p.descriptors, &p.sources);
   for (size_t k = 0; k < moves.size(); ++k) {
     GroupMove& m = moves[k];
@@ -302,16 +304,6 @@ Result<Plan> plan_part(const Layout& local, std::span<const Layout> remotes, std
   }
   KVB_RETURN_IF_ERROR(finish_plan(local, e.order(), p));
   return p;
-}
-
-// The number a layer name ends with ("layers.12": 12), if any.
-std::optional<uint64_t> trailing_number(std::string_view name) {
-  size_t i = name.size();
-  while (i > 0 && name[i - 1] >= '0' && name[i - 1] <= '9') --i;
-  if (i == name.size() || name.size() - i > 18) return std::nullopt;
-  uint64_t v = 0;
-  for (size_t k = i; k < name.size(); ++k) v = v * 10 + static_cast<uint64_t>(name[k] - '0');
-  return v;
 }
 
 }  // namespace
@@ -332,21 +324,6 @@ Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const 
     }
   }
   return out;
-}
-
-std::vector<std::string> layer_order(const Layout& layout) {
-  std::vector<std::string> names;
-  for (const Group& g : layout.groups) {
-    for (const Layer& l : g.layers) names.push_back(l.name);
-  }
-  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
-    const std::optional<uint64_t> na = trailing_number(a), nb = trailing_number(b);
-    if (na.has_value() != nb.has_value()) return na.has_value();
-    if (na && *na != *nb) return *na < *nb;
-    return a < b;
-  });
-  names.erase(std::unique(names.begin(), names.end()), names.end());
-  return names;
 }
 
 Result<std::vector<PlanStage>> plan_stages(const Layout& local, std::span<const Layout> remotes, const Request& request,
@@ -393,7 +370,8 @@ Result<std::vector<PlanStage>> plan_stages(const Layout& local, std::span<const 
     s.first_token = s.resume_token = request.skip_tokens;
     s.end_token = std::max(request.skip_tokens, request.num_tokens);
     s.plan.sources.resize(remotes.size());
-    for (size_t r = 0; r < remotes.size(); ++r) s.plan.sources[r].tp_rank = remotes[r].tp_rank;
+    for (size_t r = 0; r < remotes.size(); ++r)
+      s.plan.sources[r].tp_rank = remotes[r].tp_rank, s.plan.sources[r].pp_rank = remotes[r].pp_rank;
     out.push_back(std::move(s));
   }
   return out;

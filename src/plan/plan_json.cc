@@ -9,13 +9,18 @@ std::string plan_to_json(const Plan& plan, const Layout& local, std::span<const 
                          int verified, int indent) {
   nlohmann::ordered_json j;
   j["format"] = "kvbridge.plan/1";
-  j["local_rank"] = local.tp_rank;
+  j["local_rank"] = local.rank();
   j["descriptors"] = plan.descriptors.size();
   j["bytes"] = plan.bytes;
   nlohmann::ordered_json sources = nlohmann::ordered_json::array();
+  const bool stages = !remotes.empty() && remotes[0].pp_size > 1;
   for (const SourceTotals& s : plan.sources) {
     nlohmann::ordered_json o;
-    o["rank"] = s.tp_rank;
+    o["rank"] = s.pp_rank * (remotes.empty() ? 1 : remotes[0].tp_size) + s.tp_rank;
+    if (stages) {
+      o["pp_rank"] = s.pp_rank;
+      o["tp_rank"] = s.tp_rank;
+    }
     o["descriptors"] = s.descriptors;
     o["bytes"] = s.bytes;
     sources.push_back(std::move(o));
@@ -26,7 +31,7 @@ std::string plan_to_json(const Plan& plan, const Layout& local, std::span<const 
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const Descriptor& d : plan.descriptors) {
       const Layout& r = remotes[d.source];
-      list.push_back(nlohmann::ordered_json::array({r.tp_rank, local.tensors[d.local_tensor].name, d.local_offset,
+      list.push_back(nlohmann::ordered_json::array({r.rank(), local.tensors[d.local_tensor].name, d.local_offset,
                                                     r.tensors[d.remote_tensor].name, d.remote_offset, d.bytes}));
     }
     j["items"] = std::move(list);

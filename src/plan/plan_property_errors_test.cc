@@ -115,7 +115,26 @@ TEST(PlanPropertyTest, InvalidRequestsAndMismatchedLayoutsReturnErrorsNeverPlans
     // edits below would touch blocks that move nothing.
     const bool all_skipped = in.request.skip_tokens == in.request.num_tokens;
     if ((which == 0 || which == 1 || which == 3) && all_skipped) continue;
-    if (which == 0) {
+    if (in.remotes[0].pp_size > 1 && gen::chance(rng, 40)) {
+      // Drop every rank of one pipeline stage: a layer the local rank holds
+      // (in a transfer group) is then held by no given rank.
+      const uint32_t stage = static_cast<uint32_t>(gen::draw(rng, 0, in.remotes[0].pp_size - 1));
+      std::string layer;
+      for (const Group& g : in.local.groups) {
+        const Group* rg = nullptr;
+        for (const Layout& r : in.remotes) {
+          if (r.pp_rank == stage) rg = r.find_group(g.name);
+        }
+        for (size_t l = 0; g.transfer && rg != nullptr && layer.empty() && l < g.layers.size(); ++l) {
+          if (g.layers[l].held && rg->layers[l].held) layer = g.layers[l].name;
+        }
+      }
+      if (layer.empty()) continue;
+      std::erase_if(in.remotes, [&](const Layout& r) { return r.pp_rank == stage; });
+      if (in.remotes.empty()) continue;
+      e = {"stage missing", "no remote rank of stage " + std::to_string(stage) + " (it holds '" + layer + "')",
+           Code::kIncompatible};
+    } else if (which == 0) {
       const Group* g = pick_group(rng, in.local, [](const Group& x) { return x.kind != GroupKind::kState; });
       if (g == nullptr) continue;
       list_of(g->name).pop_back();

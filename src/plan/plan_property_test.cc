@@ -63,10 +63,12 @@ TEST(PlanPropertyTest, RandomLayoutsOfEveryShapeValidate) {
 
 TEST(PlanPropertyTest, EveryPlanVerifiesIsDeterministicAndMovesTheRequestedBytes) {
   const auto start = std::chrono::steady_clock::now();
-  uint64_t passed = 0, failures = 0, descriptors = 0, bytes = 0;
+  uint64_t passed = 0, failures = 0, descriptors = 0, bytes = 0, remote_stages = 0, local_stages = 0;
   for (uint64_t i : case_indices(num_cases())) {
     gen::Rng rng(gen::case_seed(base_seed(), i));
     const Case c = make_case(base_seed(), i, rng);
+    remote_stages += c.remotes[0].pp_size > 1;
+    local_stages += c.local.pp_size > 1;
     const Outcome o = check(c.local, c.remotes, c.request);
     if (!o.failure.empty()) {
       report(c, o);
@@ -78,9 +80,13 @@ TEST(PlanPropertyTest, EveryPlanVerifiesIsDeterministicAndMovesTheRequestedBytes
     bytes += o.bytes;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("[ property  ] %llu plans verified (%llu descriptors, %llu bytes) in %.2f s, seed %llu\n",
-              (unsigned long long)passed, (unsigned long long)descriptors, (unsigned long long)bytes, seconds,
-              (unsigned long long)base_seed());
+  std::printf(
+      "[ property  ] %llu plans verified (%llu descriptors, %llu bytes; %llu from pipeline stages, %llu into one) in "
+      "%.2f s, seed %llu\n",
+      (unsigned long long)passed, (unsigned long long)descriptors, (unsigned long long)bytes,
+      (unsigned long long)remote_stages, (unsigned long long)local_stages, seconds, (unsigned long long)base_seed());
+  EXPECT_GT(remote_stages, 0u);
+  EXPECT_GT(local_stages, 0u);
 }
 
 }  // namespace

@@ -98,7 +98,7 @@ Result<std::vector<GroupMove>> group_moves(const Layout& local, std::span<const 
     const Group* rg0 = nullptr;
     for (const Layout& r : remotes) {
       const Group* rg = r.find_group(g.name);
-      if (rg == nullptr) return Status::incompatible(where + " is missing on remote rank " + std::to_string(r.tp_rank));
+      if (rg == nullptr) return Status::incompatible(where + " is missing on remote rank " + std::to_string(r.rank()));
       m.remote_group.push_back(static_cast<size_t>(rg - r.groups.data()));
       rg0 = rg;
     }

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,7 @@ inline std::vector<NeededHead> needed_heads(const Layout& local) {
   for (const Group& g : local.groups) {
     if (!g.transfer) continue;
     for (const Layer& l : g.layers) {
+      if (!l.held) continue;
       for (const Component& c : l.components) {
         for (uint64_t h = 0; h < c.local_heads(); ++h) {
           out.push_back({g.name, l.name, c.name, c.heads ? static_cast<uint32_t>(c.heads->first + h) : 0,
@@ -119,7 +121,7 @@ inline bool holds(const Layout& remote, const NeededHead& n) {
   const Group* g = remote.find_group(n.group);
   if (g == nullptr) return false;
   for (const Layer& l : g->layers) {
-    if (l.name != n.layer) continue;
+    if (l.name != n.layer || !l.held) continue;
     for (const Component& c : l.components) {
       if (c.name != n.component) continue;
       return n.replicated || (c.heads && c.heads->first <= n.head && n.head < c.heads->first + c.heads->count);
@@ -143,6 +145,7 @@ inline std::vector<Layout> covering_subset(gen::Rng& rng, const Layout& local, c
   for (size_t r = 0; r < remotes.size(); ++r) {
     if (keep[r]) out.push_back(remotes[r]);
   }
+  if (out.empty()) return remotes;  // nothing needed (no held layer transfers)
   return out;
 }
 
@@ -175,6 +178,23 @@ inline Case make_case(uint64_t seed, uint64_t index, gen::Rng& rng) {
       const gen::InstanceShape own = gen::random_instance(rng, c.recipe, c.remote_tp, o.num_tokens, &c.remote_shape);
       c.remotes[r] = gen::make_rank_layout(c.recipe, own, r);
     }
+  }
+  // Sometimes pipeline stages: the remote instance's ranks split into 2 or
+  // 3 stages, and the local rank one stage of its own instance.
+  const std::vector<std::string> order = layer_order(c.local);
+  if (order.size() >= 2 && gen::chance(rng, 20)) {
+    const uint32_t pp = static_cast<uint32_t>(gen::draw(rng, 2, std::min<uint64_t>(3, order.size())));
+    std::vector<Layout> staged;
+    for (uint32_t s = 0; s < pp; ++s) {
+      const std::set<std::string, std::less<>> held = pp_stage_layers(order, pp, s);
+      for (const Layout& r : c.remotes) staged.push_back(as_pp_stage(r, pp, s, held));
+    }
+    c.remotes = std::move(staged);
+  }
+  if (order.size() >= 2 && gen::chance(rng, 15)) {
+    const uint32_t pp = static_cast<uint32_t>(gen::draw(rng, 2, std::min<uint64_t>(3, order.size())));
+    const uint32_t s = static_cast<uint32_t>(gen::draw(rng, 0, pp - 1));
+    c.local = as_pp_stage(c.local, pp, s, pp_stage_layers(order, pp, s));
   }
   if (gen::chance(rng, 30)) gen::shuffle(rng, c.remotes);
 
@@ -366,7 +386,7 @@ inline std::vector<Inputs> reductions(const Inputs& in) {
     }
   }
   // Fewer tokens: drop whole blocks from the end of every token list.
-  if (in.request.num_tokens > 1) {
+  if (in.request.num_tokens > 1 && !in.remotes.empty()) {
     for (uint64_t tokens : {in.request.num_tokens / 2, in.request.num_tokens - 1}) {
       if (tokens == 0) continue;
       Inputs r = in;

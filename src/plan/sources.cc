@@ -1,6 +1,7 @@
 // Which remote ranks a local rank reads from (the fewest that hold all it
 // needs), and which of them serves which local heads.
 #include <algorithm>
+#include <set>
 #include <string>
 
 #include "common/text.h"
@@ -11,6 +12,12 @@ namespace {
 
 // Combinations tried by the exact search before it falls back to greedy.
 constexpr uint64_t kMaxCombinations = 200000;
+
+// "3", or "3 (pp 1, tp 1)" for a rank of a pipeline stage.
+std::string rank_name(const Layout& l) {
+  if (l.pp_size == 1) return std::to_string(l.tp_rank);
+  return std::to_string(l.rank()) + " (pp " + std::to_string(l.pp_rank) + ", tp " + std::to_string(l.tp_rank) + ")";
+}
 
 bool has(std::span<const uint64_t> set, size_t r) { return (set[r / 64] >> (r % 64) & 1) != 0; }
 void add(std::span<uint64_t> set, size_t r) { set[r / 64] |= uint64_t{1} << (r % 64); }
@@ -33,6 +40,18 @@ Result<SourceNeeds> source_needs(const Layout& local, std::span<const Layout> re
     if (!g.transfer) continue;
     for (size_t r = 0; r < remotes.size(); ++r) rg[r] = remotes[r].find_group(g.name);
     for (size_t l = 0; l < g.layers.size(); ++l) {
+      if (g.layers[l].held &&
+          std::none_of(by_rank.begin(), by_rank.end(), [&](uint16_t r) { return rg[r]->layers[l].held; })) {
+        std::set<uint32_t> stages;
+        for (uint16_t r : by_rank) stages.insert(remotes[r].pp_rank);
+        std::string given;
+        for (uint32_t st : stages) given += (given.empty() ? "" : ", ") + std::to_string(st);
+        return Status::incompatible("group " + q(g.name) + " layer " + q(g.layers[l].name) +
+                                    ": no given remote rank holds the layer (the remote ranks given are of pipeline "
+                                    "stage" +
+                                    (stages.size() > 1 ? "s " : " ") + given + " of " +
+                                    std::to_string(remotes[by_rank[0]].pp_size) + ")");
+      }
       for (size_t c = 0; c < g.layers[l].components.size(); ++c) {
         const Component& comp = g.layers[l].components[c];
         if (comp.empty()) continue;
@@ -43,9 +62,9 @@ Result<SourceNeeds> source_needs(const Layout& local, std::span<const Layout> re
           for (uint16_t r : by_rank) {
             const Component& rc = rg[r]->layers[l].components[c];
             const uint32_t global = comp.heads ? comp.heads->first + h : 0;
-            const bool held = comp.heads
-                                  ? rc.heads && global >= rc.heads->first && global < rc.heads->first + rc.heads->count
-                                  : !rc.empty();
+            const bool held =
+                !rc.empty() &&
+                (!comp.heads || (rc.heads && global >= rc.heads->first && global < rc.heads->first + rc.heads->count));
             if (held) add(holders, r), any = true;
           }
           if (!any) {
@@ -95,7 +114,7 @@ Result<std::vector<uint16_t>> choose_sources(const Layout& local, std::span<cons
     for (uint16_t r : by_rank) {
       if (std::any_of(left.begin(), left.end(), [&](size_t i) { return has(need(i), r); })) cand.push_back(r);
     }
-    std::rotate(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(local.tp_rank % cand.size()), cand.end());
+    std::rotate(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(local.rank() % cand.size()), cand.end());
     auto covers = [&](std::span<const uint64_t> set) {
       return std::all_of(left.begin(), left.end(), [&](size_t i) { return meets(need(i), set); });
     };
@@ -149,18 +168,19 @@ Result<std::vector<uint16_t>> check_remotes(const Layout& local, std::span<const
   std::vector<uint16_t> by_rank(remotes.size());
   for (size_t i = 0; i < remotes.size(); ++i) by_rank[i] = static_cast<uint16_t>(i);
   std::sort(by_rank.begin(), by_rank.end(),
-            [&](uint16_t a, uint16_t b) { return remotes[a].tp_rank < remotes[b].tp_rank; });
+            [&](uint16_t a, uint16_t b) { return remotes[a].rank() < remotes[b].rank(); });
   const Layout& first = remotes[by_rank[0]];
   for (size_t k = 0; k < by_rank.size(); ++k) {
     const Layout& r = remotes[by_rank[k]];
-    std::string who = "remote rank " + std::to_string(r.tp_rank);
+    std::string who = "remote rank " + rank_name(r);
     if (r.tensors.size() > 0xffff) return Status::resource_exhausted(who + " has more than 65,535 tensors");
-    if (r.tp_size != first.tp_size) {
-      return Status::incompatible(who + " has tp_size " + std::to_string(r.tp_size) + " but remote rank " +
-                                  std::to_string(first.tp_rank) + " has " + std::to_string(first.tp_size) +
+    if (r.tp_size != first.tp_size || r.pp_size != first.pp_size) {
+      return Status::incompatible(who + " has tp_size " + std::to_string(r.tp_size) + " and pp_size " +
+                                  std::to_string(r.pp_size) + " but remote rank " + rank_name(first) + " has " +
+                                  std::to_string(first.tp_size) + " and " + std::to_string(first.pp_size) +
                                   "; remote layouts must come from one instance");
     }
-    if (k > 0 && r.tp_rank == remotes[by_rank[k - 1]].tp_rank) {
+    if (k > 0 && r.rank() == remotes[by_rank[k - 1]].rank()) {
       return Status::invalid_argument(who + " is given twice");
     }
     KVB_RETURN_IF_ERROR(check_compatible(local, r).with_context(who));
@@ -169,9 +189,8 @@ Result<std::vector<uint16_t>> check_remotes(const Layout& local, std::span<const
       if (g.block_tokens != f->block_tokens || g.num_blocks != f->num_blocks) {
         return Status::incompatible(who + " group " + q(g.name) + " has block_tokens " +
                                     std::to_string(g.block_tokens) + " and num_blocks " + std::to_string(g.num_blocks) +
-                                    " but remote rank " + std::to_string(first.tp_rank) + " has " +
-                                    std::to_string(f->block_tokens) + " and " + std::to_string(f->num_blocks) +
-                                    "; one instance shares block geometry");
+                                    " but remote rank " + rank_name(first) + " has " + std::to_string(f->block_tokens) +
+                                    " and " + std::to_string(f->num_blocks) + "; one instance shares block geometry");
       }
     }
   }
@@ -188,7 +207,7 @@ Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layo
   };
   // Of n holders, the one serving this layer: the group's layers cut into n
   // contiguous ranges, one per holder, rotated by the local rank.
-  auto spread = [&](size_t n) { return (local.tp_rank + layer * n / g.layers.size()) % n; };
+  auto spread = [&](size_t n) { return (local.rank() + layer * n / g.layers.size()) % n; };
   std::vector<HeadRun> runs;
   std::vector<uint16_t> holders;
   if (!c.heads) {
@@ -208,7 +227,9 @@ Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layo
     holders.clear();
     for (uint16_t r : by_rank) {
       const Component& rc = remote_component(r);
-      if (rc.heads && global >= rc.heads->first && global < rc.heads->first + rc.heads->count) holders.push_back(r);
+      if (!rc.empty() && rc.heads && global >= rc.heads->first && global < rc.heads->first + rc.heads->count) {
+        holders.push_back(r);
+      }
     }
     if (holders.empty()) {
       return Status::incompatible("group " + q(g.name) + " layer " + q(g.layers[layer].name) + " component " +
@@ -232,17 +253,17 @@ namespace kvbridge {
 Result<std::vector<uint32_t>> source_ranks(const Layout& local, std::span<const Layout> remotes) {
   KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> chosen, plan_internal::check_remotes(local, remotes));
   std::vector<uint32_t> out;
-  for (uint16_t r : chosen) out.push_back(remotes[r].tp_rank);
+  for (uint16_t r : chosen) out.push_back(remotes[r].rank());
   return out;
 }
 
 Result<std::vector<SourceReaders>> readers_per_source(std::span<const Layout> locals, std::span<const Layout> remotes) {
   std::vector<SourceReaders> out(remotes.size());
-  for (size_t r = 0; r < remotes.size(); ++r) out[r].tp_rank = remotes[r].tp_rank;
+  for (size_t r = 0; r < remotes.size(); ++r) out[r].rank = remotes[r].rank();
   for (const Layout& local : locals) {
     Result<std::vector<uint16_t>> chosen = plan_internal::check_remotes(local, remotes);
-    if (!chosen) return chosen.error().with_context("local rank " + std::to_string(local.tp_rank));
-    for (uint16_t r : *chosen) out[r].readers.push_back(local.tp_rank);
+    if (!chosen) return chosen.error().with_context("local rank " + std::to_string(local.rank()));
+    for (uint16_t r : *chosen) out[r].readers.push_back(local.rank());
   }
   for (SourceReaders& s : out) std::sort(s.readers.begin(), s.readers.end());
   return out;

@@ -14,7 +14,8 @@ namespace {
 std::vector<Layout> ranks(const std::string& preset, uint32_t tp, uint64_t num_blocks = 8) {
   std::vector<Layout> out;
   for (uint32_t r = 0; r < tp; ++r) {
-    Result<Layout> l = make_preset(PresetOptions{.name = preset, .tp_size = tp, .tp_rank = r, .num_blocks = num_blocks});
+    Result<Layout> l =
+        make_preset(PresetOptions{.name = preset, .tp_size = tp, .tp_rank = r, .num_blocks = num_blocks});
     EXPECT_TRUE(l.ok()) << preset << " TP " << tp << " rank " << r << ": " << l.error().to_string();
     if (l) out.push_back(std::move(*l));
   }
@@ -59,7 +60,7 @@ TEST(SourcesTest, Glm5FlashDecodeRankReadsOnlyTheRanksItNeeds) {
   ASSERT_TRUE(readers.ok()) << readers.error().to_string();
   ASSERT_EQ(readers->size(), 4u);
   for (uint32_t r = 0; r < 4; ++r) {
-    EXPECT_EQ((*readers)[r].tp_rank, r);
+    EXPECT_EQ((*readers)[r].rank, r);
     EXPECT_EQ((*readers)[r].readers, (std::vector<uint32_t>{r / 2})) << "prefill rank " << r;
   }
 }
@@ -79,7 +80,7 @@ TEST(SourcesTest, ReplicatedCachesSpreadOneSourcePerLocalRank) {
   Result<std::vector<SourceReaders>> readers = readers_per_source(decode, prefill);
   ASSERT_TRUE(readers.ok());
   for (const SourceReaders& s : *readers) {
-    EXPECT_EQ(s.readers, (std::vector<uint32_t>{s.tp_rank, s.tp_rank + 4})) << "prefill rank " << s.tp_rank;
+    EXPECT_EQ(s.readers, (std::vector<uint32_t>{s.rank, s.rank + 4})) << "prefill rank " << s.rank;
   }
 }
 
@@ -95,7 +96,7 @@ TEST(SourcesTest, TheChoiceDoesNotDependOnTheOrderOfTheRemotes) {
   EXPECT_EQ(*in_order, *reversed);
   Result<std::vector<SourceReaders>> readers = readers_per_source(decode, prefill);
   ASSERT_TRUE(readers.ok());
-  EXPECT_EQ((*readers)[0].tp_rank, 3u);  // in the order given
+  EXPECT_EQ((*readers)[0].rank, 3u);  // in the order given
   EXPECT_EQ((*readers)[0].readers, (std::vector<uint32_t>{1}));
 }
 

@@ -307,7 +307,8 @@ Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout>
   t->remotes.assign(remotes.begin(), remotes.end());
   t->shape = shape;
   t->totals.resize(remotes.size());
-  for (size_t r = 0; r < remotes.size(); ++r) t->totals[r].tp_rank = remotes[r].tp_rank;
+  for (size_t r = 0; r < remotes.size(); ++r)
+    t->totals[r].tp_rank = remotes[r].tp_rank, t->totals[r].pp_rank = remotes[r].pp_rank;
   // group_moves() accepted the probe, so the shape's groups are exactly the
   // transfer groups, each present on every remote rank.
   for (const auto& group : t->shape.groups) {

@@ -166,8 +166,8 @@ Result<VerifyReport> verify(const Plan& plan, const Layout& local, std::span<con
                             const Request& request, bool check_minimal) {
   KVB_RETURN_IF_ERROR(validate(local).with_context("local layout"));
   for (const Layout& r : remotes) {
-    KVB_RETURN_IF_ERROR(validate(r).with_context("remote rank " + std::to_string(r.tp_rank)));
-    KVB_RETURN_IF_ERROR(check_compatible(local, r).with_context("remote rank " + std::to_string(r.tp_rank)));
+    KVB_RETURN_IF_ERROR(validate(r).with_context("remote rank " + std::to_string(r.rank())));
+    KVB_RETURN_IF_ERROR(check_compatible(local, r).with_context("remote rank " + std::to_string(r.rank())));
   }
   VerifyReport report;
   SparseMemory local_mem(0);
@@ -203,7 +203,7 @@ Result<VerifyReport> verify(const Plan& plan, const Layout& local, std::span<con
     }
     if (d.remote_offset > rt.bytes || d.bytes > rt.bytes - d.remote_offset) {
       return Status::internal(which + " remote range [" + std::to_string(d.remote_offset) + ", +" +
-                              std::to_string(d.bytes) + ") is outside remote rank " + std::to_string(r.tp_rank) +
+                              std::to_string(d.bytes) + ") is outside remote rank " + std::to_string(r.rank()) +
                               " tensor " + q(rt.name) + " (" + std::to_string(rt.bytes) + " bytes)");
     }
     buf.resize(d.bytes);

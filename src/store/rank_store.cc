@@ -299,6 +299,11 @@ RankStore::~RankStore() = default;
 Result<RankStore> RankStore::create(std::shared_ptr<Store> store, const Layout& layout) {
   if (!store) return Status::invalid_argument("store: no store");
   KVB_RETURN_IF_ERROR(validate(layout));
+  if (layout.pp_size != 1) {
+    return Status::invalid_argument("store: the layout is a rank of pipeline stage " + std::to_string(layout.pp_rank) +
+                                    " of " + std::to_string(layout.pp_size) +
+                                    "; the prefix store takes ranks that hold every layer (pp_size 1)");
+  }
   auto impl = std::make_unique<Impl>();
   impl->H = store->options().hash_block_tokens;
   KVB_ASSIGN_OR_RETURN(impl->canonical, Canonical::create(layout, impl->H));

@@ -197,6 +197,19 @@ TEST(StoreTest, ScratchGroupsAreNeverStoredAndIdsStayStable) {
   reader.get_and_check(t, 1152, 7, 1152);
 }
 
+// A rank of a pipeline stage holds part of the model: refused, saying why.
+TEST(StoreTest, APipelineStageRankIsRefusedClearly) {
+  auto store = memory_store(16);
+  Result<Layout> stage = make_preset(PresetOptions{.name = "llama3-8b", .num_blocks = 8, .pp_size = 2, .pp_rank = 1});
+  ASSERT_TRUE(stage.ok()) << stage.error().to_string();
+  Result<RankStore> s = RankStore::create(store, *stage);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(s.error().message(),
+            "store: the layout is a rank of pipeline stage 1 of 2; the prefix store takes ranks that hold every "
+            "layer (pp_size 1)");
+}
+
 TEST(StoreTest, HybridHitNeedsTheStateNotJustTheAttentionBlocks) {
   auto store = memory_store(16);
   Instance inst(store, "qwen3-next", {1, 64}, 128);
