@@ -63,22 +63,27 @@ struct Scenario {
   Order decode_order;
   uint64_t block_tokens;  // 0: the preset's default
   gen::BlockIds ids;
+  uint32_t prefill_pp = 1;  // pipeline stages of the prefill instance
 };
 
-std::vector<Layout> instance(const Scenario& s, uint32_t tp, Order order, uint64_t num_blocks) {
+std::vector<Layout> instance(const Scenario& s, uint32_t tp, Order order, uint64_t num_blocks, uint32_t pp = 1) {
   std::vector<Layout> ranks;
-  for (uint32_t r = 0; r < tp; ++r) {
-    Result<Layout> l = make_preset(PresetOptions{.name = s.preset,
-                                                 .tp_size = tp,
-                                                 .tp_rank = r,
-                                                 .block_tokens = s.block_tokens,
-                                                 .order = order,
-                                                 .num_blocks = num_blocks});
-    if (!l) {
-      std::fprintf(stderr, "plan_bench: %s\n", l.error().to_string().c_str());
-      std::exit(1);
+  for (uint32_t stage = 0; stage < pp; ++stage) {
+    for (uint32_t r = 0; r < tp; ++r) {
+      Result<Layout> l = make_preset(PresetOptions{.name = s.preset,
+                                                   .tp_size = tp,
+                                                   .tp_rank = r,
+                                                   .block_tokens = s.block_tokens,
+                                                   .order = order,
+                                                   .num_blocks = num_blocks,
+                                                   .pp_size = pp,
+                                                   .pp_rank = stage});
+      if (!l) {
+        std::fprintf(stderr, "plan_bench: %s\n", l.error().to_string().c_str());
+        std::exit(1);
+      }
+      ranks.push_back(std::move(*l));
     }
-    ranks.push_back(std::move(*l));
   }
   return ranks;
 }
@@ -163,7 +168,7 @@ struct Inputs {
 Inputs inputs(const Scenario& s) {
   Inputs in;
   const uint64_t num_blocks = num_blocks_for(s);
-  in.prefill = instance(s, s.prefill_tp, s.prefill_order, num_blocks);
+  in.prefill = instance(s, s.prefill_tp, s.prefill_order, num_blocks, s.prefill_pp);
   in.decode = instance(s, s.decode_tp, s.decode_order, num_blocks);
   gen::Rng rng(0x6b76627269646765ULL);
   gen::RequestOptions o;
@@ -282,6 +287,8 @@ BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_BLHNC/D_TP8_BLHNC/b16/shuffled,
                   Scenario{"llama3-70b", 8, 8, kB, kB, 16, kShuf})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_TP8_LBHNC/D_TP2_LBHNC/b16/shuffled,
                   Scenario{"llama3-70b", 8, 2, kL, kL, 16, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Plan, llama3_70b/P_PP2xTP4_LBHNC/D_TP8_LBHNC/b16/shuffled,
+                  Scenario{"llama3-70b", 4, 8, kL, kL, 16, kShuf, 2})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/consecutive,
                   Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/shuffled,
@@ -304,6 +311,8 @@ BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_BLHNC/D_TP8_BLHNC/b16/shuffle
                   Scenario{"llama3-70b", 8, 8, kB, kB, 16, kShuf})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_TP8_LBHNC/D_TP2_LBHNC/b16/shuffled,
                   Scenario{"llama3-70b", 8, 2, kL, kL, 16, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, llama3_70b/P_PP2xTP4_LBHNC/D_TP8_LBHNC/b16/shuffled,
+                  Scenario{"llama3-70b", 4, 8, kL, kL, 16, kShuf, 2})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Instantiate, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/consecutive,
                   Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Instantiate, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/shuffled,

@@ -73,8 +73,10 @@ Result<std::vector<Unit>> make_units(const Layout& local, std::span<const Layout
         const size_t n = last + 1;
         bool ok = continues(comps[c], comps[c].offset + cell, comps[n]);
         for (size_t r = 0; ok && r < remotes.size(); ++r) {
+          // A rank that holds none of the run (another pipeline stage's
+          // layer) never serves it, so its geometry does not matter.
           const auto& rc = remotes[r].groups[m.remote_group[r]].layers[l].components;
-          ok = continues(rc[c], rc[c].offset + rcell[r], rc[n]);
+          ok = rc[c].empty() || continues(rc[c], rc[c].offset + rcell[r], rc[n]);
         }
         if (!ok) break;
         cell += comps[n].cell_bytes;
