@@ -74,10 +74,11 @@ Result<std::vector<uint16_t>> choose_sources(const Layout& local, std::span<cons
 
 // Chooses, for each local head of component (group g, layer l, component c),
 // the remote rank of `by_rank` (the chosen sources) that serves it: among
-// those holding that global head (in tp_rank order), with n of them, the
-// group's layers are cut into n contiguous ranges, and layer l is served by
-// holder (local.tp_rank + range) mod n, so local ranks spread over remote
-// ranks and one rank's bytes spread over its sources. Returns kIncompatible
+// those holding that global head (in rank order), with n of them, the
+// group's layers that the local rank holds are cut into n contiguous ranges,
+// and layer l is served by holder (local.rank() + range) mod n, so local
+// ranks spread over remote ranks and one rank's bytes spread over its
+// sources. Returns kIncompatible
 // naming the component and the global head when no given rank holds it.
 Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layout> remotes,
                                        std::span<const uint16_t> by_rank, const GroupMove& move, size_t layer,

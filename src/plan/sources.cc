@@ -205,9 +205,15 @@ Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layo
   auto remote_component = [&](uint16_t r) -> const Component& {
     return remotes[r].groups[move.remote_group[r]].layers[layer].components[component];
   };
-  // Of n holders, the one serving this layer: the group's layers cut into n
-  // contiguous ranges, one per holder, rotated by the local rank.
-  auto spread = [&](size_t n) { return (local.rank() + layer * n / g.layers.size()) % n; };
+  // Of n holders, the one serving this layer: the group's layers that the
+  // local rank holds cut into n contiguous ranges, one per holder, rotated
+  // by the local rank.
+  size_t held = 0, before = 0;
+  for (size_t l = 0; l < g.layers.size(); ++l) {
+    held += g.layers[l].held;
+    before += g.layers[l].held && l < layer;
+  }
+  auto spread = [&](size_t n) { return (local.rank() + before * n / held) % n; };
   std::vector<HeadRun> runs;
   std::vector<uint16_t> holders;
   if (!c.heads) {
