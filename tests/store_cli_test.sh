@@ -57,10 +57,16 @@ assert got["hit_tokens"] == 256 and got["bad_cells"] == 0 and got["cells_checked
 assert half["hit_tokens"] == 0, half
 PY
 done
-# Redis gone: a miss, not a hang or a crash.
+# Redis gone: no hang and no crash, and not a quiet miss either: the
+# figures come out, and the exit status and stderr say the tier was down.
 kill -9 $RPID; wait $RPID 2>/dev/null || true
-down=$(timeout 20 "$KVB" store get --redis 127.0.0.1:"$PORT" --preset llama3-8b --tokens 300 --json)
+rc=0
+down=$(timeout 20 "$KVB" store get --redis 127.0.0.1:"$PORT" --preset llama3-8b --tokens 300 --json 2>/tmp/kvb_store_err.$$) || rc=$?
 python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["hit_tokens"]==0 and d["redis_errors"]>=1, d' "$down"
+[[ $rc -eq 1 ]] || { echo "store get with Redis down exited $rc, not 1" >&2; exit 1; }
+grep -q "unavailable: store: the shared tier at 127.0.0.1:$PORT could not be reached" /tmp/kvb_store_err.$$ ||
+  { echo "store get with Redis down said: $(cat /tmp/kvb_store_err.$$)" >&2; exit 1; }
+rm -f /tmp/kvb_store_err.$$
 bench=$("$KVB" store bench --json --bench-mib 8 --repeat 1 --lookup-tokens 8192)
 python3 - "$bench" <<'PY'
 import json, sys

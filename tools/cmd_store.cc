@@ -37,6 +37,15 @@ Result<RedisOptions> parse_redis(const std::string& spec) {
   return r;
 }
 
+// A miss is not an error; a shared tier that could not be reached is: the
+// figures above then say nothing of what it holds.
+int shared_tier_status(const StoreArgs& a, const StoreStats& s) {
+  if (a.redis.empty() || (s.redis_errors == 0 && s.redis_skipped == 0)) return 0;
+  return fail(Status::unavailable("store: the shared tier at " + a.redis + " could not be reached (" +
+                                  std::to_string(s.redis_errors) + " failed and " + std::to_string(s.redis_skipped) +
+                                  " skipped operations); what it holds was neither read nor written"));
+}
+
 int run_put_get(const StoreArgs& a, bool is_put) {
   StoreOptions o;
   o.hash_block_tokens = a.hash_block_tokens;
@@ -90,7 +99,7 @@ int run_put_get(const StoreArgs& a, bool is_put) {
   out["redis_errors"] = s.redis_errors;
   std::cout << out.dump(a.json ? -1 : 2) << "\n";
   if (!is_put && out["bad_cells"].get<uint64_t>() != 0) return kExitError;
-  return 0;
+  return shared_tier_status(a, s);
 }
 
 int run_stat(const StoreArgs& a) {
@@ -124,7 +133,7 @@ int run_stat(const StoreArgs& a) {
   const StoreStats s = (*store)->stats();
   out["redis_errors"] = s.redis_errors;
   std::cout << out.dump(a.json ? -1 : 2) << "\n";
-  return 0;
+  return shared_tier_status(a, s);
 }
 
 void add_common(CLI::App* app, StoreArgs* a) {
