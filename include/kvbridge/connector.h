@@ -250,6 +250,9 @@ class ConnectorWorker {
   // The side channels of a remote instance's ranks, in rank order
   // (Layout::rank(): tp_rank, stage by stage for pipeline stages). Their
   // metadata is fetched on the first load from that instance, once per rank.
+  // kInvalidArgument, naming the rank and the text, for an address that is
+  // not host:port (checked here, not at the first load); kAlreadyExists for
+  // an instance fetched already with other addresses.
   virtual Status add_remote(const std::string& instance, std::vector<std::string> rank_addresses) = 0;
 
   // Decode side: plans `request` (local ids = this rank's blocks, remote ids

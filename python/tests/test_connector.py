@@ -160,3 +160,9 @@ def test_verify_plans_checks_each_plan_before_it_runs():
             wd.start_load(7, "prefill", kvbridge.Request(24, {"full": ([2, 3], [6, 1])}))
             assert wd.collect([7], timeout=20)[7].ok
             assert (wd.stats().plans_verified, wd.stats().plans_rejected) == (1, 0)
+
+
+def test_add_remote_refuses_an_address_that_is_not_host_port(workers):
+    _, _, _, wd = workers
+    with pytest.raises(kvbridge.InvalidArgument, match="side channel address of instance 'other' rank 0"):
+        wd.add_remote("other", ["stop"])

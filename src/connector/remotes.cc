@@ -2,6 +2,7 @@
 
 #include "engine/metadata.h"
 #include "kvbridge/layout_json.h"
+#include "net/address.h"
 
 namespace kvbridge::connector {
 
@@ -10,6 +11,12 @@ Remotes::Remotes(Engine& engine, const Layout& local, SideChannelOptions options
 
 Status Remotes::add(const std::string& instance, std::vector<std::string> addresses) {
   if (addresses.empty()) return Status::invalid_argument("instance '" + instance + "' has no rank");
+  // Checked when given, so that a typo fails here and not at the first load.
+  for (size_t r = 0; r < addresses.size(); ++r) {
+    Result<net::HostPort> hp = net::parse_host_port(
+        addresses[r], "side channel address of instance '" + instance + "' rank " + std::to_string(r));
+    if (!hp.ok()) return hp.error();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Instance& r = instances_[instance];
   if (r.fetched && r.addresses != addresses) {

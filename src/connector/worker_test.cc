@@ -105,6 +105,19 @@ LoadResult wait_one(ConnectorWorker& w) {
   return {};
 }
 
+// A side channel address that cannot be one fails when given, naming it.
+TEST(WorkerTest, AddRemoteRefusesAnAddressThatIsNotHostPort) {
+  auto decode = instance(opts("decode", 1));
+  ConnectorWorker& d = *decode[0]->worker;
+  Status s = d.add_remote("prefill", {"127.0.0.1:5000", "stop"});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("side channel address of instance 'prefill' rank 1"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("'stop'"), std::string::npos) << s.to_string();
+  EXPECT_FALSE(d.add_remote("prefill", {"127.0.0.1:0"}).ok()) << "port 0 cannot be dialled";
+  EXPECT_TRUE(d.add_remote("prefill", {"127.0.0.1:5000", "[::1]:5001"}).ok());
+}
+
 TEST(WorkerTest, PullsTwoPrefillRanksIntoOneDecodeRankByteExactWithOneHandshakePerRank) {
   auto prefill = instance(opts("prefill", 2));
   auto decode = instance(opts("decode", 1));
