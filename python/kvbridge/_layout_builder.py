@@ -4,7 +4,7 @@ A serving engine already knows its KV caches as torch tensors (or numpy
 arrays): allocations, and per layer and component a strided view into one of
 them, e.g. vLLM's per-layer ``kv[2, num_blocks, block_size, num_heads,
 head_size]`` whose ``kv[0]`` is K and ``kv[1]`` is V. ``layout_from_tensors``
-turns that description into a validated ``kvbridge.layout/1`` Layout: it reads
+turns that description into a validated ``kvbridge.layout`` Layout: it reads
 each view's ``data_ptr``, shape, strides and dtype, and needs only to be told
 what each dimension means (``"block"``, ``"head"``, ``"position"`` or
 ``"cell"``).
@@ -168,8 +168,17 @@ def _component(name: str, spec: Any, defaults: Dict[str, Any], tensors: List[Tup
     if "head" in dims:
         count = shape[dims.index("head")]
         heads = dict(heads or {})
+        if "total" not in heads and count == 1 and tp_size > 1:
+            # One head per rank at TP > 1: a model of tp_size heads, or one of
+            # fewer heads that TP replicates (2 KV heads at TP 4). Not guessed.
+            fewer = [t for t in range(tp_size - 1, 0, -1) if tp_size % t == 0]
+            raise _fail(where, f"heads: this rank holds 1 head at TP {tp_size}, which fits a model of {tp_size} "
+                               f"heads (one per rank) or of {', '.join(map(str, fewer))} replicated over the ranks: "
+                               f"give heads['total']")
         total = int(heads.get("total", count * tp_size))
-        first = int(heads.get("first", tp_rank * count))
+        # TP above the heads: each head is held by tp_size / total consecutive ranks.
+        default_first = tp_rank * count if tp_size <= total else tp_rank // max(tp_size // total, 1)
+        first = int(heads.get("first", default_first))
         if first + count > total:
             raise _fail(where, f"heads: first {first} + count {count} exceeds total {total}: give heads['first']")
         comp["heads"] = {"total": total, "first": first, "count": count}
@@ -271,8 +280,10 @@ def layout_from_tensors(spec: Mapping[str, Any]) -> "_kvbridge.Layout":
     contiguous "cell" dimensions, e.g. "block position head cell" for vLLM's
     [num_blocks, block_size, num_heads, head_size]. The tensor holding a view is found from
     its data_ptr unless named. heads: {"total", "first"} (default: count x tp_size heads, this
-    rank holding the tp_rank-th slice); a component without a head dimension is replicated
-    unless heads is given.
+    rank holding the tp_rank-th slice; with one head per rank at TP > 1, total must be given,
+    since fewer heads replicated over the ranks look the same, and first then defaults to
+    tp_rank / (tp_size / total)); a component without a head dimension is replicated unless
+    heads is given.
 
     Raises InvalidArgument naming the group, layer and component at fault, or the layout
     validator's error (validate()).

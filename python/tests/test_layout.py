@@ -106,6 +106,23 @@ def test_layout_from_tensors_with_tp_heads_and_numpy():
     assert layout.is_compatible(kvbridge.layout_from_tensors(torch_spec(torch_caches(heads=8, dtype=torch.float16))))
 
 
+def test_layout_from_tensors_refuses_an_ambiguous_head_count():
+    # One head per rank at TP 4: 4 heads, or 2 (or 1) replicated? Refused unless told.
+    arrays = [np.zeros((2, NUM_BLOCKS, 1, BLOCK_SIZE, HEAD_SIZE), np.float16)]
+    spec = {"model": "toy", "tp_size": 4, "tp_rank": 3, "dims": "block head position cell",
+            "tensors": {"kv.0": arrays[0]},
+            "groups": [{"name": "full", "layers": [{"name": "layers.0",
+                                                    "components": {"k": arrays[0][0], "v": arrays[0][1]}}]}]}
+    with pytest.raises(kvbridge.InvalidArgument, match=r"holds 1 head at TP 4.*give heads\['total'\]"):
+        kvbridge.layout_from_tensors(spec)
+    # Told: 2 KV heads at TP 4, rank 3 holds head 1 (ranks 2 and 3 share it).
+    spec["heads"] = {"total": 2}
+    layout = kvbridge.layout_from_tensors(spec)
+    assert layout.groups[0].layers[0].components[0].heads == kvbridge.HeadMap(2, 1, 1)
+    spec["heads"] = {"total": 4}
+    assert kvbridge.layout_from_tensors(spec).groups[0].layers[0].components[0].heads == kvbridge.HeadMap(4, 3, 1)
+
+
 def test_layout_from_dicts_describing_tensors():
     base = 0x10000000
     t = {"data_ptr": base, "bytes": 2 * NUM_BLOCKS * BLOCK_SIZE * HEADS * HEAD_SIZE * 2, "memory": "host"}
