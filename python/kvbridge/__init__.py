@@ -35,7 +35,8 @@ __all__ = [
     "make_preset", "preset_names", "preset_summary", "compare_identity_text",
     "layout_from_tensors", "layout_dict_from_tensors", "describe_tensor", "dtype_name",
     # plans
-    "Plan", "SourceTotals", "plan", "naive_descriptor_count", "verify", "VerifyReport", "descriptor_dtype",
+    "Plan", "SourceTotals", "plan", "naive_descriptor_count", "source_ranks", "readers_per_source", "layer_order",
+    "verify", "VerifyReport", "descriptor_dtype",
     "fill_request", "check_request", "ContentReport",
     # engine
     "Engine", "TransferOp", "TransferState", "TransferItem", "TransferStatus", "Notification", "TransportReport",
