@@ -352,6 +352,7 @@ class ReaderEvent:
     kind: str  # "heartbeat", "done"
     request: int
     reader: str
+    def __init__(self, kind: str, request: int, reader: str) -> None: ...
 
 class WorkerStats:
     handshakes: int

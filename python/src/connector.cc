@@ -131,6 +131,24 @@ void bind_schedulers(py::module_& m) {
           "reason", [](const Release& r) { return std::string(release_reason_name(r.reason)); },
           "'read', 'lease_expired' or 'aborted'.")
       .def_readonly("readers_missing", &Release::readers_missing, "Expected readers that never reported done.")
+      .def("__eq__",
+           [](const Release& a, const Release& b) {
+             return a.request == b.request && a.reason == b.reason && a.readers_missing == b.readers_missing;
+           })
+      .def(py::pickle(
+          [](const Release& r) { return py::make_tuple(r.request, static_cast<int>(r.reason), r.readers_missing); },
+          [](const py::tuple& t) {
+            if (t.size() != 3) throw py::value_error("Release: a pickled state is (request, reason, readers_missing)");
+            Release r;
+            r.request = t[0].cast<RequestId>();
+            const int reason = t[1].cast<int>();
+            if (reason < 0 || reason > static_cast<int>(ReleaseReason::kAborted)) {
+              throw py::value_error("Release: unknown reason " + std::to_string(reason));
+            }
+            r.reason = static_cast<ReleaseReason>(reason);
+            r.readers_missing = t[2].cast<std::vector<std::string>>();
+            return r;
+          }))
       .def("__repr__", [](const Release& r) {
         return "Release(request=" + std::to_string(r.request) + ", reason='" +
                std::string(release_reason_name(r.reason)) + "')";
@@ -199,6 +217,30 @@ void bind_schedulers(py::module_& m) {
           "'finished', 'failed', 'recompute' or 'aborted'.")
       .def_readonly("error", &RequestOutcome::error, "The first rank's error (a Status).")
       .def_readonly("recompute_from", &RequestOutcome::recompute_from, "'recompute': the first token to recompute.")
+      .def("__eq__",
+           [](const RequestOutcome& a, const RequestOutcome& b) {
+             return a.request == b.request && a.outcome == b.outcome && a.error.code() == b.error.code() &&
+                    a.error.message() == b.error.message() && a.recompute_from == b.recompute_from;
+           })
+      .def(py::pickle(
+          [](const RequestOutcome& o) {
+            return py::make_tuple(o.request, static_cast<int>(o.outcome), o.error, o.recompute_from);
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 4) {
+              throw py::value_error("RequestOutcome: a pickled state is (request, outcome, error, recompute_from)");
+            }
+            RequestOutcome o;
+            o.request = t[0].cast<RequestId>();
+            const int outcome = t[1].cast<int>();
+            if (outcome < 0 || outcome > static_cast<int>(Outcome::kAborted)) {
+              throw py::value_error("RequestOutcome: unknown outcome " + std::to_string(outcome));
+            }
+            o.outcome = static_cast<Outcome>(outcome);
+            o.error = t[2].cast<Status>();
+            o.recompute_from = t[3].cast<uint64_t>();
+            return o;
+          }))
       .def("__repr__", [](const RequestOutcome& o) {
         return "RequestOutcome(request=" + std::to_string(o.request) + ", outcome='" +
                std::string(outcome_name(o.outcome)) + "'" + (o.error.ok() ? "" : ", error=" + o.error.to_string()) +
@@ -270,18 +312,81 @@ void bind_worker_values(py::module_& m) {
       .def_property_readonly(
           "transfer_time", [](const LoadResult& r) { return seconds_of(r.transfer_time); },
           "Seconds from start_load to the last completion (a streamed load: waiting for the prefill included).")
-      .def_readonly("sources", &LoadResult::sources, "Prefill tp_ranks read from.")
+      .def_readonly("sources", &LoadResult::sources, "Prefill ranks read from (Layout.rank).")
       .def_readonly("stages", &LoadResult::stages, "Reads the load was cut into: chunks, or streamed stages.")
       .def_readonly("first_bad_layer", &LoadResult::first_bad_layer,
                     "On an error: the first layer of the first stage that did not land.")
       .def_property_readonly("ok", [](const LoadResult& r) { return r.error.ok() && !r.aborted; })
+      .def("__eq__",
+           [](const LoadResult& a, const LoadResult& b) {
+             return a.request == b.request && a.error.code() == b.error.code() &&
+                    a.error.message() == b.error.message() && a.aborted == b.aborted &&
+                    a.first_bad_token == b.first_bad_token && a.bytes == b.bytes && a.descriptors == b.descriptors &&
+                    a.naive_descriptors == b.naive_descriptors && a.transfer_time == b.transfer_time &&
+                    a.completion_lag == b.completion_lag && a.sources == b.sources && a.stages == b.stages &&
+                    a.first_bad_layer == b.first_bad_layer;
+           })
+      .def(py::pickle(
+          // Every field, so that a result crosses a process boundary whole
+          // (a worker process to the scheduler's).
+          [](const LoadResult& r) {
+            return py::make_tuple(r.request, r.error, r.aborted, r.first_bad_token, r.bytes, r.descriptors,
+                                  r.naive_descriptors, static_cast<int64_t>(r.transfer_time.count()),
+                                  static_cast<int64_t>(r.completion_lag.count()), r.sources, r.stages,
+                                  r.first_bad_layer);
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 12) throw py::value_error("LoadResult: a pickled state has 12 fields");
+            LoadResult r;
+            r.request = t[0].cast<RequestId>();
+            r.error = t[1].cast<Status>();
+            r.aborted = t[2].cast<bool>();
+            r.first_bad_token = t[3].cast<uint64_t>();
+            r.bytes = t[4].cast<uint64_t>();
+            r.descriptors = t[5].cast<uint64_t>();
+            r.naive_descriptors = t[6].cast<uint64_t>();
+            r.transfer_time = std::chrono::microseconds(t[7].cast<int64_t>());
+            r.completion_lag = std::chrono::microseconds(t[8].cast<int64_t>());
+            r.sources = t[9].cast<std::vector<uint32_t>>();
+            r.stages = t[10].cast<uint32_t>();
+            r.first_bad_layer = t[11].cast<std::string>();
+            return r;
+          }))
       .def("__repr__", [](const LoadResult& r) {
         return "<kvbridge.LoadResult request=" + std::to_string(r.request) +
                (r.error.ok() ? std::string(" ok") : " error=" + r.error.to_string()) + (r.aborted ? " aborted" : "") +
                " bytes=" + std::to_string(r.bytes) + " descriptors=" + std::to_string(r.descriptors) + ">";
       });
 
+  auto reader_event = [](const std::string& kind, RequestId request, std::string reader) {
+    ReaderEvent e;
+    if (kind == "done") {
+      e.kind = ReaderEvent::Kind::kDone;
+    } else if (kind == "heartbeat") {
+      e.kind = ReaderEvent::Kind::kHeartbeat;
+    } else {
+      throw_status(Status::invalid_argument("ReaderEvent: kind '" + kind + "' is neither 'heartbeat' nor 'done'"));
+    }
+    e.request = request;
+    e.reader = std::move(reader);
+    return e;
+  };
   py::class_<ReaderEvent>(m, "ReaderEvent", "A reader's heartbeat or done message, seen by a prefill rank.")
+      .def(py::init(reader_event), py::arg("kind"), py::arg("request"), py::arg("reader"),
+           "ReaderEvent(kind, request, reader): kind 'heartbeat' or 'done'; reader the decode engine's name\n"
+           "(to hand events from a worker process to the scheduler's).")
+      .def("__eq__",
+           [](const ReaderEvent& a, const ReaderEvent& b) {
+             return a.kind == b.kind && a.request == b.request && a.reader == b.reader;
+           })
+      .def(py::pickle(
+          [](const ReaderEvent& e) {
+            return py::make_tuple(e.kind == ReaderEvent::Kind::kDone ? "done" : "heartbeat", e.request, e.reader);
+          },
+          [reader_event](const py::tuple& t) {
+            if (t.size() != 3) throw py::value_error("ReaderEvent: a pickled state is (kind, request, reader)");
+            return reader_event(t[0].cast<std::string>(), t[1].cast<RequestId>(), t[2].cast<std::string>());
+          }))
       .def_property_readonly(
           "kind", [](const ReaderEvent& e) { return e.kind == ReaderEvent::Kind::kDone ? "done" : "heartbeat"; },
           "'heartbeat' or 'done'.")

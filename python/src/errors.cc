@@ -119,7 +119,12 @@ void bind_errors(py::module_& m) {
       .def("__str__", &Status::to_string)
       .def("__repr__", [](const Status& s) { return "<kvbridge.Status " + s.to_string() + ">"; })
       .def("__eq__",
-           [](const Status& a, const Status& b) { return a.code() == b.code() && a.message() == b.message(); });
+           [](const Status& a, const Status& b) { return a.code() == b.code() && a.message() == b.message(); })
+      .def(py::pickle([](const Status& s) { return py::make_tuple(std::string(code_name(s.code())), s.message()); },
+                      [](const py::tuple& t) {
+                        if (t.size() != 2) throw py::value_error("Status: a pickled state is (code, message)");
+                        return Status(parse_code(t[0].cast<std::string>()), t[1].cast<std::string>());
+                      }));
 }
 
 }  // namespace kvbridge::python

@@ -166,3 +166,36 @@ def test_add_remote_refuses_an_address_that_is_not_host_port(workers):
     _, _, _, wd = workers
     with pytest.raises(kvbridge.InvalidArgument, match="side channel address of instance 'other' rank 0"):
         wd.add_remote("other", ["stop"])
+
+
+def test_results_and_events_cross_a_process_boundary():
+    """What a worker process hands the scheduler's process pickles whole."""
+    import multiprocessing
+    import pickle
+    st = kvbridge.Status("timeout", "prefill rank 1: deadline")
+    assert pickle.loads(pickle.dumps(st)) == st
+    r = kvbridge.LoadResult(7, st, first_bad_token=32)
+    back = pickle.loads(pickle.dumps(r))
+    assert back == r and back.error == st and back.first_bad_token == 32 and back.sources == r.sources
+    e = kvbridge.ReaderEvent("done", 7, "decode/r0")
+    assert pickle.loads(pickle.dumps(e)) == e and e.kind == "done" and e.reader == "decode/r0"
+    with pytest.raises(kvbridge.InvalidArgument, match="neither 'heartbeat' nor 'done'"):
+        kvbridge.ReaderEvent("finished", 7, "decode/r0")
+    # Through a real pipe between processes, into the schedulers.
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=lambda c: c.send([kvbridge.LoadResult(9, first_bad_token=0),
+                                                kvbridge.ReaderEvent("done", 9, "decode/r0")]), args=(child,))
+    proc.start()
+    got_result, got_event = parent.recv()
+    proc.join(10)
+    ds = kvbridge.DecodeScheduler(ranks=1)
+    ds.expect(9)
+    ds.rank_result(0, got_result)
+    (o,) = ds.take_outcomes()
+    assert o.outcome == "finished" and pickle.loads(pickle.dumps(o)) == o
+    ps = kvbridge.PrefillScheduler()
+    ps.hold(9, {"decode/r0"})
+    ps.reader_done(got_event.request, got_event.reader)
+    (rel,) = ps.take_releases()
+    assert rel.reason == "read" and pickle.loads(pickle.dumps(rel)) == rel
