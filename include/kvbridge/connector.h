@@ -169,8 +169,12 @@ class DecodeScheduler {
 // Worker side.
 
 struct WorkerOptions {
-  std::string instance_id;  // e.g. "prefill-0"; names this rank with its rank (Layout::rank())
-  std::string side_channel_host = "127.0.0.1";
+  std::string instance_id;                      // e.g. "prefill-0"; names this rank with its rank (Layout::rank())
+  std::string side_channel_host = "127.0.0.1";  // the side channel's bind address
+  // The address remote ranks are given for it (side_channel_address()) when
+  // it is not side_channel_host: needed when that is a wildcard ("0.0.0.0"),
+  // which create() refuses without one. Empty: side_channel_host.
+  std::string side_channel_advertise_host;
   // Shared secret of the side channel: must be the engine's own
   // (EngineOptions::secret), so the handshake, the control channel and the
   // data plane share one trust; create() refuses a worker whose secret and

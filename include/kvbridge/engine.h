@@ -112,6 +112,11 @@ struct EngineOptions {
   // Address every listener of this engine binds (control, tcp, and the
   // interface UCX may listen on): "host" or "[v6]".
   std::string host = "127.0.0.1";
+  // Address peers are told to dial (in metadata()), when it is not `host`:
+  // the host's address on the peers' network when `host` is a wildcard
+  // ("0.0.0.0", "::"), which no peer can dial; create() refuses a wildcard
+  // host without one. Empty: `host`.
+  std::string advertise_host;
   // Shared secret: when not empty, every control connection and tcp stream
   // opens with mutual proof of it and every frame on them is tagged
   // (docs/security.md); peers must hold the same one. Empty: none.

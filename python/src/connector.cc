@@ -441,7 +441,8 @@ void bind_worker(py::module_& m) {
       .def(py::init([](py::object engine, const Layout& layout, py::object tensors, const std::string& instance_id,
                        const std::string& side_channel_host, const std::string& secret, py::object handshake_timeout,
                        py::object transfer_timeout, py::object heartbeat_interval, bool verify_plans,
-                       const std::string& remote_access, uint64_t load_chunk_tokens, uint32_t stream_layers_per_stage) {
+                       const std::string& remote_access, uint64_t load_chunk_tokens, uint32_t stream_layers_per_stage,
+                       const std::string& side_channel_advertise_host) {
              PyEngine& pe = engine.cast<PyEngine&>();
              std::vector<std::string> names;
              for (const Tensor& t : layout.tensors) names.push_back(t.name);
@@ -461,6 +462,7 @@ void bind_worker(py::module_& m) {
              WorkerOptions o;
              o.instance_id = instance_id;
              o.side_channel_host = side_channel_host;
+             o.side_channel_advertise_host = side_channel_advertise_host;
              o.secret = secret;
              o.handshake_timeout = to_millis(handshake_timeout, o.handshake_timeout);
              o.transfer_timeout = to_millis(transfer_timeout, o.transfer_timeout);
@@ -481,6 +483,7 @@ void bind_worker(py::module_& m) {
            py::arg("transfer_timeout") = 30.0, py::arg("heartbeat_interval") = 1.0, py::arg("verify_plans") = false,
            py::arg("remote_access") = "read", py::arg("load_chunk_tokens") = WorkerOptions{}.load_chunk_tokens,
            py::arg("stream_layers_per_stage") = WorkerOptions{}.stream_layers_per_stage,
+           py::arg("side_channel_advertise_host") = "",
            "Registers each tensor of `layout` with `engine` and starts the side channel.\n\n"
            "tensors: one object per layout tensor (list in layout order, or dict by tensor name), each\n"
            "exactly the tensor's bytes and of its memory kind: torch tensors, numpy arrays, buffers.\n"
@@ -492,7 +495,9 @@ void bind_worker(py::module_& m) {
            "load_chunk_tokens: loads move in token-ordered chunks of about this many tokens, so that\n"
            "a failed load's first_bad_token is its first chunk not whole (0: one chunk per load).\n"
            "stream_layers_per_stage: a streamed load (start_load(stream=True)) reads this many\n"
-           "consecutive layers per stage (0: all layers in one stage).")
+           "consecutive layers per stage (0: all layers in one stage). side_channel_advertise_host:\n"
+           "the address remote ranks are given for the side channel when not side_channel_host\n"
+           "(required when that is a wildcard such as '0.0.0.0').")
       .def_property_readonly(
           "side_channel_address", [](PyWorker& w) { return w.get().side_channel_address(); },
           "host:port of this rank's side channel: give it to the other instance's add_remote().")

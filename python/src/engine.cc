@@ -195,11 +195,13 @@ void bind_engine(py::module_& m) {
                        "        blob = engine.metadata()                  # send to the peer")
       .def(py::init([](const std::string& name, std::optional<std::vector<std::string>> transports,
                        const std::string& host, uint32_t tcp_streams, uint32_t threads, py::object default_timeout,
-                       const std::string& faults, uint64_t inline_bytes, const std::string& secret) {
+                       const std::string& faults, uint64_t inline_bytes, const std::string& secret,
+                       const std::string& advertise_host) {
              EngineOptions o;
              o.name = name;
              if (transports) o.transports = *transports;
              o.host = host;
+             o.advertise_host = advertise_host;
              o.tcp_streams = tcp_streams;
              o.threads = threads;
              o.default_timeout = to_millis(default_timeout, o.default_timeout);
@@ -214,12 +216,15 @@ void bind_engine(py::module_& m) {
            py::arg("name") = "", py::arg("transports") = py::none(), py::arg("host") = "127.0.0.1",
            py::arg("tcp_streams") = 4, py::arg("threads") = 2, py::arg("default_timeout") = 30.0,
            py::arg("faults") = "", py::arg("inline_bytes") = EngineOptions{}.inline_bytes, py::arg("secret") = "",
+           py::arg("advertise_host") = "",
            "Starts the engine's threads and listeners.\n\n"
            "name: shown to peers and in errors; '' = a name of this engine's own (kvbridge-<host>-<pid>-<hex>).\n"
            "Peers are told apart by name and a random instance id, so names need not be unique. transports: preference "
            "order, e.g.\n"
            "['cma', 'tcp']; None = every available one. host: address the tcp and control listeners\n"
-           "bind. default_timeout: seconds (or a timedelta) for transfers submitted without one.\n"
+           "bind. advertise_host: the address peers are told to dial, when not host (required when\n"
+           "host is a wildcard such as '0.0.0.0'). default_timeout: seconds (or a timedelta) for transfers submitted "
+           "without one.\n"
            "faults: fault injection, for tests only ('delay=MS', 'drop-notifications=N').\n"
            "secret: shared secret of every control connection and tcp stream ('' = none); peers\n"
            "must hold the same (docs/security.md).\n"

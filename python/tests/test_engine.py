@@ -162,3 +162,11 @@ def test_close_is_idempotent_and_later_calls_raise():
     assert e.closed
     with pytest.raises(kvbridge.Unavailable, match="closed"):
         e.metadata()
+
+
+def test_a_wildcard_bind_needs_an_address_to_advertise():
+    with pytest.raises(kvbridge.InvalidArgument, match="give advertise_host"):
+        kvbridge.Engine(name="wild", transports=["tcp"], host="0.0.0.0")
+    with kvbridge.Engine(name="wild", transports=["tcp"], host="0.0.0.0", advertise_host="127.0.0.1") as e:
+        blob = e.metadata()
+        assert b"0.0.0.0" not in blob and b"127.0.0.1:" in blob

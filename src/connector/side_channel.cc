@@ -59,6 +59,7 @@ Result<std::unique_ptr<SideChannelServer>> SideChannelServer::start(const SideCh
   std::unique_ptr<SideChannelServer> s(new SideChannelServer());
   s->identity_ = std::move(identity);
   s->hash_ = hash;
+  s->advertise_host_ = options.advertise_host;
   s->info_ = std::move(info);
   net::ListenerOptions l;
   l.name = "side channel";
@@ -100,7 +101,11 @@ net::Answer SideChannelServer::answer(const net::OpenRequest& request) {
   return net::Answer::reply(kMetadataFrame, std::move(*payload));
 }
 
-std::string SideChannelServer::address() const { return net::format_host_port(listener_->address()); }
+std::string SideChannelServer::address() const {
+  net::HostPort at = listener_->address();
+  if (!advertise_host_.empty()) at.host = advertise_host_;
+  return net::format_host_port(at);
+}
 
 void SideChannelServer::set_info(RankInfo info) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -35,6 +35,7 @@ namespace kvbridge::connector {
 
 struct SideChannelOptions {
   std::string host = "127.0.0.1";           // bind address (server)
+  std::string advertise_host;               // the host in address(); empty: `host` (server)
   uint16_t port = 0;                        // 0 = ephemeral (server)
   std::string secret;                       // empty: no authentication; else both sides must share it
   std::chrono::milliseconds timeout{5000};  // per handshake, both sides
@@ -74,7 +75,8 @@ class SideChannelServer {
 
   std::string identity_;
   uint64_t hash_ = 0;
-  mutable std::mutex mu_;  // guards info_
+  std::string advertise_host_;  // the host in address(), when not the bound one
+  mutable std::mutex mu_;       // guards info_
   RankInfo info_;
   std::unique_ptr<net::Listener> listener_;  // last: stopped first
 };

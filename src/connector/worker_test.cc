@@ -105,6 +105,31 @@ LoadResult wait_one(ConnectorWorker& w) {
   return {};
 }
 
+// A side channel bound to every interface advertises the address given for
+// it; without one, the worker is refused (remote ranks could not dial it).
+TEST(WorkerTest, AWildcardSideChannelAdvertisesTheGivenAddressOrIsRefused) {
+  InstanceOptions o = opts("prefill", 1);
+  o.worker.side_channel_host = "0.0.0.0";
+  o.worker.side_channel_advertise_host = "127.0.0.1";
+  auto prefill = instance(o);
+  const std::string address = prefill[0]->worker->side_channel_address();
+  EXPECT_EQ(address.rfind("127.0.0.1:", 0), 0u) << address;
+  auto decode = instance(opts("decode", 1));
+  for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
+  ASSERT_TRUE(decode[0]->worker->add_remote("prefill", {address}).ok());
+  ASSERT_TRUE(decode[0]->worker->start_load(1, "prefill", request()).ok());
+  LoadResult r = wait_one(*decode[0]->worker);
+  EXPECT_TRUE(r.error.ok()) << r.error.to_string();
+  WorkerOptions w;
+  w.instance_id = "x";
+  w.side_channel_host = "0.0.0.0";
+  Result<std::unique_ptr<ConnectorWorker>> refused =
+      ConnectorWorker::create(*decode[0]->engine, decode[0]->layout, decode[0]->spans, w);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message().find("give side_channel_advertise_host"), std::string::npos)
+      << refused.error().to_string();
+}
+
 // A side channel address that cannot be one fails when given, naming it.
 TEST(WorkerTest, AddRemoteRefusesAnAddressThatIsNotHostPort) {
   auto decode = instance(opts("decode", 1));

@@ -211,7 +211,11 @@ Control::~Control() {
   for (auto& ch : channels_) end_channel(*ch, Status::io_error("engine is shutting down"), false);
 }
 
-std::string Control::address() const { return net::format_host_port(listener_->address()); }
+std::string Control::address() const {
+  net::HostPort at = listener_->address();
+  if (!options_.advertise_host.empty()) at.host = options_.advertise_host;
+  return net::format_host_port(at);
+}
 
 void Control::wake() {
   uint64_t one = 1;

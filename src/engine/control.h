@@ -71,6 +71,7 @@ struct ControlIdentity {
 
 struct ControlOptions {
   std::string host = "127.0.0.1";  // bind host (port chosen by the kernel)
+  std::string advertise_host;      // the host in address(); empty: `host`
   std::string secret;
   ControlIdentity self;
   std::chrono::milliseconds open_timeout{5000};

@@ -8,6 +8,7 @@
 
 #include "common/random.h"
 #include "engine/engine_impl.h"
+#include "net/address.h"
 
 namespace kvbridge {
 
@@ -26,6 +27,20 @@ std::string_view transfer_state_name(TransferState state) {
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
+  // Peers dial what the metadata says; a wildcard bind says nothing dialable.
+  KVB_ASSIGN_OR_RETURN(net::HostPort bind,
+                       net::parse_host(options.host.empty() ? "127.0.0.1" : options.host, "engine host"));
+  if (!options.advertise_host.empty()) {
+    KVB_ASSIGN_OR_RETURN(net::HostPort advertised, net::parse_host(options.advertise_host, "engine advertise_host"));
+    if (net::is_wildcard(advertised.host) || advertised.port != 0) {
+      return Status::invalid_argument("engine advertise_host '" + options.advertise_host +
+                                      "' must be one address peers can dial, without a port");
+    }
+  } else if (net::is_wildcard(bind.host)) {
+    return Status::invalid_argument("engine host '" + options.host +
+                                    "' binds every interface, but peers cannot dial it: give advertise_host, the "
+                                    "address of this host on the peers' network");
+  }
   std::vector<TransportReport> reports;
   KVB_ASSIGN_OR_RETURN(auto transports, engine_internal::make_transports(options, &reports));
   return engine_internal::create_engine(options, std::move(transports), std::move(reports));
@@ -41,7 +56,9 @@ const char* const kKnownTransports[] = {"local", "cma", "tcp", "ucx"};
 Result<std::unique_ptr<transport::Transport>> make_one(const std::string& name, const EngineOptions& options) {
   if (name == "local") return transport::make_local_transport();
   if (name == "cma") return transport::make_cma_transport();
-  if (name == "tcp") return transport::make_tcp_transport(options.host, options.tcp_streams, options.secret);
+  if (name == "tcp") {
+    return transport::make_tcp_transport(options.host, options.tcp_streams, options.secret, options.advertise_host);
+  }
   if (name == "ucx") return transport::make_ucx_transport(options.host);
   return Status::invalid_argument("unknown transport '" + name + "' (known: local, cma, tcp, ucx)");
 }
@@ -110,6 +127,7 @@ Status EngineImpl::init() {
   registry_ = std::make_unique<Registry>(std::move(raw));
   ControlOptions control;
   control.host = options_.host;
+  control.advertise_host = options_.advertise_host;
   control.secret = options_.secret;
   control.self = ControlIdentity{options_.name, instance_, pid_};
   control.open_timeout = options_.connect_timeout;

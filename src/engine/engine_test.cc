@@ -187,6 +187,44 @@ TEST(EngineTest, SmallSameHostTransfersHaveEndedWhenSubmitReturns) {
   EXPECT_EQ(m.transfers_done, 3u);
 }
 
+// Bound to every interface, an engine tells peers the address they can dial;
+// without one to tell, it refuses to start.
+TEST(EngineTest, AWildcardBindAdvertisesTheGivenAddressOrIsRefused) {
+  EngineOptions o;
+  o.name = "wild";
+  o.transports = {"tcp"};
+  o.host = "0.0.0.0";
+  Result<std::unique_ptr<Engine>> refused = Engine::create(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code(), Code::kInvalidArgument);
+  EXPECT_NE(refused.error().message().find("give advertise_host"), std::string::npos) << refused.error().to_string();
+  o.advertise_host = "0.0.0.0";
+  EXPECT_FALSE(Engine::create(o).ok()) << "a wildcard advertised";
+  o.advertise_host = "127.0.0.1:80";
+  EXPECT_FALSE(Engine::create(o).ok()) << "a port advertised";
+  o.advertise_host = "127.0.0.1";
+  Result<std::unique_ptr<Engine>> a = Engine::create(o);
+  ASSERT_TRUE(a.ok()) << a.error().to_string();
+  Result<engine_internal::EngineMetadata> m = engine_internal::decode_metadata((*a)->metadata());
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_EQ(m->control_address.find("0.0.0.0"), std::string::npos) << m->control_address;
+  EXPECT_EQ(m->control_address.rfind("127.0.0.1:", 0), 0u) << m->control_address;
+  for (const auto& t : m->transports) EXPECT_EQ(t.address.find("0.0.0.0"), std::string::npos) << t.address;
+  // A peer dials the advertised addresses and moves bytes over tcp.
+  std::unique_ptr<Engine> b = make("b", {"tcp"});
+  std::vector<uint8_t> x(8192, 1), y(8192, 2);
+  RegionId rx = *(*a)->register_memory(x.data(), x.size());
+  RegionId ry = *b->register_memory(y.data(), y.size());
+  Result<PeerId> peer = b->connect((*a)->metadata());
+  ASSERT_TRUE(peer.ok()) << peer.error().to_string();
+  TransferItem item{ry, 0, rx, 0, 8192};
+  Result<TransferId> id = b->submit(*peer, TransferOp::kRead, std::span<const TransferItem>(&item, 1), "read it");
+  ASSERT_TRUE(id.ok()) << id.error().to_string();
+  EXPECT_EQ(b->wait(*id, std::chrono::seconds(30)).state, TransferState::kDone);
+  EXPECT_EQ(y[0], 1);
+  EXPECT_EQ(y[8191], 1);
+}
+
 TEST(EngineTest, InlineBytesZeroRunsEverythingOnTheEngineThreads) {
   EngineOptions o;
   o.inline_bytes = 0;

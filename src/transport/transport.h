@@ -137,8 +137,10 @@ Result<std::unique_ptr<Transport>> make_local_transport();
 Result<std::unique_ptr<Transport>> make_cma_transport();
 // tcp: `host` is "host" or "host:port" (port 0 or none: ephemeral), the
 // listener binds it; `secret` (empty: none) opens every stream both ways.
+// `advertise_host`: the host in address() when not `host` (empty: `host`).
 Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, uint32_t streams,
-                                                      const std::string& secret);
+                                                      const std::string& secret,
+                                                      const std::string& advertise_host = {});
 // ucx: `host` is the address the engine binds: UCX's own listeners are kept
 // to the interface that holds it (ucx.cc says how).
 Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string& host);

@@ -75,13 +75,14 @@ class TcpTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, uint32_t streams,
-                                                      const std::string& secret) {
+                                                      const std::string& secret, const std::string& advertise_host) {
   if (streams == 0 || streams > kMaxStreamsPerLink)
     return Status::invalid_argument("tcp: streams must be 1.." + std::to_string(kMaxStreamsPerLink) + ", not " +
                                     std::to_string(streams));
   KVB_ASSIGN_OR_RETURN(net::HostPort at, net::parse_host(host.empty() ? "127.0.0.1" : host, "tcp host"));
   KVB_ASSIGN_OR_RETURN(std::unique_ptr<tcp::TcpServer> server, tcp::TcpServer::create(at, local_label(), secret));
-  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(at.host, streams, secret, std::move(server)));
+  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(advertise_host.empty() ? at.host : advertise_host,
+                                                                   streams, secret, std::move(server)));
 }
 
 }  // namespace kvbridge::transport
