@@ -590,19 +590,8 @@ Result<std::unique_ptr<ConnectorWorker>> ConnectorWorker::create(Engine& engine,
                                                                  std::span<const std::span<uint8_t>> tensors,
                                                                  const WorkerOptions& options) {
   KVB_RETURN_IF_ERROR(validate(layout).with_context("worker layout"));
-  KVB_ASSIGN_OR_RETURN(net::HostPort bind, net::parse_host(options.side_channel_host, "side channel host"));
-  if (!options.side_channel_advertise_host.empty()) {
-    KVB_ASSIGN_OR_RETURN(net::HostPort advertised,
-                         net::parse_host(options.side_channel_advertise_host, "side channel advertise host"));
-    if (net::is_wildcard(advertised.host) || advertised.port != 0) {
-      return Status::invalid_argument("side channel advertise host '" + options.side_channel_advertise_host +
-                                      "' must be one address peers can dial, without a port");
-    }
-  } else if (net::is_wildcard(bind.host)) {
-    return Status::invalid_argument("side channel host '" + options.side_channel_host +
-                                    "' binds every interface, but remote ranks cannot dial it: give "
-                                    "side_channel_advertise_host");
-  }
+  KVB_RETURN_IF_ERROR(net::check_advertised(options.side_channel_host, options.side_channel_advertise_host,
+                                            "side channel host", "side_channel_advertise_host"));
   if (engine.has_secret() != !options.secret.empty()) {
     return Status::invalid_argument(
         engine.has_secret() ? "the engine has a shared secret but the worker has none: give both the same"

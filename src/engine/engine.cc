@@ -28,19 +28,7 @@ std::string_view transfer_state_name(TransferState state) {
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
   // Peers dial what the metadata says; a wildcard bind says nothing dialable.
-  KVB_ASSIGN_OR_RETURN(net::HostPort bind,
-                       net::parse_host(options.host.empty() ? "127.0.0.1" : options.host, "engine host"));
-  if (!options.advertise_host.empty()) {
-    KVB_ASSIGN_OR_RETURN(net::HostPort advertised, net::parse_host(options.advertise_host, "engine advertise_host"));
-    if (net::is_wildcard(advertised.host) || advertised.port != 0) {
-      return Status::invalid_argument("engine advertise_host '" + options.advertise_host +
-                                      "' must be one address peers can dial, without a port");
-    }
-  } else if (net::is_wildcard(bind.host)) {
-    return Status::invalid_argument("engine host '" + options.host +
-                                    "' binds every interface, but peers cannot dial it: give advertise_host, the "
-                                    "address of this host on the peers' network");
-  }
+  KVB_RETURN_IF_ERROR(net::check_advertised(options.host, options.advertise_host, "engine host", "advertise_host"));
   std::vector<TransportReport> reports;
   KVB_ASSIGN_OR_RETURN(auto transports, engine_internal::make_transports(options, &reports));
   return engine_internal::create_engine(options, std::move(transports), std::move(reports));

@@ -116,6 +116,23 @@ std::string sockaddr_text(const sockaddr_storage& ss) {
 
 bool is_wildcard(std::string_view host) { return host == "0.0.0.0" || host == "::" || host.empty(); }
 
+Status check_advertised(std::string_view bind, std::string_view advertise, std::string_view what,
+                        std::string_view option) {
+  const std::string name(what);
+  KVB_ASSIGN_OR_RETURN(HostPort bound, parse_host(bind.empty() ? "127.0.0.1" : bind, name));
+  if (!advertise.empty()) {
+    KVB_ASSIGN_OR_RETURN(HostPort advertised, parse_host(advertise, std::string(option)));
+    if (is_wildcard(advertised.host) || advertised.port != 0) {
+      return Status::invalid_argument(std::string(option) + " '" + std::string(advertise) +
+                                      "' must be one address peers can dial, without a port");
+    }
+  } else if (is_wildcard(bound.host)) {
+    return Status::invalid_argument(name + " '" + std::string(bind) +
+                                    "' binds every interface, but peers cannot dial it: give " + std::string(option));
+  }
+  return Status();
+}
+
 bool is_loopback(std::string_view host) {
   if (host == "localhost" || host == "::1") return true;
   in_addr a{};

@@ -45,6 +45,15 @@ std::string sockaddr_text(const sockaddr_storage& ss);
 bool is_wildcard(std::string_view host);
 bool is_loopback(std::string_view host);
 
+// Checks a listener's bind host and the host it tells peers to dial: OK when
+// `advertise` is empty and `bind` is not a wildcard (peers dial `bind`), or
+// when `advertise` is one address without a port. Otherwise kInvalidArgument
+// naming `what` (e.g. "engine host") and `option` (the advertise option's
+// name), e.g. "engine host '0.0.0.0' binds every interface, but peers cannot
+// dial it: give advertise_host".
+Status check_advertised(std::string_view bind, std::string_view advertise, std::string_view what,
+                        std::string_view option);
+
 // The name of the network interface that holds the numeric address `host`
 // (getifaddrs(3)); kNotFound when none does.
 Result<std::string> interface_of(std::string_view host);

@@ -51,5 +51,20 @@ TEST(AddressTest, BindAddressesMayOmitThePortOrUseZero) {
   EXPECT_FALSE(is_loopback("10.0.0.1"));
 }
 
+// A listener bound to every interface must say which address peers dial.
+TEST(AddressTest, AWildcardBindNeedsOneAddressToAdvertise) {
+  EXPECT_TRUE(check_advertised("127.0.0.1", "", "engine host", "advertise_host").ok());
+  EXPECT_TRUE(check_advertised("0.0.0.0", "10.1.2.3", "engine host", "advertise_host").ok());
+  EXPECT_TRUE(check_advertised("[::]", "[fd00::1]", "engine host", "advertise_host").ok());
+  Status s = check_advertised("0.0.0.0", "", "engine host", "advertise_host");
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_EQ(s.message(), "engine host '0.0.0.0' binds every interface, but peers cannot dial it: give advertise_host");
+  EXPECT_FALSE(check_advertised("[::]", "", "engine host", "advertise_host").ok());
+  Status wild = check_advertised("0.0.0.0", "0.0.0.0", "engine host", "advertise_host");
+  EXPECT_EQ(wild.message(), "advertise_host '0.0.0.0' must be one address peers can dial, without a port");
+  EXPECT_FALSE(check_advertised("0.0.0.0", "10.1.2.3:80", "engine host", "advertise_host").ok());
+  EXPECT_FALSE(check_advertised("not a host:x", "", "engine host", "advertise_host").ok());
+}
+
 }  // namespace
 }  // namespace kvbridge::net
