@@ -190,6 +190,7 @@ TEST(EngineTest, SmallSameHostTransfersHaveEndedWhenSubmitReturns) {
 // Bound to every interface, an engine tells peers the address they can dial;
 // without one to tell, it refuses to start.
 TEST(EngineTest, AWildcardBindAdvertisesTheGivenAddressOrIsRefused) {
+  std::vector<uint8_t> x(8192, 1), y(8192, 2);  // registered below: they outlive both engines
   EngineOptions o;
   o.name = "wild";
   o.transports = {"tcp"};
@@ -212,7 +213,6 @@ TEST(EngineTest, AWildcardBindAdvertisesTheGivenAddressOrIsRefused) {
   for (const auto& t : m->transports) EXPECT_EQ(t.address.find("0.0.0.0"), std::string::npos) << t.address;
   // A peer dials the advertised addresses and moves bytes over tcp.
   std::unique_ptr<Engine> b = make("b", {"tcp"});
-  std::vector<uint8_t> x(8192, 1), y(8192, 2);
   RegionId rx = *(*a)->register_memory(x.data(), x.size());
   RegionId ry = *b->register_memory(y.data(), y.size());
   Result<PeerId> peer = b->connect((*a)->metadata());
