@@ -24,6 +24,7 @@
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
 #include "kvbridge/verify.h"
+#include "plan/preset_instances.h"
 #include "plan/random_request.h"
 
 namespace kvbridge {
@@ -62,8 +63,9 @@ struct Totals {
   uint64_t descriptors = 0;
   uint64_t naive = 0;
   uint64_t bytes = 0;
-  uint64_t sources = 0;        // source ranks chosen, summed over plans (each checked minimal)
-  uint64_t staged_combos = 0;  // combinations with an instance in pipeline stages
+  uint64_t sources = 0;         // source ranks chosen, summed over plans (each checked minimal)
+  uint64_t staged_combos = 0;   // combinations with an instance in pipeline stages
+  uint64_t sharded_combos = 0;  // combinations with an instance in context shards
 };
 Totals& grand_totals() {
   static Totals t;
@@ -76,12 +78,12 @@ class SummaryEnvironment : public ::testing::Environment {
     const Totals& t = grand_totals();
     std::printf(
         "[ matrix    ] %llu plans, %llu template instances, %llu chunked and %llu staged requests verified over "
-        "%llu combinations (%llu with pipeline stages, %llu TP pairs "
+        "%llu combinations (%llu with pipeline stages, %llu with context shards, %llu TP pairs "
         "skipped); %llu descriptors (naive scheme: %llu), %llu bytes, %llu source ranks (each set the fewest)\n",
         (unsigned long long)t.plans, (unsigned long long)t.instances, (unsigned long long)t.chunked,
         (unsigned long long)t.staged, (unsigned long long)t.combos, (unsigned long long)t.staged_combos,
-        (unsigned long long)t.skipped, (unsigned long long)t.descriptors, (unsigned long long)t.naive,
-        (unsigned long long)t.bytes, (unsigned long long)t.sources);
+        (unsigned long long)t.sharded_combos, (unsigned long long)t.skipped, (unsigned long long)t.descriptors,
+        (unsigned long long)t.naive, (unsigned long long)t.bytes, (unsigned long long)t.sources);
   }
 };
 [[maybe_unused]] ::testing::Environment* const kSummary = ::testing::AddGlobalTestEnvironment(new SummaryEnvironment);
@@ -126,49 +128,54 @@ struct Combo {
   uint32_t decode_pp = 1;
   OrderPair orders{};
   BlockPair blocks{};
+  uint32_t prefill_cp = 1;  // context shards of each instance (--dcp)
+  uint32_t decode_cp = 1;
+  uint64_t cp_interleave = 1;
 };
 
 // Every layout of one instance (stage-major), or the first error.
 Result<std::vector<Layout>> instance(const std::string& preset, uint32_t tp, uint64_t block, Order order,
-                                     uint64_t num_blocks, uint32_t pp = 1) {
-  std::vector<Layout> ranks;
-  for (uint32_t s = 0; s < pp; ++s) {
-    for (uint32_t r = 0; r < tp; ++r) {
-      Result<Layout> l = make_preset(PresetOptions{.name = preset,
-                                                   .tp_size = tp,
-                                                   .tp_rank = r,
-                                                   .block_tokens = block,
-                                                   .order = order,
-                                                   .num_blocks = num_blocks,
-                                                   .pp_size = pp,
-                                                   .pp_rank = s});
-      if (!l) return l.error();
-      ranks.push_back(std::move(*l));
-    }
-  }
-  return ranks;
+                                     uint64_t num_blocks, uint32_t pp = 1, uint32_t cp = 1, uint64_t interleave = 1) {
+  return testing::preset_instance(PresetOptions{.name = preset,
+                                                .block_tokens = block,
+                                                .order = order,
+                                                .num_blocks = num_blocks,
+                                                .dcp_size = cp,
+                                                .dcp_interleave = interleave},
+                                  tp, pp);
 }
 
 // The oracle for source choice, written apart from the planner: true when
 // the remote ranks flagged in `in` hold every local head of every component
 // of every transfer group of `local` (a replicated component: some flagged
 // rank where it is not empty).
+// With context shards, each remote shard that holds some of the local
+// rank's positions counts apart (found by walking positions).
 bool covers(const Layout& local, const std::vector<Layout>& remotes, const std::vector<bool>& in) {
   for (const Group& g : local.groups) {
     if (!g.transfer) continue;
+    const ContextShard& rcs = remotes.front().find_group(g.name)->context;
+    std::set<uint32_t> shards;
+    for (uint64_t p = 0; p < 4096 && shards.size() < rcs.size; ++p) {
+      if (g.context.holds(p)) shards.insert(rcs.shard_of(p));
+    }
     for (size_t l = 0; l < g.layers.size(); ++l) {
       for (size_t c = 0; c < g.layers[l].components.size(); ++c) {
         const Component& comp = g.layers[l].components[c];
         if (comp.empty()) continue;
         for (uint32_t h = 0; h < (comp.heads ? comp.heads->count : 1); ++h) {
-          bool held = false;
-          for (size_t r = 0; r < remotes.size() && !held; ++r) {
-            if (!in[r]) continue;
-            const Component& rc = remotes[r].find_group(g.name)->layers[l].components[c];
-            held = !rc.empty() && (!comp.heads || (rc.heads && comp.heads->first + h >= rc.heads->first &&
-                                                   comp.heads->first + h < rc.heads->first + rc.heads->count));
+          for (uint32_t shard : shards) {
+            bool held = false;
+            for (size_t r = 0; r < remotes.size() && !held; ++r) {
+              if (!in[r]) continue;
+              const Group& rg = *remotes[r].find_group(g.name);
+              const Component& rc = rg.layers[l].components[c];
+              held = !rc.empty() && rg.context.rank == shard &&
+                     (!comp.heads || (rc.heads && comp.heads->first + h >= rc.heads->first &&
+                                      comp.heads->first + h < rc.heads->first + rc.heads->count));
+            }
+            if (!held) return false;
           }
-          if (!held) return false;
         }
       }
     }
@@ -189,9 +196,13 @@ bool some_cover_of_size(const Layout& local, const std::vector<Layout>& remotes,
 
 std::string describe(const std::string& preset, const Combo& c, uint64_t pb, uint64_t db) {
   auto pp = [](uint32_t n) { return n > 1 ? " PP" + std::to_string(n) + "x" : std::string(" "); };
-  return preset + " P" + pp(c.prefill_pp) + "TP" + std::to_string(c.prefill_tp) + " " +
+  auto cp = [&](uint32_t n) {
+    return n > 1 ? " CP" + std::to_string(n) + "/" + std::to_string(c.cp_interleave) : std::string();
+  };
+  return preset + " P" + pp(c.prefill_pp) + "TP" + std::to_string(c.prefill_tp) + cp(c.prefill_cp) + " " +
          std::string(order_name(c.orders.prefill)) + " block " + std::to_string(pb) + " -> D" + pp(c.decode_pp) + "TP" +
-         std::to_string(c.decode_tp) + " " + std::string(order_name(c.orders.decode)) + " block " + std::to_string(db);
+         std::to_string(c.decode_tp) + cp(c.decode_cp) + " " + std::string(order_name(c.orders.decode)) + " block " +
+         std::to_string(db);
 }
 
 class PlanMatrixTest : public ::testing::TestWithParam<std::string> {};
@@ -224,7 +235,13 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
         // Every third pair with a prefill in 2 pipeline stages, and the next
         // with a decode instance in 2 (3 when the prefill is TP 1).
         const uint32_t ppp = i % 3 == 1 ? 2 : 1, dpp = i % 3 == 2 ? (ptp == 1 ? 3 : 2) : 1;
-        combos.push_back({ptp, dtp, ppp, dpp, order_pairs()[order], kBlockPairs[block]});
+        // Every fourth pair with context shards: the decode instance in 2
+        // (DCP), the prefill in 2 as well on every other of those, with
+        // interleaves of 1, 2 and a whole block in turn.
+        const uint32_t dcp = i % 4 == 3 && dtp % 2 == 0 ? 2 : 1;
+        const uint32_t pcp = dcp > 1 && i % 8 == 7 && ptp % 2 == 0 ? 2 : 1;
+        const uint64_t interleave = std::vector<uint64_t>{1, 2, 16}[(i / 4 + k) % 3];
+        combos.push_back({ptp, dtp, ppp, dpp, order_pairs()[order], kBlockPairs[block], pcp, dcp, interleave});
       }
       per_pair.push_back(std::move(combos));
       ++i;
@@ -255,8 +272,9 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
       const uint64_t num_blocks = 8 * (o.num_tokens / std::min(pb, db) + 1) + 64;
       const std::string what = describe(preset, c, pb, db);
       Result<std::vector<Layout>> prefill =
-          instance(preset, c.prefill_tp, pb, c.orders.prefill, num_blocks, c.prefill_pp);
-      Result<std::vector<Layout>> decode = instance(preset, c.decode_tp, db, c.orders.decode, num_blocks, c.decode_pp);
+          instance(preset, c.prefill_tp, pb, c.orders.prefill, num_blocks, c.prefill_pp, c.prefill_cp, c.cp_interleave);
+      Result<std::vector<Layout>> decode =
+          instance(preset, c.decode_tp, db, c.orders.decode, num_blocks, c.decode_pp, c.decode_cp, c.cp_interleave);
       if (!prefill || !decode) {
         const Status& e = prefill ? decode.error() : prefill.error();
         ASSERT_EQ(e.code(), Code::kInvalidArgument) << what << ": " << e.to_string();
@@ -327,7 +345,10 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
         const auto t2 = std::chrono::steady_clock::now();
         Result<PlanTemplate> tmpl = PlanTemplate::create(local, *prefill, shape_of(request));
         ASSERT_TRUE(tmpl.has_value()) << where << ": " << tmpl.error().to_string();
-        ASSERT_TRUE(tmpl->uniform()) << where << ": " << tmpl->fallback_reason();
+        // Uniform, but for context-sharded groups (whose entries differ by
+        // shard: the template falls back to plan()).
+        const bool sharded = c.prefill_cp > 1 || c.decode_cp > 1;
+        ASSERT_TRUE(tmpl->uniform() || sharded) << where << ": " << tmpl->fallback_reason();
         Result<Plan> same = tmpl->instantiate(request);
         ASSERT_TRUE(same.has_value()) << where << ": " << same.error().to_string();
         ASSERT_TRUE(same->descriptors == p->descriptors && same->bytes == p->bytes) << where;
@@ -352,6 +373,7 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
       }
       t.combos += 1;
       t.staged_combos += c.prefill_pp > 1 || c.decode_pp > 1;
+      t.sharded_combos += c.prefill_cp > 1 || c.decode_cp > 1;
       pair_ran = true;
       orders_done.insert({c.orders.prefill, c.orders.decode});
       blocks_done.insert({c.blocks.prefill_alt, c.blocks.decode_alt});
@@ -380,9 +402,11 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
   g.bytes += t.bytes;
   g.sources += t.sources;
   g.staged_combos += t.staged_combos;
+  g.sharded_combos += t.sharded_combos;
 
   EXPECT_GT(t.combos, 0u) << preset << " supports no TP pair";
   EXPECT_GT(t.staged_combos, 0u) << preset << ": no combination with pipeline stages ran";
+  EXPECT_GT(t.sharded_combos, 0u) << preset << ": no combination with context shards ran";
   EXPECT_EQ(orders_done.size(), order_pairs().size()) << preset << ": not every order pair ran";
   EXPECT_EQ(blocks_done.size(), std::size(kBlockPairs)) << preset << ": not every block-size pairing ran";
 }

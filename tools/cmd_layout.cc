@@ -47,6 +47,11 @@ Command add_layout_command(CLI::App& root) {
   app->add_option("--pp", args->preset.pp_size, "Pipeline-parallel size: the model's layers split into stages")
       ->capture_default_str();
   app->add_option("--pp-rank", args->preset.pp_rank, "Pipeline stage of this rank, below --pp")->capture_default_str();
+  app->add_option("--dcp", args->preset.dcp_size,
+                  "Decode context-parallel size: attention tokens dealt over groups of this many TP ranks")
+      ->capture_default_str();
+  app->add_option("--dcp-interleave", args->preset.dcp_interleave, "Tokens per chunk dealt to one context shard")
+      ->capture_default_str();
   app->add_option("--block-tokens", args->preset.block_tokens, "Tokens per logical block (default: the preset's)");
   app->add_option("--kernel-block-tokens", args->preset.kernel_block_tokens,
                   "Tokens per kernel block; divides --block-tokens (default: the preset's)");

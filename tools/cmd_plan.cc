@@ -118,7 +118,7 @@ Command add_plan_command(CLI::App& root) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* app = root.add_subcommand(
       "plan", "Plan one request into a local rank from the ranks of a remote instance (kvbridge.plan/1 JSON)");
-  app->add_option("--local", args->local, "The local rank's layout (kvbridge.layout/1), or - for stdin")->required();
+  app->add_option("--local", args->local, "The local rank's layout (kvbridge.layout/3), or - for stdin")->required();
   app->add_option("--remote", args->remotes, "Layouts of the remote instance's ranks, in any order")
       ->required()
       ->expected(1, -1);

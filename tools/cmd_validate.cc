@@ -63,7 +63,7 @@ int run_identity(const std::string& path) {
 Command add_validate_command(CLI::App& root) {
   auto path = std::make_shared<std::string>();
   CLI::App* app =
-      root.add_subcommand("validate", "Check a layout (kvbridge.layout/1) or a request (kvbridge.request/1)");
+      root.add_subcommand("validate", "Check a layout (kvbridge.layout/3) or a request (kvbridge.request/1)");
   app->add_option("file", *path, "JSON file, or - for stdin")->required();
   return {app, [path] { return run_validate(*path); }};
 }

@@ -10,7 +10,7 @@
 //
 // and the cell is `cell_bytes` contiguous bytes. Every other part of kvbridge
 // reads geometry through this header and nothing else derives it. The JSON form
-// is `kvbridge.layout/2` (docs/formats/layout.md; /1 documents are read too),
+// is `kvbridge.layout/3` (docs/formats/layout.md; /1 and /2 documents are read too),
 // parsed by layout_json.h.
 //
 // A rank of a pipeline-parallel instance holds a range of the model's layers
@@ -19,6 +19,10 @@
 // (Layer::held false: their components keep name, cell_bytes and heads, and
 // address nothing).
 //
+// A rank of a context-parallel instance holds a share of a group's positions
+// (Group::context): the positions are dealt over the shards in chunks, and
+// the rank's block list holds its own positions only.
+//
 // A Layout value is plain data; validate() checks it, and the functions taking
 // a Layout other than validate() require a valid one (parse_layout() returns
 // only valid layouts).
@@ -26,6 +30,7 @@
 // Thread-safety: plain values; const access from several threads is safe.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -38,10 +43,12 @@
 
 namespace kvbridge {
 
-inline constexpr std::string_view kLayoutFormat = "kvbridge.layout/2";
-// The first version: no PP fields; to_json() still writes it for a layout
-// that uses nothing of /2 (pp_size 1), so older readers keep reading it.
+inline constexpr std::string_view kLayoutFormat = "kvbridge.layout/3";
+// The earlier versions, still read: /1 has no PP fields, /2 no context
+// shards. to_json() writes the oldest version that holds the layout (/1 for
+// pp_size 1 and no context shard), so that older readers keep reading it.
 inline constexpr std::string_view kLayoutFormatV1 = "kvbridge.layout/1";
+inline constexpr std::string_view kLayoutFormatV2 = "kvbridge.layout/2";
 
 // Bounds on what a layout may hold, so that hostile input cannot exhaust
 // memory or overflow 64-bit address arithmetic.
@@ -51,6 +58,7 @@ inline constexpr uint64_t kMaxBlockTokens = uint64_t{1} << 24;
 inline constexpr uint64_t kMaxCellBytes = uint64_t{1} << 32;
 inline constexpr uint32_t kMaxTpSize = 1u << 16;
 inline constexpr uint32_t kMaxPpSize = 1u << 10;
+inline constexpr uint32_t kMaxContextShards = 1u << 10;
 inline constexpr uint32_t kMaxHeads = 1u << 16;
 inline constexpr size_t kMaxTensors = 1u << 16;
 inline constexpr size_t kMaxGroups = 256;
@@ -133,6 +141,38 @@ struct BlockSlot {
   bool operator==(const BlockSlot&) const = default;
 };
 
+// Context parallelism (token sharding): a group's positions dealt over
+// `size` shards in chunks of `interleave` positions, round robin. Position p
+// (a token, or a state of tokens_per_state tokens) is on shard
+// (p / interleave) % size, and it is position
+//   (p / (interleave * size)) * interleave + p % interleave
+// of that shard: a shard's positions are numbered densely, and its block
+// list holds them as any group's (position q in entry q / positions per
+// block). With size 1 (the default) every position is on the one shard.
+// vLLM's decode context parallelism (cp_kv_cache_interleave_size I, dcp
+// rank r of n) is {n, r, I}, for I dividing the block size.
+struct ContextShard {
+  uint32_t size = 1;
+  uint32_t rank = 0;  // this rank's shard, < size
+  uint64_t interleave = 1;
+  bool operator==(const ContextShard&) const = default;
+
+  bool sharded() const { return size > 1; }
+  // The shard holding position p.
+  uint32_t shard_of(uint64_t p) const { return static_cast<uint32_t>(p / interleave % size); }
+  bool holds(uint64_t p) const { return shard_of(p) == rank; }
+  // Position p's number on the shard that holds it.
+  uint64_t local_of(uint64_t p) const { return p / (interleave * size) * interleave + p % interleave; }
+  // The position that is number q of this rank's shard.
+  uint64_t global_of(uint64_t q) const { return (q / interleave * size + rank) * interleave + q % interleave; }
+  // How many of positions [0, n) shard `shard` holds.
+  uint64_t count(uint64_t n, uint32_t shard) const {
+    const uint64_t cycle = interleave * size, full = n / cycle, rest = n % cycle;
+    const uint64_t before = uint64_t{shard} * interleave;
+    return full * interleave + (rest > before ? std::min(rest - before, interleave) : 0);
+  }
+};
+
 struct Group {
   std::string name;
   GroupKind kind = GroupKind::kAttention;
@@ -143,6 +183,9 @@ struct Group {
   bool transfer = true;
   uint64_t num_blocks = 0;
   std::vector<Layer> layers;
+  // Which share of the positions this rank holds (attention and
+  // sliding_window groups only; the default: all of them).
+  ContextShard context;
   bool operator==(const Group&) const = default;
 
   // Positions in one block: block_tokens / tokens_per_state for token-indexed
@@ -152,10 +195,13 @@ struct Group {
   // Block lists (DESIGN.md, "What a request transfers") start at the
   // request's first token, so token t lives in entry t / block_tokens at
   // offset t % block_tokens (position p in entry p / positions_per_block()).
-  // Requires block_tokens > 0 (a valid group).
+  // In a context-sharded group the token's slot is on the shard holding it,
+  // by its number there (ContextShard). Requires a valid group.
   BlockSlot slot_of_token(uint64_t token) const;
   // The number of list entries that hold tokens [0, num_tokens):
-  // ceil(num_tokens / block_tokens). A state group's list covering
+  // ceil(num_tokens / block_tokens); in a context-sharded group, those of
+  // shard 0, which holds the most (the ranks of an instance share one list,
+  // as engines share one block table). A state group's list covering
   // num_tokens > 0 tokens holds the final state in its last entry,
   // entries_for_tokens(num_tokens) - 1 (and, in an engine's align mode, the
   // state at token (i + 1) * block_tokens in entry i).
@@ -273,7 +319,8 @@ PositionAxes position_axes(const Component& component);
 // Two ranks can exchange KV exactly when their identities are equal: model,
 // dtype, each group's name, kind, tokens_per_state and window_tokens, each
 // layer's name, and each component's name, cell_bytes and total heads (or
-// "replicated"). TP size, PP stages (which layers a rank holds), block
+// "replicated"). TP size, PP stages (which layers a rank holds), context
+// shards, block
 // sizes, strides, axis order, tensors, num_blocks and memory kind are not
 // part of it.
 

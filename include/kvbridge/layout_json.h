@@ -1,4 +1,4 @@
-// kvbridge/layout_json.h: the JSON forms `kvbridge.layout/1` and
+// kvbridge/layout_json.h: the JSON forms `kvbridge.layout/3` (and /1, /2) and
 // `kvbridge.request/1` (docs/formats/layout.md, docs/formats/request.md).
 //
 // Parsing is strict: unknown fields, wrong types, negative or fractional

@@ -39,6 +39,13 @@ struct PresetOptions {
   // (pp_stage_layers(), layout.h), in tensors of its own layers only.
   uint32_t pp_size = 1;
   uint32_t pp_rank = 0;
+  // Decode context parallelism, as vLLM deals it: the TP ranks form groups
+  // of dcp_size consecutive ranks; heads are sharded over tp_size /
+  // dcp_size (rank tp_rank / dcp_size), and every attention and
+  // sliding-window group's tokens over the group's ranks (context shard
+  // tp_rank % dcp_size) in chunks of dcp_interleave tokens.
+  uint32_t dcp_size = 1;
+  uint64_t dcp_interleave = 1;
 };
 
 // Names of every preset, in a stable order.

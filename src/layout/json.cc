@@ -6,6 +6,7 @@
 // path. Bounds that protect narrowing (uint32 fields) and memory (list
 // lengths) are checked here; every semantic rule is validate()'s, which runs on
 // the result.
+#include <algorithm>
 #include <exception>
 #include <new>
 #include <string>
@@ -103,7 +104,21 @@ Result<Component> read_unheld_component(const Json& value, const std::string& pa
   return c;
 }
 
-// `v2`: the document is kvbridge.layout/2, where a layer may say "held".
+Result<ContextShard> read_context(const Json& value, const std::string& path) {
+  KVB_RETURN_IF_ERROR(json_io::expect_object(value, path));
+  ObjectReader r(value, path);
+  KVB_RETURN_IF_ERROR(r.check_fields({"size", "rank", "interleave"}));
+  ContextShard cs;
+  KVB_ASSIGN_OR_RETURN(uint64_t size, r.unsigned_field("size", kMaxContextShards));
+  KVB_ASSIGN_OR_RETURN(uint64_t rank, r.unsigned_field("rank", kMaxContextShards));
+  KVB_ASSIGN_OR_RETURN(cs.interleave, r.unsigned_field_or("interleave", kMaxBlockTokens, 1));
+  cs.size = static_cast<uint32_t>(size);
+  cs.rank = static_cast<uint32_t>(rank);
+  return cs;
+}
+
+// `v2`: the document is kvbridge.layout/2 or later, where a layer may say
+// "held".
 Result<Layer> read_layer(const Json& value, const std::string& path, bool v2) {
   KVB_RETURN_IF_ERROR(json_io::expect_object(value, path));
   ObjectReader r(value, path);
@@ -127,14 +142,24 @@ Result<Layer> read_layer(const Json& value, const std::string& path, bool v2) {
   return layer;
 }
 
-Result<Group> read_group(const Json& value, const std::string& path, bool v2) {
+// `version`: the document's format version (1, 2 or 3); /3 groups may have
+// a "context" shard.
+Result<Group> read_group(const Json& value, const std::string& path, int version) {
   KVB_RETURN_IF_ERROR(json_io::expect_object(value, path));
   ObjectReader r(value, path);
   Group g;
   KVB_ASSIGN_OR_RETURN(g.name, r.name_field("name"));
   r.set_name(g.name);
-  KVB_RETURN_IF_ERROR(r.check_fields({"name", "kind", "block_tokens", "tokens_per_state", "window_tokens",
-                                      "prefix_cacheable", "transfer", "num_blocks", "layers"}));
+  if (version >= 3) {
+    KVB_RETURN_IF_ERROR(r.check_fields({"name", "kind", "block_tokens", "tokens_per_state", "window_tokens",
+                                        "prefix_cacheable", "transfer", "num_blocks", "context", "layers"}));
+    if (const Json* context = r.find("context"); context != nullptr) {
+      KVB_ASSIGN_OR_RETURN(g.context, read_context(*context, r.child("context")));
+    }
+  } else {
+    KVB_RETURN_IF_ERROR(r.check_fields({"name", "kind", "block_tokens", "tokens_per_state", "window_tokens",
+                                        "prefix_cacheable", "transfer", "num_blocks", "layers"}));
+  }
   KVB_ASSIGN_OR_RETURN(std::string kind, r.string_field("kind"));
   std::optional<GroupKind> parsed_kind = parse_group_kind(kind);
   if (!parsed_kind) {
@@ -151,7 +176,8 @@ Result<Group> read_group(const Json& value, const std::string& path, bool v2) {
   KVB_ASSIGN_OR_RETURN(const Json* layers, r.array_field("layers", kMaxLayersPerGroup));
   g.layers.reserve(layers->size());
   for (size_t i = 0; i < layers->size(); ++i) {
-    KVB_ASSIGN_OR_RETURN(Layer layer, read_layer((*layers)[i], json_io::index_path(r.child("layers"), i), v2));
+    KVB_ASSIGN_OR_RETURN(Layer layer,
+                         read_layer((*layers)[i], json_io::index_path(r.child("layers"), i), version >= 2));
     g.layers.push_back(std::move(layer));
   }
   return g;
@@ -181,11 +207,12 @@ Result<Layout> read_layout(std::string_view text) {
   ObjectReader r(doc, "");
   // The format first: a request or another version fails here, not on its fields.
   KVB_ASSIGN_OR_RETURN(std::string format, r.string_field("format"));
-  if (format != kLayoutFormat && format != kLayoutFormatV1) {
-    return path_error("format", "expected " + quote_text(kLayoutFormat) + " (or " + quote_text(kLayoutFormatV1) +
-                                    "), got " + quote_text(format));
+  if (format != kLayoutFormat && format != kLayoutFormatV2 && format != kLayoutFormatV1) {
+    return path_error("format", "expected " + quote_text(kLayoutFormat) + " (or " + quote_text(kLayoutFormatV2) +
+                                    " or " + quote_text(kLayoutFormatV1) + "), got " + quote_text(format));
   }
-  const bool v2 = format == kLayoutFormat;
+  const int version = format == kLayoutFormat ? 3 : format == kLayoutFormatV2 ? 2 : 1;
+  const bool v2 = version >= 2;
   if (v2) {
     KVB_RETURN_IF_ERROR(
         r.check_fields({"format", "model", "dtype", "tp_size", "tp_rank", "pp_size", "pp_rank", "tensors", "groups"}));
@@ -214,7 +241,7 @@ Result<Layout> read_layout(std::string_view text) {
   KVB_ASSIGN_OR_RETURN(const Json* groups, r.array_field("groups", kMaxGroups));
   layout.groups.reserve(groups->size());
   for (size_t i = 0; i < groups->size(); ++i) {
-    KVB_ASSIGN_OR_RETURN(Group g, read_group((*groups)[i], json_io::index_path("groups", i), v2));
+    KVB_ASSIGN_OR_RETURN(Group g, read_group((*groups)[i], json_io::index_path("groups", i), version));
     layout.groups.push_back(std::move(g));
   }
   KVB_RETURN_IF_ERROR(validate(layout));
@@ -248,6 +275,9 @@ OrderedJson group_json(const Group& g) {
   j["prefix_cacheable"] = g.prefix_cacheable;
   j["transfer"] = g.transfer;
   j["num_blocks"] = g.num_blocks;
+  if (g.context.sharded()) {
+    j["context"] = {{"size", g.context.size}, {"rank", g.context.rank}, {"interleave", g.context.interleave}};
+  }
   j["layers"] = OrderedJson::array();
   for (const Layer& l : g.layers) {
     OrderedJson layer;
@@ -268,9 +298,12 @@ Result<Layout> parse_layout(std::string_view json) {
 
 std::string to_json(const Layout& layout, int indent) {
   OrderedJson j;
-  // /1 when nothing of /2 is used, so that older readers keep reading it.
-  const bool v2 = layout.pp_size != 1;
-  j["format"] = v2 ? kLayoutFormat : kLayoutFormatV1;
+  // The oldest version that holds the layout, so that older readers keep
+  // reading it: /3 for a context shard, /2 for PP stages, else /1.
+  const bool v3 =
+      std::any_of(layout.groups.begin(), layout.groups.end(), [](const Group& g) { return g.context.sharded(); });
+  const bool v2 = v3 || layout.pp_size != 1;
+  j["format"] = v3 ? kLayoutFormat : v2 ? kLayoutFormatV2 : kLayoutFormatV1;
   j["model"] = layout.model;
   j["dtype"] = layout.dtype;
   j["tp_size"] = layout.tp_size;

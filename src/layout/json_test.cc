@@ -271,6 +271,25 @@ TEST(LayoutJsonTest, APipelineStageIsWrittenAsVersion2AndReadBackExactly) {
   EXPECT_TRUE(check_compatible(l, whole).ok());
 }
 
+// A context shard: /3, with the group's "context", read back exactly; the
+// identity does not depend on it.
+TEST(LayoutJsonTest, AContextShardIsWrittenAsVersion3AndReadBackExactly) {
+  Layout l = design_layout();
+  l.groups[0].context = {2, 1, 16};
+  ASSERT_TRUE(validate(l).ok()) << validate(l).to_string();
+  const std::string text = to_json(l, -1);
+  EXPECT_TRUE(Contains(text, R"({"format":"kvbridge.layout/3",)")) << text;
+  EXPECT_TRUE(Contains(text, R"("num_blocks":1024,"context":{"size":2,"rank":1,"interleave":16},"layers")")) << text;
+  expect_exact_round_trip(l);
+  EXPECT_EQ(compatibility_hash(l), compatibility_hash(design_layout()));
+  // interleave may be left out: 1.
+  OJson j = OJson::parse(text);
+  j["groups"][0]["context"].erase("interleave");
+  Result<Layout> back = parse_layout(j.dump());
+  ASSERT_TRUE(back.ok()) << back.error().to_string();
+  EXPECT_EQ(back->groups[0].context, (ContextShard{2, 1, 1}));
+}
+
 // A /2 document without PP fields reads as one stage, like its /1 twin.
 TEST(LayoutJsonTest, Version2WithoutPipelineFieldsReadsLikeVersion1) {
   OJson j = OJson::parse(kDesignExample);
@@ -430,8 +449,28 @@ INSTANTIATE_TEST_SUITE_P(
         Rejection{"MissingAxisField", [](OJson& j) { component(j)["axes"][2].erase("stride"); }, Code::kInvalidArgument,
                   kAxis2 + R"(: missing required field "stride")"},
         // Enumerations and the format.
-        Rejection{"WrongFormat", [](OJson& j) { j["format"] = "kvbridge.layout/3"; }, Code::kInvalidArgument,
-                  R"(format: expected "kvbridge.layout/2" (or "kvbridge.layout/1"), got "kvbridge.layout/3")"},
+        Rejection{"WrongFormat", [](OJson& j) { j["format"] = "kvbridge.layout/4"; }, Code::kInvalidArgument,
+                  R"(format: expected "kvbridge.layout/3" (or "kvbridge.layout/2" or "kvbridge.layout/1"), got )"
+                  R"("kvbridge.layout/4")"},
+        // A /2 document has no context shards.
+        Rejection{"ContextInVersion2",
+                  [](OJson& j) {
+                    j["format"] = "kvbridge.layout/2";
+                    j["groups"][0]["context"] = {{"size", 2}, {"rank", 0}};
+                  },
+                  Code::kInvalidArgument, R"(groups[0] ('full'): unknown field "context")"},
+        Rejection{"ContextRankPastSize",
+                  [](OJson& j) {
+                    j["format"] = "kvbridge.layout/3";
+                    j["groups"][0]["context"] = {{"size", 2}, {"rank", 2}};
+                  },
+                  Code::kInvalidArgument, R"(group 'full': context.rank 2 must be below context.size 2)"},
+        Rejection{"ContextUnknownField",
+                  [](OJson& j) {
+                    j["format"] = "kvbridge.layout/3";
+                    j["groups"][0]["context"] = {{"size", 2}, {"rank", 0}, {"stride", 1}};
+                  },
+                  Code::kInvalidArgument, R"(groups[0] ('full').context: unknown field "stride")"},
         // A /1 document has no /2 fields.
         Rejection{"PpFieldInVersion1", [](OJson& j) { j["pp_size"] = 2; }, Code::kInvalidArgument,
                   R"(unknown field "pp_size")", true},
@@ -476,7 +515,8 @@ INSTANTIATE_TEST_SUITE_P(
         Rejection{"MissingFormat", [](OJson& j) { j.erase("format"); }, Code::kInvalidArgument,
                   R"(missing required field "format")"},
         Rejection{"RequestFormat", [](OJson& j) { j["format"] = "kvbridge.request/1"; }, Code::kInvalidArgument,
-                  R"(format: expected "kvbridge.layout/2" (or "kvbridge.layout/1"), got "kvbridge.request/1")"},
+                  R"(format: expected "kvbridge.layout/3" (or "kvbridge.layout/2" or "kvbridge.layout/1"), got )"
+                  R"("kvbridge.request/1")"},
         Rejection{
             "BadKind", [](OJson& j) { j["groups"][0]["kind"] = "mla"; }, Code::kInvalidArgument,
             R"(groups[0] ('full').kind: unknown kind "mla"; expected attention, sliding_window, state or scratch)"},

@@ -70,10 +70,19 @@ uint64_t Group::positions_per_block() const {
   return tokens_per_state == 0 ? 0 : block_tokens / tokens_per_state;
 }
 
-BlockSlot Group::slot_of_token(uint64_t token) const { return {token / block_tokens, token % block_tokens}; }
+BlockSlot Group::slot_of_token(uint64_t token) const {
+  if (!context.sharded()) return {token / block_tokens, token % block_tokens};
+  // By position on the holding shard, then back to a token offset.
+  const uint64_t tps = tokens_per_state, ppb = positions_per_block();
+  const uint64_t q = context.local_of(token / tps);
+  return {q / ppb, q % ppb * tps + token % tps};
+}
 
 uint64_t Group::entries_for_tokens(uint64_t num_tokens) const {
-  return num_tokens / block_tokens + (num_tokens % block_tokens != 0);
+  if (!context.sharded()) return num_tokens / block_tokens + (num_tokens % block_tokens != 0);
+  const uint64_t tps = tokens_per_state, ppb = positions_per_block();
+  const uint64_t q = context.count(num_tokens / tps + (num_tokens % tps != 0), 0);
+  return q / ppb + (q % ppb != 0);
 }
 
 const Tensor* Layout::find_tensor(std::string_view name) const {

@@ -163,6 +163,53 @@ TEST(LayoutModelTest, TokenTLivesInEntryTOverBlockTokens) {
   EXPECT_EQ(g.entries_for_tokens(128) - 1, 1u);
 }
 
+// Every position is on exactly one shard, numbered densely there: the
+// shards' numbers of [0, n) are [0, count(n, s)) each, and global_of()
+// undoes local_of().
+TEST(LayoutModelTest, ContextShardsDealEveryPositionOnceAndNumberThemDensely) {
+  for (uint32_t size : {1u, 2u, 3u, 4u}) {
+    for (uint64_t interleave : {1u, 2u, 5u, 16u}) {
+      for (uint64_t n : {0u, 1u, 7u, 64u, 101u}) {
+        std::vector<uint64_t> next(size, 0);
+        for (uint64_t p = 0; p < n; ++p) {
+          ContextShard any{size, 0, interleave};
+          const uint32_t s = any.shard_of(p);
+          ASSERT_LT(s, size);
+          ContextShard own{size, s, interleave};
+          EXPECT_TRUE(own.holds(p));
+          EXPECT_EQ(own.local_of(p), next[s]) << "size " << size << " interleave " << interleave << " p " << p;
+          EXPECT_EQ(own.global_of(next[s]), p);
+          ++next[s];
+        }
+        for (uint32_t s = 0; s < size; ++s) EXPECT_EQ(ContextShard({size, 0, interleave}).count(n, s), next[s]);
+      }
+    }
+  }
+}
+
+// vLLM's decode-context-parallel slot of token t (virtual block of
+// block_size * dcp tokens; offset within the rank's block) is the group's.
+TEST(LayoutModelTest, AContextShardedTokenLivesWhereVllmsDcpSlotMappingPutsIt) {
+  Group g;
+  g.kind = GroupKind::kAttention;
+  g.block_tokens = 16;
+  for (uint32_t dcp : {2u, 4u}) {
+    for (uint64_t interleave : {1u, 4u, 16u}) {
+      g.context = {dcp, 0, interleave};
+      for (uint64_t t = 0; t < 300; ++t) {
+        const uint64_t vbs = g.block_tokens * dcp, vo = t % vbs;
+        const uint64_t entry = t / vbs;
+        const uint64_t offset = vo / (dcp * interleave) * interleave + vo % interleave;
+        EXPECT_EQ(g.context.shard_of(t), vo / interleave % dcp);
+        EXPECT_EQ(g.slot_of_token(t), (BlockSlot{entry, offset})) << "dcp " << dcp << " I " << interleave << " t " << t;
+      }
+      for (uint64_t n : {0u, 1u, 31u, 32u, 33u, 300u}) {
+        EXPECT_EQ(g.entries_for_tokens(n), (n + g.block_tokens * dcp - 1) / (g.block_tokens * dcp));
+      }
+    }
+  }
+}
+
 TEST(LayoutModelTest, GroupsSharingATensorAreAnOverlay) {
   Layout l = testing::small_gqa();
   EXPECT_FALSE(has_overlay(l));

@@ -359,6 +359,17 @@ Result<Options> resolve(const PresetOptions& in, const PresetDef& def) {
   if (o.rank >= o.tp) {
     return bad("--rank " + to_string(o.rank) + ": the rank must be below the TP size (--tp " + to_string(o.tp) + ")");
   }
+  if (in.dcp_size == 0 || in.dcp_size > kMaxContextShards || o.tp % in.dcp_size != 0) {
+    return bad("--dcp " + to_string(in.dcp_size) + ": the decode context-parallel size must divide the TP size (--tp " +
+               to_string(o.tp) + ")");
+  }
+  if (in.dcp_interleave == 0 || in.dcp_interleave > kMaxBlockTokens) {
+    return bad("--dcp-interleave " + to_string(in.dcp_interleave) + ": must be between 1 and " +
+               to_string(kMaxBlockTokens) + " tokens");
+  }
+  // Heads are sharded over the TP ranks of one context shard.
+  o.tp /= in.dcp_size;
+  o.rank /= in.dcp_size;
   o.block_tokens = in.block_tokens != 0 ? in.block_tokens : def.block_tokens;
   if (o.block_tokens > kMaxBlockTokens) {
     return bad("--block-tokens " + to_string(o.block_tokens) + ": more than the limit of " +
@@ -566,6 +577,18 @@ Result<Layout> make_preset(const PresetOptions& options) {
   KVB_ASSIGN_OR_RETURN(Layout layout, assemble(o, groups));
   if (options.pp_size != 1 || options.pp_rank != 0) {
     KVB_ASSIGN_OR_RETURN(layout, pp_stage(o, options, std::move(groups), std::move(layout)));
+  }
+  if (options.dcp_size > 1) {
+    layout.tp_size = options.tp_size;
+    layout.tp_rank = options.tp_rank;
+    for (Group& g : layout.groups) {
+      if (g.kind != GroupKind::kAttention && g.kind != GroupKind::kSlidingWindow) continue;
+      if (options.dcp_interleave % g.tokens_per_state != 0) {
+        return bad("--dcp-interleave " + to_string(options.dcp_interleave) + ": group '" + g.name + "' keeps one " +
+                   "position per " + to_string(g.tokens_per_state) + " tokens; the interleave must be a multiple");
+      }
+      g.context = {options.dcp_size, options.tp_rank % options.dcp_size, options.dcp_interleave / g.tokens_per_state};
+    }
   }
   // The contract is that a preset always validates; a failure here is a bug
   // in this file, reported as such rather than handed out.

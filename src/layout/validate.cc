@@ -243,6 +243,23 @@ Status validate_group(const Layout& layout, const Group& g) {
     return Status::invalid_argument("window_tokens is set but the group's kind is " +
                                     std::string(group_kind_name(g.kind)) + ", not sliding_window");
   }
+  if (g.context.size == 0 || g.context.size > kMaxContextShards) {
+    return Status::invalid_argument("context.size " + std::to_string(g.context.size) + " must be in [1, " +
+                                    std::to_string(kMaxContextShards) + "]");
+  }
+  if (g.context.rank >= g.context.size) {
+    return Status::invalid_argument("context.rank " + std::to_string(g.context.rank) + " must be below context.size " +
+                                    std::to_string(g.context.size));
+  }
+  if (g.context.interleave == 0 || g.context.interleave > kMaxBlockTokens) {
+    return Status::invalid_argument("context.interleave " + std::to_string(g.context.interleave) + " must be in [1, " +
+                                    std::to_string(kMaxBlockTokens) + "]");
+  }
+  if (g.context.sharded() && g.kind != GroupKind::kAttention && g.kind != GroupKind::kSlidingWindow) {
+    return Status::invalid_argument("a " + std::string(group_kind_name(g.kind)) +
+                                    " group cannot be context-sharded (only attention and sliding_window groups "
+                                    "have positions to deal over shards)");
+  }
   if (g.kind == GroupKind::kScratch && g.prefix_cacheable) {
     return Status::invalid_argument(
         "a scratch group is per-request and never prefix data; set prefix_cacheable to false");

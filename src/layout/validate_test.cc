@@ -214,6 +214,23 @@ TEST(ValidateTest, RejectsWindowTokensOutsideSlidingWindowGroups) {
   expect_rejected(l, Code::kInvalidArgument, {"group 'full'", "window_tokens"});
 }
 
+TEST(ValidateTest, RejectsABadContextShard) {
+  Layout l = small_gqa();
+  l.groups[0].context = {2, 1, 4};
+  EXPECT_TRUE(validate(l).ok()) << validate(l).to_string();
+  l.groups[0].context = {2, 2, 4};
+  expect_rejected(l, Code::kInvalidArgument, {"group 'full'", "context.rank 2 must be below context.size 2"});
+  l.groups[0].context = {0, 0, 1};
+  expect_rejected(l, Code::kInvalidArgument, {"group 'full'", "context.size 0"});
+  l.groups[0].context = {2, 0, 0};
+  expect_rejected(l, Code::kInvalidArgument, {"group 'full'", "context.interleave 0"});
+  // A state has no positions to deal.
+  l.groups[0].context = {2, 0, 1};
+  l.groups[0].kind = GroupKind::kScratch;
+  l.groups[0].prefix_cacheable = false;
+  expect_rejected(l, Code::kInvalidArgument, {"group 'full'", "a scratch group cannot be context-sharded"});
+}
+
 TEST(ValidateTest, RejectsAPrefixCacheableScratchGroup) {
   Layout l = small_gqa();
   l.groups[0].kind = GroupKind::kScratch;

@@ -57,7 +57,10 @@ Status walk(const Layout& layout, const Request& request, RequestSide side, uint
     const plan_internal::Moving m = plan_internal::moving_positions(g, request, first_token);
     const uint64_t gseed = name_hash(g.name);
     for (uint64_t p = m.first; p < m.last; ++p) {
-      uint64_t entry = p / ppb, in_block = p % ppb, semantic = p, token = p * g.tokens_per_state;
+      // A context-sharded rank holds its shard's positions, numbered densely.
+      if (!g.context.holds(p)) continue;
+      const uint64_t at = g.context.local_of(p);
+      uint64_t entry = at / ppb, in_block = at % ppb, semantic = p, token = p * g.tokens_per_state;
       if (g.kind == GroupKind::kState) {
         if (ids.empty()) return Status::invalid_argument("group '" + g.name + "': empty block list");
         entry = ids.size() - 1;

@@ -180,7 +180,8 @@ inline void emit_segment(Sink& e, const Unit& u, const HeadRun& run, uint64_t lo
   }
 }
 
-// Emits every piece of unit `u` for local list entry `i`. The sink's
+// Emits every piece of unit `u` for local list entry `i` (positions of
+// [m.begin, m.end) in it; remote position p + m.delta). The sink's
 // remote_base() is called for a remote entry right before the pieces that
 // read it.
 template <typename Sink>
@@ -189,7 +190,7 @@ void emit_block(Sink& e, const GroupMove& m, const Unit& u, uint64_t i) {
   const uint64_t p_end = std::min(m.end, (i + 1) * m.local_ppb);
   const Side& L = u.local;
   const uint64_t lbase = e.local_base(m, i, L);
-  if (u.block_is_segment && p_end - p_begin == m.local_ppb) {
+  if (u.block_is_segment && p_end - p_begin == m.local_ppb && m.delta == 0) {
     // Position i * ppb starts the block on both sides (list entry i).
     for (const HeadRun& run : u.runs) {
       const Side& R = u.remote[run.source];
@@ -203,9 +204,10 @@ void emit_block(Sink& e, const GroupMove& m, const Unit& u, uint64_t i) {
   const bool runs_outer = u.runs.size() > 1 && L.head_stride > L.outer_stride();
   auto segment = [&](const HeadRun& run, uint64_t p, uint64_t n) {
     const Side& R = u.remote[run.source];
-    const uint64_t j = p / m.remote_ppb;
+    const uint64_t rp = p + m.delta;
+    const uint64_t j = rp / m.remote_ppb;
     const uint64_t lo = lbase + L.pos_offset(p - i * m.local_ppb) + run.local_head * L.head_stride;
-    const uint64_t ro = e.remote_base(m, j, R) + R.pos_offset(p - j * m.remote_ppb) + run.remote_head * R.head_stride;
+    const uint64_t ro = e.remote_base(m, j, R) + R.pos_offset(rp - j * m.remote_ppb) + run.remote_head * R.head_stride;
     emit_segment(e, u, run, lo, ro, n);
   };
   // Segments end at every local and remote kernel-page (inner axis) boundary;
@@ -213,7 +215,8 @@ void emit_block(Sink& e, const GroupMove& m, const Unit& u, uint64_t i) {
   auto for_segments = [&](auto&& fn) {
     for (uint64_t p = p_begin; p < p_end;) {
       const uint64_t kr = u.remote_inner;
-      uint64_t next = std::min({p_end, (p / kl + 1) * kl, (p / kr + 1) * kr});
+      const uint64_t rp = p + m.delta;
+      uint64_t next = std::min({p_end, (p / kl + 1) * kl, (rp / kr + 1) * kr - m.delta});
       fn(p, next - p);
       p = next;
     }

@@ -17,13 +17,46 @@ namespace kvbridge::plan_internal {
 // [begin, end); position p lives in list entry p / positions_per_block on
 // each side. A state group is normalised to one position in one "block" per
 // side: the last listed block. Scratch moves all positions of its one block.
+//
+// A context-sharded group (on either side) numbers positions per shard
+// (ContextShard): global positions [begin, end) are cut into pieces
+// (context_pieces()), and emission visits one piece at a time with begin,
+// end, delta and shard set to the piece's.
 struct GroupMove {
   size_t local_group = 0;                  // index into local.groups
   std::vector<size_t> remote_group;        // per remote layout, index into its groups
   uint64_t begin = 0, end = 0;             // request positions
   uint64_t local_ppb = 1, remote_ppb = 1;  // positions per block on each side
   std::vector<int64_t> local_ids, remote_ids;
+  // The local group's context shard, and the remote instance's (its rank
+  // unused: remote_shard holds each remote layout's).
+  ContextShard local_cp, remote_cp;
+  std::vector<uint32_t> remote_shard;  // per remote layout
+  // While one piece is emitted: the remote position of local position p is
+  // p + delta (mod 2^64), on remote shard `shard`.
+  uint64_t delta = 0;
+  uint32_t shard = 0;
+
+  bool context_sharded() const { return local_cp.sharded() || remote_cp.sharded(); }
 };
+
+// A run of positions that are consecutive on both sides: local positions
+// [begin, end) (numbered on the local shard) are remote positions
+// [begin + delta, end + delta) of remote shard `shard`.
+struct ContextPiece {
+  uint64_t begin = 0, end = 0;
+  uint64_t delta = 0;  // mod 2^64
+  uint32_t shard = 0;
+};
+
+// The pieces of global positions [m.begin, m.end) that the local shard
+// holds, in ascending local position, adjacent pieces merged when both sides
+// continue. One piece {begin, end, 0, 0} when neither side is sharded.
+std::vector<ContextPiece> context_pieces(const GroupMove& m);
+
+// For each remote shard (of remote.size), whether the positions of local
+// shard `local` meet it: a property of the two shardings, not of a request.
+std::vector<bool> shards_needed(const ContextShard& local, const ContextShard& remote);
 
 // Validates the request against the layouts and returns the moves of every
 // transfer group, in local group order. Errors name the group and the field.
@@ -74,7 +107,8 @@ Result<std::vector<uint16_t>> choose_sources(const Layout& local, std::span<cons
 
 // Chooses, for each local head of component (group g, layer l, component c),
 // the remote rank of `by_rank` (the chosen sources) that serves it: among
-// those holding that global head (in rank order), with n of them, the
+// those holding that global head (in rank order; of remote context shard
+// move.shard when the remote group is sharded), with n of them, the
 // group's layers that the local rank holds are cut into n contiguous ranges,
 // and layer l is served by holder (local.rank() + range) mod n, so local
 // ranks spread over remote ranks and one rank's bytes spread over its

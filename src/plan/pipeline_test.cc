@@ -6,61 +6,21 @@
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
 #include "kvbridge/verify.h"
+#include "plan/preset_instances.h"
 
 namespace kvbridge {
 namespace {
 
+using testing::expect_every_rank_verifies;
+using testing::whole_request;
+
 // Every rank of an instance, stage-major.
 std::vector<Layout> instance(const std::string& preset, uint32_t tp, uint32_t pp, uint64_t block = 0,
                              Order order = Order::kLBHNC) {
-  std::vector<Layout> out;
-  for (uint32_t s = 0; s < pp; ++s) {
-    for (uint32_t r = 0; r < tp; ++r) {
-      Result<Layout> l = make_preset(PresetOptions{.name = preset,
-                                                   .tp_size = tp,
-                                                   .tp_rank = r,
-                                                   .block_tokens = block,
-                                                   .order = order,
-                                                   .num_blocks = 64,
-                                                   .pp_size = pp,
-                                                   .pp_rank = s});
-      EXPECT_TRUE(l.ok()) << preset << " PP " << pp << " TP " << tp << ": " << l.error().to_string();
-      if (l) out.push_back(std::move(*l));
-    }
-  }
-  return out;
-}
-
-// Tokens 0..num_tokens-1 of every group, each side's block ids counting up
-// across the groups (so overlaid groups never share one), the prefill side
-// from 7.
-Request whole_request(const Layout& decode, const Layout& prefill, uint64_t num_tokens) {
-  Request q;
-  q.num_tokens = num_tokens;
-  int64_t local = 0, remote = 7;
-  for (const Group& g : decode.groups) {
-    if (!g.transfer) continue;
-    const Group* p = prefill.find_group(g.name);
-    GroupBlocks b;
-    const uint64_t dn = g.kind == GroupKind::kScratch ? 1 : g.entries_for_tokens(num_tokens);
-    const uint64_t pn = p->kind == GroupKind::kScratch ? 1 : p->entries_for_tokens(num_tokens);
-    for (uint64_t i = 0; i < dn; ++i) b.local.push_back(local++);
-    for (uint64_t i = 0; i < pn; ++i) b.remote.push_back(remote++);
-    q.blocks[g.name] = b;
-  }
-  return q;
-}
-
-void expect_every_rank_verifies(const std::vector<Layout>& decode, const std::vector<Layout>& prefill,
-                                uint64_t num_tokens, const std::string& what) {
-  for (const Layout& d : decode) {
-    const Request q = whole_request(d, prefill[0], num_tokens);
-    Result<Plan> p = plan(d, prefill, q);
-    ASSERT_TRUE(p.ok()) << what << " decode rank " << d.rank() << ": " << p.error().to_string();
-    Result<VerifyReport> v = verify(*p, d, prefill, q, /*check_minimal=*/true);
-    ASSERT_TRUE(v.ok()) << what << " decode rank " << d.rank() << ": " << v.error().to_string();
-    EXPECT_GT(p->bytes, 0u) << what;
-  }
+  Result<std::vector<Layout>> out = testing::preset_instance(
+      PresetOptions{.name = preset, .block_tokens = block, .order = order, .num_blocks = 64}, tp, pp);
+  EXPECT_TRUE(out.ok()) << preset << " PP " << pp << " TP " << tp << ": " << out.error().to_string();
+  return out ? *out : std::vector<Layout>{};
 }
 
 TEST(PipelineTest, StagesPartitionTheLayersAsEnginesDo) {

@@ -123,20 +123,70 @@ std::vector<UnitRun> unit_runs(std::span<const Unit> units) {
 
 namespace {
 
-// Emits one group move; with `layers` (one flag per layer of the local
-// group), only the layers flagged.
-Status emit_group(Emitter& e, const Layout& local, std::span<const Layout> remotes, std::span<const uint16_t> by_rank,
-                  const GroupMove& m, std::span<const uint8_t> layers = {}) {
-  if (m.end <= m.begin) return Status();
-  KVB_ASSIGN_OR_RETURN(std::vector<Unit> units, make_units(local, remotes, by_rank, m));
-  if (!layers.empty()) std::erase_if(units, [&](const Unit& u) { return layers[u.layer] == 0; });
-  if (units.empty()) return Status();
-  // Local list entries with moving positions, in ascending local block id, so
-  // that a layer-major tensor is visited in address order.
+// Local list entries of m's [begin, end), in ascending local block id, so
+// that a layer-major tensor is visited in address order.
+std::vector<uint64_t> sorted_entries(const GroupMove& m) {
   std::vector<uint64_t> entries;
   for (uint64_t i = first_entry(m); i < end_entry(m); ++i) entries.push_back(i);
   std::stable_sort(entries.begin(), entries.end(),
                    [&](uint64_t a, uint64_t b) { return m.local_ids[a] < m.local_ids[b]; });
+  return entries;
+}
+
+// Emits a context-sharded group move (m's positions are global): piece by
+// piece (context_pieces()), each from the units of its remote shard. Units
+// of every shard have the same local geometry and order (make_units()
+// depends on the shard only for the head runs), so unit k of one shard is
+// unit k of another.
+Status emit_sharded(Emitter& e, const Layout& local, std::span<const Layout> remotes, std::span<const uint16_t> by_rank,
+                    GroupMove& m, std::span<const uint8_t> layers) {
+  const std::vector<ContextPiece> pieces = context_pieces(m);
+  if (pieces.empty()) return Status();
+  std::vector<std::vector<Unit>> units(m.remote_cp.size);
+  for (const ContextPiece& piece : pieces) {
+    if (!units[piece.shard].empty()) continue;
+    m.shard = piece.shard;
+    KVB_ASSIGN_OR_RETURN(units[piece.shard], make_units(local, remotes, by_rank, m));
+    if (!layers.empty()) std::erase_if(units[piece.shard], [&](const Unit& u) { return layers[u.layer] == 0; });
+    if (units[piece.shard].empty()) return Status();
+  }
+  const std::vector<Unit>& shape = units[pieces.front().shard];
+  auto each_piece = [&](auto&& fn) {
+    for (const ContextPiece& piece : pieces) {
+      m.begin = piece.begin, m.end = piece.end, m.delta = piece.delta, m.shard = piece.shard;
+      for (uint64_t i : sorted_entries(m)) fn(units[piece.shard], i);
+    }
+  };
+  for (const UnitRun& run : unit_runs(shape)) {
+    if (run.block_outer) {
+      each_piece([&](const std::vector<Unit>& us, uint64_t i) {
+        for (size_t k = run.begin; k < run.end; ++k) emit_block(e, m, us[k], i);
+      });
+    } else {
+      for (size_t k = run.begin; k < run.end; ++k) {
+        each_piece([&](const std::vector<Unit>& us, uint64_t i) { emit_block(e, m, us[k], i); });
+      }
+    }
+  }
+  return Status();
+}
+
+// Emits one group move; with `layers` (one flag per layer of the local
+// group), only the layers flagged. m's range and piece fields are restored
+// on return.
+Status emit_group(Emitter& e, const Layout& local, std::span<const Layout> remotes, std::span<const uint16_t> by_rank,
+                  GroupMove& m, std::span<const uint8_t> layers = {}) {
+  if (m.end <= m.begin) return Status();
+  if (m.context_sharded()) {
+    const uint64_t begin = m.begin, end = m.end;
+    const Status s = emit_sharded(e, local, remotes, by_rank, m, layers);
+    m.begin = begin, m.end = end, m.delta = 0, m.shard = 0;
+    return s;
+  }
+  KVB_ASSIGN_OR_RETURN(std::vector<Unit> units, make_units(local, remotes, by_rank, m));
+  if (!layers.empty()) std::erase_if(units, [&](const Unit& u) { return layers[u.layer] == 0; });
+  if (units.empty()) return Status();
+  const std::vector<uint64_t> entries = sorted_entries(m);
   // Reserve for the pieces if nothing merged, so that a plan that cannot
   // merge (shuffled ids) never reallocates; the slack is returned at the end.
   uint64_t pieces = 0;
@@ -226,7 +276,7 @@ Result<Plan> plan(const Layout& local, std::span<const Layout> remotes, const Re
   for (size_t r = 0; r < remotes.size(); ++r)
     p.sources[r].tp_rank = remotes[r].tp_rank, p.sources[r].pp_rank = remotes[r].pp_rank;
   Emitter e(local.tensors.size(), &p.descriptors, &p.sources);
-  for (const GroupMove& m : moves) {
+  for (GroupMove& m : moves) {
     KVB_RETURN_IF_ERROR(emit_group(e, local, remotes, by_rank, m));
   }
   KVB_RETURN_IF_ERROR(finish_plan(local, e.order(), p));
@@ -380,31 +430,32 @@ Result<std::vector<PlanStage>> plan_stages(const Layout& local, std::span<const 
 }
 
 uint64_t naive_descriptor_count(const Layout& local, std::span<const Layout> remotes, const Request& request) {
-  using plan_internal::GroupMove;
   using plan_internal::HeadRun;
   auto by_rank = plan_internal::check_remotes(local, remotes);
   if (!by_rank) return 0;
   auto moves = plan_internal::group_moves(local, remotes, request);
   if (!moves) return 0;
   uint64_t total = 0;
-  for (const GroupMove& m : *moves) {
-    if (m.end <= m.begin) continue;
-    // Block pairs with moving positions.
-    uint64_t pairs = 0;
-    for (uint64_t i = m.begin / m.local_ppb; i * m.local_ppb < m.end; ++i) {
-      const uint64_t a = std::max(m.begin, i * m.local_ppb), b = std::min(m.end, (i + 1) * m.local_ppb);
-      pairs += (b - 1) / m.remote_ppb - a / m.remote_ppb + 1;
-    }
-    const Group& g = local.groups[m.local_group];
-    for (size_t l = 0; l < g.layers.size(); ++l) {
-      for (size_t c = 0; c < g.layers[l].components.size(); ++c) {
-        if (g.layers[l].components[c].empty()) continue;
-        auto runs = plan_internal::head_runs(local, remotes, *by_rank, m, l, c);
-        if (!runs) return 0;
-        std::vector<uint16_t> sources;
-        for (const HeadRun& r : *runs) sources.push_back(r.source);
-        std::sort(sources.begin(), sources.end());
-        total += pairs * static_cast<uint64_t>(std::unique(sources.begin(), sources.end()) - sources.begin());
+  for (plan_internal::GroupMove& m : *moves) {
+    for (const plan_internal::ContextPiece& piece : plan_internal::context_pieces(m)) {
+      // Block pairs with moving positions.
+      uint64_t pairs = 0;
+      for (uint64_t i = piece.begin / m.local_ppb; i * m.local_ppb < piece.end; ++i) {
+        const uint64_t a = std::max(piece.begin, i * m.local_ppb), b = std::min(piece.end, (i + 1) * m.local_ppb);
+        pairs += (b - 1 + piece.delta) / m.remote_ppb - (a + piece.delta) / m.remote_ppb + 1;
+      }
+      m.shard = piece.shard;
+      const Group& g = local.groups[m.local_group];
+      for (size_t l = 0; l < g.layers.size(); ++l) {
+        for (size_t c = 0; c < g.layers[l].components.size(); ++c) {
+          if (g.layers[l].components[c].empty()) continue;
+          auto runs = plan_internal::head_runs(local, remotes, *by_rank, m, l, c);
+          if (!runs) return 0;
+          std::vector<uint16_t> sources;
+          for (const HeadRun& r : *runs) sources.push_back(r.source);
+          std::sort(sources.begin(), sources.end());
+          total += pairs * static_cast<uint64_t>(std::unique(sources.begin(), sources.end()) - sources.begin());
+        }
       }
     }
   }

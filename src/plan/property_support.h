@@ -135,11 +135,17 @@ inline bool holds(const Layout& remote, const NeededHead& n) {
 inline std::vector<Layout> covering_subset(gen::Rng& rng, const Layout& local, const std::vector<Layout>& remotes) {
   std::vector<bool> keep(remotes.size(), false);
   for (const NeededHead& n : needed_heads(local)) {
-    std::vector<size_t> holders;
-    for (size_t r = 0; r < remotes.size(); ++r) {
-      if (holds(remotes[r], n)) holders.push_back(r);
+    // One holder per context shard of the remote group (every shard, needed
+    // or not: a superset still covers).
+    const Group* g = remotes.front().find_group(n.group);
+    const uint32_t shards = g ? g->context.size : 1;
+    for (uint32_t s = 0; s < shards; ++s) {
+      std::vector<size_t> holders;
+      for (size_t r = 0; r < remotes.size(); ++r) {
+        if (holds(remotes[r], n) && remotes[r].find_group(n.group)->context.rank == s) holders.push_back(r);
+      }
+      if (!holders.empty()) keep[gen::pick(rng, holders)] = true;
     }
-    if (!holders.empty()) keep[gen::pick(rng, holders)] = true;
   }
   std::vector<Layout> out;
   for (size_t r = 0; r < remotes.size(); ++r) {
@@ -195,6 +201,21 @@ inline Case make_case(uint64_t seed, uint64_t index, gen::Rng& rng) {
     const uint32_t pp = static_cast<uint32_t>(gen::draw(rng, 2, std::min<uint64_t>(3, order.size())));
     const uint32_t s = static_cast<uint32_t>(gen::draw(rng, 0, pp - 1));
     c.local = as_pp_stage(c.local, pp, s, pp_stage_layers(order, pp, s));
+  }
+  // Sometimes context parallelism: the remote instance's ranks, the local
+  // rank, or both, split into context shards (any interleave, equal or not).
+  const bool remote_cp = gen::chance(rng, 15), local_cp = gen::chance(rng, 15);
+  if (remote_cp || local_cp) {
+    const std::vector<uint64_t> interleaves{1, 1, 2, 3, 4, 8, 16};
+    const uint64_t li = gen::pick(rng, interleaves);
+    const uint64_t ri = gen::chance(rng, 50) ? li : gen::pick(rng, interleaves);
+    if (remote_cp) {
+      c.remotes = gen::context_sharded(c.remotes, static_cast<uint32_t>(gen::draw(rng, 2, 3)), ri);
+    }
+    if (local_cp) {
+      const uint32_t size = static_cast<uint32_t>(gen::draw(rng, 2, 4));
+      c.local = gen::as_context_shard(c.local, size, static_cast<uint32_t>(gen::draw(rng, 0, size - 1)), li);
+    }
   }
   if (gen::chance(rng, 30)) gen::shuffle(rng, c.remotes);
 

@@ -578,6 +578,29 @@ inline Layout make_rank_layout(const ModelRecipe& recipe, const InstanceShape& s
   return out;
 }
 
+// `layout` as context shard `shard` of `size` (chunks of `interleave`
+// positions) of every attention and sliding-window group, and as rank
+// tp_rank * size + shard of an instance of tp_size * size ranks (each rank
+// of the unsharded instance becomes `size` ranks, one per shard, as vLLM's
+// decode context parallelism carves shards out of TP ranks).
+inline Layout as_context_shard(Layout layout, uint32_t size, uint32_t shard, uint64_t interleave) {
+  layout.tp_rank = layout.tp_rank * size + shard;
+  layout.tp_size *= size;
+  for (Group& g : layout.groups) {
+    if (g.kind == GroupKind::kAttention || g.kind == GroupKind::kSlidingWindow) g.context = {size, shard, interleave};
+  }
+  return layout;
+}
+
+// Every rank of `ranks` as `size` context shards (as_context_shard()).
+inline std::vector<Layout> context_sharded(std::span<const Layout> ranks, uint32_t size, uint64_t interleave) {
+  std::vector<Layout> out;
+  for (const Layout& r : ranks) {
+    for (uint32_t s = 0; s < size; ++s) out.push_back(as_context_shard(r, size, s, interleave));
+  }
+  return out;
+}
+
 // Every rank of an instance, in rank order.
 inline std::vector<Layout> make_instance(const ModelRecipe& recipe, const InstanceShape& s) {
   std::vector<Layout> ranks;

@@ -40,6 +40,14 @@ inline PositionRange moving_positions(const Group& g, uint64_t num_tokens, uint6
   return {first_token / g.tokens_per_state, (num_tokens + g.tokens_per_state - 1) / g.tokens_per_state};
 }
 
+// The same range numbered on context shard `shard` of g's sharding (the
+// range itself when g is not sharded): the shard's positions of it are its
+// positions [count(first), count(end)).
+inline PositionRange on_shard(const Group& g, PositionRange r, uint32_t shard) {
+  if (!g.context.sharded()) return r;
+  return {g.context.count(r.first, shard), g.context.count(r.end, shard)};
+}
+
 // Bytes that a request moves into `local`: an oracle for plan.bytes.
 inline uint64_t expected_bytes(const Layout& local, const Request& request) {
   uint64_t total = 0;
@@ -49,7 +57,7 @@ inline uint64_t expected_bytes(const Layout& local, const Request& request) {
     switch (g.kind) {
       case GroupKind::kAttention:
       case GroupKind::kSlidingWindow:
-        positions = moving_positions(g, request.num_tokens, request.skip_tokens).count();
+        positions = on_shard(g, moving_positions(g, request.num_tokens, request.skip_tokens), g.context.rank).count();
         break;
       // plan.h is silent on a request whose receiver has every token
       // (skip_tokens == num_tokens); the planner and the verifier both move
@@ -178,6 +186,12 @@ inline std::map<std::string, std::vector<int64_t>> side_lists(Rng& rng, std::spa
       case GroupKind::kScratch:
         return 1;
       default:
+        if (g.context.sharded()) {
+          // The ranks share one list: as long as shard 0's, which holds most.
+          const uint64_t positions = (o.num_tokens + g.tokens_per_state - 1) / g.tokens_per_state;
+          const uint64_t ppb = g.positions_per_block();
+          return (g.context.count(positions, 0) + ppb - 1) / ppb;
+        }
         return token_list_length(g.block_tokens, o.num_tokens);
     }
   };
@@ -197,7 +211,17 @@ inline std::map<std::string, std::vector<int64_t>> side_lists(Rng& rng, std::spa
     IdPool& pool = pools.at(cls[gi]);
     std::vector<int64_t>& ids = out[g.name];
     const uint64_t len = length(g);
-    const PositionRange moving = moving_positions(g, o.num_tokens, o.skip_tokens);
+    // Positions of any shard of the side (numbered on its shard) that move.
+    PositionRange moving = moving_positions(g, o.num_tokens, o.skip_tokens);
+    if (g.context.sharded() && moving.count() > 0) {
+      PositionRange any{UINT64_MAX, 0};
+      for (uint32_t s = 0; s < g.context.size; ++s) {
+        const PositionRange r = on_shard(g, moving, s);
+        if (r.count() == 0) continue;
+        any.first = std::min(any.first, r.first), any.end = std::max(any.end, r.end);
+      }
+      moving = any.end == 0 ? PositionRange{} : any;
+    }
     const uint64_t per_block = g.positions_per_block();
     for (uint64_t j = 0; j < len; ++j) {
       int64_t id = pool.next();

@@ -39,6 +39,10 @@ Result<SourceNeeds> source_needs(const Layout& local, std::span<const Layout> re
   for (const Group& g : local.groups) {
     if (!g.transfer) continue;
     for (size_t r = 0; r < remotes.size(); ++r) rg[r] = remotes[r].find_group(g.name);
+    // The remote context shards the local rank's positions meet (one, any
+    // rank's, when the remote group is not sharded).
+    const ContextShard& rcs = rg[by_rank[0]]->context;
+    const std::vector<bool> shards = token_indexed(g.kind) ? shards_needed(g.context, rcs) : std::vector<bool>{true};
     for (size_t l = 0; l < g.layers.size(); ++l) {
       if (g.layers[l].held &&
           std::none_of(by_rank.begin(), by_rank.end(), [&](uint16_t r) { return rg[r]->layers[l].held; })) {
@@ -57,28 +61,33 @@ Result<SourceNeeds> source_needs(const Layout& local, std::span<const Layout> re
         if (comp.empty()) continue;
         const uint32_t count = comp.heads ? comp.heads->count : 1;
         for (uint32_t h = 0; h < count; ++h) {
-          std::fill(holders.begin(), holders.end(), 0);
-          bool any = false;
-          for (uint16_t r : by_rank) {
-            const Component& rc = rg[r]->layers[l].components[c];
-            const uint32_t global = comp.heads ? comp.heads->first + h : 0;
-            const bool held =
-                !rc.empty() &&
-                (!comp.heads || (rc.heads && global >= rc.heads->first && global < rc.heads->first + rc.heads->count));
-            if (held) add(holders, r), any = true;
+          for (uint32_t shard = 0; shard < shards.size(); ++shard) {
+            if (!shards[shard]) continue;
+            std::fill(holders.begin(), holders.end(), 0);
+            bool any = false;
+            for (uint16_t r : by_rank) {
+              const Component& rc = rg[r]->layers[l].components[c];
+              const uint32_t global = comp.heads ? comp.heads->first + h : 0;
+              const bool held = !rc.empty() && (!rcs.sharded() || rg[r]->context.rank == shard) &&
+                                (!comp.heads ||
+                                 (rc.heads && global >= rc.heads->first && global < rc.heads->first + rc.heads->count));
+              if (held) add(holders, r), any = true;
+            }
+            if (!any) {
+              const std::string of_shard = rcs.sharded() ? " of context shard " + std::to_string(shard) : "";
+              return Status::incompatible(
+                  "group " + q(g.name) + " layer " + q(g.layers[l].name) + " component " + q(comp.name) + ": " +
+                  (comp.heads
+                       ? "no given remote rank holds global head " + std::to_string(comp.heads->first + h) + of_shard
+                       : "no given remote rank" + of_shard + " holds it"));
+            }
+            // Distinct sets only; there are few, so a linear search is cheapest.
+            bool known = false;
+            for (size_t n = 0; n < out.sets.size() && !known; n += out.words) {
+              known = std::equal(holders.begin(), holders.end(), out.sets.begin() + static_cast<std::ptrdiff_t>(n));
+            }
+            if (!known) out.sets.insert(out.sets.end(), holders.begin(), holders.end());
           }
-          if (!any) {
-            return Status::incompatible(
-                "group " + q(g.name) + " layer " + q(g.layers[l].name) + " component " + q(comp.name) + ": " +
-                (comp.heads ? "no given remote rank holds global head " + std::to_string(comp.heads->first + h)
-                            : std::string("no remote rank holds it")));
-          }
-          // Distinct sets only; there are few, so a linear search is cheapest.
-          bool known = false;
-          for (size_t n = 0; n < out.sets.size() && !known; n += out.words) {
-            known = std::equal(holders.begin(), holders.end(), out.sets.begin() + static_cast<std::ptrdiff_t>(n));
-          }
-          if (!known) out.sets.insert(out.sets.end(), holders.begin(), holders.end());
         }
       }
     }
@@ -192,6 +201,13 @@ Result<std::vector<uint16_t>> check_remotes(const Layout& local, std::span<const
                                     " but remote rank " + rank_name(first) + " has " + std::to_string(f->block_tokens) +
                                     " and " + std::to_string(f->num_blocks) + "; one instance shares block geometry");
       }
+      if (g.context.size != f->context.size || g.context.interleave != f->context.interleave) {
+        return Status::incompatible(who + " group " + q(g.name) + " has " + std::to_string(g.context.size) +
+                                    " context shards of interleave " + std::to_string(g.context.interleave) +
+                                    " but remote rank " + rank_name(first) + " has " + std::to_string(f->context.size) +
+                                    " of interleave " + std::to_string(f->context.interleave) +
+                                    "; one instance shards its context one way");
+      }
     }
   }
   return choose_sources(local, remotes, by_rank);
@@ -214,16 +230,19 @@ Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layo
     before += g.layers[l].held && l < layer;
   }
   auto spread = [&](size_t n) { return (local.rank() + before * n / held) % n; };
+  // A rank of another context shard than the one read holds other positions.
+  auto of_shard = [&](uint16_t r) { return !move.remote_cp.sharded() || move.remote_shard[r] == move.shard; };
+  const std::string shard_text = move.remote_cp.sharded() ? " of context shard " + std::to_string(move.shard) : "";
   std::vector<HeadRun> runs;
   std::vector<uint16_t> holders;
   if (!c.heads) {
     // Replicated: every rank holds it; spread local ranks over remote ranks.
     for (uint16_t r : by_rank) {
-      if (!remote_component(r).empty()) holders.push_back(r);
+      if (!remote_component(r).empty() && of_shard(r)) holders.push_back(r);
     }
     if (holders.empty()) {
       return Status::incompatible("group " + q(g.name) + " layer " + q(g.layers[layer].name) + " component " +
-                                  q(c.name) + ": no remote rank holds it");
+                                  q(c.name) + ": no given remote rank" + shard_text + " holds it");
     }
     runs.push_back({0, 1, holders[spread(holders.size())], 0});
     return runs;
@@ -233,13 +252,15 @@ Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layo
     holders.clear();
     for (uint16_t r : by_rank) {
       const Component& rc = remote_component(r);
-      if (!rc.empty() && rc.heads && global >= rc.heads->first && global < rc.heads->first + rc.heads->count) {
+      if (!rc.empty() && rc.heads && global >= rc.heads->first && global < rc.heads->first + rc.heads->count &&
+          of_shard(r)) {
         holders.push_back(r);
       }
     }
     if (holders.empty()) {
       return Status::incompatible("group " + q(g.name) + " layer " + q(g.layers[layer].name) + " component " +
-                                  q(c.name) + ": no given remote rank holds global head " + std::to_string(global));
+                                  q(c.name) + ": no given remote rank holds global head " + std::to_string(global) +
+                                  shard_text);
     }
     const uint16_t src = holders[spread(holders.size())];
     const uint32_t rh = global - remote_component(src).heads->first;

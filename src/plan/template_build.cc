@@ -328,6 +328,15 @@ Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout>
       t->groups[gi].remote_entry0 = gs.remote.size() - 1;
     }
     if (m.end <= m.begin) continue;
+    if (m.context_sharded()) {
+      // An entry's pieces depend on which shard holds each of its positions,
+      // not on the entry's position in its block alone.
+      t->uniform = false;
+      t->fallback_reason = "group " + q(g.name) + " is context-sharded: its entries' pieces differ by shard";
+      t->moves.clear();
+      t->pieces = t->max_pieces = 0;
+      break;
+    }
     if (end_entry(m) - first_entry(m) > UINT32_MAX) {
       return Status::resource_exhausted("group " + q(g.name) + ": more than 2^32 list entries move");
     }

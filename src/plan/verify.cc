@@ -136,7 +136,10 @@ void fill_remote(const Layout& local, const Layout& r, const Request& request, S
     const uint64_t ppb = g->positions_per_block();
     const Moving m = moving_positions(*g, request, request.skip_tokens);
     for (uint64_t p = m.first; p < m.last; ++p) {
-      uint64_t entry = p / ppb, in_block = p % ppb, semantic = p;
+      // A context-sharded rank holds its shard's positions, numbered densely.
+      if (!g->context.holds(p)) continue;
+      const uint64_t at = g->context.local_of(p);
+      uint64_t entry = at / ppb, in_block = at % ppb, semantic = p;
       if (g->kind == GroupKind::kState) {
         entry = ids.size() - 1;
         in_block = 0;
@@ -236,7 +239,9 @@ Result<VerifyReport> verify(const Plan& plan, const Layout& local, std::span<con
     const Moving mv = moving_positions(g, request, request.skip_tokens);
     const uint64_t first = mv.first, last = mv.last;
     for (uint64_t p = first; p < last; ++p) {
-      uint64_t entry = p / ppb, in_block = p % ppb, semantic = p;
+      if (!g.context.holds(p)) continue;
+      const uint64_t at = g.context.local_of(p);
+      uint64_t entry = at / ppb, in_block = at % ppb, semantic = p;
       if (g.kind == GroupKind::kState) {
         entry = ids.size() - 1;
         in_block = 0;
