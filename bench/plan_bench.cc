@@ -64,9 +64,12 @@ struct Scenario {
   uint64_t block_tokens;  // 0: the preset's default
   gen::BlockIds ids;
   uint32_t prefill_pp = 1;  // pipeline stages of the prefill instance
+  uint32_t decode_dcp = 1;  // context shards of the decode instance (--dcp)
+  uint64_t dcp_interleave = 1;
 };
 
-std::vector<Layout> instance(const Scenario& s, uint32_t tp, Order order, uint64_t num_blocks, uint32_t pp = 1) {
+std::vector<Layout> instance(const Scenario& s, uint32_t tp, Order order, uint64_t num_blocks, uint32_t pp = 1,
+                             uint32_t dcp = 1) {
   std::vector<Layout> ranks;
   for (uint32_t stage = 0; stage < pp; ++stage) {
     for (uint32_t r = 0; r < tp; ++r) {
@@ -77,7 +80,9 @@ std::vector<Layout> instance(const Scenario& s, uint32_t tp, Order order, uint64
                                                    .order = order,
                                                    .num_blocks = num_blocks,
                                                    .pp_size = pp,
-                                                   .pp_rank = stage});
+                                                   .pp_rank = stage,
+                                                   .dcp_size = dcp,
+                                                   .dcp_interleave = s.dcp_interleave});
       if (!l) {
         std::fprintf(stderr, "plan_bench: %s\n", l.error().to_string().c_str());
         std::exit(1);
@@ -169,7 +174,7 @@ Inputs inputs(const Scenario& s) {
   Inputs in;
   const uint64_t num_blocks = num_blocks_for(s);
   in.prefill = instance(s, s.prefill_tp, s.prefill_order, num_blocks, s.prefill_pp);
-  in.decode = instance(s, s.decode_tp, s.decode_order, num_blocks);
+  in.decode = instance(s, s.decode_tp, s.decode_order, num_blocks, 1, s.decode_dcp);
   gen::Rng rng(0x6b76627269646765ULL);
   gen::RequestOptions o;
   o.num_tokens = kTokens;
@@ -293,6 +298,8 @@ BENCHMARK_CAPTURE(BM_Plan, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/consecutive,
                   Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/shuffled,
                   Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Plan, deepseek_v3/P_TP8_LBHNC/D_TP8_DCP2_LBHNC/b64/consecutive,
+                  Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kSeq, 1, 2, 64})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, glm5_flash/P_TP4_LBHNC/D_TP4_LBHNC/b2304/consecutive,
                   Scenario{"glm5-flash", 4, 4, kL, kL, 0, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Plan, glm5_flash/P_TP4_BLHNC/D_TP4_BLHNC/b2304/shuffled,
@@ -317,6 +324,8 @@ BENCHMARK_CAPTURE(BM_Instantiate, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/consec
                   Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Instantiate, deepseek_v3/P_TP8_LBHNC/D_TP8_LBHNC/b64/shuffled,
                   Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Instantiate, deepseek_v3/P_TP8_LBHNC/D_TP8_DCP2_LBHNC/b64/consecutive,
+                  Scenario{"deepseek-v3", 8, 8, kL, kL, 64, kSeq, 1, 2, 64})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Instantiate, glm5_flash/P_TP4_LBHNC/D_TP4_LBHNC/b2304/consecutive,
                   Scenario{"glm5-flash", 4, 4, kL, kL, 0, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Instantiate, glm5_flash/P_TP4_BLHNC/D_TP4_BLHNC/b2304/shuffled,

@@ -300,6 +300,34 @@ def _(name):
     check(f"{name} stream", r["streamed_requests"] == 3, f"streamed {r['streamed_requests']}")
 
 
+# Context-parallel instances: a decode instance whose TP ranks deal the
+# tokens over context shards (and a prefill one, and both), each byte checked
+# and each plan verified; then a fault and streaming with shards.
+@case("context")
+def _(name):
+    shapes = [  # prefill TP, DCP -> decode TP, DCP, interleave
+        ("1", "1", "2", "2", "1"), ("2", "2", "1", "1", "16"), ("2", "2", "4", "2", "1"), ("2", "1", "4", "4", "8")]
+    for preset in ("deepseek-v3", "llama3-8b", "qwen3-next", "glm5-flash"):
+        for ptp, pdcp, dtp, ddcp, inter in shapes:
+            if preset == "glm5-flash" and int(inter) % 4:
+                inter = "4"  # its indexer keeps one position per 4 tokens
+            what = f"{preset} TP{ptp}/DCP{pdcp}->TP{dtp}/DCP{ddcp} interleave {inter}"
+            r = demo("--preset", preset, "--prefill-tp", ptp, "--prefill-dcp", pdcp, "--decode-tp", dtp,
+                     "--decode-dcp", ddcp, "--prefill-dcp-interleave", inter, "--decode-dcp-interleave", inter,
+                     "--requests", "2", "--max-tokens", "600", "--verify-plans")
+            clean(what, r)
+            check(what, r["ok"] == 2 and r["decode_dcp"] == int(ddcp) and r["prefill_dcp"] == int(pdcp),
+                  f"ok {r['ok']}: {r['errors']}")
+            check(what, r["plans_verified"] == 2 * int(dtp), f"plans verified {r['plans_verified']}")
+    r = demo("--preset", "deepseek-v3", "--decode-tp", "2", "--decode-dcp", "2", "--requests", "3",
+             "--inject", "kill-prefill")
+    clean(f"{name} kill-prefill", r)
+    r = demo("--preset", "llama3-8b", "--decode-tp", "2", "--decode-dcp", "2", "--stream", "layer",
+             "--compute-us-per-layer", "500", "--requests", "3")
+    clean(f"{name} stream", r)
+    check(f"{name} stream", r["streamed_requests"] == 3, f"streamed {r['streamed_requests']}")
+
+
 # The targets: zero verification failures and zero leaked blocks for every
 # preset and every TP pair in {1,2,4} x {1,2,4} (two requests each, one with
 # a prefix hit). Run as its own ctest entry: `demo_test.py KVB matrix`.

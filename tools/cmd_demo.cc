@@ -12,6 +12,11 @@ void add_side(CLI::App* app, const std::string& name, demo::SideArgs& s) {
   app->add_option("--" + name + "-pp", s.pp,
                   "pipeline stages of the " + name + " instance (each rank holds its stage's layers)")
       ->capture_default_str();
+  app->add_option("--" + name + "-dcp", s.dcp,
+                  "context-parallel size of the " + name + " instance (attention tokens dealt over that many TP ranks)")
+      ->capture_default_str();
+  app->add_option("--" + name + "-dcp-interleave", s.dcp_interleave, "tokens per chunk dealt to one context shard")
+      ->capture_default_str();
   app->add_option("--" + name + "-block-tokens", s.block_tokens,
                   name + " logical block tokens (0: preset default; qwen3-next's default run: " +
                       (name == "prefill" ? "64" : "128") + ")")

@@ -38,6 +38,8 @@ struct SideArgs {
   std::string order = "LBHNC";
   std::string netns;               // run the ranks in this network namespace
   std::string host = "127.0.0.1";  // address the ranks listen on
+  uint32_t dcp = 1;                // context shards over groups of dcp TP ranks (presets.h)
+  uint64_t dcp_interleave = 1;     // tokens per chunk dealt to a shard
 };
 
 // What --inject can do; each is one of the fault cases.

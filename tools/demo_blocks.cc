@@ -9,6 +9,8 @@ Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_bloc
   PresetOptions p;
   p.name = a.preset;
   p.tp_size = s.tp;
+  p.dcp_size = s.dcp;
+  p.dcp_interleave = s.dcp_interleave;
   p.block_tokens = s.block_tokens;
   p.kernel_block_tokens = s.kernel_block_tokens;
   Result<Order> order = parse_order(s.order);
@@ -22,7 +24,7 @@ Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_bloc
 
 uint64_t blocks_for(const Group& g, uint64_t tokens) {
   if (g.kind == GroupKind::kState || g.kind == GroupKind::kScratch) return 1;
-  return (tokens + g.block_tokens - 1) / g.block_tokens;
+  return g.entries_for_tokens(tokens);  // a context shard's share
 }
 
 uint64_t blocks_per_request(const Layout& l, uint64_t tokens) {

@@ -62,6 +62,8 @@ class Rank {
     p.tp_rank = c_.rank % c_.side.tp;
     p.pp_size = c_.side.pp;
     p.pp_rank = c_.rank / c_.side.tp;
+    p.dcp_size = c_.side.dcp;
+    p.dcp_interleave = c_.side.dcp_interleave;
     p.block_tokens = c_.side.block_tokens;
     p.kernel_block_tokens = c_.side.kernel_block_tokens;
     KVB_ASSIGN_OR_RETURN(p.order, parse_order(c_.side.order));

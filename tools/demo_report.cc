@@ -161,6 +161,8 @@ void print_report(const Summary& s) {
               {"decode_tp", a.decode.tp},
               {"prefill_pp", a.prefill.pp},
               {"decode_pp", a.decode.pp},
+              {"prefill_dcp", a.prefill.dcp},
+              {"decode_dcp", a.decode.dcp},
               {"decode_instances", a.decode_instances},
               {"transport", a.transport},
               {"policy", a.policy},
@@ -233,7 +235,8 @@ void print_report(const Summary& s) {
     return b;
   };
   auto shape = [](const SideArgs& side) {
-    return (side.pp > 1 ? "PP " + std::to_string(side.pp) + " x " : std::string()) + "TP " + std::to_string(side.tp);
+    return (side.pp > 1 ? "PP " + std::to_string(side.pp) + " x " : std::string()) + "TP " + std::to_string(side.tp) +
+           (side.dcp > 1 ? " (DCP " + std::to_string(side.dcp) + ")" : std::string());
   };
   std::printf("kvbridge demo: %s, prefill %s (%s, %s) -> %u decode instance(s) of %s (%s, %s)\n", a.preset.c_str(),
               shape(a.prefill).c_str(), a.prefill.order.c_str(), blocks(a.prefill).c_str(), a.decode_instances,

@@ -2,7 +2,7 @@
 
 The pieces, from the bottom up:
 
-- Layout: how one rank's KV cache sits in memory (kvbridge.layout/1). Build one from JSON
+- Layout: how one rank's KV cache sits in memory (kvbridge.layout/3). Build one from JSON
   (Layout.from_json, Layout.load), from a preset (make_preset), or from the engine's own
   torch tensors (layout_from_tensors).
 - plan(local, remotes, request) -> Plan: the descriptors that move one request's KV; their
@@ -31,7 +31,7 @@ __all__ = [
     "Error", "InvalidArgument", "OutOfRange", "Incompatible", "NotFound", "AlreadyExists", "ResourceExhausted",
     "Unavailable", "Timeout", "Cancelled", "IoError", "Internal", "PermissionDenied", "Status", "EXCEPTIONS_BY_CODE",
     # layouts
-    "Layout", "Tensor", "Group", "Layer", "Component", "Axis", "HeadMap", "Request", "GroupBlocks",
+    "Layout", "Tensor", "Group", "Layer", "Component", "Axis", "HeadMap", "ContextShard", "Request", "GroupBlocks",
     "make_preset", "preset_names", "preset_summary", "compare_identity_text",
     "layout_from_tensors", "layout_dict_from_tensors", "describe_tensor", "dtype_name",
     # plans

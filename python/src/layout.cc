@@ -127,6 +127,30 @@ void bind_model(py::module_& m) {
                ", count=" + std::to_string(h.count) + ")";
       });
 
+  py::class_<ContextShard>(m, "ContextShard",
+                           "A group's positions dealt over `size` shards in chunks of `interleave` positions;\n"
+                           "this rank holds shard `rank` (docs/formats/layout.md, 'Context shards').")
+      .def(py::init([](uint32_t size, uint32_t rank, uint64_t interleave) {
+             return ContextShard{size, rank, interleave};
+           }),
+           py::arg("size") = 1, py::arg("rank") = 0, py::arg("interleave") = 1)
+      .def_readwrite("size", &ContextShard::size)
+      .def_readwrite("rank", &ContextShard::rank)
+      .def_readwrite("interleave", &ContextShard::interleave)
+      .def("sharded", &ContextShard::sharded)
+      .def("shard_of", &ContextShard::shard_of, py::arg("position"), "The shard holding a position.")
+      .def("holds", &ContextShard::holds, py::arg("position"))
+      .def("local_of", &ContextShard::local_of, py::arg("position"), "A position's number on the shard that holds it.")
+      .def("global_of", &ContextShard::global_of, py::arg("local"),
+           "The position that is number `local` of this rank's shard.")
+      .def("count", &ContextShard::count, py::arg("positions"), py::arg("shard"),
+           "How many of positions [0, positions) shard `shard` holds.")
+      .def("__eq__", [](const ContextShard& a, const ContextShard& b) { return a == b; })
+      .def("__repr__", [](const ContextShard& c) {
+        return "ContextShard(size=" + std::to_string(c.size) + ", rank=" + std::to_string(c.rank) +
+               ", interleave=" + std::to_string(c.interleave) + ")";
+      });
+
   py::class_<Component>(m, "Component",
                         "One array of a layer (k, v, latent, rope, ...) as a strided view into one tensor:\n"
                         "cell (block, head, position) is at tensor.base + offset + sum(index * stride).")
@@ -202,7 +226,10 @@ void bind_model(py::module_& m) {
       .def_readwrite("transfer", &Group::transfer)
       .def_readwrite("num_blocks", &Group::num_blocks)
       .def_readwrite("layers", &Group::layers)
+      .def_readwrite("context", &Group::context, "ContextShard: the share of the positions this rank holds")
       .def("positions_per_block", &Group::positions_per_block)
+      .def("entries_for_tokens", &Group::entries_for_tokens, py::arg("num_tokens"),
+           "List entries holding tokens [0, num_tokens) (a sharded group's: shard 0's)")
       .def("__eq__", [](const Group& a, const Group& b) { return a == b; })
       .def("__repr__", [](const Group& g) {
         return "<kvbridge.Group '" + g.name + "' kind=" + std::string(group_kind_name(g.kind)) +
@@ -213,7 +240,7 @@ void bind_model(py::module_& m) {
 
 void bind_layout_class(py::module_& m) {
   py::class_<Layout>(m, "Layout",
-                     "How one rank's KV cache sits in memory (`kvbridge.layout/1`, docs/formats/layout.md).\n\n"
+                     "How one rank's KV cache sits in memory (`kvbridge.layout/3`, docs/formats/layout.md).\n\n"
                      "Build one with Layout.from_json / Layout.load, make_preset(), or\n"
                      "layout_from_tensors() from an engine's own torch tensors. Layouts from those are\n"
                      "valid; one edited field by field is checked by validate().\n\n"
@@ -233,9 +260,10 @@ void bind_layout_class(py::module_& m) {
            py::arg("model"), py::arg("dtype"), py::arg("tp_size") = 1, py::arg("tp_rank") = 0,
            py::arg("tensors") = std::vector<Tensor>{}, py::arg("groups") = std::vector<Group>{},
            "Builds a layout field by field (not validated: call validate()).")
-      .def_static("from_json", &layout_from_json, py::arg("text"),
-                  "Parses and validates `kvbridge.layout/1` JSON. Raises InvalidArgument naming the JSON path,\n"
-                  "OutOfRange or ResourceExhausted naming the group, layer and component at fault.")
+      .def_static(
+          "from_json", &layout_from_json, py::arg("text"),
+          "Parses and validates `kvbridge.layout` JSON (/1, /2 or /3). Raises InvalidArgument naming the JSON path,\n"
+          "OutOfRange or ResourceExhausted naming the group, layer and component at fault.")
       .def_static(
           "load", [](const std::string& path) { return layout_from_json(read_file(path)); }, py::arg("path"),
           "Reads and validates a layout JSON file. Raises IoError when the file cannot be read.")
@@ -370,7 +398,7 @@ void bind_presets(py::module_& m) {
       "make_preset",
       [](const std::string& name, uint32_t tp_size, uint32_t tp_rank, uint64_t block_tokens,
          uint64_t kernel_block_tokens, const std::string& order, uint64_t num_blocks, uint32_t spec_tokens,
-         uint32_t pp_size, uint32_t pp_rank) {
+         uint32_t pp_size, uint32_t pp_rank, uint32_t dcp_size, uint64_t dcp_interleave) {
         PresetOptions o;
         o.name = name;
         o.tp_size = tp_size;
@@ -382,13 +410,17 @@ void bind_presets(py::module_& m) {
         o.spec_tokens = spec_tokens;
         o.pp_size = pp_size;
         o.pp_rank = pp_rank;
+        o.dcp_size = dcp_size;
+        o.dcp_interleave = dcp_interleave;
         return unwrap(make_preset(o));
       },
       py::arg("name"), py::arg("tp_size") = 1, py::arg("tp_rank") = 0, py::arg("block_tokens") = 0,
       py::arg("kernel_block_tokens") = 0, py::arg("order") = "LBHNC", py::arg("num_blocks") = 0,
-      py::arg("spec_tokens") = 0, py::arg("pp_size") = 1, py::arg("pp_rank") = 0,
+      py::arg("spec_tokens") = 0, py::arg("pp_size") = 1, py::arg("pp_rank") = 0, py::arg("dcp_size") = 1,
+      py::arg("dcp_interleave") = 1,
       "The layout of rank tp_rank (of pipeline stage pp_rank of pp_size) of an instance of a public\n"
-      "architecture (docs/presets.md).\n"
+      "architecture (docs/presets.md); dcp_size > 1 deals attention tokens over groups of that many\n"
+      "TP ranks (decode context parallelism), in chunks of dcp_interleave tokens.\n"
       "0 takes the preset's default; order is 'LBHNC', 'LBNHC' or 'BLHNC'. Raises NotFound for an\n"
       "unknown name, InvalidArgument naming the option the architecture cannot take.");
 }

@@ -111,3 +111,27 @@ def test_pipeline_stages_plan_and_verify():
     assert kvbridge.source_ranks(decode, prefill) == [0, 1, 2, 3]
     with pytest.raises(kvbridge.Incompatible, match="no given remote rank holds the layer"):
         kvbridge.plan(decode, prefill[:2], request)
+
+
+def test_context_shards_plan_and_verify():
+    # Decode TP 2 with DCP 2: each rank holds every other 16-token chunk of
+    # each request, in a list as long as shard 0 needs.
+    prefill = [kvbridge.make_preset("llama3-8b", num_blocks=8)]
+    decode = [kvbridge.make_preset("llama3-8b", tp_size=2, tp_rank=r, dcp_size=2, dcp_interleave=16, num_blocks=8)
+              for r in range(2)]
+    g = decode[1].groups[0]
+    assert g.context == kvbridge.ContextShard(2, 1, 16) and g.context.sharded()
+    assert g.context.shard_of(17) == 1 and g.context.local_of(17) == 1 and g.context.global_of(1) == 17
+    assert g.entries_for_tokens(40) == 2 and prefill[0].groups[0].entries_for_tokens(40) == 3
+    assert decode[1].to_dict()["format"] == "kvbridge.layout/3"
+    assert kvbridge.Layout.from_json(decode[1].to_json()) == decode[1]
+    request = kvbridge.Request(40, {"full": ([0, 1], [2, 3, 4])})
+    for d in decode:
+        p = kvbridge.plan(d, prefill, request)
+        assert kvbridge.verify(p, d, prefill, request).bytes_written == p.bytes
+    # Shard 0 holds tokens 0..15 and 32..39, shard 1 tokens 16..31.
+    b0 = kvbridge.plan(decode[0], prefill, request).bytes
+    b1 = kvbridge.plan(decode[1], prefill, request).bytes
+    assert b0 * 16 == b1 * 24
+    with pytest.raises(kvbridge.InvalidArgument, match="--dcp 3"):
+        kvbridge.make_preset("llama3-8b", tp_size=2, dcp_size=3)

@@ -304,6 +304,13 @@ Result<RankStore> RankStore::create(std::shared_ptr<Store> store, const Layout& 
                                     " of " + std::to_string(layout.pp_size) +
                                     "; the prefix store takes ranks that hold every layer (pp_size 1)");
   }
+  for (const Group& g : layout.groups) {
+    if (g.context.sharded()) {
+      return Status::invalid_argument("store: group '" + g.name + "' is context shard " +
+                                      std::to_string(g.context.rank) + " of " + std::to_string(g.context.size) +
+                                      "; the prefix store takes ranks that hold every token of a block");
+    }
+  }
   auto impl = std::make_unique<Impl>();
   impl->H = store->options().hash_block_tokens;
   KVB_ASSIGN_OR_RETURN(impl->canonical, Canonical::create(layout, impl->H));

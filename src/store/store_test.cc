@@ -210,6 +210,20 @@ TEST(StoreTest, APipelineStageRankIsRefusedClearly) {
             "layer (pp_size 1)");
 }
 
+// A rank of a context-parallel instance holds some tokens of each block:
+// refused, saying why.
+TEST(StoreTest, AContextShardRankIsRefusedClearly) {
+  auto store = memory_store(16);
+  Result<Layout> shard =
+      make_preset(PresetOptions{.name = "llama3-8b", .tp_size = 2, .tp_rank = 1, .num_blocks = 8, .dcp_size = 2});
+  ASSERT_TRUE(shard.ok()) << shard.error().to_string();
+  Result<RankStore> s = RankStore::create(store, *shard);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().message(),
+            "store: group 'full' is context shard 1 of 2; the prefix store takes ranks that hold every token of a "
+            "block");
+}
+
 TEST(StoreTest, HybridHitNeedsTheStateNotJustTheAttentionBlocks) {
   auto store = memory_store(16);
   Instance inst(store, "qwen3-next", {1, 64}, 128);
