@@ -26,7 +26,7 @@ LAYERS, NUM_BLOCKS, BLOCK_SIZE, HEADS, HEAD_SIZE = 4, 16, 16, 8, 64
 NUM_TOKENS = 40                       # 2.5 blocks
 PREFILL_BLOCKS = [4, 5, 6]            # where prefill computed request 1
 DECODE_BLOCKS = [9, 10, 11]           # where decode wants it
-REQUEST = 1
+REQUEST = "req-1"  # engines name requests with strings (an int is taken as its decimal text)
 
 
 def make_caches(fill_seed=None):

@@ -40,7 +40,7 @@ struct Proc {
 
 // What is in flight for the current request.
 struct Current {
-  RequestId id = 0;
+  RequestId id;
   std::vector<json> replies;  // prefilled / raw / freed / aborted / recomputed replies
 };
 
@@ -235,7 +235,7 @@ class Driver {
 
   void dispatch(Proc& p, json& m, Clock::time_point now) {
     const std::string ev = m.value("ev", "");
-    const RequestId id = m.value("req", RequestId{0});
+    const RequestId id = m.value("req", RequestId());
     if (ev == "ready") {
       p.ready = true;
       p.side_channel = m.value("side_channel", "");
@@ -317,8 +317,7 @@ class Driver {
         if (p) d = dpools_[rec.decode_instance].allocate(dn, rng_);
         if (p && d) break;
         if (p) ppool_->release(*p);
-        if (Clock::now() > until)
-          return Status::resource_exhausted("no free blocks for request " + std::to_string(rec.id));
+        if (Clock::now() > until) return Status::resource_exhausted("no free blocks for request " + rec.id);
         pump(5ms);  // blocks come back as leases end
       }
       pids.insert(pids.end(), p->begin(), p->end());
@@ -339,7 +338,8 @@ class Driver {
   // again, not streamed, as the baseline.
   Status one_request(uint32_t i) {
     RequestRecord rec;
-    rec.id = 1000 + i;
+    rec.n = 1000 + i;
+    rec.id = "req-" + std::to_string(rec.n);
     rec.decode_instance = i % a_.decode_instances;
     rec.tokens = 1 + rng_() % max_tokens_;
     rec.skip = i % 3 == 1 ? rng_() % rec.tokens : 0;  // a prefix hit on the decode side
@@ -351,7 +351,8 @@ class Driver {
     KVB_RETURN_IF_ERROR(run_request(rec, fault));
     sum_.requests.push_back(rec);
     if (a_.stream == "off" || a_.inject != Inject::kNone) return Status();  // a fault run has no baseline
-    base.id = 1000 + a_.requests + i;
+    base.n = 1000 + a_.requests + i;
+    base.id = "req-" + std::to_string(base.n);
     base.streamed = false;
     KVB_RETURN_IF_ERROR(run_request(base, false));
     sum_.baselines.push_back(base);
@@ -362,7 +363,7 @@ class Driver {
     KVB_ASSIGN_OR_RETURN(Request q, make_request(rec));
     current_.id = rec.id;
     const std::string qjson = to_json(q, -1);
-    const uint64_t seed = a_.seed * 1000003 + rec.id;
+    const uint64_t seed = a_.seed * 1000003 + rec.n;
     const std::vector<Proc*> prefill = ranks_of(true, 0), decode = ranks_of(false, rec.decode_instance);
     const json prefill_cmd = {
         {"cmd", "prefill"}, {"req", rec.id},          {"request", json::parse(qjson)},

@@ -15,7 +15,8 @@ namespace kvbridge::cli::demo {
 
 // One request as the driver saw it end.
 struct RequestRecord {
-  RequestId id = 0;
+  uint64_t n = 0;  // the driver's number for it (seeds its content)
+  RequestId id;    // "req-<n>"
   uint32_t decode_instance = 0;
   uint64_t tokens = 0, skip = 0;
   uint64_t recompute_from = 0;  // recomputed: the token the engine recomputed from

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 
+#include "common/text.h"
 #include "connector/worker_internal.h"
 #include "demo.h"
 #include "kvbridge/connector.h"
@@ -166,7 +167,7 @@ class Rank {
  private:
   Status command(const json& m) {
     const std::string cmd = m.value("cmd", "");
-    const RequestId id = m.value("req", RequestId{0});
+    const RequestId id = m.value("req", RequestId());
     if (cmd == "remote") {
       return worker_->add_remote(m.at("instance").get<std::string>(), m.at("ranks").get<std::vector<std::string>>());
     }
@@ -293,7 +294,7 @@ class Rank {
   // writes what prefill would have), and the whole request is checked.
   Status recompute(RequestId id, uint64_t from) {
     auto it = held_.find(id);
-    if (it == held_.end()) return Status::not_found("request " + std::to_string(id) + " is not held");
+    if (it == held_.end()) return Status::not_found("request " + q(id) + " is not held");
     const Request& q = it->second.request;
     KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kLocal, from, it->second.seed, spans_));
     KVB_ASSIGN_OR_RETURN(ContentReport c,
@@ -305,7 +306,7 @@ class Rank {
   // each, IOV_MAX per call, from each source process, on this thread.
   Status raw(RequestId id, const std::string& instance) {
     auto it = held_.find(id);
-    if (it == held_.end()) return Status::not_found("request " + std::to_string(id) + " is not held");
+    if (it == held_.end()) return Status::not_found("request " + q(id) + " is not held");
     KVB_ASSIGN_OR_RETURN(std::vector<connector_internal::RemoteRankView> remotes,
                          connector_internal::remote_ranks(*worker_, instance));
     std::vector<Layout> layouts;

@@ -73,8 +73,7 @@ Figures figures(const Summary& s) {
       if (r.outcome == "aborted") ++f.aborted;
       if (r.outcome == "lease_expired") ++f.lease_expired;
       if (r.outcome == "failed" || r.outcome == "lease_expired") ++f.failed;
-      if (!r.error.empty() && f.errors.size() < 8)
-        f.errors.push_back("request " + std::to_string(r.id) + ": " + r.error);
+      if (!r.error.empty() && f.errors.size() < 8) f.errors.push_back("request " + r.id + ": " + r.error);
     }
   }
   std::sort(lat.begin(), lat.end());
@@ -324,8 +323,7 @@ void print_report(const Summary& s) {
   for (const std::string& e : f.errors) std::printf("  error: %s\n", e.c_str());
   for (const std::string& e : s.rank_errors) std::printf("  rank error: %s\n", e.c_str());
   for (const RequestRecord& r : s.requests) {
-    if (r.verify_bad)
-      std::printf("  verify: request %llu: %s\n", static_cast<unsigned long long>(r.id), r.verify_error.c_str());
+    if (r.verify_bad) std::printf("  verify: request %s: %s\n", r.id.c_str(), r.verify_error.c_str());
   }
   std::printf("\n%s\n", clean(s) ? "clean: every request ended as expected, nothing leaked, nothing stray"
                                  : "NOT CLEAN: see above");

@@ -28,7 +28,7 @@
 // heartbeats and done messages (docs/connector.md, "Threads").
 //
 // Messages between workers travel as engine notifications:
-// "kvb/1 hb <request>" and "kvb/1 done <request>", from the decode rank's
+// "kvb/1 hb <request id>" and "kvb/1 done <request id>", from the decode rank's
 // engine to each prefill rank it reads from, and "kvb/1 ready <request>
 // <layer>" (streaming) from a prefill rank's engine to each decode rank of
 // the instance it streams to; the sender is the engine (name and instance,
@@ -58,7 +58,17 @@
 
 namespace kvbridge {
 
-using RequestId = uint64_t;
+// A request's id, as engines name requests ("req-1", "cmpl-7f3a..."): 1 to
+// kMaxRequestIdBytes bytes of printable ASCII without spaces (it travels in
+// the workers' text messages). The calls that start tracking a request
+// (PrefillScheduler::hold, DecodeScheduler::expect, start_load, stream_to)
+// check it (check_request_id); the others only look it up.
+using RequestId = std::string;
+inline constexpr size_t kMaxRequestIdBytes = 256;
+// OK, or kInvalidArgument saying what is wrong, e.g. "request id 'a b' has a
+// space at byte 1; ids are 1 to 256 bytes of printable ASCII without
+// spaces".
+Status check_request_id(std::string_view id);
 using SteadyTime = std::chrono::steady_clock::time_point;
 
 // ---------------------------------------------------------------------------
@@ -68,7 +78,7 @@ enum class ReleaseReason : uint8_t { kRead, kLeaseExpired, kAborted };
 std::string_view release_reason_name(ReleaseReason reason);
 
 struct Release {
-  RequestId request = 0;
+  RequestId request;
   ReleaseReason reason = ReleaseReason::kRead;
   std::vector<std::string> readers_missing;  // expected readers that never reported done
 };
@@ -112,7 +122,7 @@ Result<FailurePolicy> parse_failure_policy(std::string_view name);  // "fail", "
 
 // One rank's result for one request (ConnectorWorker::take_results()).
 struct LoadResult {
-  RequestId request = 0;
+  RequestId request;
   Status error;  // OK when every byte arrived
   bool aborted = false;
   uint64_t first_bad_token = 0;  // error: KV before this token arrived whole, and a recompute may start here
@@ -129,7 +139,7 @@ enum class Outcome : uint8_t { kFinished, kFailed, kRecompute, kAborted };
 std::string_view outcome_name(Outcome outcome);
 
 struct RequestOutcome {
-  RequestId request = 0;
+  RequestId request;
   Outcome outcome = Outcome::kFinished;
   Status error;                 // the first rank's error (by rank order)
   uint64_t recompute_from = 0;  // kRecompute: the first token to recompute
@@ -222,7 +232,7 @@ struct LoadOptions {
 // What a reader told this (prefill) rank.
 struct ReaderEvent {
   enum class Kind : uint8_t { kHeartbeat, kDone } kind = Kind::kHeartbeat;
-  RequestId request = 0;
+  RequestId request;
   std::string reader;  // the decode engine's name
 };
 

@@ -10,9 +10,42 @@
 #include <algorithm>
 #include <set>
 
+#include "common/text.h"
 #include "connector/worker_internal.h"
 #include "engine_wrapper.h"
 #include "kvbridge/connector.h"
+
+namespace kvbridge::python {
+
+// A request id as Python passes it: a str, or an int taken as its decimal
+// text (engines whose ids are integers); it converts to RequestId.
+struct Rid : std::string {
+  Rid() = default;
+  explicit Rid(std::string s) : std::string(std::move(s)) {}
+};
+
+}  // namespace kvbridge::python
+
+namespace pybind11::detail {
+template <>
+struct type_caster<kvbridge::python::Rid> {
+  PYBIND11_TYPE_CASTER(kvbridge::python::Rid, const_name("str"));
+  bool load(handle src, bool) {
+    if (PyUnicode_Check(src.ptr())) {
+      value = kvbridge::python::Rid(src.cast<std::string>());
+      return true;
+    }
+    if (PyLong_Check(src.ptr()) && !PyBool_Check(src.ptr())) {
+      value = kvbridge::python::Rid(pybind11::str(src).cast<std::string>());
+      return true;
+    }
+    return false;
+  }
+  static handle cast(const kvbridge::python::Rid& v, return_value_policy, handle) {
+    return PyUnicode_FromStringAndSize(v.data(), static_cast<Py_ssize_t>(v.size()));
+  }
+};
+}  // namespace pybind11::detail
 
 namespace kvbridge::python {
 namespace {
@@ -100,7 +133,7 @@ class PyWorker {
       if (left <= milliseconds(0)) {
         std::string missing;
         for (RequestId id : requests) {
-          if (out.count(id) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(id);
+          if (out.count(id) == 0) missing += (missing.empty() ? "" : ", ") + q(id);
         }
         throw_status(Status::timeout("no load result for request(s) " + missing + " within the timeout"));
       }
@@ -140,7 +173,7 @@ void bind_schedulers(py::module_& m) {
           [](const py::tuple& t) {
             if (t.size() != 3) throw py::value_error("Release: a pickled state is (request, reason, readers_missing)");
             Release r;
-            r.request = t[0].cast<RequestId>();
+            r.request = t[0].cast<Rid>();
             const int reason = t[1].cast<int>();
             if (reason < 0 || reason > static_cast<int>(ReleaseReason::kAborted)) {
               throw py::value_error("Release: unknown reason " + std::to_string(reason));
@@ -150,8 +183,7 @@ void bind_schedulers(py::module_& m) {
             return r;
           }))
       .def("__repr__", [](const Release& r) {
-        return "Release(request=" + std::to_string(r.request) + ", reason='" +
-               std::string(release_reason_name(r.reason)) + "')";
+        return "Release(request='" + r.request + "', reason='" + std::string(release_reason_name(r.reason)) + "')";
       });
 
   py::class_<PrefillScheduler>(m, "PrefillScheduler",
@@ -164,7 +196,7 @@ void bind_schedulers(py::module_& m) {
            py::arg("lease") = 30.0, "lease: seconds a held request survives without a heartbeat.")
       .def(
           "hold",
-          [](PrefillScheduler& s, RequestId request, std::set<std::string> readers, py::object now) {
+          [](PrefillScheduler& s, Rid request, std::set<std::string> readers, py::object now) {
             check(s.hold(request, std::move(readers), to_steady(now)));
           },
           py::arg("request"), py::arg("readers"), py::arg("now") = py::none(),
@@ -172,13 +204,13 @@ void bind_schedulers(py::module_& m) {
           "Raises AlreadyExists when held, InvalidArgument for no readers.")
       .def(
           "heartbeat",
-          [](PrefillScheduler& s, RequestId request, const std::string& reader, py::object now) {
+          [](PrefillScheduler& s, Rid request, const std::string& reader, py::object now) {
             s.heartbeat(request, reader, to_steady(now));
           },
           py::arg("request"), py::arg("reader"), py::arg("now") = py::none(), "A reader's heartbeat renews the lease.")
       .def(
           "reader_done",
-          [](PrefillScheduler& s, RequestId request, const std::string& reader, py::object now) {
+          [](PrefillScheduler& s, Rid request, const std::string& reader, py::object now) {
             s.reader_done(request, reader, to_steady(now));
           },
           py::arg("request"), py::arg("reader"), py::arg("now") = py::none())
@@ -194,8 +226,7 @@ void bind_schedulers(py::module_& m) {
           py::arg("event"), py::arg("now") = py::none(),
           "Feeds a ReaderEvent from ConnectorWorker.take_reader_events() (heartbeat or done).")
       .def(
-          "abort",
-          [](PrefillScheduler& s, RequestId request, py::object now) { check(s.abort(request, to_steady(now))); },
+          "abort", [](PrefillScheduler& s, Rid request, py::object now) { check(s.abort(request, to_steady(now))); },
           py::arg("request"), py::arg("now") = py::none(),
           "Aborts; blocks are released once no reader is reading. Raises NotFound when not held.")
       .def(
@@ -231,7 +262,7 @@ void bind_schedulers(py::module_& m) {
               throw py::value_error("RequestOutcome: a pickled state is (request, outcome, error, recompute_from)");
             }
             RequestOutcome o;
-            o.request = t[0].cast<RequestId>();
+            o.request = t[0].cast<Rid>();
             const int outcome = t[1].cast<int>();
             if (outcome < 0 || outcome > static_cast<int>(Outcome::kAborted)) {
               throw py::value_error("RequestOutcome: unknown outcome " + std::to_string(outcome));
@@ -242,9 +273,8 @@ void bind_schedulers(py::module_& m) {
             return o;
           }))
       .def("__repr__", [](const RequestOutcome& o) {
-        return "RequestOutcome(request=" + std::to_string(o.request) + ", outcome='" +
-               std::string(outcome_name(o.outcome)) + "'" + (o.error.ok() ? "" : ", error=" + o.error.to_string()) +
-               ")";
+        return "RequestOutcome(request='" + o.request + "', outcome='" + std::string(outcome_name(o.outcome)) + "'" +
+               (o.error.ok() ? "" : ", error=" + o.error.to_string()) + ")";
       });
 
   py::class_<DecodeScheduler>(m, "DecodeScheduler",
@@ -258,7 +288,7 @@ void bind_schedulers(py::module_& m) {
            py::arg("ranks"), py::arg("policy") = "fail", "ranks: the decode instance's TP size.")
       .def(
           "expect",
-          [](DecodeScheduler& s, RequestId request, uint64_t skip_tokens, py::object deadline, py::object timeout) {
+          [](DecodeScheduler& s, Rid request, uint64_t skip_tokens, py::object deadline, py::object timeout) {
             const auto d = deadline.is_none()
                                ? std::chrono::steady_clock::now() + to_millis(timeout, std::chrono::seconds(30))
                                : to_steady(deadline);
@@ -280,7 +310,7 @@ void bind_schedulers(py::module_& m) {
           },
           py::arg("rank"), py::arg("why"), "A rank is gone (why: a Status or a message): its requests fail.")
       .def(
-          "abort", [](DecodeScheduler& s, RequestId request) { check(s.abort(request)); }, py::arg("request"))
+          "abort", [](DecodeScheduler& s, Rid request) { check(s.abort(request)); }, py::arg("request"))
       .def(
           "take_outcomes", [](DecodeScheduler& s, py::object now) { return s.take_outcomes(to_steady(now)); },
           py::arg("now") = py::none(), "Ended requests, each exactly once; requests past their deadline fail.")
@@ -291,7 +321,7 @@ void bind_worker_values(py::module_& m) {
   py::class_<LoadResult>(m, "LoadResult",
                          "One rank's result for one request: error is OK when every byte arrived; otherwise\n"
                          "first_bad_token is the first token whose KV did not arrive whole.")
-      .def(py::init([](RequestId request, const Status& error, bool aborted, uint64_t first_bad_token) {
+      .def(py::init([](Rid request, const Status& error, bool aborted, uint64_t first_bad_token) {
              LoadResult r;
              r.request = request;
              r.error = error;
@@ -338,7 +368,7 @@ void bind_worker_values(py::module_& m) {
           [](const py::tuple& t) {
             if (t.size() != 12) throw py::value_error("LoadResult: a pickled state has 12 fields");
             LoadResult r;
-            r.request = t[0].cast<RequestId>();
+            r.request = t[0].cast<Rid>();
             r.error = t[1].cast<Status>();
             r.aborted = t[2].cast<bool>();
             r.first_bad_token = t[3].cast<uint64_t>();
@@ -353,12 +383,12 @@ void bind_worker_values(py::module_& m) {
             return r;
           }))
       .def("__repr__", [](const LoadResult& r) {
-        return "<kvbridge.LoadResult request=" + std::to_string(r.request) +
+        return "<kvbridge.LoadResult request='" + r.request + "'" +
                (r.error.ok() ? std::string(" ok") : " error=" + r.error.to_string()) + (r.aborted ? " aborted" : "") +
                " bytes=" + std::to_string(r.bytes) + " descriptors=" + std::to_string(r.descriptors) + ">";
       });
 
-  auto reader_event = [](const std::string& kind, RequestId request, std::string reader) {
+  auto reader_event = [](const std::string& kind, Rid request, std::string reader) {
     ReaderEvent e;
     if (kind == "done") {
       e.kind = ReaderEvent::Kind::kDone;
@@ -385,7 +415,7 @@ void bind_worker_values(py::module_& m) {
           },
           [reader_event](const py::tuple& t) {
             if (t.size() != 3) throw py::value_error("ReaderEvent: a pickled state is (kind, request, reader)");
-            return reader_event(t[0].cast<std::string>(), t[1].cast<RequestId>(), t[2].cast<std::string>());
+            return reader_event(t[0].cast<std::string>(), t[1].cast<Rid>(), t[2].cast<std::string>());
           }))
       .def_property_readonly(
           "kind", [](const ReaderEvent& e) { return e.kind == ReaderEvent::Kind::kDone ? "done" : "heartbeat"; },
@@ -394,7 +424,7 @@ void bind_worker_values(py::module_& m) {
       .def_readonly("reader", &ReaderEvent::reader, "The decode engine's name.")
       .def("__repr__", [](const ReaderEvent& e) {
         return std::string("ReaderEvent(kind='") + (e.kind == ReaderEvent::Kind::kDone ? "done" : "heartbeat") +
-               "', request=" + std::to_string(e.request) + ", reader='" + e.reader + "')";
+               "', request='" + e.request + "', reader='" + e.reader + "')";
       });
 
   py::class_<WorkerStats>(m, "WorkerStats", "Counters of a ConnectorWorker.")
@@ -511,7 +541,7 @@ void bind_worker(py::module_& m) {
           "The side channel addresses of a remote instance's ranks, in tp_rank order.")
       .def(
           "start_load",
-          [](PyWorker& w, RequestId request, const std::string& instance, const Request& blocks, bool stream) {
+          [](PyWorker& w, Rid request, const std::string& instance, const Request& blocks, bool stream) {
             ConnectorWorker& c = w.get();
             Status s;
             {
@@ -529,7 +559,7 @@ void bind_worker(py::module_& m) {
           "prefill rank it reads from announced its layers (save_layer).")
       .def(
           "wait_for_layer",
-          [](PyWorker& w, RequestId request, const std::string& layer, py::object timeout) {
+          [](PyWorker& w, Rid request, const std::string& layer, py::object timeout) {
             ConnectorWorker& c = w.get();
             const milliseconds t = to_millis(timeout, std::chrono::seconds(30));
             Status s;
@@ -545,7 +575,7 @@ void bind_worker(py::module_& m) {
           "InvalidArgument for an unknown layer.")
       .def(
           "stream_to",
-          [](PyWorker& w, RequestId request, const std::string& instance) {
+          [](PyWorker& w, Rid request, const std::string& instance) {
             ConnectorWorker& c = w.get();
             Status s;
             {
@@ -559,13 +589,13 @@ void bind_worker(py::module_& m) {
           "streamed; layers saved so far are announced now (GIL released: the first call dials).")
       .def(
           "save_layer",
-          [](PyWorker& w, RequestId request, const std::string& layer) { check(w.get().save_layer(request, layer)); },
+          [](PyWorker& w, Rid request, const std::string& layer) { check(w.get().save_layer(request, layer)); },
           py::arg("request"), py::arg("layer"),
           "Prefill side: every token of `layer` of the request is written; readers may read it.\n"
           "Never blocks. InvalidArgument for an unknown layer.")
       .def(
           "wait_for_save",
-          [](PyWorker& w, RequestId request, py::object timeout) {
+          [](PyWorker& w, Rid request, py::object timeout) {
             ConnectorWorker& c = w.get();
             const milliseconds t = to_millis(timeout, std::chrono::seconds(30));
             Status s;
@@ -580,7 +610,7 @@ void bind_worker(py::module_& m) {
           "first error, and forgets the request.")
       .def(
           "abort",
-          [](PyWorker& w, RequestId request) {
+          [](PyWorker& w, Rid request) {
             ConnectorWorker& c = w.get();
             Status s;
             {
@@ -602,10 +632,10 @@ void bind_worker(py::module_& m) {
           "collect",
           [](PyWorker& w, py::object requests, py::object timeout) {
             std::set<RequestId> ids;
-            if (py::isinstance<py::int_>(requests)) {
-              ids.insert(requests.cast<RequestId>());
+            if (py::isinstance<py::int_>(requests) || py::isinstance<py::str>(requests)) {
+              ids.insert(requests.cast<Rid>());
             } else {
-              for (py::handle h : requests) ids.insert(h.cast<RequestId>());
+              for (py::handle h : requests) ids.insert(h.cast<Rid>());
             }
             return w.collect(ids, to_millis(timeout, std::chrono::seconds(60)));
           },

@@ -1,5 +1,6 @@
 """Connector roles: the schedulers, and workers doing P/D in one process
 (the two-process torch transfer is test_pd_torch.py)."""
+import pickle
 import time
 
 import numpy as np
@@ -13,38 +14,38 @@ from conftest import NUM_BLOCKS, torch_caches, torch_spec
 def test_prefill_scheduler_releases_once_when_every_reader_is_done():
     s = kvbridge.PrefillScheduler(lease=10.0)
     now = time.monotonic()
-    s.hold(1, {"d0", "d1"}, now=now)
+    s.hold("req-1", {"d0", "d1"}, now=now)
     assert s.held == 1 and s.next_expiry() == pytest.approx(now + 10.0, abs=1e-3)
-    s.heartbeat(1, "d0", now=now + 1)
-    s.reader_done(1, "d0", now=now + 2)
+    s.heartbeat("req-1", "d0", now=now + 1)
+    s.reader_done("req-1", "d0", now=now + 2)
     assert s.take_releases(now=now + 2) == []
-    s.reader_done(1, "d1", now=now + 3)
+    s.reader_done("req-1", "d1", now=now + 3)
     (r,) = s.take_releases(now=now + 3)
-    assert (r.request, r.reason, r.readers_missing) == (1, "read", [])
+    assert (r.request, r.reason, r.readers_missing) == ("req-1", "read", [])
     assert s.take_releases(now=now + 100) == []
 
 
 def test_prefill_scheduler_lease_expiry_names_missing_readers():
     s = kvbridge.PrefillScheduler(lease=1.0)
     now = time.monotonic()
-    s.hold(2, {"d0"}, now=now)
+    s.hold("req-2", {"d0"}, now=now)
     (r,) = s.take_releases(now=now + 2)
     assert r.reason == "lease_expired" and r.readers_missing == ["d0"]
 
 
 def test_decode_scheduler_policies():
     s = kvbridge.DecodeScheduler(ranks=2, policy="recompute")
-    s.expect(1, skip_tokens=16, timeout=10)
-    s.rank_result(0, kvbridge.LoadResult(1))
-    s.rank_result(1, kvbridge.LoadResult(1, kvbridge.Status("unavailable", "peer gone"), first_bad_token=32))
+    s.expect("req-1", skip_tokens=16, timeout=10)
+    s.rank_result(0, kvbridge.LoadResult("req-1"))
+    s.rank_result(1, kvbridge.LoadResult("req-1", kvbridge.Status("unavailable", "peer gone"), first_bad_token=32))
     (o,) = s.take_outcomes()
     assert (o.outcome, o.recompute_from, o.error.message) == ("recompute", 32, "decode rank 1: peer gone")
     f = kvbridge.DecodeScheduler(ranks=1)
-    f.expect(2, deadline=time.monotonic() - 1)
+    f.expect("req-2", deadline=time.monotonic() - 1)
     (o,) = f.take_outcomes()
     assert o.outcome == "failed" and o.error.code == "timeout"
     with pytest.raises(kvbridge.NotFound):
-        f.rank_result(0, kvbridge.LoadResult(99))
+        f.rank_result(0, kvbridge.LoadResult("req-99"))
     with pytest.raises(kvbridge.InvalidArgument):
         kvbridge.DecodeScheduler(1, policy="maybe")
 
@@ -64,8 +65,8 @@ def workers():
 
 def test_load_moves_blocks_and_readers_report_done(workers):
     p, d, wp, wd = workers
-    wd.start_load(5, "prefill", kvbridge.Request(24, {"full": ([2, 3], [6, 1])}))
-    result = wd.collect([5], timeout=20)[5]
+    wd.start_load("req-5", "prefill", kvbridge.Request(24, {"full": ([2, 3], [6, 1])}))
+    result = wd.collect(["req-5"], timeout=20)["req-5"]
     assert result.ok and result.sources == [0] and result.bytes > 0, result
     for got, want in zip(d, p):
         assert torch.equal(got[:, 2].view(torch.int16), want[:, 6].view(torch.int16))
@@ -76,7 +77,7 @@ def test_load_moves_blocks_and_readers_report_done(workers):
     while not any(e.kind == "done" for e in events) and time.monotonic() < deadline:
         events += wp.take_reader_events()
         time.sleep(0.01)
-    assert any(e.kind == "done" and e.request == 5 and e.reader == "decode/r0" for e in events)
+    assert any(e.kind == "done" and e.request == "req-5" and e.reader == "decode/r0" for e in events)
     assert wd.stats().handshakes == 1 and wp.stats().handshakes_served == 1
     (view,) = kvbridge.testing.remote_ranks(wd, "prefill")
     assert view.layout == wp.layout and len(view.tensor_bases) == len(p)
@@ -84,15 +85,15 @@ def test_load_moves_blocks_and_readers_report_done(workers):
 
 def test_wait_results_and_take_results(workers):
     _, _, _, wd = workers
-    wd.start_load(6, "prefill", kvbridge.Request(16, {"full": ([0], [0])}))
+    wd.start_load("req-6", "prefill", kvbridge.Request(16, {"full": ([0], [0])}))
     assert wd.wait_results(timeout=20)
     (r,) = wd.take_results()
-    assert r.request == 6 and r.ok and r.transfer_time >= 0
+    assert r.request == "req-6" and r.ok and r.transfer_time >= 0
     assert not wd.wait_results(timeout=0.05)
     with pytest.raises(kvbridge.Timeout, match="request"):
-        wd.collect(77, timeout=0.1)
+        wd.collect("req-77", timeout=0.1)
     with pytest.raises(kvbridge.NotFound):
-        wd.abort(12345)
+        wd.abort("req-12345")
 
 
 def test_a_streamed_load_reads_each_layer_once_the_prefill_saved_it():
@@ -105,21 +106,21 @@ def test_a_streamed_load_reads_each_layer_once_the_prefill_saved_it():
                 kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode", remote_access="none") as wd:
             wd.add_remote("prefill", [wp.side_channel_address])
             wp.add_remote("decode", [wd.side_channel_address])
-            wd.start_load(9, "prefill", kvbridge.Request(32, {"full": ([1, 2], [4, 5])}), stream=True)
-            wp.stream_to(9, "decode")
+            wd.start_load("req-9", "prefill", kvbridge.Request(32, {"full": ([1, 2], [4, 5])}), stream=True)
+            wp.stream_to("req-9", "decode")
             with pytest.raises(kvbridge.Timeout):
-                wd.wait_for_layer(9, layers[0], timeout=0.05)
-            wp.save_layer(9, layers[0])
-            wd.wait_for_layer(9, layers[0], timeout=10)
+                wd.wait_for_layer("req-9", layers[0], timeout=0.05)
+            wp.save_layer("req-9", layers[0])
+            wd.wait_for_layer("req-9", layers[0], timeout=10)
             assert torch.equal(d[0][:, 1].view(torch.int16), p[0][:, 4].view(torch.int16))
             assert not d[1].view(torch.int16).any()  # not saved yet: not read
-            wp.save_layer(9, layers[1])
-            result = wd.collect(9, timeout=20)[9]
+            wp.save_layer("req-9", layers[1])
+            result = wd.collect("req-9", timeout=20)["req-9"]
             assert result.ok and result.stages == 2 and result.first_bad_layer == "", result
             assert torch.equal(d[1][:, 2].view(torch.int16), p[1][:, 5].view(torch.int16))
-            wp.wait_for_save(9, timeout=10)
+            wp.wait_for_save("req-9", timeout=10)
             with pytest.raises(kvbridge.InvalidArgument, match="no layer"):
-                wp.save_layer(9, "nope")
+                wp.save_layer("req-9", "nope")
 
 
 def test_a_mismatched_handshake_raises_incompatible_naming_the_field():
@@ -130,7 +131,7 @@ def test_a_mismatched_handshake_raises_incompatible_naming_the_field():
             kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode") as wd:
         wd.add_remote("prefill", [wp.side_channel_address])
         with pytest.raises(kvbridge.Incompatible, match="dtype differs") as e:
-            wd.start_load(1, "prefill", kvbridge.Request(16, {"full": ([0], [0])}))
+            wd.start_load("req-1", "prefill", kvbridge.Request(16, {"full": ([0], [0])}))
         assert e.value.code == "incompatible"
 
 
@@ -157,8 +158,8 @@ def test_verify_plans_checks_each_plan_before_it_runs():
         with kvbridge.ConnectorWorker(ep, lp, p, instance_id="prefill") as wp, \
                 kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode", verify_plans=True) as wd:
             wd.add_remote("prefill", [wp.side_channel_address])
-            wd.start_load(7, "prefill", kvbridge.Request(24, {"full": ([2, 3], [6, 1])}))
-            assert wd.collect([7], timeout=20)[7].ok
+            wd.start_load("req-7", "prefill", kvbridge.Request(24, {"full": ([2, 3], [6, 1])}))
+            assert wd.collect(["req-7"], timeout=20)["req-7"].ok
             assert (wd.stats().plans_verified, wd.stats().plans_rejected) == (1, 0)
 
 
@@ -174,28 +175,46 @@ def test_results_and_events_cross_a_process_boundary():
     import pickle
     st = kvbridge.Status("timeout", "prefill rank 1: deadline")
     assert pickle.loads(pickle.dumps(st)) == st
-    r = kvbridge.LoadResult(7, st, first_bad_token=32)
+    r = kvbridge.LoadResult("req-7", st, first_bad_token=32)
     back = pickle.loads(pickle.dumps(r))
     assert back == r and back.error == st and back.first_bad_token == 32 and back.sources == r.sources
-    e = kvbridge.ReaderEvent("done", 7, "decode/r0")
+    e = kvbridge.ReaderEvent("done", "req-7", "decode/r0")
     assert pickle.loads(pickle.dumps(e)) == e and e.kind == "done" and e.reader == "decode/r0"
     with pytest.raises(kvbridge.InvalidArgument, match="neither 'heartbeat' nor 'done'"):
-        kvbridge.ReaderEvent("finished", 7, "decode/r0")
+        kvbridge.ReaderEvent("finished", "req-7", "decode/r0")
     # Through a real pipe between processes, into the schedulers.
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=lambda c: c.send([kvbridge.LoadResult(9, first_bad_token=0),
-                                                kvbridge.ReaderEvent("done", 9, "decode/r0")]), args=(child,))
+    proc = ctx.Process(target=lambda c: c.send([kvbridge.LoadResult("req-9", first_bad_token=0),
+                                                kvbridge.ReaderEvent("done", "req-9", "decode/r0")]), args=(child,))
     proc.start()
     got_result, got_event = parent.recv()
     proc.join(10)
     ds = kvbridge.DecodeScheduler(ranks=1)
-    ds.expect(9)
+    ds.expect("req-9")
     ds.rank_result(0, got_result)
     (o,) = ds.take_outcomes()
     assert o.outcome == "finished" and pickle.loads(pickle.dumps(o)) == o
     ps = kvbridge.PrefillScheduler()
-    ps.hold(9, {"decode/r0"})
+    ps.hold("req-9", {"decode/r0"})
     ps.reader_done(got_event.request, got_event.reader)
     (rel,) = ps.take_releases()
     assert rel.reason == "read" and pickle.loads(pickle.dumps(rel)) == rel
+
+
+def test_request_ids_are_strings_and_ints_are_taken_as_their_decimal_text():
+    s = kvbridge.PrefillScheduler(lease=1.0)
+    now = 100.0
+    s.hold("chatcmpl-7f3a/0", {"d0"}, now=now)
+    s.hold(42, {"d0"}, now=now)  # an engine with integer ids
+    s.reader_done("chatcmpl-7f3a/0", "d0", now=now)
+    s.reader_done("42", "d0", now=now)
+    assert sorted(r.request for r in s.take_releases(now=now)) == ["42", "chatcmpl-7f3a/0"]
+    with pytest.raises(kvbridge.InvalidArgument, match="request id 'a b' has a space at byte 1"):
+        s.hold("a b", {"d0"}, now=now)
+    with pytest.raises(kvbridge.InvalidArgument, match="request id is empty"):
+        kvbridge.DecodeScheduler(1).expect("")
+    with pytest.raises(TypeError):
+        s.hold(1.5, {"d0"}, now=now)
+    r = kvbridge.LoadResult(7)
+    assert r.request == "7" and pickle.loads(pickle.dumps(r)).request == "7"

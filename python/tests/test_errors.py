@@ -56,9 +56,9 @@ def test_not_found_for_an_unknown_preset():
 
 def test_already_exists_when_a_request_is_held_twice():
     s = kvbridge.PrefillScheduler()
-    s.hold(1, {"decode/r0"})
+    s.hold("req-1", {"decode/r0"})
     with pytest.raises(kvbridge.AlreadyExists):
-        s.hold(1, {"decode/r0"})
+        s.hold("req-1", {"decode/r0"})
 
 
 def test_resource_exhausted_for_a_name_past_the_bound(small_layout):
@@ -126,4 +126,4 @@ def test_permission_denied_for_a_wrong_secret():
             kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode", secret="wrong", handshake_timeout=5) as wd:
         wd.add_remote("prefill", [wp.side_channel_address])
         with pytest.raises(kvbridge.PermissionDenied):
-            wd.start_load(1, "prefill", kvbridge.Request(16, {"full": ([0], [0])}))
+            wd.start_load("req-1", "prefill", kvbridge.Request(16, {"full": ([0], [0])}))

@@ -11,7 +11,7 @@ def test_pd_torch_example_transfers_byte_exact():
     out = subprocess.run([sys.executable, str(EXAMPLES / "pd_torch.py")], env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "decode: request 1 finished" in out.stdout
+    assert "decode: request req-1 finished" in out.stdout
     assert "compared byte-exact: OK" in out.stdout
-    assert "prefill: request 1 released (read)" in out.stdout
+    assert "prefill: request req-1 released (read)" in out.stdout
     assert "parent: P/D transfer OK" in out.stdout

@@ -36,7 +36,7 @@ Status Announcer::stream_to(RequestId request, const std::string& instance) {
     std::lock_guard<std::mutex> lock(mu_);
     Stream& s = streams_[request];
     if (!s.instance.empty() && s.instance != instance) {
-      return Status::already_exists("request " + std::to_string(request) + " already streams to " + s.instance);
+      return Status::already_exists("request " + q(request) + " already streams to " + s.instance);
     }
     s.instance = instance;
     s.readers = std::move(readers);
@@ -73,7 +73,7 @@ Status Announcer::wait_for_save(RequestId request, std::chrono::milliseconds tim
     std::lock_guard<std::mutex> lock(mu_);
     auto it = streams_.find(request);
     if (it == streams_.end() || it->second.instance.empty()) {
-      return Status::not_found("request " + std::to_string(request) + " was never streamed (stream_to)");
+      return Status::not_found("request " + q(request) + " was never streamed (stream_to)");
     }
     acks = it->second.acks;
   }
@@ -81,7 +81,7 @@ Status Announcer::wait_for_save(RequestId request, std::chrono::milliseconds tim
   {
     std::unique_lock<std::mutex> lock(acks->mu);
     if (!acks->cv.wait_for(lock, timeout, [&] { return acks->outstanding == 0; })) {
-      return Status::timeout("request " + std::to_string(request) + ": " + std::to_string(acks->outstanding) +
+      return Status::timeout("request " + q(request) + ": " + std::to_string(acks->outstanding) +
                              " layer announcements not acknowledged within " + std::to_string(timeout.count()) + " ms");
     }
     out = acks->first_error;

@@ -1,5 +1,7 @@
 #include "connector/load.h"
 
+#include "common/text.h"
+
 #include <algorithm>
 
 namespace kvbridge::connector {
@@ -20,7 +22,7 @@ void settle(Load& load, std::span<const TransferStatus> statuses, const std::vec
     if (load.result.first_bad_layer.empty() && st.first_layer < layers.size()) {
       load.result.first_bad_layer = layers[st.first_layer];
     }
-    std::string what = "request " + std::to_string(load.request) + ": ";
+    std::string what = "request " + q(load.request) + ": ";
     std::string where;
     if (load.stream) {
       where = layers[st.first_layer] +
@@ -52,7 +54,7 @@ void settle(Load& load, std::span<const TransferStatus> statuses, const std::vec
   }
   if (load.result.error.ok() && !load.start_error.ok()) load.result.error = load.start_error;
   if (load.aborted && load.result.error.ok()) {
-    load.result.error = Status::cancelled("request " + std::to_string(load.request) + " was aborted");
+    load.result.error = Status::cancelled("request " + q(load.request) + " was aborted");
   }
   if (load.aborted && !load.stages.empty()) first_bad = load.stages.front().resume_token;
   load.result.first_bad_token = load.result.error.ok() ? 0 : first_bad;

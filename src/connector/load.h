@@ -35,7 +35,7 @@ struct LoadStage {
 };
 
 struct Load {
-  RequestId request = 0;
+  RequestId request;
   std::string instance;
   std::shared_ptr<const Fetched> fetched;
   bool stream = false;

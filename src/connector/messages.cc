@@ -1,7 +1,5 @@
 #include "connector/messages.h"
 
-#include <charconv>
-
 namespace kvbridge::connector {
 namespace {
 
@@ -22,7 +20,7 @@ std::string_view verb(Message::Kind kind) {
 }  // namespace
 
 std::string format_message(Message::Kind kind, RequestId request, std::string_view layer) {
-  std::string out = std::string(kPrefix) + std::string(verb(kind)) + std::to_string(request);
+  std::string out = std::string(kPrefix) + std::string(verb(kind)) + request;
   if (kind == Message::Kind::kReady) out += " " + std::string(layer);
   return out;
 }
@@ -41,9 +39,11 @@ std::optional<Message> parse_message(std::string_view m) {
     }
   }
   if (!matched || m.empty()) return std::nullopt;
-  const auto [end, ec] = std::from_chars(m.data(), m.data() + m.size(), out.request);
-  if (ec != std::errc()) return std::nullopt;
-  const std::string_view rest(end, static_cast<size_t>(m.data() + m.size() - end));
+  const size_t space = m.find(' ');
+  const std::string_view id = m.substr(0, space);
+  if (!check_request_id(id).ok()) return std::nullopt;
+  out.request = std::string(id);
+  const std::string_view rest = space == std::string_view::npos ? std::string_view() : m.substr(space);
   if (out.kind != Message::Kind::kReady) return rest.empty() ? std::optional<Message>(out) : std::nullopt;
   if (rest.size() < 2 || rest[0] != ' ') return std::nullopt;
   out.layer = rest.substr(1);

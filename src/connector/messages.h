@@ -1,6 +1,6 @@
 // connector/messages.h: the worker-to-worker messages, carried as engine
-// notifications (connector.h): "kvb/1 hb <request>", "kvb/1 done <request>"
-// (decode -> prefill) and "kvb/1 ready <request> <layer>" (prefill ->
+// notifications (connector.h): "kvb/1 hb <request id>", "kvb/1 done <request
+// id>" (decode -> prefill) and "kvb/1 ready <request id> <layer>" (prefill ->
 // decode, streaming). Formatting and parsing live here once.
 //
 // Pure; thread-safety: reentrant.
@@ -17,13 +17,14 @@ namespace kvbridge::connector {
 
 struct Message {
   enum class Kind : uint8_t { kHeartbeat, kDone, kReady } kind = Kind::kHeartbeat;
-  RequestId request = 0;
+  RequestId request;
   std::string_view layer;  // kReady: a view into the parsed text
 };
 
 std::string format_message(Message::Kind kind, RequestId request, std::string_view layer = {});
-// Nullopt for anything else (another protocol's notification, a bad id, a
-// ready without a layer, trailing bytes after hb or done).
+// Nullopt for anything else (another protocol's notification, an id that
+// check_request_id() refuses, a ready without a layer, trailing bytes after
+// hb or done).
 std::optional<Message> parse_message(std::string_view text);
 
 }  // namespace kvbridge::connector

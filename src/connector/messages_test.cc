@@ -6,21 +6,39 @@ namespace kvbridge::connector {
 namespace {
 
 TEST(MessagesTest, EachKindRoundTripsAndAnythingElseIsRefused) {
-  EXPECT_EQ(format_message(Message::Kind::kHeartbeat, 7), "kvb/1 hb 7");
-  EXPECT_EQ(format_message(Message::Kind::kDone, 8), "kvb/1 done 8");
-  EXPECT_EQ(format_message(Message::Kind::kReady, 9, "layers.3"), "kvb/1 ready 9 layers.3");
-  for (Message::Kind k : {Message::Kind::kHeartbeat, Message::Kind::kDone, Message::Kind::kReady}) {
-    const std::string text = format_message(k, 12345, "layers.0");
-    std::optional<Message> m = parse_message(text);
-    ASSERT_TRUE(m) << text;
-    EXPECT_EQ(m->kind, k);
-    EXPECT_EQ(m->request, 12345u);
-    EXPECT_EQ(m->layer, k == Message::Kind::kReady ? "layers.0" : "");
+  EXPECT_EQ(format_message(Message::Kind::kHeartbeat, "7"), "kvb/1 hb 7");
+  EXPECT_EQ(format_message(Message::Kind::kDone, "req-8"), "kvb/1 done req-8");
+  EXPECT_EQ(format_message(Message::Kind::kReady, "cmpl-9f", "layers.3"), "kvb/1 ready cmpl-9f layers.3");
+  const std::string longest(kMaxRequestIdBytes, 'r');
+  for (const std::string id : {"12345", "req-1", "chatcmpl-7f3a/0:x", longest.c_str()}) {
+    for (Message::Kind k : {Message::Kind::kHeartbeat, Message::Kind::kDone, Message::Kind::kReady}) {
+      const std::string text = format_message(k, id, "layers.0");
+      std::optional<Message> m = parse_message(text);
+      ASSERT_TRUE(m) << text;
+      EXPECT_EQ(m->kind, k);
+      EXPECT_EQ(m->request, id);
+      EXPECT_EQ(m->layer, k == Message::Kind::kReady ? "layers.0" : "");
+    }
   }
-  for (std::string_view bad : {"", "kvb/1 ", "kvb/2 hb 1", "kvb/1 hb", "kvb/1 hb x", "kvb/1 hb 1 ", "kvb/1 done 1x",
-                               "kvb/1 ready 1", "kvb/1 ready 1 ", "kvb/1 ready 1layers.0", "kvb/1 sing 1", "note"}) {
+  const std::string too_long = "kvb/1 hb " + std::string(kMaxRequestIdBytes + 1, 'r');
+  for (std::string_view bad : {"", "kvb/1 ", "kvb/2 hb 1", "kvb/1 hb", "kvb/1 hb 1 ", "kvb/1 done 1 x", "kvb/1 ready 1",
+                               "kvb/1 ready 1 ", "kvb/1 hb a\x01b", "kvb/1 sing 1", "note", "kvb/1 hb  1"}) {
     EXPECT_FALSE(parse_message(bad)) << bad;
   }
+  EXPECT_FALSE(parse_message(too_long));
+  EXPECT_FALSE(parse_message(std::string_view("kvb/1 hb a\0b", 12)));
+}
+
+TEST(MessagesTest, RequestIdsArePrintableAsciiWithoutSpacesAndBounded) {
+  EXPECT_TRUE(check_request_id("req-1").ok());
+  EXPECT_TRUE(check_request_id(std::string(kMaxRequestIdBytes, 'x')).ok());
+  EXPECT_EQ(check_request_id("").message(),
+            "request id is empty; ids are 1 to 256 bytes of printable ASCII without spaces");
+  EXPECT_EQ(check_request_id("a b").message(),
+            "request id 'a b' has a space at byte 1; ids are 1 to 256 bytes of printable ASCII without spaces");
+  EXPECT_EQ(check_request_id("a\nb").message(),
+            "request id 'a\\x0ab' has byte 0x0a at byte 1; ids are 1 to 256 bytes of printable ASCII without spaces");
+  EXPECT_EQ(check_request_id(std::string(300, 'x')).code(), Code::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,10 +1,35 @@
 // The scheduler-side roles of connector.h: leases on the prefill instance,
 // request tracking and the failure policy on the decode instance.
 #include <algorithm>
+#include <cstdio>
 
+#include "common/text.h"
 #include "kvbridge/connector.h"
 
 namespace kvbridge {
+
+Status check_request_id(std::string_view id) {
+  const std::string rule =
+      "; ids are 1 to " + std::to_string(kMaxRequestIdBytes) + " bytes of printable ASCII without spaces";
+  if (id.empty()) return Status::invalid_argument("request id is empty" + rule);
+  if (id.size() > kMaxRequestIdBytes) {
+    return Status::invalid_argument("request id " + q(printable(id, 40)) + " is " + std::to_string(id.size()) +
+                                    " bytes" + rule);
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    if (c > 0x20 && c < 0x7f) continue;
+    char what[32];
+    if (c == ' ') {
+      std::snprintf(what, sizeof(what), "a space");
+    } else {
+      std::snprintf(what, sizeof(what), "byte 0x%02x", c);
+    }
+    return Status::invalid_argument("request id " + q(printable(id, 40)) + " has " + what + " at byte " +
+                                    std::to_string(i) + rule);
+  }
+  return Status();
+}
 
 std::string_view release_reason_name(ReleaseReason reason) {
   switch (reason) {
@@ -41,9 +66,10 @@ Result<FailurePolicy> parse_failure_policy(std::string_view name) {
 // --- PrefillScheduler -------------------------------------------------------
 
 Status PrefillScheduler::hold(RequestId request, std::set<std::string> readers, SteadyTime now) {
-  if (readers.empty()) return Status::invalid_argument("request " + std::to_string(request) + ": no expected reader");
+  KVB_RETURN_IF_ERROR(check_request_id(request));
+  if (readers.empty()) return Status::invalid_argument("request " + q(request) + ": no expected reader");
   if (held_.count(request) != 0) {
-    return Status::already_exists("request " + std::to_string(request) + " is already held");
+    return Status::already_exists("request " + q(request) + " is already held");
   }
   held_[request] = Held{std::move(readers), false, false, now + lease_};
   return Status();
@@ -69,7 +95,7 @@ void PrefillScheduler::reader_done(RequestId request, const std::string& reader,
 
 Status PrefillScheduler::abort(RequestId request, SteadyTime) {
   auto it = held_.find(request);
-  if (it == held_.end()) return Status::not_found("request " + std::to_string(request) + " is not held");
+  if (it == held_.end()) return Status::not_found("request " + q(request) + " is not held");
   it->second.aborted = true;
   if (!it->second.heard) {  // nobody started reading: free now
     ready_.push_back(Release{request, ReleaseReason::kAborted, {it->second.waiting.begin(), it->second.waiting.end()}});
@@ -104,8 +130,9 @@ std::optional<SteadyTime> PrefillScheduler::next_expiry() const {
 // --- DecodeScheduler --------------------------------------------------------
 
 Status DecodeScheduler::expect(RequestId request, uint64_t skip_tokens, SteadyTime deadline) {
+  KVB_RETURN_IF_ERROR(check_request_id(request));
   if (waiting_.count(request) != 0) {
-    return Status::already_exists("request " + std::to_string(request) + " is already waiting");
+    return Status::already_exists("request " + q(request) + " is already waiting");
   }
   waiting_[request] = Waiting{skip_tokens, deadline, {}};
   return Status();
@@ -114,15 +141,15 @@ Status DecodeScheduler::expect(RequestId request, uint64_t skip_tokens, SteadyTi
 Status DecodeScheduler::rank_result(uint32_t rank, const LoadResult& result) {
   auto it = waiting_.find(result.request);
   if (it == waiting_.end()) {
-    return Status::not_found("request " + std::to_string(result.request) + " is not waiting for KV");
+    return Status::not_found("request " + q(result.request) + " is not waiting for KV");
   }
   if (rank >= ranks_) {
     return Status::invalid_argument("rank " + std::to_string(rank) + " is past the instance's " +
                                     std::to_string(ranks_) + " ranks");
   }
   if (!it->second.results.emplace(rank, result).second) {
-    return Status::invalid_argument("rank " + std::to_string(rank) + " reported request " +
-                                    std::to_string(result.request) + " twice");
+    return Status::invalid_argument("rank " + std::to_string(rank) + " reported request " + q(result.request) +
+                                    " twice");
   }
   if (it->second.results.size() == ranks_) {
     settle(it->first, it->second);
@@ -146,7 +173,7 @@ void DecodeScheduler::settle(RequestId id, Waiting& w) {
   }
   if (aborted) {
     out.outcome = Outcome::kAborted;
-    if (out.error.ok()) out.error = Status::cancelled("request " + std::to_string(id) + " was aborted");
+    if (out.error.ok()) out.error = Status::cancelled("request " + q(id) + " was aborted");
   } else if (failed) {
     out.outcome = policy_ == FailurePolicy::kRecompute ? Outcome::kRecompute : Outcome::kFailed;
     out.recompute_from = std::max(first_bad, w.skip);
@@ -176,9 +203,9 @@ void DecodeScheduler::rank_lost(uint32_t rank, const Status& why) {
 
 Status DecodeScheduler::abort(RequestId request) {
   auto it = waiting_.find(request);
-  if (it == waiting_.end()) return Status::not_found("request " + std::to_string(request) + " is not waiting");
-  ended_.push_back(RequestOutcome{request, Outcome::kAborted,
-                                  Status::cancelled("request " + std::to_string(request) + " was aborted"), 0});
+  if (it == waiting_.end()) return Status::not_found("request " + q(request) + " is not waiting");
+  ended_.push_back(
+      RequestOutcome{request, Outcome::kAborted, Status::cancelled("request " + q(request) + " was aborted"), 0});
   waiting_.erase(it);
   return Status();
 }
@@ -194,8 +221,8 @@ std::vector<RequestOutcome> DecodeScheduler::take_outcomes(SteadyTime now) {
       if (it->second.results.count(r) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     }
     RequestOutcome out{it->first, policy_ == FailurePolicy::kRecompute ? Outcome::kRecompute : Outcome::kFailed,
-                       Status::timeout("request " + std::to_string(it->first) +
-                                       ": no load result from decode rank(s) " + missing + " by the deadline"),
+                       Status::timeout("request " + q(it->first) + ": no load result from decode rank(s) " + missing +
+                                       " by the deadline"),
                        it->second.skip};
     ended_.push_back(std::move(out));
     it = waiting_.erase(it);

@@ -12,58 +12,58 @@ const SteadyTime t0 = SteadyTime{} + std::chrono::hours(1);
 
 TEST(PrefillSchedulerTest, ReleasesWhenEveryReaderIsDoneOnce) {
   PrefillScheduler s(milliseconds(1000));
-  ASSERT_TRUE(s.hold(7, {"d/r0", "d/r1"}, t0).ok());
-  EXPECT_EQ(s.hold(7, {"d/r0"}, t0).code(), Code::kAlreadyExists);
-  s.reader_done(7, "d/r0", t0);
-  s.reader_done(7, "d/r0", t0);      // twice: counted once
-  s.reader_done(7, "stranger", t0);  // not expected: ignored
+  ASSERT_TRUE(s.hold("7", {"d/r0", "d/r1"}, t0).ok());
+  EXPECT_EQ(s.hold("7", {"d/r0"}, t0).code(), Code::kAlreadyExists);
+  s.reader_done("7", "d/r0", t0);
+  s.reader_done("7", "d/r0", t0);      // twice: counted once
+  s.reader_done("7", "stranger", t0);  // not expected: ignored
   EXPECT_TRUE(s.take_releases(t0).empty());
-  s.reader_done(7, "d/r1", t0);
+  s.reader_done("7", "d/r1", t0);
   std::vector<Release> r = s.take_releases(t0);
   ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].request, 7u);
+  EXPECT_EQ(r[0].request, "7");
   EXPECT_EQ(r[0].reason, ReleaseReason::kRead);
-  s.reader_done(7, "d/r1", t0);  // late: nothing more
+  s.reader_done("7", "d/r1", t0);  // late: nothing more
   EXPECT_TRUE(s.take_releases(t0 + milliseconds(5000)).empty());
   EXPECT_EQ(s.held(), 0u);
 }
 
 TEST(PrefillSchedulerTest, LeaseExpiresWithoutReadersAndHeartbeatsRenewIt) {
   PrefillScheduler s(milliseconds(1000));
-  ASSERT_TRUE(s.hold(1, {"a"}, t0).ok());
-  ASSERT_TRUE(s.hold(2, {"a"}, t0).ok());
-  s.heartbeat(2, "a", t0 + milliseconds(900));
+  ASSERT_TRUE(s.hold("1", {"a"}, t0).ok());
+  ASSERT_TRUE(s.hold("2", {"a"}, t0).ok());
+  s.heartbeat("2", "a", t0 + milliseconds(900));
   EXPECT_TRUE(s.take_releases(t0 + milliseconds(999)).empty());
   std::vector<Release> r = s.take_releases(t0 + milliseconds(1000));
   ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].request, 1u);
+  EXPECT_EQ(r[0].request, "1");
   EXPECT_EQ(r[0].reason, ReleaseReason::kLeaseExpired);
   EXPECT_EQ(r[0].readers_missing, std::vector<std::string>{"a"});
   EXPECT_EQ(s.next_expiry(), t0 + milliseconds(1900));
   r = s.take_releases(t0 + milliseconds(1900));
   ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].request, 2u);
+  EXPECT_EQ(r[0].request, "2");
 }
 
 TEST(PrefillSchedulerTest, AbortWaitsForAReaderThatStartedButFreesAnUnreadRequestAtOnce) {
   PrefillScheduler s(milliseconds(1000));
-  ASSERT_TRUE(s.hold(1, {"a"}, t0).ok());
-  ASSERT_TRUE(s.hold(2, {"a", "b"}, t0).ok());
-  s.heartbeat(2, "a", t0);
-  ASSERT_TRUE(s.abort(1, t0).ok());
-  ASSERT_TRUE(s.abort(2, t0).ok());
-  EXPECT_EQ(s.abort(3, t0).code(), Code::kNotFound);
+  ASSERT_TRUE(s.hold("1", {"a"}, t0).ok());
+  ASSERT_TRUE(s.hold("2", {"a", "b"}, t0).ok());
+  s.heartbeat("2", "a", t0);
+  ASSERT_TRUE(s.abort("1", t0).ok());
+  ASSERT_TRUE(s.abort("2", t0).ok());
+  EXPECT_EQ(s.abort("3", t0).code(), Code::kNotFound);
   std::vector<Release> r = s.take_releases(t0);
   ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].request, 1u);
+  EXPECT_EQ(r[0].request, "1");
   EXPECT_EQ(r[0].reason, ReleaseReason::kAborted);
-  s.reader_done(2, "a", t0);
-  s.reader_done(2, "b", t0);
+  s.reader_done("2", "a", t0);
+  s.reader_done("2", "b", t0);
   r = s.take_releases(t0);
   ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].request, 2u);
+  EXPECT_EQ(r[0].request, "2");
   EXPECT_EQ(r[0].reason, ReleaseReason::kAborted);
-  EXPECT_EQ(s.hold(5, {}, t0).code(), Code::kInvalidArgument);
+  EXPECT_EQ(s.hold("5", {}, t0).code(), Code::kInvalidArgument);
 }
 
 LoadResult ok(RequestId id) {
@@ -82,24 +82,24 @@ LoadResult bad(RequestId id, uint64_t token) {
 
 TEST(DecodeSchedulerTest, FinishesWhenEveryRankReported) {
   DecodeScheduler s(2, FailurePolicy::kFail);
-  ASSERT_TRUE(s.expect(1, 0, t0 + milliseconds(10)).ok());
-  ASSERT_TRUE(s.rank_result(0, ok(1)).ok());
-  EXPECT_EQ(s.rank_result(0, ok(1)).code(), Code::kInvalidArgument);
-  EXPECT_EQ(s.rank_result(5, ok(1)).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(s.expect("1", 0, t0 + milliseconds(10)).ok());
+  ASSERT_TRUE(s.rank_result(0, ok("1")).ok());
+  EXPECT_EQ(s.rank_result(0, ok("1")).code(), Code::kInvalidArgument);
+  EXPECT_EQ(s.rank_result(5, ok("1")).code(), Code::kInvalidArgument);
   EXPECT_TRUE(s.take_outcomes(t0).empty());
-  ASSERT_TRUE(s.rank_result(1, ok(1)).ok());
+  ASSERT_TRUE(s.rank_result(1, ok("1")).ok());
   std::vector<RequestOutcome> o = s.take_outcomes(t0);
   ASSERT_EQ(o.size(), 1u);
   EXPECT_EQ(o[0].outcome, Outcome::kFinished);
-  EXPECT_EQ(s.rank_result(1, ok(1)).code(), Code::kNotFound);
+  EXPECT_EQ(s.rank_result(1, ok("1")).code(), Code::kNotFound);
 }
 
 TEST(DecodeSchedulerTest, PolicyDecidesBetweenFailAndRecomputeFromTheFirstBadToken) {
   for (FailurePolicy policy : {FailurePolicy::kFail, FailurePolicy::kRecompute}) {
     DecodeScheduler s(2, policy);
-    ASSERT_TRUE(s.expect(1, 16, t0 + milliseconds(10)).ok());
-    ASSERT_TRUE(s.rank_result(1, bad(1, 64)).ok());
-    ASSERT_TRUE(s.rank_result(0, bad(1, 32)).ok());
+    ASSERT_TRUE(s.expect("1", 16, t0 + milliseconds(10)).ok());
+    ASSERT_TRUE(s.rank_result(1, bad("1", 64)).ok());
+    ASSERT_TRUE(s.rank_result(0, bad("1", 32)).ok());
     std::vector<RequestOutcome> o = s.take_outcomes(t0);
     ASSERT_EQ(o.size(), 1u);
     EXPECT_EQ(o[0].outcome, policy == FailurePolicy::kFail ? Outcome::kFailed : Outcome::kRecompute);
@@ -111,19 +111,19 @@ TEST(DecodeSchedulerTest, PolicyDecidesBetweenFailAndRecomputeFromTheFirstBadTok
 
 TEST(DecodeSchedulerTest, LostRanksAndDeadlinesEndRequestsOnce) {
   DecodeScheduler s(2, FailurePolicy::kFail);
-  ASSERT_TRUE(s.expect(1, 0, t0 + milliseconds(10)).ok());
-  ASSERT_TRUE(s.expect(2, 0, t0 + milliseconds(10)).ok());
-  ASSERT_TRUE(s.expect(3, 0, t0 + milliseconds(10)).ok());
-  ASSERT_TRUE(s.rank_result(1, ok(1)).ok());
+  ASSERT_TRUE(s.expect("1", 0, t0 + milliseconds(10)).ok());
+  ASSERT_TRUE(s.expect("2", 0, t0 + milliseconds(10)).ok());
+  ASSERT_TRUE(s.expect("3", 0, t0 + milliseconds(10)).ok());
+  ASSERT_TRUE(s.rank_result(1, ok("1")).ok());
   s.rank_lost(0, Status::io_error("exited with signal 9"));
   std::vector<RequestOutcome> o = s.take_outcomes(t0);
   EXPECT_EQ(o.size(), 1u);  // request 1: rank 0 lost, rank 1 reported
   EXPECT_NE(o[0].error.message().find("decode rank 0 is gone"), std::string::npos) << o[0].error.to_string();
-  ASSERT_TRUE(s.abort(2).ok());
+  ASSERT_TRUE(s.abort("2").ok());
   o = s.take_outcomes(t0 + milliseconds(10));  // 2 aborted, 3 past its deadline
   ASSERT_EQ(o.size(), 2u);
   EXPECT_EQ(o[0].outcome, Outcome::kAborted);
-  EXPECT_EQ(o[1].request, 3u);
+  EXPECT_EQ(o[1].request, "3");
   EXPECT_EQ(o[1].error.code(), Code::kTimeout);
   EXPECT_NE(o[1].error.message().find("decode rank(s) 1"), std::string::npos) << o[1].error.to_string();
   EXPECT_EQ(s.waiting(), 0u);

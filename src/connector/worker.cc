@@ -144,11 +144,12 @@ class WorkerImpl final : public ConnectorWorker {
 
   Status start_load(RequestId request, const std::string& instance, const Request& blocks,
                     const LoadOptions& options) override {
+    KVB_RETURN_IF_ERROR(check_request_id(request));
     KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(instance));
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (loads_.count(request) != 0) {
-        return Status::already_exists("request " + std::to_string(request) + " is loading");
+        return Status::already_exists("request " + q(request) + " is loading");
       }
     }
     // Planning (and verifying) runs outside the lock, on the immutable snapshot.
@@ -169,8 +170,7 @@ class WorkerImpl final : public ConnectorWorker {
       std::lock_guard<std::mutex> stats_lock(mu_);
       if (!v.ok()) {
         ++stats_.plans_rejected;
-        return v.error().with_context("request " + std::to_string(request) + ": plan from " + instance +
-                                      " failed verification");
+        return v.error().with_context("request " + q(request) + ": plan from " + instance + " failed verification");
       }
       ++stats_.plans_verified;
     }
@@ -216,7 +216,7 @@ class WorkerImpl final : public ConnectorWorker {
       load.result.sources.push_back(static_cast<uint32_t>(s));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (loads_.count(request) != 0) return Status::already_exists("request " + std::to_string(request) + " is loading");
+    if (loads_.count(request) != 0) return Status::already_exists("request " + q(request) + " is loading");
     ended_.erase(request);
     load.started = Clock::now();
     load.deadline = load.started + options_.transfer_timeout;
@@ -250,7 +250,7 @@ class WorkerImpl final : public ConnectorWorker {
     auto o = ordinal_.find(std::string(layer));
     if (o == ordinal_.end()) return Status::invalid_argument("no layer " + q(layer) + " in this rank's layout");
     std::unique_lock<std::mutex> lock(mu_);
-    Status out = Status::timeout("request " + std::to_string(request) + ": " + q(layer) + " did not land within " +
+    Status out = Status::timeout("request " + q(request) + ": " + q(layer) + " did not land within " +
                                  std::to_string(timeout.count()) + " ms");
     results_cv_.wait_for(lock, timeout, [&] {
       auto it = loads_.find(request);
@@ -261,7 +261,7 @@ class WorkerImpl final : public ConnectorWorker {
       }
       auto e = ended_.find(request);
       if (e == ended_.end()) {
-        out = Status::not_found("request " + std::to_string(request) + " is not loading");
+        out = Status::not_found("request " + q(request) + " is not loading");
         return true;
       }
       out = e->second;
@@ -275,7 +275,7 @@ class WorkerImpl final : public ConnectorWorker {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = loads_.find(request);
-      if (it == loads_.end()) return Status::not_found("request " + std::to_string(request) + " is not loading");
+      if (it == loads_.end()) return Status::not_found("request " + q(request) + " is not loading");
       it->second.aborted = true;  // no stage starts any more
       for (const LoadTransfer& t : it->second.transfers) ids.push_back(t.id);
     }
@@ -306,6 +306,7 @@ class WorkerImpl final : public ConnectorWorker {
   }
 
   Status stream_to(RequestId request, const std::string& instance) override {
+    KVB_RETURN_IF_ERROR(check_request_id(request));
     return announcer_->stream_to(request, instance);
   }
   Status save_layer(RequestId request, std::string_view layer) override {
@@ -379,8 +380,8 @@ class WorkerImpl final : public ConnectorWorker {
         Result<TransferId> id = engine_.submit(peer, TransferOp::kRead, st.items[s], o);
         if (!id.ok()) {
           st.failed = true;
-          load.start_error = id.error().with_context("request " + std::to_string(load.request) + ": reading from " +
-                                                     load.instance + " rank " + std::to_string(s));
+          load.start_error = id.error().with_context("request " + q(load.request) + ": reading from " + load.instance +
+                                                     " rank " + std::to_string(s));
           return load.start_error;
         }
         load.transfers.push_back({static_cast<uint32_t>(s), k, *id});

@@ -117,7 +117,7 @@ TEST(WorkerTest, AWildcardSideChannelAdvertisesTheGivenAddressOrIsRefused) {
   auto decode = instance(opts("decode", 1));
   for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
   ASSERT_TRUE(decode[0]->worker->add_remote("prefill", {address}).ok());
-  ASSERT_TRUE(decode[0]->worker->start_load(1, "prefill", request()).ok());
+  ASSERT_TRUE(decode[0]->worker->start_load("1", "prefill", request()).ok());
   LoadResult r = wait_one(*decode[0]->worker);
   EXPECT_TRUE(r.error.ok()) << r.error.to_string();
   WorkerOptions w;
@@ -149,20 +149,25 @@ TEST(WorkerTest, PullsTwoPrefillRanksIntoOneDecodeRankByteExactWithOneHandshakeP
   for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
   ConnectorWorker& d = *decode[0]->worker;
   ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
-  for (RequestId id : {1, 2}) {
-    ASSERT_TRUE(d.start_load(id, "prefill", request(id == 2 ? 16 : 0)).ok());
+  for (const RequestId id : {"req-1", "req-2"}) {
+    ASSERT_TRUE(d.start_load(id, "prefill", request(id == "req-2" ? 16 : 0)).ok());
     LoadResult r = wait_one(d);
     ASSERT_TRUE(r.error.ok()) << r.error.to_string();
-    EXPECT_EQ(r.request, static_cast<RequestId>(id));
+    EXPECT_EQ(r.request, id);
     EXPECT_EQ(r.sources, (std::vector<uint32_t>{0, 1}));
     EXPECT_GT(r.bytes, 0u);
     EXPECT_GT(r.descriptors, 0u);
     EXPECT_GT(r.naive_descriptors, 0u);
-    Result<ContentReport> c = check_request(decode[0]->layout, request(id == 2 ? 16 : 0), RequestSide::kLocal,
-                                            id == 2 ? 16 : 0, 11, decode[0]->spans);
+    Result<ContentReport> c = check_request(decode[0]->layout, request(id == "req-2" ? 16 : 0), RequestSide::kLocal,
+                                            id == "req-2" ? 16 : 0, 11, decode[0]->spans);
     ASSERT_TRUE(c.ok());
     EXPECT_EQ(c->bad_cells, 0u) << c->first_error;
   }
+  // An id that cannot travel in the workers' messages is refused up front.
+  const Status bad = d.start_load("req 3", "prefill", request());
+  EXPECT_EQ(bad.code(), Code::kInvalidArgument);
+  EXPECT_EQ(bad.message(),
+            "request id 'req 3' has a space at byte 3; ids are 1 to 256 bytes of printable ASCII without spaces");
   EXPECT_EQ(d.stats().handshakes, 2u);  // once per remote rank, not per request
   EXPECT_EQ(d.stats().loads_ok, 2u);
   // Each prefill rank hears "done" for both requests from the decode rank.
@@ -188,7 +193,7 @@ TEST(WorkerTest, VerifiesEveryPlanBeforeItRunsWhenAsked) {
   for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 5, r->spans).ok());
   ConnectorWorker& d = *decode[0]->worker;
   ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
-  ASSERT_TRUE(d.start_load(1, "prefill", request()).ok());
+  ASSERT_TRUE(d.start_load("1", "prefill", request()).ok());
   LoadResult r = wait_one(d);
   ASSERT_TRUE(r.error.ok()) << r.error.to_string();
   EXPECT_EQ(d.stats().plans_verified, 1u);
@@ -208,16 +213,16 @@ TEST(WorkerTest, AbortStopsEveryByteAndReportsTheLoadAsAborted) {
   ConnectorWorker& d = *decode[0]->worker;
   ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
   faults->set_delay(5ms);  // per copy: the load takes far longer than the test
-  ASSERT_TRUE(d.start_load(9, "prefill", request()).ok());
+  ASSERT_TRUE(d.start_load("9", "prefill", request()).ok());
   std::this_thread::sleep_for(60ms);
-  ASSERT_TRUE(d.abort(9).ok());
+  ASSERT_TRUE(d.abort("9").ok());
   const std::vector<std::vector<uint8_t>> after = decode[0]->mem;
   LoadResult r = wait_one(d);
   EXPECT_TRUE(r.aborted);
   EXPECT_EQ(r.error.code(), Code::kCancelled) << r.error.to_string();
   std::this_thread::sleep_for(50ms);
   EXPECT_TRUE(after == decode[0]->mem) << "a byte landed after abort() returned";
-  EXPECT_EQ(d.abort(9).code(), Code::kNotFound);
+  EXPECT_EQ(d.abort("9").code(), Code::kNotFound);
   // The prefill rank heard heartbeats while the load ran, then done.
   bool heartbeat = false, done = false;
   for (int i = 0; i < 200 && !done; ++i) {
@@ -249,7 +254,7 @@ TEST(WorkerTest, AChunkThatFailsMidLoadReportsItsFirstTokenAndEveryTokenBeforeIt
   // The fifth run fails: a read of a chunk (2 MiB) is split over the
   // engine's threads, so that is the third chunk's.
   faults->fail_run(5, Status::io_error("link down"));
-  ASSERT_TRUE(d.start_load(4, "prefill", q).ok());
+  ASSERT_TRUE(d.start_load("4", "prefill", q).ok());
   LoadResult r = wait_one(d);
   ASSERT_FALSE(r.error.ok());
   EXPECT_EQ(r.first_bad_token, 32u) << r.error.to_string();
@@ -273,7 +278,7 @@ TEST(WorkerTest, AChunkThatFailsMidLoadReportsItsFirstTokenAndEveryTokenBeforeIt
   EXPECT_EQ(all->first_bad_token, fb);
   // The scheduler turns it into a recompute from there.
   DecodeScheduler s(1, FailurePolicy::kRecompute);
-  ASSERT_TRUE(s.expect(4, 0, std::chrono::steady_clock::now() + 10s).ok());
+  ASSERT_TRUE(s.expect("4", 0, std::chrono::steady_clock::now() + 10s).ok());
   ASSERT_TRUE(s.rank_result(0, r).ok());
   std::vector<RequestOutcome> out = s.take_outcomes(std::chrono::steady_clock::now());
   ASSERT_EQ(out.size(), 1u);
@@ -289,17 +294,17 @@ TEST(WorkerTest, HandshakeFailuresComeBackFromStartLoadNamingTheCause) {
   wrong.worker.secret = "guess";
   auto decode = instance(wrong);
   ASSERT_TRUE(decode[0]->worker->add_remote("prefill", addresses(prefill)).ok());
-  Status s = decode[0]->worker->start_load(1, "prefill", request());
+  Status s = decode[0]->worker->start_load("1", "prefill", request());
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("secret"), std::string::npos) << s.to_string();
-  EXPECT_EQ(decode[0]->worker->start_load(1, "nowhere", request()).code(), Code::kNotFound);
+  EXPECT_EQ(decode[0]->worker->start_load("1", "nowhere", request()).code(), Code::kNotFound);
   testing::FakeSideChannel::Options f;
   f.mode = testing::FakeSideChannel::Mode::kOtherVersion;
   auto v3 = testing::FakeSideChannel::start(f);
   ASSERT_TRUE(v3.ok());
   auto plain = instance(opts("decode2", 1));
   ASSERT_TRUE(plain[0]->worker->add_remote("p", {(*v3)->address()}).ok());
-  s = plain[0]->worker->start_load(1, "p", request());
+  s = plain[0]->worker->start_load("1", "p", request());
   EXPECT_NE(s.message().find("version mismatch: local 2, peer 3"), std::string::npos) << s.to_string();
 }
 
@@ -331,7 +336,7 @@ TEST(WorkerTest, PlanErrorsComeBackBeforeAnythingMoves) {
   ASSERT_TRUE(decode[0]->worker->add_remote("prefill", addresses(prefill)).ok());
   Request q = request();
   q.blocks["full"].local = {1, 2, 99};
-  Status s = decode[0]->worker->start_load(1, "prefill", q);
+  Status s = decode[0]->worker->start_load("1", "prefill", q);
   EXPECT_EQ(s.code(), Code::kOutOfRange) << s.to_string();
   EXPECT_EQ(decode[0]->engine->metrics().transfers_submitted, 0u);
 }
@@ -377,20 +382,20 @@ TEST(WorkerStreamTest, EachLayerIsReadOnlyOnceEveryPrefillRankSavedItAndLandsBef
   Streaming s;
   ConnectorWorker& d = *s.decode[0]->worker;
   ASSERT_EQ(s.layers.size(), 32u);
-  ASSERT_TRUE(d.start_load(1, "prefill", request(), LoadOptions{true}).ok());
-  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to(1, "decode").ok());
+  ASSERT_TRUE(d.start_load("1", "prefill", request(), LoadOptions{true}).ok());
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to("1", "decode").ok());
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const std::set<std::string, std::less<>> later(s.layers.begin() + static_cast<long>(i), s.layers.end());
     // Not saved yet by anyone: nothing of it or later has moved.
-    EXPECT_EQ(d.wait_for_layer(1, s.layers[i], 0ms).code(), Code::kTimeout);
+    EXPECT_EQ(d.wait_for_layer("1", s.layers[i], 0ms).code(), Code::kTimeout);
     EXPECT_EQ(bad_cells(*s.decode[0], request(), later, 11), cells(*s.decode[0], request(), later)) << s.layers[i];
-    s.compute(1, s.layers[i], {0});
+    s.compute("1", s.layers[i], {0});
     if (i % 8 == 0) {  // one rank saved it, the other not yet: still not read
       std::this_thread::sleep_for(20ms);
-      EXPECT_EQ(d.wait_for_layer(1, s.layers[i], 0ms).code(), Code::kTimeout) << s.layers[i];
+      EXPECT_EQ(d.wait_for_layer("1", s.layers[i], 0ms).code(), Code::kTimeout) << s.layers[i];
     }
-    s.compute(1, s.layers[i], {1});
-    ASSERT_TRUE(d.wait_for_layer(1, s.layers[i], 5s).ok()) << s.layers[i];
+    s.compute("1", s.layers[i], {1});
+    ASSERT_TRUE(d.wait_for_layer("1", s.layers[i], 5s).ok()) << s.layers[i];
     EXPECT_EQ(bad_cells(*s.decode[0], request(), {s.layers[i]}, 11), 0u) << s.layers[i];
   }
   LoadResult r = wait_one(d);
@@ -400,20 +405,20 @@ TEST(WorkerStreamTest, EachLayerIsReadOnlyOnceEveryPrefillRankSavedItAndLandsBef
       check_request(s.decode[0]->layout, request(), RequestSide::kLocal, 0, 11, s.decode[0]->spans);
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->bad_cells, 0u) << all->first_error;
-  for (auto& p : s.prefill) EXPECT_TRUE(p->worker->wait_for_save(1, 5s).ok());
+  for (auto& p : s.prefill) EXPECT_TRUE(p->worker->wait_for_save("1", 5s).ok());
   // After the load: its outcome.
-  EXPECT_TRUE(d.wait_for_layer(1, s.layers[3], 0ms).ok());
-  EXPECT_EQ(d.wait_for_layer(99, s.layers[3], 0ms).code(), Code::kNotFound);
-  EXPECT_EQ(d.wait_for_layer(1, "layers.99", 0ms).code(), Code::kInvalidArgument);
+  EXPECT_TRUE(d.wait_for_layer("1", s.layers[3], 0ms).ok());
+  EXPECT_EQ(d.wait_for_layer("99", s.layers[3], 0ms).code(), Code::kNotFound);
+  EXPECT_EQ(d.wait_for_layer("1", "layers.99", 0ms).code(), Code::kInvalidArgument);
 }
 
 TEST(WorkerStreamTest, LayersSavedBeforeTheLoadStartsOrBeforeStreamToAreKept) {
   Streaming s;
   ConnectorWorker& d = *s.decode[0]->worker;
-  for (const std::string& l : s.layers) s.compute(7, l);  // before stream_to: kept
-  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to(7, "decode").ok());
-  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->wait_for_save(7, 5s).ok());  // announced before the load
-  ASSERT_TRUE(d.start_load(7, "prefill", request(), LoadOptions{true}).ok());
+  for (const std::string& l : s.layers) s.compute("7", l);  // before stream_to: kept
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to("7", "decode").ok());
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->wait_for_save("7", 5s).ok());  // announced before the load
+  ASSERT_TRUE(d.start_load("7", "prefill", request(), LoadOptions{true}).ok());
   LoadResult r = wait_one(d);
   ASSERT_TRUE(r.error.ok()) << r.error.to_string();
   EXPECT_EQ(bad_cells(*s.decode[0], request(), {s.layers.begin(), s.layers.end()}, 11), 0u);
@@ -430,10 +435,10 @@ TEST(WorkerStreamTest, AStageNeverAnnouncedFailsTheLoadNamingItsLayerAndNothingL
   // The deadline runs from start_load: the load may not fail before it
   // (however long the layers before took, e.g. under a sanitizer).
   const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(d.start_load(2, "prefill", request(), LoadOptions{true}).ok());
-  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to(2, "decode").ok());
-  for (size_t i = 0; i < 10; ++i) s.compute(2, s.layers[i]);
-  s.compute(2, s.layers[10], {0});  // rank 1 never saves layer 10
+  ASSERT_TRUE(d.start_load("2", "prefill", request(), LoadOptions{true}).ok());
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to("2", "decode").ok());
+  for (size_t i = 0; i < 10; ++i) s.compute("2", s.layers[i]);
+  s.compute("2", s.layers[10], {0});  // rank 1 never saves layer 10
   LoadResult r = wait_one(d);
   EXPECT_GE(std::chrono::steady_clock::now() - t0, o.worker.transfer_timeout);
   ASSERT_FALSE(r.error.ok());
@@ -445,28 +450,28 @@ TEST(WorkerStreamTest, AStageNeverAnnouncedFailsTheLoadNamingItsLayerAndNothingL
   const std::set<std::string, std::less<>> rest(s.layers.begin() + 10, s.layers.end());
   EXPECT_EQ(bad_cells(*s.decode[0], request(), landed, 11), 0u);
   EXPECT_EQ(bad_cells(*s.decode[0], request(), rest, 11), cells(*s.decode[0], request(), rest));
-  EXPECT_EQ(d.wait_for_layer(2, s.layers[12], 0ms).code(), Code::kTimeout);  // the load's outcome
+  EXPECT_EQ(d.wait_for_layer("2", s.layers[12], 0ms).code(), Code::kTimeout);  // the load's outcome
   // Announcements after the end are dropped: nothing lands late, and a
   // later load of the same request id is not started by them.
-  for (size_t i = 10; i < s.layers.size(); ++i) s.compute(2, s.layers[i]);
-  for (auto& r : s.prefill) EXPECT_TRUE(r->worker->wait_for_save(2, 5s).ok());
+  for (size_t i = 10; i < s.layers.size(); ++i) s.compute("2", s.layers[i]);
+  for (auto& r : s.prefill) EXPECT_TRUE(r->worker->wait_for_save("2", 5s).ok());
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(bad_cells(*s.decode[0], request(), rest, 11), cells(*s.decode[0], request(), rest));
-  ASSERT_TRUE(d.start_load(2, "prefill", request(), LoadOptions{true}).ok());
-  EXPECT_EQ(d.wait_for_layer(2, s.layers[10], 100ms).code(), Code::kTimeout);
-  ASSERT_TRUE(d.abort(2).ok());
+  ASSERT_TRUE(d.start_load("2", "prefill", request(), LoadOptions{true}).ok());
+  EXPECT_EQ(d.wait_for_layer("2", s.layers[10], 100ms).code(), Code::kTimeout);
+  ASSERT_TRUE(d.abort("2").ok());
   EXPECT_TRUE(wait_one(d).aborted);
 }
 
 TEST(WorkerStreamTest, AnAbortMidStreamStartsNoFurtherStage) {
   Streaming s;
   ConnectorWorker& d = *s.decode[0]->worker;
-  ASSERT_TRUE(d.start_load(3, "prefill", request(), LoadOptions{true}).ok());
-  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to(3, "decode").ok());
-  for (size_t i = 0; i < 5; ++i) s.compute(3, s.layers[i]);
-  ASSERT_TRUE(d.wait_for_layer(3, s.layers[4], 5s).ok());
-  ASSERT_TRUE(d.abort(3).ok());
-  for (size_t i = 5; i < s.layers.size(); ++i) s.compute(3, s.layers[i]);
+  ASSERT_TRUE(d.start_load("3", "prefill", request(), LoadOptions{true}).ok());
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to("3", "decode").ok());
+  for (size_t i = 0; i < 5; ++i) s.compute("3", s.layers[i]);
+  ASSERT_TRUE(d.wait_for_layer("3", s.layers[4], 5s).ok());
+  ASSERT_TRUE(d.abort("3").ok());
+  for (size_t i = 5; i < s.layers.size(); ++i) s.compute("3", s.layers[i]);
   LoadResult r = wait_one(d);
   EXPECT_TRUE(r.aborted);
   EXPECT_EQ(r.error.code(), Code::kCancelled);
@@ -481,13 +486,13 @@ TEST(WorkerStreamTest, AnnouncementsFromAnEngineThatIsNotASourceAreIgnored) {
   auto other = instance(opts("other", 1));
   ASSERT_TRUE(other[0]->worker->add_remote("decode", addresses(s.decode)).ok());
   ConnectorWorker& d = *s.decode[0]->worker;
-  ASSERT_TRUE(d.start_load(4, "prefill", request(), LoadOptions{true}).ok());
-  ASSERT_TRUE(other[0]->worker->stream_to(4, "decode").ok());
-  for (const std::string& l : s.layers) ASSERT_TRUE(other[0]->worker->save_layer(4, l).ok());
-  ASSERT_TRUE(other[0]->worker->wait_for_save(4, 5s).ok());  // the decode rank took them, and ignored them
-  EXPECT_EQ(d.wait_for_layer(4, s.layers[0], 50ms).code(), Code::kTimeout);
-  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to(4, "decode").ok());
-  for (const std::string& l : s.layers) s.compute(4, l);
+  ASSERT_TRUE(d.start_load("4", "prefill", request(), LoadOptions{true}).ok());
+  ASSERT_TRUE(other[0]->worker->stream_to("4", "decode").ok());
+  for (const std::string& l : s.layers) ASSERT_TRUE(other[0]->worker->save_layer("4", l).ok());
+  ASSERT_TRUE(other[0]->worker->wait_for_save("4", 5s).ok());  // the decode rank took them, and ignored them
+  EXPECT_EQ(d.wait_for_layer("4", s.layers[0], 50ms).code(), Code::kTimeout);
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to("4", "decode").ok());
+  for (const std::string& l : s.layers) s.compute("4", l);
   LoadResult r = wait_one(d);
   ASSERT_TRUE(r.error.ok()) << r.error.to_string();
   EXPECT_EQ(bad_cells(*s.decode[0], request(), {s.layers.begin(), s.layers.end()}, 11), 0u);
@@ -496,11 +501,11 @@ TEST(WorkerStreamTest, AnnouncementsFromAnEngineThatIsNotASourceAreIgnored) {
 TEST(WorkerStreamTest, PrefillHooksNameWhatIsWrong) {
   auto prefill = instance(opts("prefill", 1));
   ConnectorWorker& p = *prefill[0]->worker;
-  EXPECT_EQ(p.save_layer(1, "layers.32").code(), Code::kInvalidArgument);
-  EXPECT_TRUE(p.save_layer(1, "layers.0").ok());
-  EXPECT_TRUE(p.save_layer(1, "layers.0").ok());                // again: a no-op
-  EXPECT_EQ(p.wait_for_save(1, 10ms).code(), Code::kNotFound);  // never streamed
-  EXPECT_EQ(p.stream_to(1, "nowhere").code(), Code::kNotFound);
+  EXPECT_EQ(p.save_layer("1", "layers.32").code(), Code::kInvalidArgument);
+  EXPECT_TRUE(p.save_layer("1", "layers.0").ok());
+  EXPECT_TRUE(p.save_layer("1", "layers.0").ok());                // again: a no-op
+  EXPECT_EQ(p.wait_for_save("1", 10ms).code(), Code::kNotFound);  // never streamed
+  EXPECT_EQ(p.stream_to("1", "nowhere").code(), Code::kNotFound);
 }
 
 }  // namespace

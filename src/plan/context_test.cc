@@ -16,12 +16,10 @@ using testing::whole_request;
 
 std::vector<Layout> instance(const std::string& preset, uint32_t tp, uint32_t dcp = 1, uint64_t interleave = 1,
                              uint64_t block = 0) {
-  Result<std::vector<Layout>> out = testing::preset_instance(PresetOptions{.name = preset,
-                                                                           .block_tokens = block,
-                                                                           .num_blocks = 256,
-                                                                           .dcp_size = dcp,
-                                                                           .dcp_interleave = interleave},
-                                                             tp);
+  Result<std::vector<Layout>> out = testing::preset_instance(
+      PresetOptions{
+          .name = preset, .block_tokens = block, .num_blocks = 256, .dcp_size = dcp, .dcp_interleave = interleave},
+      tp);
   EXPECT_TRUE(out.ok()) << preset << " TP " << tp << " DCP " << dcp << ": " << out.error().to_string();
   return out ? *out : std::vector<Layout>{};
 }

@@ -124,7 +124,7 @@ TEST(AttackTest, SpoofedDoneAndHeartbeatsWithoutTheSecretReleaseNothing) {
   auto prefill = make_rank("prefill/r0", "prefill", "local", "s3cret", RemoteAccess::kRead);
   const engine_internal::EngineMetadata pm = metadata_of(*prefill->engine);
   PrefillScheduler sched(400ms);
-  ASSERT_TRUE(sched.hold(1, {"decode/r0"}, Clock::now()).ok());
+  ASSERT_TRUE(sched.hold("1", {"decode/r0"}, Clock::now()).ok());
   const auto deadline = Clock::now() + 1000ms;
   int refused = 0;
   while (Clock::now() < deadline) {
@@ -154,16 +154,16 @@ TEST(AttackTest, SpoofedDoneAndHeartbeatsWithoutTheSecretReleaseNothing) {
   // A reader that holds the secret is heard.
   auto decode = make_rank("decode/r0", "decode", "local", "s3cret", RemoteAccess::kNone);
   ASSERT_TRUE(fill_request(prefill->layout, request(), RequestSide::kRemote, 0, 11, prefill->spans).ok());
-  ASSERT_TRUE(sched.hold(2, {"decode/r0"}, Clock::now()).ok());
+  ASSERT_TRUE(sched.hold("2", {"decode/r0"}, Clock::now()).ok());
   ASSERT_TRUE(decode->worker->add_remote("prefill", {prefill->worker->side_channel_address()}).ok());
-  ASSERT_TRUE(decode->worker->start_load(2, "prefill", request()).ok());
+  ASSERT_TRUE(decode->worker->start_load("2", "prefill", request()).ok());
   for (auto until = Clock::now() + 5s; Clock::now() < until && sched.held() > 0;) {
     pump_events(*prefill->worker, sched);
     std::this_thread::sleep_for(10ms);
   }
   r = sched.take_releases(Clock::now());
   ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].request, 2u);
+  EXPECT_EQ(r[0].request, "2");
   EXPECT_EQ(r[0].reason, ReleaseReason::kRead);
 }
 
@@ -173,7 +173,7 @@ TEST(AttackTest, WithoutASecretOnlyTheReadersARequestWasHandedToCount) {
   auto prefill = make_rank("prefill/r0", "prefill", "local", "", RemoteAccess::kRead);
   const engine_internal::EngineMetadata pm = metadata_of(*prefill->engine);
   PrefillScheduler sched(300ms);
-  ASSERT_TRUE(sched.hold(1, {"decode/r0"}, Clock::now()).ok());
+  ASSERT_TRUE(sched.hold("1", {"decode/r0"}, Clock::now()).ok());
   net::Fd fd = raw_connect(pm.control_address);
   Result<net::Opened> o = net::open_client(fd.get(), control_config(""), control_body("mallory", pm.instance),
                                            control_limit, {Clock::now() + 2s}, "attacker");
@@ -236,7 +236,7 @@ TEST(AttackTest, IdleAndOpenedStreamsNeverTakeTheTcpServerDown) {
   auto decode = make_rank("decode/r0", "decode", "tcp", "", RemoteAccess::kNone);
   ASSERT_TRUE(fill_request(prefill->layout, request(), RequestSide::kRemote, 0, 11, prefill->spans).ok());
   ASSERT_TRUE(decode->worker->add_remote("prefill", {prefill->worker->side_channel_address()}).ok());
-  ASSERT_TRUE(decode->worker->start_load(1, "prefill", request()).ok());
+  ASSERT_TRUE(decode->worker->start_load("1", "prefill", request()).ok());
   decode->worker->wait_results(5s);
   std::vector<LoadResult> r = decode->worker->take_results();
   ASSERT_EQ(r.size(), 1u);
@@ -352,7 +352,7 @@ Result<LoadResult> wait_for(ConnectorWorker& w, RequestId id, std::vector<LoadRe
     for (LoadResult& r : w.take_results()) other.push_back(std::move(r));
     w.wait_results(5ms);
   }
-  return Status::timeout("no result for request " + std::to_string(id));
+  return Status::timeout("no result for request " + id);
 }
 
 Result<LoadResult> load(ConnectorWorker& w, RequestId id, const std::string& instance, std::vector<LoadResult>& other) {
@@ -374,16 +374,17 @@ TEST(AttackTest, AStoppedPrefillDelaysOnlyTheLoadsThatNeedIt) {
   ASSERT_TRUE(w.add_remote("b", {b->side_channel}).ok());
   // Handshakes and first loads while both run.
   std::vector<LoadResult> other;
-  Result<LoadResult> first_a = load(w, 1, "a", other);
-  Result<LoadResult> first_b = load(w, 2, "b", other);
+  Result<LoadResult> first_a = load(w, "1", "a", other);
+  Result<LoadResult> first_b = load(w, "2", "b", other);
   ASSERT_TRUE(first_a.ok() && first_a->error.ok()) << (first_a.ok() ? first_a->error.to_string() : "");
   ASSERT_TRUE(first_b.ok() && first_b->error.ok());
   ASSERT_EQ(::kill(a->pid, SIGSTOP), 0);
   for (int i = 0; i < 2000 && !all_stopped(a->pid); ++i) std::this_thread::sleep_for(1ms);
   ASSERT_TRUE(all_stopped(a->pid)) << "prefill a did not stop within 2 s";
   const auto t0 = Clock::now();
-  ASSERT_TRUE(w.start_load(3, "a", request()).ok());  // its reads stall: the peer is stopped
-  for (RequestId id = 4; id < 8; ++id) {
+  ASSERT_TRUE(w.start_load("3", "a", request()).ok());  // its reads stall: the peer is stopped
+  for (int n = 4; n < 8; ++n) {
+    const RequestId id = std::to_string(n);
     const auto s = Clock::now();
     Result<LoadResult> r = load(w, id, "b", other);
     ASSERT_TRUE(r.ok());
@@ -391,7 +392,7 @@ TEST(AttackTest, AStoppedPrefillDelaysOnlyTheLoadsThatNeedIt) {
     EXPECT_LT(Clock::now() - s, 500ms) << "a load from the healthy prefill waited behind the stopped one";
     if (!r->error.ok()) break;
   }
-  Result<LoadResult> stalled = wait_for(w, 3, other, 5s);
+  Result<LoadResult> stalled = wait_for(w, "3", other, 5s);
   const auto took = Clock::now() - t0;
   ASSERT_TRUE(stalled.ok()) << stalled.error().to_string();
   EXPECT_EQ(stalled->error.code(), Code::kTimeout) << stalled->error.to_string();
