@@ -81,6 +81,7 @@ struct Release {
   RequestId request;
   ReleaseReason reason = ReleaseReason::kRead;
   std::vector<std::string> readers_missing;  // expected readers that never reported done
+  uint32_t missing_count = 0;                // held by count: readers short of it
 };
 
 class PrefillScheduler {
@@ -89,10 +90,17 @@ class PrefillScheduler {
 
   // Holds `request` until each of `readers` (decode engine names) reported
   // done, or the lease (renewed by heartbeats) expires. kAlreadyExists when
-  // held; kInvalidArgument for an empty reader set.
+  // held; kInvalidArgument for an empty reader set or a bad id.
   Status hold(RequestId request, std::set<std::string> readers, SteadyTime now);
+  // The same when the readers are not known yet (an engine's
+  // request_finished runs before the decode instance is chosen): held until
+  // `readers` distinct engines reported done (each counted once, by name),
+  // or the lease expires. readers_per_source() (plan.h) gives the count: how
+  // many decode ranks read this prefill rank. kInvalidArgument for 0.
+  Status hold(RequestId request, uint32_t readers, SteadyTime now);
   // A reader's heartbeat renews the lease; unknown requests are ignored
-  // (a late message after release), and so are readers not expected.
+  // (a late message after release), and so are readers not expected (held
+  // by count: any reader not yet done).
   void heartbeat(RequestId request, const std::string& reader, SteadyTime now);
   void reader_done(RequestId request, const std::string& reader, SteadyTime now);
   // Aborts: the blocks are released once no reader is reading (now, if every
@@ -107,8 +115,10 @@ class PrefillScheduler {
 
  private:
   struct Held {
-    std::set<std::string> waiting;
-    bool heard = false;  // any heartbeat or done
+    std::set<std::string> waiting;  // by name
+    uint32_t count = 0;             // by count: readers still to report done
+    std::set<std::string> done;     // by count: who did
+    bool heard = false;             // any heartbeat or done
     bool aborted = false;
     SteadyTime expires;
   };

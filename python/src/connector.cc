@@ -164,14 +164,21 @@ void bind_schedulers(py::module_& m) {
           "reason", [](const Release& r) { return std::string(release_reason_name(r.reason)); },
           "'read', 'lease_expired' or 'aborted'.")
       .def_readonly("readers_missing", &Release::readers_missing, "Expected readers that never reported done.")
+      .def_readonly("missing_count", &Release::missing_count,
+                    "Held by a reader count: how many readers short of it it was released.")
       .def("__eq__",
            [](const Release& a, const Release& b) {
-             return a.request == b.request && a.reason == b.reason && a.readers_missing == b.readers_missing;
+             return a.request == b.request && a.reason == b.reason && a.readers_missing == b.readers_missing &&
+                    a.missing_count == b.missing_count;
            })
       .def(py::pickle(
-          [](const Release& r) { return py::make_tuple(r.request, static_cast<int>(r.reason), r.readers_missing); },
+          [](const Release& r) {
+            return py::make_tuple(r.request, static_cast<int>(r.reason), r.readers_missing, r.missing_count);
+          },
           [](const py::tuple& t) {
-            if (t.size() != 3) throw py::value_error("Release: a pickled state is (request, reason, readers_missing)");
+            if (t.size() != 4) {
+              throw py::value_error("Release: a pickled state is (request, reason, readers_missing, missing_count)");
+            }
             Release r;
             r.request = t[0].cast<Rid>();
             const int reason = t[1].cast<int>();
@@ -180,6 +187,7 @@ void bind_schedulers(py::module_& m) {
             }
             r.reason = static_cast<ReleaseReason>(reason);
             r.readers_missing = t[2].cast<std::vector<std::string>>();
+            r.missing_count = t[3].cast<uint32_t>();
             return r;
           }))
       .def("__repr__", [](const Release& r) {
@@ -196,11 +204,19 @@ void bind_schedulers(py::module_& m) {
            py::arg("lease") = 30.0, "lease: seconds a held request survives without a heartbeat.")
       .def(
           "hold",
-          [](PrefillScheduler& s, Rid request, std::set<std::string> readers, py::object now) {
-            check(s.hold(request, std::move(readers), to_steady(now)));
+          [](PrefillScheduler& s, Rid request, py::object readers, py::object now) {
+            if (py::isinstance<py::int_>(readers) && !py::isinstance<py::bool_>(readers)) {
+              const int64_t n = readers.cast<int64_t>();
+              if (n < 0 || n > UINT32_MAX) throw_status(Status::invalid_argument("readers: a count from 1 to 2^32-1"));
+              check(s.hold(request, static_cast<uint32_t>(n), to_steady(now)));
+            } else {
+              check(s.hold(request, readers.cast<std::set<std::string>>(), to_steady(now)));
+            }
           },
           py::arg("request"), py::arg("readers"), py::arg("now") = py::none(),
           "Holds `request` until each reader (decode engine names) reported done or the lease expires.\n"
+          "readers may be a count instead, when the engine does not know yet who will read: held until\n"
+          "that many distinct engines reported done (readers_per_source() gives it per prefill rank).\n"
           "Raises AlreadyExists when held, InvalidArgument for no readers.")
       .def(
           "heartbeat",

@@ -218,3 +218,26 @@ def test_request_ids_are_strings_and_ints_are_taken_as_their_decimal_text():
         s.hold(1.5, {"d0"}, now=now)
     r = kvbridge.LoadResult(7)
     assert r.request == "7" and pickle.loads(pickle.dumps(r)).request == "7"
+
+
+def test_hold_by_reader_count_when_the_readers_are_not_known_yet():
+    # request_finished runs before the decode instance is chosen: hold by
+    # count (readers_per_source() says how many decode ranks read this rank).
+    prefill = [kvbridge.make_preset("llama3-8b", tp_size=2, tp_rank=r, num_blocks=8) for r in range(2)]
+    decode = [kvbridge.make_preset("llama3-8b", tp_size=4, tp_rank=r, num_blocks=8) for r in range(4)]
+    count = len(kvbridge.readers_per_source(decode, prefill)[1])
+    assert count == 2
+    s = kvbridge.PrefillScheduler(lease=5.0)
+    s.hold("req-1", count, now=0.0)
+    s.reader_done("req-1", "decode-7/r2", now=1.0)
+    s.reader_done("req-1", "decode-7/r2", now=1.0)  # once per engine
+    assert s.take_releases(now=1.0) == []
+    s.reader_done("req-1", "decode-7/r3", now=2.0)
+    (r,) = s.take_releases(now=2.0)
+    assert (r.request, r.reason, r.missing_count) == ("req-1", "read", 0)
+    s.hold("req-2", 2, now=0.0)
+    (late,) = s.take_releases(now=6.0)
+    assert late.reason == "lease_expired" and late.missing_count == 2
+    assert pickle.loads(pickle.dumps(late)) == late
+    with pytest.raises(kvbridge.InvalidArgument, match="no expected reader"):
+        s.hold("req-3", 0, now=0.0)

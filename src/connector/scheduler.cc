@@ -71,24 +71,49 @@ Status PrefillScheduler::hold(RequestId request, std::set<std::string> readers, 
   if (held_.count(request) != 0) {
     return Status::already_exists("request " + q(request) + " is already held");
   }
-  held_[request] = Held{std::move(readers), false, false, now + lease_};
+  Held h;
+  h.waiting = std::move(readers);
+  h.expires = now + lease_;
+  held_[request] = std::move(h);
+  return Status();
+}
+
+Status PrefillScheduler::hold(RequestId request, uint32_t readers, SteadyTime now) {
+  KVB_RETURN_IF_ERROR(check_request_id(request));
+  if (readers == 0) return Status::invalid_argument("request " + q(request) + ": no expected reader");
+  if (held_.count(request) != 0) {
+    return Status::already_exists("request " + q(request) + " is already held");
+  }
+  Held h;
+  h.count = readers;
+  h.expires = now + lease_;
+  held_[request] = std::move(h);
   return Status();
 }
 
 void PrefillScheduler::heartbeat(RequestId request, const std::string& reader, SteadyTime now) {
   auto it = held_.find(request);
-  if (it == held_.end() || it->second.waiting.count(reader) == 0) return;
-  it->second.heard = true;
-  it->second.expires = std::max(it->second.expires, now + lease_);
+  if (it == held_.end()) return;
+  Held& h = it->second;
+  if (h.count > 0 ? h.done.count(reader) != 0 : h.waiting.count(reader) == 0) return;
+  h.heard = true;
+  h.expires = std::max(h.expires, now + lease_);
 }
 
 void PrefillScheduler::reader_done(RequestId request, const std::string& reader, SteadyTime now) {
   auto it = held_.find(request);
-  if (it == held_.end() || it->second.waiting.erase(reader) == 0) return;
-  it->second.heard = true;
-  it->second.expires = std::max(it->second.expires, now + lease_);
-  if (it->second.waiting.empty()) {
-    ready_.push_back(Release{request, it->second.aborted ? ReleaseReason::kAborted : ReleaseReason::kRead, {}});
+  if (it == held_.end()) return;
+  Held& h = it->second;
+  if (h.count > 0) {
+    if (!h.done.insert(reader).second) return;
+    --h.count;
+  } else if (h.waiting.erase(reader) == 0) {
+    return;
+  }
+  h.heard = true;
+  h.expires = std::max(h.expires, now + lease_);
+  if (h.waiting.empty() && h.count == 0) {
+    ready_.push_back(Release{request, it->second.aborted ? ReleaseReason::kAborted : ReleaseReason::kRead, {}, 0});
     held_.erase(it);
   }
 }
@@ -98,7 +123,8 @@ Status PrefillScheduler::abort(RequestId request, SteadyTime) {
   if (it == held_.end()) return Status::not_found("request " + q(request) + " is not held");
   it->second.aborted = true;
   if (!it->second.heard) {  // nobody started reading: free now
-    ready_.push_back(Release{request, ReleaseReason::kAborted, {it->second.waiting.begin(), it->second.waiting.end()}});
+    ready_.push_back(Release{
+        request, ReleaseReason::kAborted, {it->second.waiting.begin(), it->second.waiting.end()}, it->second.count});
     held_.erase(it);
   }
   return Status();
@@ -107,8 +133,10 @@ Status PrefillScheduler::abort(RequestId request, SteadyTime) {
 std::vector<Release> PrefillScheduler::take_releases(SteadyTime now) {
   for (auto it = held_.begin(); it != held_.end();) {
     if (it->second.expires <= now) {
-      ready_.push_back(
-          Release{it->first, ReleaseReason::kLeaseExpired, {it->second.waiting.begin(), it->second.waiting.end()}});
+      ready_.push_back(Release{it->first,
+                               ReleaseReason::kLeaseExpired,
+                               {it->second.waiting.begin(), it->second.waiting.end()},
+                               it->second.count});
       it = held_.erase(it);
     } else {
       ++it;

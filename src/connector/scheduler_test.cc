@@ -66,6 +66,41 @@ TEST(PrefillSchedulerTest, AbortWaitsForAReaderThatStartedButFreesAnUnreadReques
   EXPECT_EQ(s.hold("5", {}, t0).code(), Code::kInvalidArgument);
 }
 
+// Held by count (the readers are not known at request_finished): any N
+// distinct engines' done messages release it; one engine twice counts once.
+TEST(PrefillSchedulerTest, HeldByCountReleasesAfterThatManyDistinctReaders) {
+  PrefillScheduler s(milliseconds(1000));
+  ASSERT_TRUE(s.hold("r", 2, t0).ok());
+  EXPECT_EQ(s.hold("r", 1, t0).code(), Code::kAlreadyExists);
+  EXPECT_EQ(s.hold("z", 0, t0).code(), Code::kInvalidArgument);
+  s.heartbeat("r", "decode-1/r0", t0 + milliseconds(900));  // anyone may renew it
+  EXPECT_EQ(s.next_expiry(), t0 + milliseconds(1900));
+  s.reader_done("r", "decode-1/r0", t0 + milliseconds(900));
+  s.reader_done("r", "decode-1/r0", t0 + milliseconds(900));  // twice: once
+  EXPECT_TRUE(s.take_releases(t0 + milliseconds(900)).empty());
+  s.reader_done("r", "decode-1/r1", t0 + milliseconds(950));
+  std::vector<Release> r = s.take_releases(t0 + milliseconds(950));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].request, "r");
+  EXPECT_EQ(r[0].reason, ReleaseReason::kRead);
+  EXPECT_EQ(r[0].missing_count, 0u);
+  // Expiry says how many never reported.
+  ASSERT_TRUE(s.hold("q", 3, t0).ok());
+  s.reader_done("q", "a", t0);
+  r = s.take_releases(t0 + milliseconds(1000));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].reason, ReleaseReason::kLeaseExpired);
+  EXPECT_EQ(r[0].missing_count, 2u);
+  EXPECT_TRUE(r[0].readers_missing.empty());
+  // Aborted before anyone read: freed at once.
+  ASSERT_TRUE(s.hold("p", 2, t0).ok());
+  ASSERT_TRUE(s.abort("p", t0).ok());
+  r = s.take_releases(t0);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].reason, ReleaseReason::kAborted);
+  EXPECT_EQ(r[0].missing_count, 2u);
+}
+
 LoadResult ok(RequestId id) {
   LoadResult r;
   r.request = id;
