@@ -26,6 +26,7 @@ struct RequestRecord {
   uint64_t descriptors = 0;     // summed over decode ranks
   uint64_t naive = 0;
   uint64_t transfer_us = 0;        // slowest decode rank
+  uint64_t start_ns = 0;           // slowest decode rank's start_load call
   uint64_t completion_lag_us = 0;  // slowest decode rank: its last byte landing to its result
   uint64_t raw_us = 0;             // slowest decode rank, raw process_vm_readv
   bool flooded = false;            // ran while --flood held its connections

@@ -34,6 +34,7 @@ constexpr uint8_t kSentinel = 0xa5;  // every decode byte no request holds
 struct Held {
   Request request;
   uint64_t seed = 0;
+  uint64_t start_ns = 0;  // how long start_load took to return
 };
 
 class Rank {
@@ -175,7 +176,10 @@ class Rank {
       KVB_ASSIGN_OR_RETURN(Request q, parse_request(m.at("request").dump()));
       held_[id] = Held{q, m.at("seed").get<uint64_t>()};
       if (cmd == "prefill") return prefill(id, q, m);
+      const auto t0 = Clock::now();
       Status s = worker_->start_load(id, m.at("instance").get<std::string>(), q, LoadOptions{m.value("stream", false)});
+      held_[id].start_ns =
+          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
       if (s.ok()) return s;
       LoadResult r;
       r.request = id;
@@ -280,6 +284,7 @@ class Rank {
                 {"verify_bad", 0},
                 {"verify_error", ""}};
     auto it = held_.find(r.request);
+    if (it != held_.end()) out["start_ns"] = it->second.start_ns;
     if (r.error.ok() && it != held_.end()) {
       KVB_ASSIGN_OR_RETURN(ContentReport c, check_request(layout_, it->second.request, RequestSide::kLocal,
                                                           it->second.request.skip_tokens, it->second.seed, spans_));

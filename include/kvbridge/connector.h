@@ -24,8 +24,9 @@
 //
 // The schedulers are pure bookkeeping (time is passed in), so an engine can
 // drive them from its own loop; the worker runs on the engine's threads plus
-// two of its own: the side channel's server and a pump for completions,
-// heartbeats and done messages (docs/connector.md, "Threads").
+// three of its own: the side channel's server, a pump for completions,
+// heartbeats and done messages, and a connect thread for handshakes and the
+// loads queued behind them (docs/connector.md, "Threads").
 //
 // Messages between workers travel as engine notifications:
 // "kvb/1 hb <request id>" and "kvb/1 done <request id>", from the decode rank's
@@ -252,6 +253,7 @@ struct WorkerStats {
   uint64_t handshakes_rejected = 0;
   std::string last_rejection;
   uint64_t loads_started = 0, loads_ok = 0, loads_failed = 0, loads_aborted = 0;
+  uint64_t loads_queued = 0;  // started off the caller's thread (the instance was not connected yet)
   uint64_t plans_verified = 0, plans_rejected = 0;  // with WorkerOptions::verify_plans
   uint64_t notifications_failed = 0;
   std::string last_notification_error;
@@ -278,11 +280,24 @@ class ConnectorWorker {
   // not host:port (checked here, not at the first load); kAlreadyExists for
   // an instance fetched already with other addresses.
   virtual Status add_remote(const std::string& instance, std::vector<std::string> rank_addresses) = 0;
+  // Handshakes with every rank of `instance` and connects to its engines,
+  // ahead of the first load, on the worker's connect thread: returns at
+  // once (kNotFound for an instance never added). wait_connected() returns
+  // OK once connected, the attempt's error (naming the rank) if it failed,
+  // or kTimeout; it starts an attempt when none is under way, and a failed
+  // attempt is retried by the next connect(), wait_connected() or load.
+  virtual Status connect(const std::string& instance) = 0;
+  virtual Status wait_connected(const std::string& instance, std::chrono::milliseconds timeout) = 0;
 
   // Decode side: plans `request` (local ids = this rank's blocks, remote ids
-  // = the prefill instance's) and starts reading. Errors before anything
-  // moves (handshake, plan, submit) come back here; the caller then reports
-  // the load as failed at its first token.
+  // = the prefill instance's) and starts reading. Never waits on the
+  // network: when `instance` is connected (connect(), or an earlier load)
+  // it plans and submits here, and errors before anything moves (plan,
+  // submit) come back here; otherwise the load is queued (kNotFound for an
+  // instance never added, kAlreadyExists for a request loading or queued)
+  // and the connect thread handshakes, plans and submits it, its errors
+  // arriving as its LoadResult (first_bad_token = skip_tokens). Either way
+  // the caller reports a failed load at its first token.
   Status start_load(RequestId request, const std::string& instance, const Request& blocks) {
     return start_load(request, instance, blocks, LoadOptions{});
   }

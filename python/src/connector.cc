@@ -556,6 +556,26 @@ void bind_worker(py::module_& m) {
           py::arg("instance"), py::arg("rank_addresses"),
           "The side channel addresses of a remote instance's ranks, in tp_rank order.")
       .def(
+          "connect", [](PyWorker& w, const std::string& instance) { check(w.get().connect(instance)); },
+          py::arg("instance"),
+          "Handshakes with the instance's ranks and connects to their engines ahead of the first load,\n"
+          "on the worker's connect thread: returns at once (NotFound for an instance never added).")
+      .def(
+          "wait_connected",
+          [](PyWorker& w, const std::string& instance, py::object timeout) {
+            ConnectorWorker& c = w.get();
+            const milliseconds t = to_millis(timeout, std::chrono::seconds(30));
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c.wait_connected(instance, t);
+            }
+            check(s);
+          },
+          py::arg("instance"), py::arg("timeout") = 30.0,
+          "Returns once connected (starting an attempt if none is under way); raises the attempt's\n"
+          "error (naming the rank) or Timeout.")
+      .def(
           "start_load",
           [](PyWorker& w, Rid request, const std::string& instance, const Request& blocks, bool stream) {
             ConnectorWorker& c = w.get();
@@ -568,9 +588,11 @@ void bind_worker(py::module_& m) {
           },
           py::arg("request"), py::arg("instance"), py::arg("blocks"), py::arg("stream") = false,
           "Decode side: plans `blocks` (local ids = this rank's blocks, remote ids = the prefill\n"
-          "instance's) and starts reading; the first load from an instance does the handshake (GIL\n"
-          "released). Errors before anything moves raise here: Incompatible naming the differing\n"
-          "layout field, PermissionDenied for a wrong secret, Unavailable, the planner's errors.\n"
+          "instance's) and starts reading. Never waits on the network: before the instance is\n"
+          "connected (connect(), or an earlier load) the load is queued and the worker's connect\n"
+          "thread handshakes, plans and starts it, its errors (Incompatible naming the differing\n"
+          "layout field, PermissionDenied for a wrong secret, Unavailable, the planner's) arriving as\n"
+          "its LoadResult; once connected, plan errors raise here. NotFound for an unknown instance.\n"
           "stream=True: layer-wise streaming, started at admission; each stage is read once every\n"
           "prefill rank it reads from announced its layers (save_layer).")
       .def(

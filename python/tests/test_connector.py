@@ -130,8 +130,12 @@ def test_a_mismatched_handshake_raises_incompatible_naming_the_field():
             kvbridge.ConnectorWorker(ep, lp, p, instance_id="prefill") as wp, \
             kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode") as wd:
         wd.add_remote("prefill", [wp.side_channel_address])
+        # The handshake runs on the worker's connect thread: its error is the load's result.
+        wd.start_load("req-1", "prefill", kvbridge.Request(16, {"full": ([0], [0])}))
+        r = wd.collect("req-1", timeout=20)["req-1"]
+        assert not r.ok and r.error.code == "incompatible" and "dtype differs" in r.error.message
         with pytest.raises(kvbridge.Incompatible, match="dtype differs") as e:
-            wd.start_load("req-1", "prefill", kvbridge.Request(16, {"full": ([0], [0])}))
+            wd.wait_connected("prefill", timeout=20)
         assert e.value.code == "incompatible"
 
 

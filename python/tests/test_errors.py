@@ -125,5 +125,7 @@ def test_permission_denied_for_a_wrong_secret():
             kvbridge.ConnectorWorker(ep, lp, p, instance_id="prefill", secret="right") as wp, \
             kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode", secret="wrong", handshake_timeout=5) as wd:
         wd.add_remote("prefill", [wp.side_channel_address])
+        wd.start_load("req-1", "prefill", kvbridge.Request(16, {"full": ([0], [0])}))
+        assert wd.collect("req-1", timeout=20)["req-1"].error.code == "permission_denied"
         with pytest.raises(kvbridge.PermissionDenied):
-            wd.start_load("req-1", "prefill", kvbridge.Request(16, {"full": ([0], [0])}))
+            wd.wait_connected("prefill", timeout=20)

@@ -32,6 +32,21 @@ std::shared_ptr<const Fetched> Remotes::fetched(const std::string& instance) con
   return it == instances_.end() ? nullptr : it->second.fetched;
 }
 
+bool Remotes::known(const std::string& instance) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return instances_.count(instance) != 0;
+}
+
+bool Remotes::connected(const std::string& instance) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = instances_.find(instance);
+  if (it == instances_.end() || !it->second.fetched) return false;
+  for (const std::optional<PeerId>& p : it->second.peers) {
+    if (!p) return false;
+  }
+  return true;
+}
+
 uint64_t Remotes::handshakes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return handshakes_;

@@ -48,6 +48,11 @@ class Remotes {
   Result<std::shared_ptr<const Fetched>> fetch(const std::string& instance);
   // The snapshot, if fetched; null otherwise.
   std::shared_ptr<const Fetched> fetched(const std::string& instance) const;
+  // True when `instance` was added.
+  bool known(const std::string& instance) const;
+  // True when `instance` is fetched and connected to every rank's engine:
+  // nothing of a load from it waits on the network.
+  bool connected(const std::string& instance) const;
   // The engine connection to rank `rank` of a fetched `instance`, made on
   // first use (Engine::connect's errors).
   Result<PeerId> peer(const std::string& instance, size_t rank);

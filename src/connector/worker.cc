@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "common/text.h"
@@ -70,7 +71,10 @@ class WorkerImpl final : public ConnectorWorker {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
+    jobs_cv_.notify_all();
     poke();
+    // A handshake under way ends within the handshake timeout.
+    if (connector_.joinable()) connector_.join();
     if (pump_.joinable()) pump_.join();
     // No lock held: a transfer's completion callback may run inside cancel().
     for (auto& [id, load] : loads_) {
@@ -120,6 +124,10 @@ class WorkerImpl final : public ConnectorWorker {
       set_thread_name("kvb-pump");
       pump();
     });
+    connector_ = std::thread([this] {
+      set_thread_name("kvb-connect");
+      connect_loop();
+    });
     return Status();
   }
 
@@ -142,13 +150,63 @@ class WorkerImpl final : public ConnectorWorker {
     return out;
   }
 
+  Status connect(const std::string& instance) override {
+    if (!remotes_->known(instance)) return Status::not_found("unknown remote instance " + q(instance));
+    if (remotes_->connected(instance)) return Status();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!connecting_.insert(instance).second) return Status();  // an attempt is under way
+    connect_errors_.erase(instance);
+    jobs_.push_back(Job{RequestId(), instance, Request(), LoadOptions(), 0});
+    jobs_cv_.notify_one();
+    return Status();
+  }
+
+  Status wait_connected(const std::string& instance, std::chrono::milliseconds timeout) override {
+    KVB_RETURN_IF_ERROR(connect(instance));
+    std::unique_lock<std::mutex> lock(mu_);
+    Status out =
+        Status::timeout("instance " + q(instance) + " not connected within " + std::to_string(timeout.count()) + " ms");
+    results_cv_.wait_for(lock, timeout, [&] {
+      if (remotes_->connected(instance)) {
+        out = Status();
+        return true;
+      }
+      auto e = connect_errors_.find(instance);
+      if (e == connect_errors_.end() || connecting_.count(instance) != 0) return false;
+      out = e->second;
+      return true;
+    });
+    return out;
+  }
+
   Status start_load(RequestId request, const std::string& instance, const Request& blocks,
                     const LoadOptions& options) override {
     KVB_RETURN_IF_ERROR(check_request_id(request));
+    if (!remotes_->known(instance)) return Status::not_found("unknown remote instance " + q(instance));
+    if (remotes_->connected(instance)) return start_now(request, instance, blocks, options, 0);
+    // The handshake or a connect would wait on the network: the connect
+    // thread starts the load.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (loads_.count(request) != 0 || queued_.count(request) != 0) {
+      return Status::already_exists("request " + q(request) + " is loading");
+    }
+    const uint64_t gen = ++queued_gen_;
+    queued_[request] = Queued{gen, blocks.skip_tokens};
+    jobs_.push_back(Job{request, instance, blocks, options, gen});
+    ++stats_.loads_queued;
+    jobs_cv_.notify_one();
+    return Status();
+  }
+
+  // Plans and starts a load. `gen` 0: on the caller's thread (the instance
+  // is connected); otherwise the connect thread's queued load of that
+  // generation, started only if it is still queued (not aborted).
+  Status start_now(const RequestId& request, const std::string& instance, const Request& blocks,
+                   const LoadOptions& options, uint64_t gen) {
     KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(instance));
-    {
+    if (gen == 0) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (loads_.count(request) != 0) {
+      if (loads_.count(request) != 0 || queued_.count(request) != 0) {
         return Status::already_exists("request " + q(request) + " is loading");
       }
     }
@@ -216,6 +274,8 @@ class WorkerImpl final : public ConnectorWorker {
       load.result.sources.push_back(static_cast<uint32_t>(s));
     }
     std::lock_guard<std::mutex> lock(mu_);
+    auto queued = queued_.find(request);
+    if (gen != 0 && (queued == queued_.end() || queued->second.gen != gen)) return Status();  // aborted meanwhile
     if (loads_.count(request) != 0) return Status::already_exists("request " + q(request) + " is loading");
     ended_.erase(request);
     load.started = Clock::now();
@@ -241,6 +301,7 @@ class WorkerImpl final : public ConnectorWorker {
       return started;
     }
     ++stats_.loads_started;
+    if (gen != 0) queued_.erase(queued);
     auto [it, inserted] = loads_.emplace(request, std::move(load));
     if (it->second.pending == 0 && (it->second.unsubmitted == 0 || !it->second.start_error.ok())) end_load(it);
     return Status();
@@ -253,6 +314,7 @@ class WorkerImpl final : public ConnectorWorker {
     Status out = Status::timeout("request " + q(request) + ": " + q(layer) + " did not land within " +
                                  std::to_string(timeout.count()) + " ms");
     results_cv_.wait_for(lock, timeout, [&] {
+      if (queued_.count(request) != 0) return false;  // not started yet
       auto it = loads_.find(request);
       if (it != loads_.end()) {
         if (it->second.layer_left[o->second] != 0) return false;
@@ -274,6 +336,13 @@ class WorkerImpl final : public ConnectorWorker {
     std::vector<TransferId> ids;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (auto qd = queued_.find(request); qd != queued_.end()) {
+        // Not started: it never will be, and its result is ready now.
+        const uint64_t skip = qd->second.skip_tokens;
+        queued_.erase(qd);
+        end_queued(request, skip, Status::cancelled("request " + q(request) + " was aborted"), true);
+        return Status();
+      }
       auto it = loads_.find(request);
       if (it == loads_.end()) return Status::not_found("request " + q(request) + " is not loading");
       it->second.aborted = true;  // no stage starts any more
@@ -529,15 +598,70 @@ class WorkerImpl final : public ConnectorWorker {
   void end_load(std::map<RequestId, Load>::iterator it) {
     Load& load = it->second;
     finish(load);
-    ended_[load.request] = load.result.error;
-    ended_order_.push_back(load.request);
+    report(std::move(load.result));
+    loads_.erase(it);
+  }
+
+  // Requires mu_: a queued load that never started ended with `error`
+  // (aborted, or its handshake, plan or submit failed); reports it.
+  void end_queued(const RequestId& request, uint64_t skip_tokens, Status error, bool aborted) {
+    LoadResult r;
+    r.request = request;
+    r.error = std::move(error);
+    r.aborted = aborted;
+    r.first_bad_token = skip_tokens;
+    ++(aborted ? stats_.loads_aborted : stats_.loads_failed);
+    report(std::move(r));
+  }
+
+  // Requires mu_: `result` is a load's last word.
+  void report(LoadResult result) {
+    ended_[result.request] = result.error;
+    ended_order_.push_back(result.request);
     if (ended_order_.size() > kEndedKept) {
       ended_.erase(ended_order_.front());
       ended_order_.pop_front();
     }
-    results_.push_back(std::move(load.result));
-    loads_.erase(it);
+    results_.push_back(std::move(result));
     results_cv_.notify_all();
+  }
+
+  // The connect thread: handshakes and connects instances (connect()), and
+  // starts the loads queued while their instance was not connected.
+  void connect_loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      jobs_cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (stop_) return;
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      if (job.request.empty()) {
+        Status s = connect_now(job.instance);
+        lock.lock();
+        connecting_.erase(job.instance);
+        connect_errors_[job.instance] = std::move(s);
+        results_cv_.notify_all();
+        continue;
+      }
+      Status s = start_now(job.request, job.instance, job.blocks, job.options, job.gen);
+      lock.lock();
+      auto qd = queued_.find(job.request);
+      if (!s.ok() && qd != queued_.end() && qd->second.gen == job.gen) {
+        queued_.erase(qd);
+        end_queued(job.request, job.blocks.skip_tokens, std::move(s), false);
+      }
+    }
+  }
+
+  // Handshakes with every rank of `instance` and connects to each engine.
+  Status connect_now(const std::string& instance) {
+    KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(instance));
+    for (size_t r = 0; r < fetched->infos.size(); ++r) {
+      Result<PeerId> p = remotes_->peer(instance, r);
+      if (!p.ok()) return p.error().with_context(instance + " rank " + std::to_string(r) + " engine");
+    }
+    return Status();
   }
 
   // Requires mu_: nothing of `load` is in flight.
@@ -577,6 +701,25 @@ class WorkerImpl final : public ConnectorWorker {
   std::map<RequestId, std::vector<std::pair<std::pair<std::string, uint64_t>, uint32_t>>> early_;
   size_t early_count_ = 0;
   std::deque<RequestId> early_order_;  // requests of early_, first kept first
+  // Loads queued for the connect thread, and its work.
+  struct Queued {
+    uint64_t gen = 0;  // which start_load (an id may be aborted and loaded again)
+    uint64_t skip_tokens = 0;
+  };
+  struct Job {
+    RequestId request;  // empty: connect `instance`
+    std::string instance;
+    Request blocks;
+    LoadOptions options;
+    uint64_t gen = 0;
+  };
+  std::map<RequestId, Queued> queued_;
+  uint64_t queued_gen_ = 0;
+  std::deque<Job> jobs_;
+  std::condition_variable jobs_cv_;
+  std::set<std::string> connecting_;              // connect() attempts under way
+  std::map<std::string, Status> connect_errors_;  // the last attempt's outcome
+  std::thread connector_;
   std::vector<LoadResult> results_;
   std::vector<ReaderEvent> events_;
   WorkerStats stats_;

@@ -4,6 +4,11 @@
 // heartbeats and done messages, abort.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <set>
 #include <thread>
 
@@ -286,26 +291,98 @@ TEST(WorkerTest, AChunkThatFailsMidLoadReportsItsFirstTokenAndEveryTokenBeforeIt
   EXPECT_EQ(out[0].recompute_from, fb);
 }
 
-TEST(WorkerTest, HandshakeFailuresComeBackFromStartLoadNamingTheCause) {
+// The handshake runs off the caller's thread: start_load queues the load,
+// and a handshake failure comes back as its result, naming the cause (and
+// from wait_connected()).
+TEST(WorkerTest, HandshakeFailuresComeBackAsTheLoadsResultNamingTheCause) {
   InstanceOptions po = opts("prefill", 1);
   po.worker.secret = "s3cret";
   auto prefill = instance(po);
   InstanceOptions wrong = opts("decode", 1);
   wrong.worker.secret = "guess";
   auto decode = instance(wrong);
-  ASSERT_TRUE(decode[0]->worker->add_remote("prefill", addresses(prefill)).ok());
-  Status s = decode[0]->worker->start_load("1", "prefill", request());
-  EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("secret"), std::string::npos) << s.to_string();
-  EXPECT_EQ(decode[0]->worker->start_load("1", "nowhere", request()).code(), Code::kNotFound);
+  ConnectorWorker& d = *decode[0]->worker;
+  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+  ASSERT_TRUE(d.start_load("1", "prefill", request(16)).ok());
+  LoadResult r = wait_one(d);
+  EXPECT_EQ(r.request, "1");
+  EXPECT_FALSE(r.error.ok());
+  EXPECT_NE(r.error.message().find("secret"), std::string::npos) << r.error.to_string();
+  EXPECT_EQ(r.first_bad_token, 16u);
+  Status w = d.wait_connected("prefill", 10s);
+  EXPECT_NE(w.message().find("secret"), std::string::npos) << w.to_string();
+  EXPECT_EQ(d.start_load("1", "nowhere", request()).code(), Code::kNotFound);
+  EXPECT_EQ(d.connect("nowhere").code(), Code::kNotFound);
+  EXPECT_EQ(d.stats().loads_queued, 1u);
+  EXPECT_EQ(d.stats().loads_failed, 1u);
   testing::FakeSideChannel::Options f;
   f.mode = testing::FakeSideChannel::Mode::kOtherVersion;
   auto v3 = testing::FakeSideChannel::start(f);
   ASSERT_TRUE(v3.ok());
   auto plain = instance(opts("decode2", 1));
   ASSERT_TRUE(plain[0]->worker->add_remote("p", {(*v3)->address()}).ok());
-  s = plain[0]->worker->start_load("1", "p", request());
-  EXPECT_NE(s.message().find("version mismatch: local 2, peer 3"), std::string::npos) << s.to_string();
+  ASSERT_TRUE(plain[0]->worker->start_load("1", "p", request()).ok());
+  r = wait_one(*plain[0]->worker);
+  EXPECT_NE(r.error.message().find("version mismatch: local 2, peer 3"), std::string::npos) << r.error.to_string();
+}
+
+// A peer that accepts and never answers: start_load returns without waiting
+// for it (well inside the handshake timeout), the load waits queued
+// (wait_for_layer waits with it), an abort ends it at once, and a load left
+// queued fails when the handshake times out.
+TEST(WorkerTest, ASilentPeerNeverHoldsUpTheCaller) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);  // never accepted: connects complete, nothing answers
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  InstanceOptions o = opts("decode", 1);
+  o.worker.handshake_timeout = 2000ms;
+  auto decode = instance(o);
+  ConnectorWorker& d = *decode[0]->worker;
+  ASSERT_TRUE(d.add_remote("silent", {"127.0.0.1:" + std::to_string(ntohs(a.sin_port))}).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(d.start_load("a", "silent", request()).ok());
+  ASSERT_TRUE(d.start_load("b", "silent", request()).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1000ms) << "start_load waited on the silent peer";
+  EXPECT_EQ(d.start_load("a", "silent", request()).code(), Code::kAlreadyExists);
+  EXPECT_EQ(d.wait_for_layer("b", "layers.0", 50ms).code(), Code::kTimeout);
+  ASSERT_TRUE(d.abort("b").ok());
+  LoadResult r = wait_one(d);
+  EXPECT_EQ(r.request, "b");
+  EXPECT_TRUE(r.aborted);
+  EXPECT_EQ(r.error.code(), Code::kCancelled);
+  r = wait_one(d);
+  EXPECT_EQ(r.request, "a");
+  EXPECT_FALSE(r.error.ok());
+  EXPECT_FALSE(r.aborted);
+  EXPECT_EQ(d.wait_for_layer("a", "layers.0", 10ms).code(), r.error.code());
+  ::close(fd);
+}
+
+// connect() ahead of the first load: after wait_connected() the load runs
+// on the caller's thread (its plan errors come back from start_load).
+TEST(WorkerTest, ConnectAheadThenLoadsStartOnTheCallersThread) {
+  auto prefill = instance(opts("prefill", 1));
+  for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
+  auto decode = instance(opts("decode", 1));
+  ConnectorWorker& d = *decode[0]->worker;
+  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+  ASSERT_TRUE(d.connect("prefill").ok());
+  ASSERT_TRUE(d.connect("prefill").ok());  // one attempt at a time
+  ASSERT_TRUE(d.wait_connected("prefill", 10s).ok());
+  EXPECT_EQ(d.stats().handshakes, 1u);
+  ASSERT_TRUE(d.start_load("r1", "prefill", request()).ok());
+  LoadResult r = wait_one(d);
+  ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+  EXPECT_EQ(d.stats().loads_queued, 0u);
+  Result<ContentReport> c = check_request(decode[0]->layout, request(), RequestSide::kLocal, 0, 11, decode[0]->spans);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->bad_cells, 0u) << c->first_error;
 }
 
 TEST(WorkerTest, AWorkerAndItsEngineMustAgreeOnHavingASecret) {
@@ -336,7 +413,14 @@ TEST(WorkerTest, PlanErrorsComeBackBeforeAnythingMoves) {
   ASSERT_TRUE(decode[0]->worker->add_remote("prefill", addresses(prefill)).ok());
   Request q = request();
   q.blocks["full"].local = {1, 2, 99};
-  Status s = decode[0]->worker->start_load("1", "prefill", q);
+  // Not connected yet: the connect thread plans it, and the error is the
+  // load's result.
+  ASSERT_TRUE(decode[0]->worker->start_load("1", "prefill", q).ok());
+  LoadResult r = wait_one(*decode[0]->worker);
+  EXPECT_EQ(r.error.code(), Code::kOutOfRange) << r.error.to_string();
+  // Connected: it comes back from start_load.
+  ASSERT_TRUE(decode[0]->worker->wait_connected("prefill", 10s).ok());
+  Status s = decode[0]->worker->start_load("2", "prefill", q);
   EXPECT_EQ(s.code(), Code::kOutOfRange) << s.to_string();
   EXPECT_EQ(decode[0]->engine->metrics().transfers_submitted, 0u);
 }
