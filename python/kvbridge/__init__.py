@@ -10,6 +10,7 @@ The pieces, from the bottom up:
 - Engine: registered memory (torch tensors, numpy arrays), peers, asynchronous transfers,
   notifications, metrics.
 - PrefillScheduler, DecodeScheduler, ConnectorWorker: prefill/decode disaggregation.
+- Store, RankStore: the prefix store (lookup, get, put) over a rank's tensors.
 - Errors: kvbridge.Error and one subclass per status code (InvalidArgument, Incompatible, ...),
   with the library's message unchanged.
 
@@ -44,6 +45,8 @@ __all__ = [
     # connector
     "PrefillScheduler", "DecodeScheduler", "ConnectorWorker", "Release", "RequestOutcome", "LoadResult",
     "ReaderEvent", "WorkerStats",
+    # prefix store
+    "Store", "RankStore", "PutResult", "LookupResult", "GetResult",
     "__version__", "has_cuda",
 ]
 

@@ -83,5 +83,6 @@ void bind_layout(py::module_& m);
 void bind_plan(py::module_& m);
 void bind_engine(py::module_& m);
 void bind_connector(py::module_& m);
+void bind_store(py::module_& m);
 
 }  // namespace kvbridge::python

@@ -20,4 +20,5 @@ PYBIND11_MODULE(_kvbridge, m) {
   kvbridge::python::bind_plan(m);
   kvbridge::python::bind_engine(m);
   kvbridge::python::bind_connector(m);
+  kvbridge::python::bind_store(m);
 }
