@@ -24,9 +24,9 @@
 //
 // The schedulers are pure bookkeeping (time is passed in), so an engine can
 // drive them from its own loop; the worker runs on the engine's threads plus
-// three of its own: the side channel's server, a pump for completions,
-// heartbeats and done messages, and a connect thread for handshakes and the
-// loads queued behind them (docs/connector.md, "Threads").
+// four of its own: the side channel's server, a pump for completions,
+// heartbeats and done messages, a start thread that plans and submits
+// loads, and a connect thread for handshakes (docs/connector.md, "Threads").
 //
 // Messages between workers travel as engine notifications:
 // "kvb/1 hb <request id>" and "kvb/1 done <request id>", from the decode rank's
@@ -253,7 +253,7 @@ struct WorkerStats {
   uint64_t handshakes_rejected = 0;
   std::string last_rejection;
   uint64_t loads_started = 0, loads_ok = 0, loads_failed = 0, loads_aborted = 0;
-  uint64_t loads_queued = 0;  // started off the caller's thread (the instance was not connected yet)
+  uint64_t loads_queued = 0;                        // waited for their instance's handshake (it was not connected yet)
   uint64_t plans_verified = 0, plans_rejected = 0;  // with WorkerOptions::verify_plans
   uint64_t notifications_failed = 0;
   std::string last_notification_error;
@@ -289,15 +289,15 @@ class ConnectorWorker {
   virtual Status connect(const std::string& instance) = 0;
   virtual Status wait_connected(const std::string& instance, std::chrono::milliseconds timeout) = 0;
 
-  // Decode side: plans `request` (local ids = this rank's blocks, remote ids
-  // = the prefill instance's) and starts reading. Never waits on the
-  // network: when `instance` is connected (connect(), or an earlier load)
-  // it plans and submits here, and errors before anything moves (plan,
-  // submit) come back here; otherwise the load is queued (kNotFound for an
-  // instance never added, kAlreadyExists for a request loading or queued)
-  // and the connect thread handshakes, plans and submits it, its errors
-  // arriving as its LoadResult (first_bad_token = skip_tokens). Either way
-  // the caller reports a failed load at its first token.
+  // Decode side: queues `request` (local ids = this rank's blocks, remote
+  // ids = the prefill instance's) and returns; the worker's start thread
+  // plans and submits it, after the connect thread's handshake when the
+  // instance is not connected yet (connect(), or an earlier load). It never
+  // waits on the network or on the planner. Here: kInvalidArgument for a bad
+  // id, kNotFound for an instance never added, kAlreadyExists for a request
+  // loading or queued. Every later error (handshake, plan, submit, the
+  // reads) arrives as its LoadResult (first_bad_token: skip_tokens when
+  // nothing moved), which the caller reports as failed at that token.
   Status start_load(RequestId request, const std::string& instance, const Request& blocks) {
     return start_load(request, instance, blocks, LoadOptions{});
   }

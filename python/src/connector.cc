@@ -587,12 +587,12 @@ void bind_worker(py::module_& m) {
             check(s);
           },
           py::arg("request"), py::arg("instance"), py::arg("blocks"), py::arg("stream") = false,
-          "Decode side: plans `blocks` (local ids = this rank's blocks, remote ids = the prefill\n"
-          "instance's) and starts reading. Never waits on the network: before the instance is\n"
-          "connected (connect(), or an earlier load) the load is queued and the worker's connect\n"
-          "thread handshakes, plans and starts it, its errors (Incompatible naming the differing\n"
-          "layout field, PermissionDenied for a wrong secret, Unavailable, the planner's) arriving as\n"
-          "its LoadResult; once connected, plan errors raise here. NotFound for an unknown instance.\n"
+          "Decode side: queues the load of `blocks` (local ids = this rank's blocks, remote ids = the\n"
+          "prefill instance's) and returns; the worker's threads handshake (first load from an\n"
+          "instance), plan and submit it. Every error after that (Incompatible naming the differing\n"
+          "layout field, PermissionDenied for a wrong secret, Unavailable, the planner's) arrives as\n"
+          "its LoadResult. Raises here only InvalidArgument for a bad id, NotFound for an unknown\n"
+          "instance, AlreadyExists for a request loading.\n"
           "stream=True: layer-wise streaming, started at admission; each stage is read once every\n"
           "prefill rank it reads from announced its layers (save_layer).")
       .def(

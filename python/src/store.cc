@@ -33,8 +33,8 @@ class PyRankStore {
     for (const Tensor& t : layout.tensors) names.push_back(t.name);
     for (const Memory& m : memories_of(tensors, names, true)) {
       if (m.memory != "host") {
-        throw_status(Status::invalid_argument("the prefix store reads and writes host memory; a tensor is " +
-                                              m.memory));
+        throw_status(
+            Status::invalid_argument("the prefix store reads and writes host memory; a tensor is " + m.memory));
       }
       spans_.emplace_back(m.data, m.bytes);
     }
@@ -139,7 +139,8 @@ void bind_store(py::module_& m) {
            "a writing instance run in separate processes. Raises InvalidArgument for bad options; Redis\n"
            "is contacted by the first operation.")
       .def_property_readonly("hash_block_tokens", [](const Store& s) { return s.options().hash_block_tokens; })
-      .def("stats", [](const Store& s) { return stats_dict(s.stats()); }, "The tiers' counters, as a dict.")
+      .def(
+          "stats", [](const Store& s) { return stats_dict(s.stats()); }, "The tiers' counters, as a dict.")
       .def("clear_memory", &Store::clear_memory, py::arg("keep_buffers") = false,
            "Drops every unpinned object of the memory tier (not Redis).");
 

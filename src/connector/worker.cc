@@ -10,6 +10,7 @@
 // starts streamed stages whose layers were announced, and sends heartbeats,
 // done messages and announcements without waiting for them (Engine::notify
 // with a callback). Nothing polls.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -72,8 +73,10 @@ class WorkerImpl final : public ConnectorWorker {
       stop_ = true;
     }
     jobs_cv_.notify_all();
+    connects_cv_.notify_all();
     poke();
     // A handshake under way ends within the handshake timeout.
+    if (starter_.joinable()) starter_.join();
     if (connector_.joinable()) connector_.join();
     if (pump_.joinable()) pump_.join();
     // No lock held: a transfer's completion callback may run inside cancel().
@@ -124,6 +127,14 @@ class WorkerImpl final : public ConnectorWorker {
       set_thread_name("kvb-pump");
       pump();
     });
+    starter_ = std::thread([this] {
+      set_thread_name("kvb-start");
+      // Background work: a caller's wake-up of it must not hand it the
+      // caller's CPU (the scheduler would run it first, and start_load()
+      // would return only when it sleeps again).
+      (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 5);
+      start_loop();
+    });
     connector_ = std::thread([this] {
       set_thread_name("kvb-connect");
       connect_loop();
@@ -154,10 +165,7 @@ class WorkerImpl final : public ConnectorWorker {
     if (!remotes_->known(instance)) return Status::not_found("unknown remote instance " + q(instance));
     if (remotes_->connected(instance)) return Status();
     std::lock_guard<std::mutex> lock(mu_);
-    if (!connecting_.insert(instance).second) return Status();  // an attempt is under way
-    connect_errors_.erase(instance);
-    jobs_.push_back(Job{RequestId(), instance, Request(), LoadOptions(), 0});
-    jobs_cv_.notify_one();
+    request_connect(instance);
     return Status();
   }
 
@@ -183,33 +191,35 @@ class WorkerImpl final : public ConnectorWorker {
                     const LoadOptions& options) override {
     KVB_RETURN_IF_ERROR(check_request_id(request));
     if (!remotes_->known(instance)) return Status::not_found("unknown remote instance " + q(instance));
-    if (remotes_->connected(instance)) return start_now(request, instance, blocks, options, 0);
-    // The handshake or a connect would wait on the network: the connect
-    // thread starts the load.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (loads_.count(request) != 0 || queued_.count(request) != 0) {
-      return Status::already_exists("request " + q(request) + " is loading");
-    }
-    const uint64_t gen = ++queued_gen_;
-    queued_[request] = Queued{gen, blocks.skip_tokens};
-    jobs_.push_back(Job{request, instance, blocks, options, gen});
-    ++stats_.loads_queued;
-    jobs_cv_.notify_one();
-    return Status();
-  }
-
-  // Plans and starts a load. `gen` 0: on the caller's thread (the instance
-  // is connected); otherwise the connect thread's queued load of that
-  // generation, started only if it is still queued (not aborted).
-  Status start_now(const RequestId& request, const std::string& instance, const Request& blocks,
-                   const LoadOptions& options, uint64_t gen) {
-    KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(instance));
-    if (gen == 0) {
+    // Planning, submitting and any handshake run on the worker's threads.
+    Job job{request, instance, blocks, options, 0};
+    {
       std::lock_guard<std::mutex> lock(mu_);
       if (loads_.count(request) != 0 || queued_.count(request) != 0) {
         return Status::already_exists("request " + q(request) + " is loading");
       }
+      job.gen = ++queued_gen_;
+      queued_[request] = Queued{job.gen, blocks.skip_tokens};
+      jobs_.push_back(std::move(job));
     }
+    jobs_cv_.notify_one();  // after the lock: the start thread does not wake into it
+    return Status();
+  }
+
+  // Requires mu_: a connect attempt for `instance` is under way (started
+  // now unless one is).
+  void request_connect(const std::string& instance) {
+    if (!connecting_.insert(instance).second) return;
+    connect_errors_.erase(instance);
+    connects_.push_back(instance);
+    connects_cv_.notify_one();
+  }
+
+  // Plans and starts the queued load of generation `gen` (on the start
+  // thread, its instance connected), if it is still queued (not aborted).
+  Status start_now(const RequestId& request, const std::string& instance, const Request& blocks,
+                   const LoadOptions& options, uint64_t gen) {
+    KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(instance));
     // Planning (and verifying) runs outside the lock, on the immutable snapshot.
     const std::vector<Layout>& layouts = fetched->layouts;
     StageOptions so;
@@ -275,7 +285,7 @@ class WorkerImpl final : public ConnectorWorker {
     }
     std::lock_guard<std::mutex> lock(mu_);
     auto queued = queued_.find(request);
-    if (gen != 0 && (queued == queued_.end() || queued->second.gen != gen)) return Status();  // aborted meanwhile
+    if (queued == queued_.end() || queued->second.gen != gen) return Status();  // aborted meanwhile
     if (loads_.count(request) != 0) return Status::already_exists("request " + q(request) + " is loading");
     ended_.erase(request);
     load.started = Clock::now();
@@ -301,7 +311,7 @@ class WorkerImpl final : public ConnectorWorker {
       return started;
     }
     ++stats_.loads_started;
-    if (gen != 0) queued_.erase(queued);
+    queued_.erase(queued);
     auto [it, inserted] = loads_.emplace(request, std::move(load));
     if (it->second.pending == 0 && (it->second.unsubmitted == 0 || !it->second.start_error.ok())) end_load(it);
     return Status();
@@ -626,24 +636,22 @@ class WorkerImpl final : public ConnectorWorker {
     results_cv_.notify_all();
   }
 
-  // The connect thread: handshakes and connects instances (connect()), and
-  // starts the loads queued while their instance was not connected.
-  void connect_loop() {
+  // The start thread: plans and starts the queued loads, in order; one
+  // whose instance is not connected waits (parked) for the connect thread.
+  void start_loop() {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       jobs_cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
       if (stop_) return;
       Job job = std::move(jobs_.front());
       jobs_.pop_front();
-      lock.unlock();
-      if (job.request.empty()) {
-        Status s = connect_now(job.instance);
-        lock.lock();
-        connecting_.erase(job.instance);
-        connect_errors_[job.instance] = std::move(s);
-        results_cv_.notify_all();
+      if (!remotes_->connected(job.instance)) {
+        ++stats_.loads_queued;
+        request_connect(job.instance);
+        parked_[job.instance].push_back(std::move(job));
         continue;
       }
+      lock.unlock();
       Status s = start_now(job.request, job.instance, job.blocks, job.options, job.gen);
       lock.lock();
       auto qd = queued_.find(job.request);
@@ -651,6 +659,38 @@ class WorkerImpl final : public ConnectorWorker {
         queued_.erase(qd);
         end_queued(job.request, job.blocks.skip_tokens, std::move(s), false);
       }
+    }
+  }
+
+  // The connect thread: handshakes with instances and connects to their
+  // engines, one at a time; then hands the loads parked on one back to the
+  // start thread, or fails them with the attempt's error.
+  void connect_loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      connects_cv_.wait(lock, [&] { return stop_ || !connects_.empty(); });
+      if (stop_) return;
+      const std::string instance = std::move(connects_.front());
+      connects_.pop_front();
+      lock.unlock();
+      Status s = connect_now(instance);
+      lock.lock();
+      connecting_.erase(instance);
+      std::vector<Job> parked = std::move(parked_[instance]);
+      parked_.erase(instance);
+      for (Job& job : parked) {
+        auto qd = queued_.find(job.request);
+        if (qd == queued_.end() || qd->second.gen != job.gen) continue;  // aborted
+        if (s.ok()) {
+          jobs_.push_back(std::move(job));
+        } else {
+          queued_.erase(qd);
+          end_queued(job.request, job.blocks.skip_tokens, s, false);
+        }
+      }
+      if (s.ok()) jobs_cv_.notify_one();
+      connect_errors_[instance] = std::move(s);
+      results_cv_.notify_all();
     }
   }
 
@@ -701,13 +741,13 @@ class WorkerImpl final : public ConnectorWorker {
   std::map<RequestId, std::vector<std::pair<std::pair<std::string, uint64_t>, uint32_t>>> early_;
   size_t early_count_ = 0;
   std::deque<RequestId> early_order_;  // requests of early_, first kept first
-  // Loads queued for the connect thread, and its work.
+  // Loads queued for the start thread, and the connect thread's work.
   struct Queued {
     uint64_t gen = 0;  // which start_load (an id may be aborted and loaded again)
     uint64_t skip_tokens = 0;
   };
   struct Job {
-    RequestId request;  // empty: connect `instance`
+    RequestId request;
     std::string instance;
     Request blocks;
     LoadOptions options;
@@ -715,11 +755,14 @@ class WorkerImpl final : public ConnectorWorker {
   };
   std::map<RequestId, Queued> queued_;
   uint64_t queued_gen_ = 0;
-  std::deque<Job> jobs_;
+  std::deque<Job> jobs_;  // for the start thread
   std::condition_variable jobs_cv_;
+  std::map<std::string, std::vector<Job>> parked_;  // waiting for their instance's connect
+  std::deque<std::string> connects_;                // for the connect thread
+  std::condition_variable connects_cv_;
   std::set<std::string> connecting_;              // connect() attempts under way
   std::map<std::string, Status> connect_errors_;  // the last attempt's outcome
-  std::thread connector_;
+  std::thread starter_, connector_;
   std::vector<LoadResult> results_;
   std::vector<ReaderEvent> events_;
   WorkerStats stats_;

@@ -364,8 +364,8 @@ TEST(WorkerTest, ASilentPeerNeverHoldsUpTheCaller) {
   ::close(fd);
 }
 
-// connect() ahead of the first load: after wait_connected() the load runs
-// on the caller's thread (its plan errors come back from start_load).
+// connect() ahead of the first load: after wait_connected() no load waits
+// for a handshake (none is parked).
 TEST(WorkerTest, ConnectAheadThenLoadsStartOnTheCallersThread) {
   auto prefill = instance(opts("prefill", 1));
   for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
@@ -407,21 +407,23 @@ TEST(WorkerTest, AWorkerAndItsEngineMustAgreeOnHavingASecret) {
   EXPECT_NE(bad.error().message().find("the engine has a shared secret but the worker has none"), std::string::npos);
 }
 
-TEST(WorkerTest, PlanErrorsComeBackBeforeAnythingMoves) {
+TEST(WorkerTest, PlanErrorsComeBackAsTheLoadsResultBeforeAnythingMoves) {
   auto prefill = instance(opts("prefill", 1));
   auto decode = instance(opts("decode", 1));
   ASSERT_TRUE(decode[0]->worker->add_remote("prefill", addresses(prefill)).ok());
   Request q = request();
   q.blocks["full"].local = {1, 2, 99};
-  // Not connected yet: the connect thread plans it, and the error is the
-  // load's result.
+  // Not connected yet, or connected: the start thread plans it, and the
+  // error is the load's result.
   ASSERT_TRUE(decode[0]->worker->start_load("1", "prefill", q).ok());
   LoadResult r = wait_one(*decode[0]->worker);
   EXPECT_EQ(r.error.code(), Code::kOutOfRange) << r.error.to_string();
-  // Connected: it comes back from start_load.
+  EXPECT_EQ(r.first_bad_token, 0u);
   ASSERT_TRUE(decode[0]->worker->wait_connected("prefill", 10s).ok());
-  Status s = decode[0]->worker->start_load("2", "prefill", q);
-  EXPECT_EQ(s.code(), Code::kOutOfRange) << s.to_string();
+  ASSERT_TRUE(decode[0]->worker->start_load("2", "prefill", q).ok());
+  r = wait_one(*decode[0]->worker);
+  EXPECT_EQ(r.request, "2");
+  EXPECT_EQ(r.error.code(), Code::kOutOfRange) << r.error.to_string();
   EXPECT_EQ(decode[0]->engine->metrics().transfers_submitted, 0u);
 }
 
