@@ -5,9 +5,10 @@ Two processes, each with an Engine and a ConnectorWorker over vLLM-shaped caches
 (one tensor per layer: [2 (K, V), num_blocks, block_size, num_kv_heads, head_size], bf16):
 
   prefill: fills its cache (here: seeded random values, standing in for the model's KV),
-           holds request 1's blocks in a PrefillScheduler until the reader says done.
-  decode:  pulls request 1's KV into its own (different) block ids with start_load(), which
-           does the handshake, plans and reads; then checks byte for byte that every token it
+           holds request req-1's blocks in a PrefillScheduler until the reader says done.
+  decode:  pulls request req-1's KV into its own (different) block ids with start_load(),
+           which queues it (the worker's threads do the handshake, the plan and the reads);
+           then checks byte for byte that every token it
            pulled equals the prefill values, and that nothing else in its cache was written.
 
 The parent process only starts the two and passes the prefill side channel's address
