@@ -19,6 +19,13 @@ std::string rank_name(const Layout& l) {
   return std::to_string(l.rank()) + " (pp " + std::to_string(l.pp_rank) + ", tp " + std::to_string(l.tp_rank) + ")";
 }
 
+// True when remote component `rc` holds global head `global` (any head of
+// a replicated local component: `sharded` false).
+bool holds_head(const Component& rc, bool sharded, uint32_t global) {
+  if (rc.empty()) return false;
+  return !sharded || (rc.heads && global >= rc.heads->first && global < rc.heads->first + rc.heads->count);
+}
+
 bool has(std::span<const uint64_t> set, size_t r) { return (set[r / 64] >> (r % 64) & 1) != 0; }
 void add(std::span<uint64_t> set, size_t r) { set[r / 64] |= uint64_t{1} << (r % 64); }
 bool meets(std::span<const uint64_t> a, std::span<const uint64_t> b) {
@@ -42,7 +49,7 @@ Result<SourceNeeds> source_needs(const Layout& local, std::span<const Layout> re
     // The remote context shards the local rank's positions meet (one, any
     // rank's, when the remote group is not sharded).
     const ContextShard& rcs = rg[by_rank[0]]->context;
-    const std::vector<bool> shards = token_indexed(g.kind) ? shards_needed(g.context, rcs) : std::vector<bool>{true};
+    const std::vector<bool> shards = shards_needed(g.context, rcs);
     for (size_t l = 0; l < g.layers.size(); ++l) {
       if (g.layers[l].held &&
           std::none_of(by_rank.begin(), by_rank.end(), [&](uint16_t r) { return rg[r]->layers[l].held; })) {
@@ -66,12 +73,11 @@ Result<SourceNeeds> source_needs(const Layout& local, std::span<const Layout> re
             std::fill(holders.begin(), holders.end(), 0);
             bool any = false;
             for (uint16_t r : by_rank) {
-              const Component& rc = rg[r]->layers[l].components[c];
               const uint32_t global = comp.heads ? comp.heads->first + h : 0;
-              const bool held = !rc.empty() && (!rcs.sharded() || rg[r]->context.rank == shard) &&
-                                (!comp.heads ||
-                                 (rc.heads && global >= rc.heads->first && global < rc.heads->first + rc.heads->count));
-              if (held) add(holders, r), any = true;
+              if ((!rcs.sharded() || rg[r]->context.rank == shard) &&
+                  holds_head(rg[r]->layers[l].components[c], comp.heads.has_value(), global)) {
+                add(holders, r), any = true;
+              }
             }
             if (!any) {
               const std::string of_shard = rcs.sharded() ? " of context shard " + std::to_string(shard) : "";
@@ -232,17 +238,19 @@ Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layo
   auto spread = [&](size_t n) { return (local.rank() + before * n / held) % n; };
   // A rank of another context shard than the one read holds other positions.
   auto of_shard = [&](uint16_t r) { return !move.remote_cp.sharded() || move.remote_shard[r] == move.shard; };
-  const std::string shard_text = move.remote_cp.sharded() ? " of context shard " + std::to_string(move.shard) : "";
+  auto shard_text = [&] {  // for errors only: not built on the planning path
+    return move.remote_cp.sharded() ? " of context shard " + std::to_string(move.shard) : std::string();
+  };
   std::vector<HeadRun> runs;
   std::vector<uint16_t> holders;
   if (!c.heads) {
     // Replicated: every rank holds it; spread local ranks over remote ranks.
     for (uint16_t r : by_rank) {
-      if (!remote_component(r).empty() && of_shard(r)) holders.push_back(r);
+      if (of_shard(r) && holds_head(remote_component(r), false, 0)) holders.push_back(r);
     }
     if (holders.empty()) {
       return Status::incompatible("group " + q(g.name) + " layer " + q(g.layers[layer].name) + " component " +
-                                  q(c.name) + ": no given remote rank" + shard_text + " holds it");
+                                  q(c.name) + ": no given remote rank" + shard_text() + " holds it");
     }
     runs.push_back({0, 1, holders[spread(holders.size())], 0});
     return runs;
@@ -251,16 +259,12 @@ Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layo
     const uint32_t global = c.heads->first + h;
     holders.clear();
     for (uint16_t r : by_rank) {
-      const Component& rc = remote_component(r);
-      if (!rc.empty() && rc.heads && global >= rc.heads->first && global < rc.heads->first + rc.heads->count &&
-          of_shard(r)) {
-        holders.push_back(r);
-      }
+      if (of_shard(r) && holds_head(remote_component(r), true, global)) holders.push_back(r);
     }
     if (holders.empty()) {
       return Status::incompatible("group " + q(g.name) + " layer " + q(g.layers[layer].name) + " component " +
                                   q(c.name) + ": no given remote rank holds global head " + std::to_string(global) +
-                                  shard_text);
+                                  shard_text());
     }
     const uint16_t src = holders[spread(holders.size())];
     const uint32_t rh = global - remote_component(src).heads->first;
