@@ -151,10 +151,17 @@ Status emit_sharded(Emitter& e, const Layout& local, std::span<const Layout> rem
     if (units[piece.shard].empty()) return Status();
   }
   const std::vector<Unit>& shape = units[pieces.front().shard];
+  // Each piece's entries, sorted once (every unit visits them).
+  std::vector<std::vector<uint64_t>> entries;
+  for (const ContextPiece& piece : pieces) {
+    m.begin = piece.begin, m.end = piece.end;
+    entries.push_back(sorted_entries(m));
+  }
   auto each_piece = [&](auto&& fn) {
-    for (const ContextPiece& piece : pieces) {
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const ContextPiece& piece = pieces[k];
       m.begin = piece.begin, m.end = piece.end, m.delta = piece.delta, m.shard = piece.shard;
-      for (uint64_t i : sorted_entries(m)) fn(units[piece.shard], i);
+      for (uint64_t i : entries[k]) fn(units[piece.shard], i);
     }
   };
   for (const UnitRun& run : unit_runs(shape)) {
