@@ -312,7 +312,9 @@ class ConnectorWorker {
   virtual Status wait_for_layer(RequestId request, std::string_view layer, std::chrono::milliseconds timeout) = 0;
   // Cancels the request's transfers; when it returns no byte of it lands in
   // local memory, and no stage not yet started will start. Its result comes
-  // with aborted = true. kNotFound if unknown.
+  // with aborted = true. The prefill ranks it reads from are told it is done
+  // (so they free its blocks without waiting for the lease), also for a load
+  // aborted while queued, once its instance is connected. kNotFound if unknown.
   virtual Status abort(RequestId request) = 0;
   // Loads that ended since the last call.
   virtual std::vector<LoadResult> take_results() = 0;

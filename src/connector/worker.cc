@@ -347,8 +347,11 @@ class WorkerImpl final : public ConnectorWorker {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto qd = queued_.find(request); qd != queued_.end()) {
-        // Not started: it never will be, and its result is ready now.
+        // Not started: it never will be, and its result is ready now. The
+        // prefill ranks it would have read still hold its blocks: once the
+        // instance is connected the start thread tells them it is done.
         const uint64_t skip = qd->second.skip_tokens;
+        abandoned_[request] = qd->second.gen;
         queued_.erase(qd);
         end_queued(request, skip, Status::cancelled("request " + q(request) + " was aborted"), true);
         return Status();
@@ -645,6 +648,13 @@ class WorkerImpl final : public ConnectorWorker {
       if (stop_) return;
       Job job = std::move(jobs_.front());
       jobs_.pop_front();
+      if (abandoned(job.request, job.gen) && remotes_->connected(job.instance)) {
+        abandoned_.erase(job.request);
+        lock.unlock();
+        release_sources(job.instance, job.request);
+        lock.lock();
+        continue;
+      }
       if (!remotes_->connected(job.instance)) {
         ++stats_.loads_queued;
         request_connect(job.instance);
@@ -659,6 +669,32 @@ class WorkerImpl final : public ConnectorWorker {
         queued_.erase(qd);
         end_queued(job.request, job.blocks.skip_tokens, std::move(s), false);
       }
+      if (abandoned(job.request, job.gen)) {  // aborted while it was being planned
+        abandoned_.erase(job.request);
+        lock.unlock();
+        release_sources(job.instance, job.request);
+        lock.lock();
+      }
+    }
+  }
+
+  // Requires mu_: `job` was aborted while queued, and its sources are owed a done message.
+  bool abandoned(const RequestId& request, uint64_t gen) const {
+    auto a = abandoned_.find(request);
+    return a != abandoned_.end() && a->second == gen;
+  }
+
+  // Tells the ranks of `instance` a load of `request` would read from (the
+  // fewest sources, as plans choose them) that this rank is done with it:
+  // a load aborted before it started holds no byte of theirs.
+  void release_sources(const std::string& instance, const RequestId& request) {
+    Result<std::shared_ptr<const Fetched>> fetched = remotes_->fetch(instance);
+    if (!fetched.ok()) return;
+    Result<std::vector<uint32_t>> sources = source_ranks(layout_, (*fetched)->layouts);
+    if (!sources.ok()) return;
+    for (uint32_t s : *sources) {
+      Result<PeerId> p = remotes_->peer(instance, s);
+      if (p.ok()) send(*p, connector::format_message(connector::Message::Kind::kDone, request));
     }
   }
 
@@ -680,7 +716,16 @@ class WorkerImpl final : public ConnectorWorker {
       parked_.erase(instance);
       for (Job& job : parked) {
         auto qd = queued_.find(job.request);
-        if (qd == queued_.end() || qd->second.gen != job.gen) continue;  // aborted
+        if (qd == queued_.end() || qd->second.gen != job.gen) {  // aborted
+          if (abandoned(job.request, job.gen)) {
+            if (s.ok()) {
+              jobs_.push_back(std::move(job));  // the start thread releases its sources
+            } else {
+              abandoned_.erase(job.request);  // unreachable: the prefill's lease frees its blocks
+            }
+          }
+          continue;
+        }
         if (s.ok()) {
           jobs_.push_back(std::move(job));
         } else {
@@ -754,6 +799,7 @@ class WorkerImpl final : public ConnectorWorker {
     uint64_t gen = 0;
   };
   std::map<RequestId, Queued> queued_;
+  std::map<RequestId, uint64_t> abandoned_;  // aborted while queued (-> gen): owed a done to its sources
   uint64_t queued_gen_ = 0;
   std::deque<Job> jobs_;  // for the start thread
   std::condition_variable jobs_cv_;

@@ -364,6 +364,37 @@ TEST(WorkerTest, ASilentPeerNeverHoldsUpTheCaller) {
   ::close(fd);
 }
 
+// A load aborted before it started (queued behind its instance's
+// handshake) reads nothing, yet the prefill ranks it would have read hold
+// its blocks: once connected, the worker tells each of them it is done, so
+// no block waits for the lease.
+TEST(WorkerTest, ALoadAbortedWhileQueuedStillReleasesItsSources) {
+  auto prefill = instance(opts("prefill", 2));
+  auto decode = instance(opts("decode", 1));
+  ConnectorWorker& d = *decode[0]->worker;
+  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+  ASSERT_TRUE(d.start_load("q1", "prefill", request()).ok());
+  ASSERT_TRUE(d.abort("q1").ok());  // at once: the handshake has not even begun
+  LoadResult r = wait_one(d);
+  EXPECT_EQ(r.request, "q1");
+  EXPECT_TRUE(r.aborted);
+  EXPECT_EQ(d.stats().loads_started, 0u);
+  for (auto& p : prefill) {
+    PrefillScheduler s(std::chrono::seconds(60));
+    ASSERT_TRUE(s.hold("q1", 1u, std::chrono::steady_clock::now()).ok());
+    std::vector<Release> released;
+    for (int i = 0; i < 1000 && released.empty(); ++i) {
+      for (ReaderEvent& e : p->worker->take_reader_events()) {
+        if (e.kind == ReaderEvent::Kind::kDone) s.reader_done(e.request, e.reader, std::chrono::steady_clock::now());
+      }
+      released = s.take_releases(std::chrono::steady_clock::now());
+      std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_EQ(released.size(), 1u) << "a prefill rank never heard that the aborted load is done";
+    EXPECT_EQ(released[0].reason, ReleaseReason::kRead);
+  }
+}
+
 // connect() ahead of the first load: after wait_connected() no load waits
 // for a handshake (none is parked).
 TEST(WorkerTest, ConnectAheadThenLoadsStartOnTheCallersThread) {
