@@ -28,10 +28,12 @@ std::vector<uint32_t> tokens_of(py::handle tokens) {
 // A rank bound to a store, with the memory it reads and writes.
 class PyRankStore {
  public:
-  PyRankStore(std::shared_ptr<Store> store, const Layout& layout, py::object tensors) : tensors_(tensors) {
+  // tensors None: a view for lookups only (a scheduler process holds no KV).
+  PyRankStore(std::shared_ptr<Store> store, const Layout& layout, py::object tensors)
+      : tensors_(tensors), lookup_only_(tensors.is_none()) {
     std::vector<std::string> names;
     for (const Tensor& t : layout.tensors) names.push_back(t.name);
-    for (const Memory& m : memories_of(tensors, names, true)) {
+    for (const Memory& m : lookup_only_ ? std::vector<Memory>{} : memories_of(tensors, names, true)) {
       if (m.memory != "host") {
         throw_status(
             Status::invalid_argument("the prefix store reads and writes host memory; a tensor is " + m.memory));
@@ -42,10 +44,19 @@ class PyRankStore {
   }
 
   RankStore& get() { return *rank_; }
-  TensorMemory memory() const { return spans_; }
+  // The rank's memory for get() and put(); InvalidArgument naming `call` for a lookup-only view.
+  TensorMemory memory(const char* call) const {
+    if (lookup_only_) {
+      throw_status(Status::invalid_argument(std::string("RankStore.") + call +
+                                            "(): this RankStore was made without tensors (tensors=None), "
+                                            "for lookups only"));
+    }
+    return spans_;
+  }
 
  private:
   py::object tensors_;  // keeps the memory alive
+  bool lookup_only_ = false;
   std::vector<std::span<uint8_t>> spans_;
   std::unique_ptr<RankStore> rank_;
 };
@@ -146,11 +157,12 @@ void bind_store(py::module_& m) {
 
   py::class_<PyRankStore>(m, "RankStore",
                           "One rank's view of a Store: its layout and its tensors (kept alive), which put() reads\n"
-                          "and get() writes. Tokens are a list of ints, a numpy array or a torch tensor.")
+                          "and get() writes. Tokens are a list of ints, a numpy array or a torch tensor. With\n"
+                          "tensors=None it only looks up (a scheduler process, which holds no KV).")
       .def(py::init([](std::shared_ptr<Store> store, const Layout& layout, py::object tensors) {
              return std::make_unique<PyRankStore>(std::move(store), layout, std::move(tensors));
            }),
-           py::arg("store"), py::arg("layout"), py::arg("tensors"),
+           py::arg("store"), py::arg("layout"), py::arg("tensors") = py::none(),
            "Raises InvalidArgument when the layout cannot use the store (a pipeline stage, a context\n"
            "shard, a hash block that does not fit a group), naming why.")
       .def_property_readonly("resume_align_tokens", [](PyRankStore& r) { return r.get().resume_align_tokens(); })
@@ -172,10 +184,11 @@ void bind_store(py::module_& m) {
           "get",
           [](PyRankStore& r, py::handle tokens, const Request& request) {
             const std::vector<uint32_t> t = tokens_of(tokens);
+            const TensorMemory memory = r.memory("get");
             Result<GetResult> out = Status::internal("unset");
             {
               py::gil_scoped_release nogil;
-              out = r.get().get(t, request, r.memory());
+              out = r.get().get(t, request, memory);
             }
             return unwrap(std::move(out));
           },
@@ -186,10 +199,11 @@ void bind_store(py::module_& m) {
           "put",
           [](PyRankStore& r, py::handle tokens, const Request& request) {
             const std::vector<uint32_t> t = tokens_of(tokens);
+            const TensorMemory memory = r.memory("put");
             Result<PutResult> out = Status::internal("unset");
             {
               py::gil_scoped_release nogil;
-              out = r.get().put(t, request, r.memory());
+              out = r.get().put(t, request, memory);
             }
             return unwrap(std::move(out));
           },
