@@ -11,10 +11,12 @@ The pieces, from the bottom up:
   notifications, metrics.
 - PrefillScheduler, DecodeScheduler, ConnectorWorker: prefill/decode disaggregation.
 - Store, RankStore: the prefix store (lookup, get, put) over a rank's tensors.
+- kvbridge.connector_v1: the KV-connector method set engines implement (scheduler half and
+  worker half, plain values in and out) over all of the above.
 - Errors: kvbridge.Error and one subclass per status code (InvalidArgument, Incompatible, ...),
   with the library's message unchanged.
 
-See docs/python.md and examples/pd_torch.py.
+See docs/python.md, docs/integration.md, examples/pd_torch.py and examples/connector_v1_pd.py.
 """
 
 from ._kvbridge import *  # noqa: F401,F403

@@ -51,3 +51,17 @@ def test_store_errors_name_what_is_wrong():
         rs.lookup(["a", "b"])
     with pytest.raises(kvbridge.InvalidArgument):
         rs.put(list(range(16)), kvbridge.Request(32, {"full": ([0, 1], [])}))  # more tokens than given
+
+
+def test_a_rank_store_without_tensors_looks_up_only():
+    store = kvbridge.Store(hash_block_tokens=16, memory_bytes=8 << 20)
+    layout = kvbridge.make_preset("llama3-8b", num_blocks=8)
+    mem = [np.zeros(t.bytes, dtype=np.uint8) for t in layout.tensors]
+    kvbridge.fill_request(layout, kvbridge.Request(32, {"full": ([0, 1], [])}), mem, side="local", seed=2)
+    kvbridge.RankStore(store, layout, mem).put(list(range(32)), kvbridge.Request(32, {"full": ([0, 1], [])}))
+    scheduler_view = kvbridge.RankStore(store, layout)  # a scheduler process: no KV of its own
+    assert scheduler_view.lookup(list(range(32))).hit_tokens == 32
+    with pytest.raises(kvbridge.InvalidArgument, match=r"RankStore.get\(\): .*without tensors"):
+        scheduler_view.get(list(range(32)), kvbridge.Request(32, {"full": ([2, 3], [])}))
+    with pytest.raises(kvbridge.InvalidArgument, match=r"RankStore.put\(\): .*lookups only"):
+        scheduler_view.put(list(range(32)), kvbridge.Request(32, {"full": ([2, 3], [])}))
