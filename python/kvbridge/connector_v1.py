@@ -280,8 +280,9 @@ class SchedulerConnector:
         self._decode = _kvb.DecodeScheduler(ranks=config.tp_size, policy=config.failure_policy)
         self._pending: Dict[str, _Pending] = {}
         self._meta = ConnectorMetadata()
-        self._loading: Set[str] = set()                 # in the DecodeScheduler
+        self._loading: Dict[str, Set[int]] = {}         # in the DecodeScheduler -> ranks that reported
         self._aborting: Dict[str, Set[int]] = {}        # ranks whose aborted result is due
+        self._settling: Dict[str, Tuple[Any, Set[int]]] = {}  # an outcome held until these ranks stopped
         self._saving: Dict[str, Set[int]] = {}          # ranks still storing the request
         self._held: Set[str] = set()                    # held for decode readers
         self._early_params: Dict[str, Dict[str, Any]] = {}
@@ -347,7 +348,7 @@ class SchedulerConnector:
                 remote_request_id=str(params.get("remote_request_id", request_id)),
                 stream=bool(params.get("stream", self.config.stream))))
             self._decode.expect(request_id, skip_tokens=min(p.computed, n), timeout=self.config.load_timeout_s)
-            self._loading.add(request_id)
+            self._loading[request_id] = set()
             self._pending[request_id] = dataclasses.replace(p, params=None)  # request_finished may store it
             return
         if num_external_tokens > 0 and p.store_hit > p.computed:
@@ -391,9 +392,15 @@ class SchedulerConnector:
         self._streaming.pop(request_id, None)
         early_events = self._early_events.pop(request_id, [])
         if request_id in self._loading:  # decode: still loading; the blocks are free once every rank stopped
-            self._loading.discard(request_id)
-            self._decode.abort(request_id)
-            self._aborting[request_id] = set(range(self.config.tp_size))
+            reported = self._loading.pop(request_id)
+            try:
+                self._decode.abort(request_id)
+            except _kvb.NotFound:
+                pass  # settled already: its outcome is dropped with it
+            due = set(range(self.config.tp_size)) - reported
+            if not due:
+                return False, None
+            self._aborting[request_id] = due
             self._meta.aborts.append(request_id)
             return True, None
         for i, load in enumerate(self._meta.loads):  # not handed to the workers yet
@@ -442,12 +449,20 @@ class SchedulerConnector:
                     self._prefill.on_reader_event(event, now)
             for result in out.load_results:
                 rid = result.request
-                if rid in self._aborting:
+                if rid in self._settling:
+                    outcome, due = self._settling[rid]
+                    due.discard(out.rank)
+                    if not due:
+                        del self._settling[rid]
+                        self._done.finished_recving.add(rid)
+                        self._done.outcomes[rid] = outcome
+                elif rid in self._aborting:
                     self._aborting[rid].discard(out.rank)
                     if not self._aborting[rid]:
                         del self._aborting[rid]
                         self._done.finished_sending.add(rid)
-                elif rid in self._loading:
+                elif rid in self._loading and out.rank not in self._loading[rid]:
+                    self._loading[rid].add(out.rank)
                     self._decode.rank_result(out.rank, result)
             for rid in list(out.saved) + list(out.save_errors):
                 ranks = self._saving.get(rid)
@@ -459,8 +474,22 @@ class SchedulerConnector:
                             self._done.finished_sending.add(rid)
 
     def rank_lost(self, rank: int, why: str) -> None:
-        """A rank of this instance is gone: every load waiting on it fails naming it."""
-        self._decode.rank_lost(rank, why)
+        """A rank of this instance is gone: every load waiting on it fails naming it (a lost rank
+        writes nothing more, so nothing waits for its result)."""
+        self._decode.rank_lost(rank, _kvb.Status("unavailable", why))
+        for reported in self._loading.values():
+            reported.add(rank)
+        for rid, due in list(self._aborting.items()):
+            due.discard(rank)
+            if not due:
+                del self._aborting[rid]
+                self._done.finished_sending.add(rid)
+        for rid, (outcome, due) in list(self._settling.items()):
+            due.discard(rank)
+            if not due:
+                del self._settling[rid]
+                self._done.finished_recving.add(rid)
+                self._done.outcomes[rid] = outcome
 
     def take_finished(self, now: Optional[float] = None) -> FinishedRequests:
         """What ended since the last call (each request once)."""
@@ -470,7 +499,13 @@ class SchedulerConnector:
             if release.request not in self._saving:
                 self._done.finished_sending.add(release.request)
         for outcome in self._decode.take_outcomes(now):
-            self._loading.discard(outcome.request)
+            reported = self._loading.pop(outcome.request, set())
+            due = set(range(self.config.tp_size)) - reported
+            if due and outcome.outcome != "aborted":
+                # Past its deadline while ranks still load: reported once they stopped writing.
+                self._settling[outcome.request] = (outcome, due)
+                self._meta.aborts.append(outcome.request)
+                continue
             self._done.finished_recving.add(outcome.request)
             self._done.outcomes[outcome.request] = outcome
         done, self._done = self._done, FinishedRequests()
@@ -602,12 +637,15 @@ class WorkerConnector:
         self._run_saves()
 
     def wait_for_layer_load(self, layer_name: str, request_ids: Optional[Iterable[str]] = None) -> None:
-        """Returns once `layer_name` of each streamed load (of request_ids, default: every one
-        under way) has landed, or the load ended; a failure arrives as the load's result."""
+        """Returns once `layer_name` of each streamed load of request_ids (default: those the
+        bound metadata starts) has landed, or the load ended; a failure arrives as the load's
+        result. A request not loading streamed returns at once."""
         w = self._require()
+        if request_ids is None:
+            request_ids = [load.request_id for load in self._meta.loads if load.stream]
         with self._lock:
-            ids = ([wid for wid, load in self._loads.items() if load.stream] if request_ids is None
-                   else [self._load_ids.get(str(r), str(r)) for r in request_ids])
+            ids = [self._load_ids[str(r)] for r in request_ids
+                   if str(r) in self._load_ids and self._loads[self._load_ids[str(r)]].stream]
         for rid in ids:
             try:
                 w.wait_for_layer(rid, layer_name, timeout=self.config.load_timeout_s)

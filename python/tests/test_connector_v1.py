@@ -3,6 +3,7 @@ and the worker halves of a prefill and a decode instance, in one process (the tw
 version is examples/connector_v1_pd.py, run by test_examples_connector_v1)."""
 import os
 import pickle
+import socket
 import subprocess
 import sys
 import time
@@ -216,6 +217,58 @@ def test_a_request_finished_while_loading_is_aborted_and_no_block_is_stranded(pd
     # Prefill hears from both decode ranks for both requests, well before the 30 s lease.
     seen = p.run_until(lambda f: {"req-3", "req-4"} <= f.finished_sending, timeout=15)
     assert p.scheduler.held == 0
+
+
+def test_a_load_past_its_deadline_is_reported_only_once_no_rank_can_write_any_more(pd):
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # accepts connections, never answers: the handshake hangs
+    try:
+        _, d = pd(decode_kw={"load_timeout_s": 0.5, "handshake_timeout_s": 20.0})
+        params = {"do_remote_prefill": True, "remote_instance": "silent", "remote_block_ids": [1],
+                  "remote_addresses": [f"127.0.0.1:{silent.getsockname()[1]}"], "remote_num_tokens": 16}
+        d.scheduler.get_num_new_matched_tokens("req-t", list(range(16)), 0, params)
+        d.scheduler.update_state_after_alloc("req-t", [3], 16)
+        t0 = time.monotonic()
+        seen = d.run_until(lambda f: "req-t" in f.outcomes, timeout=10)
+        # Failed at the deadline (not at the 20 s handshake timeout), once both ranks aborted the load.
+        assert time.monotonic() - t0 < 5
+        o = seen.outcomes["req-t"]
+        assert o.outcome == "failed" and o.error.code == "timeout", o
+        assert all(w.worker.stats().loads_aborted == 1 for w in d.workers)
+    finally:
+        silent.close()
+
+
+def test_a_request_finished_after_its_load_ended_frees_at_once_and_a_lost_rank_is_not_waited_for(pd):
+    p, d = pd()
+    prompt = list(range(32))
+    params = prefill_request(p, "req-5", prompt, [1, 2], seed=9)
+    d.scheduler.get_num_new_matched_tokens("req-5", prompt, 0, params)
+    d.scheduler.update_state_after_alloc("req-5", [1], 32)
+    meta = d.scheduler.build_connector_meta()
+    outputs = []
+    for w in d.workers:
+        w.bind_connector_metadata(meta)
+        w.start_load_kv()
+    deadline = time.monotonic() + 20
+    for w in d.workers:
+        while not w.worker.wait_results(0.05) and time.monotonic() < deadline:
+            pass
+        outputs.append(w.build_connector_worker_meta())
+    d.scheduler.update_connector_output(outputs)
+    # Every rank reported, the outcome not taken yet: nothing is loading any more.
+    assert d.scheduler.request_finished("req-5", [1]) == (False, None)
+    assert d.scheduler.build_connector_meta().aborts == []
+    # A rank lost while a load waits on it: the request fails naming it, without waiting for it.
+    params = prefill_request(p, "req-6", prompt, [3, 4], seed=9)
+    d.scheduler.get_num_new_matched_tokens("req-6", prompt, 0, params)
+    d.scheduler.update_state_after_alloc("req-6", [2], 32)
+    d.scheduler.build_connector_meta()  # handed to ranks that are gone
+    d.scheduler.rank_lost(0, "worker process exited")
+    d.scheduler.rank_lost(1, "worker process exited")
+    f = d.scheduler.take_finished()
+    assert f.outcomes["req-6"].outcome == "failed" and "worker process exited" in f.outcomes["req-6"].error.message
 
 
 def test_layer_wise_streaming_reads_each_layer_as_prefill_saves_it(pd):
