@@ -9,7 +9,7 @@ JOBS        ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test check test-asan test-tsan fuzz fuzz-short bench clean install-python
+.PHONY: all deps build demo demo-engine test check test-asan test-tsan fuzz fuzz-short bench clean install-python
 
 all: build
 
@@ -26,6 +26,15 @@ build: deps $(BUILD)/build.ninja
 demo: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target kvbridge
 	$(BUILD)/tools/kvbridge demo
+
+# The reference engine: a hybrid model (linear-attention state, ring buffer,
+# attention every 4th layer) served P/D through kvbridge.connector_v1, prefill
+# TP 2 with 16-token blocks, decode TP 4 with 32-token blocks, its output
+# compared bit for bit with a colocated run.
+demo-engine: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target kvbridge_python
+	PYTHONPATH=$(BUILD)/python /usr/bin/python3 examples/mini_engine/engine.py --model hybrid \
+	  --prefill-tp 2 --decode-tp 4 --prefill-block 16 --decode-block 32
 
 # Every test: `check`, then the tests again under ASan/UBSan and the threaded
 # ones under TSan (what CI runs, with KVB_REQUIRE set: .ci/run).

@@ -1,0 +1,478 @@
+#!/usr/bin/python3
+"""The mini engine: a real transformer served prefill/decode-disaggregated through
+kvbridge.connector_v1, its output compared with a colocated run.
+
+Each instance (prefill, decode) is one process per TP rank, the ranks joined by a gloo
+process group (the head outputs' all-gather, and the scheduler's step broadcast). Rank 0
+of each instance also runs the instance's scheduler half. The parent process is the
+router: it sends a prompt to prefill, gets back the first token and the kv_transfer_params,
+and forwards them to decode, which loads the KV through kvbridge and generates the rest
+greedily. The check: the generated tokens and every logit (bit for bit) equal those of a
+colocated run (one rank, prefill and decode in one process, no transfer).
+
+  PYTHONPATH=build/python /usr/bin/python3 examples/mini_engine/engine.py \\
+      --model llama --prefill-tp 2 --decode-tp 4 --prefill-block 16 --decode-block 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing as mp
+import os
+import queue
+import socket
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model import MODELS, ModelConfig, RankModel  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceSpec:
+    role: str                 # "prefill" or "decode"
+    tp: int
+    block_size: int
+    num_blocks: int = 32
+    order: str = "layer"      # cache order: "layer" (per-layer tensors) or "block" (one block-major tensor)
+    policy: str = "fail"      # decode: on a failed load, "fail" or "recompute"
+    chunk: int = 0            # prefill: tokens per step (chunked prefill); 0: the whole prompt in one step
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------- one rank
+
+
+class Rank:
+    """One rank's part of an instance: its model shard, its connector worker, the collectives."""
+
+    def __init__(self, cfg: ModelConfig, spec: InstanceSpec, rank: int, port: int) -> None:
+        import torch.distributed as dist
+        from kvbridge import connector_v1
+
+        self.dist = dist
+        self.spec, self.rank = spec, rank
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=spec.tp)
+        self.model = RankModel(cfg, spec.tp, rank, spec.block_size, spec.num_blocks, spec.order)
+        self.config = connector_v1.ConnectorConfig(
+            instance_id=spec.role, role=spec.role, tp_size=spec.tp, model=cfg.name,
+            num_kv_heads=cfg.kv_heads if cfg.kind == "llama" else None, failure_policy=spec.policy,
+            lease_s=20.0, load_timeout_s=10.0, handshake_timeout_s=3.0, verify_plans=True)
+        self.worker = connector_v1.WorkerConnector(self.config, rank)
+        self.layout = self.worker.register_kv_caches(self.model.caches, spec=self.model.layout_spec())
+        self.addresses = self.all_gather(self.worker.get_handshake_metadata())
+
+    def all_gather(self, obj: Any) -> List[Any]:
+        out: List[Any] = [None] * self.spec.tp
+        self.dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather_heads(self, mine: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(mine) for _ in range(self.spec.tp)]
+        self.dist.all_gather(parts, mine)
+        return torch.cat(parts)
+
+    def step(self, meta: Any, compute: Optional[Tuple[List[int], int, Dict[str, List[int]], bool]]) -> Dict[str, Any]:
+        """One engine step on this rank: the connector's hooks around the forward pass."""
+        w = self.worker
+        w.bind_connector_metadata(meta)
+        w.start_load_kv()
+        logits: List[torch.Tensor] = []
+        if compute is not None:
+            tokens, start, table, _ = compute
+            logits = self.model.forward(tokens, start, table, self.gather_heads,
+                                        on_layer_done=lambda i: w.save_kv_layer(f"layers.{i}"))
+        w.wait_for_save()
+        w.clear_connector_metadata()
+        return {"output": w.build_connector_worker_meta(), "bad_blocks": sorted(w.get_block_ids_with_load_errors()),
+                "logits": logits}
+
+    def close(self) -> None:
+        self.worker.close()
+        self.dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------- one instance
+
+
+class Allocator:
+    """Block pools per group; a request's blocks are {group: [ids]}."""
+
+    def __init__(self, pools: Dict[str, int]) -> None:
+        self.free = {g: list(range(n - 1, -1, -1)) for g, n in pools.items()}
+        self.total = sum(pools.values())
+
+    def take(self, wanted: Dict[str, int]) -> Dict[str, List[int]]:
+        for g, k in wanted.items():
+            if k > len(self.free[g]):
+                raise RuntimeError(f"out of '{g}' blocks: {k} wanted, {len(self.free[g])} free")
+        return {g: [self.free[g].pop() for _ in range(k)] for g, k in wanted.items()}
+
+    def give(self, blocks: Dict[str, List[int]]) -> None:
+        for g, ids in blocks.items():
+            self.free[g].extend(ids)
+
+    @property
+    def used(self) -> int:
+        return self.total - sum(len(f) for f in self.free.values())
+
+
+def instance_main(cfg: ModelConfig, spec: InstanceSpec, rank: int, port: int, inbox: Any, outbox: Any) -> None:
+    torch.set_num_threads(1)
+    r = Rank(cfg, spec, rank, port)
+    try:
+        if rank == 0:
+            Leader(r, inbox, outbox).run()
+        else:
+            while True:
+                cmd = r.broadcast(None)
+                if cmd is None:
+                    break
+                r.all_gather(r.step(*cmd))
+    finally:
+        r.close()
+
+
+class Leader:
+    """Rank 0: the instance's scheduler half and its loop; every other rank follows its steps."""
+
+    def __init__(self, r: Rank, inbox: Any, outbox: Any) -> None:
+        from kvbridge import connector_v1
+
+        self.r, self.inbox, self.outbox = r, inbox, outbox
+        self.scheduler = connector_v1.SchedulerConnector(r.config, layout=r.layout)
+        self.scheduler.set_xfer_handshake_metadata(r.addresses)
+        self.alloc = Allocator(r.model.pool_sizes())
+        self.keep: Dict[str, List[int]] = {}  # blocks the connector still uses, by request
+        self.finished: Any = connector_v1.FinishedRequests()
+        self.outbox.put(("ready", r.spec.role, r.addresses))
+
+    def step(self, compute=None, finishing=None) -> List[Dict[str, Any]]:
+        meta = self.scheduler.build_connector_meta(finishing)
+        self.r.broadcast((meta, compute))
+        results = self.r.all_gather(self.r.step(meta, compute))
+        self.scheduler.update_connector_output([x["output"] for x in results])
+        done = self.scheduler.take_finished()
+        for rid in done.finished_sending:
+            self.alloc.give(self.keep.pop(rid, []))
+            self.outbox.put(("freed", rid))
+        self.finished.finished_recving |= done.finished_recving
+        self.finished.outcomes.update(done.outcomes)
+        return results
+
+    def run(self) -> None:
+        while True:
+            try:
+                msg = self.inbox.get(timeout=0.005 if self.keep else 0.2)
+            except queue.Empty:
+                if self.keep:
+                    self.step()
+                continue
+            if msg[0] == "stop":
+                self.r.broadcast(None)
+                self.outbox.put(("stopped", self.r.spec.role, self.alloc.used))
+                return
+            try:
+                if msg[0] == "prefill":
+                    self.prefill(*msg[1:])
+                elif msg[0] == "decode":
+                    self.decode(*msg[1:])
+            except Exception as e:  # reported to the router, the instance keeps serving
+                self.outbox.put(("error", msg[1], f"{type(e).__name__}: {e}"))
+
+    def compute(self, rid: str, tokens: List[int], start: int, table: Dict[str, List[int]], chunk: int,
+                last_finishes: bool) -> torch.Tensor:
+        """Runs tokens from position start, in steps of `chunk` tokens; the last step's last logits."""
+        chunk = chunk or len(tokens)
+        logits = None
+        for a in range(0, len(tokens), chunk):
+            part = tokens[a:a + chunk]
+            final = a + chunk >= len(tokens)
+            results = self.step((part, start + a, table, final), finishing=[rid] if final and last_finishes else [])
+            logits = results[0]["logits"][-1]
+        return logits
+
+    def prefill(self, rid: str, prompt: List[int], params: Dict[str, Any]) -> None:
+        n_ext, _ = self.scheduler.get_num_new_matched_tokens(rid, prompt, 0, params)
+        table = self.alloc.take(self.r.model.blocks_for(len(prompt)))
+        self.scheduler.update_state_after_alloc(rid, table, n_ext)
+        t0 = time.monotonic()
+        logits = self.compute(rid, prompt[n_ext:], n_ext, table, self.r.spec.chunk, True)
+        delay, out = self.scheduler.request_finished(rid, table)
+        if delay:
+            self.keep[rid] = table
+        else:
+            self.alloc.give(table)
+        self.outbox.put(("prefilled", rid, int(torch.argmax(logits)), logits, out, time.monotonic() - t0))
+
+    def decode(self, rid: str, prompt: List[int], first: int, params: Dict[str, Any], new_tokens: int,
+               corrupt: bool = False) -> None:
+        t0 = time.monotonic()
+        n, _ = self.scheduler.get_num_new_matched_tokens(rid, prompt, 0, params)
+        table = self.alloc.take(self.r.model.blocks_for(len(prompt) + new_tokens))
+        self.scheduler.update_state_after_alloc(rid, table, n)
+        deadline = time.monotonic() + 30
+        while rid not in self.finished.finished_recving:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"request {rid}: no load outcome within 30 s")
+            self.step()
+            time.sleep(0.001)
+        self.finished.finished_recving.discard(rid)
+        outcome = self.finished.outcomes.pop(rid)
+        loaded = time.monotonic() - t0
+        recomputed = 0
+        if outcome.outcome == "recompute":  # decode does the prefill's work from the first missing token
+            recomputed = len(prompt) - outcome.recompute_from
+            self.compute(rid, prompt[outcome.recompute_from:], outcome.recompute_from, table, 0, False)
+        elif outcome.outcome != "finished":
+            self.scheduler.request_finished(rid, table)
+            self.alloc.give(table)
+            self.outbox.put(("failed", rid, outcome.outcome, outcome.error.code, outcome.error.message))
+            return
+        if corrupt:  # the check's own check: one value of rank 0's loaded KV changed
+            view = next(v for v in self.r.model.views if "k" in v or "c" in v)
+            cell = view.get("k", view.get("c"))[table["full"][0], 0]
+            cell += 1.0
+        tokens, logits = [first], []
+        t1 = time.monotonic()
+        for i in range(new_tokens - 1):
+            results = self.step(([tokens[-1]], len(prompt) + i, table, False))
+            logits.append(results[0]["logits"][-1])
+            tokens.append(int(torch.argmax(logits[-1])))
+        per_token = (time.monotonic() - t1) / max(new_tokens - 1, 1)
+        delay, _ = self.scheduler.request_finished(rid, table)
+        if delay:
+            self.keep[rid] = table
+        else:
+            self.alloc.give(table)
+        self.outbox.put(("decoded", rid, tokens, logits, {"load_s": loaded, "per_token_s": per_token,
+                                                           "recomputed_tokens": recomputed}))
+
+
+# ---------------------------------------------------------------------------- colocated reference
+
+
+def colocated(cfg: ModelConfig, prompt: List[int], new_tokens: int, block_size: int = 16) -> Tuple[List[int], List[torch.Tensor]]:
+    """One rank, one process, no transfer: the tokens and the logits (the prefill's last, then
+    one per decode step)."""
+    m = RankModel(cfg, 1, 0, block_size, -(-(len(prompt) + new_tokens) // block_size), request_blocks=1)
+    table = {g: list(range(n)) for g, n in m.blocks_for(len(prompt) + new_tokens).items()}
+    logits = [m.forward(prompt, 0, table, lambda x: x)[-1]]
+    tokens = [int(torch.argmax(logits[0]))]
+    for i in range(new_tokens - 1):
+        logits.append(m.forward([tokens[-1]], len(prompt) + i, table, lambda x: x)[-1])
+        tokens.append(int(torch.argmax(logits[-1])))
+    return tokens, logits
+
+
+# ---------------------------------------------------------------------------- the router
+
+
+class Cluster:
+    """The processes of a prefill and a decode instance, and the router's side of their queues."""
+
+    def __init__(self, cfg: ModelConfig, prefill: InstanceSpec, decode: InstanceSpec) -> None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "kvbridge", "kvbridge.connector_v1", "model"])
+        self.procs: Dict[str, List[Any]] = {}
+        self.inbox: Dict[str, Any] = {}
+        self.outbox: Dict[str, Any] = {}
+        self.specs = {"prefill": prefill, "decode": decode}
+        self.freed: set = set()
+        for spec in (prefill, decode):
+            port = free_port()
+            self.inbox[spec.role], self.outbox[spec.role] = ctx.Queue(), ctx.Queue()
+            self.procs[spec.role] = [
+                ctx.Process(target=instance_main, args=(cfg, spec, r, port, self.inbox[spec.role] if r == 0 else None,
+                                                        self.outbox[spec.role] if r == 0 else None),
+                            name=f"{spec.role}/r{r}", daemon=True)
+                for r in range(spec.tp)]
+            for p in self.procs[spec.role]:
+                p.start()
+        for role in ("prefill", "decode"):
+            self.expect(role, "ready", timeout=120)
+
+    def expect(self, role: str, kind: str, timeout: float = 60) -> Tuple[Any, ...]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.outbox[role].get(timeout=min(max(deadline - time.monotonic(), 0.01), 0.5))
+            except queue.Empty:
+                dead = [p for p in self.procs[role] if not p.is_alive()]
+                if dead:
+                    raise RuntimeError(f"{role}: process {dead[0].name} exited ({dead[0].exitcode})") from None
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"{role}: no '{kind}' within {timeout} s") from None
+                continue
+            if msg[0] == "freed" and kind != "freed":
+                self.freed.add(msg[1])
+                continue
+            if msg[0] == "error":
+                raise RuntimeError(f"{role}: request {msg[1]}: {msg[2]}")
+            if msg[0] not in (kind, "failed"):
+                raise RuntimeError(f"{role}: expected '{kind}', got {msg[:2]}")
+            return msg
+
+    def kill(self, role: str) -> None:
+        for p in self.procs[role]:
+            p.kill()
+        for p in self.procs[role]:
+            p.join(10)
+
+    def close(self) -> Dict[str, int]:
+        """Stops both instances; the blocks each still held (0: nothing leaked)."""
+        held = {}
+        for role in ("decode", "prefill"):
+            if all(p.is_alive() for p in self.procs[role]):
+                self.inbox[role].put(("stop",))
+                try:
+                    msg = self.expect(role, "stopped", timeout=30)
+                    held[role] = msg[2]
+                except (TimeoutError, RuntimeError):
+                    held[role] = -1
+            for p in self.procs[role]:
+                p.join(30)
+                if p.is_alive():
+                    p.kill()
+        return held
+
+
+@dataclasses.dataclass
+class RunResult:
+    tokens: List[int]
+    logits: List[torch.Tensor]
+    failed: Optional[Tuple[str, str, str]] = None  # outcome, code, message
+    ttft_s: float = 0.0
+    per_token_s: float = 0.0
+    recomputed_tokens: int = 0
+    prefill_freed: bool = False
+    held: Optional[Dict[str, int]] = None
+
+
+def run_pd(cfg: ModelConfig, prefill: InstanceSpec, decode: InstanceSpec, prompt: List[int], new_tokens: int,
+           fault: str = "none", cluster: Optional[Cluster] = None, rid: str = "req-1") -> RunResult:
+    """One request through the cluster. fault: none; kill-prefill (the prefill instance dies
+    after handing the request over, before decode reads its KV); corrupt-kv (decode changes
+    one value of the KV it loaded: the output must differ, or the check checks nothing)."""
+    own = cluster is None
+    c = cluster or Cluster(cfg, prefill, decode)
+    try:
+        t0 = time.monotonic()
+        c.inbox["prefill"].put(("prefill", rid, prompt, {"do_remote_decode": True, "decode_ranks": decode.tp}))
+        _, _, first, last_logits, params, _ = c.expect("prefill", "prefilled")
+        prefilled = time.monotonic() - t0
+        if fault == "kill-prefill":
+            c.kill("prefill")
+        c.inbox["decode"].put(("decode", rid, prompt, first, params, new_tokens, fault == "corrupt-kv"))
+        msg = c.expect("decode", "decoded")
+        if msg[0] == "failed":
+            return RunResult([first], [last_logits], failed=msg[2:], held=c.close() if own else None)
+        _, _, tokens, logits, info = msg
+        # TTFT: admitted at prefill -> every decode rank holds all of its KV.
+        res = RunResult(tokens, [last_logits] + logits, ttft_s=prefilled + info["load_s"],
+                        per_token_s=info["per_token_s"], recomputed_tokens=info["recomputed_tokens"])
+        if fault != "kill-prefill":
+            deadline = time.monotonic() + 20
+            while rid not in c.freed and time.monotonic() < deadline:
+                try:
+                    m = c.outbox["prefill"].get(timeout=0.1)
+                    if m[0] == "freed":
+                        c.freed.add(m[1])
+                except queue.Empty:
+                    pass
+            res.prefill_freed = rid in c.freed
+        if own:
+            res.held = c.close()
+        return res
+    except BaseException:
+        if own:
+            c.close()
+        raise
+
+
+def compare(ref: Tuple[List[int], List[torch.Tensor]], got: RunResult) -> Optional[str]:
+    """None when tokens and logits are identical bit for bit; else the first difference."""
+    tokens, logits = ref
+    for i, (a, b) in enumerate(zip(tokens, got.tokens)):
+        if a != b:
+            return f"token {i}: {b} (colocated {a})"
+    if len(tokens) != len(got.tokens):
+        return f"{len(got.tokens)} tokens (colocated {len(tokens)})"
+    for i, (a, b) in enumerate(zip(logits, got.logits)):
+        if not torch.equal(a.view(torch.int32), b.view(torch.int32)):
+            j = int((a.view(torch.int32) != b.view(torch.int32)).nonzero()[0])
+            return f"logits of step {i} differ at {j}: {float(b[j])!r} (colocated {float(a[j])!r})"
+    return None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=MODELS, default="llama")
+    ap.add_argument("--prefill-tp", type=int, default=2)
+    ap.add_argument("--decode-tp", type=int, default=4)
+    ap.add_argument("--prefill-block", type=int, default=16)
+    ap.add_argument("--decode-block", type=int, default=32)
+    ap.add_argument("--prefill-order", choices=("layer", "block"), default="layer")
+    ap.add_argument("--decode-order", choices=("layer", "block"), default="block")
+    ap.add_argument("--prompt-tokens", type=int, default=48)
+    ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--chunk", type=int, default=0, help="chunked prefill: tokens per step (0: one step)")
+    ap.add_argument("--fault", choices=("none", "kill-prefill", "corrupt-kv"), default="none")
+    ap.add_argument("--policy", choices=("fail", "recompute"), default="fail")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    cfg = ModelConfig(kind=a.model, seed=a.seed)
+    g = torch.Generator().manual_seed(a.seed + 1)
+    prompt = torch.randint(0, cfg.vocab, (a.prompt_tokens,), generator=g).tolist()
+    ref = colocated(cfg, prompt, a.new_tokens)
+    blocks = lambda bs: 2 * (-(-(a.prompt_tokens + a.new_tokens) // bs)) + 2  # noqa: E731
+    p = InstanceSpec("prefill", a.prefill_tp, a.prefill_block, blocks(a.prefill_block), a.prefill_order, chunk=a.chunk)
+    d = InstanceSpec("decode", a.decode_tp, a.decode_block, blocks(a.decode_block), a.decode_order, policy=a.policy)
+    got = run_pd(cfg, p, d, prompt, a.new_tokens, fault=a.fault)
+    diff = "request failed" if got.failed else compare(ref, got)
+    report = {
+        "model": cfg.name, "prefill": f"TP {p.tp}, {p.block_size}-token blocks, {p.order}-major",
+        "decode": f"TP {d.tp}, {d.block_size}-token blocks, {d.order}-major", "prompt_tokens": a.prompt_tokens,
+        "colocated_tokens": ref[0], "pd_tokens": got.tokens, "identical": diff is None, "first_difference": diff,
+        "failed": list(got.failed) if got.failed else None, "ttft_ms": round(got.ttft_s * 1e3, 1),
+        "time_per_output_token_ms": round(got.per_token_s * 1e3, 2), "recomputed_tokens": got.recomputed_tokens,
+        "prefill_blocks_freed": got.prefill_freed or a.fault == "kill-prefill", "blocks_held_at_exit": got.held,
+    }
+    if a.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"{cfg.name}: prefill {report['prefill']} -> decode {report['decode']}, {a.prompt_tokens}-token prompt")
+        if got.failed:
+            print(f"request failed: {got.failed[0]} ({got.failed[1]}): {got.failed[2]}")
+        print(f"colocated tokens: {ref[0]}")
+        print(f"P/D tokens:       {got.tokens}")
+        print("tokens and logits identical bit for bit" if diff is None else f"DIFFERENT: {diff}")
+        print(f"TTFT {report['ttft_ms']} ms, time per output token {report['time_per_output_token_ms']} ms"
+              + (f", {got.recomputed_tokens} tokens recomputed on decode" if got.recomputed_tokens else ""))
+        print(f"blocks held at exit: {got.held}")
+    clean = got.held is not None and all(v == 0 for v in got.held.values())
+    if a.fault == "kill-prefill" and a.policy == "fail":
+        return 0 if got.failed and clean else 1
+    if a.fault == "corrupt-kv":
+        return 0 if diff is not None and clean else 1
+    return 0 if diff is None and clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The reference engine (examples/mini_engine): real transformers served P/D through
+kvbridge.connector_v1, one process per TP rank. Their tokens and logits must equal a
+colocated run's bit for bit: the arithmetic does not depend on TP or block size, so any
+difference is a transfer defect."""
+import sys
+
+import pytest
+import torch
+
+from conftest import EXAMPLES
+
+sys.path.insert(0, str(EXAMPLES / "mini_engine"))
+import engine  # noqa: E402
+from model import ModelConfig  # noqa: E402
+
+PROMPT_TOKENS, NEW_TOKENS = 40, 5
+
+
+def run(kind, ptp, dtp, pblock, dblock, porder="layer", dorder="layer", chunk=0, fault="none", policy="fail"):
+    cfg = ModelConfig(kind=kind)
+    prompt = torch.randint(0, cfg.vocab, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(7)).tolist()
+    ref = engine.colocated(cfg, prompt, NEW_TOKENS)
+    blocks = lambda bs: 2 * (-(-(PROMPT_TOKENS + NEW_TOKENS) // bs)) + 2  # noqa: E731
+    p = engine.InstanceSpec("prefill", ptp, pblock, blocks(pblock), porder, chunk=chunk)
+    d = engine.InstanceSpec("decode", dtp, dblock, blocks(dblock), dorder, policy=policy)
+    got = engine.run_pd(cfg, p, d, prompt, NEW_TOKENS, fault=fault)
+    return ref, got
+
+
+# Every model at every TP pair of {1, 2, 4} x {1, 2, 4}; the block sizes (16 -> 32, 64 -> 16),
+# the cache orders (per-layer tensors, one block-major tensor) and chunked prefill rotate
+# over the pairs, so each model meets each of them.
+GEOMETRIES = [(16, 32, "layer", "block", 0), (64, 16, "block", "layer", 16), (16, 32, "block", "block", 24),
+              (64, 16, "layer", "layer", 0)]
+CASES = [(kind, ptp, dtp) + GEOMETRIES[(i + k) % len(GEOMETRIES)]
+         for k, kind in enumerate(("llama", "mla", "hybrid"))
+         for i, (ptp, dtp) in enumerate((p, d) for p in (1, 2, 4) for d in (1, 2, 4))]
+
+
+@pytest.mark.parametrize("kind,ptp,dtp,pblock,dblock,porder,dorder,chunk", CASES,
+                         ids=[f"{c[0]}-tp{c[1]}to{c[2]}-b{c[3]}to{c[4]}" + ("-chunked" if c[7] else "") for c in CASES])
+def test_pd_output_equals_colocated_bit_for_bit(kind, ptp, dtp, pblock, dblock, porder, dorder, chunk):
+    ref, got = run(kind, ptp, dtp, pblock, dblock, porder, dorder, chunk)
+    assert got.failed is None, got.failed
+    assert engine.compare(ref, got) is None, engine.compare(ref, got)
+    assert got.prefill_freed, "the prefill never freed the request's blocks"
+    assert got.held == {"decode": 0, "prefill": 0}, got.held
+
+
+def test_prefill_lost_before_the_read_recomputes_on_decode_with_identical_output():
+    ref, got = run("hybrid", 2, 2, 16, 32, fault="kill-prefill", policy="recompute")
+    assert got.failed is None, got.failed
+    assert got.recomputed_tokens == PROMPT_TOKENS
+    assert engine.compare(ref, got) is None, engine.compare(ref, got)
+    assert got.held == {"decode": 0}
+
+
+def test_prefill_lost_before_the_read_fails_the_request_naming_it():
+    _, got = run("llama", 2, 1, 16, 32, fault="kill-prefill", policy="fail")
+    assert got.failed is not None
+    outcome, code, message = got.failed
+    assert outcome == "failed" and code == "unavailable" and "prefill rank" in message, got.failed
+    assert got.held == {"decode": 0}
+
+
+def test_the_check_sees_one_changed_value_of_the_loaded_kv():
+    ref, got = run("llama", 1, 2, 16, 32, fault="corrupt-kv")
+    assert got.failed is None
+    assert engine.compare(ref, got) is not None
