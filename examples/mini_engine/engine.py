@@ -42,6 +42,7 @@ class InstanceSpec:
     order: str = "layer"      # cache order: "layer" (per-layer tensors) or "block" (one block-major tensor)
     policy: str = "fail"      # decode: on a failed load, "fail" or "recompute"
     chunk: int = 0            # prefill: tokens per step (chunked prefill); 0: the whole prompt in one step
+    store_redis: Optional[str] = None  # the prefix store's Redis ("host:port"): hits across the instances' processes
 
 
 def free_port() -> int:
@@ -67,7 +68,9 @@ class Rank:
         self.config = connector_v1.ConnectorConfig(
             instance_id=spec.role, role=spec.role, tp_size=spec.tp, model=cfg.name,
             num_kv_heads=cfg.kv_heads if cfg.kind == "llama" else None, failure_policy=spec.policy,
-            lease_s=20.0, load_timeout_s=10.0, handshake_timeout_s=3.0, verify_plans=True)
+            lease_s=20.0, load_timeout_s=10.0, handshake_timeout_s=3.0, verify_plans=True,
+            store_hash_block_tokens=16 if spec.store_redis else 0, store_redis=spec.store_redis,
+            store_memory_bytes=64 << 20)
         self.worker = connector_v1.WorkerConnector(self.config, rank)
         self.layout = self.worker.register_kv_caches(self.model.caches, spec=self.model.layout_spec())
         self.addresses = self.all_gather(self.worker.get_handshake_metadata())
@@ -160,10 +163,13 @@ class Leader:
         self.alloc = Allocator(r.model.pool_sizes())
         self.keep: Dict[str, List[int]] = {}  # blocks the connector still uses, by request
         self.finished: Any = connector_v1.FinishedRequests()
+        self.store_tokens: Dict[str, int] = {}  # tokens each request's load takes from the prefix store
         self.outbox.put(("ready", r.spec.role, r.addresses))
 
     def step(self, compute=None, finishing=None) -> List[Dict[str, Any]]:
         meta = self.scheduler.build_connector_meta(finishing)
+        for load in meta.loads:
+            self.store_tokens[load.request_id] = max(load.store_tokens - load.skip_tokens, 0)
         self.r.broadcast((meta, compute))
         results = self.r.all_gather(self.r.step(meta, compute))
         self.scheduler.update_connector_output([x["output"] for x in results])
@@ -183,7 +189,11 @@ class Leader:
                 if self.keep:
                     self.step()
                 continue
-            if msg[0] == "stop":
+            if msg[0] == "stop":  # graceful: what the connector still does (saves, reads) ends first
+                deadline = time.monotonic() + 10
+                while self.keep and time.monotonic() < deadline:
+                    self.step()
+                    time.sleep(0.005)
                 self.r.broadcast(None)
                 self.outbox.put(("stopped", self.r.spec.role, self.alloc.used))
                 return
@@ -218,7 +228,8 @@ class Leader:
             self.keep[rid] = table
         else:
             self.alloc.give(table)
-        self.outbox.put(("prefilled", rid, int(torch.argmax(logits)), logits, out, time.monotonic() - t0))
+        self.outbox.put(("prefilled", rid, int(torch.argmax(logits)), logits, out,
+                         {"prefill_s": time.monotonic() - t0, "store_tokens": self.store_tokens.pop(rid, 0)}))
 
     def decode(self, rid: str, prompt: List[int], first: int, params: Dict[str, Any], new_tokens: int,
                corrupt: bool = False) -> None:
@@ -261,7 +272,8 @@ class Leader:
         else:
             self.alloc.give(table)
         self.outbox.put(("decoded", rid, tokens, logits, {"load_s": loaded, "per_token_s": per_token,
-                                                           "recomputed_tokens": recomputed}))
+                                                           "recomputed_tokens": recomputed,
+                                                           "store_tokens": self.store_tokens.pop(rid, 0)}))
 
 
 # ---------------------------------------------------------------------------- colocated reference
@@ -360,6 +372,8 @@ class RunResult:
     ttft_s: float = 0.0
     per_token_s: float = 0.0
     recomputed_tokens: int = 0
+    prefill_store_tokens: int = 0   # prompt tokens prefill took from the prefix store
+    decode_store_tokens: int = 0    # ... and decode (the rest it read from prefill)
     prefill_freed: bool = False
     held: Optional[Dict[str, int]] = None
 
@@ -374,7 +388,7 @@ def run_pd(cfg: ModelConfig, prefill: InstanceSpec, decode: InstanceSpec, prompt
     try:
         t0 = time.monotonic()
         c.inbox["prefill"].put(("prefill", rid, prompt, {"do_remote_decode": True, "decode_ranks": decode.tp}))
-        _, _, first, last_logits, params, _ = c.expect("prefill", "prefilled")
+        _, _, first, last_logits, params, pinfo = c.expect("prefill", "prefilled")
         prefilled = time.monotonic() - t0
         if fault == "kill-prefill":
             c.kill("prefill")
@@ -385,7 +399,8 @@ def run_pd(cfg: ModelConfig, prefill: InstanceSpec, decode: InstanceSpec, prompt
         _, _, tokens, logits, info = msg
         # TTFT: admitted at prefill -> every decode rank holds all of its KV.
         res = RunResult(tokens, [last_logits] + logits, ttft_s=prefilled + info["load_s"],
-                        per_token_s=info["per_token_s"], recomputed_tokens=info["recomputed_tokens"])
+                        per_token_s=info["per_token_s"], recomputed_tokens=info["recomputed_tokens"],
+                        prefill_store_tokens=pinfo["store_tokens"], decode_store_tokens=info["store_tokens"])
         if fault != "kill-prefill":
             deadline = time.monotonic() + 20
             while rid not in c.freed and time.monotonic() < deadline:

@@ -5,6 +5,10 @@ test that waits does so with a deadline.
 """
 import os
 import pathlib
+import shutil
+import socket
+import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -52,3 +56,40 @@ def torch_pair():
 
 def host_arrays(layout, fill=0):
     return [np.full(t.bytes, fill, dtype=np.uint8) for t in layout.tensors]
+
+
+def required(capability):
+    """Whether CI requires `capability` (KVB_REQUIRE): then its absence fails, never skips."""
+    return capability in os.environ.get("KVB_REQUIRE", "").split(",")
+
+
+@pytest.fixture
+def redis_address():
+    """A redis-server of the test's own on a free loopback port (no persistence), stopped after."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        if required("redis"):
+            pytest.fail("redis-server is not installed, and KVB_REQUIRE requires redis")
+        pytest.skip("redis-server is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--loglevel", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as c:
+                    c.sendall(b"PING\r\n")
+                    if c.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                pytest.fail(f"redis-server on port {port} did not start")
+            time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)

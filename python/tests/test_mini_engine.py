@@ -67,3 +67,25 @@ def test_the_check_sees_one_changed_value_of_the_loaded_kv():
     ref, got = run("llama", 1, 2, 16, 32, fault="corrupt-kv")
     assert got.failed is None
     assert engine.compare(ref, got) is not None
+
+
+@pytest.mark.parametrize("kind", ["llama", "mla"])
+def test_a_prefix_store_hit_serves_the_first_part_and_prefill_the_rest(kind, redis_address):
+    cfg = ModelConfig(kind=kind)
+    g = torch.Generator().manual_seed(11)
+    first = torch.randint(0, cfg.vocab, (48,), generator=g).tolist()
+    second = first[:32] + torch.randint(0, cfg.vocab, (16,), generator=g).tolist()  # shares 32 tokens
+    p = engine.InstanceSpec("prefill", 2, 16, 16, store_redis=redis_address)
+    d = engine.InstanceSpec("decode", 4, 32, 8, "block", store_redis=redis_address)
+    cluster = engine.Cluster(cfg, p, d)
+    try:
+        engine.run_pd(cfg, p, d, first, NEW_TOKENS, cluster=cluster, rid="req-0")  # stores its prompt
+        got = engine.run_pd(cfg, p, d, second, NEW_TOKENS, cluster=cluster, rid="req-1")
+    finally:
+        held = cluster.close()
+    # Prefill computed only the 16 new tokens; decode read the 32 stored ones from the store
+    # (TP 2 wrote them, TP 4 read them) and only the rest from prefill.
+    assert got.prefill_store_tokens == 32 and got.decode_store_tokens == 32, got
+    ref = engine.colocated(cfg, second, NEW_TOKENS)
+    assert engine.compare(ref, got) is None, engine.compare(ref, got)
+    assert held == {"decode": 0, "prefill": 0}, held
