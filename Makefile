@@ -30,11 +30,12 @@ demo: deps $(BUILD)/build.ninja
 # The reference engine: a hybrid model (linear-attention state, ring buffer,
 # attention every 4th layer) served P/D through kvbridge.connector_v1, prefill
 # TP 2 with 16-token blocks, decode TP 4 with 32-token blocks, its output
-# compared bit for bit with a colocated run.
+# compared bit for bit with a colocated run; then again streamed (decode reads
+# each layer as prefill saves it), with TTFT with and without streaming.
 demo-engine: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target kvbridge_python
 	PYTHONPATH=$(BUILD)/python /usr/bin/python3 examples/mini_engine/engine.py --model hybrid \
-	  --prefill-tp 2 --decode-tp 4 --prefill-block 16 --decode-block 32
+	  --prefill-tp 2 --decode-tp 4 --prefill-block 16 --decode-block 32 --stream layer
 
 # Every test: `check`, then the tests again under ASan/UBSan and the threaded
 # ones under TSan (what CI runs, with KVB_REQUIRE set: .ci/run).

@@ -221,6 +221,9 @@ class Leader:
         n_ext, _ = self.scheduler.get_num_new_matched_tokens(rid, prompt, 0, params)
         table = self.alloc.take(self.r.model.blocks_for(len(prompt)))
         self.scheduler.update_state_after_alloc(rid, table, n_ext)
+        early = self.scheduler.transfer_params(rid)
+        if early is not None:  # streamed: decode may load while this instance computes
+            self.outbox.put(("early", rid, early))
         t0 = time.monotonic()
         logits = self.compute(rid, prompt[n_ext:], n_ext, table, self.r.spec.chunk, True)
         delay, out = self.scheduler.request_finished(rid, table)
@@ -231,8 +234,10 @@ class Leader:
         self.outbox.put(("prefilled", rid, int(torch.argmax(logits)), logits, out,
                          {"prefill_s": time.monotonic() - t0, "store_tokens": self.store_tokens.pop(rid, 0)}))
 
-    def decode(self, rid: str, prompt: List[int], first: int, params: Dict[str, Any], new_tokens: int,
+    def decode(self, rid: str, prompt: List[int], first: Optional[int], params: Dict[str, Any], new_tokens: int,
                corrupt: bool = False) -> None:
+        """Loads the request's KV, then generates from `first` (None: a streamed load started
+        before the prefill finished; the first token follows as a ("first", rid, token) message)."""
         t0 = time.monotonic()
         n, _ = self.scheduler.get_num_new_matched_tokens(rid, prompt, 0, params)
         table = self.alloc.take(self.r.model.blocks_for(len(prompt) + new_tokens))
@@ -245,7 +250,8 @@ class Leader:
             time.sleep(0.001)
         self.finished.finished_recving.discard(rid)
         outcome = self.finished.outcomes.pop(rid)
-        loaded = time.monotonic() - t0
+        loaded_at = time.monotonic()
+        loaded = loaded_at - t0
         recomputed = 0
         if outcome.outcome == "recompute":  # decode does the prefill's work from the first missing token
             recomputed = len(prompt) - outcome.recompute_from
@@ -259,6 +265,15 @@ class Leader:
             view = next(v for v in self.r.model.views if "k" in v or "c" in v)
             cell = view.get("k", view.get("c"))[table["full"][0], 0]
             cell += 1.0
+        while first is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"request {rid}: no first token within 30 s")
+            try:
+                msg = self.inbox.get(timeout=0.005)
+                if msg[0] == "first" and msg[1] == rid:
+                    first = msg[2]
+            except queue.Empty:
+                self.step()
         tokens, logits = [first], []
         t1 = time.monotonic()
         for i in range(new_tokens - 1):
@@ -271,7 +286,8 @@ class Leader:
             self.keep[rid] = table
         else:
             self.alloc.give(table)
-        self.outbox.put(("decoded", rid, tokens, logits, {"load_s": loaded, "per_token_s": per_token,
+        self.outbox.put(("decoded", rid, tokens, logits, {"load_s": loaded, "loaded_at": loaded_at,
+                                                           "per_token_s": per_token,
                                                            "recomputed_tokens": recomputed,
                                                            "store_tokens": self.store_tokens.pop(rid, 0)}))
 
@@ -316,8 +332,7 @@ class Cluster:
                 for r in range(spec.tp)]
             for p in self.procs[spec.role]:
                 p.start()
-        for role in ("prefill", "decode"):
-            self.expect(role, "ready", timeout=120)
+        self.addresses = {role: self.expect(role, "ready", timeout=120)[2] for role in ("prefill", "decode")}
 
     def expect(self, role: str, kind: str, timeout: float = 60) -> Tuple[Any, ...]:
         deadline = time.monotonic() + timeout
@@ -379,26 +394,38 @@ class RunResult:
 
 
 def run_pd(cfg: ModelConfig, prefill: InstanceSpec, decode: InstanceSpec, prompt: List[int], new_tokens: int,
-           fault: str = "none", cluster: Optional[Cluster] = None, rid: str = "req-1") -> RunResult:
+           fault: str = "none", cluster: Optional[Cluster] = None, rid: str = "req-1",
+           stream: bool = False) -> RunResult:
     """One request through the cluster. fault: none; kill-prefill (the prefill instance dies
     after handing the request over, before decode reads its KV); corrupt-kv (decode changes
-    one value of the KV it loaded: the output must differ, or the check checks nothing)."""
+    one value of the KV it loaded: the output must differ, or the check checks nothing).
+    stream: decode starts loading when prefill has allocated the blocks, and reads each layer
+    as soon as prefill saved it."""
     own = cluster is None
     c = cluster or Cluster(cfg, prefill, decode)
     try:
         t0 = time.monotonic()
-        c.inbox["prefill"].put(("prefill", rid, prompt, {"do_remote_decode": True, "decode_ranks": decode.tp}))
+        to_prefill = {"do_remote_decode": True, "decode_ranks": decode.tp}
+        if stream:
+            to_prefill["stream_to"] = {"instance": decode.role, "addresses": c.addresses[decode.role]}
+        c.inbox["prefill"].put(("prefill", rid, prompt, to_prefill))
+        corrupt = fault == "corrupt-kv"
+        if stream:
+            _, _, early = c.expect("prefill", "early")
+            c.inbox["decode"].put(("decode", rid, prompt, None, early, new_tokens, corrupt))
         _, _, first, last_logits, params, pinfo = c.expect("prefill", "prefilled")
-        prefilled = time.monotonic() - t0
         if fault == "kill-prefill":
             c.kill("prefill")
-        c.inbox["decode"].put(("decode", rid, prompt, first, params, new_tokens, fault == "corrupt-kv"))
+        if stream:
+            c.inbox["decode"].put(("first", rid, first))
+        else:
+            c.inbox["decode"].put(("decode", rid, prompt, first, params, new_tokens, corrupt))
         msg = c.expect("decode", "decoded")
         if msg[0] == "failed":
             return RunResult([first], [last_logits], failed=msg[2:], held=c.close() if own else None)
         _, _, tokens, logits, info = msg
         # TTFT: admitted at prefill -> every decode rank holds all of its KV.
-        res = RunResult(tokens, [last_logits] + logits, ttft_s=prefilled + info["load_s"],
+        res = RunResult(tokens, [last_logits] + logits, ttft_s=info["loaded_at"] - t0,
                         per_token_s=info["per_token_s"], recomputed_tokens=info["recomputed_tokens"],
                         prefill_store_tokens=pinfo["store_tokens"], decode_store_tokens=info["store_tokens"])
         if fault != "kill-prefill":
@@ -449,9 +476,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--chunk", type=int, default=0, help="chunked prefill: tokens per step (0: one step)")
     ap.add_argument("--fault", choices=("none", "kill-prefill", "corrupt-kv"), default="none")
     ap.add_argument("--policy", choices=("fail", "recompute"), default="fail")
+    ap.add_argument("--stream", choices=("off", "layer"), default="off",
+                    help="layer: also run the request streamed (decode reads each layer as prefill saves it) "
+                         "and report TTFT with and without streaming")
+    ap.add_argument("--repeat", type=int, default=3, help="--stream layer: requests of each kind (TTFT p50)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.stream != "off" and a.fault != "none":
+        ap.error("--stream layer runs several requests; give it without --fault")
     cfg = ModelConfig(kind=a.model, seed=a.seed)
     g = torch.Generator().manual_seed(a.seed + 1)
     prompt = torch.randint(0, cfg.vocab, (a.prompt_tokens,), generator=g).tolist()
@@ -459,16 +492,41 @@ def main(argv: Optional[List[str]] = None) -> int:
     blocks = lambda bs: 2 * (-(-(a.prompt_tokens + a.new_tokens) // bs)) + 2  # noqa: E731
     p = InstanceSpec("prefill", a.prefill_tp, a.prefill_block, blocks(a.prefill_block), a.prefill_order, chunk=a.chunk)
     d = InstanceSpec("decode", a.decode_tp, a.decode_block, blocks(a.decode_block), a.decode_order, policy=a.policy)
-    got = run_pd(cfg, p, d, prompt, a.new_tokens, fault=a.fault)
-    diff = "request failed" if got.failed else compare(ref, got)
+    cluster = Cluster(cfg, p, d)
+    runs: List[Tuple[str, RunResult]] = []
+    try:
+        if a.stream == "off":
+            runs.append(("req-1", run_pd(cfg, p, d, prompt, a.new_tokens, fault=a.fault, cluster=cluster)))
+        else:  # a first request connects the instances; then unstreamed and streamed ones alternate
+            run_pd(cfg, p, d, prompt, a.new_tokens, cluster=cluster, rid="warm-up")
+            for i in range(a.repeat):
+                for streamed in (False, True):
+                    rid = f"req-{i}-{'stream' if streamed else 'whole'}"
+                    runs.append((rid, run_pd(cfg, p, d, prompt, a.new_tokens, cluster=cluster, rid=rid,
+                                             stream=streamed)))
+    finally:
+        held = cluster.close()
+    got = runs[0][1]
+    diffs = {rid: ("request failed" if r.failed else compare(ref, r)) for rid, r in runs}
+    diff = next((f"{rid}: {x}" for rid, x in diffs.items() if x is not None), None)
+
+    def p50(xs: List[float]) -> float:
+        return round(sorted(xs)[len(xs) // 2] * 1e3, 1)
+
+    whole = [r.ttft_s for rid, r in runs if not rid.endswith("stream")]
+    streamed = [r.ttft_s for rid, r in runs if rid.endswith("stream")]
     report = {
         "model": cfg.name, "prefill": f"TP {p.tp}, {p.block_size}-token blocks, {p.order}-major",
         "decode": f"TP {d.tp}, {d.block_size}-token blocks, {d.order}-major", "prompt_tokens": a.prompt_tokens,
-        "colocated_tokens": ref[0], "pd_tokens": got.tokens, "identical": diff is None, "first_difference": diff,
-        "failed": list(got.failed) if got.failed else None, "ttft_ms": round(got.ttft_s * 1e3, 1),
+        "colocated_tokens": ref[0], "pd_tokens": got.tokens, "requests": len(runs), "identical": diff is None,
+        "first_difference": diff, "failed": list(got.failed) if got.failed else None,
+        "ttft_ms": p50(streamed) if streamed else p50(whole),
         "time_per_output_token_ms": round(got.per_token_s * 1e3, 2), "recomputed_tokens": got.recomputed_tokens,
-        "prefill_blocks_freed": got.prefill_freed or a.fault == "kill-prefill", "blocks_held_at_exit": got.held,
+        "prefill_blocks_freed": all(r.prefill_freed for _, r in runs) or a.fault == "kill-prefill",
+        "blocks_held_at_exit": held,
     }
+    if streamed:
+        report["ttft_no_stream_ms"] = p50(whole)
     if a.json:
         print(json.dumps(report, indent=2))
     else:
@@ -477,11 +535,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"request failed: {got.failed[0]} ({got.failed[1]}): {got.failed[2]}")
         print(f"colocated tokens: {ref[0]}")
         print(f"P/D tokens:       {got.tokens}")
-        print("tokens and logits identical bit for bit" if diff is None else f"DIFFERENT: {diff}")
-        print(f"TTFT {report['ttft_ms']} ms, time per output token {report['time_per_output_token_ms']} ms"
-              + (f", {got.recomputed_tokens} tokens recomputed on decode" if got.recomputed_tokens else ""))
-        print(f"blocks held at exit: {got.held}")
-    clean = got.held is not None and all(v == 0 for v in got.held.values())
+        what = f"{len(runs)} requests: " if len(runs) > 1 else ""
+        print(what + ("tokens and logits identical bit for bit" if diff is None else f"DIFFERENT: {diff}"))
+        if streamed:
+            print(f"TTFT p50 streamed {report['ttft_ms']} ms, not streamed {report['ttft_no_stream_ms']} ms; "
+                  f"time per output token {report['time_per_output_token_ms']} ms")
+        else:
+            print(f"TTFT {report['ttft_ms']} ms, time per output token {report['time_per_output_token_ms']} ms"
+                  + (f", {got.recomputed_tokens} tokens recomputed on decode" if got.recomputed_tokens else ""))
+        print(f"blocks held at exit: {held}")
+    clean = all(v == 0 for v in held.values())
     if a.fault == "kill-prefill" and a.policy == "fail":
         return 0 if got.failed and clean else 1
     if a.fault == "corrupt-kv":

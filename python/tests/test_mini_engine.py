@@ -89,3 +89,19 @@ def test_a_prefix_store_hit_serves_the_first_part_and_prefill_the_rest(kind, red
     ref = engine.colocated(cfg, second, NEW_TOKENS)
     assert engine.compare(ref, got) is None, engine.compare(ref, got)
     assert held == {"decode": 0, "prefill": 0}, held
+
+
+@pytest.mark.parametrize("kind,chunk", [("llama", 0), ("hybrid", 16)])
+def test_a_streamed_load_read_while_prefill_computes_gives_the_same_output(kind, chunk):
+    cfg = ModelConfig(kind=kind)
+    prompt = torch.randint(0, cfg.vocab, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(5)).tolist()
+    p = engine.InstanceSpec("prefill", 2, 16, 12, chunk=chunk)
+    d = engine.InstanceSpec("decode", 4, 32, 6, "block")
+    cluster = engine.Cluster(cfg, p, d)
+    try:
+        got = engine.run_pd(cfg, p, d, prompt, NEW_TOKENS, cluster=cluster, stream=True)
+    finally:
+        held = cluster.close()
+    assert got.failed is None, got.failed
+    assert engine.compare(engine.colocated(cfg, prompt, NEW_TOKENS), got) is None
+    assert got.prefill_freed and held == {"decode": 0, "prefill": 0}, held
