@@ -247,7 +247,7 @@ class Leader:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"request {rid}: no load outcome within 30 s")
             self.step()
-            time.sleep(0.001)
+            time.sleep(0.002)
         self.finished.finished_recving.discard(rid)
         outcome = self.finished.outcomes.pop(rid)
         loaded_at = time.monotonic()
