@@ -43,6 +43,11 @@ class InstanceSpec:
     policy: str = "fail"      # decode: on a failed load, "fail" or "recompute"
     chunk: int = 0            # prefill: tokens per step (chunked prefill); 0: the whole prompt in one step
     store_redis: Optional[str] = None  # the prefix store's Redis ("host:port"): hits across the instances' processes
+    lease_s: float = 20.0     # prefill: how long blocks wait for a reader that went silent
+    load_timeout_s: float = 10.0
+    secret: str = "mini-engine"
+    layout_model: Optional[str] = None  # the model name in the layout (None: the model's): a mismatch is refused
+    engine_faults: str = ""   # fault injection into the ranks' engines (Engine(faults=))
 
 
 def free_port() -> int:
@@ -68,11 +73,14 @@ class Rank:
         self.config = connector_v1.ConnectorConfig(
             instance_id=spec.role, role=spec.role, tp_size=spec.tp, model=cfg.name,
             num_kv_heads=cfg.kv_heads if cfg.kind == "llama" else None, failure_policy=spec.policy,
-            lease_s=20.0, load_timeout_s=10.0, handshake_timeout_s=3.0, verify_plans=True,
+            lease_s=spec.lease_s, load_timeout_s=spec.load_timeout_s, handshake_timeout_s=3.0, verify_plans=True,
             store_hash_block_tokens=16 if spec.store_redis else 0, store_redis=spec.store_redis,
-            store_memory_bytes=64 << 20)
+            store_memory_bytes=64 << 20, secret=spec.secret, engine_faults=spec.engine_faults)
         self.worker = connector_v1.WorkerConnector(self.config, rank)
-        self.layout = self.worker.register_kv_caches(self.model.caches, spec=self.model.layout_spec())
+        layout = self.model.layout_spec()
+        if spec.layout_model:
+            layout["model"] = spec.layout_model
+        self.layout = self.worker.register_kv_caches(self.model.caches, spec=layout)
         self.addresses = self.all_gather(self.worker.get_handshake_metadata())
 
     def all_gather(self, obj: Any) -> List[Any]:
@@ -246,6 +254,18 @@ class Leader:
         while rid not in self.finished.finished_recving:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"request {rid}: no load outcome within 30 s")
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                msg = None
+            if msg is not None and msg[0] == "abort" and msg[1] == rid:  # the client went away mid-load
+                delay, _ = self.scheduler.request_finished(rid, table)
+                if delay:
+                    self.keep[rid] = table
+                else:
+                    self.alloc.give(table)
+                self.outbox.put(("failed", rid, "aborted", "cancelled", f"request {rid} aborted while loading"))
+                return
             self.step()
             time.sleep(0.002)
         self.finished.finished_recving.discard(rid)
@@ -355,6 +375,18 @@ class Cluster:
                 raise RuntimeError(f"{role}: expected '{kind}', got {msg[:2]}")
             return msg
 
+    def wait_freed(self, rid: str, timeout: float) -> bool:
+        """Whether the prefill freed the request's blocks within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while rid not in self.freed and time.monotonic() < deadline:
+            try:
+                m = self.outbox["prefill"].get(timeout=0.1)
+                if m[0] == "freed":
+                    self.freed.add(m[1])
+            except queue.Empty:
+                pass
+        return rid in self.freed
+
     def kill(self, role: str) -> None:
         for p in self.procs[role]:
             p.kill()
@@ -393,6 +425,39 @@ class RunResult:
     held: Optional[Dict[str, int]] = None
 
 
+FAULTS = ("none", "kill-prefill", "kill-decode", "stall", "drop-done", "wrong-secret", "incompatible", "abort",
+          "corrupt-kv")
+
+
+def with_fault(prefill: InstanceSpec, decode: InstanceSpec, fault: str) -> Tuple[InstanceSpec, InstanceSpec]:
+    """The instances' settings for a fault:
+      kill-prefill  the prefill dies after handing the request over, before decode reads;
+      kill-decode   decode dies right after it got the request: prefill frees at lease expiry;
+      stall         every copy of decode's engines takes 3 s: the load times out (1 s);
+      drop-done     decode's done messages are lost: prefill frees at lease expiry;
+      wrong-secret  decode holds another secret: the handshake is refused (decode cannot
+                    reach prefill, so prefill frees at lease expiry);
+      incompatible  decode's layout names another model: refused, naming the field (the same);
+      abort         the request is aborted while it loads (copies take 0.5 s): no byte lands late;
+      corrupt-kv    decode changes one value it loaded: the check must see it."""
+    if fault not in FAULTS:
+        raise ValueError(f"fault '{fault}' (expected one of {', '.join(FAULTS)})")
+    r = dataclasses.replace
+    if fault in ("kill-decode", "drop-done", "wrong-secret", "incompatible"):
+        prefill = r(prefill, lease_s=2.0)
+    if fault == "drop-done":
+        decode = r(decode, engine_faults="drop-done=1000")
+    if fault == "stall":
+        decode = r(decode, engine_faults="delay=3000", load_timeout_s=1.0)
+    if fault == "abort":
+        decode = r(decode, engine_faults="delay=500")
+    if fault == "wrong-secret":
+        decode = r(decode, secret="guessed")
+    if fault == "incompatible":
+        decode = r(decode, layout_model="another-model")
+    return prefill, decode
+
+
 def run_pd(cfg: ModelConfig, prefill: InstanceSpec, decode: InstanceSpec, prompt: List[int], new_tokens: int,
            fault: str = "none", cluster: Optional[Cluster] = None, rid: str = "req-1",
            stream: bool = False) -> RunResult:
@@ -420,24 +485,32 @@ def run_pd(cfg: ModelConfig, prefill: InstanceSpec, decode: InstanceSpec, prompt
             c.inbox["decode"].put(("first", rid, first))
         else:
             c.inbox["decode"].put(("decode", rid, prompt, first, params, new_tokens, corrupt))
+        if fault == "abort":
+            time.sleep(0.1)
+            c.inbox["decode"].put(("abort", rid))
+        if fault == "kill-decode":
+            time.sleep(0.05)
+            c.kill("decode")
+            res = RunResult([first], [last_logits], failed=("failed", "unavailable", "the decode instance died"))
+            res.prefill_freed = c.wait_freed(rid, prefill.lease_s + 10)
+            if own:
+                res.held = c.close()
+            return res
         msg = c.expect("decode", "decoded")
         if msg[0] == "failed":
-            return RunResult([first], [last_logits], failed=msg[2:], held=c.close() if own else None)
+            res = RunResult([first], [last_logits], failed=msg[2:])
+            if fault not in ("kill-prefill",):
+                res.prefill_freed = c.wait_freed(rid, prefill.lease_s + 10)
+            if own:
+                res.held = c.close()
+            return res
         _, _, tokens, logits, info = msg
         # TTFT: admitted at prefill -> every decode rank holds all of its KV.
         res = RunResult(tokens, [last_logits] + logits, ttft_s=info["loaded_at"] - t0,
                         per_token_s=info["per_token_s"], recomputed_tokens=info["recomputed_tokens"],
                         prefill_store_tokens=pinfo["store_tokens"], decode_store_tokens=info["store_tokens"])
         if fault != "kill-prefill":
-            deadline = time.monotonic() + 20
-            while rid not in c.freed and time.monotonic() < deadline:
-                try:
-                    m = c.outbox["prefill"].get(timeout=0.1)
-                    if m[0] == "freed":
-                        c.freed.add(m[1])
-                except queue.Empty:
-                    pass
-            res.prefill_freed = rid in c.freed
+            res.prefill_freed = c.wait_freed(rid, prefill.lease_s + 10)
         if own:
             res.held = c.close()
         return res
@@ -474,7 +547,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=48)
     ap.add_argument("--new-tokens", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=0, help="chunked prefill: tokens per step (0: one step)")
-    ap.add_argument("--fault", choices=("none", "kill-prefill", "corrupt-kv"), default="none")
+    ap.add_argument("--fault", choices=FAULTS, default="none", help="a fault to inject (see with_fault())")
     ap.add_argument("--policy", choices=("fail", "recompute"), default="fail")
     ap.add_argument("--stream", choices=("off", "layer"), default="off",
                     help="layer: also run the request streamed (decode reads each layer as prefill saves it) "
@@ -492,6 +565,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     blocks = lambda bs: 2 * (-(-(a.prompt_tokens + a.new_tokens) // bs)) + 2  # noqa: E731
     p = InstanceSpec("prefill", a.prefill_tp, a.prefill_block, blocks(a.prefill_block), a.prefill_order, chunk=a.chunk)
     d = InstanceSpec("decode", a.decode_tp, a.decode_block, blocks(a.decode_block), a.decode_order, policy=a.policy)
+    p, d = with_fault(p, d, a.fault)
     cluster = Cluster(cfg, p, d)
     runs: List[Tuple[str, RunResult]] = []
     try:
@@ -527,29 +601,46 @@ def main(argv: Optional[List[str]] = None) -> int:
     }
     if streamed:
         report["ttft_no_stream_ms"] = p50(whole)
+    ok = expected(a.fault, a.policy, got, diff, held)
+    report["as_expected"] = ok
     if a.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"{cfg.name}: prefill {report['prefill']} -> decode {report['decode']}, {a.prompt_tokens}-token prompt")
-        if got.failed:
-            print(f"request failed: {got.failed[0]} ({got.failed[1]}): {got.failed[2]}")
+        fault = "" if a.fault == "none" else f", fault {a.fault} (policy {a.policy})"
+        print(f"{cfg.name}: prefill {report['prefill']} -> decode {report['decode']}, {a.prompt_tokens}-token "
+              f"prompt{fault}")
         print(f"colocated tokens: {ref[0]}")
-        print(f"P/D tokens:       {got.tokens}")
-        what = f"{len(runs)} requests: " if len(runs) > 1 else ""
-        print(what + ("tokens and logits identical bit for bit" if diff is None else f"DIFFERENT: {diff}"))
-        if streamed:
+        if got.failed:
+            print(f"the request failed: {got.failed[0]} ({got.failed[1]}): {got.failed[2]}")
+            print(f"prefill blocks freed: {report['prefill_blocks_freed']}")
+        else:
+            print(f"P/D tokens:       {got.tokens}")
+            what = f"{len(runs)} requests: " if len(runs) > 1 else ""
+            print(what + ("tokens and logits identical bit for bit" if diff is None else f"DIFFERENT: {diff}"))
+        if got.failed:
+            pass
+        elif streamed:
             print(f"TTFT p50 streamed {report['ttft_ms']} ms, not streamed {report['ttft_no_stream_ms']} ms; "
                   f"time per output token {report['time_per_output_token_ms']} ms")
         else:
             print(f"TTFT {report['ttft_ms']} ms, time per output token {report['time_per_output_token_ms']} ms"
                   + (f", {got.recomputed_tokens} tokens recomputed on decode" if got.recomputed_tokens else ""))
         print(f"blocks held at exit: {held}")
+        if a.fault != "none":
+            print("as the fault should end" if ok else "NOT as the fault should end")
+    return 0 if ok else 1
+
+
+def expected(fault: str, policy: str, got: RunResult, diff: Optional[str], held: Dict[str, int]) -> bool:
+    """Whether a run ended as its fault should: identical output, or a clear failure, and in
+    every case no block left held by an instance that is still alive."""
     clean = all(v == 0 for v in held.values())
-    if a.fault == "kill-prefill" and a.policy == "fail":
-        return 0 if got.failed and clean else 1
-    if a.fault == "corrupt-kv":
-        return 0 if diff is not None and clean else 1
-    return 0 if diff is None and clean else 1
+    if fault == "corrupt-kv":
+        return diff is not None and clean
+    recovers = fault in ("none", "drop-done") or (fault in ("kill-prefill", "stall") and policy == "recompute")
+    if recovers:
+        return diff is None and clean and (got.prefill_freed or fault == "kill-prefill")
+    return got.failed is not None and clean and (got.prefill_freed or fault == "kill-prefill")
 
 
 if __name__ == "__main__":

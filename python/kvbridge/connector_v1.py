@@ -91,6 +91,7 @@ class ConnectorConfig:
       to this instance: kv_transfer_params "stream_to").
     host, advertise_host, secret, handshake_timeout_s, verify_plans, load_chunk_tokens:
       passed to each rank's Engine and ConnectorWorker.
+    engine_faults: fault injection into each rank's Engine, for tests only (Engine(faults=)).
     """
 
     instance_id: str
@@ -116,6 +117,7 @@ class ConnectorConfig:
     handshake_timeout_s: float = 5.0
     verify_plans: bool = False
     load_chunk_tokens: int = 2048
+    engine_faults: str = ""
 
     def __post_init__(self) -> None:
         if not self.instance_id or any(not ch.isprintable() or ch.isspace() for ch in self.instance_id):
@@ -584,7 +586,7 @@ class WorkerConnector:
         memory = [tensors[n] for n in names] if tensors is not None else spec["tensors"]
         c = self.config
         self.engine = _kvb.Engine(name=f"{c.instance_id}/r{self.rank}", host=c.host, secret=c.secret,
-                                  advertise_host=c.advertise_host)
+                                  advertise_host=c.advertise_host, faults=c.engine_faults)
         try:
             self.worker = _kvb.ConnectorWorker(
                 self.engine, self._layout, memory, instance_id=c.instance_id, side_channel_host=c.host,

@@ -47,20 +47,36 @@ def test_pd_output_equals_colocated_bit_for_bit(kind, ptp, dtp, pblock, dblock, 
     assert got.held == {"decode": 0, "prefill": 0}, got.held
 
 
-def test_prefill_lost_before_the_read_recomputes_on_decode_with_identical_output():
-    ref, got = run("hybrid", 2, 2, 16, 32, fault="kill-prefill", policy="recompute")
-    assert got.failed is None, got.failed
-    assert got.recomputed_tokens == PROMPT_TOKENS
-    assert engine.compare(ref, got) is None, engine.compare(ref, got)
-    assert got.held == {"decode": 0}
+FAULT_CASES = [
+    # fault, policy, model, what the run must show beyond engine.expected()
+    ("kill-prefill", "recompute", "hybrid", "recomputed"),
+    ("kill-prefill", "fail", "llama", "unavailable"),
+    ("stall", "recompute", "mla", "recomputed"),
+    ("stall", "fail", "llama", "timeout"),
+    ("drop-done", "fail", "llama", ""),       # prefill frees at lease expiry
+    ("kill-decode", "fail", "llama", ""),     # prefill frees at lease expiry
+    ("wrong-secret", "fail", "llama", "permission_denied"),
+    ("incompatible", "fail", "llama", "incompatible"),
+    ("abort", "fail", "hybrid", "cancelled"),
+]
 
 
-def test_prefill_lost_before_the_read_fails_the_request_naming_it():
-    _, got = run("llama", 2, 1, 16, 32, fault="kill-prefill", policy="fail")
-    assert got.failed is not None
-    outcome, code, message = got.failed
-    assert outcome == "failed" and code == "unavailable" and "prefill rank" in message, got.failed
-    assert got.held == {"decode": 0}
+@pytest.mark.parametrize("fault,policy,kind,shows", FAULT_CASES, ids=[f"{c[0]}-{c[1]}" for c in FAULT_CASES])
+def test_every_fault_ends_identical_or_with_a_clear_error_and_no_block_held(fault, policy, kind, shows):
+    cfg = ModelConfig(kind=kind)
+    prompt = torch.randint(0, cfg.vocab, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(3)).tolist()
+    ref = engine.colocated(cfg, prompt, NEW_TOKENS)
+    p, d = engine.with_fault(engine.InstanceSpec("prefill", 2, 16, 12), engine.InstanceSpec("decode", 2, 32, 6,
+                                                                                            policy=policy), fault)
+    got = engine.run_pd(cfg, p, d, prompt, NEW_TOKENS, fault=fault)
+    diff = None if got.failed else engine.compare(ref, got)
+    assert engine.expected(fault, policy, got, diff, got.held), (got.failed, diff, got.held, got.prefill_freed)
+    if shows == "recomputed":
+        assert got.recomputed_tokens == PROMPT_TOKENS
+    elif shows:
+        assert got.failed[1] == shows, got.failed
+    if fault in ("wrong-secret", "incompatible"):  # the error names what is wrong
+        assert ("secret" if fault == "wrong-secret" else "model differs") in got.failed[2], got.failed
 
 
 def test_the_check_sees_one_changed_value_of_the_loaded_kv():
