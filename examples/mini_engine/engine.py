@@ -210,6 +210,8 @@ class Leader:
                     self.prefill(*msg[1:])
                 elif msg[0] == "decode":
                     self.decode(*msg[1:])
+                elif msg[0] == "colocated":
+                    self.colocated(*msg[1:])
             except Exception as e:  # reported to the router, the instance keeps serving
                 self.outbox.put(("error", msg[1], f"{type(e).__name__}: {e}"))
 
@@ -312,6 +314,23 @@ class Leader:
                                                            "store_tokens": self.store_tokens.pop(rid, 0)}))
 
 
+    def colocated(self, rid: str, prompt: List[int], new_tokens: int) -> None:
+        """Prefill and decode on this instance, no transfer: the baseline of time per output token."""
+        table = self.alloc.take(self.r.model.blocks_for(len(prompt) + new_tokens))
+        try:
+            first_logits = self.compute(rid, prompt, 0, table, 0, False)
+            tokens, logits = [int(torch.argmax(first_logits))], [first_logits]
+            t1 = time.monotonic()
+            for i in range(new_tokens - 1):
+                results = self.step(([tokens[-1]], len(prompt) + i, table, False))
+                logits.append(results[0]["logits"][-1])
+                tokens.append(int(torch.argmax(logits[-1])))
+            per_token = (time.monotonic() - t1) / max(new_tokens - 1, 1)
+        finally:
+            self.alloc.give(table)
+        self.outbox.put(("colocated", rid, tokens, logits, per_token))
+
+
 # ---------------------------------------------------------------------------- colocated reference
 
 
@@ -374,6 +393,12 @@ class Cluster:
             if msg[0] not in (kind, "failed"):
                 raise RuntimeError(f"{role}: expected '{kind}', got {msg[:2]}")
             return msg
+
+    def colocated(self, role: str, rid: str, prompt: List[int], new_tokens: int) -> Tuple[List[int], List[torch.Tensor], float]:
+        """The request prefilled and decoded on one instance (no transfer): tokens, logits, time per token."""
+        self.inbox[role].put(("colocated", rid, prompt, new_tokens))
+        _, _, tokens, logits, per_token = self.expect(role, "colocated")
+        return tokens, logits, per_token
 
     def wait_freed(self, rid: str, timeout: float) -> bool:
         """Whether the prefill freed the request's blocks within `timeout` seconds."""
@@ -569,6 +594,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     cluster = Cluster(cfg, p, d)
     runs: List[Tuple[str, RunResult]] = []
     try:
+        local_tpot: List[float] = []
         if a.stream == "off":
             runs.append(("req-1", run_pd(cfg, p, d, prompt, a.new_tokens, fault=a.fault, cluster=cluster)))
         else:  # a first request connects the instances; then unstreamed and streamed ones alternate
@@ -578,6 +604,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                     rid = f"req-{i}-{'stream' if streamed else 'whole'}"
                     runs.append((rid, run_pd(cfg, p, d, prompt, a.new_tokens, cluster=cluster, rid=rid,
                                              stream=streamed)))
+                # The baseline: the same request prefilled and decoded on the decode instance itself.
+                tokens, logits, per_token = cluster.colocated("decode", f"local-{i}", prompt, a.new_tokens)
+                local = RunResult(tokens, logits, per_token_s=per_token)
+                runs.append((f"local-{i}", local))
+                local_tpot.append(per_token)
     finally:
         held = cluster.close()
     got = runs[0][1]
@@ -587,20 +618,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     def p50(xs: List[float]) -> float:
         return round(sorted(xs)[len(xs) // 2] * 1e3, 1)
 
-    whole = [r.ttft_s for rid, r in runs if not rid.endswith("stream")]
+    whole = [r.ttft_s for rid, r in runs if rid.endswith("whole")] or [runs[0][1].ttft_s]
     streamed = [r.ttft_s for rid, r in runs if rid.endswith("stream")]
+    pd_tpot = [r.per_token_s for rid, r in runs if not rid.startswith("local")]
     report = {
         "model": cfg.name, "prefill": f"TP {p.tp}, {p.block_size}-token blocks, {p.order}-major",
         "decode": f"TP {d.tp}, {d.block_size}-token blocks, {d.order}-major", "prompt_tokens": a.prompt_tokens,
         "colocated_tokens": ref[0], "pd_tokens": got.tokens, "requests": len(runs), "identical": diff is None,
         "first_difference": diff, "failed": list(got.failed) if got.failed else None,
         "ttft_ms": p50(streamed) if streamed else p50(whole),
-        "time_per_output_token_ms": round(got.per_token_s * 1e3, 2), "recomputed_tokens": got.recomputed_tokens,
-        "prefill_blocks_freed": all(r.prefill_freed for _, r in runs) or a.fault == "kill-prefill",
+        "time_per_output_token_ms": p50(pd_tpot), "recomputed_tokens": got.recomputed_tokens,
+        "prefill_blocks_freed": all(r.prefill_freed for rid, r in runs if not rid.startswith("local"))
+                                or a.fault == "kill-prefill",
         "blocks_held_at_exit": held,
     }
     if streamed:
         report["ttft_no_stream_ms"] = p50(whole)
+    if local_tpot:
+        report["time_per_output_token_colocated_ms"] = p50(local_tpot)
     ok = expected(a.fault, a.policy, got, diff, held)
     report["as_expected"] = ok
     if a.json:
@@ -620,8 +655,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if got.failed:
             pass
         elif streamed:
-            print(f"TTFT p50 streamed {report['ttft_ms']} ms, not streamed {report['ttft_no_stream_ms']} ms; "
-                  f"time per output token {report['time_per_output_token_ms']} ms")
+            print(f"TTFT p50 streamed {report['ttft_ms']} ms, not streamed {report['ttft_no_stream_ms']} ms")
+            tp, tl = report["time_per_output_token_ms"], report["time_per_output_token_colocated_ms"]
+            print(f"time per output token p50: P/D {tp} ms, colocated on the decode instance {tl} ms "
+                  f"({tp / tl:.2f}x)")
         else:
             print(f"TTFT {report['ttft_ms']} ms, time per output token {report['time_per_output_token_ms']} ms"
                   + (f", {got.recomputed_tokens} tokens recomputed on decode" if got.recomputed_tokens else ""))
