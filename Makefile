@@ -9,7 +9,7 @@ JOBS        ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo demo-engine test check test-asan test-tsan fuzz fuzz-short bench clean install-python
+.PHONY: all deps build demo demo-engine engine-matrix test check test-asan test-tsan fuzz fuzz-short bench clean install-python
 
 all: build
 
@@ -36,6 +36,13 @@ demo-engine: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target kvbridge_python
 	PYTHONPATH=$(BUILD)/python /usr/bin/python3 examples/mini_engine/engine.py --model hybrid \
 	  --prefill-tp 2 --decode-tp 4 --prefill-block 16 --decode-block 32 --stream layer
+
+# The reference engine's whole matrix (make test runs a sample of it): every
+# model, TP pair of {1,2,4} x {1,2,4}, block sizes, cache orders and chunking.
+engine-matrix: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target kvbridge_python
+	KVB_ENGINE_MATRIX=full PYTHONPATH=$(BUILD)/python KVB_EXAMPLES=$(CURDIR)/examples /usr/bin/python3 -m pytest \
+	  -q -p no:cacheprovider python/tests/test_mini_engine.py -k bit_for_bit
 
 # Every test: `check`, then the tests again under ASan/UBSan and the threaded
 # ones under TSan (what CI runs, with KVB_REQUIRE set: .ci/run).

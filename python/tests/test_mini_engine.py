@@ -2,6 +2,7 @@
 kvbridge.connector_v1, one process per TP rank. Their tokens and logits must equal a
 colocated run's bit for bit: the arithmetic does not depend on TP or block size, so any
 difference is a transfer defect."""
+import os
 import sys
 
 import pytest
@@ -32,13 +33,21 @@ def run(kind, ptp, dtp, pblock, dblock, porder="layer", dorder="layer", chunk=0,
 # over the pairs, so each model meets each of them.
 GEOMETRIES = [(16, 32, "layer", "block", 0), (64, 16, "block", "layer", 16), (16, 32, "block", "block", 24),
               (64, 16, "layer", "layer", 0)]
-CASES = [(kind, ptp, dtp) + GEOMETRIES[(i + k) % len(GEOMETRIES)]
-         for k, kind in enumerate(("llama", "mla", "hybrid"))
-         for i, (ptp, dtp) in enumerate((p, d) for p in (1, 2, 4) for d in (1, 2, 4))]
+# KVB_ENGINE_MATRIX=full (make engine-matrix): every model, TP pair, block sizes, cache orders
+# and chunking, all combined.
+PAIRS = [(p, d) for p in (1, 2, 4) for d in (1, 2, 4)]
+if os.environ.get("KVB_ENGINE_MATRIX") == "full":
+    CASES = [(kind, ptp, dtp, pb, db, po, do, chunk) for kind in ("llama", "mla", "hybrid") for ptp, dtp in PAIRS
+             for pb, db in ((16, 32), (64, 16)) for po, do in (("layer", "block"), ("block", "layer"))
+             for chunk in (0, 16)]
+else:
+    CASES = [(kind, ptp, dtp) + GEOMETRIES[(i + k) % len(GEOMETRIES)]
+             for k, kind in enumerate(("llama", "mla", "hybrid")) for i, (ptp, dtp) in enumerate(PAIRS)]
 
 
 @pytest.mark.parametrize("kind,ptp,dtp,pblock,dblock,porder,dorder,chunk", CASES,
-                         ids=[f"{c[0]}-tp{c[1]}to{c[2]}-b{c[3]}to{c[4]}" + ("-chunked" if c[7] else "") for c in CASES])
+                         ids=[f"{c[0]}-tp{c[1]}to{c[2]}-b{c[3]}to{c[4]}-{c[5]}to{c[6]}" + ("-chunked" if c[7] else "")
+                              for c in CASES])
 def test_pd_output_equals_colocated_bit_for_bit(kind, ptp, dtp, pblock, dblock, porder, dorder, chunk):
     ref, got = run(kind, ptp, dtp, pblock, dblock, porder, dorder, chunk)
     assert got.failed is None, got.failed
