@@ -296,13 +296,7 @@ class Leader:
                     first = msg[2]
             except queue.Empty:
                 self.step()
-        tokens, logits = [first], []
-        t1 = time.monotonic()
-        for i in range(new_tokens - 1):
-            results = self.step(([tokens[-1]], len(prompt) + i, table, False))
-            logits.append(results[0]["logits"][-1])
-            tokens.append(int(torch.argmax(logits[-1])))
-        per_token = (time.monotonic() - t1) / max(new_tokens - 1, 1)
+        tokens, logits, per_token = self.generate(first, len(prompt), table, new_tokens)
         delay, _ = self.scheduler.request_finished(rid, table)
         if delay:
             self.keep[rid] = table
@@ -313,19 +307,25 @@ class Leader:
                                                            "recomputed_tokens": recomputed,
                                                            "store_tokens": self.store_tokens.pop(rid, 0)}))
 
+    def generate(self, first: int, at: int, table: Dict[str, List[int]], new_tokens: int
+                 ) -> Tuple[List[int], List[torch.Tensor], float]:
+        """Greedy decoding from token `first` at position `at`: the tokens (first included),
+        each step's logits, the time per output token."""
+        tokens, logits = [first], []
+        t1 = time.monotonic()
+        for i in range(new_tokens - 1):
+            results = self.step(([tokens[-1]], at + i, table, False))
+            logits.append(results[0]["logits"][-1])
+            tokens.append(int(torch.argmax(logits[-1])))
+        return tokens, logits, (time.monotonic() - t1) / max(new_tokens - 1, 1)
 
     def colocated(self, rid: str, prompt: List[int], new_tokens: int) -> None:
         """Prefill and decode on this instance, no transfer: the baseline of time per output token."""
         table = self.alloc.take(self.r.model.blocks_for(len(prompt) + new_tokens))
         try:
             first_logits = self.compute(rid, prompt, 0, table, 0, False)
-            tokens, logits = [int(torch.argmax(first_logits))], [first_logits]
-            t1 = time.monotonic()
-            for i in range(new_tokens - 1):
-                results = self.step(([tokens[-1]], len(prompt) + i, table, False))
-                logits.append(results[0]["logits"][-1])
-                tokens.append(int(torch.argmax(logits[-1])))
-            per_token = (time.monotonic() - t1) / max(new_tokens - 1, 1)
+            tokens, logits, per_token = self.generate(int(torch.argmax(first_logits)), len(prompt), table, new_tokens)
+            logits.insert(0, first_logits)
         finally:
             self.alloc.give(table)
         self.outbox.put(("colocated", rid, tokens, logits, per_token))
