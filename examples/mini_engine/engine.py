@@ -172,6 +172,7 @@ class Leader:
         self.keep: Dict[str, List[int]] = {}  # blocks the connector still uses, by request
         self.finished: Any = connector_v1.FinishedRequests()
         self.store_tokens: Dict[str, int] = {}  # tokens each request's load takes from the prefix store
+        self.deferred: List[Any] = []  # messages that came while a request was being served
         self.outbox.put(("ready", r.spec.role, r.addresses))
 
     def step(self, compute=None, finishing=None) -> List[Dict[str, Any]]:
@@ -192,7 +193,7 @@ class Leader:
     def run(self) -> None:
         while True:
             try:
-                msg = self.inbox.get(timeout=0.005 if self.keep else 0.2)
+                msg = self.deferred.pop(0) if self.deferred else self.inbox.get(timeout=0.005 if self.keep else 0.2)
             except queue.Empty:
                 if self.keep:
                     self.step()
@@ -260,6 +261,10 @@ class Leader:
                 msg = self.inbox.get_nowait()
             except queue.Empty:
                 msg = None
+            if msg is not None and msg[0] == "first" and msg[1] == rid:  # streamed: prefill finished
+                first = msg[2]
+            elif msg is not None and msg[0] != "abort":
+                self.deferred.append(msg)  # another request's: after this one
             if msg is not None and msg[0] == "abort" and msg[1] == rid:  # the client went away mid-load
                 delay, _ = self.scheduler.request_finished(rid, table)
                 if delay:
@@ -294,6 +299,8 @@ class Leader:
                 msg = self.inbox.get(timeout=0.005)
                 if msg[0] == "first" and msg[1] == rid:
                     first = msg[2]
+                else:
+                    self.deferred.append(msg)
             except queue.Empty:
                 self.step()
         tokens, logits, per_token = self.generate(first, len(prompt), table, new_tokens)
