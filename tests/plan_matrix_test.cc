@@ -253,8 +253,17 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
   std::set<std::pair<Order, Order>> orders_done;
   std::set<std::pair<bool, bool>> blocks_done;
   uint64_t case_index = 0;
+#ifdef KVB_PROPERTY_SANITIZED
+  uint64_t pair_index = 0;
+#endif
   for (const std::vector<Combo>& combos : per_pair) {
     bool pair_ran = false;
+#ifdef KVB_PROPERTY_SANITIZED
+    // The verifier runs ~10x slower there: half of the pairs, the other half
+    // for the next preset (the release build runs every pair and checks the
+    // rotation's coverage).
+    if ((pair_index++ + preset_index) % 2 == 1 && !full_matrix()) continue;
+#endif
     for (const Combo& c : combos) {
       if (pair_ran && !full_matrix()) break;
       const uint64_t pb = c.blocks.prefill_alt ? alt_block : base_block;
@@ -405,10 +414,12 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
   g.sharded_combos += t.sharded_combos;
 
   EXPECT_GT(t.combos, 0u) << preset << " supports no TP pair";
+#ifndef KVB_PROPERTY_SANITIZED
   EXPECT_GT(t.staged_combos, 0u) << preset << ": no combination with pipeline stages ran";
   EXPECT_GT(t.sharded_combos, 0u) << preset << ": no combination with context shards ran";
   EXPECT_EQ(orders_done.size(), order_pairs().size()) << preset << ": not every order pair ran";
   EXPECT_EQ(blocks_done.size(), std::size(kBlockPairs)) << preset << ": not every block-size pairing ran";
+#endif
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, PlanMatrixTest, ::testing::ValuesIn(preset_names()),
