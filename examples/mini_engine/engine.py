@@ -98,14 +98,14 @@ class Rank:
         self.dist.all_gather(parts, mine)
         return torch.cat(parts)
 
-    def step(self, meta: Any, compute: Optional[Tuple[List[int], int, Dict[str, List[int]], bool]]) -> Dict[str, Any]:
+    def step(self, meta: Any, compute: Optional[Tuple[List[int], int, Dict[str, List[int]]]]) -> Dict[str, Any]:
         """One engine step on this rank: the connector's hooks around the forward pass."""
         w = self.worker
         w.bind_connector_metadata(meta)
         w.start_load_kv()
         logits: List[torch.Tensor] = []
         if compute is not None:
-            tokens, start, table, _ = compute
+            tokens, start, table = compute
             logits = self.model.forward(tokens, start, table, self.gather_heads,
                                         on_layer_done=lambda i: w.save_kv_layer(f"layers.{i}"))
         w.wait_for_save()
@@ -224,7 +224,7 @@ class Leader:
         for a in range(0, len(tokens), chunk):
             part = tokens[a:a + chunk]
             final = a + chunk >= len(tokens)
-            results = self.step((part, start + a, table, final), finishing=[rid] if final and last_finishes else [])
+            results = self.step((part, start + a, table), finishing=[rid] if final and last_finishes else [])
             logits = results[0]["logits"][-1]
         return logits
 
@@ -321,7 +321,7 @@ class Leader:
         tokens, logits = [first], []
         t1 = time.monotonic()
         for i in range(new_tokens - 1):
-            results = self.step(([tokens[-1]], at + i, table, False))
+            results = self.step(([tokens[-1]], at + i, table))
             logits.append(results[0]["logits"][-1])
             tokens.append(int(torch.argmax(logits[-1])))
         return tokens, logits, (time.monotonic() - t1) / max(new_tokens - 1, 1)
