@@ -77,7 +77,7 @@ test-tsan: deps $(BUILD_TSAN)/build.ninja
 	  -R '^($(subst $(space),|,$(strip $(TSAN_TESTS))))$$'
 
 $(BUILD_FUZZ)/build.ninja: CMakeLists.txt | deps
-	CC=clang-14 CXX=clang++-14 cmake -G Ninja -S . -B $(BUILD_FUZZ) -DKVB_FUZZ=ON -DKVB_TESTS=OFF -DKVB_BENCH=OFF -DKVB_TOOLS=OFF -DKVB_PYTHON=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	CC=clang-14 CXX=clang++-14 cmake -G Ninja -S . -B $(BUILD_FUZZ) -DKVB_FUZZ=ON -DKVB_CUDA=OFF -DKVB_TESTS=OFF -DKVB_BENCH=OFF -DKVB_TOOLS=OFF -DKVB_PYTHON=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
 fuzz: deps $(BUILD_FUZZ)/build.ninja
 	cmake --build $(BUILD_FUZZ) -j $(JOBS)

@@ -16,11 +16,12 @@ BELOW = {
     "layout": {"common"},
     "plan": {"common", "layout"},
     "net": {"common"},
-    "transport": {"common", "net"},
-    "engine": {"common", "net", "transport"},
-    "connector": {"common", "net", "layout", "plan", "transport", "engine"},
+    "device": {"common"},
+    "transport": {"common", "net", "device"},
+    "engine": {"common", "net", "device", "transport"},
+    "connector": {"common", "net", "layout", "plan", "device", "transport", "engine"},
     "store": {"common", "layout", "plan"},
-    "testing": {"common", "net", "layout", "plan", "transport", "engine", "connector", "store"},
+    "testing": {"common", "net", "layout", "plan", "device", "transport", "engine", "connector", "store"},
 }
 # The layer each public header belongs to.
 PUBLIC = {
@@ -35,7 +36,7 @@ root = pathlib.Path(sys.argv[1])
 bad = []
 for layer, allowed in BELOW.items():
     for path in sorted((root / "src" / layer).rglob("*")):
-        if path.suffix not in (".h", ".cc"):
+        if path.suffix not in (".h", ".cc", ".cu"):
             continue
         is_test = path.name.endswith("_test.cc")
         for n, line in enumerate(path.read_text().splitlines(), 1):

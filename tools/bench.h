@@ -38,6 +38,10 @@ struct BenchArgs {
   uint32_t iperf_seconds = 3;
   bool quick = false;
   bool json = false;
+  // "host", or "cuda": the cuda_ipc rows (bench_device.cc), device memory on
+  // both sides, once per copy method in `device_copies`.
+  std::string memory = "host";
+  std::vector<std::string> device_copies = {"copy_engine", "kernel"};
   std::string plot;  // PNG path; empty: no chart
 };
 
@@ -51,6 +55,9 @@ struct BenchRow {
   double baseline_gbps = 0, ratio = 0;
   // tcp only: UCX over TCP (ucx_perftest ucp_get, 1 MiB) and gbps / that.
   double ucx_tcp_gbps = 0, ucx_tcp_ratio = 0;
+  // Device rows: the second baseline (one cudaMemcpyAsync per descriptor)
+  // and gbps / that; `baseline` is one cudaMemcpy of the same bytes.
+  double per_copy_gbps = 0, per_copy_ratio = 0;
 };
 
 // Calls `once(k)` for k = 0, 1, ... until `min_seconds` passed, `reps` times;
@@ -83,6 +90,26 @@ class Workload {
   uint64_t block_bytes_, num_blocks_, batch_;
   std::vector<TransferItem> items_;  // num_blocks_ + batch_ entries: a window never wraps
 };
+
+// Measures every (block, pattern, batch, op) of one transport with `engine`
+// (cmd_bench.cc); `second` is a second baseline per row (device rows), or
+// empty.
+struct Baseline {
+  std::string name;
+  std::function<bool(const Workload&, bool read, uint64_t k)> once;
+  std::function<double(const Workload&, bool read)> fixed_gbps;
+  // The row's baseline name when it depends on the row (else `name`).
+  std::function<std::string(const Workload&, bool read)> row_name;
+};
+Status measure(const std::string& transport, const BenchArgs& args, Engine& engine, PeerId peer, RegionId local_region,
+               RegionId remote_region, const Baseline& baseline, std::vector<BenchRow>& rows,
+               const Baseline* second = nullptr);
+
+// The cuda_ipc rows (bench_device.cc): kUnavailable saying why when the
+// process has no device.
+Status bench_device(const BenchArgs& args, std::vector<BenchRow>& rows);
+// What the device rows ran on ("CUDA device 0 of 2", or the host fake).
+std::string device_description();
 
 inline double gbps(uint64_t bytes, double seconds) { return seconds > 0 ? bytes * 8.0 / seconds / 1e9 : 0; }
 

@@ -7,6 +7,8 @@
 // baseline measured after it does not), and they die with the bench.
 #include "bench_peer.h"
 
+#include "device/device.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -92,14 +94,26 @@ int run_bench_peer(const std::string& transport, uint64_t bytes, uint32_t thread
     std::printf("error %s\n", engine.error().to_string().c_str());
     return 1;
   }
-  // Page-aligned and touched, so the parent measures copies, not page faults.
+  // Page-aligned and touched, so the parent measures copies, not page
+  // faults; device memory of device 0 for cuda_ipc.
+  const bool on_device = transport == "cuda_ipc";
   void* buffer = nullptr;
-  if (::posix_memalign(&buffer, 4096, bytes) != 0) {
+  if (on_device) {
+    Result<void*> p = device::current().allocate(0, bytes);
+    if (!p.ok()) {
+      std::printf("error %s\n", p.error().to_string().c_str());
+      return 1;
+    }
+    buffer = *p;
+    std::vector<uint8_t> fill(bytes, 0x5a);
+    (void)device::current().copy_sync(buffer, fill.data(), bytes);
+  } else if (::posix_memalign(&buffer, 4096, bytes) != 0) {
     std::printf("error cannot allocate %llu bytes\n", static_cast<unsigned long long>(bytes));
     return 1;
+  } else {
+    std::memset(buffer, 0x5a, bytes);
   }
-  std::memset(buffer, 0x5a, bytes);
-  Result<RegionId> region = (*engine)->register_memory(buffer, bytes);
+  Result<RegionId> region = (*engine)->register_memory(buffer, bytes, on_device ? "cuda:0" : "host");
   if (!region.ok()) {
     std::printf("error %s\n", region.error().to_string().c_str());
     return 1;
@@ -112,7 +126,11 @@ int run_bench_peer(const std::string& transport, uint64_t bytes, uint32_t thread
   while (std::getline(std::cin, ignored)) {
   }
   engine->reset();  // before the buffer goes: no transfer may use it after
-  std::free(buffer);
+  if (on_device) {
+    (void)device::current().free(buffer);
+  } else {
+    std::free(buffer);
+  }
   return 0;
 }
 

@@ -30,15 +30,84 @@ std::string size_name(uint64_t bytes) {
   return std::to_string(bytes);
 }
 
+// The device targets, for each cuda_ipc method that has rows.
+void print_device_targets(std::ostream& out, const std::vector<BenchRow>& rows) {
+  std::vector<std::string> methods;
+  for (const BenchRow& r : rows) {
+    if (r.transport.rfind("cuda_ipc", 0) == 0 &&
+        std::find(methods.begin(), methods.end(), r.transport) == methods.end()) {
+      methods.push_back(r.transport);
+    }
+  }
+  auto verdict = [](bool measured, bool met) { return !measured ? "n/a" : met ? "met" : "MISSED"; };
+  for (const std::string& m : methods) {
+    // 10,000 x 16 KiB in one transfer against one contiguous cudaMemcpy.
+    const BenchRow* big = nullptr;
+    double small_worst = 0, rw_worst = 0, fixed_worst = 0;
+    const BenchRow *small_row = nullptr, *rw_row = nullptr, *fixed_row = nullptr;
+    for (const BenchRow& r : rows) {
+      if (r.transport != m) continue;
+      if (r.block_bytes == 16384 && r.batch == 10000 && (!big || r.ratio < big->ratio)) big = &r;
+      if (r.block_bytes <= 16384 && r.batch >= 100 && r.per_copy_ratio > 0 &&
+          (!small_row || r.per_copy_ratio < small_worst)) {
+        small_row = &r;
+        small_worst = r.per_copy_ratio;
+      }
+      if (r.batch == 1 && (!fixed_row || r.latency_us > fixed_worst)) {
+        fixed_row = &r;
+        fixed_worst = r.latency_us;
+      }
+      if (r.op != "read") continue;
+      for (const BenchRow& w : rows) {
+        if (w.transport != m || w.op != "write" || w.block_bytes != r.block_bytes || w.batch != r.batch ||
+            w.pattern != r.pattern || r.gbps <= 0 || w.gbps <= 0)
+          continue;
+        const double gap = std::max(r.gbps, w.gbps) / std::min(r.gbps, w.gbps) - 1;
+        if (!rw_row || gap > rw_worst) {
+          rw_row = &r;
+          rw_worst = gap;
+        }
+      }
+    }
+    auto where = [](const BenchRow* r) {
+      return r ? " (" + r->op + " " + size_name(r->block_bytes) + " " + r->pattern + " batch " +
+                     std::to_string(r->batch) + ")"
+               : std::string();
+    };
+    out << "  " << m << " 10,000 x 16 KiB >= 0.70 x one contiguous cudaMemcpy: "
+        << (big ? fixed(big->ratio, 2) + where(big) : "no row") << ": " << verdict(big, big && big->ratio >= 0.7)
+        << "\n";
+    out << "  " << m << " blocks of 2-16 KiB, batches of 100+, >= 20 x one cudaMemcpyAsync per descriptor: worst "
+        << (small_row ? fixed(small_worst, 2) + where(small_row) : "no row") << ": "
+        << verdict(small_row, small_row && small_worst >= 20) << "\n";
+    out << "  " << m << " reads and writes within 10%: worst gap "
+        << (rw_row ? fixed(rw_worst * 100, 1) + "%" + where(rw_row) : "no pair") << ": "
+        << verdict(rw_row, rw_row && rw_worst <= 0.10) << "\n";
+    out << "  " << m << " fixed cost (batch of 1) <= 15 us: worst "
+        << (fixed_row ? fixed(fixed_worst, 1) + " us" + where(fixed_row) : "no row") << ": "
+        << verdict(fixed_row, fixed_row && fixed_worst <= 15) << "\n";
+  }
+}
+
 }  // namespace
 
 void print_table(std::ostream& out, const std::vector<BenchRow>& rows) {
   std::vector<std::vector<std::string>> cells = {{"transport", "op", "block_bytes", "pattern", "batch", "gbps",
                                                   "latency_us", "baseline", "baseline_gbps", "ratio"}};
+  // Device rows have a second baseline: one cudaMemcpyAsync per descriptor.
+  const bool per_copy = std::any_of(rows.begin(), rows.end(), [](const BenchRow& r) { return r.per_copy_gbps > 0; });
+  if (per_copy) {
+    cells[0].push_back("per_copy_gbps");
+    cells[0].push_back("per_copy_ratio");
+  }
   for (const BenchRow& r : rows) {
     cells.push_back({r.transport, r.op, std::to_string(r.block_bytes), r.pattern, std::to_string(r.batch),
                      fixed(r.gbps, 2), fixed(r.latency_us, 1), r.baseline.empty() ? "-" : r.baseline,
                      r.baseline_gbps > 0 ? fixed(r.baseline_gbps, 2) : "-", r.ratio > 0 ? fixed(r.ratio, 2) : "-"});
+    if (per_copy) {
+      cells.back().push_back(r.per_copy_gbps > 0 ? fixed(r.per_copy_gbps, 2) : "-");
+      cells.back().push_back(r.per_copy_ratio > 0 ? fixed(r.per_copy_ratio, 2) : "-");
+    }
   }
   std::vector<size_t> width(cells[0].size(), 0);
   for (const auto& line : cells)
@@ -70,6 +139,10 @@ std::string rows_json(const std::vector<BenchRow>& rows) {
     if (r.transport == "tcp") {
       o["ucx_tcp_gbps"] = r.ucx_tcp_gbps;
       o["ucx_tcp_ratio"] = r.ucx_tcp_ratio;
+    }
+    if (r.per_copy_gbps > 0) {
+      o["per_copy_gbps"] = r.per_copy_gbps;
+      o["per_copy_ratio"] = r.per_copy_ratio;
     }
     a.push_back(std::move(o));
   }
@@ -104,6 +177,11 @@ void print_targets(std::ostream& out, const std::vector<BenchRow>& rows, double 
     return describe(r, true) + ", " + std::to_string(met) + " of " + std::to_string(n) + " rows met";
   };
   out << "targets:\n";
+  auto has = [&](const std::string& transport) {
+    return std::any_of(rows.begin(), rows.end(), [&](const BenchRow& r) { return r.transport == transport; });
+  };
+  print_device_targets(out, rows);
+  if (!has("local") && !has("cma") && !has("tcp") && !has("ucx")) return;
   auto big = [](const BenchRow& r) { return r.block_bytes >= 65536; };
   auto all = [](const BenchRow&) { return true; };
   const BenchRow* w = worst("local", big);

@@ -40,6 +40,10 @@ Command add_store_command(CLI::App& root);
 // The whole of a file, or of stdin for "-", of at most `max_bytes` (the
 // bound of kvbridge's JSON documents by default), enforced while reading.
 // kIoError names the path; kResourceExhausted past the bound.
+// What `kvbridge --version` prints: the version, whether CUDA is compiled
+// in, and what the process's device says (a count, or why there is none).
+std::string version_text();
+
 Result<std::string> read_input(const std::string& path, size_t max_bytes = size_t{64} << 20);
 
 // The shared secret: the contents of `file` (a trailing newline dropped) when

@@ -7,8 +7,25 @@
 #include <sstream>
 
 #include "cli.h"
+#include "device/device.h"
 
 namespace kvbridge::cli {
+
+std::string version_text() {
+  std::string out = std::string("kvbridge ") + KVB_VERSION + "\n";
+  if (!device::cuda_compiled()) {
+    out += "CUDA: not compiled in (a build with the CUDA toolkit adds cuda:N memory and the cuda_ipc transport)";
+  } else {
+    out += "CUDA: compiled in (runtime " + std::to_string(KVB_CUDART_VERSION / 1000) + "." +
+           std::to_string(KVB_CUDART_VERSION % 1000 / 10) + ", kernels for " + KVB_CUDA_ARCHITECTURES + ")";
+  }
+  device::Device& d = device::current();
+  Result<int> n = d.count();
+  out += "\ndevice: ";
+  if (d.name() == "fake") out += "the host fake (KVB_DEVICE=fake), ";
+  out += n.ok() ? std::to_string(*n) + " device(s)" : n.error().message();
+  return out;
+}
 
 Result<std::string> read_input(const std::string& path, size_t max_bytes) {
   std::ifstream file;

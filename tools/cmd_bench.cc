@@ -65,21 +65,14 @@ Result<std::unique_ptr<Engine>> make_engine(const std::string& name, const std::
   return Engine::create(o);
 }
 
-// The baseline of one row: its name, and one transfer k of the workload
-// without the engine (empty: a fixed figure, `fixed_gbps`).
-struct Baseline {
-  std::string name;
-  std::function<bool(const Workload&, bool read, uint64_t k)> once;
-  std::function<double(const Workload&, bool read)> fixed_gbps;
-  // The row's baseline name when it depends on the row (else `name`).
-  std::function<std::string(const Workload&, bool read)> row_name;
-};
+}  // namespace
 
-// Measures every (block, pattern, batch, op) of one transport. The engine
-// `engine` reaches the peer as `peer`; `local` is registered here as
-// `local_region`, the peer's buffer is `remote_region` there.
+namespace bench {
+
+// The engine `engine` reaches the peer as `peer`; `local` is registered
+// here as `local_region`, the peer's buffer is `remote_region` there.
 Status measure(const std::string& transport, const BenchArgs& args, Engine& engine, PeerId peer, RegionId local_region,
-               RegionId remote_region, const Baseline& baseline, std::vector<BenchRow>& rows) {
+               RegionId remote_region, const Baseline& baseline, std::vector<BenchRow>& rows, const Baseline* second) {
   for (uint64_t block : args.block_bytes) {
     for (const std::string& pattern : args.patterns) {
       std::set<uint64_t> done_batches;
@@ -129,6 +122,13 @@ Status measure(const std::string& transport, const BenchArgs& args, Engine& engi
             row.baseline_gbps = baseline.fixed_gbps(w, read);
           }
           if (row.baseline_gbps > 0) row.ratio = row.gbps / row.baseline_gbps;
+          if (second != nullptr && second->once) {
+            const Timing b =
+                time_median([&](uint64_t k) { return second->once(w, read, k); }, args.min_seconds, args.reps);
+            if (!b.ok) return Status::io_error("bench: baseline " + second->name + " failed");
+            row.per_copy_gbps = gbps(w.bytes_per_transfer(), b.seconds_per_call);
+            if (row.per_copy_gbps > 0) row.per_copy_ratio = row.gbps / row.per_copy_gbps;
+          }
           rows.push_back(row);
         }
       }
@@ -136,6 +136,10 @@ Status measure(const std::string& transport, const BenchArgs& args, Engine& engi
   }
   return Status();
 }
+
+}  // namespace bench
+
+namespace {
 
 struct RunState {
   double iperf3_gbps = 0;
@@ -232,6 +236,17 @@ int run_bench(BenchArgs args) {
   }
   std::vector<BenchRow> rows;
   RunState state;
+  if (args.memory == "cuda") {
+    // Device memory: the cuda_ipc rows only, 2 KiB to 2 MiB blocks unless
+    // asked otherwise.
+    if (args.block_bytes == BenchArgs{}.block_bytes) args.block_bytes = {2048, 16384, 65536, 262144, 2097152};
+    const auto start = std::chrono::steady_clock::now();
+    Status s = bench_device(args, rows);
+    if (!s.ok()) return fail(s);
+    std::cerr << "bench: cuda_ipc: " << rows.size() << " rows in "
+              << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
+    args.transports.clear();
+  }
   // The ucx target compares the engine with ucx_perftest "for the same
   // transport": left to itself, perftest picks shared memory and copies one
   // cache-hot buffer. Pin one UCX transport for the engine, its peer process
@@ -301,6 +316,11 @@ int run_bench(BenchArgs args) {
                 << (args.buffer_bytes >> 20)
                 << " MiB buffer, so for blocks that fit in cache the ucx ratio is pessimistic\n";
     }
+    if (args.memory == "cuda") {
+      std::cout << "device rows: device memory on both sides, " << device_description()
+                << "; baseline = one cudaMemcpy of the transfer's bytes, contiguous, on the same device; per_copy = "
+                   "one cudaMemcpyAsync per descriptor on one stream\n";
+    }
     print_table(std::cout, rows);
     print_targets(std::cout, rows, state.iperf3_gbps, state.ucx_tcp_gbps);
   }
@@ -321,7 +341,8 @@ Command add_bench_command(CLI::App& root) {
   auto peer = std::make_shared<PeerArgs>();
   CLI::App* app = root.add_subcommand("bench", "Measure the engine's throughput and latency against baselines");
   app->require_subcommand(0, 1);  // the root's "exactly one" is inherited; `peer` is optional
-  app->add_option("--transport", args->transports, "Transports to measure (local, cma, tcp, ucx)")
+  app->add_option("--transport", args->transports,
+                  "Transports to measure (local, cma, tcp, ucx; cuda_ipc: --memory cuda)")
       ->check(CLI::IsMember({"local", "cma", "tcp", "ucx"}))
       ->capture_default_str();
   app->add_option("--block-bytes", args->block_bytes, "Block sizes in bytes")
@@ -358,6 +379,14 @@ Command add_bench_command(CLI::App& root) {
   app->add_flag("--quick", args->quick,
                 "Short run (8 MiB buffers, 5 ms x 3 repetitions): a smoke test, not a measurement");
   app->add_flag("--json", args->json, "Print one JSON array of rows instead of the table");
+  app->add_option("--memory", args->memory,
+                  "host: the transports' rows; cuda: cuda_ipc between device memory of two processes, against "
+                  "cudaMemcpy and one cudaMemcpyAsync per descriptor")
+      ->check(CLI::IsMember({"host", "cuda"}))
+      ->capture_default_str();
+  app->add_option("--device-copy", args->device_copies, "--memory cuda: the copy methods to measure")
+      ->check(CLI::IsMember({"copy_engine", "kernel"}))
+      ->capture_default_str();
   app->add_option("--plot", args->plot, "Write a PNG chart (gnuplot) to this file");
   // The hidden peer process (bench_peer.h); started by the bench itself.
   CLI::App* peer_app = app->add_subcommand("peer", "The bench's peer process (internal)");

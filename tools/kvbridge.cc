@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   using namespace kvbridge::cli;
   CLI::App app{"kvbridge: move LLM KV caches between inference workers"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", [] { return version_text(); });
   const std::vector<Command> commands = {
       add_layout_command(app),   add_presets_command(app), add_validate_command(app),
       add_identity_command(app), add_plan_command(app),    add_readers_command(app),

@@ -79,7 +79,21 @@ struct SubmitOptions {
   // (then before submit() returns its id). It runs with no engine lock held
   // and must not block; it may call status() and release().
   std::function<void(TransferId, const TransferStatus&)> on_end;
+  // Device memory only ("this KV is ready after this"): the transfer
+  // copies nothing before these events completed, so it never reads KV
+  // that the producer's kernels are still writing. IPC event handles
+  // (cudaIpcEventHandle_t bytes, e.g. torch.cuda.Event(interprocess=True)
+  // .ipc_handle()) from any process on this host, opened once and cached;
+  // and an event of this process (a cudaEvent_t, recorded by the caller
+  // before submit; 0: none). The wait runs on the host before the copy is
+  // queued, so cancel() and the deadline still end a transfer whose
+  // producer never finishes. kInvalidArgument for a transfer that touches
+  // no device memory, or more than kMaxReadyEvents handles.
+  std::vector<std::string> ready_event_handles;
+  uintptr_t ready_event = 0;
 };
+
+inline constexpr size_t kMaxReadyEvents = 16;
 
 // A list of items checked and resolved once (Engine::prepare): any subset
 // is then submitted by index without checking again.
@@ -107,7 +121,10 @@ struct EngineOptions {
   // with one name are two peers, never one.
   std::string name;
   // Transports in order of preference; empty means every available one
-  // (local, cma, tcp, ucx). A peer is reached by the first one both offer.
+  // (local, cuda_ipc, cma, tcp, ucx). A peer is reached by the first one
+  // both offer, and for memory kinds that one does not move (device memory
+  // for cma, tcp, ucx; host memory on the peer for cuda_ipc), by the first
+  // one that does: a same-host peer has cuda_ipc and cma.
   std::vector<std::string> transports;
   // Address every listener of this engine binds (control, tcp, and the
   // interface UCX may listen on): "host" or "[v6]".
@@ -132,6 +149,13 @@ struct EngineOptions {
   // 0: every transfer runs on the engine's threads.
   uint64_t inline_bytes = uint64_t{256} << 10;
   std::chrono::milliseconds default_timeout{30000};
+  // How device memory is copied (cuda_ipc, and local runs that touch device
+  // memory): "copy_engine" (one cudaMemcpyBatchAsync per transfer; leaves
+  // the SMs to the model) or "kernel" (a gather/scatter kernel over the
+  // descriptors on a grid of at most `device_copy_blocks` blocks, 0: 32).
+  // docs/gpu.md says how they compare.
+  std::string device_copy = "copy_engine";
+  uint32_t device_copy_blocks = 0;
 };
 
 // A transport this engine can or cannot use, and why.
@@ -165,12 +189,18 @@ class Engine {
   virtual bool has_secret() const = 0;
   virtual std::vector<TransportReport> transports() const = 0;
 
-  // Registers [base, base + bytes) of kind `memory` ("host", or "cuda:N"
-  // when built with CUDA), granting peers `access` to it. Registering the
-  // same range again returns the same id (reference counted); overlapping
-  // ranges are merged for the transports. kInvalidArgument for a null or
-  // empty range, an unknown memory kind, or a range that overlaps a
-  // registration of another kind or access.
+  // Registers [base, base + bytes) of kind `memory` ("host", or "cuda:N":
+  // device memory of device N, from cudaMalloc), granting peers `access`
+  // to it. Registering the same range again returns the same id (reference
+  // counted); overlapping ranges are merged for the transports.
+  // kInvalidArgument for a null or empty range, an unknown memory kind, a
+  // range that overlaps a registration of another kind or access, or a
+  // cuda:N range that is not all device memory of device N (host, managed,
+  // or another device's memory: the message says which byte and what it
+  // is); kUnavailable for cuda:N without a device (a build without CUDA, no
+  // driver, no GPU: the message says which). Device memory that CUDA IPC
+  // cannot export (cuMemCreate) registers, and a peer's transfer of it
+  // fails saying why (docs/gpu.md).
   virtual Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory,
                                            RemoteAccess access) = 0;
   Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory = "host") {

@@ -49,7 +49,7 @@ __all__ = [
     "ReaderEvent", "WorkerStats",
     # prefix store
     "Store", "RankStore", "PutResult", "LookupResult", "GetResult",
-    "__version__", "has_cuda",
+    "__version__", "has_cuda", "cuda_devices",
 ]
 
 # Present every class as kvbridge.X (help(), repr and pickle), not kvbridge._kvbridge.X.

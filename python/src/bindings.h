@@ -84,5 +84,8 @@ void bind_plan(py::module_& m);
 void bind_engine(py::module_& m);
 void bind_connector(py::module_& m);
 void bind_store(py::module_& m);
+// kvbridge.testing's device hooks (device.cc); after bind_connector, which
+// makes the submodule.
+void bind_device_testing(py::module_& m);
 
 }  // namespace kvbridge::python

@@ -74,6 +74,45 @@ std::string bytes_of(py::handle h) {
   return py::bytes(py::reinterpret_borrow<py::object>(h)).cast<std::string>();
 }
 
+// One "ready" object of submit() into `options`: a torch.cuda.Event (its
+// IPC handle when it was made interprocess, else its cudaEvent_t), bytes of
+// an IPC event handle, or an int cudaEvent_t of this process.
+void ready_event_of(py::handle h, SubmitOptions* options) {
+  if (py::isinstance<py::bytes>(h)) {
+    options->ready_event_handles.push_back(h.cast<std::string>());
+  } else if (py::isinstance<py::int_>(h)) {
+    if (options->ready_event != 0) {
+      throw_status(Status::invalid_argument("submit: ready: at most one event of this process (as an int)"));
+    }
+    options->ready_event = h.cast<uintptr_t>();
+  } else if (py::hasattr(h, "ipc_handle") && py::hasattr(h, "cuda_event")) {
+    py::object handle;
+    try {
+      handle = h.attr("ipc_handle")();
+    } catch (py::error_already_set&) {
+      handle = py::none();  // not an interprocess event: this process's own
+    }
+    if (!handle.is_none()) {
+      options->ready_event_handles.push_back(handle.cast<std::string>());
+    } else {
+      ready_event_of(h.attr("cuda_event"), options);
+    }
+  } else {
+    throw_status(Status::invalid_argument(
+        "submit: ready: expected a torch.cuda.Event, bytes of an IPC event handle or an int cudaEvent_t, not " +
+        std::string(py::str(h.get_type().attr("__name__")))));
+  }
+}
+
+void ready_events_of(py::handle ready, SubmitOptions* options) {
+  if (ready.is_none()) return;
+  if (py::isinstance<py::list>(ready) || py::isinstance<py::tuple>(ready)) {
+    for (py::handle h : ready) ready_event_of(h, options);
+  } else {
+    ready_event_of(ready, options);
+  }
+}
+
 void bind_values(py::module_& m) {
   py::enum_<TransferOp>(m, "TransferOp", "read: peer -> local; write: local -> peer.")
       .value("READ", TransferOp::kRead)
@@ -196,7 +235,7 @@ void bind_engine(py::module_& m) {
       .def(py::init([](const std::string& name, std::optional<std::vector<std::string>> transports,
                        const std::string& host, uint32_t tcp_streams, uint32_t threads, py::object default_timeout,
                        const std::string& faults, uint64_t inline_bytes, const std::string& secret,
-                       const std::string& advertise_host) {
+                       const std::string& advertise_host, const std::string& device_copy, uint32_t device_copy_blocks) {
              EngineOptions o;
              o.name = name;
              if (transports) o.transports = *transports;
@@ -207,6 +246,8 @@ void bind_engine(py::module_& m) {
              o.default_timeout = to_millis(default_timeout, o.default_timeout);
              o.inline_bytes = inline_bytes;
              o.secret = secret;
+             o.device_copy = device_copy;
+             o.device_copy_blocks = device_copy_blocks;
              Result<std::unique_ptr<Engine>> e = [&] {
                py::gil_scoped_release nogil;
                return testing::create_engine_with_faults(o, faults);
@@ -216,7 +257,7 @@ void bind_engine(py::module_& m) {
            py::arg("name") = "", py::arg("transports") = py::none(), py::arg("host") = "127.0.0.1",
            py::arg("tcp_streams") = 4, py::arg("threads") = 2, py::arg("default_timeout") = 30.0,
            py::arg("faults") = "", py::arg("inline_bytes") = EngineOptions{}.inline_bytes, py::arg("secret") = "",
-           py::arg("advertise_host") = "",
+           py::arg("advertise_host") = "", py::arg("device_copy") = "copy_engine", py::arg("device_copy_blocks") = 0,
            "Starts the engine's threads and listeners.\n\n"
            "name: shown to peers and in errors; '' = a name of this engine's own (kvbridge-<host>-<pid>-<hex>).\n"
            "Peers are told apart by name and a random instance id, so names need not be unique. transports: preference "
@@ -230,6 +271,8 @@ void bind_engine(py::module_& m) {
            "must hold the same (docs/security.md).\n"
            "inline_bytes: a transfer of at most this many bytes without a notification, over local or\n"
            "cma, runs inside submit() (it has ended when submit returns); 0 = always on engine threads.\n"
+           "device_copy: how device memory is copied, 'copy_engine' (one cudaMemcpyBatchAsync per transfer)\n"
+           "or 'kernel' (a gather/scatter kernel on at most device_copy_blocks blocks, 0 = 32); docs/gpu.md.\n"
            "Raises Unavailable when a named transport cannot run here (the message says why).")
       .def_property_readonly("name", [](PyEngine& e) { return e.get().name(); })
       .def(
@@ -288,25 +331,31 @@ void bind_engine(py::module_& m) {
           "metadata, Incompatible for a version mismatch, Unavailable when no transport is shared.")
       .def(
           "submit",
-          [](PyEngine& e, PeerId peer, py::object op, py::object items, py::object notification, py::object timeout) {
+          [](PyEngine& e, PeerId peer, py::object op, py::object items, py::object notification, py::object timeout,
+             py::object ready) {
             const TransferOp o = op_of(op);
             std::vector<TransferItem> v = items_of(items);
-            std::string note = notification.is_none() ? std::string() : bytes_of(notification);
-            const milliseconds t = to_millis(timeout, milliseconds(0));
+            SubmitOptions options;
+            options.notification = notification.is_none() ? std::string() : bytes_of(notification);
+            options.timeout = to_millis(timeout, milliseconds(0));
+            ready_events_of(ready, &options);
             Engine& engine = e.get();
             Result<TransferId> r = [&] {
               py::gil_scoped_release nogil;
-              return engine.submit(peer, o, v, std::move(note), t);
+              return engine.submit(peer, o, v, std::move(options));
             }();
             return unwrap(std::move(r));
           },
           py::arg("peer"), py::arg("op"), py::arg("items"), py::arg("notification") = py::none(),
-          py::arg("timeout") = py::none(),
+          py::arg("timeout") = py::none(), py::arg("ready") = py::none(),
           "Submits a transfer and returns its id at once.\n\n"
           "op: 'read' (peer -> local) or 'write', or a TransferOp. items: a list of TransferItem, or\n"
           "an (N, 5) integer array/list of (local region, local offset, remote region, remote offset,\n"
           "bytes) such as Plan.transfer_items(). notification: str/bytes delivered to the peer after\n"
           "the last byte. timeout: seconds (None: the engine's default_timeout).\n"
+          "ready: device memory only, what the KV is ready after: a torch.cuda.Event (interprocess\n"
+          "events by their IPC handle, others as this process's event), bytes of an IPC event handle,\n"
+          "an int cudaEvent_t, or a list of them; nothing is copied before they completed.\n"
           "Every item is checked first; on error nothing moves: NotFound (peer, region), OutOfRange\n"
           "(naming the item and region), InvalidArgument (empty batch, zero-length item).")
       .def(

@@ -1,5 +1,6 @@
 // The `_kvbridge` extension module; the package `kvbridge` re-exports it.
 #include "bindings.h"
+#include "device/device.h"
 
 PYBIND11_MODULE(_kvbridge, m) {
   namespace py = pybind11;
@@ -15,10 +16,19 @@ PYBIND11_MODULE(_kvbridge, m) {
 #else
   m.attr("has_cuda") = false;
 #endif
+  m.def(
+      "cuda_devices",
+      [] {
+        kvbridge::Result<int> n = kvbridge::device::current().count();
+        return kvbridge::python::unwrap(std::move(n));
+      },
+      "The number of CUDA devices this process can use. Raises Unavailable saying why there are\n"
+      "none: a build without CUDA (has_cuda is False), no driver, no GPU.");
   kvbridge::python::bind_errors(m);
   kvbridge::python::bind_layout(m);
   kvbridge::python::bind_plan(m);
   kvbridge::python::bind_engine(m);
   kvbridge::python::bind_connector(m);
   kvbridge::python::bind_store(m);
+  kvbridge::python::bind_device_testing(m);
 }

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "common/random.h"
+#include "device/device.h"
 #include "engine/engine_impl.h"
 #include "net/address.h"
 
@@ -29,6 +30,7 @@ std::string_view transfer_state_name(TransferState state) {
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
   // Peers dial what the metadata says; a wildcard bind says nothing dialable.
   KVB_RETURN_IF_ERROR(net::check_advertised(options.host, options.advertise_host, "engine host", "advertise_host"));
+  KVB_RETURN_IF_ERROR(device::parse_copy_method(options.device_copy).status().with_context("device_copy"));
   std::vector<TransportReport> reports;
   KVB_ASSIGN_OR_RETURN(auto transports, engine_internal::make_transports(options, &reports));
   return engine_internal::create_engine(options, std::move(transports), std::move(reports));
@@ -39,7 +41,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options) {
 namespace kvbridge::engine_internal {
 namespace {
 
-const char* const kKnownTransports[] = {"local", "cma", "tcp", "ucx"};
+const char* const kKnownTransports[] = {"local", "cuda_ipc", "cma", "tcp", "ucx"};
 
 Result<std::unique_ptr<transport::Transport>> make_one(const std::string& name, const EngineOptions& options) {
   if (name == "local") return transport::make_local_transport();
@@ -48,7 +50,8 @@ Result<std::unique_ptr<transport::Transport>> make_one(const std::string& name, 
     return transport::make_tcp_transport(options.host, options.tcp_streams, options.secret, options.advertise_host);
   }
   if (name == "ucx") return transport::make_ucx_transport(options.host);
-  return Status::invalid_argument("unknown transport '" + name + "' (known: local, cma, tcp, ucx)");
+  if (name == "cuda_ipc") return transport::make_cuda_ipc_transport(options.device_copy, options.device_copy_blocks);
+  return Status::invalid_argument("unknown transport '" + name + "' (known: local, cuda_ipc, cma, tcp, ucx)");
 }
 
 }  // namespace

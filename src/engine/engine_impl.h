@@ -97,13 +97,28 @@ class EngineImpl final : public Engine {
     std::string replaced_by;
     struct RemoteRegion {
       MetadataRegion region;
-      uint8_t access = 0;  // its segment's
+      uint8_t access = 0;   // its segment's
+      bool device = false;  // its segment is device memory
     };
     std::map<RegionId, RemoteRegion> regions;
     uint64_t generation = 0;  // bumped each time `regions` is refreshed
-    std::string transport;    // the chosen transport's name
-    std::shared_ptr<transport::Link> link;
+    // The links, in this engine's preference order: each moves some pair
+    // of memory kinds that the ones before it do not (peers.cc).
+    struct PeerLink {
+      std::string transport;
+      const transport::Transport* t = nullptr;
+      std::shared_ptr<transport::Link> link;
+      bool moves(bool local_device, bool remote_device) const { return t->moves(local_device, remote_device); }
+    };
+    std::vector<PeerLink> links;
     std::shared_ptr<Channel> channel;
+  };
+
+  // Where a batch runs: the peer's link that moves all its items, and
+  // whether any item touches device memory (then it is one run).
+  struct Route {
+    const Peer::PeerLink* link = nullptr;
+    bool device = false;
   };
 
   // A prepared list: items resolved once, its local regions held.
@@ -112,6 +127,7 @@ class EngineImpl final : public Engine {
     TransferOp op = TransferOp::kRead;
     uint64_t generation = 0;                    // the peer's, when last checked
     std::vector<transport::Copy> copies;        // one per item, in order
+    Route route;                                // where its transfers run
     std::map<RegionId, MetadataRegion> remote;  // the peer regions it names, as they were
     std::vector<RegionHold> holds;              // its local regions
   };
@@ -119,12 +135,16 @@ class EngineImpl final : public Engine {
  private:
   // Requires mu_. Checks `items` against this engine's and the peer's
   // registrations (the errors submit() documents) and resolves them.
+  // Also picks the peer's link that moves every item's pair of memory
+  // kinds (kUnavailable naming the pair when none does).
   Status resolve_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
-                        std::vector<transport::Copy>* copies, std::vector<RegionId>* regions, bool merge) const;
-  // Builds, splits and starts a transfer of resolved copies (the holds are
-  // its; released here on failure).
-  Result<TransferId> start_transfer(const Peer& p, TransferOp op, std::vector<transport::Copy> copies,
-                                    std::vector<RegionHold> holds, uint64_t bytes, size_t items, SubmitOptions options);
+                        std::vector<transport::Copy>* copies, std::vector<RegionId>* regions, bool merge,
+                        Route* route) const;
+  // Builds, splits and starts a transfer of resolved copies on `route` (the
+  // holds are its; released here on failure).
+  Result<TransferId> start_transfer(const Peer& p, const Route& route, TransferOp op,
+                                    std::vector<transport::Copy> copies, std::vector<RegionHold> holds, uint64_t bytes,
+                                    size_t items, SubmitOptions options);
   // Requires mu_. The metadata of this engine as it stands.
   EngineMetadata describe_locked() const;
   // Picks the transport and opens a link and a channel (without mu_: it

@@ -73,7 +73,7 @@ TEST(EngineTest, DefaultTransportsReportWhatIsMissingAndWhy) {
   Result<std::unique_ptr<Engine>> e = Engine::create(o);
   ASSERT_TRUE(e.ok()) << e.error().to_string();
   std::vector<TransportReport> reports = (*e)->transports();
-  ASSERT_EQ(reports.size(), 4u);
+  ASSERT_EQ(reports.size(), 5u);  // local, cuda_ipc, cma, tcp, ucx
   EXPECT_EQ(reports[0].name, "local");
   EXPECT_TRUE(reports[0].available);
   for (const TransportReport& r : reports) {

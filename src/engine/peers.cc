@@ -1,4 +1,4 @@
-// Peers: decoding their metadata, choosing a transport, one connection per
+// Peers: decoding their metadata, choosing transports, one connection per
 // peer name.
 //
 // The choice follows tensorpipe's: each side describes what it offers, and
@@ -6,6 +6,13 @@
 // offers and that says it can reach the peer (can_reach, then connect) wins.
 // When none does, the error lists both sides' transports and each reason, so
 // "why is this slow / why does this fail" has an answer in one line.
+//
+// Memory kinds: a transport moves some pairs of (local, peer) memory kinds
+// (Transport::moves: host to host for cma, tcp and ucx; peer device memory
+// for cuda_ipc; all for local). A peer gets the first reachable transport
+// for each pair that an earlier one does not move, so a same-host peer has
+// cuda_ipc for its device memory and cma for its host memory; each transfer
+// runs on the first of them that moves all its items (submit.cc).
 #include <algorithm>
 
 #include "engine/engine_impl.h"
@@ -20,7 +27,7 @@ transport::PeerInfo peer_info(const EngineMetadata& m, size_t transport_index) {
   info.hostname = m.hostname;
   info.address = m.transports[transport_index].address;
   for (const MetadataSegment& s : m.segments) {
-    info.segments.push_back(transport::PeerSegment{s.id, s.base, s.bytes, s.keys[transport_index]});
+    info.segments.push_back(transport::PeerSegment{s.id, s.base, s.bytes, s.keys[transport_index], s.memory});
   }
   return info;
 }
@@ -28,8 +35,12 @@ transport::PeerInfo peer_info(const EngineMetadata& m, size_t transport_index) {
 std::map<RegionId, EngineImpl::Peer::RemoteRegion> index_regions(const EngineMetadata& m) {
   std::map<uint32_t, uint8_t> access;
   for (const MetadataSegment& s : m.segments) access[s.id] = s.access;
+  std::map<uint32_t, bool> device;
+  for (const MetadataSegment& s : m.segments) device[s.id] = s.memory != "host";
   std::map<RegionId, EngineImpl::Peer::RemoteRegion> out;
-  for (const MetadataRegion& r : m.regions) out.emplace(r.id, EngineImpl::Peer::RemoteRegion{r, access[r.segment]});
+  for (const MetadataRegion& r : m.regions) {
+    out.emplace(r.id, EngineImpl::Peer::RemoteRegion{r, access[r.segment], device[r.segment]});
+  }
   return out;
 }
 
@@ -45,8 +56,22 @@ size_t find_transport(const EngineMetadata& m, std::string_view name) {
 Status EngineImpl::open_peer(Peer& peer) {
   const EngineMetadata& m = peer.metadata;
   std::vector<std::string> reasons;
+  // The (local device, peer device) pairs a link of this peer moves so far.
+  auto covered = [&](bool local_device, bool remote_device) {
+    for (const Peer::PeerLink& l : peer.links) {
+      if (l.moves(local_device, remote_device)) return true;
+    }
+    return false;
+  };
   for (const auto& t : transports_) {
     const std::string name(t->name());
+    bool adds = false;
+    for (bool local_device : {false, true}) {
+      for (bool remote_device : {false, true}) {
+        adds = adds || (t->moves(local_device, remote_device) && !covered(local_device, remote_device));
+      }
+    }
+    if (!adds) continue;
     const size_t k = find_transport(m, name);
     if (k == m.transports.size()) {
       reasons.push_back(name + ": the peer does not offer it");
@@ -62,11 +87,9 @@ Status EngineImpl::open_peer(Peer& peer) {
       reasons.push_back(name + ": connect failed: " + link.error().message());
       continue;
     }
-    peer.transport = name;
-    peer.link = std::shared_ptr<transport::Link>(std::move(*link));
-    break;
+    peer.links.push_back(Peer::PeerLink{name, t.get(), std::shared_ptr<transport::Link>(std::move(*link))});
   }
-  if (!peer.link) {
+  if (peer.links.empty()) {
     std::string ours, theirs, why;
     for (const auto& t : transports_) ours += (ours.empty() ? "" : ", ") + std::string(t->name());
     for (const auto& t : m.transports) theirs += (theirs.empty() ? "" : ", ") + t.name;
@@ -80,7 +103,7 @@ Status EngineImpl::open_peer(Peer& peer) {
       control_->connect(m.control_address, m.instance, peer_text(m),
                         [this, connection](const Status& why) { transfers_->fail_peer(connection, why); });
   if (!channel.ok()) {
-    peer.link.reset();
+    peer.links.clear();
     return channel.error();
   }
   peer.channel = std::move(*channel);
@@ -118,8 +141,10 @@ Result<PeerId> EngineImpl::connect(std::string_view bytes) {
                                 p.metadata.transports == m.transports && p.channel->health().ok();
       if (same_process) {
         // The same engine with new registrations: refresh what items may name.
-        const size_t k = find_transport(m, p.transport);
-        KVB_RETURN_IF_ERROR(p.link->refresh(peer_info(m, k)).with_context("connect: refresh peer " + peer_text(m)));
+        for (const Peer::PeerLink& l : p.links) {
+          const size_t k = find_transport(m, l.transport);
+          KVB_RETURN_IF_ERROR(l.link->refresh(peer_info(m, k)).with_context("connect: refresh peer " + peer_text(m)));
+        }
         p.regions = index_regions(m);
         ++p.generation;
         p.metadata = std::move(m);

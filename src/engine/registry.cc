@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/checked.h"
+#include "device/device.h"
 
 namespace kvbridge::engine_internal {
 namespace {
@@ -49,10 +50,44 @@ namespace kvbridge::engine_internal {
 
 Status check_memory_kind(std::string_view memory) {
   if (memory == "host") return Status();
-  if (memory.substr(0, 5) == "cuda:") {
-    return Status::invalid_argument("memory kind '" + std::string(memory) + "' needs a build with CUDA support");
-  }
+  if (memory.substr(0, 5) == "cuda:") return device::parse_cuda_memory(memory).status();
   return Status::invalid_argument("unknown memory kind '" + std::string(memory) + "' (expected 'host' or 'cuda:N')");
+}
+
+// That [base, base + bytes) is all device memory of the device `memory`
+// names (cuda:N).
+static Status check_device_range(const uint8_t* base, uint64_t bytes, std::string_view memory) {
+  KVB_ASSIGN_OR_RETURN(int want, device::parse_cuda_memory(memory));
+  device::Device& dev = device::current();
+  Result<int> n = dev.count();
+  if (!n.ok()) return Status::unavailable(std::string(memory) + ": " + n.error().message());
+  if (want >= *n) {
+    return Status::invalid_argument(std::string(memory) + ": there is no such device (" + std::to_string(*n) +
+                                    " here)");
+  }
+  const uint64_t begin = reinterpret_cast<uint64_t>(base), end = begin + bytes;
+  for (uint64_t at = begin; at < end;) {
+    KVB_ASSIGN_OR_RETURN(device::PointerInfo info, dev.pointer_info(reinterpret_cast<const void*>(at)));
+    const std::string where = "byte " + std::to_string(at - begin) + " of the range";
+    switch (info.type) {
+      case device::MemoryType::kHost:
+        return Status::invalid_argument(where + " is host memory, not " + std::string(memory) +
+                                        " (register it as 'host')");
+      case device::MemoryType::kManaged:
+        return Status::invalid_argument(where +
+                                        " is managed (unified) memory; kvbridge moves device memory from "
+                                        "cudaMalloc, registered as cuda:N, or host memory");
+      case device::MemoryType::kDevice:
+        break;
+    }
+    if (info.device != want) {
+      return Status::invalid_argument(where + " is memory of cuda:" + std::to_string(info.device) + ", not " +
+                                      std::string(memory));
+    }
+    if (info.base + info.bytes <= at) return Status::internal("device reports an allocation that ends before it");
+    at = info.base + info.bytes;
+  }
+  return Status();
 }
 
 Result<uint32_t> Registry::add_segment(uint8_t* begin, uint8_t* end, const std::string& memory, uint8_t access) {
@@ -63,13 +98,21 @@ Result<uint32_t> Registry::add_segment(uint8_t* begin, uint8_t* end, const std::
   e.segment.memory = memory;
   e.segment.access = access;
   for (size_t t = 0; t < transports_.size(); ++t) {
+    // A transport is told only of the memory kinds it serves; it has no key
+    // for the others, and peers never reach them through it.
+    if (!transports_[t]->serves(memory)) {
+      e.keys.emplace_back();
+      continue;
+    }
     Result<std::string> key = transports_[t]->add_segment(e.segment);
     if (key.ok() && key->size() > kMaxBlobBytes) {
       key = Status::internal("key blob of " + std::to_string(key->size()) + " bytes exceeds " +
                              std::to_string(kMaxBlobBytes));
     }
     if (!key.ok()) {
-      for (size_t u = 0; u < t; ++u) (void)transports_[u]->remove_segment(e.segment.id);
+      for (size_t u = 0; u < t; ++u) {
+        if (transports_[u]->serves(memory)) (void)transports_[u]->remove_segment(e.segment.id);
+      }
       return key.error().with_context("transport '" + std::string(transports_[t]->name()) + "' add_segment");
     }
     e.keys.push_back(std::move(*key));
@@ -83,7 +126,10 @@ Result<uint32_t> Registry::add_segment(uint8_t* begin, uint8_t* end, const std::
 void Registry::drop_segment(uint32_t id) {
   // A transport that fails to forget a segment leaves it registered with
   // itself only; the engine no longer advertises it, so no peer can name it.
-  for (transport::Transport* t : transports_) (void)t->remove_segment(id);
+  auto it = segments_.find(id);
+  for (transport::Transport* t : transports_) {
+    if (it == segments_.end() || t->serves(it->second.segment.memory)) (void)t->remove_segment(id);
+  }
   segments_.erase(id);
 }
 
@@ -96,6 +142,23 @@ Result<RegionId> Registry::add(void* base_ptr, uint64_t bytes, std::string_view 
     return Status::invalid_argument("register_memory: [base, base + bytes) wraps around the address space");
   }
   KVB_RETURN_IF_ERROR(check_memory_kind(memory).with_context("register_memory"));
+  if (memory != "host") {
+    KVB_RETURN_IF_ERROR(check_device_range(base, bytes, memory).with_context("register_memory"));
+    device_seen_ = true;
+  } else if (device_seen_) {
+    // Device memory registered as host memory would be read by cma or tcp
+    // as if it were: once this process uses a device (asking before would
+    // start a CUDA context in processes that never use one), host ranges
+    // are checked at both ends.
+    for (const uint8_t* p : {base, base + bytes - 1}) {
+      Result<device::PointerInfo> info = device::current().pointer_info(p);
+      if (info.ok() && info->type != device::MemoryType::kHost) {
+        return Status::invalid_argument(
+            "register_memory: the range is device memory of cuda:" + std::to_string(info->device) +
+            "; register it as cuda:" + std::to_string(info->device));
+      }
+    }
+  }
   if (access > 3) return Status::invalid_argument("register_memory: access " + std::to_string(access) + " is not 0..3");
   for (auto& [id, r] : regions_) {
     if (r.base == base && r.bytes == bytes && r.memory == memory && r.access == access) {

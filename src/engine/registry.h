@@ -97,6 +97,7 @@ class Registry {
   std::map<uint32_t, SegmentEntry> segments_;
   RegionId next_region_ = 1;
   uint32_t next_segment_ = 1;
+  bool device_seen_ = false;  // a cuda:N range was registered
 };
 
 // Whether `memory` names a kind this build can register ("host"); the reason

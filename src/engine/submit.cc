@@ -31,14 +31,21 @@ void append_copy(std::vector<transport::Copy>& copies, const transport::Copy& c)
 }  // namespace
 
 Status EngineImpl::resolve_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
-                                  std::vector<transport::Copy>* copies, std::vector<RegionId>* regions,
-                                  bool merge) const {
+                                  std::vector<transport::Copy>* copies, std::vector<RegionId>* regions, bool merge,
+                                  Route* route) const {
   const std::string& peer_name = p.metadata.name;
   // Error messages are built only on error: a context string per item would
   // cost more than the checks for a large batch of small items.
   auto what = [](size_t i) { return "item " + std::to_string(i); };
   const uint8_t needs = op == TransferOp::kRead ? 1 : 2;
   copies->reserve(items.size());
+  // Which (local device, peer device) pairs the items have; the region of
+  // the last item and whether it is device memory, since items come in runs
+  // of one region.
+  bool pairs[2][2] = {{false, false}, {false, false}};
+  size_t first_of[2][2] = {{0, 0}, {0, 0}};
+  RegionId last_region = 0;
+  bool last_device = false;
   for (size_t i = 0; i < items.size(); ++i) {
     const TransferItem& item = items[i];
     if (item.bytes == 0) return Status::invalid_argument(what(i) + " has 0 bytes");
@@ -61,6 +68,14 @@ Status EngineImpl::resolve_locked(const Peer& p, TransferOp op, std::span<const 
                                   ") is outside peer '" + peer_name + "' region " + std::to_string(item.remote) +
                                   " of " + std::to_string(r.region.bytes) + " bytes");
     }
+    if (i == 0 || item.local != last_region) {
+      last_region = item.local;
+      last_device = registry_->find(item.local)->memory != "host";
+    }
+    if (!pairs[last_device][r.device]) {
+      pairs[last_device][r.device] = true;
+      first_of[last_device][r.device] = i;
+    }
     const transport::Copy c{*resolved, r.region.base + item.remote_offset, item.bytes, r.region.segment};
     if (merge) {
       append_copy(*copies, c);
@@ -71,16 +86,57 @@ Status EngineImpl::resolve_locked(const Peer& p, TransferOp op, std::span<const 
   }
   std::sort(regions->begin(), regions->end());
   regions->erase(std::unique(regions->begin(), regions->end()), regions->end());
-  return Status();
+  auto kind = [](bool device) { return device ? "device" : "host"; };
+  for (const Peer::PeerLink& l : p.links) {
+    bool all = true;
+    for (int a = 0; a < 2; ++a) {
+      for (int b = 0; b < 2; ++b) all = all && (!pairs[a][b] || l.moves(a, b));
+    }
+    if (all) {
+      route->link = &l;
+      route->device = pairs[0][1] || pairs[1][0] || pairs[1][1];
+      return Status();
+    }
+  }
+  // Name the first pair no link moves, and what the peer's links are.
+  std::string have;
+  for (const Peer::PeerLink& l : p.links) have += (have.empty() ? "" : ", ") + l.transport;
+  for (int a = 0; a < 2; ++a) {
+    for (int b = 0; b < 2; ++b) {
+      if (!pairs[a][b]) continue;
+      bool any = false;
+      for (const Peer::PeerLink& l : p.links) any = any || l.moves(a, b);
+      if (any) continue;
+      return Status::unavailable(what(first_of[a][b]) + ": no transport to peer '" + peer_name + "' moves " + kind(a) +
+                                 " memory here to " + kind(b) + " memory there (its transports: " + have +
+                                 "; cuda_ipc needs device memory on the peer's side and the same host; "
+                                 "stage device memory through a registered host buffer otherwise)");
+    }
+  }
+  return Status::unavailable("the items of this batch need more than one of the transports to peer '" + peer_name +
+                             "' (" + have + "): submit host and device memory in separate batches");
 }
 
-Result<TransferId> EngineImpl::start_transfer(const Peer& p, TransferOp op, std::vector<transport::Copy> copies,
-                                              std::vector<RegionHold> holds, uint64_t bytes, size_t items,
-                                              SubmitOptions options) {
-  if (options.notification.size() > kMaxControlPayload) {
+Result<TransferId> EngineImpl::start_transfer(const Peer& p, const Route& route, TransferOp op,
+                                              std::vector<transport::Copy> copies, std::vector<RegionHold> holds,
+                                              uint64_t bytes, size_t items, SubmitOptions options) {
+  auto refuse = [&](Status why) {
     for (const RegionHold& hold : holds) Registry::release(hold);
-    return Status::resource_exhausted("submit: notification is " + std::to_string(options.notification.size()) +
-                                      " bytes, more than " + std::to_string(kMaxControlPayload));
+    return why;
+  };
+  if (options.notification.size() > kMaxControlPayload) {
+    return refuse(Status::resource_exhausted("submit: notification is " + std::to_string(options.notification.size()) +
+                                             " bytes, more than " + std::to_string(kMaxControlPayload)));
+  }
+  const bool ready = options.ready_event != 0 || !options.ready_event_handles.empty();
+  if (ready && !route.device) {
+    return refuse(
+        Status::invalid_argument("submit: ready events order copies of device memory, and this transfer "
+                                 "moves host memory only"));
+  }
+  if (options.ready_event_handles.size() > kMaxReadyEvents) {
+    return refuse(Status::invalid_argument("submit: " + std::to_string(options.ready_event_handles.size()) +
+                                           " ready event handles, more than " + std::to_string(kMaxReadyEvents)));
   }
   if (options.timeout.count() <= 0) options.timeout = options_.default_timeout;
   auto t = std::make_shared<Transfer>();
@@ -92,14 +148,24 @@ Result<TransferId> EngineImpl::start_transfer(const Peer& p, TransferOp op, std:
   t->holds = std::move(holds);
   t->connection = p.connection;
   t->peer_name = peer_text(p.metadata);
-  t->link = p.link;
+  t->link = route.link->link;
   t->channel = p.channel;
-  std::vector<std::vector<transport::Copy>> parts = split_copies(std::move(copies), options_.threads);
+  // A transfer of device memory is one run: one batched copy on the device
+  // (its links cut it into batches themselves), not one per engine thread.
+  std::vector<std::vector<transport::Copy>> parts =
+      split_copies(std::move(copies), route.device ? 1 : options_.threads);
   t->chunks.reset(parts.size());
-  for (size_t i = 0; i < parts.size(); ++i) t->chunks[i].copies = std::move(parts[i]);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    t->chunks[i].copies = std::move(parts[i]);
+    t->chunks[i].control.ready_events = options.ready_event_handles;
+    t->chunks[i].control.ready_event = options.ready_event;
+  }
   t->start = Clock::now();
   t->deadline = t->start + t->timeout;
-  const bool here = t->notification.empty() && t->bytes_total <= options_.inline_bytes && t->link->runs_inline();
+  // A transfer of device memory never runs inside submit(): it may wait for
+  // the producer's events, and its copy is the device's work anyway.
+  const bool here =
+      t->notification.empty() && t->bytes_total <= options_.inline_bytes && t->link->runs_inline() && !route.device;
   metrics_.submitted(items);
   Result<TransferId> id = transfers_->start(t, here);
   if (!id.ok()) {
@@ -116,15 +182,16 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
   std::vector<RegionId> regions;  // the local regions the items use, each once
   std::vector<RegionHold> holds;
   std::shared_ptr<Peer> p;
+  Route route;
   uint64_t bytes = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     KVB_ASSIGN_OR_RETURN(p, find_peer_locked(peer, "submit"));
-    KVB_RETURN_IF_ERROR(resolve_locked(*p, op, items, &copies, &regions, true).with_context("submit"));
+    KVB_RETURN_IF_ERROR(resolve_locked(*p, op, items, &copies, &regions, true, &route).with_context("submit"));
     for (RegionId r : regions) holds.push_back(registry_->acquire(r));
   }
   for (const TransferItem& item : items) bytes += item.bytes;
-  return start_transfer(*p, op, std::move(copies), std::move(holds), bytes, items.size(), std::move(options));
+  return start_transfer(*p, route, op, std::move(copies), std::move(holds), bytes, items.size(), std::move(options));
 }
 
 Result<PreparedId> EngineImpl::prepare(PeerId peer, TransferOp op, std::span<const TransferItem> items) {
@@ -135,7 +202,8 @@ Result<PreparedId> EngineImpl::prepare(PeerId peer, TransferOp op, std::span<con
   std::lock_guard<std::mutex> lock(mu_);
   KVB_ASSIGN_OR_RETURN(list->peer, find_peer_locked(peer, "prepare"));
   std::vector<RegionId> regions;
-  KVB_RETURN_IF_ERROR(resolve_locked(*list->peer, op, items, &list->copies, &regions, false).with_context("prepare"));
+  KVB_RETURN_IF_ERROR(
+      resolve_locked(*list->peer, op, items, &list->copies, &regions, false, &list->route).with_context("prepare"));
   list->generation = list->peer->generation;
   for (const TransferItem& item : items) list->remote[item.remote] = list->peer->regions.at(item.remote).region;
   for (RegionId r : regions) list->holds.push_back(registry_->acquire(r));
@@ -192,8 +260,8 @@ Result<TransferId> EngineImpl::submit(PreparedId id, std::span<const uint32_t> s
     append_copy(copies, c);
     bytes += c.bytes;
   }
-  return start_transfer(*list->peer, list->op, std::move(copies), std::move(holds), bytes, selection.size(),
-                        std::move(options));
+  return start_transfer(*list->peer, list->route, list->op, std::move(copies), std::move(holds), bytes,
+                        selection.size(), std::move(options));
 }
 
 Status EngineImpl::release_prepared(PreparedId id) {

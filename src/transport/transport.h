@@ -1,6 +1,7 @@
 // transport/transport.h: the seam between the engine and the ways bytes move.
 //
-// A Transport is one way of moving bytes (local memcpy, cma, tcp, ucx). The
+// A Transport is one way of moving bytes (local memcpy, cma, tcp, ucx,
+// cuda_ipc). The
 // engine owns one instance of each available transport, tells it about local
 // memory segments, and asks it for a Link to a peer. A Link executes resolved
 // copies (raw local pointers and the peer's virtual addresses) synchronously
@@ -28,6 +29,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvbridge/status.h"
 #include "kvbridge/transfer_op.h"
@@ -55,7 +57,8 @@ struct PeerSegment {
   uint32_t id = 0;
   uint64_t base = 0;  // the peer's virtual address
   uint64_t bytes = 0;
-  std::string key;  // transport-specific (a UCX rkey); may be empty
+  std::string key;              // transport-specific (a UCX rkey); may be empty
+  std::string memory = "host";  // the segment's memory kind, as the peer advertised it
 };
 
 struct PeerInfo {
@@ -81,6 +84,12 @@ struct RunControl {
   std::atomic<bool> cancel{false};
   std::atomic<uint64_t> bytes_done{0};
   Clock::time_point deadline = Clock::time_point::max();
+  // Runs that touch device memory: events the run waits for before its
+  // first copy (the producer's "this KV is ready after this"): IPC event
+  // handles, and an event of this process (a device::Event; 0: none).
+  // Transports of host memory never see them (the engine refuses them).
+  std::vector<std::string> ready_events;
+  uintptr_t ready_event = 0;
 };
 
 class Link {
@@ -120,6 +129,14 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual std::string_view name() const = 0;
+  // Whether this transport takes segments of memory kind `memory` ("host",
+  // "cuda:N") in add_segment. The engine gives a transport only the
+  // segments it serves (the others' keys are empty for it).
+  virtual bool serves(std::string_view memory) const { return memory == "host"; }
+  // Whether a Link of this transport moves bytes between local memory of
+  // one kind (device or host) and peer memory of the other or the same.
+  // Host-only transports: host to host.
+  virtual bool moves(bool local_device, bool remote_device) const { return !local_device && !remote_device; }
   // This engine's address blob for peers (bounded, at most 4 KiB).
   virtual std::string address() const = 0;
   // Whether this transport can reach `peer` at all (e.g. cma: same host and
@@ -144,5 +161,11 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, u
 // ucx: `host` is the address the engine binds: UCX's own listeners are kept
 // to the interface that holds it (ucx.cc says how).
 Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string& host);
+// cuda_ipc: device memory of another process on this host, through CUDA IPC
+// handles (cuda_ipc/cuda_ipc.cc). kUnavailable when the process's device
+// (device::current()) has no device. `method`: "copy_engine" or "kernel";
+// `max_blocks`: the kernel's grid cap (0: default).
+Result<std::unique_ptr<Transport>> make_cuda_ipc_transport(const std::string& method = "copy_engine",
+                                                           uint32_t max_blocks = 0);
 
 }  // namespace kvbridge::transport

@@ -53,6 +53,7 @@ Result<std::unique_ptr<Peer>> ConformanceBase::start_peer(const std::string& nam
   o.transport = GetParam().transport;
   o.bytes = kBytes;
   o.seed = seed;
+  o.memory = GetParam().peer_memory;
   return GetParam().child_peer ? make_child_peer(o) : make_in_process_peer(o);
 }
 

@@ -36,8 +36,9 @@ namespace kvbridge::conformance {
 
 struct ConformanceParam {
   std::string name;       // the instantiation's suffix, [A-Za-z0-9_]
-  std::string transport;  // "local", "cma", "tcp", "ucx"
+  std::string transport;  // "local", "cma", "tcp", "ucx", "cuda_ipc"
   bool child_peer = false;
+  std::string peer_memory = "host";  // or "cuda:0": the host fake's device memory
 };
 
 inline void PrintTo(const ConformanceParam& p, std::ostream* os) {

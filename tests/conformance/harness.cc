@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "conformance/pattern.h"
+#include "conformance/peer_buffer.h"
 
 extern char** environ;
 
@@ -25,13 +26,14 @@ class InProcessPeer final : public Peer {
   static Result<std::unique_ptr<Peer>> create(const PeerOptions& o) {
     auto p = std::unique_ptr<InProcessPeer>(new InProcessPeer());
     p->name_ = o.name;
-    p->buffer_.resize(o.bytes);
+    p->options_ = o;
+    KVB_ASSIGN_OR_RETURN(p->buffer_, PeerBuffer::create(o.bytes, o.memory));
     fill_pattern(p->buffer_.data(), o.bytes, o.seed, 0);
     EngineOptions eo;
     eo.name = o.name;
     eo.transports = {o.transport};
     KVB_ASSIGN_OR_RETURN(p->engine_, Engine::create(eo));
-    KVB_ASSIGN_OR_RETURN(p->region_, p->engine_->register_memory(p->buffer_.data(), o.bytes));
+    KVB_ASSIGN_OR_RETURN(p->region_, p->engine_->register_memory(p->buffer_.data(), o.bytes, o.memory));
     return std::unique_ptr<Peer>(std::move(p));
   }
   const std::string& name() const override { return name_; }
@@ -52,12 +54,21 @@ class InProcessPeer final : public Peer {
   std::vector<Notification> take_notifications() override {
     return engine_ ? engine_->take_notifications() : std::vector<Notification>{};
   }
+  Status reregister(uint32_t seed) override {
+    KVB_RETURN_IF_ERROR(engine_->deregister_memory(region_));
+    buffer_ = PeerBuffer();
+    KVB_ASSIGN_OR_RETURN(buffer_, PeerBuffer::create(options_.bytes, options_.memory));
+    fill_pattern(buffer_.data(), options_.bytes, seed, 0);
+    KVB_ASSIGN_OR_RETURN(region_, engine_->register_memory(buffer_.data(), options_.bytes, options_.memory));
+    return Status();
+  }
   void kill() override { engine_.reset(); }
 
  private:
   InProcessPeer() = default;
+  PeerOptions options_;
   std::string name_;
-  std::vector<uint8_t> buffer_;  // declared before engine_: outlives it
+  PeerBuffer buffer_;  // declared before engine_: outlives it
   std::unique_ptr<Engine> engine_;
   RegionId region_ = 0;
 };
@@ -78,9 +89,17 @@ class ChildPeer final : public Peer {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
     posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-    std::vector<std::string> args = {KVB_PEER_MAIN,           "--name",    o.name,
-                                     "--transport",           o.transport, "--bytes",
-                                     std::to_string(o.bytes), "--seed",    std::to_string(o.seed)};
+    std::vector<std::string> args = {KVB_PEER_MAIN,
+                                     "--name",
+                                     o.name,
+                                     "--transport",
+                                     o.transport,
+                                     "--bytes",
+                                     std::to_string(o.bytes),
+                                     "--seed",
+                                     std::to_string(o.seed),
+                                     "--memory",
+                                     o.memory};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -143,6 +162,14 @@ class ChildPeer final : public Peer {
       out.push_back(Notification{from_hex(peer), from_hex(message)});
     }
     return out;
+  }
+  Status reregister(uint32_t seed) override {
+    KVB_ASSIGN_OR_RETURN(std::string line, command("reregister " + std::to_string(seed)));
+    std::istringstream s(line);
+    std::string word;
+    s >> word >> region_;
+    if (word != "ready") return Status::internal("peer_main: " + line);
+    return Status();
   }
   void kill() override {
     if (pid_ <= 0) return;

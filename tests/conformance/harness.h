@@ -29,6 +29,9 @@ struct PeerOptions {
   std::string transport = "local";  // the only transport the peer offers
   uint64_t bytes = uint64_t{8} << 20;
   uint32_t seed = 7;
+  // The buffer's memory kind: "host", or "cuda:0" (device memory of the
+  // host fake, KVB_DEVICE=fake: host-visible, so check and fill read it).
+  std::string memory = "host";
 };
 
 class Peer {
@@ -45,6 +48,11 @@ class Peer {
   virtual Status fill(uint64_t offset, uint64_t len, uint32_t seed) = 0;
   // Notifications the peer received since the last call, in arrival order.
   virtual std::vector<Notification> take_notifications() = 0;
+  // Deregisters its buffer, frees it, and registers a new one of the same
+  // size and memory kind (device memory may get the same address) filled
+  // with pattern `seed`; region() is then the new region. The peer's
+  // metadata changes: connect() again to see it.
+  virtual Status reregister(uint32_t seed) = 0;
   // The peer vanishes abruptly (a child is SIGKILLed; an in-process peer's
   // engine is destroyed, its buffer kept so no late copy touches freed memory).
   virtual void kill() = 0;

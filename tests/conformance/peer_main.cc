@@ -1,9 +1,10 @@
 // peer_main: an engine in its own process, driven line by line on stdin, so
 // that tests can put a real peer behind cma, tcp or ucx and kill it.
 //
-//   peer_main --name NAME --transport T [--transport T2 ...] --bytes N --seed S
+//   peer_main --name NAME --transport T [--transport T2 ...] --bytes N --seed S [--memory host|cuda:0]
 //
-// At start it registers one buffer of N bytes filled with pattern S
+// At start it registers one buffer of N bytes (host memory, or device
+// memory of the host fake with --memory cuda:0) filled with pattern S
 // (pattern.h) and prints "ready REGION METADATA_HEX". Then, one command per
 // line, one answer line each (hex "-" is the empty string):
 //   metadata                       -> metadata HEX
@@ -13,6 +14,8 @@
 //   transfer read|write PEER REMOTE_REGION LOCAL_OFFSET REMOTE_OFFSET BYTES NOTE_HEX
 //                                  -> state NAME CODE_NAME MESSAGE_HEX   (waits up to 60 s)
 //   notify PEER MESSAGE_HEX        -> ok | error ...
+//   reregister SEED                -> ready REGION (the buffer deregistered, freed, and a new one of
+//                                     the same size and kind registered, filled with pattern SEED)
 //   exit                           -> bye (and exits 0; end of stdin does the same)
 // A malformed line or an unknown command answers "error ...".
 #include <cstdio>
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "conformance/pattern.h"
+#include "conformance/peer_buffer.h"
 #include "conformance/peer_io.h"
 #include "kvbridge/engine.h"
 
@@ -43,6 +47,7 @@ int main(int argc, char** argv) {
   options.name = "peer";
   uint64_t bytes = uint64_t{8} << 20;
   uint32_t seed = 7;
+  std::string memory = "host";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) return usage(("missing value for " + a).c_str());
@@ -55,6 +60,8 @@ int main(int argc, char** argv) {
       bytes = std::stoull(v);
     } else if (a == "--seed") {
       seed = static_cast<uint32_t>(std::stoul(v));
+    } else if (a == "--memory") {
+      memory = v;
     } else {
       return usage(("unknown option " + a).c_str());
     }
@@ -65,9 +72,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<Engine> engine = std::move(*created);
-  std::vector<uint8_t> buffer(bytes);
+  Result<PeerBuffer> made = PeerBuffer::create(bytes, memory);
+  if (!made.ok()) {
+    say("error " + made.error().to_string());
+    return 1;
+  }
+  PeerBuffer buffer = std::move(*made);
   fill_pattern(buffer.data(), bytes, seed, 0);
-  Result<RegionId> region = engine->register_memory(buffer.data(), bytes);
+  Result<RegionId> region = engine->register_memory(buffer.data(), bytes, memory);
+  RegionId current = region.ok() ? *region : 0;
   if (!region.ok()) {
     say("error " + region.error().to_string());
     return 1;
@@ -92,7 +105,7 @@ int main(int argc, char** argv) {
       TransferItem item;
       PeerId peer = 0;
       in >> op >> peer >> item.remote >> item.local_offset >> item.remote_offset >> item.bytes >> note;
-      item.local = *region;
+      item.local = current;
       Result<TransferId> id = engine->submit(peer, op == "write" ? TransferOp::kWrite : TransferOp::kRead,
                                              std::span<const TransferItem>(&item, 1), from_hex(note));
       if (!id.ok()) {
@@ -103,6 +116,24 @@ int main(int argc, char** argv) {
       say("state " + std::string(transfer_state_name(st.state)) + " " + std::string(code_name(st.error.code())) + " " +
           to_hex(st.error.message()));
       (void)engine->release(*id);
+    } else if (cmd == "reregister") {
+      uint32_t again = 0;
+      in >> again;
+      Status s = engine->deregister_memory(current);
+      if (s.ok()) {
+        buffer = PeerBuffer();
+        Result<PeerBuffer> fresh = PeerBuffer::create(bytes, memory);
+        if (fresh.ok()) {
+          buffer = std::move(*fresh);
+          fill_pattern(buffer.data(), bytes, again, 0);
+          Result<RegionId> r = engine->register_memory(buffer.data(), bytes, memory);
+          if (r.ok()) current = *r;
+          s = r.status();
+        } else {
+          s = fresh.error();
+        }
+      }
+      say(s.ok() ? "ready " + std::to_string(current) : "error " + s.to_string());
     } else if (cmd == "notify") {
       PeerId peer = 0;
       std::string hex;

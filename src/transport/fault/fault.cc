@@ -184,6 +184,10 @@ class FaultTransport final : public Transport {
   FaultTransport(std::unique_ptr<Transport> inner, std::shared_ptr<Faults> faults)
       : inner_(std::move(inner)), faults_(std::move(faults)) {}
   std::string_view name() const override { return inner_->name(); }
+  bool serves(std::string_view memory) const override { return inner_->serves(memory); }
+  bool moves(bool local_device, bool remote_device) const override {
+    return inner_->moves(local_device, remote_device);
+  }
   std::string address() const override { return inner_->address(); }
   Status can_reach(const PeerInfo& peer) const override { return inner_->can_reach(peer); }
   Result<std::string> add_segment(const Segment& segment) override { return inner_->add_segment(segment); }

@@ -9,6 +9,12 @@
 // peer's advertised segments; the link checks again that each copy lies in a
 // segment the peer advertised (refresh() keeps that list), because a stale
 // address in the same process would be silent corruption.
+//
+// Device memory (cuda:N segments, on either side): a run that touches any
+// becomes one batched device copy (device_run.h: copy engines, after the
+// caller's ready events, cancel and deadline kept by waiting for what was
+// queued), so host<->device and device<->device copies in one process take
+// the same path as cuda_ipc's.
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +23,8 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "device/device.h"
+#include "transport/device_run.h"
 #include "transport/transport.h"
 
 namespace kvbridge::transport {
@@ -32,19 +40,30 @@ std::string this_hostname() {
 
 class LocalLink final : public Link {
  public:
-  explicit LocalLink(const PeerInfo& peer) { (void)refresh(peer); }
+  LocalLink(const PeerInfo& peer, std::shared_ptr<DeviceSide> device) : device_(std::move(device)) {
+    (void)refresh(peer);
+  }
 
   Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) override {
+    int device = -1;  // the first device memory the run touches, if any
+    const bool local_device = device_ && device_->has_local();
     {
       std::shared_lock<std::shared_mutex> lock(mu_);
       for (const Copy& c : copies) {
         auto s = segments_.find(c.segment);
-        if (s == segments_.end() || c.remote < s->second.first || c.bytes > s->second.second ||
-            c.remote - s->second.first > s->second.second - c.bytes) {
+        if (s == segments_.end() || c.remote < s->second.base || c.bytes > s->second.bytes ||
+            c.remote - s->second.base > s->second.bytes - c.bytes) {
           return Status::out_of_range("local: copy to peer '" + peer_ + "' address " + std::to_string(c.remote) +
                                       " is outside its segment " + std::to_string(c.segment));
         }
+        if (device < 0) {
+          device = s->second.device >= 0 ? s->second.device : local_device ? device_->local_device(c.local) : -1;
+        }
       }
+    }
+    if (device >= 0) return run_on_device(op, copies, control, device);
+    if (control.ready_event != 0 || !control.ready_events.empty()) {
+      return Status::invalid_argument("local: ready events apply to runs that touch device memory");
     }
     // Cancel and the deadline are checked, and bytes_done published, once
     // per kSliceBytes of progress across copies (and at the end), not per
@@ -87,19 +106,45 @@ class LocalLink final : public Link {
     std::unique_lock<std::shared_mutex> lock(mu_);
     peer_ = peer.name;
     segments_.clear();
-    for (const PeerSegment& s : peer.segments) segments_[s.id] = {s.base, s.bytes};
+    for (const PeerSegment& s : peer.segments) {
+      const Result<int> device = device::parse_cuda_memory(s.memory);
+      segments_[s.id] = Remote{s.base, s.bytes, device.ok() ? *device : -1};
+    }
     return Status();
   }
 
  private:
+  Status run_on_device(TransferOp op, std::span<const Copy> copies, RunControl& control, int device) {
+    std::vector<device::DeviceCopy> batch;
+    batch.reserve(copies.size());
+    for (const Copy& c : copies) {
+      if (c.bytes == 0) continue;
+      void* remote = reinterpret_cast<void*>(c.remote);
+      if (op == TransferOp::kRead) {
+        batch.push_back({c.local, remote, c.bytes});
+      } else {
+        batch.push_back({remote, c.local, c.bytes});
+      }
+    }
+    return run_device_copies(device_->pool(), device_->ready(), device, batch, DeviceRunOptions{}, control, nullptr,
+                             "local: run to peer '" + peer_ + "'");
+  }
+
+  struct Remote {
+    uint64_t base = 0, bytes = 0;
+    int device = -1;  // cuda:N segments: N
+  };
+  std::shared_ptr<DeviceSide> device_;  // null: no device in this process
   std::shared_mutex mu_;
   std::string peer_;
-  std::map<uint32_t, std::pair<uint64_t, uint64_t>> segments_;  // id -> (base, bytes)
+  std::map<uint32_t, Remote> segments_;
 };
 
 class LocalTransport final : public Transport {
  public:
   std::string_view name() const override { return "local"; }
+  bool serves(std::string_view memory) const override { return memory == "host" || memory.substr(0, 5) == "cuda:"; }
+  bool moves(bool, bool) const override { return true; }
   std::string address() const override { return std::to_string(pid_); }
   Status can_reach(const PeerInfo& peer) const override {
     if (peer.pid != pid_ || peer.hostname != hostname_) {
@@ -110,17 +155,30 @@ class LocalTransport final : public Transport {
     return Status();
   }
   Result<std::string> add_segment(const Segment& segment) override {
-    if (segment.memory != "host")
-      return Status::invalid_argument("local: memory kind '" + segment.memory + "' is not host");
+    if (segment.memory == "host") return std::string();
+    KVB_ASSIGN_OR_RETURN(int device, device::parse_cuda_memory(segment.memory));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!device_) device_ = std::make_shared<DeviceSide>(device::current());
+    device_->add_local(segment.id, segment.base, segment.bytes, device);
     return std::string();
   }
-  Status remove_segment(uint32_t) override { return Status(); }
+  Status remove_segment(uint32_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (device_) device_->remove_local(id);
+    return Status();
+  }
   Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) override {
     KVB_RETURN_IF_ERROR(can_reach(peer));
-    return std::unique_ptr<Link>(std::make_unique<LocalLink>(peer));
+    std::lock_guard<std::mutex> lock(mu_);
+    // A peer in this process shares this engine's device: the links need the
+    // device side even before this engine registers device memory.
+    if (!device_) device_ = std::make_shared<DeviceSide>(device::current());
+    return std::unique_ptr<Link>(std::make_unique<LocalLink>(peer, device_));
   }
 
  private:
+  std::mutex mu_;
+  std::shared_ptr<DeviceSide> device_;
   const uint64_t pid_ = static_cast<uint64_t>(::getpid());
   const std::string hostname_ = this_hostname();
 };

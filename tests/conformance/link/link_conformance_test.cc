@@ -211,6 +211,11 @@ INSTANTIATE_TEST_SUITE_P(Tcp, LinkConformance,
                          ::testing::Values(LinkParam{"tcp_run", "tcp", RunPath::kRun},
                                            LinkParam{"tcp_start", "tcp", RunPath::kStart}),
                          link_param_name);
+// cuda_ipc over the host fake's device memory (KVB_DEVICE=fake, set for
+// this suite by CMakeLists.txt): the peer's buffer is fake device memory,
+// opened through its handle; local memory is host memory.
+INSTANTIATE_TEST_SUITE_P(CudaIpc, LinkConformance,
+                         ::testing::Values(LinkParam{"cuda_ipc_run", "cuda_ipc", RunPath::kRun}), link_param_name);
 INSTANTIATE_TEST_SUITE_P(Ucx, LinkConformance,
                          ::testing::Values(LinkParam{"ucx_run", "ucx", RunPath::kRun},
                                            LinkParam{"ucx_start", "ucx", RunPath::kStart}),

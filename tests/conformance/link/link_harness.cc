@@ -60,6 +60,7 @@ Result<std::unique_ptr<LinkPeer>> LinkPeer::start(const std::string& transport, 
   peer->address_ = from_hex(address_hex);
   peer->key_ = from_hex(key_hex);
   peer->bytes_ = bytes;
+  peer->memory_ = link_memory(transport);
   return peer;
 }
 
@@ -71,7 +72,7 @@ LinkPeer::~LinkPeer() {
 }
 
 transport::PeerInfo LinkPeer::info(const std::string& name) const {
-  return testing::peer_on_this_host(name, pid_, address_, {kLinkSegment, base_, bytes_, key_});
+  return testing::peer_on_this_host(name, pid_, address_, {kLinkSegment, base_, bytes_, key_, memory_});
 }
 
 Result<std::string> LinkPeer::command(const std::string& line) {

@@ -85,7 +85,7 @@ class LinkPeer {
   LinkPeer() = default;
   Result<std::string> command(const std::string& line);
   std::unique_ptr<ChildProcess> child_;
-  std::string address_, key_;
+  std::string address_, key_, memory_;
   uint64_t base_ = 0, bytes_ = 0;
   pid_t pid_ = -1;
   bool killed_ = false;

@@ -2,10 +2,12 @@
 // the Link conformance suite (link_conformance_test.cc). It talks through the
 // Transport seam only: no engine.
 //
-//   link_peer --transport cma|tcp|ucx --bytes N --seed S
+//   link_peer --transport cma|tcp|ucx|cuda_ipc --bytes N --seed S
 //
 // At start it makes the transport (link_transport.h), fills a buffer of N
-// bytes with pattern S (conformance/pattern.h), registers it as segment
+// bytes with pattern S (conformance/pattern.h): host memory, or for
+// cuda_ipc device memory of the host fake (KVB_DEVICE=fake: host-visible,
+// so the buffer commands read it directly), registers it as segment
 // kLinkSegment with read and write access, and prints
 //   ready ADDRESS_HEX KEY_HEX BASE PID
 // (the transport's address blob, the segment's key blob, the buffer's
@@ -22,6 +24,7 @@
 #include "conformance/link/link_transport.h"
 #include "conformance/pattern.h"
 #include "conformance/peer_io.h"
+#include "device/device.h"
 
 using namespace kvbridge;
 using namespace kvbridge::conformance;
@@ -57,24 +60,41 @@ int main(int argc, char** argv) {
 
   // The buffer first: it outlives the transport, whose threads may still be
   // finishing a frame when the process exits.
-  std::vector<uint8_t> buffer(bytes);
-  fill_pattern(buffer.data(), bytes, seed, 0);
+  std::vector<uint8_t> host;
+  uint8_t* buffer = nullptr;
+  const std::string memory = link_memory(transport_name);
+  if (memory == "host") {
+    host.resize(bytes);
+    buffer = host.data();
+  } else {
+    if (device::current().name() != "fake") {
+      say("error link_peer moves device memory on the host fake only (KVB_DEVICE=fake)");
+      return 1;
+    }
+    Result<void*> p = device::current().allocate(0, bytes);
+    if (!p.ok()) {
+      say("error " + p.error().to_string());
+      return 1;
+    }
+    buffer = static_cast<uint8_t*>(*p);
+  }
+  fill_pattern(buffer, bytes, seed, 0);
   Result<std::unique_ptr<transport::Transport>> made = make_link_transport(transport_name);
   if (!made.ok()) {
     say("error " + made.error().to_string());
     return 1;
   }
   std::unique_ptr<transport::Transport> t = std::move(*made);
-  Result<std::string> key = t->add_segment(transport::Segment{kLinkSegment, buffer.data(), bytes, "host", 3});
+  Result<std::string> key = t->add_segment(transport::Segment{kLinkSegment, buffer, bytes, memory, 3});
   if (!key.ok()) {
     say("error " + key.error().to_string());
     return 1;
   }
-  say("ready " + to_hex(t->address()) + " " + to_hex(*key) + " " +
-      std::to_string(reinterpret_cast<uint64_t>(buffer.data())) + " " + std::to_string(::getpid()));
+  say("ready " + to_hex(t->address()) + " " + to_hex(*key) + " " + std::to_string(reinterpret_cast<uint64_t>(buffer)) +
+      " " + std::to_string(::getpid()));
 
   serve_commands([&](const std::string& cmd, std::istringstream& args, const std::string& line) {
-    return serve_buffer_command(cmd, args, line, buffer.data(), bytes);
+    return serve_buffer_command(cmd, args, line, buffer, bytes);
   });
   t.reset();
   return 0;

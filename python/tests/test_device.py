@@ -1,0 +1,125 @@
+"""Device memory from Python, on the host fake.
+
+Each test runs its body in a fresh /usr/bin/python3 with KVB_DEVICE=fake (the
+device is chosen once per process), where "CUDA tensors" are torch tensors
+over the fake's device memory that report device cuda:0: the same objects,
+for kvbridge, as torch CUDA tensors on a GPU (data_ptr, element_size, numel,
+is_contiguous, stride, device). The plain process says why it has no device.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import kvbridge
+
+PRELUDE = textwrap.dedent('''
+    import ctypes, types
+    import numpy as np
+    import torch
+    import kvbridge
+    from kvbridge import testing
+
+    assert testing.device_name() == "fake", testing.device_name()
+
+    class FakeCuda:
+        """A torch tensor over the fake's device memory that says it is on cuda:INDEX."""
+        def __init__(self, t, index=0):
+            self._t, self._index = t, index
+        @property
+        def device(self):
+            return types.SimpleNamespace(type="cuda", index=self._index)
+        def __getitem__(self, i):
+            return FakeCuda(self._t[i], self._index)
+        def __getattr__(self, name):
+            return getattr(self._t, name)
+
+    def cuda_empty(shape, dtype=torch.bfloat16, index=0):
+        n = int(np.prod(shape)) * torch.tensor([], dtype=dtype).element_size()
+        ptr = testing.device_allocate(index, n)
+        raw = (ctypes.c_uint8 * n).from_address(ptr)
+        t = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).view(*shape)
+        t.zero_()
+        return FakeCuda(t, index), ptr
+''')
+
+
+def run_fake(body, fake=True):
+    env = dict(os.environ)
+    if fake:
+        env["KVB_DEVICE"] = "fake"
+    else:
+        env.pop("KVB_DEVICE", None)
+    script = PRELUDE + textwrap.dedent(body) if fake else textwrap.dedent(body)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return r.stdout
+
+
+def test_without_a_device_cuda_devices_says_why():
+    out = run_fake('''
+        import kvbridge
+        try:
+            kvbridge.cuda_devices()
+            print("devices")
+        except kvbridge.Unavailable as e:
+            print("unavailable:", e)
+        print("has_cuda", kvbridge.has_cuda)
+    ''', fake=False)
+    assert "unavailable:" in out or "devices" in out
+    if "unavailable:" in out:
+        assert "CUDA" in out or "cuda" in out, out
+    assert f"has_cuda {kvbridge.has_cuda}" in out
+
+
+def test_cuda_tensors_register_and_describe_as_cuda_memory():
+    run_fake('''
+        assert kvbridge.cuda_devices() == 2
+        kv, ptr = cuda_empty((2, 8, 16, 4, 32))
+        assert kvbridge.describe_tensor(kv)["memory"] == "cuda:0"
+        layout = kvbridge.layout_from_tensors({
+            "model": "toy", "tensors": {"kv.0": kv}, "dims": "block position head cell",
+            "groups": {"full": {"layers": {"layers.0": {"k": kv[0], "v": kv[1]}}}}})
+        assert layout.tensors[0].memory == "cuda:0", layout.tensors[0].memory
+        e = kvbridge.Engine(transports=["local"])
+        region = e.register_memory(kv)
+        # Host memory registered as device memory is refused, naming what it is.
+        try:
+            e.register_memory(np.zeros(4096, dtype=np.uint8), memory="cuda:0")
+            raise SystemExit("host memory registered as cuda:0")
+        except kvbridge.InvalidArgument as err:
+            assert "host memory, not cuda:0" in str(err), err
+        e.deregister_memory(region)
+    ''')
+
+
+def test_host_and_device_memory_move_both_ways_after_the_producers_event():
+    run_fake('''
+        a = kvbridge.Engine(name="a", transports=["local"])
+        b = kvbridge.Engine(name="b", transports=["local"])
+        dev, ptr = cuda_empty((1 << 20,), dtype=torch.uint8, index=1)
+        host = np.zeros(1 << 20, dtype=np.uint8)
+        rd = b.register_memory(dev)
+        rh = a.register_memory(host)
+        peer = a.connect(b.metadata())
+        # A slow producer fills the device memory; the read waits for its event.
+        handle = testing.device_fill_later(1, ptr, 1 << 20, 0x5A, 0.2)
+        t = a.submit(peer, "read", [kvbridge.TransferItem(rh, 0, rd, 0, 1 << 20)], ready=handle)
+        st = a.wait(t, timeout=10)
+        assert st.state == kvbridge.TransferState.DONE, st
+        assert (host == 0x5A).all(), "a stale byte arrived before the producer's event"
+        # Host -> device.
+        host[:] = np.arange(1 << 20, dtype=np.uint64).astype(np.uint8)
+        t = a.submit(peer, "write", [kvbridge.TransferItem(rh, 0, rd, 0, 1 << 20)])
+        assert a.wait(t, timeout=10).state == kvbridge.TransferState.DONE
+        assert testing.device_read(ptr, 1 << 20) == host.tobytes()
+        # ready on host memory alone is refused.
+        other = np.zeros(4096, dtype=np.uint8)
+        ro = b.register_memory(other)
+        peer = a.connect(b.metadata())
+        try:
+            a.submit(peer, "read", [kvbridge.TransferItem(rh, 0, ro, 0, 4096)], ready=handle)
+            raise SystemExit("ready on host memory was accepted")
+        except kvbridge.InvalidArgument as err:
+            assert "host memory only" in str(err), err
+    ''')

@@ -1,0 +1,88 @@
+// device.h's choice of implementation, and what both share.
+#include <cstdlib>
+#include <string>
+
+#include "device/device.h"
+
+namespace kvbridge::device {
+
+#if KVB_HAVE_CUDA
+Device& real();  // cuda_device.cc
+#else
+namespace {
+
+// A build without CUDA: every question about device memory has one answer.
+class NoCuda final : public Device {
+ public:
+  std::string_view name() const override { return "cuda"; }
+  Result<int> count() override { return none(); }
+  Result<PointerInfo> pointer_info(const void*) override { return none(); }
+  Result<std::string> export_memory(const void*) override { return none(); }
+  Result<void*> open_memory(std::string_view) override { return none(); }
+  Status close_memory(void*) override { return none(); }
+  Result<Stream> create_stream(int) override { return none(); }
+  void destroy_stream(Stream) override {}
+  Result<Event> create_event(int, bool) override { return none(); }
+  void destroy_event(Event) override {}
+  Result<std::string> export_event(Event) override { return none(); }
+  Result<Event> open_event(std::string_view) override { return none(); }
+  Status record(Event, Stream) override { return none(); }
+  Status wait_event(Stream, Event) override { return none(); }
+  Result<bool> done(Event) override { return none(); }
+  Status copy(Stream, std::span<const DeviceCopy>, CopyMethod, uint32_t) override { return none(); }
+  Status copy_each(Stream, std::span<const DeviceCopy>) override { return none(); }
+  Result<void*> allocate(int, uint64_t, bool) override { return none(); }
+  Status free(void*) override { return none(); }
+  Status fill_after(Stream, void*, uint64_t, uint8_t, std::chrono::microseconds) override { return none(); }
+  Status copy_sync(void*, const void*, uint64_t) override { return none(); }
+
+ private:
+  static Status none() {
+    return Status::unavailable(
+        "this kvbridge was built without CUDA (configure with the CUDA toolkit installed, "
+        "or -DKVB_CUDA=ON)");
+  }
+};
+
+Device& real() {
+  static NoCuda device;
+  return device;
+}
+
+}  // namespace
+#endif
+
+bool cuda_compiled() { return KVB_HAVE_CUDA != 0; }
+
+Device& current() {
+  static Device& chosen = []() -> Device& {
+    const char* which = std::getenv("KVB_DEVICE");
+    if (which != nullptr && std::string(which) == "fake") return fake();
+    return real();
+  }();
+  return chosen;
+}
+
+std::string_view copy_method_name(CopyMethod method) {
+  return method == CopyMethod::kKernel ? "kernel" : "copy_engine";
+}
+
+Result<CopyMethod> parse_copy_method(std::string_view name) {
+  if (name == "copy_engine") return CopyMethod::kCopyEngine;
+  if (name == "kernel") return CopyMethod::kKernel;
+  return Status::invalid_argument("unknown copy method '" + std::string(name) + "' (expected copy_engine or kernel)");
+}
+
+Result<int> parse_cuda_memory(std::string_view memory) {
+  if (memory.substr(0, 5) != "cuda:" || memory.size() == 5 || memory.size() > 8) {
+    return Status::invalid_argument("memory kind '" + std::string(memory) + "' is not cuda:N");
+  }
+  int n = 0;
+  for (char c : memory.substr(5)) {
+    if (c < '0' || c > '9') return Status::invalid_argument("memory kind '" + std::string(memory) + "' is not cuda:N");
+    n = n * 10 + (c - '0');
+  }
+  return n;
+}
+
+}  // namespace kvbridge::device

@@ -1,0 +1,158 @@
+// device/device.h: the one seam between kvbridge and CUDA.
+//
+// Everything the project asks of a GPU goes through a Device: what memory a
+// pointer is (and which allocation holds it), IPC handles for memory and
+// events, streams, events, one batched copy of many descriptors, and a few
+// helpers that tests, the demo and the bench need (allocate, fill, copy
+// synchronously). Two implementations exist:
+//
+//  - the real one (cuda_device.cc), over the CUDA runtime linked statically,
+//    so a binary built with CUDA starts on a machine without a driver and
+//    says so (kUnavailable) when asked for device memory;
+//  - a host fake (fake_device.cc) whose "device memory" is shared host
+//    memory: each allocation is a memfd that its "IPC handle" names, so two
+//    processes open each other's memory as with cudaIpcOpenMemHandle; its
+//    streams are threads that run their work in order, its events live in
+//    shared memory (so an IPC event handle works across processes too).
+//
+// The fake keeps the real one's rules where logic above the seam depends on
+// them: a handle opens once per process (callers cache what they opened), a
+// freed allocation's handle
+// no longer opens, copies land only when their stream reaches them, and a
+// stream that waits on an event waits for the event's latest record.
+//
+// current() is the process's device: the fake when the environment says
+// KVB_DEVICE=fake (tests, and the demo's CPU-only runs), else the real one.
+//
+// Thread-safety: every method may be called from any thread. Streams and
+// events are opaque handles owned by whoever created or opened them, until
+// destroy_stream/destroy_event.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kvbridge/status.h"
+
+namespace kvbridge::device {
+
+enum class MemoryType : uint8_t {
+  kHost,     // not device memory (pageable or pinned host memory)
+  kDevice,   // device memory of `device`
+  kManaged,  // unified (managed) memory: refused for registration
+};
+
+// What a pointer is, and the allocation that holds it.
+struct PointerInfo {
+  MemoryType type = MemoryType::kHost;
+  int device = -1;    // kDevice, kManaged: the device ordinal
+  uint64_t base = 0;  // kDevice: the allocation's first byte and size
+  uint64_t bytes = 0;
+  // kDevice: whether export_memory() can hand it to another process, and
+  // why not (e.g. memory from cuMemCreate, which legacy CUDA IPC cannot
+  // export).
+  bool exportable = false;
+  std::string why_not;
+};
+
+// Opaque handles of this process.
+using Stream = void*;
+using Event = void*;
+
+// One copy of a batch: `bytes` from `src` to `dst`, either of which may be
+// device memory (this process's, or another's opened with open_memory) or
+// host memory.
+struct DeviceCopy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  uint64_t bytes = 0;
+};
+
+// How copy() moves a batch: the copy engines (one cudaMemcpyBatchAsync) or
+// a gather/scatter kernel over the descriptor array on a capped grid.
+enum class CopyMethod : uint8_t { kCopyEngine, kKernel };
+std::string_view copy_method_name(CopyMethod method);    // "copy_engine", "kernel"
+Result<CopyMethod> parse_copy_method(std::string_view);  // kInvalidArgument naming the value
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // "cuda" or "fake".
+  virtual std::string_view name() const = 0;
+  // The number of devices; kUnavailable saying why there are none (no CUDA
+  // in this build, no driver, no device).
+  virtual Result<int> count() = 0;
+
+  // What `p` points into. kUnavailable when the device cannot be asked.
+  virtual Result<PointerInfo> pointer_info(const void* p) = 0;
+
+  // An IPC handle (opaque bytes, at most 128) for the allocation whose
+  // first byte is `base`. kInvalidArgument when `base` does not start a
+  // device allocation, kUnavailable when it cannot be exported (why).
+  virtual Result<std::string> export_memory(const void* base) = 0;
+  // Maps another process's allocation into this one; the pointer is the
+  // allocation's first byte. A handle opens once per process: opening it
+  // again while open fails (kAlreadyExists). kNotFound when the allocation
+  // is gone (freed, or its process exited), kInvalidArgument for bytes that
+  // are not a handle.
+  virtual Result<void*> open_memory(std::string_view handle) = 0;
+  virtual Status close_memory(void* opened) = 0;
+
+  // A non-blocking stream on `device` (never the legacy default stream:
+  // cudaMemcpyBatchAsync cannot run there, and it would serialise with the
+  // model's work).
+  virtual Result<Stream> create_stream(int device) = 0;
+  virtual void destroy_stream(Stream stream) = 0;
+  // An event without timing; `interprocess` makes it exportable.
+  virtual Result<Event> create_event(int device, bool interprocess) = 0;
+  virtual void destroy_event(Event event) = 0;
+  // An IPC handle for an interprocess event (opaque, at most 128 bytes).
+  virtual Result<std::string> export_event(Event event) = 0;
+  // Opens another process's event (or one of this process's, by its
+  // handle); destroy_event closes it.
+  virtual Result<Event> open_event(std::string_view handle) = 0;
+  // Records `event` on `stream`: it completes when the stream's earlier
+  // work has.
+  virtual Status record(Event event, Stream stream) = 0;
+  // Work queued on `stream` after this waits for `event`'s latest record.
+  virtual Status wait_event(Stream stream, Event event) = 0;
+  // Whether the event's latest record completed (true also when never
+  // recorded).
+  virtual Result<bool> done(Event event) = 0;
+
+  // Queues one batch of copies on `stream` (in stream order; copies within
+  // the batch in any order, so they must not overlap). `max_blocks` caps the
+  // kernel's grid (0: the implementation's default).
+  virtual Status copy(Stream stream, std::span<const DeviceCopy> copies, CopyMethod method,
+                      uint32_t max_blocks = 0) = 0;
+
+  // Queues one copy per element of `copies` (one cudaMemcpyAsync each), as
+  // connectors do without a batched copy: the bench's baseline.
+  virtual Status copy_each(Stream stream, std::span<const DeviceCopy> copies) = 0;
+
+  // Helpers for tests, the demo and the bench.
+  // Device memory of `device` (managed: unified memory, to test refusals).
+  virtual Result<void*> allocate(int device, uint64_t bytes, bool managed = false) = 0;
+  virtual Status free(void* p) = 0;
+  // Queues on `stream`: wait about `delay` on the device, then set `bytes`
+  // at `p` to `value` (a slow producer kernel, to test ordering).
+  virtual Status fill_after(Stream stream, void* p, uint64_t bytes, uint8_t value, std::chrono::microseconds delay) = 0;
+  // Copies synchronously between any two of host and device memory.
+  virtual Status copy_sync(void* dst, const void* src, uint64_t bytes) = 0;
+};
+
+// The process's device (see above); never null. The first call decides.
+Device& current();
+// Whether this build has the real CUDA implementation.
+bool cuda_compiled();
+// The fake, whatever KVB_DEVICE says (tests).
+Device& fake();
+
+// "cuda:N" -> N; kInvalidArgument naming the text otherwise.
+Result<int> parse_cuda_memory(std::string_view memory);
+
+}  // namespace kvbridge::device

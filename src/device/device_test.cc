@@ -1,0 +1,185 @@
+// The device seam: the host fake's rules that the layers above rely on
+// (what a pointer is, handles that open once and die with their
+// allocation, stream order, events across streams and by handle), and the
+// real device's answer on a machine without one.
+#include "device/device.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace kvbridge::device {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Waits for `event` with a deadline; false when it did not complete.
+bool await(Device& d, Event event, std::chrono::milliseconds within = 5000ms) {
+  const auto end = std::chrono::steady_clock::now() + within;
+  while (std::chrono::steady_clock::now() < end) {
+    Result<bool> done = d.done(event);
+    if (!done.ok() || *done) return done.ok();
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
+TEST(FakeDeviceTest, TellsDeviceMemoryFromHostAndManagedMemory) {
+  Device& d = fake();
+  Result<void*> p = d.allocate(1, 1 << 20);
+  ASSERT_TRUE(p.ok()) << p.error().to_string();
+  Result<PointerInfo> inside = d.pointer_info(static_cast<uint8_t*>(*p) + 4096);
+  ASSERT_TRUE(inside.ok());
+  EXPECT_EQ(inside->type, MemoryType::kDevice);
+  EXPECT_EQ(inside->device, 1);
+  EXPECT_EQ(inside->base, reinterpret_cast<uint64_t>(*p));
+  EXPECT_EQ(inside->bytes, uint64_t{1} << 20);
+  EXPECT_TRUE(inside->exportable);
+  std::vector<uint8_t> host(64);
+  Result<PointerInfo> h = d.pointer_info(host.data());
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->type, MemoryType::kHost);
+  Result<PointerInfo> past = d.pointer_info(static_cast<uint8_t*>(*p) + (1 << 20));
+  ASSERT_TRUE(past.ok());
+  EXPECT_NE(past->type == MemoryType::kDevice && past->base == inside->base, true) << "one past the end is not in it";
+
+  Result<void*> m = d.allocate(0, 4096, true);
+  ASSERT_TRUE(m.ok());
+  Result<PointerInfo> managed = d.pointer_info(*m);
+  ASSERT_TRUE(managed.ok());
+  EXPECT_EQ(managed->type, MemoryType::kManaged);
+  EXPECT_FALSE(managed->exportable);
+  EXPECT_EQ(d.export_memory(*m).error().code(), Code::kUnavailable);
+  EXPECT_EQ(d.allocate(7, 4096).error().code(), Code::kInvalidArgument) << "no device 7";
+  EXPECT_TRUE(d.free(*p).ok());
+  EXPECT_TRUE(d.free(*m).ok());
+  EXPECT_EQ(d.free(host.data()).code(), Code::kInvalidArgument);
+}
+
+TEST(FakeDeviceTest, AHandleOpensOnceAndNotAfterItsAllocationWasFreed) {
+  Device& d = fake();
+  Result<void*> p = d.allocate(0, 8192);
+  ASSERT_TRUE(p.ok());
+  std::memset(*p, 0x5a, 8192);
+  Result<std::string> h = d.export_memory(*p);
+  ASSERT_TRUE(h.ok()) << h.error().to_string();
+  EXPECT_EQ(d.export_memory(static_cast<uint8_t*>(*p) + 1).error().code(), Code::kInvalidArgument)
+      << "only an allocation's first byte exports";
+  Result<void*> opened = d.open_memory(*h);
+  ASSERT_TRUE(opened.ok()) << opened.error().to_string();
+  EXPECT_NE(*opened, *p);
+  EXPECT_EQ(static_cast<uint8_t*>(*opened)[100], 0x5a);
+  static_cast<uint8_t*>(*opened)[200] = 0x11;
+  EXPECT_EQ(static_cast<uint8_t*>(*p)[200], 0x11) << "both mappings are the same memory";
+  Result<PointerInfo> info = d.pointer_info(*opened);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->type, MemoryType::kDevice) << "an opened allocation is device memory too";
+  EXPECT_EQ(d.open_memory(*h).error().code(), Code::kAlreadyExists) << "a handle opens once per process";
+  EXPECT_TRUE(d.close_memory(*opened).ok());
+  Result<void*> again = d.open_memory(*h);
+  ASSERT_TRUE(again.ok()) << "closed, it opens again";
+  EXPECT_TRUE(d.close_memory(*again).ok());
+  EXPECT_TRUE(d.free(*p).ok());
+  Result<void*> gone = d.open_memory(*h);
+  EXPECT_EQ(gone.error().code(), Code::kNotFound) << "a freed allocation's handle does not open";
+
+  // A later allocation may reuse the descriptor number: the old handle
+  // still does not open it.
+  Result<void*> q = d.allocate(0, 8192);
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(d.open_memory(*h).error().code(), Code::kNotFound);
+  EXPECT_EQ(d.open_memory("garbage").error().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(d.free(*q).ok());
+}
+
+TEST(FakeDeviceTest, ACopyLandsInStreamOrderAfterASlowProducer) {
+  Device& d = fake();
+  Result<void*> src = d.allocate(0, 4096);
+  Result<void*> dst = d.allocate(0, 4096);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  std::memset(*src, 1, 4096);
+  std::memset(*dst, 0, 4096);
+  Result<Stream> s = d.create_stream(0);
+  Result<Event> e = d.create_event(0, false);
+  ASSERT_TRUE(s.ok() && e.ok());
+  ASSERT_TRUE(d.fill_after(*s, *src, 4096, 7, 150ms).ok());
+  const DeviceCopy c{*dst, *src, 4096};
+  ASSERT_TRUE(d.copy(*s, {&c, 1}, CopyMethod::kCopyEngine).ok());
+  ASSERT_TRUE(d.record(*e, *s).ok());
+  EXPECT_FALSE(*d.done(*e)) << "the producer is still sleeping";
+  EXPECT_EQ(static_cast<uint8_t*>(*dst)[0], 0) << "nothing landed before the stream reached the copy";
+  ASSERT_TRUE(await(d, *e));
+  EXPECT_EQ(static_cast<uint8_t*>(*dst)[4095], 7) << "the copy ran after the fill";
+  d.destroy_event(*e);
+  d.destroy_stream(*s);
+  EXPECT_TRUE(d.free(*src).ok());
+  EXPECT_TRUE(d.free(*dst).ok());
+}
+
+TEST(FakeDeviceTest, AStreamWaitsForAnotherStreamsEventOpenedByItsHandle) {
+  Device& d = fake();
+  Result<void*> src = d.allocate(0, 4096);
+  Result<void*> dst = d.allocate(1, 4096);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  std::memset(*src, 0, 4096);
+  std::memset(*dst, 0, 4096);
+  Result<Stream> producer = d.create_stream(0);
+  Result<Stream> consumer = d.create_stream(1);
+  Result<Event> ready = d.create_event(0, true);
+  Result<Event> copied = d.create_event(1, false);
+  ASSERT_TRUE(producer.ok() && consumer.ok() && ready.ok() && copied.ok());
+  EXPECT_TRUE(*d.done(*ready)) << "an event never recorded counts as done";
+  ASSERT_TRUE(d.fill_after(*producer, *src, 4096, 9, 150ms).ok());
+  ASSERT_TRUE(d.record(*ready, *producer).ok());
+  Result<std::string> handle = d.export_event(*ready);
+  ASSERT_TRUE(handle.ok());
+  Result<Event> opened = d.open_event(*handle);
+  ASSERT_TRUE(opened.ok()) << opened.error().to_string();
+  EXPECT_FALSE(*d.done(*opened)) << "the opened event sees the record";
+  ASSERT_TRUE(d.wait_event(*consumer, *opened).ok());
+  const DeviceCopy c{*dst, *src, 4096};
+  ASSERT_TRUE(d.copy(*consumer, {&c, 1}, CopyMethod::kKernel).ok());
+  ASSERT_TRUE(d.record(*copied, *consumer).ok());
+  ASSERT_TRUE(await(d, *copied));
+  EXPECT_EQ(static_cast<uint8_t*>(*dst)[0], 9) << "the copy waited for the producer's event";
+  EXPECT_TRUE(*d.done(*opened));
+  d.destroy_event(*opened);
+  d.destroy_event(*ready);
+  d.destroy_event(*copied);
+  d.destroy_stream(*producer);
+  d.destroy_stream(*consumer);
+  EXPECT_TRUE(d.free(*src).ok());
+  EXPECT_TRUE(d.free(*dst).ok());
+}
+
+TEST(DeviceTest, ParsesMemoryKindsAndCopyMethodsNamingWhatIsWrong) {
+  EXPECT_EQ(*parse_cuda_memory("cuda:0"), 0);
+  EXPECT_EQ(*parse_cuda_memory("cuda:12"), 12);
+  for (const char* bad : {"cuda:", "cuda:x", "cuda:-1", "host", "cuda:99999", "cuda"}) {
+    Result<int> r = parse_cuda_memory(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message().find(bad), std::string::npos) << r.error().to_string();
+  }
+  EXPECT_EQ(*parse_copy_method("kernel"), CopyMethod::kKernel);
+  EXPECT_EQ(*parse_copy_method("copy_engine"), CopyMethod::kCopyEngine);
+  EXPECT_NE(parse_copy_method("dma").error().message().find("'dma'"), std::string::npos);
+}
+
+// The real device, whatever this machine has: a count, or kUnavailable
+// saying why (a build without CUDA, no driver, no GPU), never a crash.
+TEST(DeviceTest, TheRealDeviceAnswersWithACountOrWhyNot) {
+  Result<int> n = cuda_compiled() ? current().count() : Result<int>(Status::unavailable("not built"));
+  if (n.ok()) {
+    EXPECT_GT(*n, 0);
+  } else {
+    EXPECT_EQ(n.error().code(), Code::kUnavailable);
+    EXPECT_FALSE(n.error().message().empty());
+    std::printf("the real device: %s\n", n.error().to_string().c_str());
+  }
+}
+
+}  // namespace
+}  // namespace kvbridge::device

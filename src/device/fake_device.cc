@@ -1,0 +1,377 @@
+// The host fake of device.h: device memory that is shared host memory, so
+// that everything above the seam runs, across processes, on a machine
+// without a GPU.
+//
+// An allocation is a memfd (memfd_create(2)) mapped MAP_SHARED; its handle
+// names the owner's pid, the descriptor number and the allocation's serial,
+// and open_memory() opens /proc/PID/fd/FD, checking by the memfd's name
+// (readlink(2) shows "/memfd:NAME (deleted)") that the descriptor still holds
+// that allocation: a freed allocation, or one whose process exited, does
+// not open (kNotFound), and a descriptor number reused by a later
+// allocation is not mistaken for it. The mapping an opener holds stays
+// valid after the owner frees (the kernel keeps the file while it is
+// mapped), which is the hazard real IPC has too: the layers above must not
+// use a mapping of memory the peer no longer advertises.
+//
+// A stream is a thread that runs its queue in order. An event is a page of
+// shared memory with two counters: record() takes the next sequence number
+// and queues its completion; wait_event() queues a wait for the sequence
+// number recorded last at the time of the call (cudaStreamWaitEvent's
+// rule); done() compares the two. An event's page is a memfd too, so an
+// event handle opens in another process like a memory handle.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "common/thread_name.h"
+#include "device/device.h"
+
+namespace kvbridge::device {
+namespace {
+
+struct Alloc {
+  uint64_t bytes = 0;
+  int device = 0;
+  int fd = -1;  // owned allocations; -1 for opened ones
+  bool managed = false;
+  std::string opened_from;  // the handle, for opened ones
+};
+
+struct EventPage {
+  std::atomic<uint64_t> recorded{0};
+  std::atomic<uint64_t> completed{0};
+};
+
+struct FakeEvent {
+  EventPage* page = nullptr;
+  int fd = -1;  // the creator's; -1 when opened
+  uint64_t serial = 0;
+  std::string handle;
+};
+
+class FakeStream {
+ public:
+  FakeStream() : thread_([this] { loop(); }) {}
+  ~FakeStream() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void push(std::function<void(const std::atomic<bool>&)> op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ops_.push_back(std::move(op));
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void loop() {
+    set_thread_name("kvb-fake-strm");
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !ops_.empty(); });
+      if (ops_.empty()) return;  // stopped and drained
+      auto op = std::move(ops_.front());
+      ops_.pop_front();
+      lock.unlock();
+      op(stopping_);
+      lock.lock();
+      if (stop_) stopping_.store(true);
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void(const std::atomic<bool>&)>> ops_;
+  bool stop_ = false;
+  std::atomic<bool> stopping_{false};  // a waiting op gives up once the stream is destroyed
+  std::thread thread_;
+};
+
+std::string memfd_name(long pid, const char* what, uint64_t serial) {
+  return std::string("kvb-fake-") + what + "-" + std::to_string(pid) + "-" + std::to_string(serial);
+}
+
+// Opens /proc/PID/fd/FD when it still is memfd `name`.
+Result<int> open_peer_memfd(long pid, long fd, const std::string& name) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  char target[512] = {};
+  const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
+  const std::string want = "/memfd:" + name;
+  const std::string got(target, n > 0 ? static_cast<size_t>(n) : 0);
+  if (n <= 0 || got.compare(0, want.size(), want) != 0 || (got.size() > want.size() && got[want.size()] != ' ')) {
+    return Status::not_found("fake device: " + name + " is gone (freed, or its process " + std::to_string(pid) +
+                             " exited)");
+  }
+  const int opened = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (opened < 0) {
+    return Status::not_found("fake device: cannot open " + name + ": " + std::strerror(errno));
+  }
+  return opened;
+}
+
+class FakeDevice final : public Device {
+ public:
+  FakeDevice() {
+    if (const char* n = std::getenv("KVB_FAKE_DEVICES"); n != nullptr && *n != '\0') devices_ = std::atoi(n);
+  }
+
+  std::string_view name() const override { return "fake"; }
+
+  Result<int> count() override {
+    if (devices_ <= 0) return Status::unavailable("fake device: KVB_FAKE_DEVICES is " + std::to_string(devices_));
+    return devices_;
+  }
+
+  Result<PointerInfo> pointer_info(const void* p) override {
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocs_.upper_bound(at);
+    PointerInfo info;
+    if (it == allocs_.begin()) return info;
+    --it;
+    if (at >= it->first + it->second.bytes) return info;
+    info.type = it->second.managed ? MemoryType::kManaged : MemoryType::kDevice;
+    info.device = it->second.device;
+    info.base = it->first;
+    info.bytes = it->second.bytes;
+    info.exportable = !it->second.managed && it->second.fd >= 0;
+    if (!info.exportable) {
+      info.why_not = it->second.managed ? "managed memory has no IPC handle" : "it was opened from another process";
+    }
+    return info;
+  }
+
+  Result<std::string> export_memory(const void* base) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocs_.find(reinterpret_cast<uintptr_t>(base));
+    if (it == allocs_.end()) return Status::invalid_argument("fake device: export_memory: not an allocation's start");
+    if (it->second.fd < 0 || it->second.managed) {
+      return Status::unavailable("fake device: export_memory: this allocation cannot be exported");
+    }
+    std::ostringstream h;
+    h << "fake-mem " << ::getpid() << " " << it->second.fd << " " << serial_of_.at(it->first) << " " << it->second.bytes
+      << " " << it->second.device;
+    return h.str();
+  }
+
+  Result<void*> open_memory(std::string_view handle) override {
+    std::istringstream in{std::string(handle)};
+    std::string tag;
+    long pid = 0, fd = 0;
+    uint64_t serial = 0, bytes = 0;
+    int device = 0;
+    if (!(in >> tag >> pid >> fd >> serial >> bytes >> device) || tag != "fake-mem" || bytes == 0) {
+      return Status::invalid_argument("fake device: open_memory: not a memory handle");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [base, a] : allocs_) {
+        if (a.opened_from == handle) {
+          return Status::already_exists("fake device: open_memory: this handle is already open in this process");
+        }
+      }
+    }
+    KVB_ASSIGN_OR_RETURN(int opened, open_peer_memfd(pid, fd, memfd_name(pid, "mem", serial)));
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, opened, 0);
+    ::close(opened);
+    if (p == MAP_FAILED)
+      return Status::io_error(std::string("fake device: open_memory: mmap: ") + std::strerror(errno));
+    std::lock_guard<std::mutex> lock(mu_);
+    allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, device, -1, false, std::string(handle)};
+    return p;
+  }
+
+  Status close_memory(void* opened) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocs_.find(reinterpret_cast<uintptr_t>(opened));
+    if (it == allocs_.end() || it->second.opened_from.empty()) {
+      return Status::invalid_argument("fake device: close_memory: not an opened allocation");
+    }
+    ::munmap(opened, it->second.bytes);
+    allocs_.erase(it);
+    return Status();
+  }
+
+  Result<Stream> create_stream(int device) override {
+    KVB_RETURN_IF_ERROR(check_device(device));
+    return static_cast<Stream>(new FakeStream());
+  }
+  void destroy_stream(Stream stream) override { delete static_cast<FakeStream*>(stream); }
+
+  Result<Event> create_event(int device, bool interprocess) override {
+    (void)interprocess;
+    KVB_RETURN_IF_ERROR(check_device(device));
+    const uint64_t serial = next_serial_.fetch_add(1);
+    const int fd = ::memfd_create(memfd_name(::getpid(), "event", serial).c_str(), MFD_CLOEXEC);
+    if (fd < 0) return Status::io_error(std::string("fake device: memfd_create: ") + std::strerror(errno));
+    if (::ftruncate(fd, 4096) != 0) {
+      ::close(fd);
+      return Status::io_error(std::string("fake device: ftruncate: ") + std::strerror(errno));
+    }
+    void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      return Status::io_error(std::string("fake device: mmap: ") + std::strerror(errno));
+    }
+    auto* e = new FakeEvent{new (p) EventPage(), fd, serial, {}};
+    return static_cast<Event>(e);
+  }
+
+  void destroy_event(Event event) override {
+    auto* e = static_cast<FakeEvent*>(event);
+    ::munmap(e->page, 4096);
+    if (e->fd >= 0) ::close(e->fd);
+    delete e;
+  }
+
+  Result<std::string> export_event(Event event) override {
+    auto* e = static_cast<FakeEvent*>(event);
+    if (e->fd < 0) return Status::invalid_argument("fake device: export_event: an opened event cannot be exported");
+    return "fake-event " + std::to_string(::getpid()) + " " + std::to_string(e->fd) + " " + std::to_string(e->serial);
+  }
+
+  Result<Event> open_event(std::string_view handle) override {
+    std::istringstream in{std::string(handle)};
+    std::string tag;
+    long pid = 0, fd = 0;
+    uint64_t serial = 0;
+    if (!(in >> tag >> pid >> fd >> serial) || tag != "fake-event") {
+      return Status::invalid_argument("fake device: open_event: not an event handle");
+    }
+    KVB_ASSIGN_OR_RETURN(int opened, open_peer_memfd(pid, fd, memfd_name(pid, "event", serial)));
+    void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, opened, 0);
+    ::close(opened);
+    if (p == MAP_FAILED) return Status::io_error(std::string("fake device: open_event: mmap: ") + std::strerror(errno));
+    return static_cast<Event>(new FakeEvent{static_cast<EventPage*>(p), -1, serial, std::string(handle)});
+  }
+
+  Status record(Event event, Stream stream) override {
+    EventPage* page = static_cast<FakeEvent*>(event)->page;
+    const uint64_t seq = page->recorded.fetch_add(1) + 1;
+    static_cast<FakeStream*>(stream)->push([page, seq](const std::atomic<bool>&) {
+      uint64_t was = page->completed.load();
+      while (was < seq && !page->completed.compare_exchange_weak(was, seq)) {
+      }
+    });
+    return Status();
+  }
+
+  Status wait_event(Stream stream, Event event) override {
+    EventPage* page = static_cast<FakeEvent*>(event)->page;
+    const uint64_t target = page->recorded.load();
+    static_cast<FakeStream*>(stream)->push([page, target](const std::atomic<bool>& stopping) {
+      while (page->completed.load() < target && !stopping.load())
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    });
+    return Status();
+  }
+
+  Result<bool> done(Event event) override {
+    EventPage* page = static_cast<FakeEvent*>(event)->page;
+    return page->completed.load() >= page->recorded.load();
+  }
+
+  Status copy(Stream stream, std::span<const DeviceCopy> copies, CopyMethod method, uint32_t max_blocks) override {
+    (void)method, (void)max_blocks;  // both are memcpy here
+    std::vector<DeviceCopy> batch(copies.begin(), copies.end());
+    static_cast<FakeStream*>(stream)->push([batch = std::move(batch)](const std::atomic<bool>&) {
+      for (const DeviceCopy& c : batch) std::memcpy(c.dst, c.src, c.bytes);
+    });
+    return Status();
+  }
+
+  Status copy_each(Stream stream, std::span<const DeviceCopy> copies) override {
+    for (const DeviceCopy& c : copies) {
+      static_cast<FakeStream*>(stream)->push([c](const std::atomic<bool>&) { std::memcpy(c.dst, c.src, c.bytes); });
+    }
+    return Status();
+  }
+
+  Result<void*> allocate(int device, uint64_t bytes, bool managed) override {
+    KVB_RETURN_IF_ERROR(check_device(device));
+    if (bytes == 0) return Status::invalid_argument("fake device: allocate: 0 bytes");
+    const uint64_t serial = next_serial_.fetch_add(1);
+    const int fd = ::memfd_create(memfd_name(::getpid(), "mem", serial).c_str(), MFD_CLOEXEC);
+    if (fd < 0) return Status::io_error(std::string("fake device: memfd_create: ") + std::strerror(errno));
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      ::close(fd);
+      return Status::resource_exhausted(std::string("fake device: ftruncate: ") + std::strerror(errno));
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      return Status::resource_exhausted(std::string("fake device: mmap: ") + std::strerror(errno));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, device, fd, managed, {}};
+    serial_of_[reinterpret_cast<uintptr_t>(p)] = serial;
+    return p;
+  }
+
+  Status free(void* p) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocs_.find(reinterpret_cast<uintptr_t>(p));
+    if (it == allocs_.end() || it->second.fd < 0) {
+      return Status::invalid_argument("fake device: free: not an allocation of this process");
+    }
+    ::munmap(p, it->second.bytes);
+    ::close(it->second.fd);
+    serial_of_.erase(it->first);
+    allocs_.erase(it);
+    return Status();
+  }
+
+  Status fill_after(Stream stream, void* p, uint64_t bytes, uint8_t value, std::chrono::microseconds delay) override {
+    static_cast<FakeStream*>(stream)->push([=](const std::atomic<bool>&) {
+      std::this_thread::sleep_for(delay);
+      std::memset(p, value, bytes);
+    });
+    return Status();
+  }
+
+  Status copy_sync(void* dst, const void* src, uint64_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status();
+  }
+
+ private:
+  Status check_device(int device) const {
+    if (device < 0 || device >= devices_) {
+      return Status::invalid_argument("fake device: no device " + std::to_string(device) + " (there are " +
+                                      std::to_string(devices_) + ")");
+    }
+    return Status();
+  }
+
+  int devices_ = 2;
+  std::atomic<uint64_t> next_serial_{1};
+  std::mutex mu_;
+  std::map<uintptr_t, Alloc> allocs_;        // by first byte: owned and opened allocations
+  std::map<uintptr_t, uint64_t> serial_of_;  // owned allocations' serials
+};
+
+}  // namespace
+
+Device& fake() {
+  static FakeDevice* device = new FakeDevice();  // never destroyed: streams may outlive static teardown
+  return *device;
+}
+
+}  // namespace kvbridge::device

@@ -1,0 +1,246 @@
+// Device memory in the engine, on the host fake (KVB_DEVICE=fake, set for
+// engine_test by CMakeLists.txt): what registers as cuda:N and what is
+// refused with which reason, host<->device and device<->device transfers
+// in one process (the local transport's batched device path), the
+// producer's ready events (no stale byte is read; a cancel while waiting
+// for a producer that never finishes lands nothing), and the transports a
+// peer gets for each pair of memory kinds. Transfers across processes
+// (cuda_ipc) are in tests/conformance (instantiate_device.cc).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "device/device.h"
+#include "kvbridge/engine.h"
+
+namespace kvbridge {
+namespace {
+
+using namespace std::chrono_literals;
+
+device::Device& fake() { return device::current(); }
+
+// Fake device memory of `bytes` on `device`, filled with `value`, freed at
+// the end of the test.
+struct DeviceBuffer {
+  DeviceBuffer(int device, uint64_t bytes, uint8_t value = 0) : bytes(bytes) {
+    Result<void*> p = fake().allocate(device, bytes);
+    EXPECT_TRUE(p.ok()) << p.error().to_string();
+    data = p.ok() ? static_cast<uint8_t*>(*p) : nullptr;
+    if (data != nullptr) std::memset(data, value, bytes);
+  }
+  ~DeviceBuffer() {
+    if (data != nullptr) {
+      EXPECT_TRUE(fake().free(data).ok());
+    }
+  }
+  uint8_t* data;
+  uint64_t bytes;
+};
+
+std::unique_ptr<Engine> make(const std::string& name) {
+  EngineOptions o;
+  o.name = name;
+  o.transports = {"local"};
+  Result<std::unique_ptr<Engine>> e = Engine::create(o);
+  EXPECT_TRUE(e.ok()) << e.error().to_string();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+size_t count_of(const uint8_t* p, size_t n, uint8_t value) { return std::count(p, p + n, value); }
+
+class DeviceMemoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (fake().name() != "fake") GTEST_FAIL() << "engine_test runs with KVB_DEVICE=fake (CMakeLists.txt)";
+  }
+};
+
+TEST_F(DeviceMemoryTest, RegistersOnlyWhatIsDeviceMemoryOfTheNamedDevice) {
+  auto e = make("e");
+  DeviceBuffer d0(0, 1 << 16), d1(1, 1 << 16);
+  Result<RegionId> ok = e->register_memory(d0.data + 4096, 8192, "cuda:0");
+  ASSERT_TRUE(ok.ok()) << ok.error().to_string();
+  EXPECT_TRUE(e->register_memory(d1.data, d1.bytes, "cuda:1").ok());
+
+  auto refused = [&](void* p, uint64_t n, const char* memory, Code code, const std::string& says) {
+    Result<RegionId> r = e->register_memory(p, n, memory);
+    ASSERT_FALSE(r.ok()) << memory << " was accepted";
+    EXPECT_EQ(r.error().code(), code) << r.error().to_string();
+    EXPECT_NE(r.error().message().find(says), std::string::npos) << r.error().to_string();
+  };
+  std::vector<uint8_t> host(4096);
+  refused(host.data(), host.size(), "cuda:0", Code::kInvalidArgument, "host memory, not cuda:0");
+  refused(d0.data, d0.bytes, "cuda:1", Code::kInvalidArgument, "memory of cuda:0, not cuda:1");
+  refused(d0.data, d0.bytes, "cuda:5", Code::kInvalidArgument, "no such device");
+  refused(d0.data, d0.bytes, "cuda:x", Code::kInvalidArgument, "'cuda:x'");
+  // A range that runs past its allocation into memory that is not device
+  // memory names the first byte that is not.
+  refused(d0.data, d0.bytes + 4096, "cuda:0", Code::kInvalidArgument, "byte 65536");
+  Result<void*> managed = fake().allocate(0, 4096, true);
+  ASSERT_TRUE(managed.ok());
+  refused(*managed, 4096, "cuda:0", Code::kInvalidArgument, "managed (unified) memory");
+  EXPECT_TRUE(fake().free(*managed).ok());
+  // A device range overlapping a registration of another kind, and device
+  // memory registered as host memory.
+  refused(d0.data + 4096, 4096, "host", Code::kInvalidArgument, "cuda:0");
+  refused(d1.data + 100, 4096, "host", Code::kInvalidArgument, "is device memory of cuda:1");
+}
+
+TEST_F(DeviceMemoryTest, HostAndDeviceMemoryMoveBothWaysInOneProcess) {
+  auto a = make("a");
+  auto b = make("b");
+  DeviceBuffer da(0, 1 << 20, 0), db(1, 1 << 20, 0);
+  std::vector<uint8_t> host(1 << 20);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 7 + 3);
+  const RegionId rh = *a->register_memory(host.data(), host.size(), "host");
+  const RegionId ra = *a->register_memory(da.data, da.bytes, "cuda:0");
+  const RegionId rb = *b->register_memory(db.data, db.bytes, "cuda:1");
+  const PeerId peer = *a->connect(b->metadata());
+  // Host here -> device there (a write), then device there -> device here
+  // (a read), in many small items: every byte where it belongs.
+  std::vector<TransferItem> items;
+  for (uint64_t i = 0; i < 256; ++i) items.push_back({rh, i * 4096, rb, (255 - i) * 4096, 4096});
+  Result<TransferId> w = a->submit(peer, TransferOp::kWrite, items);
+  ASSERT_TRUE(w.ok()) << w.error().to_string();
+  TransferStatus st = a->wait(*w, 10s);
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
+  for (uint64_t i = 0; i < 256; ++i) {
+    ASSERT_EQ(std::memcmp(db.data + (255 - i) * 4096, host.data() + i * 4096, 4096), 0) << "block " << i;
+  }
+  const TransferItem all{ra, 0, rb, 0, db.bytes};
+  Result<TransferId> r = a->submit(peer, TransferOp::kRead, {&all, 1});
+  ASSERT_TRUE(r.ok()) << r.error().to_string();
+  st = a->wait(*r, 10s);
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
+  EXPECT_EQ(std::memcmp(da.data, db.data, da.bytes), 0);
+  EXPECT_EQ(st.bytes_done, da.bytes);
+}
+
+// The producer fills the KV slowly on its stream and records an event; the
+// transfer is submitted at once with that event: every byte that arrives is
+// the filled one, never the stale one.
+TEST_F(DeviceMemoryTest, ATransferReadsNothingBeforeTheProducersEvent) {
+  auto a = make("a");
+  auto b = make("b");
+  DeviceBuffer src(1, 1 << 20, 0x11), dst(0, 1 << 20, 0);
+  const RegionId rs = *b->register_memory(src.data, src.bytes, "cuda:1");
+  const RegionId rd = *a->register_memory(dst.data, dst.bytes, "cuda:0");
+  const PeerId peer = *a->connect(b->metadata());
+  Result<device::Stream> producer = fake().create_stream(1);
+  Result<device::Event> ready = fake().create_event(1, true);
+  ASSERT_TRUE(producer.ok() && ready.ok());
+  for (bool by_handle : {false, true}) {
+    const uint8_t value = by_handle ? 0x33 : 0x22;
+    ASSERT_TRUE(fake().fill_after(*producer, src.data, src.bytes, value, 200ms).ok());
+    ASSERT_TRUE(fake().record(*ready, *producer).ok());
+    SubmitOptions o;
+    if (by_handle) {
+      o.ready_event_handles.push_back(*fake().export_event(*ready));
+    } else {
+      o.ready_event = reinterpret_cast<uintptr_t>(*ready);
+    }
+    const TransferItem all{rd, 0, rs, 0, src.bytes};
+    Result<TransferId> id = a->submit(peer, TransferOp::kRead, {&all, 1}, std::move(o));
+    ASSERT_TRUE(id.ok()) << id.error().to_string();
+    TransferStatus st = a->wait(*id, 10s);
+    ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
+    EXPECT_EQ(count_of(dst.data, dst.bytes, value), dst.bytes)
+        << (by_handle ? "by handle" : "by event") << ": a stale byte arrived";
+  }
+  fake().destroy_event(*ready);
+  fake().destroy_stream(*producer);
+}
+
+// A producer that does not finish before the transfer is cancelled: cancel
+// returns at once (nothing was queued behind the event), and no byte lands
+// afterwards, even when the producer finishes later.
+TEST_F(DeviceMemoryTest, ACancelWhileWaitingForTheProducerLandsNothing) {
+  auto a = make("a");
+  auto b = make("b");
+  DeviceBuffer src(0, 1 << 16, 0x11), dst(0, 1 << 16, 0);
+  const RegionId rs = *b->register_memory(src.data, src.bytes, "cuda:0");
+  const RegionId rd = *a->register_memory(dst.data, dst.bytes, "cuda:0");
+  const PeerId peer = *a->connect(b->metadata());
+  Result<device::Stream> producer = fake().create_stream(0);
+  Result<device::Event> ready = fake().create_event(0, false);
+  ASSERT_TRUE(producer.ok() && ready.ok());
+  ASSERT_TRUE(fake().fill_after(*producer, src.data, src.bytes, 0x44, 600ms).ok());
+  ASSERT_TRUE(fake().record(*ready, *producer).ok());
+  SubmitOptions o;
+  o.ready_event = reinterpret_cast<uintptr_t>(*ready);
+  const TransferItem all{rd, 0, rs, 0, src.bytes};
+  Result<TransferId> id = a->submit(peer, TransferOp::kRead, {&all, 1}, std::move(o));
+  ASSERT_TRUE(id.ok()) << id.error().to_string();
+  std::this_thread::sleep_for(50ms);
+  const auto before = std::chrono::steady_clock::now();
+  ASSERT_TRUE(a->cancel(*id).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - before, 300ms) << "cancel waited for the producer";
+  EXPECT_EQ(a->status(*id).state, TransferState::kCancelled);
+  std::this_thread::sleep_for(800ms);  // the producer has finished by now
+  EXPECT_EQ(count_of(dst.data, dst.bytes, 0), dst.bytes) << "a byte landed after cancel() returned";
+  // Past its deadline, the same: a timeout, nothing lands.
+  ASSERT_TRUE(fake().fill_after(*producer, src.data, src.bytes, 0x55, 600ms).ok());
+  ASSERT_TRUE(fake().record(*ready, *producer).ok());
+  SubmitOptions late;
+  late.ready_event = reinterpret_cast<uintptr_t>(*ready);
+  late.timeout = 100ms;
+  Result<TransferId> timed = a->submit(peer, TransferOp::kRead, {&all, 1}, std::move(late));
+  ASSERT_TRUE(timed.ok());
+  TransferStatus st = a->wait(*timed, 5s);
+  EXPECT_EQ(st.state, TransferState::kFailed);
+  EXPECT_EQ(st.error.code(), Code::kTimeout) << st.error.to_string();
+  std::this_thread::sleep_for(800ms);
+  EXPECT_EQ(count_of(dst.data, dst.bytes, 0), dst.bytes) << "a byte landed after the deadline";
+  fake().destroy_event(*ready);
+  fake().destroy_stream(*producer);
+}
+
+TEST_F(DeviceMemoryTest, ReadyEventsOnAHostOnlyTransferAreRefused) {
+  auto a = make("a");
+  auto b = make("b");
+  std::vector<uint8_t> x(4096), y(4096);
+  const RegionId rx = *a->register_memory(x.data(), x.size());
+  const RegionId ry = *b->register_memory(y.data(), y.size());
+  const PeerId peer = *a->connect(b->metadata());
+  SubmitOptions o;
+  o.ready_event_handles = {"some handle"};
+  const TransferItem item{rx, 0, ry, 0, 4096};
+  Result<TransferId> id = a->submit(peer, TransferOp::kRead, {&item, 1}, std::move(o));
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.error().code(), Code::kInvalidArgument);
+  EXPECT_NE(id.error().message().find("host memory only"), std::string::npos) << id.error().to_string();
+}
+
+// cma moves host memory only: a peer reached by cma alone cannot move
+// device memory, and the error names the pair of kinds and the transports.
+TEST_F(DeviceMemoryTest, NoTransportForAPairOfMemoryKindsIsAClearError) {
+  EngineOptions o;
+  o.name = "a";
+  o.transports = {"tcp"};
+  Result<std::unique_ptr<Engine>> a = Engine::create(o);
+  o.name = "b";
+  Result<std::unique_ptr<Engine>> b = Engine::create(o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  DeviceBuffer d(0, 4096);
+  std::vector<uint8_t> y(4096);
+  Result<RegionId> rd = (*a)->register_memory(d.data, d.bytes, "cuda:0");
+  ASSERT_TRUE(rd.ok()) << "tcp does not serve device memory, but registration still succeeds: "
+                       << rd.error().to_string();
+  const RegionId ry = *(*b)->register_memory(y.data(), y.size());
+  const PeerId peer = *(*a)->connect((*b)->metadata());
+  const TransferItem item{*rd, 0, ry, 0, 4096};
+  Result<TransferId> id = (*a)->submit(peer, TransferOp::kRead, {&item, 1});
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.error().code(), Code::kUnavailable);
+  EXPECT_NE(id.error().message().find("moves device memory here to host memory there"), std::string::npos)
+      << id.error().to_string();
+  EXPECT_NE(id.error().message().find("tcp"), std::string::npos) << id.error().to_string();
+}
+
+}  // namespace
+}  // namespace kvbridge

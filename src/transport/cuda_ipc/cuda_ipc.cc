@@ -1,0 +1,333 @@
+// The cuda_ipc transport: device memory of another process on this host,
+// mapped into this one through CUDA IPC memory handles (device.h: the real
+// cudaIpc* calls, or the host fake in CPU-only tests).
+//
+// Registration: add_segment() walks the allocations a cuda:N segment spans
+// (pointer_info) and exports each one; the key blob carries, per
+// allocation, its range and handle, plus a generation number of this
+// transport's (never reused), so an importer can tell a segment registered
+// again from the one it opened. Memory that cannot be exported (cuMemCreate,
+// managed) still registers: its key says why, and a peer's run that needs it
+// fails with that reason.
+//
+// Importing: a Link opens an allocation on the first run that touches it
+// and keeps it open; the transport keeps one mapping per handle for the
+// process (a handle opens once per process), shared by every link and held
+// by each run that uses it, so a refresh() that drops a segment (the peer
+// deregistered it) closes the mapping only after the last run using it
+// returned. A new registration has a new segment id and generation: a stale
+// mapping is never used for it.
+//
+// A run translates its copies to (local pointer, mapped pointer) pairs and
+// hands them to run_device_copies (device_run.h): one batched copy per
+// transfer up to 64 MiB, after the producer's ready events, on a
+// non-blocking stream of its own. The Link holds the peer's pidfd: a peer
+// that exits ends the run (after the batches already queued land) and every
+// later run, as kIoError naming it.
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "device/device.h"
+#include "net/wire.h"
+#include "transport/cuda_ipc/cuda_ipc_key.h"
+#include "transport/device_run.h"
+#include "transport/transport.h"
+
+namespace kvbridge::transport {
+namespace {
+
+std::string boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string this_hostname() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+// A peer allocation mapped into this process; closed when the last holder
+// (the transport's table, links, runs) lets go.
+struct Mapping {
+  device::Device* device = nullptr;
+  void* base = nullptr;
+  ~Mapping() {
+    if (base != nullptr) (void)device->close_memory(base);
+  }
+};
+
+// What every link of one transport shares; outlives the links.
+struct Shared : DeviceSide {
+  explicit Shared(device::Device& d) : DeviceSide(d) {}
+  DeviceRunOptions options;
+
+  // The mapping of `handle`, opened on first use; one per handle for the
+  // process.
+  Result<std::shared_ptr<Mapping>> open(const std::string& handle) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = mappings.find(handle);
+    if (it != mappings.end()) {
+      if (auto m = it->second.lock()) return m;
+      mappings.erase(it);
+    }
+    KVB_ASSIGN_OR_RETURN(void* base, device().open_memory(handle));
+    auto m = std::make_shared<Mapping>();
+    m->device = &device();
+    m->base = base;
+    mappings[handle] = m;
+    return m;
+  }
+
+  std::mutex mu;
+  std::map<std::string, std::weak_ptr<Mapping>> mappings;
+};
+
+class CudaIpcLink final : public Link {
+ public:
+  CudaIpcLink(std::shared_ptr<Shared> shared, pid_t pid, int pidfd, const PeerInfo& peer)
+      : shared_(std::move(shared)),
+        pidfd_(pidfd),
+        who_("cuda_ipc peer '" + peer.name + "' (pid " + std::to_string(pid) + ")") {
+    (void)refresh(peer);
+  }
+  ~CudaIpcLink() override {
+    if (pidfd_ >= 0) ::close(pidfd_);
+  }
+
+  Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) override {
+    KVB_RETURN_IF_ERROR(alive());
+    std::vector<device::DeviceCopy> batch;
+    std::vector<std::shared_ptr<Mapping>> holds;  // what this run reads or writes stays mapped
+    int stream_device = -1;
+    bool all_device = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      batch.reserve(copies.size());
+      for (const Copy& c : copies) {
+        if (c.bytes == 0) continue;
+        auto s = segments_.find(c.segment);
+        if (s == segments_.end()) {
+          return Status::out_of_range(who_ + ": segment " + std::to_string(c.segment) + " is not advertised");
+        }
+        Remote& seg = s->second;
+        if (!seg.key.why_not.empty()) {
+          return Status::unavailable(who_ + ": its segment " + std::to_string(c.segment) +
+                                     " cannot be opened through CUDA IPC: " + seg.key.why_not);
+        }
+        if (c.remote < seg.base || c.bytes > seg.bytes || c.remote - seg.base > seg.bytes - c.bytes) {
+          return Status::out_of_range(who_ + ": address " + std::to_string(c.remote) + " + " + std::to_string(c.bytes) +
+                                      " is outside its segment " + std::to_string(c.segment));
+        }
+        const int local_device = shared_->local_device(c.local);
+        if (local_device < 0) all_device = false;
+        if (stream_device < 0) stream_device = local_device >= 0 ? local_device : static_cast<int>(seg.key.device);
+        // The copy may cross from one allocation of the segment into the next.
+        uint64_t at = c.remote, left = c.bytes;
+        uint8_t* local = c.local;
+        while (left > 0) {
+          KVB_ASSIGN_OR_RETURN(auto piece, map_locked(seg, c.segment, at, &holds));
+          const uint64_t n = std::min(left, piece.second);
+          if (op == TransferOp::kRead) {
+            batch.push_back({local, piece.first, n});
+          } else {
+            batch.push_back({piece.first, local, n});
+          }
+          at += n;
+          local += n;
+          left -= n;
+        }
+      }
+    }
+    DeviceRunOptions options = shared_->options;
+    // The kernel reads and writes device memory only.
+    if (!all_device) options.method = device::CopyMethod::kCopyEngine;
+    return run_device_copies(
+        shared_->pool(), shared_->ready(), std::max(stream_device, 0), batch, options, control,
+        [this] { return alive(); }, who_);
+  }
+
+  Status refresh(const PeerInfo& peer) override {
+    std::map<uint32_t, Remote> fresh;
+    for (const PeerSegment& s : peer.segments) {
+      if (s.memory == "host" || s.key.empty()) continue;  // not served by cuda_ipc
+      KVB_ASSIGN_OR_RETURN(CudaIpcKey key, decode_cuda_ipc_key(s.key));
+      KVB_RETURN_IF_ERROR(
+          check_cuda_ipc_key(key, s.base, s.bytes).with_context(who_ + " segment " + std::to_string(s.id)));
+      fresh.emplace(s.id, Remote{s.base, s.bytes, std::move(key), {}});
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    // Mappings of a segment that stays with the same generation are kept;
+    // the rest are dropped (closed once no run holds them).
+    for (auto& [id, r] : fresh) {
+      auto old = segments_.find(id);
+      if (old != segments_.end() && old->second.key.generation == r.key.generation)
+        r.mapped = std::move(old->second.mapped);
+    }
+    segments_ = std::move(fresh);
+    return Status();
+  }
+
+ private:
+  struct Remote {
+    uint64_t base = 0, bytes = 0;
+    CudaIpcKey key;
+    std::vector<std::shared_ptr<Mapping>> mapped;  // per allocation of key, opened on first use
+  };
+
+  // Requires mu_. The local pointer of the peer's address `at` in `seg`,
+  // and the bytes from there to the end of its allocation.
+  Result<std::pair<uint8_t*, uint64_t>> map_locked(Remote& seg, uint32_t id, uint64_t at,
+                                                   std::vector<std::shared_ptr<Mapping>>* holds) {
+    if (seg.mapped.size() != seg.key.allocations.size()) seg.mapped.resize(seg.key.allocations.size());
+    for (size_t i = 0; i < seg.key.allocations.size(); ++i) {
+      const CudaIpcAllocation& a = seg.key.allocations[i];
+      if (at < a.base || at - a.base >= a.bytes) continue;
+      if (!seg.mapped[i]) {
+        Result<std::shared_ptr<Mapping>> m = shared_->open(a.handle);
+        if (!m.ok()) {
+          return Status(m.error().code(), who_ + ": opening segment " + std::to_string(id) + " allocation " +
+                                              std::to_string(i) + ": " + m.error().message());
+        }
+        seg.mapped[i] = std::move(*m);
+      }
+      if (holds->empty() || holds->back() != seg.mapped[i]) holds->push_back(seg.mapped[i]);
+      return std::make_pair(static_cast<uint8_t*>(seg.mapped[i]->base) + (at - a.base), a.bytes - (at - a.base));
+    }
+    return Status::out_of_range(who_ + ": address " + std::to_string(at) + " of segment " + std::to_string(id) +
+                                " is in none of its allocations");
+  }
+
+  Status alive() const {
+    if (pidfd_ < 0) return Status();
+    pollfd p{pidfd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) return Status::io_error(who_ + " has exited");
+    return Status();
+  }
+
+  std::shared_ptr<Shared> shared_;
+  const int pidfd_;
+  const std::string who_;
+  std::mutex mu_;
+  std::map<uint32_t, Remote> segments_;
+};
+
+class CudaIpcTransport final : public Transport {
+ public:
+  CudaIpcTransport(device::Device& device, DeviceRunOptions options) : shared_(std::make_shared<Shared>(device)) {
+    shared_->options = options;
+  }
+
+  std::string_view name() const override { return "cuda_ipc"; }
+  bool serves(std::string_view memory) const override { return memory.substr(0, 5) == "cuda:"; }
+  bool moves(bool, bool remote_device) const override { return remote_device; }
+
+  std::string address() const override {
+    net::WireWriter w;
+    w.str(boot_);
+    w.str(shared_->device().name());
+    return w.take();
+  }
+
+  Status can_reach(const PeerInfo& peer) const override {
+    net::WireReader r(peer.address, "cuda_ipc address");
+    std::string boot, kind;
+    KVB_RETURN_IF_ERROR(r.str("boot_id", 64, &boot));
+    KVB_RETURN_IF_ERROR(r.str("device", 16, &kind));
+    KVB_RETURN_IF_ERROR(r.finish());
+    if (peer.hostname != hostname_ || boot != boot_) {
+      return Status::unavailable("peer '" + peer.name + "' is on host '" + peer.hostname +
+                                 "', not this one: CUDA IPC reaches processes of one host");
+    }
+    if (kind != shared_->device().name()) {
+      return Status::unavailable("peer '" + peer.name + "' uses the " + kind + " device, this process the " +
+                                 std::string(shared_->device().name()));
+    }
+    if (peer.pid == static_cast<uint64_t>(::getpid())) {
+      return Status::unavailable("peer '" + peer.name + "' is this process (the local transport moves its memory)");
+    }
+    if (::kill(static_cast<pid_t>(peer.pid), 0) != 0 && errno == ESRCH) {
+      return Status::unavailable("peer '" + peer.name + "' (pid " + std::to_string(peer.pid) + ") does not exist");
+    }
+    return Status();
+  }
+
+  Result<std::string> add_segment(const Segment& segment) override {
+    KVB_ASSIGN_OR_RETURN(int want, device::parse_cuda_memory(segment.memory));
+    CudaIpcKey key;
+    key.device = static_cast<uint32_t>(want);
+    key.generation = next_generation_.fetch_add(1);
+    const uint64_t begin = reinterpret_cast<uint64_t>(segment.base), end = begin + segment.bytes;
+    for (uint64_t at = begin; at < end && key.why_not.empty();) {
+      KVB_ASSIGN_OR_RETURN(device::PointerInfo info, shared_->device().pointer_info(reinterpret_cast<void*>(at)));
+      if (info.type != device::MemoryType::kDevice || info.bytes == 0) {
+        return Status::invalid_argument("cuda_ipc: segment " + std::to_string(segment.id) + " byte " +
+                                        std::to_string(at - begin) + " is not device memory");
+      }
+      if (!info.exportable) {
+        key.why_not = info.why_not;
+        key.allocations.clear();
+        break;
+      }
+      if (key.allocations.size() == kMaxCudaIpcAllocations) {
+        key.why_not = "the segment spans more than " + std::to_string(kMaxCudaIpcAllocations) +
+                      " allocations; register fewer, larger ones";
+        key.allocations.clear();
+        break;
+      }
+      KVB_ASSIGN_OR_RETURN(std::string handle, shared_->device().export_memory(reinterpret_cast<void*>(info.base)));
+      key.allocations.push_back(CudaIpcAllocation{info.base, info.bytes, std::move(handle)});
+      at = info.base + info.bytes;
+    }
+    shared_->add_local(segment.id, segment.base, segment.bytes, want);
+    return encode_cuda_ipc_key(key);
+  }
+
+  Status remove_segment(uint32_t id) override {
+    shared_->remove_local(id);
+    return Status();
+  }
+
+  Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) override {
+    KVB_RETURN_IF_ERROR(can_reach(peer));
+    const pid_t pid = static_cast<pid_t>(peer.pid);
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd < 0 && errno == ESRCH) {
+      return Status::unavailable("peer '" + peer.name + "' (pid " + std::to_string(pid) + ") does not exist");
+    }
+    return std::unique_ptr<Link>(std::make_unique<CudaIpcLink>(shared_, pid, pidfd, peer));
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  const std::string boot_ = boot_id();
+  const std::string hostname_ = this_hostname();
+  std::atomic<uint64_t> next_generation_{1};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> make_cuda_ipc_transport(const std::string& method, uint32_t max_blocks) {
+  device::Device& device = device::current();
+  KVB_ASSIGN_OR_RETURN(int n, device.count());
+  (void)n;
+  DeviceRunOptions options;
+  KVB_ASSIGN_OR_RETURN(options.method, device::parse_copy_method(method));
+  options.max_blocks = max_blocks;
+  return std::unique_ptr<Transport>(std::make_unique<CudaIpcTransport>(device, options));
+}
+
+}  // namespace kvbridge::transport

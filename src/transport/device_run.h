@@ -1,0 +1,118 @@
+// transport/device_run.h: what the transports that move device memory
+// (local, cuda_ipc) share: a pool of copy streams per device, and one run of
+// device copies under the Link contract of transport.h.
+//
+// A run waits for the caller's ready events first, on the host (polling
+// them, so that cancel, the deadline and the peer's death are seen while it
+// waits, and no copy is queued behind an event that may never complete),
+// then queues its copies on a stream of the pool as batches of at most
+// `slice_bytes` (one batch, one cudaMemcpyBatchAsync or one kernel, when
+// the transfer is smaller), at most two batches in flight, and counts a
+// batch's bytes done when its event completes. Cancel, the deadline or the
+// peer's death stop it from queueing more, and it returns only when every
+// queued batch has completed: a launched copy cannot be recalled, so the
+// contract "when run returns, nothing lands" is kept by waiting for it.
+//
+// Thread-safety: StreamPool and run_device_copies may be used from several
+// threads at once; each run takes a stream of its own from the pool.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "device/device.h"
+#include "kvbridge/status.h"
+#include "transport/transport.h"
+
+namespace kvbridge::transport {
+
+// How device copies run.
+struct DeviceRunOptions {
+  device::CopyMethod method = device::CopyMethod::kCopyEngine;
+  uint32_t max_blocks = 0;                    // the kernel's grid cap (0: default)
+  uint64_t slice_bytes = uint64_t{64} << 20;  // bytes per batch
+};
+
+// Streams (each with two events) per device, created on first use and
+// reused; destroyed with the pool.
+class StreamPool {
+ public:
+  explicit StreamPool(device::Device& device) : device_(device) {}
+  ~StreamPool();
+  StreamPool(const StreamPool&) = delete;
+  StreamPool& operator=(const StreamPool&) = delete;
+
+  struct Slot {
+    int device = 0;
+    device::Stream stream = nullptr;
+    device::Event events[2] = {nullptr, nullptr};
+  };
+  Result<Slot*> acquire(int device);
+  void release(Slot* slot);
+  device::Device& device() { return device_; }
+
+ private:
+  device::Device& device_;
+  std::mutex mu_;
+  std::vector<Slot*> all_;
+  std::multimap<int, Slot*> idle_;
+};
+
+// Events a run waits for before its first copy ("this KV is ready after
+// this"): opened from IPC handles (cached per handle for the life of the
+// cache) or this process's own.
+class ReadyEvents {
+ public:
+  explicit ReadyEvents(device::Device& device) : device_(device) {}
+  ~ReadyEvents();
+  // The events of `control` (RunControl::ready_events and ready_event).
+  Result<std::vector<device::Event>> resolve(const RunControl& control);
+
+ private:
+  device::Device& device_;
+  std::mutex mu_;
+  std::map<std::string, device::Event> opened_;
+};
+
+// What a transport that moves device memory keeps for its links: the
+// streams, the opened ready events, and which local segments are device
+// memory (add_segment/remove_segment keep it). Outlives the links.
+class DeviceSide {
+ public:
+  explicit DeviceSide(device::Device& device) : device_(device), pool_(device), ready_(device) {}
+  device::Device& device() { return device_; }
+  StreamPool& pool() { return pool_; }
+  ReadyEvents& ready() { return ready_; }
+  void add_local(uint32_t segment, const uint8_t* base, uint64_t bytes, int device);
+  void remove_local(uint32_t segment);
+  // The device of local pointer `p`, or -1 when it is in no local device
+  // segment (host memory).
+  int local_device(const uint8_t* p) const;
+  // Whether any local segment is device memory (no lock).
+  bool has_local() const { return locals_.load(std::memory_order_acquire) > 0; }
+
+ private:
+  std::atomic<size_t> locals_{0};
+  device::Device& device_;
+  StreamPool pool_;
+  ReadyEvents ready_;
+  mutable std::mutex mu_;
+  std::map<uintptr_t, std::pair<uint64_t, int>> local_;  // base -> (bytes, device)
+  std::map<uint32_t, uintptr_t> ids_;                    // segment id -> base
+};
+
+// Runs `copies` on a stream of `pool` for device `device` under the Link
+// contract. `alive` is asked between batches and while waiting (OK, or the
+// error that ends the run: the peer is gone); `who` names the link in
+// errors ("cuda_ipc peer 'x' (pid 7)").
+Status run_device_copies(StreamPool& pool, ReadyEvents& ready, int device, std::span<const device::DeviceCopy> copies,
+                         const DeviceRunOptions& options, RunControl& control, const std::function<Status()>& alive,
+                         const std::string& who);
+
+}  // namespace kvbridge::transport
