@@ -45,7 +45,10 @@ engine-matrix: deps $(BUILD)/build.ninja
 	  -q -p no:cacheprovider python/tests/test_mini_engine.py -k bit_for_bit
 
 # Every test: `check`, then the tests again under ASan/UBSan and the threaded
-# ones under TSan (what CI runs, with KVB_REQUIRE set: .ci/run).
+# ones under TSan (what CI runs, with KVB_REQUIRE set: .ci/run). The main
+# build compiles and links the CUDA code (when the toolkit is there); the
+# sanitizer builds test everything above the device seam on the host fake
+# without it (the CUDA runtime is not instrumented).
 test: check test-asan test-tsan
 
 # The tests of the main build: unit, property, matrix, conformance, attack,
@@ -55,7 +58,7 @@ check: build
 	$(MAKE) --no-print-directory fuzz-short
 
 $(BUILD_ASAN)/build.ninja: CMakeLists.txt | deps
-	cmake -G Ninja -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DKVB_SANITIZE=address,undefined -DKVB_BENCH=OFF -DKVB_PYTHON=OFF
+	cmake -G Ninja -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DKVB_SANITIZE=address,undefined -DKVB_BENCH=OFF -DKVB_PYTHON=OFF -DKVB_CUDA=OFF
 
 test-asan: deps $(BUILD_ASAN)/build.ninja
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
@@ -69,7 +72,7 @@ empty :=
 space := $(empty) $(empty)
 
 $(BUILD_TSAN)/build.ninja: CMakeLists.txt | deps
-	cmake -G Ninja -S . -B $(BUILD_TSAN) -DKVB_SANITIZE=thread -DKVB_UCX=OFF -DKVB_BENCH=OFF -DKVB_PYTHON=OFF
+	cmake -G Ninja -S . -B $(BUILD_TSAN) -DKVB_SANITIZE=thread -DKVB_UCX=OFF -DKVB_BENCH=OFF -DKVB_PYTHON=OFF -DKVB_CUDA=OFF
 
 test-tsan: deps $(BUILD_TSAN)/build.ninja
 	cmake --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TESTS) kvb_conformance_peer link_peer kvb_attack_peer

@@ -221,10 +221,12 @@ main() {
   local cli=$BUILD/tools/kvbridge
   if [[ -x "$cli" ]]; then
     run_step version "$T_VERSION" env LD_LIBRARY_PATH="$run_ldpath" "$cli" --version
-    run_step bench "$T_BENCH" env LD_LIBRARY_PATH="$run_ldpath" "$cli" bench --memory cuda
+    run_step bench "$T_BENCH" env LD_LIBRARY_PATH="$run_ldpath" "$cli" bench --memory cuda --min-time 0.02 --reps 3
     run_step demo "$T_DEMO" env LD_LIBRARY_PATH="$run_ldpath" "$cli" demo --memory cuda
+    run_step demo-fault "$T_DEMO" env LD_LIBRARY_PATH="$run_ldpath" "$cli" demo --memory cuda --requests 3 \
+      --inject kill-prefill
   else
-    for s in version bench demo; do skip_step "$s" "$cli was not built"; done
+    for s in version bench demo demo-fault; do skip_step "$s" "$cli was not built"; done
   fi
 
   # --- summary --------------------------------------------------------------------

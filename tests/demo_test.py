@@ -329,6 +329,32 @@ def _(name):
     check(f"{name} stream", r["streamed_requests"] == 3, f"streamed {r['streamed_requests']}")
 
 
+# Device memory on the host fake (KVB_DEVICE=fake): the ranks' KV in fake
+# device memory over cuda_ipc, every byte checked through the device, and
+# faults that end the same way as with host memory.
+@case("device")
+def _(name):
+    os.environ["KVB_DEVICE"] = "fake"
+    try:
+        r = demo("--memory", "cuda", "--requests", "3", "--verify-plans")
+        clean(name, r)
+        check(name, r["ok"] == 3 and r["failed"] == 0, f"ok {r['ok']} failed {r['failed']}: {r['errors']}")
+        check(name, r["bytes"] > 0 and r["gbps"] > 0, "no throughput figures")
+        faults = (("kill-prefill", "is gone"),) if SANITIZED else (("kill-prefill", "is gone"), ("abort", "aborted"),
+                                                                    ("stall", "deadline"))
+        for fault, text in faults:
+            r = demo("--memory", "cuda", "--requests", "2", "--inject", fault)
+            clean(f"{name} {fault}", r)
+            errors_mention(f"{name} {fault}", r, text)
+        r = demo("--memory", "cuda", "--requests", "2", "--inject", "kill-prefill", "--policy", "recompute")
+        clean(f"{name} recompute", r)
+        check(name, r["recomputed"] == 1 and r["failed"] == 0, f"recomputed {r['recomputed']} failed {r['failed']}")
+        p = subprocess.run([KVB, "demo", "--memory", "cuda", "--transport", "tcp"], capture_output=True, text=True)
+        check(name, p.returncode != 0 and "over cuda_ipc, not tcp" in p.stderr, f"tcp with device memory: {p.stderr}")
+    finally:
+        del os.environ["KVB_DEVICE"]
+
+
 # The targets: zero verification failures and zero leaked blocks for every
 # preset and every TP pair in {1,2,4} x {1,2,4} (two requests each, one with
 # a prefix hit). Run as its own ctest entry: `demo_test.py KVB matrix`.

@@ -47,7 +47,13 @@ Command add_demo_command(CLI::App& root) {
   app->add_option("--max-tokens", args->max_tokens, "Longest request in tokens (0: chosen from the block sizes)");
   app->add_option("--num-blocks", args->num_blocks, "Blocks per group on each side (0: enough for one request)");
   app->add_option("--seed", args->seed, "Seed of the request generator")->capture_default_str();
-  app->add_option("--transport", args->transport, "cma, tcp or ucx")->capture_default_str();
+  app->add_option("--transport", args->transport, "cma, tcp or ucx (cuda_ipc with --memory cuda)")
+      ->capture_default_str();
+  app->add_option("--memory", args->memory,
+                  "host, or cuda: the KV in GPU memory of this host (ranks share GPUs when there are fewer), over "
+                  "cuda_ipc")
+      ->check(CLI::IsMember({"host", "cuda"}))
+      ->capture_default_str();
   app->add_option("--policy", args->policy, "On a failed load: fail or recompute")->capture_default_str();
   auto secret_file = std::make_shared<std::string>();
   app->add_option("--secret-file", *secret_file,
@@ -82,29 +88,38 @@ Command add_demo_command(CLI::App& root) {
   app->add_flag("--verify-plans", args->verify_plans, "Decode ranks check every plan with the verifier before it runs");
   app->add_flag("--json", args->json, "Print one JSON object instead of the table");
   app->add_flag("!--no-progress", args->progress, "No progress bar");
-  return {app, [app, args, inject, lease_ms, timeout_ms, secret_file, after_ms] {
-            args->inject_after = std::chrono::milliseconds(*after_ms);
-            Result<std::string> secret = read_secret(*secret_file);
-            if (!secret.ok()) return fail(secret.error());
-            args->secret = std::move(*secret);
-            // The default run shows different block sizes on the two sides.
-            const bool blocks_given =
-                app->get_option("--prefill-block-tokens")->count() + app->get_option("--decode-block-tokens")->count() >
-                0;
-            if (args->preset == "qwen3-next" && !blocks_given) {
-              args->prefill.block_tokens = 64;
-              args->decode.block_tokens = 128;
-            }
-            Result<demo::Inject> i = demo::parse_inject(*inject);
-            if (!i.ok()) return fail(i.error());
-            args->inject = *i;
-            const bool injecting = *i != demo::Inject::kNone;
-            args->lease = std::chrono::milliseconds(*lease_ms ? *lease_ms : injecting ? 1500 : 30000);
-            args->transfer_timeout = std::chrono::milliseconds(*timeout_ms                  ? *timeout_ms
-                                                               : *i == demo::Inject::kStall ? 500
-                                                                                            : 20000);
-            return demo::run(*args);
-          }};
+  return {
+      app, [app, args, inject, lease_ms, timeout_ms, secret_file, after_ms] {
+        args->inject_after = std::chrono::milliseconds(*after_ms);
+        Result<std::string> secret = read_secret(*secret_file);
+        if (!secret.ok()) return fail(secret.error());
+        args->secret = std::move(*secret);
+        // The default run shows different block sizes on the two sides.
+        const bool blocks_given =
+            app->get_option("--prefill-block-tokens")->count() + app->get_option("--decode-block-tokens")->count() > 0;
+        if (args->preset == "qwen3-next" && !blocks_given) {
+          args->prefill.block_tokens = 64;
+          args->decode.block_tokens = 128;
+        }
+        if (args->memory == "cuda") {
+          if (app->get_option("--transport")->count() > 0 && args->transport != "cuda_ipc") {
+            return fail(
+                Status::invalid_argument("--memory cuda moves device memory over cuda_ipc, not " + args->transport));
+          }
+          args->transport = "cuda_ipc";
+        } else if (args->transport == "cuda_ipc") {
+          return fail(Status::invalid_argument("--transport cuda_ipc moves device memory: add --memory cuda"));
+        }
+        Result<demo::Inject> i = demo::parse_inject(*inject);
+        if (!i.ok()) return fail(i.error());
+        args->inject = *i;
+        const bool injecting = *i != demo::Inject::kNone;
+        args->lease = std::chrono::milliseconds(*lease_ms ? *lease_ms : injecting ? 1500 : 30000);
+        args->transfer_timeout = std::chrono::milliseconds(*timeout_ms                  ? *timeout_ms
+                                                           : *i == demo::Inject::kStall ? 500
+                                                                                        : 20000);
+        return demo::run(*args);
+      }};
 }
 
 }  // namespace kvbridge::cli

@@ -75,6 +75,10 @@ struct DemoArgs {
   uint64_t max_tokens = 0;  // 0: the preset's choice
   uint64_t seed = 1;
   std::string transport = "cma";
+  // "host", or "cuda": every rank's KV in device memory (rank r on GPU
+  // r mod the device count; ranks share GPUs when there are fewer), moved
+  // over cuda_ipc, filled and checked through the device.
+  std::string memory = "host";
   std::string policy = "fail";
   std::string secret;
   Inject inject = Inject::kNone;

@@ -91,10 +91,14 @@ class Driver {
   Status check_args() {
     KVB_ASSIGN_OR_RETURN(FailurePolicy policy, parse_failure_policy(a_.policy));
     if (a_.requests == 0) return Status::invalid_argument("--requests must be at least 1");
-    if (a_.transport != "cma" && a_.transport != "tcp" && a_.transport != "ucx") {
+    if (a_.transport != "cma" && a_.transport != "tcp" && a_.transport != "ucx" && a_.transport != "cuda_ipc") {
       return Status::invalid_argument("--transport '" + a_.transport +
-                                      "': the demo's ranks are processes; use cma, tcp or ucx");
+                                      "': the demo's ranks are processes; use cma, tcp or ucx (cuda_ipc with "
+                                      "--memory cuda)");
     }
+    // --memory cuda: the driver never touches the device before the ranks
+    // fork (a process that initialised CUDA cannot use it in a forked
+    // child); a rank without a device fails its start, saying why.
     if (a_.decode_instances == 0) return Status::invalid_argument("--decode-instances must be at least 1");
     KVB_ASSIGN_OR_RETURN(const Layout p1, layout_of(a_, a_.prefill, 1));
     KVB_ASSIGN_OR_RETURN(const Layout d1, layout_of(a_, a_.decode, 1));

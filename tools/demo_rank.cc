@@ -12,10 +12,12 @@
 #include <climits>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "common/text.h"
 #include "connector/worker_internal.h"
 #include "demo.h"
+#include "device/device.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
 #include "kvbridge/plan.h"
@@ -78,6 +80,8 @@ class Rank {
       if (!c_.prefill) std::memset(m, kSentinel, t.bytes);
       spans_.emplace_back(static_cast<uint8_t*>(m), t.bytes);
     }
+    host_ = spans_;
+    if (a.memory == "cuda") KVB_RETURN_IF_ERROR(to_device());
     WorkerOptions w;
     w.instance_id = c_.instance;
     w.side_channel_host = c_.side.host;
@@ -205,12 +209,61 @@ class Rank {
       if (it != held_.end() && !c_.prefill) {
         KVB_RETURN_IF_ERROR(for_each_cell(
             layout_, it->second.request, RequestSide::kLocal, 0,
-            [&](size_t t, uint64_t off, uint64_t n, uint64_t) { std::memset(spans_[t].data() + off, kSentinel, n); }));
+            [&](size_t t, uint64_t off, uint64_t n, uint64_t) { std::memset(host_[t].data() + off, kSentinel, n); }));
+        KVB_RETURN_IF_ERROR(sync(layout_, it->second.request, RequestSide::kLocal, 0, true));
       }
       held_.erase(id);
       return ch_.send({{"ev", "freed"}, {"req", id}});
     }
     return Status::invalid_argument("unknown command '" + cmd + "'");
+  }
+
+  // --memory cuda: the tensors move to device memory of GPU rank mod the
+  // device count (spans_ then name device memory, which the worker
+  // registers as cuda:N), and host_ keeps a mirror that the content
+  // functions fill and check; sync() copies a request's cells between them.
+  Status to_device() {
+    device::Device& d = device::current();
+    KVB_ASSIGN_OR_RETURN(int n, d.count());
+    gpu_ = static_cast<int>(c_.rank % static_cast<uint32_t>(n));
+    KVB_ASSIGN_OR_RETURN(stream_, d.create_stream(gpu_));
+    KVB_ASSIGN_OR_RETURN(event_, d.create_event(gpu_, false));
+    for (size_t t = 0; t < layout_.tensors.size(); ++t) {
+      KVB_ASSIGN_OR_RETURN(void* p, d.allocate(gpu_, host_[t].size()));
+      KVB_RETURN_IF_ERROR(d.copy_sync(p, host_[t].data(), host_[t].size()));
+      spans_[t] = std::span<uint8_t>(static_cast<uint8_t*>(p), host_[t].size());
+      layout_.tensors[t].memory = "cuda:" + std::to_string(gpu_);
+    }
+    device_ = true;
+    return Status();
+  }
+
+  // Copies the cells of `q` (from `first_token`) between the host mirror and
+  // device memory, as one batched copy. Nothing for host memory.
+  Status sync(const Layout& layout, const Request& q, RequestSide side, uint64_t first_token, bool to_device) {
+    if (!device_) return Status();
+    std::vector<device::DeviceCopy> copies;
+    KVB_RETURN_IF_ERROR(for_each_cell(layout, q, side, first_token, [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
+      uint8_t* h = host_[t].data() + off;
+      uint8_t* d = spans_[t].data() + off;
+      device::DeviceCopy c = to_device ? device::DeviceCopy{d, h, n} : device::DeviceCopy{h, d, n};
+      device::DeviceCopy* last = copies.empty() ? nullptr : &copies.back();
+      if (last != nullptr && static_cast<uint8_t*>(last->dst) + last->bytes == c.dst &&
+          static_cast<const uint8_t*>(last->src) + last->bytes == c.src) {
+        last->bytes += n;
+      } else {
+        copies.push_back(c);
+      }
+    }));
+    if (copies.empty()) return Status();
+    device::Device& d = device::current();
+    KVB_RETURN_IF_ERROR(d.copy(stream_, copies, device::CopyMethod::kCopyEngine));
+    KVB_RETURN_IF_ERROR(d.record(event_, stream_));
+    for (;;) {
+      KVB_ASSIGN_OR_RETURN(bool done, d.done(event_));
+      if (done) return Status();
+      std::this_thread::yield();
+    }
   }
 
   // The prefill's forward pass, layer by layer in the model's order: compute
@@ -221,12 +274,14 @@ class Rank {
     const auto compute = std::chrono::microseconds(c_.args->compute_us_per_layer);
     if (stream) KVB_RETURN_IF_ERROR(worker_->stream_to(id, m.at("to").get<std::string>()));
     if (!stream && compute.count() == 0) {
-      KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kRemote, 0, held_[id].seed, spans_));
+      KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kRemote, 0, held_[id].seed, host_));
+      KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kRemote, 0, true));
     } else {
       for (const std::string& layer : layer_order(layout_)) {
         busy(compute);
-        KVB_RETURN_IF_ERROR(
-            fill_request(keep_layers(layout_, {layer}), q, RequestSide::kRemote, 0, held_[id].seed, spans_));
+        const Layout one = keep_layers(layout_, {layer});
+        KVB_RETURN_IF_ERROR(fill_request(one, q, RequestSide::kRemote, 0, held_[id].seed, host_));
+        KVB_RETURN_IF_ERROR(sync(one, q, RequestSide::kRemote, 0, true));
         if (stream) KVB_RETURN_IF_ERROR(worker_->save_layer(id, layer));
       }
     }
@@ -286,8 +341,10 @@ class Rank {
     auto it = held_.find(r.request);
     if (it != held_.end()) out["start_ns"] = it->second.start_ns;
     if (r.error.ok() && it != held_.end()) {
-      KVB_ASSIGN_OR_RETURN(ContentReport c, check_request(layout_, it->second.request, RequestSide::kLocal,
-                                                          it->second.request.skip_tokens, it->second.seed, spans_));
+      const Request& q = it->second.request;
+      KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kLocal, q.skip_tokens, false));
+      KVB_ASSIGN_OR_RETURN(ContentReport c,
+                           check_request(layout_, q, RequestSide::kLocal, q.skip_tokens, it->second.seed, host_));
       out["verify_bad"] = c.bad_cells;
       out["verify_error"] = c.first_error;
       out["verify_bytes"] = c.bytes;
@@ -301,15 +358,20 @@ class Rank {
     auto it = held_.find(id);
     if (it == held_.end()) return Status::not_found("request " + q(id) + " is not held");
     const Request& q = it->second.request;
-    KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kLocal, from, it->second.seed, spans_));
+    KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kLocal, q.skip_tokens, false));
+    KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kLocal, from, it->second.seed, host_));
+    KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kLocal, from, true));
     KVB_ASSIGN_OR_RETURN(ContentReport c,
-                         check_request(layout_, q, RequestSide::kLocal, q.skip_tokens, it->second.seed, spans_));
+                         check_request(layout_, q, RequestSide::kLocal, q.skip_tokens, it->second.seed, host_));
     return ch_.send({{"ev", "recomputed"}, {"req", id}, {"verify_bad", c.bad_cells}, {"verify_error", c.first_error}});
   }
 
   // The baseline: process_vm_readv of the same plan's descriptors, one iovec
   // each, IOV_MAX per call, from each source process, on this thread.
   Status raw(RequestId id, const std::string& instance) {
+    // Device memory has no process_vm_readv baseline (kvbridge bench
+    // --memory cuda measures cudaMemcpy baselines).
+    if (device_) return ch_.send({{"ev", "raw"}, {"req", id}, {"us", 0}, {"bytes", 0}});
     auto it = held_.find(id);
     if (it == held_.end()) return Status::not_found("request " + q(id) + " is not held");
     KVB_ASSIGN_OR_RETURN(std::vector<connector_internal::RemoteRankView> remotes,
@@ -343,8 +405,10 @@ class Rank {
     std::string first;
     if (!c_.prefill) {
       for (size_t t = 0; t < spans_.size(); ++t) {
-        const uint8_t* b = spans_[t].data();
-        for (uint64_t i = 0; i < spans_[t].size(); ++i) {
+        if (device_)
+          KVB_RETURN_IF_ERROR(device::current().copy_sync(host_[t].data(), spans_[t].data(), spans_[t].size()));
+        const uint8_t* b = host_[t].data();
+        for (uint64_t i = 0; i < host_[t].size(); ++i) {
           if (b[i] == kSentinel) continue;
           if (stray++ == 0) first = "tensor '" + layout_.tensors[t].name + "' offset " + std::to_string(i);
         }
@@ -370,7 +434,12 @@ class Rank {
   const RankConfig& c_;
   Channel ch_;
   Layout layout_;
-  std::vector<std::span<uint8_t>> spans_;
+  std::vector<std::span<uint8_t>> spans_;  // the registered memory (device memory with --memory cuda)
+  std::vector<std::span<uint8_t>> host_;   // what the content functions read and write (spans_ for host memory)
+  bool device_ = false;
+  int gpu_ = 0;
+  device::Stream stream_ = nullptr;
+  device::Event event_ = nullptr;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ConnectorWorker> worker_;
   std::unique_ptr<testing::FakeSideChannel> fake_;  // --inject version|malformed|truncated

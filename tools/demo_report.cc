@@ -4,9 +4,18 @@
 #include <cstdio>
 
 #include "demo_driver.h"
+#include "device/device.h"
 
 namespace kvbridge::cli::demo {
 namespace {
+
+// What the ranks' device is: the GPUs, or the host fake.
+std::string device_text() {
+  device::Device& d = device::current();
+  Result<int> n = d.count();
+  if (d.name() == "fake") return "(the host fake, KVB_DEVICE=fake)";
+  return "(" + (n.ok() ? std::to_string(*n) : std::string("no")) + " GPU(s))";
+}
 
 using nlohmann::json;
 
@@ -250,8 +259,9 @@ void print_report(const Summary& s) {
   std::printf("kvbridge demo: %s, prefill %s (%s, %s) -> %u decode instance(s) of %s (%s, %s)\n", a.preset.c_str(),
               shape(a.prefill).c_str(), a.prefill.order.c_str(), blocks(a.prefill).c_str(), a.decode_instances,
               shape(a.decode).c_str(), a.decode.order.c_str(), blocks(a.decode).c_str());
-  std::printf("transport %s, failure policy %s, injected fault: %s; %zu requests in %.1f s\n\n", a.transport.c_str(),
-              a.policy.c_str(), std::string(inject_name(a.inject)).c_str(), s.requests.size(), s.seconds);
+  std::printf("transport %s%s, failure policy %s, injected fault: %s; %zu requests in %.1f s\n\n", a.transport.c_str(),
+              a.memory == "cuda" ? (", device memory " + device_text()).c_str() : "", a.policy.c_str(),
+              std::string(inject_name(a.inject)).c_str(), s.requests.size(), s.seconds);
   auto released = [&](const char* why) {
     auto it = s.releases.find(why);
     return it == s.releases.end() ? 0ull : static_cast<unsigned long long>(it->second);
@@ -275,8 +285,13 @@ void print_report(const Summary& s) {
   std::printf("  bytes moved       %.1f MB\n", static_cast<double>(f.bytes) / 1e6);
   std::printf("  descriptors       %.1f per request (one per (layer, component, block): %.1f, %.1fx more)\n", per_req,
               naive_per_req, per_req > 0 ? naive_per_req / per_req : 0.0);
-  std::printf("  throughput        %.2f GB/s; raw process_vm_readv, same descriptors: %.2f GB/s (ratio %.2f)\n", g, raw,
-              raw > 0 ? g / raw : 0.0);
+  if (a.memory == "cuda") {
+    std::printf(
+        "  throughput        %.2f GB/s (device memory: kvbridge bench --memory cuda compares with cudaMemcpy)\n", g);
+  } else {
+    std::printf("  throughput        %.2f GB/s; raw process_vm_readv, same descriptors: %.2f GB/s (ratio %.2f)\n", g,
+                raw, raw > 0 ? g / raw : 0.0);
+  }
   std::printf("  transfer latency  p50 %.2f ms, p99 %.2f ms\n", f.p50_ms, f.p99_ms);
   std::printf("  load completion   p50 %.0f us, p99 %.0f us after the last byte landed (no polling)\n", f.lag_p50_us,
               f.lag_p99_us);

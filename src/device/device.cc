@@ -74,7 +74,8 @@ Result<CopyMethod> parse_copy_method(std::string_view name) {
 }
 
 Result<int> parse_cuda_memory(std::string_view memory) {
-  if (memory.substr(0, 5) != "cuda:" || memory.size() == 5 || memory.size() > 8) {
+  // N is one to five decimal digits, as the layout format says.
+  if (memory.substr(0, 5) != "cuda:" || memory.size() == 5 || memory.size() > 10) {
     return Status::invalid_argument("memory kind '" + std::string(memory) + "' is not cuda:N");
   }
   int n = 0;

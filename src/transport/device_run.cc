@@ -97,22 +97,27 @@ void StreamPool::release(Slot* slot) {
   idle_.emplace(slot->device, slot);
 }
 
-ReadyEvents::~ReadyEvents() {
-  for (auto& [handle, e] : opened_) device_.destroy_event(e);
-}
-
-Result<std::vector<device::Event>> ReadyEvents::resolve(const RunControl& control) {
-  std::vector<device::Event> out;
-  if (control.ready_event != 0) out.push_back(reinterpret_cast<device::Event>(control.ready_event));
+Result<std::vector<std::shared_ptr<void>>> ReadyEvents::resolve(const RunControl& control) {
+  std::vector<std::shared_ptr<void>> out;
+  // This process's own event: the caller's, never closed here.
+  if (control.ready_event != 0) out.emplace_back(reinterpret_cast<void*>(control.ready_event), [](void*) {});
   std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& h : control.ready_events) {
     auto it = opened_.find(h);
     if (it == opened_.end()) {
       Result<device::Event> e = device_.open_event(h);
       if (!e.ok()) return e.error().with_context("opening a ready event");
-      it = opened_.emplace(h, *e).first;
+      if (opened_.size() >= kMaxOpened) {
+        auto oldest = std::min_element(opened_.begin(), opened_.end(),
+                                       [](const auto& a, const auto& b) { return a.second.second < b.second.second; });
+        opened_.erase(oldest);
+      }
+      device::Device* d = &device_;
+      std::shared_ptr<void> event(*e, [d](void* p) { d->destroy_event(p); });
+      it = opened_.emplace(h, std::make_pair(std::move(event), uint64_t{0})).first;
     }
-    out.push_back(it->second);
+    it->second.second = ++tick_;
+    out.push_back(it->second.first);
   }
   return out;
 }
@@ -160,10 +165,10 @@ Status run_device_copies(StreamPool& pool, ReadyEvents& ready, int device, std::
 
   // The producer's events, on the host: nothing is queued before they
   // completed, so a cancel or a dead producer leaves nothing behind.
-  KVB_ASSIGN_OR_RETURN(std::vector<device::Event> events, ready.resolve(control));
+  KVB_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<void>> events, ready.resolve(control));
   Status stopped;
-  for (device::Event e : events) {
-    Status s = await(dev, e, [&] {
+  for (const std::shared_ptr<void>& e : events) {
+    Status s = await(dev, e.get(), [&] {
       stopped = stop_reason();
       return !stopped.ok();
     });
@@ -172,9 +177,9 @@ Status run_device_copies(StreamPool& pool, ReadyEvents& ready, int device, std::
   }
 
   KVB_ASSIGN_OR_RETURN(StreamPool::Slot * slot, pool.acquire(device));
-  for (device::Event e : events) {
+  for (const std::shared_ptr<void>& e : events) {
     // Satisfied already (seen above); keeps the stream's order exact.
-    if (Status s = dev.wait_event(slot->stream, e); !s.ok()) {
+    if (Status s = dev.wait_event(slot->stream, e.get()); !s.ok()) {
       pool.release(slot);
       return s.with_context(who);
     }

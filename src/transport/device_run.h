@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -65,19 +66,24 @@ class StreamPool {
 };
 
 // Events a run waits for before its first copy ("this KV is ready after
-// this"): opened from IPC handles (cached per handle for the life of the
-// cache) or this process's own.
+// this"): opened from IPC handles, or this process's own. Opened handles are
+// cached, the most recent kMaxOpened of them (a producer that makes an event
+// per request would otherwise grow the cache without bound); each run holds
+// what it resolved, so an event evicted while a run waits on it stays open
+// until that run returns.
 class ReadyEvents {
  public:
+  static constexpr size_t kMaxOpened = 256;
   explicit ReadyEvents(device::Device& device) : device_(device) {}
-  ~ReadyEvents();
-  // The events of `control` (RunControl::ready_events and ready_event).
-  Result<std::vector<device::Event>> resolve(const RunControl& control);
+  // The events of `control` (RunControl::ready_events and ready_event),
+  // held until the returned vector goes.
+  Result<std::vector<std::shared_ptr<void>>> resolve(const RunControl& control);
 
  private:
   device::Device& device_;
   std::mutex mu_;
-  std::map<std::string, device::Event> opened_;
+  uint64_t tick_ = 0;
+  std::map<std::string, std::pair<std::shared_ptr<void>, uint64_t>> opened_;  // handle -> (event, last use)
 };
 
 // What a transport that moves device memory keeps for its links: the

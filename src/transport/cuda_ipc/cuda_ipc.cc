@@ -85,6 +85,7 @@ struct Shared : DeviceSide {
       mappings.erase(it);
     }
     KVB_ASSIGN_OR_RETURN(void* base, device().open_memory(handle));
+    if (mappings.size() >= 1024) std::erase_if(mappings, [](const auto& e) { return e.second.expired(); });
     auto m = std::make_shared<Mapping>();
     m->device = &device();
     m->base = base;
@@ -98,12 +99,11 @@ struct Shared : DeviceSide {
 
 class CudaIpcLink final : public Link {
  public:
+  // refresh(peer) must follow, before any run.
   CudaIpcLink(std::shared_ptr<Shared> shared, pid_t pid, int pidfd, const PeerInfo& peer)
       : shared_(std::move(shared)),
         pidfd_(pidfd),
-        who_("cuda_ipc peer '" + peer.name + "' (pid " + std::to_string(pid) + ")") {
-    (void)refresh(peer);
-  }
+        who_("cuda_ipc peer '" + peer.name + "' (pid " + std::to_string(pid) + ")") {}
   ~CudaIpcLink() override {
     if (pidfd_ >= 0) ::close(pidfd_);
   }
@@ -308,7 +308,9 @@ class CudaIpcTransport final : public Transport {
     if (pidfd < 0 && errno == ESRCH) {
       return Status::unavailable("peer '" + peer.name + "' (pid " + std::to_string(pid) + ") does not exist");
     }
-    return std::unique_ptr<Link>(std::make_unique<CudaIpcLink>(shared_, pid, pidfd, peer));
+    auto link = std::make_unique<CudaIpcLink>(shared_, pid, pidfd, peer);
+    KVB_RETURN_IF_ERROR(link->refresh(peer));  // a peer's malformed key fails the connect
+    return std::unique_ptr<Link>(std::move(link));
   }
 
  private:

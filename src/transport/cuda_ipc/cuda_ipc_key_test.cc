@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "testing/corpus.h"
+
 namespace kvbridge::transport {
 namespace {
 
@@ -68,6 +70,25 @@ TEST(CudaIpcKeyTest, AllocationsMustCoverTheSegmentInOrder) {
   CudaIpcKey none;
   none.why_not = "managed memory";
   EXPECT_TRUE(check_cuda_ipc_key(none, 0x10000, 0x1000).ok()) << "a key that says why not is checked at use";
+}
+
+// The fuzz target's seeds (fuzz/corpus/cuda_ipc_key/, scripts/corpus.sh
+// writes them): each checked-in seed still decodes and re-encodes the same.
+TEST(CudaIpcKeyTest, SeedCorpusKeysDecode) {
+  CudaIpcKey not_exportable;
+  not_exportable.why_not = "it was not allocated by cudaMalloc";
+  CudaIpcKey one = two();
+  one.allocations.resize(1);
+  const kvbridge::testing::Seeds seeds = {{"one_allocation", encode_cuda_ipc_key(one)},
+                                          {"two_allocations", encode_cuda_ipc_key(two())},
+                                          {"not_exportable", encode_cuda_ipc_key(not_exportable)}};
+  const kvbridge::testing::Seeds checked_in = kvbridge::testing::seed_corpus("cuda_ipc_key", seeds);
+  EXPECT_GE(checked_in.size(), seeds.size());
+  for (const auto& [name, bytes] : checked_in) {
+    Result<CudaIpcKey> k = decode_cuda_ipc_key(bytes);
+    ASSERT_TRUE(k.ok()) << name << ": " << k.error().to_string();
+    EXPECT_EQ(encode_cuda_ipc_key(*k), bytes) << name;
+  }
 }
 
 }  // namespace
