@@ -123,3 +123,74 @@ def test_host_and_device_memory_move_both_ways_after_the_producers_event():
         except kvbridge.InvalidArgument as err:
             assert "host memory only" in str(err), err
     ''')
+
+
+CACHES = '''
+LAYERS, NUM_BLOCKS, BLOCK, HEADS, HEAD = 2, 8, 16, 4, 32
+def caches(seed=None):
+    kv = []
+    for i in range(LAYERS):
+        t, ptr = cuda_empty((2, NUM_BLOCKS, BLOCK, HEADS, HEAD))
+        if seed is not None:
+            g = torch.Generator().manual_seed(seed + i)
+            t._t.copy_(torch.randn(t._t.shape, generator=g).to(torch.bfloat16))
+        kv.append(t)
+    layout = kvbridge.layout_from_tensors({
+        "model": "toy", "tensors": {f"kv.{i}": t for i, t in enumerate(kv)}, "dims": "block position head cell",
+        "groups": {"full": {"layers": {f"layers.{i}": {"k": t[0], "v": t[1]} for i, t in enumerate(kv)}}}})
+    assert all(t.memory == "cuda:0" for t in layout.tensors)
+    return kv, layout
+'''
+
+
+def test_a_pd_load_of_cuda_tensors_between_two_processes_is_byte_exact():
+    """Prefill and decode ConnectorWorkers over "CUDA" caches in two processes: the decode rank pulls
+    40 tokens over cuda_ipc into other block ids, byte-exact, and the prefill frees after its done."""
+    prefill = PRELUDE + CACHES + textwrap.dedent('''
+        import sys, time
+        kv, layout = caches(seed=7)
+        with kvbridge.Engine(name="prefill/r0") as e, kvbridge.ConnectorWorker(e, layout, kv, instance_id="prefill") as w:
+            assert [t.name for t in e.transports() if t.available][:2] == ["local", "cuda_ipc"], e.transports()
+            s = kvbridge.PrefillScheduler(lease=20.0)
+            s.hold("req-1", {"decode/r0"})
+            print(w.side_channel_address, flush=True)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                for ev in w.take_reader_events():
+                    s.on_reader_event(ev)
+                for r in s.take_releases():
+                    print("released", r.reason, flush=True)
+                    sys.exit(0)
+                time.sleep(0.005)
+            sys.exit("no release")
+    ''')
+    decode = PRELUDE + CACHES + textwrap.dedent('''
+        import sys
+        kv, layout = caches()
+        want, _ = caches(seed=7)
+        with kvbridge.Engine(name="decode/r0") as e, kvbridge.ConnectorWorker(e, layout, kv, instance_id="decode") as w:
+            w.add_remote("prefill", [sys.argv[1]])
+            w.start_load("req-1", "prefill", kvbridge.Request(40, {"full": ([5, 6, 7], [1, 2, 3])}))
+            r = w.collect("req-1", timeout=30.0)["req-1"]
+            assert r.error.ok, r.error
+            for got, exp in zip(kv, want):
+                g = got._t[:, [5, 6, 7]].flatten(1, 2)[:, :40].view(torch.int16)
+                x = exp._t[:, [1, 2, 3]].flatten(1, 2)[:, :40].view(torch.int16)
+                assert torch.equal(g, x), "a loaded value differs"
+                got._t[:, [5, 6, 7]] = 0
+                assert int(got._t.view(torch.int16).count_nonzero()) == 0, "a byte outside the request was written"
+        print("decode ok", r.bytes, flush=True)
+    ''')
+    env = dict(os.environ, KVB_DEVICE="fake")
+    p = subprocess.Popen([sys.executable, "-c", prefill], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        address = p.stdout.readline().strip()
+        assert address, p.stderr.read()
+        d = subprocess.run([sys.executable, "-c", decode, address], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert d.returncode == 0 and "decode ok" in d.stdout, d.stdout + d.stderr
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0 and "released read" in out, out + err
+    finally:
+        p.kill()

@@ -151,6 +151,9 @@ Device& current();
 bool cuda_compiled();
 // The fake, whatever KVB_DEVICE says (tests).
 Device& fake();
+// How many allocations of other processes the fake has open in this one
+// (tests: that an importer closes what it opened).
+size_t fake_opened_count();
 
 // "cuda:N" -> N; kInvalidArgument naming the text otherwise.
 Result<int> parse_cuda_memory(std::string_view memory);

@@ -23,6 +23,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -351,6 +352,12 @@ class FakeDevice final : public Device {
     return Status();
   }
 
+  size_t opened_count() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<size_t>(
+        std::count_if(allocs_.begin(), allocs_.end(), [](const auto& a) { return !a.second.opened_from.empty(); }));
+  }
+
  private:
   Status check_device(int device) const {
     if (device < 0 || device >= devices_) {
@@ -369,9 +376,15 @@ class FakeDevice final : public Device {
 
 }  // namespace
 
-Device& fake() {
+namespace {
+FakeDevice& the_fake() {
   static FakeDevice* device = new FakeDevice();  // never destroyed: streams may outlive static teardown
   return *device;
 }
+}  // namespace
+
+Device& fake() { return the_fake(); }
+
+size_t fake_opened_count() { return the_fake().opened_count(); }
 
 }  // namespace kvbridge::device

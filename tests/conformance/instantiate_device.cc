@@ -7,6 +7,10 @@
 // device-to-device.
 #include "conformance/conformance.h"
 #include "conformance/pattern.h"
+#include "device/device.h"
+
+#include <chrono>
+#include <thread>
 
 namespace kvbridge::conformance {
 
@@ -36,6 +40,31 @@ TEST_P(DeviceConformance, MemoryRegisteredAgainIsReadFreshNeverThroughAStaleMapp
   Result<TransferId> id = engine_->submit(peer_id_, TransferOp::kRead, {&stale, 1});
   ASSERT_FALSE(id.ok()) << "the old region still resolves";
   EXPECT_EQ(id.error().code(), Code::kNotFound) << id.error().to_string();
+}
+
+// A peer that exits has its allocations closed by the importer at once (a
+// mapping of a dead process's memory would keep that GPU memory allocated),
+// and the next transfer fails naming it.
+TEST_P(DeviceConformance, APeerThatExitsHasItsMappingsClosedAtOnce) {
+  if (GetParam().transport != "cuda_ipc") GTEST_SKIP() << "only cuda_ipc maps another process's memory";
+  ASSERT_EQ(device::fake_opened_count(), 0u);
+  TransferStatus st = run(TransferOp::kRead, {item(0, 0, 4096)});
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
+  EXPECT_EQ(device::fake_opened_count(), 1u) << "the peer's allocation is open once";
+  peer_->kill();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (device::fake_opened_count() != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(device::fake_opened_count(), 0u) << "the dead peer's allocation is still mapped";
+  Result<TransferId> id = engine_->submit(peer_id_, TransferOp::kRead, std::vector<TransferItem>{item(0, 0, 4096)});
+  if (id.ok()) {
+    st = engine_->wait(*id, std::chrono::seconds(10));
+    EXPECT_EQ(st.state, TransferState::kFailed);
+    EXPECT_NE(st.error.message().find("peer-a"), std::string::npos) << st.error.to_string();
+  } else {
+    EXPECT_NE(id.error().message().find("peer-a"), std::string::npos) << id.error().to_string();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(CudaIpc, DeviceConformance,

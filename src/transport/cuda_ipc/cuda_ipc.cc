@@ -24,8 +24,10 @@
 // non-blocking stream of its own. The Link holds the peer's pidfd: a peer
 // that exits ends the run (after the batches already queued land) and every
 // later run, as kIoError naming it.
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -36,8 +38,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
+#include "common/thread_name.h"
 #include "device/device.h"
 #include "net/wire.h"
 #include "transport/cuda_ipc/cuda_ipc_key.h"
@@ -70,6 +74,97 @@ struct Mapping {
   }
 };
 
+// Watches peers' pidfds on a thread of its own and calls a link's on_exit
+// once its peer exits, so the link closes its mappings at once: a mapping
+// of a dead process's allocation keeps that GPU memory allocated until the
+// importer closes it. on_exit runs with the watcher's lock held, so
+// unwatch() returning means it is not running and will not run.
+class ExitWatcher {
+ public:
+  ~ExitWatcher() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake();
+    if (thread_.joinable()) thread_.join();
+    for (auto& [id, w] : watched_) ::close(w.first);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
+  // Watches a duplicate of `pidfd` (the caller keeps its own). 0 when the
+  // watcher cannot start (the link then closes its mappings only with itself).
+  uint64_t watch(int pidfd, std::function<void()> on_exit) {
+    if (pidfd < 0) return 0;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (wake_fd_ < 0) {
+      wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+      if (wake_fd_ < 0) return 0;
+      thread_ = std::thread([this] { loop(); });
+    }
+    const int fd = ::fcntl(pidfd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    const uint64_t id = next_++;
+    watched_[id] = {fd, std::move(on_exit)};
+    wake();
+    return id;
+  }
+  void unwatch(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = watched_.find(id);
+    if (it == watched_.end()) return;
+    ::close(it->second.first);
+    watched_.erase(it);
+    wake();
+  }
+
+ private:
+  void wake() {
+    if (wake_fd_ >= 0) {
+      const uint64_t one = 1;
+      (void)!::write(wake_fd_, &one, sizeof one);
+    }
+  }
+  void loop() {
+    set_thread_name("kvb-cipc-watch");
+    for (;;) {
+      std::vector<pollfd> fds;
+      std::vector<uint64_t> ids;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return;
+        fds.push_back({wake_fd_, POLLIN, 0});
+        for (const auto& [id, w] : watched_) {
+          fds.push_back({w.first, POLLIN, 0});
+          ids.push_back(id);
+        }
+      }
+      if (::poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) return;
+      if (fds[0].revents != 0) {
+        uint64_t n = 0;
+        (void)!::read(wake_fd_, &n, sizeof n);
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        auto it = watched_.find(ids[i - 1]);
+        // The descriptor polled is the watcher's own duplicate, closed only
+        // under this lock: a fired one still in the table is that peer's.
+        if (it == watched_.end()) continue;
+        it->second.second();
+        ::close(it->second.first);
+        watched_.erase(it);
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::map<uint64_t, std::pair<int, std::function<void()>>> watched_;
+  uint64_t next_ = 1;
+  int wake_fd_ = -1;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 // What every link of one transport shares; outlives the links.
 struct Shared : DeviceSide {
   explicit Shared(device::Device& d) : DeviceSide(d) {}
@@ -95,6 +190,7 @@ struct Shared : DeviceSide {
 
   std::mutex mu;
   std::map<std::string, std::weak_ptr<Mapping>> mappings;
+  ExitWatcher exits;
 };
 
 class CudaIpcLink final : public Link {
@@ -103,8 +199,17 @@ class CudaIpcLink final : public Link {
   CudaIpcLink(std::shared_ptr<Shared> shared, pid_t pid, int pidfd, const PeerInfo& peer)
       : shared_(std::move(shared)),
         pidfd_(pidfd),
-        who_("cuda_ipc peer '" + peer.name + "' (pid " + std::to_string(pid) + ")") {}
+        who_("cuda_ipc peer '" + peer.name + "' (pid " + std::to_string(pid) + ")") {
+    // When the peer exits, its mappings close at once (each run using one
+    // keeps it until the run returns); later runs fail naming the peer.
+    watch_ = shared_->exits.watch(pidfd_, [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      segments_.clear();
+      gone_ = true;
+    });
+  }
   ~CudaIpcLink() override {
+    shared_->exits.unwatch(watch_);
     if (pidfd_ >= 0) ::close(pidfd_);
   }
 
@@ -170,6 +275,7 @@ class CudaIpcLink final : public Link {
       fresh.emplace(s.id, Remote{s.base, s.bytes, std::move(key), {}});
     }
     std::lock_guard<std::mutex> lock(mu_);
+    if (gone_) return Status::io_error(who_ + " has exited");
     // Mappings of a segment that stays with the same generation are kept;
     // the rest are dropped (closed once no run holds them).
     for (auto& [id, r] : fresh) {
@@ -221,8 +327,10 @@ class CudaIpcLink final : public Link {
   std::shared_ptr<Shared> shared_;
   const int pidfd_;
   const std::string who_;
+  uint64_t watch_ = 0;  // in shared_->exits
   std::mutex mu_;
   std::map<uint32_t, Remote> segments_;
+  bool gone_ = false;  // the peer exited: its mappings are closed
 };
 
 class CudaIpcTransport final : public Transport {
