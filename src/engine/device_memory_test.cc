@@ -121,60 +121,72 @@ TEST_F(DeviceMemoryTest, HostAndDeviceMemoryMoveBothWaysInOneProcess) {
   EXPECT_EQ(st.bytes_done, da.bytes);
 }
 
+// Engine a reads device memory `src` (device `from`, registered by engine
+// b) into `dst` (device 0), and a producer writes `src` on its own stream,
+// recording `ready` after it.
+struct Producer {
+  Producer(int from, uint64_t bytes) : src(from, bytes, 0x11), dst(0, bytes, 0) {
+    rs = *b->register_memory(src.data, src.bytes, "cuda:" + std::to_string(from));
+    rd = *a->register_memory(dst.data, dst.bytes, "cuda:0");
+    peer = *a->connect(b->metadata());
+    stream = *fake().create_stream(from);
+    ready = *fake().create_event(from, true);
+  }
+  ~Producer() {
+    fake().destroy_event(ready);
+    fake().destroy_stream(stream);
+  }
+  // The producer sets `src` to `value` after `delay`, then records `ready`.
+  void write_later(uint8_t value, std::chrono::milliseconds delay) {
+    ASSERT_TRUE(fake().fill_after(stream, src.data, src.bytes, value, delay).ok());
+    ASSERT_TRUE(fake().record(ready, stream).ok());
+  }
+  Result<TransferId> read_all(SubmitOptions o) {
+    const TransferItem all{rd, 0, rs, 0, src.bytes};
+    return a->submit(peer, TransferOp::kRead, {&all, 1}, std::move(o));
+  }
+  DeviceBuffer src, dst;  // before the engines: outlive them
+  std::unique_ptr<Engine> a = make("a"), b = make("b");
+  RegionId rs = 0, rd = 0;
+  PeerId peer = 0;
+  device::Stream stream = nullptr;
+  device::Event ready = nullptr;
+};
+
 // The producer fills the KV slowly on its stream and records an event; the
 // transfer is submitted at once with that event: every byte that arrives is
 // the filled one, never the stale one.
 TEST_F(DeviceMemoryTest, ATransferReadsNothingBeforeTheProducersEvent) {
-  auto a = make("a");
-  auto b = make("b");
-  DeviceBuffer src(1, 1 << 20, 0x11), dst(0, 1 << 20, 0);
-  const RegionId rs = *b->register_memory(src.data, src.bytes, "cuda:1");
-  const RegionId rd = *a->register_memory(dst.data, dst.bytes, "cuda:0");
-  const PeerId peer = *a->connect(b->metadata());
-  Result<device::Stream> producer = fake().create_stream(1);
-  Result<device::Event> ready = fake().create_event(1, true);
-  ASSERT_TRUE(producer.ok() && ready.ok());
+  Producer p(1, 1 << 20);
   for (bool by_handle : {false, true}) {
     const uint8_t value = by_handle ? 0x33 : 0x22;
-    ASSERT_TRUE(fake().fill_after(*producer, src.data, src.bytes, value, 200ms).ok());
-    ASSERT_TRUE(fake().record(*ready, *producer).ok());
+    p.write_later(value, 200ms);
     SubmitOptions o;
     if (by_handle) {
-      o.ready_event_handles.push_back(*fake().export_event(*ready));
+      o.ready_event_handles.push_back(*fake().export_event(p.ready));
     } else {
-      o.ready_event = reinterpret_cast<uintptr_t>(*ready);
+      o.ready_event = reinterpret_cast<uintptr_t>(p.ready);
     }
-    const TransferItem all{rd, 0, rs, 0, src.bytes};
-    Result<TransferId> id = a->submit(peer, TransferOp::kRead, {&all, 1}, std::move(o));
+    Result<TransferId> id = p.read_all(std::move(o));
     ASSERT_TRUE(id.ok()) << id.error().to_string();
-    TransferStatus st = a->wait(*id, 10s);
+    TransferStatus st = p.a->wait(*id, 10s);
     ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
-    EXPECT_EQ(count_of(dst.data, dst.bytes, value), dst.bytes)
+    EXPECT_EQ(count_of(p.dst.data, p.dst.bytes, value), p.dst.bytes)
         << (by_handle ? "by handle" : "by event") << ": a stale byte arrived";
   }
-  fake().destroy_event(*ready);
-  fake().destroy_stream(*producer);
 }
 
 // A producer that does not finish before the transfer is cancelled: cancel
 // returns at once (nothing was queued behind the event), and no byte lands
 // afterwards, even when the producer finishes later.
 TEST_F(DeviceMemoryTest, ACancelWhileWaitingForTheProducerLandsNothing) {
-  auto a = make("a");
-  auto b = make("b");
-  DeviceBuffer src(0, 1 << 16, 0x11), dst(0, 1 << 16, 0);
-  const RegionId rs = *b->register_memory(src.data, src.bytes, "cuda:0");
-  const RegionId rd = *a->register_memory(dst.data, dst.bytes, "cuda:0");
-  const PeerId peer = *a->connect(b->metadata());
-  Result<device::Stream> producer = fake().create_stream(0);
-  Result<device::Event> ready = fake().create_event(0, false);
-  ASSERT_TRUE(producer.ok() && ready.ok());
-  ASSERT_TRUE(fake().fill_after(*producer, src.data, src.bytes, 0x44, 600ms).ok());
-  ASSERT_TRUE(fake().record(*ready, *producer).ok());
+  Producer p(0, 1 << 16);
+  auto& a = p.a;
+  auto& dst = p.dst;
+  p.write_later(0x44, 600ms);
   SubmitOptions o;
-  o.ready_event = reinterpret_cast<uintptr_t>(*ready);
-  const TransferItem all{rd, 0, rs, 0, src.bytes};
-  Result<TransferId> id = a->submit(peer, TransferOp::kRead, {&all, 1}, std::move(o));
+  o.ready_event = reinterpret_cast<uintptr_t>(p.ready);
+  Result<TransferId> id = p.read_all(std::move(o));
   ASSERT_TRUE(id.ok()) << id.error().to_string();
   std::this_thread::sleep_for(50ms);
   const auto before = std::chrono::steady_clock::now();
@@ -184,20 +196,17 @@ TEST_F(DeviceMemoryTest, ACancelWhileWaitingForTheProducerLandsNothing) {
   std::this_thread::sleep_for(800ms);  // the producer has finished by now
   EXPECT_EQ(count_of(dst.data, dst.bytes, 0), dst.bytes) << "a byte landed after cancel() returned";
   // Past its deadline, the same: a timeout, nothing lands.
-  ASSERT_TRUE(fake().fill_after(*producer, src.data, src.bytes, 0x55, 600ms).ok());
-  ASSERT_TRUE(fake().record(*ready, *producer).ok());
+  p.write_later(0x55, 600ms);
   SubmitOptions late;
-  late.ready_event = reinterpret_cast<uintptr_t>(*ready);
+  late.ready_event = reinterpret_cast<uintptr_t>(p.ready);
   late.timeout = 100ms;
-  Result<TransferId> timed = a->submit(peer, TransferOp::kRead, {&all, 1}, std::move(late));
+  Result<TransferId> timed = p.read_all(std::move(late));
   ASSERT_TRUE(timed.ok());
   TransferStatus st = a->wait(*timed, 5s);
   EXPECT_EQ(st.state, TransferState::kFailed);
   EXPECT_EQ(st.error.code(), Code::kTimeout) << st.error.to_string();
   std::this_thread::sleep_for(800ms);
   EXPECT_EQ(count_of(dst.data, dst.bytes, 0), dst.bytes) << "a byte landed after the deadline";
-  fake().destroy_event(*ready);
-  fake().destroy_stream(*producer);
 }
 
 TEST_F(DeviceMemoryTest, ReadyEventsOnAHostOnlyTransferAreRefused) {
