@@ -31,6 +31,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -56,11 +57,18 @@ struct EventPage {
   std::atomic<uint64_t> completed{0};
 };
 
+// One mapping of an event's page, unmapped with its last user.
+struct PageMapping {
+  explicit PageMapping(void* p) : page(static_cast<EventPage*>(p)) {}
+  ~PageMapping() { ::munmap(page, 4096); }
+  EventPage* page;
+};
+
 struct FakeEvent {
+  std::shared_ptr<PageMapping> mapping;
   EventPage* page = nullptr;
   int fd = -1;  // the creator's; -1 when opened
   uint64_t serial = 0;
-  std::string handle;
 };
 
 class FakeStream {
@@ -231,13 +239,18 @@ class FakeDevice final : public Device {
       ::close(fd);
       return Status::io_error(std::string("fake device: mmap: ") + std::strerror(errno));
     }
-    auto* e = new FakeEvent{new (p) EventPage(), fd, serial, {}};
-    return static_cast<Event>(e);
+    new (p) EventPage();
+    auto mapping = std::make_shared<PageMapping>(p);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (events_.size() >= 1024) std::erase_if(events_, [](const auto& e) { return e.second.expired(); });
+      events_[serial] = mapping;
+    }
+    return static_cast<Event>(new FakeEvent{mapping, mapping->page, fd, serial});
   }
 
   void destroy_event(Event event) override {
     auto* e = static_cast<FakeEvent*>(event);
-    ::munmap(e->page, 4096);
     if (e->fd >= 0) ::close(e->fd);
     delete e;
   }
@@ -256,11 +269,22 @@ class FakeDevice final : public Device {
     if (!(in >> tag >> pid >> fd >> serial) || tag != "fake-event") {
       return Status::invalid_argument("fake device: open_event: not an event handle");
     }
+    if (pid == ::getpid()) {
+      // This process's own event shares its creator's mapping: two mappings
+      // of one page would hide from ThreadSanitizer that their atomics are
+      // the same (it cannot see aliases), and report races that are not.
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = events_.find(serial);
+      std::shared_ptr<PageMapping> mapping = it == events_.end() ? nullptr : it->second.lock();
+      if (!mapping) return Status::not_found("fake device: open_event: the event is gone");
+      return static_cast<Event>(new FakeEvent{mapping, mapping->page, -1, serial});
+    }
     KVB_ASSIGN_OR_RETURN(int opened, open_peer_memfd(pid, fd, memfd_name(pid, "event", serial)));
     void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, opened, 0);
     ::close(opened);
     if (p == MAP_FAILED) return Status::io_error(std::string("fake device: open_event: mmap: ") + std::strerror(errno));
-    return static_cast<Event>(new FakeEvent{static_cast<EventPage*>(p), -1, serial, std::string(handle)});
+    auto mapping = std::make_shared<PageMapping>(p);
+    return static_cast<Event>(new FakeEvent{mapping, mapping->page, -1, serial});
   }
 
   Status record(Event event, Stream stream) override {
@@ -370,8 +394,9 @@ class FakeDevice final : public Device {
   int devices_ = 2;
   std::atomic<uint64_t> next_serial_{1};
   std::mutex mu_;
-  std::map<uintptr_t, Alloc> allocs_;        // by first byte: owned and opened allocations
-  std::map<uintptr_t, uint64_t> serial_of_;  // owned allocations' serials
+  std::map<uintptr_t, Alloc> allocs_;                      // by first byte: owned and opened allocations
+  std::map<uintptr_t, uint64_t> serial_of_;                // owned allocations' serials
+  std::map<uint64_t, std::weak_ptr<PageMapping>> events_;  // this process's events, by serial
 };
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -179,7 +180,14 @@ struct Shared : DeviceSide {
       if (auto m = it->second.lock()) return m;
       mappings.erase(it);
     }
-    KVB_ASSIGN_OR_RETURN(void* base, device().open_memory(handle));
+    Result<void*> opened = device().open_memory(handle);
+    // A mapping whose last holder just let go may still be closing on that
+    // holder's thread: the handle opens again once it has.
+    for (int i = 0; i < 200 && !opened.ok() && opened.error().code() == Code::kAlreadyExists; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      opened = device().open_memory(handle);
+    }
+    KVB_ASSIGN_OR_RETURN(void* base, std::move(opened));
     if (mappings.size() >= 1024) std::erase_if(mappings, [](const auto& e) { return e.second.expired(); });
     auto m = std::make_shared<Mapping>();
     m->device = &device();
@@ -219,6 +227,7 @@ class CudaIpcLink final : public Link {
     std::vector<std::shared_ptr<Mapping>> holds;  // what this run reads or writes stays mapped
     int stream_device = -1;
     bool all_device = true;
+    const bool local_devices = shared_->has_local();  // else every local pointer is host memory
     {
       std::lock_guard<std::mutex> lock(mu_);
       batch.reserve(copies.size());
@@ -237,7 +246,7 @@ class CudaIpcLink final : public Link {
           return Status::out_of_range(who_ + ": address " + std::to_string(c.remote) + " + " + std::to_string(c.bytes) +
                                       " is outside its segment " + std::to_string(c.segment));
         }
-        const int local_device = shared_->local_device(c.local);
+        const int local_device = local_devices ? shared_->local_device(c.local) : -1;
         if (local_device < 0) all_device = false;
         if (stream_device < 0) stream_device = local_device >= 0 ? local_device : static_cast<int>(seg.key.device);
         // The copy may cross from one allocation of the segment into the next.
