@@ -17,7 +17,10 @@
 //  - A transfer ends exactly once as kDone, kFailed (first error, bytes
 //    completed) or kCancelled. Transfers have deadlines: nothing waits forever.
 //  - After cancel() returns, no further byte of that transfer lands in local
-//    memory (for reads) and none is sent from it (for writes).
+//    memory (for reads) nor in the peer's (for writes: every transport waits
+//    for what it sent to be acknowledged, up to 200 ms for a peer that
+//    stopped answering; past that the transfer's error says that bytes
+//    already sent may still land).
 //  - A registration cannot be removed while a transfer uses it.
 //
 // Thread-safety: every method may be called from any thread. Work runs on the

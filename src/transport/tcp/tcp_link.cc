@@ -29,6 +29,9 @@ constexpr size_t kFrameRanges = 1024;
 constexpr uint64_t kFrameBytes = uint64_t{16} << 20;
 // Frames a stream sends ahead of the replies it has received.
 constexpr size_t kFramesAhead = 4;
+// How long a stopped write waits for the acknowledgements of the frames it
+// sent (run_stream): as long as ucx waits for its puts (kStopGrace).
+constexpr std::chrono::milliseconds kDrainGrace{200};
 // A run smaller than this per stream uses fewer streams.
 constexpr uint64_t kBytesPerStream = uint64_t{1} << 20;
 
@@ -243,6 +246,13 @@ Status TcpLink::run_stream(Stream& stream, TransferOp op, std::span<const Copy> 
   const bool reading = op == TransferOp::kRead;
   const char* verb = reading ? "read" : "write";
   if (!stream.fd) KVB_RETURN_IF_ERROR(open(stream, limits));
+  // A write stopped by cancel (or a sibling stream's failure) drains: the
+  // frame being sent is finished and every frame sent is acknowledged
+  // before this returns, so nothing of the run lands at the peer after it
+  // (the server writes a frame's bytes as they arrive). Within
+  // kDrainGrace; a peer that does not answer by then gets the stream
+  // closed, and the error says that sent frames may still land.
+  Status stopped;
   const int fd = stream.fd.get();
   std::vector<Frame> frames = build_frames(op, pieces, stream.session);
   auto local_iovecs = [&](const Frame& f, net::IovCursor& cursor) {
@@ -261,11 +271,17 @@ Status TcpLink::run_stream(Stream& stream, TransferOp op, std::span<const Copy> 
   recv_cursor.push(head, sizeof head);
   Status failure;
 
-  while (next_recv < frames.size()) {
+  while (next_recv < (stopped.ok() ? frames.size() : next_send + (sending ? 1 : 0))) {
     failure = net::check_limits(limits, who_ + ": " + verb);
+    if (failure.code() == Code::kCancelled && !reading && stopped.ok()) {
+      stopped = std::move(failure);
+      failure = Status();
+      limits = net::IoLimits{std::min(control.deadline, Clock::now() + kDrainGrace), nullptr, nullptr};
+      continue;
+    }
     if (!failure.ok()) break;
     bool progressed = false;
-    if (!sending && next_send < frames.size() && next_send - next_recv < kFramesAhead) {
+    if (!sending && stopped.ok() && next_send < frames.size() && next_send - next_recv < kFramesAhead) {
       send_cursor = net::IovCursor();
       Frame& f = frames[next_send];
       send_cursor.push(f.head.data(), f.head.size());
@@ -346,6 +362,12 @@ Status TcpLink::run_stream(Stream& stream, TransferOp op, std::span<const Copy> 
       failure = net::wait_fd(fd, events, limits, who_ + ": " + verb);
       if (!failure.ok()) break;
     }
+  }
+  if (!stopped.ok()) {
+    if (failure.ok()) return stopped;  // drained: the stream is between frames, and stays open
+    failure = Status(stopped.code(), stopped.message() + "; the peer did not acknowledge the " +
+                                         std::to_string(next_send + (sending ? 1 : 0) - next_recv) +
+                                         " frame(s) already sent (" + failure.message() + "), which may still land");
   }
   // Any ending but a clean one leaves the stream mid-frame: close it, so no
   // further byte of this run lands locally, and the next run dials afresh.

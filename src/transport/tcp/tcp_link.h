@@ -16,10 +16,15 @@
 // stops answering stalls only its own link's runs, until their deadlines.
 //
 // Streams are pooled: concurrent runs take idle streams, or wait for one
-// within their deadline. A stream whose run ended other than OK (cancel,
-// deadline, error, a peer's ERROR frame) is closed, so no byte of that run can
-// land later and the next run dials a fresh one: a stream is always either
-// idle between frames or closed, never in between.
+// within their deadline. A stream whose run ended other than OK (deadline,
+// error, a peer's ERROR frame) is closed, so no byte of that run can land
+// locally later and the next run dials a fresh one: a stream is always
+// either idle between frames or closed, never in between. A write stopped by
+// cancel drains instead: it finishes the frame it is sending and waits (up
+// to 200 ms) for the acknowledgement of every frame sent, so that nothing of
+// it lands at the peer after run() returns (the peer's server writes bytes as
+// they arrive); past that, the stream is closed and the error says that sent
+// frames may still land.
 //
 // Thread-safety: run() may be called concurrently.
 #pragma once

@@ -128,6 +128,34 @@ TEST_F(TcpTest, AfterTheServerIsGoneTheNextDialIsRefusedAtOnce) {
   EXPECT_LT(Clock::now() - start, 1s);
 }
 
+// Stronger than the Link contract (nothing leaves local memory after the
+// end), as ucx: a cancelled write finishes the frame it is sending and waits
+// for the acknowledgement of every frame sent before run() returns, so the
+// peer's memory does not change afterwards (its server writes a frame's
+// bytes as they arrive, so frames still in the socket would land late).
+// The stream stays open for the next run.
+TEST_F(TcpTest, CancelledWriteLandsNothingAfterReturn) {
+  for (size_t i = 0; i < local_.size(); ++i) local_[i] = static_cast<uint8_t>(i >> 20);
+  // 4 GiB of 1 MiB writes (long enough to stop mid-way), each remote MiB
+  // getting another local MiB than the write before it, so a late one shows.
+  std::vector<Copy> copies;
+  for (size_t i = 0; i < 4096; ++i) copies.push_back(copy((i % 4) << 20, ((i + i / 4) % 4) << 20, 1 << 20));
+  RunControl control;
+  control.deadline = std::chrono::steady_clock::now() + 60s;
+  Status result;
+  std::thread runner([&] { result = link_->run(TransferOp::kWrite, copies, control); });
+  while (control.bytes_done.load() == 0) std::this_thread::sleep_for(100us);
+  control.cancel.store(true);
+  runner.join();
+  EXPECT_EQ(result.code(), Code::kCancelled) << result.to_string();
+  EXPECT_EQ(result.message().find("may still land"), std::string::npos) << result.to_string();
+  std::vector<uint8_t> before = remote_;
+  std::fill(local_.begin(), local_.end(), 0xee);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_TRUE(before == remote_) << "a byte landed after run() returned";
+  ASSERT_TRUE(run(TransferOp::kRead, {copy(0, 0, 4096)}).ok());
+}
+
 TEST_F(TcpTest, ConnectRefusesAStaleInstance) {
   PeerInfo p = peer();
   std::string a = p.address;
