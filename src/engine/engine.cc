@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdio>
 
+#include "common/host.h"
 #include "common/random.h"
 #include "device/device.h"
 #include "engine/engine_impl.h"
@@ -78,11 +79,11 @@ Result<std::vector<std::unique_ptr<transport::Transport>>> make_transports(const
 }
 
 std::string default_engine_name() {
-  char host[64] = {};
-  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof(host), "host");
+  std::string host = this_hostname().substr(0, 63);
+  if (host.empty()) host = "host";
   char suffix[8];
   std::snprintf(suffix, sizeof(suffix), "%04x", static_cast<unsigned>(random_nonzero_u64() & 0xffff));
-  return "kvbridge-" + std::string(host) + "-" + std::to_string(::getpid()) + "-" + suffix;
+  return "kvbridge-" + host + "-" + std::to_string(::getpid()) + "-" + suffix;
 }
 
 Result<std::unique_ptr<Engine>> create_engine(const EngineOptions& given,
@@ -106,11 +107,10 @@ EngineImpl::EngineImpl(const EngineOptions& options, std::vector<std::unique_ptr
     : options_(options), reports_(std::move(reports)), hooks_(std::move(hooks)), transports_(std::move(transports)) {}
 
 Status EngineImpl::init() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
+  hostname_ = this_hostname();
+  if (hostname_.empty()) {
     return Status::io_error("gethostname failed: the engine needs a host identity for its metadata");
   }
-  hostname_ = host;
   pid_ = static_cast<uint64_t>(::getpid());
   instance_ = random_nonzero_u64();
   std::vector<transport::Transport*> raw;

@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "common/host.h"
 #include "transport/transport.h"
 
 namespace kvbridge::testing {
@@ -21,9 +22,7 @@ inline transport::PeerInfo peer_on_this_host(std::string name, pid_t pid, std::s
   transport::PeerInfo p;
   p.name = std::move(name);
   p.pid = static_cast<uint64_t>(pid);
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  p.hostname = host;
+  p.hostname = this_hostname();
   p.address = std::move(address);
   p.segments.push_back(std::move(segment));
   return p;

@@ -43,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/host.h"
 #include "common/iov.h"
 #include "transport/copies.h"
 #include "transport/transport.h"
@@ -55,19 +56,6 @@ constexpr unsigned kMaxThreads = 4;
 // At most this many bytes per syscall, so that cancel and the deadline are
 // seen within a few milliseconds.
 constexpr uint64_t kSyscallBytes = uint64_t{64} << 20;
-
-std::string read_first_line(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::string hostname() {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  return host;
-}
 
 std::string pid_namespace(pid_t pid) {
   char buf[128] = {};
@@ -455,9 +443,9 @@ Result<std::unique_ptr<Transport>> make_cma_transport() {
   Identity self;
   self.pid = std::to_string(::getpid());
   self.start = start_time(::getpid());
-  self.boot = read_first_line("/proc/sys/kernel/random/boot_id");
+  self.boot = boot_id();
   self.pidns = pid_namespace(::getpid());
-  self.host = hostname();
+  self.host = this_hostname();
   self.canary = format_canary();
   for (char& c : self.host) {
     if (c == ' ' || c == '=') c = '_';

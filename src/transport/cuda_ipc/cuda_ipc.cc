@@ -35,13 +35,13 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/host.h"
 #include "common/thread_name.h"
 #include "device/device.h"
 #include "net/wire.h"
@@ -51,19 +51,6 @@
 
 namespace kvbridge::transport {
 namespace {
-
-std::string boot_id() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::string this_hostname() {
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  return host;
-}
 
 // A peer allocation mapped into this process; closed when the last holder
 // (the transport's table, links, runs) lets go.

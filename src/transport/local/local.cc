@@ -23,6 +23,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "common/host.h"
 #include "device/device.h"
 #include "transport/device_run.h"
 #include "transport/transport.h"
@@ -31,12 +32,6 @@ namespace kvbridge::transport {
 namespace {
 
 constexpr uint64_t kSliceBytes = uint64_t{1} << 20;
-
-std::string this_hostname() {
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  return host;
-}
 
 class LocalLink final : public Link {
  public:

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "common/host.h"
 #include "transport/tcp/tcp_link.h"
 #include "transport/tcp/tcp_server.h"
 #include "transport/transport.h"
@@ -16,11 +17,7 @@ namespace {
 constexpr uint32_t kMaxStreamsPerLink = 64;
 constexpr std::chrono::milliseconds kConnectTimeout{10000};
 
-std::string local_label() {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  return "pid " + std::to_string(::getpid()) + " on " + host;
-}
+std::string local_label() { return "pid " + std::to_string(::getpid()) + " on " + this_hostname(); }
 
 class TcpTransport final : public Transport {
  public:

@@ -17,6 +17,7 @@
 // Trust: a peer's worker address and keys are parsed by UCX itself, which
 // checks little; kvbridge bounds their size (4 KiB) and the engine checks
 // every remote range against the peer's advertised segments before run().
+#include "common/host.h"
 #include "transport/transport.h"
 
 #if defined(KVB_HAVE_UCX)
@@ -106,9 +107,7 @@ class UcxLink final : public Link {
 class UcxTransport final : public Transport {
  public:
   explicit UcxTransport(std::shared_ptr<ucx::Worker> worker) : worker_(std::move(worker)) {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    hostname_ = host;
+    hostname_ = this_hostname();
   }
 
   ~UcxTransport() override {
