@@ -15,8 +15,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   const std::optional<c::Message> m = c::parse_message(text);
   if (!m) return 0;
-  const std::string again = c::format_message(m->kind, m->request, m->layer);
+  const std::string again = c::format_message(*m);
   const std::optional<c::Message> back = c::parse_message(again);
-  if (!back || back->kind != m->kind || back->request != m->request || back->layer != m->layer) __builtin_trap();
+  if (!back || back->kind != m->kind || back->request != m->request || back->layer != m->layer ||
+      back->stage != m->stage || back->stages != m->stages)
+    __builtin_trap();
   return 0;
 }

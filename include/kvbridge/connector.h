@@ -128,6 +128,15 @@ class PrefillScheduler {
   std::vector<Release> ready_;
 };
 
+// Who moves the bytes. kPull (the default): each decode rank reads from the
+// prefill ranks. kPush: each prefill rank writes into the decode ranks'
+// blocks (ConnectorWorker::push). Both ends of a connection must use the
+// same mode: it is part of the side channel's compatibility check, and a
+// mismatch fails the handshake naming it.
+enum class TransferMode : uint8_t { kPull, kPush };
+Result<TransferMode> parse_transfer_mode(std::string_view name);  // "pull", "push"
+std::string_view transfer_mode_name(TransferMode mode);
+
 enum class FailurePolicy : uint8_t { kFail, kRecompute };
 Result<FailurePolicy> parse_failure_policy(std::string_view name);  // "fail", "recompute"
 
@@ -208,9 +217,12 @@ struct WorkerOptions {
   // (kInternal, naming the first wrong byte) instead of moving a wrong byte.
   // Costs a simulated execution per request; for tests and debugging.
   bool verify_plans = false;
+  // Pull or push (TransferMode); the same on every rank of both instances.
+  TransferMode mode = TransferMode::kPull;
   // What peers may do to this rank's tensors: kRead for a pull-mode
   // prefill rank (the default: decode ranks read it), kNone for a rank that
-  // only reads from others (a pull-mode decode rank).
+  // only reads from others (a pull-mode decode rank); in push mode kWrite
+  // for a decode rank and kNone for a prefill rank.
   RemoteAccess remote_access = RemoteAccess::kRead;
   // Loads are cut into token-ordered chunks of about this many tokens
   // (plan_chunks(), plan.h: rounded up to whole blocks of both sides), one
@@ -341,6 +353,30 @@ class ConnectorWorker {
   virtual Status stream_to(RequestId request, const std::string& instance) = 0;
   virtual Status save_layer(RequestId request, std::string_view layer) = 0;
   virtual Status wait_for_save(RequestId request, std::chrono::milliseconds timeout) = 0;
+
+  // Push mode (WorkerOptions::mode), prefill side: writes this rank's part
+  // of `request` into the blocks of the decode instance `instance` (known by
+  // add_remote()). `blocks` is what that instance's ranks pass to
+  // start_load(): local ids are the decode instance's, remote ids this
+  // instance's. For each decode rank the worker plans as that rank does
+  // (plan_stages() with the same stage options: both sides must agree on
+  // load_chunk_tokens and stream_layers_per_stage), over every rank of this
+  // instance, so this instance must be known by add_remote() too; it writes
+  // the descriptors whose source is this rank, and after each stage's bytes
+  // it tells the decode rank ("kvb/1 wrote"), whose start_load() waits for
+  // that from every rank it would read. Without options.stream everything
+  // is written now (the KV is computed); with it, each stage once this rank
+  // has saved its layers (save_layer()). wait_for_save() returns once every
+  // write ended, with the first error. A decode rank's abort() cancels the
+  // writes to it ("kvb/1 cancel"), and the rank confirms when none can land
+  // any more ("kvb/1 cancelled"); a request cancelled before push() is
+  // never written to that rank. push() dials the decode instance's ranks
+  // once per instance and plans on the caller's thread; the writes run on
+  // the engine's. kInvalidArgument in pull mode; kNotFound for an instance
+  // (or this one) not added; kAlreadyExists for a
+  // request pushed already; plan errors as plan_stages()'s.
+  virtual Status push(RequestId request, const std::string& instance, const Request& blocks,
+                      const LoadOptions& options) = 0;
 
   virtual WorkerStats stats() const = 0;
 };

@@ -8,7 +8,7 @@ namespace kvbridge::connector {
 
 void settle(Load& load, std::span<const TransferStatus> statuses, const std::vector<std::string>& layers,
             std::chrono::milliseconds timeout, Clock::time_point now) {
-  if (load.transfers.empty()) load.last_byte = load.started;
+  if (load.last_byte == Clock::time_point{}) load.last_byte = load.started;
   load.result.transfer_time = std::chrono::duration_cast<std::chrono::microseconds>(load.last_byte - load.started);
   load.result.completion_lag = std::chrono::duration_cast<std::chrono::microseconds>(now - load.last_byte);
   load.result.aborted = load.aborted;
@@ -36,7 +36,8 @@ void settle(Load& load, std::span<const TransferStatus> statuses, const std::vec
     if (!st.submitted) {
       if (!load.start_error.ok() || load.aborted) continue;  // said below
       load.result.error = Status::timeout(what + (where.empty() ? "" : "(" + where + ") ") +
-                                          "not announced by every prefill rank it reads from within " +
+                                          (load.push ? "not written by every prefill rank it reads from within "
+                                                     : "not announced by every prefill rank it reads from within ") +
                                           std::to_string(timeout.count()) + " ms");
       continue;
     }

@@ -29,7 +29,7 @@ struct LoadTransfer {
 struct LoadStage {
   uint64_t first_token = 0, end_token = 0, resume_token = 0;  // PlanStage's
   uint32_t first_layer = 0, end_layer = 0;
-  std::vector<std::vector<TransferItem>> items;  // per source; emptied once submitted
+  std::vector<std::vector<TransferItem>> items;  // per source; emptied once submitted (push: once written)
   uint32_t pending = 0;                          // transfers submitted and not ended
   bool submitted = false, failed = false, landed = false;
 };
@@ -39,6 +39,7 @@ struct Load {
   std::string instance;
   std::shared_ptr<const Fetched> fetched;
   bool stream = false;
+  bool push = false;                            // push mode: the sources write; a stage lands when each said "wrote"
   std::vector<LoadStage> stages;                // chunk by chunk, layer by layer
   std::vector<LoadTransfer> transfers;          // in submission order
   std::vector<bool> used;                       // per source rank: read from

@@ -1,9 +1,14 @@
 #include "connector/messages.h"
 
+#include <charconv>
+
 namespace kvbridge::connector {
 namespace {
 
 constexpr std::string_view kPrefix = "kvb/1 ";
+constexpr Message::Kind kKinds[] = {Message::Kind::kHeartbeat, Message::Kind::kDone,      Message::Kind::kReady,
+                                    Message::Kind::kWrote,     Message::Kind::kUnwritten, Message::Kind::kCancel,
+                                    Message::Kind::kCancelled};
 
 std::string_view verb(Message::Kind kind) {
   switch (kind) {
@@ -13,15 +18,44 @@ std::string_view verb(Message::Kind kind) {
       return "done ";
     case Message::Kind::kReady:
       return "ready ";
+    case Message::Kind::kWrote:
+      return "wrote ";
+    case Message::Kind::kUnwritten:
+      return "unwritten ";
+    case Message::Kind::kCancel:
+      return "cancel ";
+    case Message::Kind::kCancelled:
+      return "cancelled ";
   }
   return "";
+}
+
+bool staged(Message::Kind kind) { return kind == Message::Kind::kWrote || kind == Message::Kind::kUnwritten; }
+
+// A decimal u32 without sign or leading zeros (so each value has one text).
+bool parse_u32(std::string_view text, uint32_t* out) {
+  if (text.empty() || (text.size() > 1 && text[0] == '0')) return false;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+  }
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return ec == std::errc() && end == text.data() + text.size();
 }
 
 }  // namespace
 
 std::string format_message(Message::Kind kind, RequestId request, std::string_view layer) {
-  std::string out = std::string(kPrefix) + std::string(verb(kind)) + request;
-  if (kind == Message::Kind::kReady) out += " " + std::string(layer);
+  Message m;
+  m.kind = kind;
+  m.request = std::move(request);
+  m.layer = layer;
+  return format_message(m);
+}
+
+std::string format_message(const Message& m) {
+  std::string out = std::string(kPrefix) + std::string(verb(m.kind)) + m.request;
+  if (m.kind == Message::Kind::kReady) out += " " + std::string(m.layer);
+  if (staged(m.kind)) out += " " + std::to_string(m.stage) + " " + std::to_string(m.stages);
   return out;
 }
 
@@ -30,7 +64,7 @@ std::optional<Message> parse_message(std::string_view m) {
   m.remove_prefix(kPrefix.size());
   Message out;
   bool matched = false;
-  for (Message::Kind k : {Message::Kind::kHeartbeat, Message::Kind::kDone, Message::Kind::kReady}) {
+  for (Message::Kind k : kKinds) {
     if (m.substr(0, verb(k).size()) == verb(k)) {
       out.kind = k;
       m.remove_prefix(verb(k).size());
@@ -44,10 +78,22 @@ std::optional<Message> parse_message(std::string_view m) {
   if (!check_request_id(id).ok()) return std::nullopt;
   out.request = std::string(id);
   const std::string_view rest = space == std::string_view::npos ? std::string_view() : m.substr(space);
-  if (out.kind != Message::Kind::kReady) return rest.empty() ? std::optional<Message>(out) : std::nullopt;
-  if (rest.size() < 2 || rest[0] != ' ') return std::nullopt;
-  out.layer = rest.substr(1);
-  return out;
+  if (out.kind == Message::Kind::kReady) {
+    if (rest.size() < 2 || rest[0] != ' ') return std::nullopt;
+    out.layer = rest.substr(1);
+    return out;
+  }
+  if (staged(out.kind)) {
+    if (rest.size() < 2 || rest[0] != ' ') return std::nullopt;
+    const std::string_view nums = rest.substr(1);
+    const size_t sp = nums.find(' ');
+    if (sp == std::string_view::npos || !parse_u32(nums.substr(0, sp), &out.stage) ||
+        !parse_u32(nums.substr(sp + 1), &out.stages) || out.stage >= out.stages) {
+      return std::nullopt;
+    }
+    return out;
+  }
+  return rest.empty() ? std::optional<Message>(out) : std::nullopt;
 }
 
 }  // namespace kvbridge::connector

@@ -29,6 +29,37 @@ TEST(MessagesTest, EachKindRoundTripsAndAnythingElseIsRefused) {
   EXPECT_FALSE(parse_message(std::string_view("kvb/1 hb a\0b", 12)));
 }
 
+// Push mode's messages: a stage and the stage count travel in decimal, the
+// stage below the count, each value with one text.
+TEST(MessagesTest, PushMessagesCarryAStageBelowItsCount) {
+  Message w;
+  w.kind = Message::Kind::kWrote;
+  w.request = "req-1";
+  w.stage = 3;
+  w.stages = 32;
+  EXPECT_EQ(format_message(w), "kvb/1 wrote req-1 3 32");
+  w.kind = Message::Kind::kUnwritten;
+  EXPECT_EQ(format_message(w), "kvb/1 unwritten req-1 3 32");
+  std::optional<Message> m = parse_message("kvb/1 wrote req-1 31 32");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->kind, Message::Kind::kWrote);
+  EXPECT_EQ(m->stage, 31u);
+  EXPECT_EQ(m->stages, 32u);
+  m = parse_message("kvb/1 cancelled req-1");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->kind, Message::Kind::kCancelled);
+  m = parse_message("kvb/1 cancel req-1");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->kind, Message::Kind::kCancel);
+  EXPECT_EQ(format_message(Message::Kind::kCancel, "r"), "kvb/1 cancel r");
+  for (std::string_view bad : {"kvb/1 wrote req-1", "kvb/1 wrote req-1 3", "kvb/1 wrote req-1 32 32",
+                               "kvb/1 wrote req-1 03 32", "kvb/1 wrote req-1 -1 32", "kvb/1 wrote req-1 1 4294967296",
+                               "kvb/1 wrote req-1 1 2 3", "kvb/1 wrote req-1 1  2", "kvb/1 unwritten req-1 x 2",
+                               "kvb/1 cancel req-1 x", "kvb/1 cancelled", "kvb/1 wrote req-1 +1 2"}) {
+    EXPECT_FALSE(parse_message(bad)) << bad;
+  }
+}
+
 TEST(MessagesTest, RequestIdsArePrintableAsciiWithoutSpacesAndBounded) {
   EXPECT_TRUE(check_request_id("req-1").ok());
   EXPECT_TRUE(check_request_id(std::string(kMaxRequestIdBytes, 'x')).ok());

@@ -37,6 +37,26 @@ bool Remotes::known(const std::string& instance) const {
   return instances_.count(instance) != 0;
 }
 
+std::vector<std::string> Remotes::unfetched() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& [name, i] : instances_) {
+    if (!i.fetched) out.push_back(name);
+  }
+  return out;
+}
+
+std::optional<std::pair<std::string, size_t>> Remotes::locate(const std::pair<std::string, uint64_t>& engine) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [name, i] : instances_) {
+    if (!i.fetched) continue;
+    for (size_t r = 0; r < i.fetched->engines.size(); ++r) {
+      if (i.fetched->engines[r] == engine) return std::make_pair(name, r);
+    }
+  }
+  return std::nullopt;
+}
+
 bool Remotes::connected(const std::string& instance) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = instances_.find(instance);

@@ -50,6 +50,10 @@ class Remotes {
   std::shared_ptr<const Fetched> fetched(const std::string& instance) const;
   // True when `instance` was added.
   bool known(const std::string& instance) const;
+  // The instances added and not fetched yet.
+  std::vector<std::string> unfetched() const;
+  // The fetched instance and rank whose engine is `engine` (name, instance).
+  std::optional<std::pair<std::string, size_t>> locate(const std::pair<std::string, uint64_t>& engine) const;
   // True when `instance` is fetched and connected to every rank's engine:
   // nothing of a load from it waits on the network.
   bool connected(const std::string& instance) const;

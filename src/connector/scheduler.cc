@@ -63,6 +63,14 @@ Result<FailurePolicy> parse_failure_policy(std::string_view name) {
   return Status::invalid_argument("unknown failure policy '" + std::string(name) + "' (known: fail, recompute)");
 }
 
+Result<TransferMode> parse_transfer_mode(std::string_view name) {
+  if (name == "pull") return TransferMode::kPull;
+  if (name == "push") return TransferMode::kPush;
+  return Status::invalid_argument("unknown transfer mode " + q(name) + " (known: pull, push)");
+}
+
+std::string_view transfer_mode_name(TransferMode mode) { return mode == TransferMode::kPush ? "push" : "pull"; }
+
 // --- PrefillScheduler -------------------------------------------------------
 
 Status PrefillScheduler::hold(RequestId request, std::set<std::string> readers, SteadyTime now) {

@@ -25,6 +25,7 @@
 #include "connector/announcer.h"
 #include "connector/load.h"
 #include "connector/messages.h"
+#include "connector/pusher.h"
 #include "connector/remotes.h"
 #include "connector/side_channel.h"
 #include "connector/worker_internal.h"
@@ -42,7 +43,22 @@ using connector::Load;
 using connector::LoadStage;
 using connector::LoadTransfer;
 constexpr size_t kEndedKept = 4096;   // outcomes kept for wait_for_layer()
-constexpr size_t kEarlyKept = 65536;  // announcements kept for loads not started yet
+constexpr size_t kEarlyKept = 65536;  // announcements (and push's "wrote") kept for loads not started yet
+// A push-mode worker's side channel identity: the layout's, and this line;
+// its hash the layout's xor this constant ("push"). A pull-mode worker's is
+// the layout's alone, so a mismatch names the mode.
+constexpr std::string_view kPushIdentityLine = "transfer_mode push\n";
+constexpr uint64_t kPushHashXor = 0x7075736800000000ull;
+using EngineKey = std::pair<std::string, uint64_t>;
+
+// What a source said about a load (kept when it came before the load
+// started): a layer announced (kReady: a = its ordinal), a stage written or
+// not (push: a = the stage, b = the stage count).
+struct Early {
+  EngineKey engine;
+  connector::Message::Kind kind;
+  uint32_t a = 0, b = 0;
+};
 
 // What the engine's callbacks push and the pump takes. Shared, so a
 // callback that outlives the worker touches nothing else.
@@ -111,10 +127,12 @@ class WorkerImpl final : public ConnectorWorker {
     sc.advertise_host = options_.side_channel_advertise_host;
     sc.secret = options_.secret;
     sc.timeout = options_.handshake_timeout;
-    const std::string identity = identity_text(layout_);
-    const uint64_t hash = compatibility_hash(layout_);
+    const bool push = options_.mode == TransferMode::kPush;
+    const std::string identity = identity_text(layout_) + std::string(push ? kPushIdentityLine : "");
+    const uint64_t hash = compatibility_hash(layout_) ^ (push ? kPushHashXor : 0);
     remotes_ = std::make_unique<connector::Remotes>(engine_, layout_, sc, identity, hash);
     announcer_ = std::make_unique<connector::Announcer>(engine_, *remotes_, order_, options_.transfer_timeout, sent_);
+    pusher_ = std::make_unique<connector::Pusher>(engine_, *remotes_, layout_, regions_, order_, options_, sent_);
     KVB_ASSIGN_OR_RETURN(server_, connector::SideChannelServer::start(sc, identity, hash, std::move(info)));
     engine_.set_notification_listener([wake = wake_] {
       {
@@ -199,7 +217,7 @@ class WorkerImpl final : public ConnectorWorker {
         return Status::already_exists("request " + q(request) + " is loading");
       }
       job.gen = ++queued_gen_;
-      queued_[request] = Queued{job.gen, blocks.skip_tokens};
+      queued_[request] = Queued{job.gen, blocks.skip_tokens, instance};
       jobs_.push_back(std::move(job));
     }
     jobs_cv_.notify_one();  // after the lock: the start thread does not wake into it
@@ -247,6 +265,7 @@ class WorkerImpl final : public ConnectorWorker {
     load.instance = instance;
     load.fetched = fetched;
     load.stream = options.stream;
+    load.push = options_.mode == TransferMode::kPush;
     load.result.request = request;
     load.result.naive_descriptors = naive_descriptor_count(layout_, layouts, blocks);
     load.result.stages = static_cast<uint32_t>(stages.size());
@@ -291,14 +310,22 @@ class WorkerImpl final : public ConnectorWorker {
     load.started = Clock::now();
     load.deadline = load.started + options_.transfer_timeout;
     load.unsubmitted = load.stages.size();
-    if (load.stream) {
-      load.announced.assign(layouts.size(), std::vector<uint8_t>(order_.size(), 0));
-      auto early = early_.find(request);
-      if (early != early_.end()) {
-        for (const auto& [engine, layer] : early->second) announce(load, engine, layer);
-        early_count_ -= early->second.size();
-        early_.erase(early);
+    if (load.stream) load.announced.assign(layouts.size(), std::vector<uint8_t>(order_.size(), 0));
+    if (load.push) {
+      // A stage with nothing to move has landed; the others land as their
+      // sources say "wrote".
+      for (LoadStage& st : load.stages) {
+        if (std::all_of(st.items.begin(), st.items.end(), [](const auto& v) { return v.empty(); })) {
+          st.submitted = true;
+          --load.unsubmitted;
+          land(load, st);
+        }
       }
+    }
+    if (auto early = early_.find(request); early != early_.end()) {
+      for (const Early& e : early->second) take(load, e);
+      early_count_ -= early->second.size();
+      early_.erase(early);
     }
     if (Status started = start_ready_stages(load); !started.ok()) {
       // An error before the load is under way comes back here, with nothing
@@ -313,7 +340,11 @@ class WorkerImpl final : public ConnectorWorker {
     ++stats_.loads_started;
     queued_.erase(queued);
     auto [it, inserted] = loads_.emplace(request, std::move(load));
-    if (it->second.pending == 0 && (it->second.unsubmitted == 0 || !it->second.start_error.ok())) end_load(it);
+    if (it->second.pending == 0 && (it->second.unsubmitted == 0 || !it->second.start_error.ok())) {
+      end_load(it);
+    } else if (it->second.unsubmitted > 0) {
+      poke();  // the pump wakes at this load's deadline
+    }
     return Status();
   }
 
@@ -344,6 +375,8 @@ class WorkerImpl final : public ConnectorWorker {
 
   Status abort(RequestId request) override {
     std::vector<TransferId> ids;
+    std::string push_instance;  // push mode: the sources to ask to cancel
+    std::optional<std::pair<std::set<EngineKey>, std::vector<PeerId>>> push_sources;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto qd = queued_.find(request); qd != queued_.end()) {
@@ -352,19 +385,76 @@ class WorkerImpl final : public ConnectorWorker {
         // instance is connected the start thread tells them it is done.
         const uint64_t skip = qd->second.skip_tokens;
         abandoned_[request] = qd->second.gen;
+        if (options_.mode == TransferMode::kPush) push_instance = qd->second.instance;
         queued_.erase(qd);
         end_queued(request, skip, Status::cancelled("request " + q(request) + " was aborted"), true);
-        return Status();
+      } else {
+        auto it = loads_.find(request);
+        if (it == loads_.end()) return Status::not_found("request " + q(request) + " is not loading");
+        Load& load = it->second;
+        load.aborted = true;  // no stage starts any more
+        for (const LoadTransfer& t : load.transfers) ids.push_back(t.id);
+        if (load.push) {
+          push_instance = load.instance;
+          push_sources.emplace();
+          for (uint32_t s : load.result.sources) push_sources->first.insert(load.fetched->engines[s]);
+          push_sources->second = load.peers;
+          cancelling_[request] = push_sources->first;  // the pump keeps the load until abort() is done
+        }
       }
-      auto it = loads_.find(request);
-      if (it == loads_.end()) return Status::not_found("request " + q(request) + " is not loading");
-      it->second.aborted = true;  // no stage starts any more
-      for (const LoadTransfer& t : it->second.transfers) ids.push_back(t.id);
     }
     // cancel() returns once no byte of the transfer can land any more.
     for (TransferId t : ids) KVB_RETURN_IF_ERROR(engine_.cancel(t));
+    Status out;
+    if (!push_instance.empty()) out = cancel_sources(request, push_instance, std::move(push_sources));
     poke();  // a load with nothing in flight ends now
-    return Status();
+    return out;
+  }
+
+  // Push mode: the sources write, so only they can stop: each is asked to
+  // cancel ("kvb/1 cancel"), and answers once none of its writes can land.
+  // Waits for every answer, up to the handshake timeout. `sources`: the
+  // engines and peers of a started load; none: of a load aborted while
+  // queued, which may already be written to (its sources as plans choose
+  // them, once the instance is connected).
+  Status cancel_sources(const RequestId& request, const std::string& instance,
+                        std::optional<std::pair<std::set<EngineKey>, std::vector<PeerId>>> sources) {
+    const auto deadline = Clock::now() + options_.handshake_timeout;
+    const std::string within = " within " + std::to_string(options_.handshake_timeout.count()) + " ms";
+    if (!sources) {
+      Status c = wait_connected(instance, options_.handshake_timeout);
+      if (!c.ok()) {
+        return Status::timeout("request " + q(request) + ": cannot ask " + instance +
+                               " to cancel (not connected: " + c.message() + "); bytes it writes may still land");
+      }
+      std::shared_ptr<const Fetched> f = remotes_->fetched(instance);
+      Result<std::vector<uint32_t>> ranks = source_ranks(layout_, f->layouts);
+      if (!ranks.ok()) return ranks.error();
+      sources.emplace();
+      for (uint32_t s : *ranks) {
+        Result<PeerId> p = remotes_->peer(instance, s);
+        if (!p.ok()) return p.error();
+        sources->first.insert(f->engines[s]);
+        sources->second.push_back(*p);
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelling_[request] = sources->first;
+    }
+    for (PeerId p : sources->second) send(p, connector::format_message(connector::Message::Kind::kCancel, request));
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool all = results_cv_.wait_until(lock, deadline, [&] {
+      auto c = cancelling_.find(request);
+      return stop_ || c == cancelling_.end() || c->second.empty();
+    });
+    Status out;
+    if (!all) {
+      std::string who;
+      for (const EngineKey& e : cancelling_[request]) who += (who.empty() ? "" : ", ") + q(e.first);
+      out = Status::timeout("request " + q(request) + ": " + instance + " engine(s) " + who +
+                            " did not confirm the cancel" + within + "; bytes they already wrote may still land");
+    }
+    cancelling_.erase(request);
+    return out;
   }
 
   std::vector<LoadResult> take_results() override {
@@ -389,13 +479,27 @@ class WorkerImpl final : public ConnectorWorker {
 
   Status stream_to(RequestId request, const std::string& instance) override {
     KVB_RETURN_IF_ERROR(check_request_id(request));
+    if (options_.mode == TransferMode::kPush) {
+      return Status::invalid_argument("stream_to() is for pull mode; in push mode push() names the instance");
+    }
     return announcer_->stream_to(request, instance);
   }
   Status save_layer(RequestId request, std::string_view layer) override {
+    if (options_.mode == TransferMode::kPush) return pusher_->save_layer(request, layer);
     return announcer_->save_layer(request, layer);
   }
   Status wait_for_save(RequestId request, std::chrono::milliseconds timeout) override {
+    if (options_.mode == TransferMode::kPush) return pusher_->wait_for_save(request, timeout);
     return announcer_->wait_for_save(request, timeout);
+  }
+  Status push(RequestId request, const std::string& instance, const Request& blocks,
+              const LoadOptions& options) override {
+    KVB_RETURN_IF_ERROR(check_request_id(request));
+    if (options_.mode != TransferMode::kPush) {
+      return Status::invalid_argument("push() needs a worker in push mode (WorkerOptions::mode); this one pulls");
+    }
+    if (!remotes_->known(instance)) return Status::not_found("unknown remote instance " + q(instance));
+    return pusher_->push(std::move(request), instance, blocks, options);
   }
 
   WorkerStats stats() const override {
@@ -424,10 +528,50 @@ class WorkerImpl final : public ConnectorWorker {
 
   // Requires mu_: `engine` announced `layer` (an ordinal) of `load`. Taken
   // only from the engine of a source rank of the load's instance.
-  void announce(Load& load, const std::pair<std::string, uint64_t>& engine, uint32_t layer) {
+  void announce(Load& load, const EngineKey& engine, uint32_t layer) {
     for (size_t s = 0; s < load.fetched->engines.size(); ++s) {
       if (load.fetched->engines[s] == engine) load.announced[s][layer] = 1;
     }
+  }
+
+  // Requires mu_: a message from `e.engine` about `load`: a layer announced
+  // (pull streaming), a stage written or not (push). Taken only from the
+  // engine of a source rank of the load's instance.
+  void take(Load& load, const Early& e) {
+    if (e.kind == connector::Message::Kind::kReady) {
+      if (load.stream && !load.push) announce(load, e.engine, e.a);
+      return;
+    }
+    if (!load.push || load.aborted) return;
+    const auto& engines = load.fetched->engines;
+    const size_t s = static_cast<size_t>(std::find(engines.begin(), engines.end(), e.engine) - engines.begin());
+    if (s == engines.size()) return;
+    if (e.b != load.stages.size()) {
+      if (load.start_error.ok()) {
+        load.start_error = Status::incompatible(
+            "request " + q(load.request) + ": " + load.instance + " rank " + std::to_string(s) + " cut it into " +
+            std::to_string(e.b) + " stages and this rank into " + std::to_string(load.stages.size()) +
+            ": load_chunk_tokens and stream_layers_per_stage must be the same on both instances");
+      }
+      return;
+    }
+    LoadStage& st = load.stages[e.a];
+    if (st.submitted || s >= st.items.size() || st.items[s].empty()) return;  // a repeat, or not a source of it
+    if (e.kind == connector::Message::Kind::kUnwritten) {
+      st.failed = true;
+      if (load.start_error.ok()) {
+        load.start_error = Status::io_error("request " + q(load.request) + ": " + load.instance + " rank " +
+                                            std::to_string(s) + " could not write stage " + std::to_string(e.a + 1) +
+                                            " of " + std::to_string(e.b) + " (its wait_for_save() names the error)");
+      }
+      return;
+    }
+    st.items[s].clear();
+    if (!std::all_of(st.items.begin(), st.items.end(), [](const auto& v) { return v.empty(); })) return;
+    st.submitted = true;
+    --load.unsubmitted;
+    load.last_byte = std::max(load.last_byte, Clock::now());
+    land(load, st);
   }
 
   // Requires mu_: submits every stage not submitted whose layers every
@@ -435,6 +579,7 @@ class WorkerImpl final : public ConnectorWorker {
   // first submit error stops the load from starting more.
   Status start_ready_stages(Load& load) {
     if (load.aborted || load.expired || !load.start_error.ok()) return load.start_error;
+    if (load.push) return Status();  // the sources write
     for (uint32_t k = 0; k < load.stages.size(); ++k) {
       LoadStage& st = load.stages[k];
       if (st.submitted) continue;
@@ -487,46 +632,69 @@ class WorkerImpl final : public ConnectorWorker {
   void drain_notifications() {
     std::vector<Notification> got = engine_.take_notifications();
     if (got.empty()) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    bool failed_start = false;
-    for (Notification& n : got) {
-      const std::optional<connector::Message> m = connector::parse_message(n.message);
-      if (!m) continue;
-      if (m->kind != connector::Message::Kind::kReady) {
-        ReaderEvent e;
-        e.kind = m->kind == connector::Message::Kind::kDone ? ReaderEvent::Kind::kDone : ReaderEvent::Kind::kHeartbeat;
-        e.request = m->request;
-        e.reader = std::move(n.peer);
-        events_.push_back(std::move(e));
-        continue;
-      }
-      const RequestId id = m->request;
-      auto o = ordinal_.find(std::string(m->layer));
-      if (o == ordinal_.end()) continue;
-      std::pair<std::string, uint64_t> engine{std::move(n.peer), n.peer_instance};
-      auto it = loads_.find(id);
-      if (it == loads_.end()) {
-        // After the load ended: dropped, so that nothing lands late. Before
-        // it started: kept for it, the first kept going first past the bound.
-        if (ended_.count(id) != 0) continue;
-        while (early_count_ >= kEarlyKept && !early_order_.empty()) {
-          auto first = early_.find(early_order_.front());
-          early_order_.pop_front();
-          if (first == early_.end()) continue;
-          early_count_ -= first->second.size();
-          early_.erase(first);
+    std::vector<std::pair<RequestId, EngineKey>> cancels;  // push, prefill side: handled outside the lock
+    bool wake_pump = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (Notification& n : got) {
+        const std::optional<connector::Message> m = connector::parse_message(n.message);
+        if (!m) continue;
+        using Kind = connector::Message::Kind;
+        EngineKey engine{std::move(n.peer), n.peer_instance};
+        if (m->kind == Kind::kHeartbeat || m->kind == Kind::kDone) {
+          ReaderEvent e;
+          e.kind = m->kind == Kind::kDone ? ReaderEvent::Kind::kDone : ReaderEvent::Kind::kHeartbeat;
+          e.request = m->request;
+          e.reader = std::move(engine.first);
+          events_.push_back(std::move(e));
+          continue;
         }
-        auto& kept = early_[id];
-        if (kept.empty()) early_order_.push_back(id);
-        kept.emplace_back(std::move(engine), o->second);
-        ++early_count_;
-        continue;
+        if (m->kind == Kind::kCancel) {
+          if (options_.mode == TransferMode::kPush) cancels.emplace_back(m->request, std::move(engine));
+          continue;
+        }
+        if (m->kind == Kind::kCancelled) {
+          auto c = cancelling_.find(m->request);
+          if (c != cancelling_.end() && c->second.erase(engine) != 0) results_cv_.notify_all();
+          continue;
+        }
+        Early e{std::move(engine), m->kind, m->stage, m->stages};
+        if (m->kind == Kind::kReady) {
+          auto o = ordinal_.find(std::string(m->layer));
+          if (o == ordinal_.end()) continue;
+          e.a = o->second;
+        }
+        const RequestId id = m->request;
+        auto it = loads_.find(id);
+        if (it == loads_.end()) {
+          // After the load ended: dropped, so that nothing lands late. Before
+          // it started: kept for it, the first kept going first past the bound.
+          if (ended_.count(id) != 0) continue;
+          while (early_count_ >= kEarlyKept && !early_order_.empty()) {
+            auto first = early_.find(early_order_.front());
+            early_order_.pop_front();
+            if (first == early_.end()) continue;
+            early_count_ -= first->second.size();
+            early_.erase(first);
+          }
+          auto& kept = early_[id];
+          if (kept.empty()) early_order_.push_back(id);
+          kept.push_back(std::move(e));
+          ++early_count_;
+          continue;
+        }
+        take(it->second, e);
+        wake_pump = !start_ready_stages(it->second).ok() || wake_pump;
+        wake_pump = wake_pump || (it->second.push && (it->second.unsubmitted == 0 || !it->second.start_error.ok()));
       }
-      if (!it->second.stream) continue;
-      announce(it->second, engine, o->second);
-      failed_start = !start_ready_stages(it->second).ok() || failed_start;
     }
-    if (failed_start) poke();  // the pump ends the load
+    if (wake_pump) poke();  // the pump ends the load
+    for (const auto& [request, engine] : cancels) pusher_->cancel(request, engine);
+    if (!cancels.empty() && pusher_->unanswered()) {
+      // A cancel from a rank of an instance not fetched yet: fetch them, then answer.
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const std::string& instance : remotes_->unfetched()) request_connect(instance);
+    }
   }
 
   // Never blocks: the engine calls back when the peer acknowledged the
@@ -588,6 +756,7 @@ class WorkerImpl final : public ConnectorWorker {
           if (load.unsubmitted > 0 && !load.expired && now >= load.deadline) load.expired = true;
           const bool over = load.aborted || load.expired || !load.start_error.ok() || load.unsubmitted == 0;
           if (load.pending > 0 || !over) continue;
+          if (load.aborted && cancelling_.count(load.request) != 0) continue;  // push: abort() waits for the sources
           for (PeerId p : load.peers) {
             messages.emplace_back(p, connector::format_message(connector::Message::Kind::kDone, load.request));
           }
@@ -601,6 +770,7 @@ class WorkerImpl final : public ConnectorWorker {
           }
           // Streams the engine never waited for are forgotten after a while.
           announcer_->forget_older_than(now - 4 * options_.transfer_timeout);
+          pusher_->forget_older_than(now - 4 * options_.transfer_timeout);
         }
       }
       for (auto& [peer, m] : messages) send(peer, m);
@@ -710,6 +880,7 @@ class WorkerImpl final : public ConnectorWorker {
       connects_.pop_front();
       lock.unlock();
       Status s = connect_now(instance);
+      pusher_->answer_pending();  // cancels from ranks of an instance not fetched before
       lock.lock();
       connecting_.erase(instance);
       std::vector<Job> parked = std::move(parked_[instance]);
@@ -783,13 +954,15 @@ class WorkerImpl final : public ConnectorWorker {
   std::map<RequestId, Load> loads_;
   std::map<RequestId, Status> ended_;  // the last kEndedKept outcomes
   std::deque<RequestId> ended_order_;
-  std::map<RequestId, std::vector<std::pair<std::pair<std::string, uint64_t>, uint32_t>>> early_;
+  std::map<RequestId, std::vector<Early>> early_;
+  std::map<RequestId, std::set<EngineKey>> cancelling_;  // push: abort() waits for these sources' "cancelled"
   size_t early_count_ = 0;
   std::deque<RequestId> early_order_;  // requests of early_, first kept first
   // Loads queued for the start thread, and the connect thread's work.
   struct Queued {
     uint64_t gen = 0;  // which start_load (an id may be aborted and loaded again)
     uint64_t skip_tokens = 0;
+    std::string instance;
   };
   struct Job {
     RequestId request;
@@ -814,6 +987,7 @@ class WorkerImpl final : public ConnectorWorker {
   WorkerStats stats_;
   const std::shared_ptr<connector::SendFailures> sent_ = std::make_shared<connector::SendFailures>();
   std::unique_ptr<connector::Announcer> announcer_;  // prefill side of streaming
+  std::unique_ptr<connector::Pusher> pusher_;        // prefill side of push mode
   std::thread pump_;
 };
 

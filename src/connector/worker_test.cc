@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "connector/worker_test_util.h"
 #include "engine/engine_impl.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
@@ -24,91 +25,7 @@ namespace kvbridge {
 namespace {
 
 using namespace std::chrono_literals;
-
-struct Rank {
-  Layout layout;
-  std::vector<std::vector<uint8_t>> mem;
-  std::vector<std::span<uint8_t>> spans;
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<ConnectorWorker> worker;
-};
-
-struct InstanceOptions {
-  std::string id;
-  uint32_t tp = 1;
-  uint64_t block_tokens = 16;
-  WorkerOptions worker;
-  std::shared_ptr<transport::Faults> faults;  // wraps the local transport when set
-  uint64_t inline_bytes = EngineOptions{}.inline_bytes;
-};
-
-InstanceOptions opts(std::string id, uint32_t tp) {
-  InstanceOptions o;
-  o.id = std::move(id);
-  o.tp = tp;
-  return o;
-}
-
-std::vector<std::unique_ptr<Rank>> instance(const InstanceOptions& o) {
-  std::vector<std::unique_ptr<Rank>> ranks;
-  for (uint32_t r = 0; r < o.tp; ++r) {
-    auto rank = std::make_unique<Rank>();
-    PresetOptions p;
-    p.name = "llama3-8b";
-    p.tp_size = o.tp;
-    p.tp_rank = r;
-    p.block_tokens = o.block_tokens;
-    p.num_blocks = 8;
-    rank->layout = *make_preset(p);
-    for (const Tensor& t : rank->layout.tensors) rank->mem.emplace_back(t.bytes, 0xa5);
-    for (auto& m : rank->mem) rank->spans.emplace_back(m);
-    EngineOptions e;
-    e.name = o.id + "/r" + std::to_string(r);
-    e.transports = {"local"};
-    e.default_timeout = 2s;
-    e.inline_bytes = o.inline_bytes;
-    e.secret = o.worker.secret;  // one trust for the side channel and the engine
-    std::vector<std::unique_ptr<transport::Transport>> ts;
-    std::unique_ptr<transport::Transport> local = *transport::make_local_transport();
-    ts.push_back(o.faults ? transport::make_fault_transport(std::move(local), o.faults) : std::move(local));
-    Result<std::unique_ptr<Engine>> engine = engine_internal::create_engine(e, std::move(ts));
-    EXPECT_TRUE(engine.ok()) << engine.error().to_string();
-    rank->engine = std::move(*engine);
-    WorkerOptions w = o.worker;
-    w.instance_id = o.id;
-    Result<std::unique_ptr<ConnectorWorker>> worker =
-        ConnectorWorker::create(*rank->engine, rank->layout, rank->spans, w);
-    EXPECT_TRUE(worker.ok()) << worker.error().to_string();
-    rank->worker = std::move(*worker);
-    ranks.push_back(std::move(rank));
-  }
-  return ranks;
-}
-
-std::vector<std::string> addresses(const std::vector<std::unique_ptr<Rank>>& ranks) {
-  std::vector<std::string> out;
-  for (const auto& r : ranks) out.push_back(r->worker->side_channel_address());
-  return out;
-}
-
-// 40 tokens: prefill blocks {4,5,6} of 16 tokens, decode blocks {1,2,3}.
-Request request(uint64_t skip = 0) {
-  Request q;
-  q.num_tokens = 40;
-  q.skip_tokens = skip;
-  q.blocks["full"] = {{1, 2, 3}, {4, 5, 6}};
-  return q;
-}
-
-LoadResult wait_one(ConnectorWorker& w) {
-  for (int i = 0; i < 500; ++i) {
-    std::vector<LoadResult> r = w.take_results();
-    if (!r.empty()) return r.front();
-    w.wait_results(10ms);
-  }
-  ADD_FAILURE() << "no load result within 5 s";
-  return {};
-}
+using namespace worker_test;
 
 // A side channel bound to every interface advertises the address given for
 // it; without one, the worker is refused (remote ranks could not dial it).
@@ -460,20 +377,6 @@ TEST(WorkerTest, PlanErrorsComeBackAsTheLoadsResultBeforeAnythingMoves) {
 
 // ---------------------------------------------------------------------------
 // Layer-wise streaming (LoadOptions::stream, stream_to, save_layer).
-
-// Bad cells of `layers` of the request at the decode rank (0: all arrived).
-uint64_t bad_cells(const Rank& r, const Request& q, const std::set<std::string, std::less<>>& layers, uint64_t seed) {
-  Result<ContentReport> c =
-      check_request(keep_layers(r.layout, layers), q, RequestSide::kLocal, q.skip_tokens, seed, r.spans);
-  EXPECT_TRUE(c.ok()) << c.error().to_string();
-  return c.ok() ? c->bad_cells : ~uint64_t{0};
-}
-
-uint64_t cells(const Rank& r, const Request& q, const std::set<std::string, std::less<>>& layers) {
-  Result<ContentReport> c =
-      check_request(keep_layers(r.layout, layers), q, RequestSide::kLocal, q.skip_tokens, 1, r.spans);
-  return c.ok() ? c->cells : 0;
-}
 
 struct Streaming {
   std::vector<std::unique_ptr<Rank>> prefill, decode;

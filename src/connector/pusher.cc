@@ -1,0 +1,303 @@
+#include "connector/pusher.h"
+
+#include <algorithm>
+
+#include "common/text.h"
+#include "connector/messages.h"
+#include "kvbridge/plan.h"
+#include "kvbridge/verify.h"
+
+namespace kvbridge::connector {
+
+using Clock = std::chrono::steady_clock;
+namespace {
+constexpr size_t kEarlyCancelsKept = 65536;
+}  // namespace
+
+Pusher::Pusher(Engine& engine, Remotes& remotes, const Layout& local, std::vector<RegionId> regions,
+               std::vector<std::string> layers, const WorkerOptions& options, std::shared_ptr<SendFailures> failures)
+    : engine_(engine),
+      remotes_(remotes),
+      local_(local),
+      regions_(std::move(regions)),
+      layers_(std::move(layers)),
+      options_(options),
+      failures_(std::move(failures)) {}
+
+Status Pusher::push(RequestId request, const std::string& instance, const Request& blocks,
+                    const LoadOptions& options) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pushed_.count(request) != 0) return Status::already_exists("request " + q(request) + " is pushed already");
+  }
+  if (!remotes_.known(options_.instance_id)) {
+    return Status::not_found(
+        "push: a prefill rank plans as the decode ranks do, over every rank of its own instance " +
+        q(options_.instance_id) + ": add_remote(" + q(options_.instance_id) +
+        ", the side channels of its ranks) on each of them");
+  }
+  KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> own, remotes_.fetch(options_.instance_id));
+  KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> decode, remotes_.fetch(instance));
+  const uint32_t me = local_.rank();
+  if (me >= own->layouts.size()) {
+    return Status::internal("push: this rank (" + std::to_string(me) + ") is not among the " +
+                            std::to_string(own->layouts.size()) + " ranks of " + q(options_.instance_id));
+  }
+  StageOptions so;
+  so.layers_per_stage = options.stream ? options_.stream_layers_per_stage : 0;
+  so.chunk_tokens = options_.load_chunk_tokens;
+  Pushed p;
+  p.instance = instance;
+  p.stream = options.stream;
+  for (uint32_t d = 0; d < decode->layouts.size(); ++d) {
+    const Layout& reader = decode->layouts[d];
+    Result<std::vector<PlanStage>> stages = plan_stages(reader, own->layouts, blocks, so);
+    if (!stages.ok()) {
+      return stages.error().with_context("request " + q(request) + ": planning " + instance + " rank " +
+                                         std::to_string(d));
+    }
+    if (options_.verify_plans) {
+      Plan all;
+      for (const PlanStage& s : *stages) {
+        all.descriptors.insert(all.descriptors.end(), s.plan.descriptors.begin(), s.plan.descriptors.end());
+      }
+      Result<VerifyReport> v = verify(all, reader, own->layouts, blocks, /*check_minimal=*/stages->size() == 1);
+      if (!v.ok()) {
+        return v.error().with_context("request " + q(request) + ": plan to " + instance + " rank " +
+                                      std::to_string(d) + " failed verification");
+      }
+    }
+    Target t;
+    t.rank = d;
+    t.engine = decode->engines[d];
+    t.stages = static_cast<uint32_t>(stages->size());
+    for (uint32_t k = 0; k < stages->size(); ++k) {
+      const PlanStage& s = (*stages)[k];
+      Stage st;
+      st.first_layer = s.first_layer;
+      st.end_layer = s.end_layer;
+      // The plan is the reader's: its local side is the decode rank's, its
+      // remote side this instance's ranks.
+      for (const Descriptor& desc : s.plan.descriptors) {
+        if (desc.source != me) continue;
+        st.items.push_back(TransferItem{regions_[desc.remote_tensor], desc.remote_offset,
+                                        decode->infos[d].tensors[desc.local_tensor].region, desc.local_offset,
+                                        desc.bytes});
+      }
+      if (!st.items.empty()) t.mine.emplace(k, std::move(st));
+    }
+    if (t.mine.empty()) continue;
+    KVB_ASSIGN_OR_RETURN(t.peer, remotes_.peer(instance, d));
+    p.targets.push_back(std::move(t));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pushed_.count(request) != 0) return Status::already_exists("request " + q(request) + " is pushed already");
+  uint64_t stages = 0;
+  for (Target& t : p.targets) {
+    auto early = early_cancels_.find({request, t.engine});
+    if (early != early_cancels_.end()) {
+      t.cancelled = true;  // nothing is written to a rank that cancelled first
+      early_cancels_.erase(early);
+      continue;
+    }
+    stages += t.mine.size();
+  }
+  p.acks->outstanding = stages;
+  p.touched = Clock::now();
+  auto [it, inserted] = pushed_.emplace(request, std::move(p));
+  submit_ready(request, it->second);
+  return Status();
+}
+
+std::vector<uint8_t>& Pusher::saved_locked(const RequestId& request) {
+  auto& s = saved_[request];
+  if (s.first.empty()) s.first.assign(layers_.size(), 0);
+  s.second = Clock::now();
+  return s.first;
+}
+
+Status Pusher::save_layer(RequestId request, std::string_view layer) {
+  auto o = std::find(layers_.begin(), layers_.end(), layer);
+  if (o == layers_.end()) return Status::invalid_argument("no layer " + q(layer) + " in this rank's layout");
+  std::lock_guard<std::mutex> lock(mu_);
+  saved_locked(request)[static_cast<size_t>(o - layers_.begin())] = 1;
+  auto it = pushed_.find(request);
+  if (it != pushed_.end()) {
+    it->second.touched = Clock::now();
+    submit_ready(request, it->second);
+  }
+  return Status();
+}
+
+void Pusher::submit_ready(const RequestId& request, Pushed& p) {
+  const std::vector<uint8_t>& saved = saved_locked(request);
+  for (Target& t : p.targets) {
+    if (t.cancelled) continue;
+    for (auto& [k, st] : t.mine) {
+      if (st.submitted) continue;
+      bool ready = true;
+      for (uint32_t l = st.first_layer; p.stream && ready && l < st.end_layer; ++l) ready = saved[l] != 0;
+      if (!ready) continue;
+      st.submitted = true;
+      Message m;
+      m.kind = Message::Kind::kWrote;
+      m.request = request;
+      m.stage = k;
+      m.stages = t.stages;
+      SubmitOptions o;
+      o.timeout = options_.transfer_timeout;
+      o.notification = format_message(m);
+      m.kind = Message::Kind::kUnwritten;
+      const std::string unwritten = format_message(m);
+      // Runs with no lock of ours held (or inside submit(), under mu_: it
+      // takes only the acks' lock). A failed write tells the decode rank at
+      // once; a cancelled one was asked for.
+      o.on_end = [engine = &engine_, acks = p.acks, failures = failures_, peer = t.peer, unwritten,
+                  timeout = options_.transfer_timeout](TransferId id, const TransferStatus& ts) {
+        if (ts.state == TransferState::kFailed) {
+          engine->notify(peer, unwritten, timeout, [failures](Status s) {
+            if (!s.ok()) failures->add(s);
+          });
+        }
+        (void)engine->release(id);
+        {
+          std::lock_guard<std::mutex> lock(acks->mu);
+          if (ts.state == TransferState::kFailed && acks->first_error.ok()) acks->first_error = ts.error;
+          --acks->outstanding;
+        }
+        acks->cv.notify_all();
+      };
+      Result<TransferId> id = engine_.submit(t.peer, TransferOp::kWrite, st.items, std::move(o));
+      st.items = {};
+      if (id.ok()) {
+        st.id = *id;
+        continue;
+      }
+      const Status e = id.error().with_context("request " + q(request) + ": writing to " + p.instance + " rank " +
+                                               std::to_string(t.rank));
+      engine_.notify(t.peer, unwritten, options_.transfer_timeout, [failures = failures_](Status s) {
+        if (!s.ok()) failures->add(s);
+      });
+      {
+        std::lock_guard<std::mutex> lock(p.acks->mu);
+        if (p.acks->first_error.ok()) p.acks->first_error = e;
+        --p.acks->outstanding;
+      }
+      p.acks->cv.notify_all();
+    }
+  }
+}
+
+Status Pusher::wait_for_save(RequestId request, std::chrono::milliseconds timeout) {
+  std::shared_ptr<Acks> acks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pushed_.find(request);
+    if (it == pushed_.end()) return Status::not_found("request " + q(request) + " was never pushed");
+    acks = it->second.acks;
+  }
+  Status out;
+  {
+    std::unique_lock<std::mutex> lock(acks->mu);
+    if (!acks->cv.wait_for(lock, timeout, [&] { return acks->outstanding == 0; })) {
+      return Status::timeout("request " + q(request) + ": " + std::to_string(acks->outstanding) +
+                             " stage writes not ended within " + std::to_string(timeout.count()) +
+                             " ms (a streamed stage starts once its layers are saved)");
+    }
+    out = acks->first_error;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  pushed_.erase(request);
+  saved_.erase(request);
+  return out;
+}
+
+bool Pusher::pushed(const RequestId& request) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pushed_.count(request) != 0;
+}
+
+void Pusher::cancel(const RequestId& request, const EngineKey& engine) {
+  std::vector<TransferId> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pushed_.find(request);
+    Target* target = nullptr;
+    if (it != pushed_.end()) {
+      for (Target& t : it->second.targets) {
+        if (t.engine == engine) target = &t;
+      }
+    }
+    if (target == nullptr) {
+      // Not pushed yet (or nothing of it goes to that rank): never will be.
+      if (it == pushed_.end() && early_cancels_.insert({request, engine}).second) {
+        early_order_.emplace_back(request, engine);
+        while (early_order_.size() > kEarlyCancelsKept) {
+          early_cancels_.erase(early_order_.front());
+          early_order_.pop_front();
+        }
+      }
+    } else if (!target->cancelled) {
+      target->cancelled = true;
+      uint64_t never = 0;
+      for (auto& [k, st] : target->mine) {
+        if (st.submitted) {
+          ids.push_back(st.id);
+        } else {
+          st.submitted = true;
+          ++never;
+        }
+      }
+      std::lock_guard<std::mutex> acks_lock(it->second.acks->mu);
+      it->second.acks->outstanding -= never;
+      it->second.acks->cv.notify_all();
+    }
+  }
+  // When cancel() returns no byte of the write can land at the decode rank
+  // (every transport waits for what it sent to be acknowledged).
+  for (TransferId id : ids) (void)engine_.cancel(id);
+  confirm(request, engine);
+}
+
+std::optional<PeerId> Pusher::find_peer(const EngineKey& engine) {
+  std::optional<std::pair<std::string, size_t>> where = remotes_.locate(engine);
+  if (!where) return std::nullopt;
+  Result<PeerId> p = remotes_.peer(where->first, where->second);
+  if (!p.ok()) return std::nullopt;
+  return *p;
+}
+
+void Pusher::confirm(const RequestId& request, const EngineKey& engine) {
+  std::optional<PeerId> peer = find_peer(engine);
+  if (!peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (unanswered_.size() < kEarlyCancelsKept) unanswered_.emplace_back(request, engine);
+    return;
+  }
+  engine_.notify(*peer, format_message(Message::Kind::kCancelled, request), options_.transfer_timeout,
+                 [failures = failures_](Status s) {
+                   if (!s.ok()) failures->add(s);
+                 });
+}
+
+void Pusher::answer_pending() {
+  std::vector<std::pair<RequestId, EngineKey>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending.swap(unanswered_);
+  }
+  for (const auto& [request, engine] : pending) confirm(request, engine);
+}
+
+bool Pusher::unanswered() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !unanswered_.empty();
+}
+
+void Pusher::forget_older_than(Clock::time_point before) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(pushed_, [&](const auto& p) { return p.second.touched < before; });
+  std::erase_if(saved_, [&](const auto& s) { return s.second.second < before; });
+}
+
+}  // namespace kvbridge::connector

@@ -1,0 +1,116 @@
+// connector/pusher.h: the prefill side of push mode (ConnectorWorker::push).
+// For each pushed request and each rank of the decode instance: the stages
+// of that rank's plan (plan_stages(), planned as the decode rank plans it,
+// over every rank of this instance) whose bytes come from this rank, written
+// as engine writes once their layers are saved (all at once when not
+// streaming), each followed by "kvb/1 wrote <request> <stage> <stages>"
+// (the write's notification: delivered after its last byte) or, when the
+// write failed, "kvb/1 unwritten ...". A decode rank's "kvb/1 cancel"
+// cancels the writes to it (when Engine::cancel() returns none can land)
+// and is answered "kvb/1 cancelled"; a cancel that comes before push() is
+// kept, so that nothing is written to that rank.
+//
+// Thread-safety: every method from any thread. push() dials and plans
+// without holding the lock the others take; cancel() cancels outside it.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "connector/announcer.h"
+#include "connector/remotes.h"
+#include "kvbridge/connector.h"
+
+namespace kvbridge::connector {
+
+class Pusher {
+ public:
+  // `local` is this rank's layout and `regions` its tensors' registrations
+  // (in layout order); `layers` is layer_order(local). The engine, `local`
+  // and `remotes` must outlive this.
+  Pusher(Engine& engine, Remotes& remotes, const Layout& local, std::vector<RegionId> regions,
+         std::vector<std::string> layers, const WorkerOptions& options, std::shared_ptr<SendFailures> failures);
+
+  // As ConnectorWorker's.
+  Status push(RequestId request, const std::string& instance, const Request& blocks, const LoadOptions& options);
+  // Layers saved before push() are kept for it.
+  Status save_layer(RequestId request, std::string_view layer);
+  // kNotFound for a request never pushed.
+  Status wait_for_save(RequestId request, std::chrono::milliseconds timeout);
+  bool pushed(const RequestId& request) const;
+  // `engine` (a decode rank) asked to cancel `request`: cancels the writes
+  // to it, marks the rest never to start, and answers "kvb/1 cancelled".
+  void cancel(const RequestId& request, const std::pair<std::string, uint64_t>& engine);
+  // Answers the cancels whose sender was not reachable yet (an instance
+  // not fetched when they came); after a connect.
+  void answer_pending();
+  bool unanswered() const;
+
+  // Forgets requests untouched since `before` (never waited for).
+  void forget_older_than(std::chrono::steady_clock::time_point before);
+
+ private:
+  struct Acks {
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t outstanding = 0;  // writes not ended
+    Status first_error;
+  };
+  struct Stage {
+    uint32_t first_layer = 0, end_layer = 0;
+    std::vector<TransferItem> items;  // from this rank; emptied once submitted
+    TransferId id = 0;                // once submitted
+    bool submitted = false;
+  };
+  struct Target {  // one decode rank
+    uint32_t rank = 0;
+    PeerId peer = 0;
+    std::pair<std::string, uint64_t> engine;
+    uint32_t stages = 0;             // of its whole plan (the count its messages carry)
+    std::map<uint32_t, Stage> mine;  // by stage index: the stages with bytes from this rank
+    bool cancelled = false;
+  };
+  struct Pushed {
+    std::string instance;
+    bool stream = false;
+    std::vector<Target> targets;
+    std::shared_ptr<Acks> acks = std::make_shared<Acks>();
+    std::chrono::steady_clock::time_point touched;
+  };
+
+  // Requires mu_: submits every stage of `p` whose layers are saved.
+  void submit_ready(const RequestId& request, Pushed& p);
+  std::vector<uint8_t>& saved_locked(const RequestId& request);
+
+  using EngineKey = std::pair<std::string, uint64_t>;
+  // The engine connection to `engine`, if it is a rank of a fetched instance.
+  std::optional<PeerId> find_peer(const EngineKey& engine);
+  void confirm(const RequestId& request, const EngineKey& engine);
+
+  Engine& engine_;
+  Remotes& remotes_;
+  const Layout& local_;
+  const std::vector<RegionId> regions_;
+  const std::vector<std::string> layers_;
+  const WorkerOptions options_;
+  const std::shared_ptr<SendFailures> failures_;
+  mutable std::mutex mu_;
+  std::map<RequestId, Pushed> pushed_;
+  // Layers saved per request (by ordinal), also before push().
+  std::map<RequestId, std::pair<std::vector<uint8_t>, std::chrono::steady_clock::time_point>> saved_;
+  // Cancels that came before push(): (request, engine), bounded.
+  std::set<std::pair<RequestId, EngineKey>> early_cancels_;
+  std::deque<std::pair<RequestId, EngineKey>> early_order_;
+  std::vector<std::pair<RequestId, EngineKey>> unanswered_;  // cancels to confirm once reachable
+};
+
+}  // namespace kvbridge::connector

@@ -1,0 +1,233 @@
+// Push mode (WorkerOptions::mode = kPush): prefill ranks write into the
+// decode ranks' blocks, whole or layer by layer, and tell each decode rank
+// after each stage; the decode rank reads nothing. Aborts, failures and mode
+// mismatches.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <thread>
+
+#include "connector/worker_test_util.h"
+
+namespace kvbridge {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace worker_test;
+
+InstanceOptions push_opts(std::string id, uint32_t tp, RemoteAccess access) {
+  InstanceOptions o = opts(std::move(id), tp);
+  o.worker.mode = TransferMode::kPush;
+  o.worker.remote_access = access;
+  return o;
+}
+
+// Two prefill ranks pushing into `decode_tp` decode ranks. Every rank knows
+// both instances: a prefill rank plans over its own instance's ranks.
+struct Pushing {
+  std::vector<std::unique_ptr<Rank>> prefill, decode;
+  std::vector<std::string> layers;
+  explicit Pushing(uint32_t decode_tp = 1, InstanceOptions d = {}, InstanceOptions p = {}) {
+    if (d.id.empty()) d = push_opts("decode", decode_tp, RemoteAccess::kWrite);
+    if (p.id.empty()) p = push_opts("prefill", 2, RemoteAccess::kNone);
+    prefill = instance(p);
+    decode = instance(d);
+    layers = layer_order(decode[0]->layout);
+    for (auto& r : decode) EXPECT_TRUE(r->worker->add_remote("prefill", addresses(prefill)).ok());
+    for (auto& r : prefill) {
+      EXPECT_TRUE(r->worker->add_remote("decode", addresses(decode)).ok());
+      EXPECT_TRUE(r->worker->add_remote("prefill", addresses(prefill)).ok());
+    }
+  }
+  void fill_all(uint64_t seed = 11) {
+    for (auto& r : prefill) {
+      ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, seed, r->spans).ok());
+    }
+  }
+  void push_all(RequestId id, bool stream = false) {
+    for (auto& r : prefill) ASSERT_TRUE(r->worker->push(id, "decode", request(), LoadOptions{stream}).ok());
+  }
+  void compute(RequestId id, const std::string& layer, std::vector<size_t> ranks = {0, 1}) {
+    for (size_t k : ranks) {
+      Rank& r = *prefill[k];
+      ASSERT_TRUE(fill_request(keep_layers(r.layout, {layer}), request(), RequestSide::kRemote, 0, 11, r.spans).ok());
+      ASSERT_TRUE(r.worker->save_layer(id, layer).ok());
+    }
+  }
+  uint64_t untouched(const std::vector<std::string>::const_iterator from) const {
+    const std::set<std::string, std::less<>> rest(from, layers.cend());
+    uint64_t out = 0;
+    for (auto& d : decode) {
+      out += cells(*d, request(), rest) - bad_cells(*d, request(), rest, 11);  // cells that are the pattern
+    }
+    return out;
+  }
+};
+
+TEST(WorkerPushTest, EveryDecodeRankGetsItsBytesWrittenAndReadsNothing) {
+  for (uint32_t decode_tp : {1u, 4u}) {
+    Pushing s(decode_tp);
+    s.fill_all();
+    for (auto& d : s.decode) ASSERT_TRUE(d->worker->start_load("1", "prefill", request()).ok());
+    s.push_all("1");
+    for (auto& d : s.decode) {
+      LoadResult r = wait_one(*d->worker);
+      ASSERT_TRUE(r.error.ok()) << "decode TP " << decode_tp << ": " << r.error.to_string();
+      EXPECT_GT(r.bytes, 0u);
+      Result<ContentReport> all = check_request(d->layout, request(), RequestSide::kLocal, 0, 11, d->spans);
+      ASSERT_TRUE(all.ok());
+      EXPECT_EQ(all->bad_cells, 0u) << all->first_error;
+      EXPECT_EQ(d->engine->metrics().transfers_submitted, 0u) << "a push-mode decode rank reads nothing";
+    }
+    for (auto& p : s.prefill) EXPECT_TRUE(p->worker->wait_for_save("1", 5s).ok());
+    // Readers still say done to the ranks that wrote: the prefill scheduler's
+    // release works as in pull mode.
+    std::set<std::string> readers;
+    for (int i = 0; i < 200 && readers.size() < decode_tp; ++i) {
+      for (auto& p : s.prefill) {
+        for (const ReaderEvent& e : p->worker->take_reader_events()) {
+          if (e.kind == ReaderEvent::Kind::kDone) readers.insert(e.reader);
+        }
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_EQ(readers.size(), decode_tp);
+  }
+}
+
+TEST(WorkerPushTest, StreamedEachLayerIsWrittenOnceSavedAndNothingLaterMoves) {
+  Pushing s;
+  ConnectorWorker& d = *s.decode[0]->worker;
+  ASSERT_TRUE(d.start_load("1", "prefill", request(), LoadOptions{true}).ok());
+  s.push_all("1", true);
+  for (size_t i = 0; i < s.layers.size(); ++i) {
+    EXPECT_EQ(d.wait_for_layer("1", s.layers[i], 0ms).code(), Code::kTimeout);
+    EXPECT_EQ(s.untouched(s.layers.begin() + static_cast<long>(i)), 0u) << s.layers[i];
+    s.compute("1", s.layers[i]);
+    ASSERT_TRUE(d.wait_for_layer("1", s.layers[i], 5s).ok()) << s.layers[i];
+    EXPECT_EQ(bad_cells(*s.decode[0], request(), {s.layers[i]}, 11), 0u) << s.layers[i];
+  }
+  LoadResult r = wait_one(d);
+  ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+  EXPECT_EQ(r.stages, 32u);
+  for (auto& p : s.prefill) EXPECT_TRUE(p->worker->wait_for_save("1", 5s).ok());
+}
+
+// The prefill may finish before the decode rank's start_load(): what it
+// said is kept for the load.
+TEST(WorkerPushTest, StagesWrittenBeforeTheLoadStartsAreKept) {
+  Pushing s;
+  s.fill_all();
+  s.push_all("5");
+  for (auto& p : s.prefill) ASSERT_TRUE(p->worker->wait_for_save("5", 5s).ok());
+  ConnectorWorker& d = *s.decode[0]->worker;
+  ASSERT_TRUE(d.start_load("5", "prefill", request()).ok());
+  LoadResult r = wait_one(d);
+  ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+  EXPECT_EQ(bad_cells(*s.decode[0], request(), {s.layers.begin(), s.layers.end()}, 11), 0u);
+}
+
+// abort() returns once every source confirmed that none of its writes can
+// land: the later layers never do.
+TEST(WorkerPushTest, AnAbortMidStreamIsConfirmedByTheSourcesAndNothingLaterLands) {
+  Pushing s;
+  ConnectorWorker& d = *s.decode[0]->worker;
+  ASSERT_TRUE(d.start_load("3", "prefill", request(), LoadOptions{true}).ok());
+  s.push_all("3", true);
+  for (size_t i = 0; i < 5; ++i) s.compute("3", s.layers[i]);
+  ASSERT_TRUE(d.wait_for_layer("3", s.layers[4], 5s).ok());
+  ASSERT_TRUE(d.abort("3").ok());
+  for (size_t i = 5; i < s.layers.size(); ++i) s.compute("3", s.layers[i]);
+  LoadResult r = wait_one(d);
+  EXPECT_TRUE(r.aborted);
+  EXPECT_EQ(r.error.code(), Code::kCancelled) << r.error.to_string();
+  for (auto& p : s.prefill) EXPECT_TRUE(p->worker->wait_for_save("3", 5s).ok());
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(s.untouched(s.layers.begin() + 5), 0u);
+}
+
+// A cancel that comes before push() (the decode rank aborted at once; the
+// prefill ranks had not even fetched the decode instance): confirmed all
+// the same, and nothing is ever written.
+TEST(WorkerPushTest, AnAbortBeforeThePushIsConfirmedAndNothingIsWritten) {
+  Pushing s;
+  s.fill_all();
+  ConnectorWorker& d = *s.decode[0]->worker;
+  ASSERT_TRUE(d.wait_connected("prefill", 10s).ok());
+  ASSERT_TRUE(d.start_load("4", "prefill", request()).ok());
+  Status a = d.abort("4");
+  ASSERT_TRUE(a.ok()) << a.to_string();
+  EXPECT_TRUE(wait_one(d).aborted);
+  s.push_all("4");
+  for (auto& p : s.prefill) EXPECT_TRUE(p->worker->wait_for_save("4", 5s).ok());
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(s.untouched(s.layers.begin()), 0u);
+}
+
+// A prefill rank that never writes (died, or its message was lost): the
+// load fails at its deadline naming the first stage not written.
+TEST(WorkerPushTest, AStageNeverWrittenFailsTheLoadAtItsDeadline) {
+  InstanceOptions o = push_opts("decode", 1, RemoteAccess::kWrite);
+  o.worker.transfer_timeout = 300ms;
+  Pushing s(1, o);
+  s.fill_all();
+  ConnectorWorker& d = *s.decode[0]->worker;
+  ASSERT_TRUE(d.start_load("6", "prefill", request()).ok());
+  ASSERT_TRUE(s.prefill[0]->worker->push("6", "decode", request(), {}).ok());  // rank 1 never pushes
+  LoadResult r = wait_one(d);
+  EXPECT_EQ(r.error.code(), Code::kTimeout) << r.error.to_string();
+  EXPECT_NE(r.error.message().find("not written by every prefill rank"), std::string::npos) << r.error.to_string();
+  EXPECT_EQ(r.first_bad_token, 0u);
+}
+
+// A write the decode rank refuses (its tensors grant no write access): the
+// decode rank hears at once, and wait_for_save() names the cause.
+TEST(WorkerPushTest, AWriteThatFailsFailsTheLoadAtOnce) {
+  Pushing s(1, push_opts("decode", 1, RemoteAccess::kRead));
+  s.fill_all();
+  ConnectorWorker& d = *s.decode[0]->worker;
+  ASSERT_TRUE(d.start_load("7", "prefill", request()).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  s.push_all("7");
+  LoadResult r = wait_one(d);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  EXPECT_EQ(r.error.code(), Code::kIoError) << r.error.to_string();
+  EXPECT_NE(r.error.message().find("could not write"), std::string::npos) << r.error.to_string();
+  Status w = s.prefill[0]->worker->wait_for_save("7", 5s);
+  EXPECT_EQ(w.code(), Code::kPermissionDenied) << w.to_string();
+}
+
+// The mode is part of the handshake: a pull decode rank and push prefill
+// ranks refuse each other, naming it.
+TEST(WorkerPushTest, AModeMismatchFailsTheHandshakeNamingIt) {
+  Pushing s(1, opts("decode", 1));
+  ConnectorWorker& d = *s.decode[0]->worker;
+  ASSERT_TRUE(d.start_load("8", "prefill", request()).ok());
+  LoadResult r = wait_one(d);
+  EXPECT_EQ(r.error.code(), Code::kIncompatible) << r.error.to_string();
+  EXPECT_NE(r.error.message().find("transfer_mode push"), std::string::npos) << r.error.to_string();
+}
+
+TEST(WorkerPushTest, PushCallsNameWhatIsWrong) {
+  Pushing s;
+  ConnectorWorker& p = *s.prefill[0]->worker;
+  EXPECT_EQ(p.stream_to("1", "decode").code(), Code::kInvalidArgument);
+  EXPECT_EQ(p.push("1", "nowhere", request(), {}).code(), Code::kNotFound);
+  EXPECT_EQ(p.push("a b", "decode", request(), {}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(p.wait_for_save("1", 10ms).code(), Code::kNotFound);
+  ASSERT_TRUE(p.push("1", "decode", request(), {}).ok());
+  EXPECT_EQ(p.push("1", "decode", request(), {}).code(), Code::kAlreadyExists);
+  // A prefill rank that does not know its own instance cannot plan as the
+  // decode ranks do.
+  auto lone = instance(push_opts("lone", 1, RemoteAccess::kNone));
+  ASSERT_TRUE(lone[0]->worker->add_remote("decode", addresses(s.decode)).ok());
+  Status e = lone[0]->worker->push("2", "decode", request(), {});
+  EXPECT_EQ(e.code(), Code::kNotFound) << e.to_string();
+  EXPECT_NE(e.message().find("add_remote('lone'"), std::string::npos) << e.to_string();
+  // And a pull-mode worker has no push().
+  auto pull = instance(opts("pull", 1));
+  EXPECT_EQ(pull[0]->worker->push("3", "decode", request(), {}).code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvbridge
