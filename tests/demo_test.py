@@ -272,6 +272,33 @@ def _(name):
         check(f"{name} {fault}", r["streamed_requests"] == 3, f"streamed {r['streamed_requests']}")
 
 
+# Push mode: prefill ranks write into the decode ranks' blocks, whole or
+# layer by layer, every byte checked; then every fault that lands
+# mid-transfer, whole and streamed: clean as in pull mode.
+@case("push")
+def _(name):
+    r = demo("--mode", "push", "--requests", "4")
+    clean(name, r)
+    check(name, r["ok"] == 4 and r["mode"] == "push", f"ok {r['ok']}, mode {r.get('mode')}: {r['errors']}")
+    r = demo("--mode", "push", "--preset", "llama3-8b", "--stream", "layer", "--compute-us-per-layer", "500",
+             "--requests", "3")
+    clean(f"{name} stream", r)
+    check(f"{name} stream", r["streamed_requests"] == 3 and r["ok"] == 3, f"streamed {r['streamed_requests']}")
+    # Streamed too: the faults whose handling differs when stages are
+    # written as layers are saved. Under a sanitizer (5-10x slower) the
+    # faults that matter most, whole.
+    faults = ("kill-prefill", "kill-decode", "abort", "drop-notification", "pause", "stall")
+    for fault in faults if not SANITIZED else ("kill-prefill", "abort"):
+        streamed = fault in ("kill-prefill", "abort") and not SANITIZED
+        for stream in ("off", "layer") if streamed else ("off",):
+            what = f"{name} {fault} stream {stream}"
+            r = demo("--mode", "push", "--preset", "llama3-8b", "--stream", stream, "--compute-us-per-layer", "500",
+                     "--requests", "3", "--max-tokens", "512", "--inject", fault)
+            clean(what, r)
+            if fault == "kill-prefill":  # its loads fail at once, naming it, not at their deadline
+                errors_mention(what, r, "which writes it, is gone")
+
+
 # Pipeline-parallel instances: a prefill in stages into a decode instance of
 # other stages and TP, every preset, each byte checked and each plan
 # verified; then faults and streaming with stages on both sides.

@@ -76,6 +76,11 @@ Command add_demo_command(CLI::App& root) {
                   "more); each request then runs again unstreamed as the baseline")
       ->check(CLI::IsMember({"off", "layer", "auto"}))
       ->capture_default_str();
+  app->add_option("--mode", args->mode,
+                  "Who moves the bytes: pull (decode ranks read) or push (prefill ranks write into the decode "
+                  "ranks' blocks)")
+      ->check(CLI::IsMember({"pull", "push"}))
+      ->capture_default_str();
   app->add_option("--layers-per-stage", args->layers_per_stage, "Streamed loads: consecutive layers per stage")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

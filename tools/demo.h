@@ -92,6 +92,9 @@ struct DemoArgs {
   // fault injected, each request runs again after itself, the same size,
   // not streamed: the same run's baseline for the TTFT figures.
   std::string stream = "off";
+  // Who moves the bytes: "pull" (decode ranks read) or "push" (prefill
+  // ranks write into the decode ranks' blocks).
+  std::string mode = "pull";
   uint32_t layers_per_stage = WorkerOptions{}.stream_layers_per_stage;
   uint64_t stream_min_tokens = 0;  // auto: 0 takes kAutoStreamTokens
   // Prefill ranks spend this long computing each layer (a busy loop of

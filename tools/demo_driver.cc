@@ -178,8 +178,12 @@ class Driver {
     for (auto& p : procs_) {
       if (p->prefill) addrs.push_back(p->side_channel);
     }
+    // Push mode: prefill ranks plan as the decode ranks do, over every
+    // prefill rank, so they know their own instance too.
     for (auto& p : procs_) {
-      if (!p->prefill) KVB_RETURN_IF_ERROR(p->ch.send({{"cmd", "remote"}, {"instance", "prefill"}, {"ranks", addrs}}));
+      if (!p->prefill || a_.mode == "push") {
+        KVB_RETURN_IF_ERROR(p->ch.send({{"cmd", "remote"}, {"instance", "prefill"}, {"ranks", addrs}}));
+      }
     }
     // Streaming prefill ranks announce layers to the decode instances.
     for (uint32_t i = 0; i < a_.decode_instances; ++i) {
@@ -260,6 +264,9 @@ class Driver {
       r.first_bad_token = m.value("first_bad_token", uint64_t{0});
       loads_[id].push_back(m);
       (void)dscheds_[p.decode_instance].rank_result(p.rank, r);  // not waiting: aborted already
+    } else if (ev == "pushed") {
+      // A prefill rank's writes of a request ended; the decode ranks'
+      // results say whether they landed.
     } else if (ev == "final") {
       p.final = m;
     } else if (ev == "fatal" || ev == "error") {
@@ -405,6 +412,13 @@ class Driver {
                         {"request", json::parse(qjson)},
                         {"seed", seed},
                         {"stream", rec.streamed}});
+    }
+    if (a_.mode == "push" && !rec.streamed) {
+      // The KV is computed and the decode ranks are loading: the prefill
+      // ranks write it (a streamed request was pushed layer by layer).
+      for (Proc* p : prefill) {
+        (void)p->ch.send({{"cmd", "push"}, {"req", rec.id}, {"to", "decode-" + std::to_string(rec.decode_instance)}});
+      }
     }
     if (fault) inject(rec, decode);
     std::optional<RequestOutcome> out;

@@ -92,8 +92,16 @@ class Rank {
     w.stream_layers_per_stage = a.layers_per_stage;
     w.heartbeat_interval = std::clamp<std::chrono::milliseconds>(a.lease / 4, std::chrono::milliseconds(50),
                                                                  std::chrono::milliseconds(1000));
-    // Decode ranks only pull: peers need no access to their memory.
-    w.remote_access = c_.prefill ? RemoteAccess::kRead : RemoteAccess::kNone;
+    // Pull: decode ranks read, and peers need no access to their memory.
+    // Push: prefill ranks write into the decode ranks' memory (and still
+    // grant reads: the raw baseline reads them).
+    push_ = a.mode == "push";
+    w.mode = push_ ? TransferMode::kPush : TransferMode::kPull;
+    if (c_.prefill) {
+      w.remote_access = RemoteAccess::kRead;
+    } else {
+      w.remote_access = push_ ? RemoteAccess::kWrite : RemoteAccess::kNone;
+    }
     if (c_.prefill) {
       if (a.inject == Inject::kWrongSecret || a.inject == Inject::kMissingSecret) w.secret = "prefill-secret";
     } else if (a.inject == Inject::kWrongSecret) {
@@ -105,23 +113,25 @@ class Rank {
     e.host = c_.side.host;
     e.secret = w.secret;  // one trust for the side channel, control and data
     e.default_timeout = std::min<std::chrono::milliseconds>(a.transfer_timeout, std::chrono::seconds(5));
+    // Faults that slow the copies go to the side that copies (the decode
+    // ranks when they pull, the prefill ranks when they push), so that the
+    // fault lands mid-transfer; a dropped done message to the decode ranks.
     std::string faults;
-    if (!c_.prefill) {
-      switch (a.inject) {
-        case Inject::kKillPrefill:
-        case Inject::kKillDecode:
-        case Inject::kAbort:
-          faults = "delay=5";
-          break;
-        case Inject::kStall:
-          faults = "delay=1000";
-          break;
-        case Inject::kDropNotification:
-          faults = "drop-done=1";  // a reader's done message: the lease must free the blocks
-          break;
-        default:
-          break;
-      }
+    const bool copies = c_.prefill == push_;
+    switch (a.inject) {
+      case Inject::kKillPrefill:
+      case Inject::kKillDecode:
+      case Inject::kAbort:
+        if (copies) faults = "delay=5";
+        break;
+      case Inject::kStall:
+        if (copies) faults = "delay=1000";
+        break;
+      case Inject::kDropNotification:
+        if (!c_.prefill) faults = "drop-done=1";  // a reader's done message: the lease must free the blocks
+        break;
+      default:
+        break;
     }
     KVB_ASSIGN_OR_RETURN(engine_, testing::create_engine_with_faults(e, faults));
     KVB_ASSIGN_OR_RETURN(worker_, ConnectorWorker::create(*engine_, layout_, spans_, w));
@@ -190,6 +200,25 @@ class Rank {
       r.error = s;
       r.first_bad_token = q.skip_tokens;
       return loaded(r);
+    }
+    if (cmd == "push") {
+      // Push mode, unstreamed: the KV is computed and the decode ranks are
+      // loading; write it now, and report when every write ended.
+      auto it = held_.find(id);
+      if (it == held_.end()) return Status::not_found("push: request " + id + " was never prefilled here");
+      const auto t0 = Clock::now();
+      Status s = worker_->push(id, m.at("to").get<std::string>(), it->second.request, LoadOptions{false});
+      const auto t1 = Clock::now();
+      if (s.ok()) s = worker_->wait_for_save(id, c_.args->transfer_timeout);
+      const auto us = [](Clock::duration d) {
+        return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+      };
+      return ch_.send({{"ev", "pushed"},
+                       {"req", id},
+                       {"ok", s.ok()},
+                       {"error", s.ok() ? "" : s.to_string()},
+                       {"plan_us", us(t1 - t0)},               // push(): the handshake the first time, and planning
+                       {"write_us", us(Clock::now() - t1)}});  // until every write ended
     }
     if (cmd == "abort") {
       const auto t0 = Clock::now();
@@ -272,7 +301,11 @@ class Rank {
   Status prefill(RequestId id, const Request& q, const json& m) {
     const bool stream = m.value("stream", false);
     const auto compute = std::chrono::microseconds(c_.args->compute_us_per_layer);
-    if (stream) KVB_RETURN_IF_ERROR(worker_->stream_to(id, m.at("to").get<std::string>()));
+    if (stream && push_) {
+      KVB_RETURN_IF_ERROR(worker_->push(id, m.at("to").get<std::string>(), q, LoadOptions{true}));
+    } else if (stream) {
+      KVB_RETURN_IF_ERROR(worker_->stream_to(id, m.at("to").get<std::string>()));
+    }
     if (!stream && compute.count() == 0) {
       KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kRemote, 0, held_[id].seed, host_));
       KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kRemote, 0, true));
@@ -439,6 +472,7 @@ class Rank {
   bool device_ = false;
   int gpu_ = 0;
   device::Stream stream_ = nullptr;
+  bool push_ = false;  // --mode push
   device::Event event_ = nullptr;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ConnectorWorker> worker_;

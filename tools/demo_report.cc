@@ -190,6 +190,7 @@ void print_report(const Summary& s) {
               {"decode_dcp", a.decode.dcp},
               {"decode_instances", a.decode_instances},
               {"transport", a.transport},
+              {"mode", a.mode},
               {"policy", a.policy},
               {"inject", std::string(inject_name(a.inject))},
               {"requests", s.requests.size()},
@@ -267,9 +268,10 @@ void print_report(const Summary& s) {
   std::printf("kvbridge demo: %s, prefill %s (%s, %s) -> %u decode instance(s) of %s (%s, %s)\n", a.preset.c_str(),
               shape(a.prefill).c_str(), a.prefill.order.c_str(), blocks(a.prefill).c_str(), a.decode_instances,
               shape(a.decode).c_str(), a.decode.order.c_str(), blocks(a.decode).c_str());
-  std::printf("transport %s%s, failure policy %s, injected fault: %s; %zu requests in %.1f s\n\n", a.transport.c_str(),
-              a.memory == "cuda" ? (", device memory " + device_text()).c_str() : "", a.policy.c_str(),
-              std::string(inject_name(a.inject)).c_str(), s.requests.size(), s.seconds);
+  std::printf("transport %s%s, %s mode, failure policy %s, injected fault: %s; %zu requests in %.1f s\n\n",
+              a.transport.c_str(), a.memory == "cuda" ? (", device memory " + device_text()).c_str() : "",
+              a.mode.c_str(), a.policy.c_str(), std::string(inject_name(a.inject)).c_str(), s.requests.size(),
+              s.seconds);
   auto released = [&](const char* why) {
     auto it = s.releases.find(why);
     return it == s.releases.end() ? 0ull : static_cast<unsigned long long>(it->second);
@@ -310,7 +312,8 @@ void print_report(const Summary& s) {
   if (a.inject == Inject::kKillPrefill || a.inject == Inject::kKillDecode || a.inject == Inject::kAbort ||
       a.inject == Inject::kStall) {
     std::printf(
-        "                    (--inject %s slows every copy on the decode side, so that the fault lands mid-transfer)\n",
+        "                    (--inject %s slows every copy on the side that copies, so that the fault lands "
+        "mid-transfer)\n",
         std::string(inject_name(a.inject)).c_str());
   }
   std::printf("  listeners         %zu, %llu not on the host asked for\n", s.listeners.size(),

@@ -28,11 +28,20 @@
 // heartbeats and done messages, a start thread that plans and submits
 // loads, and a connect thread for handshakes (docs/connector.md, "Threads").
 //
+// Push mode (WorkerOptions::mode = kPush): the prefill ranks write instead.
+// Each plans, for each decode rank, the plan that rank would run, and writes
+// the descriptors whose source it is (ConnectorWorker::push); the decode
+// ranks' start_load() waits for "kvb/1 wrote <request> <stage> <stages>"
+// from every rank it would read, sent after each stage's bytes. The
+// schedulers are the same in both modes.
+//
 // Messages between workers travel as engine notifications:
 // "kvb/1 hb <request id>" and "kvb/1 done <request id>", from the decode rank's
 // engine to each prefill rank it reads from, and "kvb/1 ready <request>
 // <layer>" (streaming) from a prefill rank's engine to each decode rank of
-// the instance it streams to; the sender is the engine (name and instance,
+// the instance it streams to; in push mode "kvb/1 cancel <request>" (decode
+// -> prefill) and "wrote", "unwritten" and "cancelled" (prefill -> decode,
+// connector/messages.h); the sender is the engine (name and instance,
 // proven with a secret), and a decode rank takes "ready" only from the
 // engine of a prefill rank it reads from. The worker takes every
 // notification of its engine (Engine::set_notification_listener).

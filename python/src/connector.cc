@@ -488,7 +488,7 @@ void bind_worker(py::module_& m) {
                        const std::string& side_channel_host, const std::string& secret, py::object handshake_timeout,
                        py::object transfer_timeout, py::object heartbeat_interval, bool verify_plans,
                        const std::string& remote_access, uint64_t load_chunk_tokens, uint32_t stream_layers_per_stage,
-                       const std::string& side_channel_advertise_host) {
+                       const std::string& side_channel_advertise_host, const std::string& mode) {
              PyEngine& pe = engine.cast<PyEngine&>();
              std::vector<std::string> names;
              for (const Tensor& t : layout.tensors) names.push_back(t.name);
@@ -517,6 +517,7 @@ void bind_worker(py::module_& m) {
              o.remote_access = unwrap(parse_remote_access(remote_access));
              o.load_chunk_tokens = load_chunk_tokens;
              o.stream_layers_per_stage = stream_layers_per_stage;
+             o.mode = unwrap(parse_transfer_mode(mode));
              Engine& e = pe.get();
              Result<std::unique_ptr<ConnectorWorker>> w = [&] {
                py::gil_scoped_release nogil;
@@ -529,7 +530,7 @@ void bind_worker(py::module_& m) {
            py::arg("transfer_timeout") = 30.0, py::arg("heartbeat_interval") = 1.0, py::arg("verify_plans") = false,
            py::arg("remote_access") = "read", py::arg("load_chunk_tokens") = WorkerOptions{}.load_chunk_tokens,
            py::arg("stream_layers_per_stage") = WorkerOptions{}.stream_layers_per_stage,
-           py::arg("side_channel_advertise_host") = "",
+           py::arg("side_channel_advertise_host") = "", py::arg("mode") = "pull",
            "Registers each tensor of `layout` with `engine` and starts the side channel.\n\n"
            "tensors: one object per layout tensor (list in layout order, or dict by tensor name), each\n"
            "exactly the tensor's bytes and of its memory kind: torch tensors, numpy arrays, buffers.\n"
@@ -543,7 +544,9 @@ void bind_worker(py::module_& m) {
            "stream_layers_per_stage: a streamed load (start_load(stream=True)) reads this many\n"
            "consecutive layers per stage (0: all layers in one stage). side_channel_advertise_host:\n"
            "the address remote ranks are given for the side channel when not side_channel_host\n"
-           "(required when that is a wildcard such as '0.0.0.0').")
+           "(required when that is a wildcard such as '0.0.0.0'). mode: 'pull' (decode ranks read)\n"
+           "or 'push' (prefill ranks write into the decode ranks' blocks: push(); decode ranks then\n"
+           "grant remote_access='write'); the same on every rank of both instances.")
       .def_property_readonly(
           "side_channel_address", [](PyWorker& w) { return w.get().side_channel_address(); },
           "host:port of this rank's side channel: give it to the other instance's add_remote().")
@@ -625,6 +628,23 @@ void bind_worker(py::module_& m) {
           py::arg("request"), py::arg("instance"),
           "Prefill side: the decode instance (known by add_remote) whose ranks load `request`\n"
           "streamed; layers saved so far are announced now (GIL released: the first call dials).")
+      .def(
+          "push",
+          [](PyWorker& w, Rid request, const std::string& instance, const Request& blocks, bool stream) {
+            ConnectorWorker& c = w.get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c.push(request, instance, blocks, LoadOptions{stream});
+            }
+            check(s);
+          },
+          py::arg("request"), py::arg("instance"), py::arg("blocks"), py::arg("stream") = false,
+          "Push mode, prefill side: writes this rank's part of `request` into the blocks of the\n"
+          "decode instance `instance` (blocks: what its ranks pass to start_load). Plans as each\n"
+          "decode rank does, over every rank of this instance (add_remote() this instance too).\n"
+          "stream=False: writes everything now; True: each stage once save_layer() saved its\n"
+          "layers. wait_for_save() waits for every write. GIL released: the first call dials.")
       .def(
           "save_layer",
           [](PyWorker& w, Rid request, const std::string& layer) { check(w.get().save_layer(request, layer)); },

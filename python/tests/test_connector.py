@@ -123,6 +123,34 @@ def test_a_streamed_load_reads_each_layer_once_the_prefill_saved_it():
                 wp.save_layer("req-9", "nope")
 
 
+def test_push_mode_the_prefill_writes_layer_by_layer_and_the_decode_reads_nothing():
+    p, d = torch_caches(fill_seed=7), torch_caches()
+    lp, ld = kvbridge.layout_from_tensors(torch_spec(p)), kvbridge.layout_from_tensors(torch_spec(d))
+    layers = kvbridge.layer_order(ld)
+    with kvbridge.Engine(name="prefill/r0") as ep, kvbridge.Engine(name="decode/r0") as ed:
+        with kvbridge.ConnectorWorker(ep, lp, p, instance_id="prefill", mode="push", remote_access="none") as wp, \
+                kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode", mode="push", remote_access="write") as wd:
+            wd.add_remote("prefill", [wp.side_channel_address])
+            wp.add_remote("decode", [wd.side_channel_address])
+            wp.add_remote("prefill", [wp.side_channel_address])  # it plans over its own instance's ranks
+            q = kvbridge.Request(32, {"full": ([1, 2], [4, 5])})
+            wd.start_load("req-3", "prefill", q, stream=True)
+            wp.push("req-3", "decode", q, stream=True)
+            wp.save_layer("req-3", layers[0])
+            wd.wait_for_layer("req-3", layers[0], timeout=10)
+            assert torch.equal(d[0][:, 1].view(torch.int16), p[0][:, 4].view(torch.int16))
+            assert not d[1].view(torch.int16).any()  # not saved yet: not written
+            wp.save_layer("req-3", layers[1])
+            result = wd.collect("req-3", timeout=20)["req-3"]
+            assert result.ok and result.stages == 2, result
+            assert torch.equal(d[1][:, 2].view(torch.int16), p[1][:, 5].view(torch.int16))
+            wp.wait_for_save("req-3", timeout=10)
+            with pytest.raises(kvbridge.InvalidArgument, match="pull mode"):
+                wp.stream_to("req-4", "decode")
+        with pytest.raises(kvbridge.InvalidArgument, match="transfer mode 'sideways'"):
+            kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode", mode="sideways")
+
+
 def test_a_mismatched_handshake_raises_incompatible_naming_the_field():
     p, d = torch_caches(fill_seed=1), torch_caches()
     lp, ld = kvbridge.layout_from_tensors(torch_spec(p)), kvbridge.layout_from_tensors(torch_spec(d, dtype="fp8_e4m3"))

@@ -1,6 +1,7 @@
 #include "connector/pusher.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "common/text.h"
 #include "connector/messages.h"
@@ -24,17 +25,15 @@ Pusher::Pusher(Engine& engine, Remotes& remotes, const Layout& local, std::vecto
       options_(options),
       failures_(std::move(failures)) {}
 
-Status Pusher::push(RequestId request, const std::string& instance, const Request& blocks,
-                    const LoadOptions& options) {
+Status Pusher::push(RequestId request, const std::string& instance, const Request& blocks, const LoadOptions& options) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (pushed_.count(request) != 0) return Status::already_exists("request " + q(request) + " is pushed already");
   }
   if (!remotes_.known(options_.instance_id)) {
-    return Status::not_found(
-        "push: a prefill rank plans as the decode ranks do, over every rank of its own instance " +
-        q(options_.instance_id) + ": add_remote(" + q(options_.instance_id) +
-        ", the side channels of its ranks) on each of them");
+    return Status::not_found("push: a prefill rank plans as the decode ranks do, over every rank of its own instance " +
+                             q(options_.instance_id) + ": add_remote(" + q(options_.instance_id) +
+                             ", the side channels of its ranks) on each of them");
   }
   KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> own, remotes_.fetch(options_.instance_id));
   KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> decode, remotes_.fetch(instance));
@@ -63,8 +62,8 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
       }
       Result<VerifyReport> v = verify(all, reader, own->layouts, blocks, /*check_minimal=*/stages->size() == 1);
       if (!v.ok()) {
-        return v.error().with_context("request " + q(request) + ": plan to " + instance + " rank " +
-                                      std::to_string(d) + " failed verification");
+        return v.error().with_context("request " + q(request) + ": plan to " + instance + " rank " + std::to_string(d) +
+                                      " failed verification");
       }
     }
     Target t;
@@ -84,6 +83,10 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
                                         decode->infos[d].tensors[desc.local_tensor].region, desc.local_offset,
                                         desc.bytes});
       }
+      // In this rank's address order, as a reader's items are in its own.
+      std::sort(st.items.begin(), st.items.end(), [](const TransferItem& a, const TransferItem& b) {
+        return std::tie(a.local, a.local_offset) < std::tie(b.local, b.local_offset);
+      });
       if (!st.items.empty()) t.mine.emplace(k, std::move(st));
     }
     if (t.mine.empty()) continue;

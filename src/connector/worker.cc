@@ -72,7 +72,15 @@ struct Wakeups {
   };
   std::vector<Ended> ended;
   bool notes = false;  // a notification arrived
-  bool poke = false;   // stop, or look at the loads again (abort)
+  // Push mode: a heartbeat to a load's source failed because the source is
+  // gone (request, the source's engine name, the error).
+  struct Lost {
+    RequestId request;
+    std::string source;
+    Status error;
+  };
+  std::vector<Lost> lost;
+  bool poke = false;  // stop, or look at the loads again (abort)
 };
 
 class WorkerImpl final : public ConnectorWorker {
@@ -210,7 +218,7 @@ class WorkerImpl final : public ConnectorWorker {
     KVB_RETURN_IF_ERROR(check_request_id(request));
     if (!remotes_->known(instance)) return Status::not_found("unknown remote instance " + q(instance));
     // Planning, submitting and any handshake run on the worker's threads.
-    Job job{request, instance, blocks, options, 0};
+    Job job{request, instance, blocks, options, 0, Clock::now()};
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (loads_.count(request) != 0 || queued_.count(request) != 0) {
@@ -236,7 +244,7 @@ class WorkerImpl final : public ConnectorWorker {
   // Plans and starts the queued load of generation `gen` (on the start
   // thread, its instance connected), if it is still queued (not aborted).
   Status start_now(const RequestId& request, const std::string& instance, const Request& blocks,
-                   const LoadOptions& options, uint64_t gen) {
+                   const LoadOptions& options, uint64_t gen, Clock::time_point called) {
     KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(instance));
     // Planning (and verifying) runs outside the lock, on the immutable snapshot.
     const std::vector<Layout>& layouts = fetched->layouts;
@@ -307,7 +315,9 @@ class WorkerImpl final : public ConnectorWorker {
     if (queued == queued_.end() || queued->second.gen != gen) return Status();  // aborted meanwhile
     if (loads_.count(request) != 0) return Status::already_exists("request " + q(request) + " is loading");
     ended_.erase(request);
-    load.started = Clock::now();
+    // A pull load's clock starts when its first read can (after planning);
+    // a push load's at start_load(): the sources may be writing already.
+    load.started = load.push ? called : Clock::now();
     load.deadline = load.started + options_.transfer_timeout;
     load.unsubmitted = load.stages.size();
     if (load.stream) load.announced.assign(layouts.size(), std::vector<uint8_t>(order_.size(), 0));
@@ -700,6 +710,25 @@ class WorkerImpl final : public ConnectorWorker {
   // Never blocks: the engine calls back when the peer acknowledged the
   // message, or at its deadline, or when the peer is gone; a stopped peer
   // delays nothing else.
+  // Requires mu_: a heartbeat to the k-th source of a push load. Only the
+  // source can write, so one that is gone (the engine says so: kIoError)
+  // fails the load at once rather than at its deadline.
+  void beat_push_source(const Load& load, size_t k) {
+    const std::string source =
+        load.fetched->infos[load.result.sources[k]].instance_id + " rank " + std::to_string(load.result.sources[k]);
+    engine_.notify(load.peers[k], connector::format_message(connector::Message::Kind::kHeartbeat, load.request),
+                   options_.transfer_timeout, [sent = sent_, wake = wake_, request = load.request, source](Status s) {
+                     if (s.ok()) return;
+                     sent->add(s);
+                     if (s.code() != Code::kIoError) return;
+                     {
+                       std::lock_guard<std::mutex> lock(wake->mu);
+                       wake->lost.push_back({request, source, std::move(s)});
+                     }
+                     wake->cv.notify_one();
+                   });
+  }
+
   void send(PeerId peer, const std::string& message) {
     // The callback may outlive the worker (a peer that never answers): it
     // holds only the counters.
@@ -723,11 +752,14 @@ class WorkerImpl final : public ConnectorWorker {
         }
       }
       std::vector<Wakeups::Ended> ended;
+      std::vector<Wakeups::Lost> lost;
       bool notes = false;
       {
         std::unique_lock<std::mutex> wl(wake_->mu);
-        wake_->cv.wait_until(wl, wake_at, [&] { return !wake_->ended.empty() || wake_->poke || wake_->notes; });
+        wake_->cv.wait_until(
+            wl, wake_at, [&] { return !wake_->ended.empty() || wake_->poke || wake_->notes || !wake_->lost.empty(); });
         ended.swap(wake_->ended);
+        lost.swap(wake_->lost);
         notes = std::exchange(wake_->notes, false);
         wake_->poke = false;
       }
@@ -750,6 +782,12 @@ class WorkerImpl final : public ConnectorWorker {
           if (!e.done) st.failed = true;
           if (--st.pending == 0 && !st.failed) land(load, st);
         }
+        for (Wakeups::Lost& l : lost) {
+          auto it = loads_.find(l.request);
+          if (it == loads_.end() || !it->second.start_error.ok() || it->second.unsubmitted == 0) continue;
+          it->second.start_error =
+              l.error.with_context("request " + q(l.request) + ": " + l.source + ", which writes it, is gone");
+        }
         const Clock::time_point now = Clock::now();
         for (auto it = loads_.begin(); it != loads_.end();) {
           Load& load = (it++)->second;
@@ -765,8 +803,14 @@ class WorkerImpl final : public ConnectorWorker {
         if (now >= next_beat) {
           next_beat = now + options_.heartbeat_interval;
           for (auto& [id, load] : loads_) {
-            for (PeerId p : load.peers)
-              messages.emplace_back(p, connector::format_message(connector::Message::Kind::kHeartbeat, id));
+            for (size_t k = 0; k < load.peers.size(); ++k) {
+              if (load.push) {
+                beat_push_source(load, k);
+              } else {
+                messages.emplace_back(load.peers[k],
+                                      connector::format_message(connector::Message::Kind::kHeartbeat, id));
+              }
+            }
           }
           // Streams the engine never waited for are forgotten after a while.
           announcer_->forget_older_than(now - 4 * options_.transfer_timeout);
@@ -832,7 +876,7 @@ class WorkerImpl final : public ConnectorWorker {
         continue;
       }
       lock.unlock();
-      Status s = start_now(job.request, job.instance, job.blocks, job.options, job.gen);
+      Status s = start_now(job.request, job.instance, job.blocks, job.options, job.gen, job.called);
       lock.lock();
       auto qd = queued_.find(job.request);
       if (!s.ok() && qd != queued_.end() && qd->second.gen == job.gen) {
@@ -970,6 +1014,7 @@ class WorkerImpl final : public ConnectorWorker {
     Request blocks;
     LoadOptions options;
     uint64_t gen = 0;
+    Clock::time_point called;  // start_load()
   };
   std::map<RequestId, Queued> queued_;
   std::map<RequestId, uint64_t> abandoned_;  // aborted while queued (-> gen): owed a done to its sources

@@ -110,7 +110,8 @@ inline LoadResult wait_one(ConnectorWorker& w) {
 }
 
 // Bad cells of `layers` of the request at the decode rank (0: all arrived).
-inline uint64_t bad_cells(const Rank& r, const Request& q, const std::set<std::string, std::less<>>& layers, uint64_t seed) {
+inline uint64_t bad_cells(const Rank& r, const Request& q, const std::set<std::string, std::less<>>& layers,
+                          uint64_t seed) {
   Result<ContentReport> c =
       check_request(keep_layers(r.layout, layers), q, RequestSide::kLocal, q.skip_tokens, seed, r.spans);
   EXPECT_TRUE(c.ok()) << c.error().to_string();
