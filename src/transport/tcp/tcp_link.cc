@@ -271,14 +271,17 @@ Status TcpLink::run_stream(Stream& stream, TransferOp op, std::span<const Copy> 
   recv_cursor.push(head, sizeof head);
   Status failure;
 
+  // A write's cancel, seen between steps or while waiting: drain from now on.
+  auto drain_instead = [&](Status& seen) {
+    if (seen.code() != Code::kCancelled || reading || !stopped.ok()) return false;
+    stopped = std::move(seen);
+    seen = Status();
+    limits = net::IoLimits{std::min(control.deadline, Clock::now() + kDrainGrace), nullptr, nullptr};
+    return true;
+  };
   while (next_recv < (stopped.ok() ? frames.size() : next_send + (sending ? 1 : 0))) {
     failure = net::check_limits(limits, who_ + ": " + verb);
-    if (failure.code() == Code::kCancelled && !reading && stopped.ok()) {
-      stopped = std::move(failure);
-      failure = Status();
-      limits = net::IoLimits{std::min(control.deadline, Clock::now() + kDrainGrace), nullptr, nullptr};
-      continue;
-    }
+    if (drain_instead(failure)) continue;
     if (!failure.ok()) break;
     bool progressed = false;
     if (!sending && stopped.ok() && next_send < frames.size() && next_send - next_recv < kFramesAhead) {
@@ -360,6 +363,7 @@ Status TcpLink::run_stream(Stream& stream, TransferOp op, std::span<const Copy> 
     if (!progressed) {
       short events = static_cast<short>((sending ? POLLOUT : 0) | (next_recv < next_send ? POLLIN : 0));
       failure = net::wait_fd(fd, events, limits, who_ + ": " + verb);
+      if (drain_instead(failure)) continue;
       if (!failure.ok()) break;
     }
   }

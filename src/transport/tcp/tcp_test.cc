@@ -135,6 +135,7 @@ TEST_F(TcpTest, AfterTheServerIsGoneTheNextDialIsRefusedAtOnce) {
 // bytes as they arrive, so frames still in the socket would land late).
 // The stream stays open for the next run.
 TEST_F(TcpTest, CancelledWriteLandsNothingAfterReturn) {
+  link_ = single_stream_link();  // one server thread: the writes below overlap, in order
   for (size_t i = 0; i < local_.size(); ++i) local_[i] = static_cast<uint8_t>(i >> 20);
   // 4 GiB of 1 MiB writes (long enough to stop mid-way), each remote MiB
   // getting another local MiB than the write before it, so a late one shows.
