@@ -350,10 +350,14 @@ class WorkerImpl final : public ConnectorWorker {
     ++stats_.loads_started;
     queued_.erase(queued);
     auto [it, inserted] = loads_.emplace(request, std::move(load));
-    if (it->second.pending == 0 && (it->second.unsubmitted == 0 || !it->second.start_error.ok())) {
-      end_load(it);
-    } else if (it->second.unsubmitted > 0) {
-      poke();  // the pump wakes at this load's deadline
+    if (it->second.pending == 0 && (it->second.unsubmitted == 0 || !it->second.start_error.ok()) &&
+        it->second.peers.empty()) {
+      end_load(it);  // nothing read, nobody to tell
+    } else {
+      // The pump ends a load that is over already (push: every stage was
+      // written before it started) and tells its sources it is done, or
+      // wakes at its deadline.
+      poke();
     }
     return Status();
   }
