@@ -155,20 +155,14 @@ void Pusher::submit_ready(const RequestId& request, Pushed& p) {
       // Runs with no lock of ours held (or inside submit(), under mu_: it
       // takes only the acks' lock). A failed write tells the decode rank at
       // once; a cancelled one was asked for.
+      // It may outlive this Pusher (a write still in flight when the worker
+      // goes): it holds only the engine, which outlives the worker, and
+      // shared state.
       o.on_end = [engine = &engine_, acks = p.acks, failures = failures_, peer = t.peer, unwritten,
                   timeout = options_.transfer_timeout](TransferId id, const TransferStatus& ts) {
-        if (ts.state == TransferState::kFailed) {
-          engine->notify(peer, unwritten, timeout, [failures](Status s) {
-            if (!s.ok()) failures->add(s);
-          });
-        }
         (void)engine->release(id);
-        {
-          std::lock_guard<std::mutex> lock(acks->mu);
-          if (ts.state == TransferState::kFailed && acks->first_error.ok()) acks->first_error = ts.error;
-          --acks->outstanding;
-        }
-        acks->cv.notify_all();
+        ended(*engine, *acks, failures, peer, unwritten, timeout,
+              ts.state == TransferState::kFailed ? ts.error : Status());
       };
       Result<TransferId> id = engine_.submit(t.peer, TransferOp::kWrite, st.items, std::move(o));
       st.items = {};
@@ -176,19 +170,26 @@ void Pusher::submit_ready(const RequestId& request, Pushed& p) {
         st.id = *id;
         continue;
       }
-      const Status e = id.error().with_context("request " + q(request) + ": writing to " + p.instance + " rank " +
-                                               std::to_string(t.rank));
-      engine_.notify(t.peer, unwritten, options_.transfer_timeout, [failures = failures_](Status s) {
-        if (!s.ok()) failures->add(s);
-      });
-      {
-        std::lock_guard<std::mutex> lock(p.acks->mu);
-        if (p.acks->first_error.ok()) p.acks->first_error = e;
-        --p.acks->outstanding;
-      }
-      p.acks->cv.notify_all();
+      ended(engine_, *p.acks, failures_, t.peer, unwritten, options_.transfer_timeout,
+            id.error().with_context("request " + q(request) + ": writing to " + p.instance + " rank " +
+                                    std::to_string(t.rank)));
     }
   }
+}
+
+void Pusher::ended(Engine& engine, Acks& acks, const std::shared_ptr<SendFailures>& failures, PeerId peer,
+                   const std::string& unwritten, std::chrono::milliseconds timeout, const Status& error) {
+  if (!error.ok()) {
+    engine.notify(peer, unwritten, timeout, [failures](Status s) {
+      if (!s.ok()) failures->add(s);
+    });
+  }
+  {
+    std::lock_guard<std::mutex> lock(acks.mu);
+    if (!error.ok() && acks.first_error.ok()) acks.first_error = error;
+    --acks.outstanding;
+  }
+  acks.cv.notify_all();
 }
 
 Status Pusher::wait_for_save(RequestId request, std::chrono::milliseconds timeout) {
@@ -213,11 +214,6 @@ Status Pusher::wait_for_save(RequestId request, std::chrono::milliseconds timeou
   pushed_.erase(request);
   saved_.erase(request);
   return out;
-}
-
-bool Pusher::pushed(const RequestId& request) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return pushed_.count(request) != 0;
 }
 
 void Pusher::cancel(const RequestId& request, const EngineKey& engine) {

@@ -46,7 +46,6 @@ class Pusher {
   Status save_layer(RequestId request, std::string_view layer);
   // kNotFound for a request never pushed.
   Status wait_for_save(RequestId request, std::chrono::milliseconds timeout);
-  bool pushed(const RequestId& request) const;
   // `engine` (a decode rank) asked to cancel `request`: cancels the writes
   // to it, marks the rest never to start, and answers "kvb/1 cancelled".
   void cancel(const RequestId& request, const std::pair<std::string, uint64_t>& engine);
@@ -87,6 +86,12 @@ class Pusher {
     std::chrono::steady_clock::time_point touched;
   };
 
+  // A write to `peer` ended (on an engine thread, or in submit() under
+  // mu_: takes only the acks' lock, and touches no member, so that a write
+  // may end after this Pusher is gone): counts it, and on `error` tells the
+  // decode rank ("unwritten") and keeps the first error.
+  static void ended(Engine& engine, Acks& acks, const std::shared_ptr<SendFailures>& failures, PeerId peer,
+                    const std::string& unwritten, std::chrono::milliseconds timeout, const Status& error);
   // Requires mu_: submits every stage of `p` whose layers are saved.
   void submit_ready(const RequestId& request, Pushed& p);
   std::vector<uint8_t>& saved_locked(const RequestId& request);

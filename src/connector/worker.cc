@@ -60,6 +60,18 @@ struct Early {
   uint32_t a = 0, b = 0;
 };
 
+// The source ranks of a load: their engines and the connections to them.
+struct Sources {
+  std::set<EngineKey> engines;
+  std::vector<PeerId> peers;
+  Status unreachable;  // the first source that could not be connected to (left out)
+};
+
+// Push mode: every source of the stage said it wrote its part.
+bool written(const LoadStage& st) {
+  return std::all_of(st.items.begin(), st.items.end(), [](const auto& v) { return v.empty(); });
+}
+
 // What the engine's callbacks push and the pump takes. Shared, so a
 // callback that outlives the worker touches nothing else.
 struct Wakeups {
@@ -325,7 +337,7 @@ class WorkerImpl final : public ConnectorWorker {
       // A stage with nothing to move has landed; the others land as their
       // sources say "wrote".
       for (LoadStage& st : load.stages) {
-        if (std::all_of(st.items.begin(), st.items.end(), [](const auto& v) { return v.empty(); })) {
+        if (written(st)) {
           st.submitted = true;
           --load.unsubmitted;
           land(load, st);
@@ -389,8 +401,8 @@ class WorkerImpl final : public ConnectorWorker {
 
   Status abort(RequestId request) override {
     std::vector<TransferId> ids;
-    std::string push_instance;  // push mode: the sources to ask to cancel
-    std::optional<std::pair<std::set<EngineKey>, std::vector<PeerId>>> push_sources;
+    std::string push_instance;            // push mode: the sources to ask to cancel
+    std::optional<Sources> push_sources;  // of a started load; a queued one's are found later
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto qd = queued_.find(request); qd != queued_.end()) {
@@ -411,9 +423,9 @@ class WorkerImpl final : public ConnectorWorker {
         if (load.push) {
           push_instance = load.instance;
           push_sources.emplace();
-          for (uint32_t s : load.result.sources) push_sources->first.insert(load.fetched->engines[s]);
-          push_sources->second = load.peers;
-          cancelling_[request] = push_sources->first;  // the pump keeps the load until abort() is done
+          for (uint32_t s : load.result.sources) push_sources->engines.insert(load.fetched->engines[s]);
+          push_sources->peers = load.peers;
+          cancelling_[request] = push_sources->engines;  // the pump keeps the load until abort() is done
         }
       }
     }
@@ -431,8 +443,7 @@ class WorkerImpl final : public ConnectorWorker {
   // engines and peers of a started load; none: of a load aborted while
   // queued, which may already be written to (its sources as plans choose
   // them, once the instance is connected).
-  Status cancel_sources(const RequestId& request, const std::string& instance,
-                        std::optional<std::pair<std::set<EngineKey>, std::vector<PeerId>>> sources) {
+  Status cancel_sources(const RequestId& request, const std::string& instance, std::optional<Sources> sources) {
     const auto deadline = Clock::now() + options_.handshake_timeout;
     const std::string within = " within " + std::to_string(options_.handshake_timeout.count()) + " ms";
     if (!sources) {
@@ -441,20 +452,14 @@ class WorkerImpl final : public ConnectorWorker {
         return Status::timeout("request " + q(request) + ": cannot ask " + instance +
                                " to cancel (not connected: " + c.message() + "); bytes it writes may still land");
       }
-      std::shared_ptr<const Fetched> f = remotes_->fetched(instance);
-      Result<std::vector<uint32_t>> ranks = source_ranks(layout_, f->layouts);
-      if (!ranks.ok()) return ranks.error();
-      sources.emplace();
-      for (uint32_t s : *ranks) {
-        Result<PeerId> p = remotes_->peer(instance, s);
-        if (!p.ok()) return p.error();
-        sources->first.insert(f->engines[s]);
-        sources->second.push_back(*p);
-      }
+      Result<Sources> found = planned_sources(instance);
+      if (!found.ok()) return found.error();
+      if (!found->unreachable.ok()) return found->unreachable;
+      sources = std::move(*found);
       std::lock_guard<std::mutex> lock(mu_);
-      cancelling_[request] = sources->first;
+      cancelling_[request] = sources->engines;
     }
-    for (PeerId p : sources->second) send(p, connector::format_message(connector::Message::Kind::kCancel, request));
+    for (PeerId p : sources->peers) send(p, connector::format_message(connector::Message::Kind::kCancel, request));
     std::unique_lock<std::mutex> lock(mu_);
     const bool all = results_cv_.wait_until(lock, deadline, [&] {
       auto c = cancelling_.find(request);
@@ -581,7 +586,7 @@ class WorkerImpl final : public ConnectorWorker {
       return;
     }
     st.items[s].clear();
-    if (!std::all_of(st.items.begin(), st.items.end(), [](const auto& v) { return v.empty(); })) return;
+    if (!written(st)) return;
     st.submitted = true;
     --load.unsubmitted;
     load.last_byte = std::max(load.last_byte, Clock::now());
@@ -906,14 +911,28 @@ class WorkerImpl final : public ConnectorWorker {
   // fewest sources, as plans choose them) that this rank is done with it:
   // a load aborted before it started holds no byte of theirs.
   void release_sources(const std::string& instance, const RequestId& request) {
-    Result<std::shared_ptr<const Fetched>> fetched = remotes_->fetch(instance);
-    if (!fetched.ok()) return;
-    Result<std::vector<uint32_t>> sources = source_ranks(layout_, (*fetched)->layouts);
+    Result<Sources> sources = planned_sources(instance);
     if (!sources.ok()) return;
-    for (uint32_t s : *sources) {
+    for (PeerId p : sources->peers) send(p, connector::format_message(connector::Message::Kind::kDone, request));
+  }
+
+  // The ranks of `instance` a load of this rank reads from (the fewest, as
+  // plans choose them), connected: what a load that never started would
+  // have used. The handshake's or planner's error otherwise.
+  Result<Sources> planned_sources(const std::string& instance) {
+    KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(instance));
+    KVB_ASSIGN_OR_RETURN(std::vector<uint32_t> ranks, source_ranks(layout_, fetched->layouts));
+    Sources out;
+    for (uint32_t s : ranks) {
       Result<PeerId> p = remotes_->peer(instance, s);
-      if (p.ok()) send(*p, connector::format_message(connector::Message::Kind::kDone, request));
+      if (!p.ok()) {
+        if (out.unreachable.ok()) out.unreachable = p.error();
+        continue;
+      }
+      out.engines.insert(fetched->engines[s]);
+      out.peers.push_back(*p);
     }
+    return out;
   }
 
   // The connect thread: handshakes with instances and connects to their
