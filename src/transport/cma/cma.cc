@@ -252,7 +252,7 @@ class CmaLink final : public Link {
   Status check_alive() const {
     if (pidfd_ < 0) return Status();
     pollfd p{pidfd_, POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) return Status::io_error(who_ + " has exited");
+    if (::poll(&p, 1, 0) > 0) return Status::io_error(who_ + " is gone: its process exited");
     return Status();
   }
 

@@ -271,7 +271,7 @@ class CudaIpcLink final : public Link {
       fresh.emplace(s.id, Remote{s.base, s.bytes, std::move(key), {}});
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (gone_) return Status::io_error(who_ + " has exited");
+    if (gone_) return Status::io_error(who_ + " is gone: its process exited");
     // Mappings of a segment that stays with the same generation are kept;
     // the rest are dropped (closed once no run holds them).
     for (auto& [id, r] : fresh) {
@@ -316,7 +316,7 @@ class CudaIpcLink final : public Link {
   Status alive() const {
     if (pidfd_ < 0) return Status();
     pollfd p{pidfd_, POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) return Status::io_error(who_ + " has exited");
+    if (::poll(&p, 1, 0) > 0) return Status::io_error(who_ + " is gone: its process exited");
     return Status();
   }
 

@@ -58,7 +58,7 @@ void Worker::check_liveness(Endpoint& e) {
   pollfd p{e.pidfd, POLLIN, 0};
   if (::poll(&p, 1, 0) > 0) {
     e.peer_exited = true;
-    e.broken = Status::io_error("ucx peer '" + e.peer + "': the peer process has exited");
+    e.broken = Status::io_error("ucx peer '" + e.peer + "' is gone: the peer process exited");
   }
 }
 
