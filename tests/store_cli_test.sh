@@ -77,8 +77,28 @@ for r in rows:
     assert need <= set(r), r
     assert r["gbps"] > 0 and r["baseline_gbps"] > 0, r
 assert {(r["tier"], r["op"]) for r in rows} >= {("memory", "put"), ("memory", "get"), ("memory", "lookup"),
+                                                ("disk", "put"), ("disk", "get"), ("disk", "get-cold"),
                                                 ("redis", "put"), ("redis", "get")}, rows
 PY
+# The disk tier across processes: a TP 4 instance puts, a later process at
+# TP 1 with another block size reads every byte from the files; a second
+# store on the directory while one holds it is refused by name; a capacity
+# smaller than the prefix keeps the files under it.
+DISK=$(mktemp -d /tmp/kvb_store_disk.XXXXXX)
+trap 'rm -rf "$DISK"; kill -9 $RPID 2>/dev/null || true' EXIT
+put=$("$KVB" store put --disk "$DISK" --preset qwen3-next --tp 4 --tokens 512 --json)
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["objects_published"]>0 and d["disk_writes"]==d["objects_published"], d' "$put"
+got=$("$KVB" store get --disk "$DISK" --preset qwen3-next --tp 1 --block-tokens 128 --tokens 512 --json)
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["hit_tokens"]==512 and d["memory_objects"]==0 and d["disk_objects"]>0 and d["bad_cells"]==0 and d["cells_checked"]>0, d' "$got"
+exec 9>"$DISK/LOCK"; flock 9
+rc=0; "$KVB" store get --disk "$DISK" --preset qwen3-next --tokens 512 --json >/dev/null 2>/tmp/kvb_store_err.$$ || rc=$?
+exec 9>&-
+[[ $rc -eq 1 ]] && grep -q "is in use by another store" /tmp/kvb_store_err.$$ ||
+  { echo "a second store on one disk directory: rc $rc: $(cat /tmp/kvb_store_err.$$)" >&2; exit 1; }
+rm -f /tmp/kvb_store_err.$$
+"$KVB" store put --disk "$DISK" --disk-mib 8 --preset llama3-8b --tokens 2048 --json >/dev/null
+used=$(find "$DISK" -type f ! -name LOCK -printf '%s\n' | awk '{s+=$1} END {print s+0}')
+(( used > 0 && used <= 8 * 1024 * 1024 )) || { echo "disk tier of 8 MiB holds $used bytes" >&2; exit 1; }
 # A bench killed mid-run takes its redis-server and redis-benchmark with it.
 "$KVB" store bench --bench-mib 64 --repeat 3 > /dev/null 2>&1 &
 BENCH=$!

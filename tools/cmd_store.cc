@@ -4,7 +4,9 @@
 // with deterministic content (content.h), so get checks byte for byte what it
 // read, whatever TP size and block size wrote it. Several processes share
 // objects through --redis; `put --rank R` runs one rank of an instance, as an
-// engine with one process per rank does, and the parts meet in Redis. bench measures each tier against memcpy and
+// engine with one process per rank does, and the parts meet in Redis. --disk
+// adds the disk tier (its files outlive the process: a later get reads them).
+// bench measures each tier against memcpy, sequential file I/O and
 // redis-benchmark in the same run (docs/store.md, "Bench").
 #include <nlohmann/json.hpp>
 
@@ -46,15 +48,27 @@ int shared_tier_status(const StoreArgs& a, const StoreStats& s) {
                                   " skipped operations); what it holds was neither read nor written"));
 }
 
-int run_put_get(const StoreArgs& a, bool is_put) {
+// The tiers the options name: memory, --disk, --redis.
+Result<StoreOptions> store_options(const StoreArgs& a) {
   StoreOptions o;
   o.hash_block_tokens = a.hash_block_tokens;
   o.memory_bytes = a.memory_mib << 20;
-  if (!a.redis.empty()) {
-    Result<RedisOptions> r = parse_redis(a.redis);
-    if (!r.ok()) return fail(r.error());
-    o.redis = *r;
+  if (!a.disk.empty()) {
+    DiskOptions d;
+    d.directory = a.disk;
+    d.capacity_bytes = a.disk_mib << 20;
+    o.disk = d;
   }
+  if (!a.redis.empty()) {
+    KVB_ASSIGN_OR_RETURN(o.redis, parse_redis(a.redis));
+  }
+  return o;
+}
+
+int run_put_get(const StoreArgs& a, bool is_put) {
+  Result<StoreOptions> opts = store_options(a);
+  if (!opts.ok()) return fail(opts.error());
+  StoreOptions& o = *opts;
   // One rank of an instance in this process: the other ranks are other
   // processes, so the parts meet in Redis.
   if (a.rank >= 0) {
@@ -88,12 +102,18 @@ int run_put_get(const StoreArgs& a, bool is_put) {
     out["hit_tokens"] = g->hit_tokens;
     out["bytes_copied"] = g->bytes_copied;
     out["memory_objects"] = g->memory_objects;
+    out["disk_objects"] = g->disk_objects;
     out["redis_objects"] = g->redis_objects;
     out["cells_checked"] = g->cells;
     out["bad_cells"] = g->bad_cells;
     if (g->bad_cells) out["first_error"] = g->first_error;
   }
   const StoreStats s = (*store)->stats();
+  if (s.disk_configured) {
+    out["disk_writes"] = s.disk_writes;
+    out["disk_objects_held"] = s.disk_objects;
+    out["disk_bad_objects"] = s.disk_bad_objects;
+  }
   out["redis_writes"] = s.redis_writes;
   out["redis_parts"] = s.redis_parts;
   out["redis_errors"] = s.redis_errors;
@@ -103,14 +123,9 @@ int run_put_get(const StoreArgs& a, bool is_put) {
 }
 
 int run_stat(const StoreArgs& a) {
-  StoreOptions o;
-  o.hash_block_tokens = a.hash_block_tokens;
-  if (!a.redis.empty()) {
-    Result<RedisOptions> r = parse_redis(a.redis);
-    if (!r.ok()) return fail(r.error());
-    o.redis = *r;
-  }
-  Result<std::shared_ptr<Store>> store = Store::create(o);
+  Result<StoreOptions> o = store_options(a);
+  if (!o.ok()) return fail(o.error());
+  Result<std::shared_ptr<Store>> store = Store::create(*o);
   if (!store.ok()) return fail(store.error());
   json out;
   Result<SyntheticInstance> inst = SyntheticInstance::create(*store, a, 0);
@@ -123,6 +138,7 @@ int run_stat(const StoreArgs& a) {
   out["hit_tokens"] = l->hit_tokens;
   out["resume_align_tokens"] = inst->stores[0].resume_align_tokens();
   out["memory_objects"] = l->memory_objects;
+  out["disk_objects"] = l->disk_objects;
   out["redis_objects"] = l->redis_objects;
   if (!a.redis.empty()) {
     Result<Store::RedisInfo> info = (*store)->redis_info();
@@ -147,6 +163,10 @@ void add_common(CLI::App* app, StoreArgs* a) {
   app->add_option("--content-seed", a->content_seed, "Seed of the KV content pattern");
   app->add_option("--redis", a->redis, "Shared tier HOST:PORT (default: memory only)");
   app->add_option("--memory-mib", a->memory_mib, "Memory tier capacity in MiB");
+  app->add_option("--disk", a->disk,
+                  "Disk tier directory (kept between runs; one process at a time). Bench: where its files go "
+                  "(default: a temporary directory)");
+  app->add_option("--disk-mib", a->disk_mib, "Disk tier capacity in MiB");
   app->add_flag("--json", a->json, "One-line JSON");
 }
 

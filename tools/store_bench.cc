@@ -2,7 +2,10 @@
 // same run (docs/store.md, "Bench").
 //
 // Rows: memory put/get against memcpy of the same bytes in object-sized
-// chunks; redis put/get against `redis-benchmark -t set,get -d <object bytes>
+// chunks; disk put against writing files of the same count and size
+// (open, write(2), close: dd's loop), disk get against read(2)s of the same
+// files in chunks of the tier's read size, both with the files in the page
+// cache ("get") and evicted from it ("get-cold"); redis put/get against `redis-benchmark -t set,get -d <object bytes>
 // -P <pipeline depth> -c 1` on the same server (one connection, like the
 // tier); lookup of a long prefix against getting that prefix's bytes. Every
 // row has tier, op, value_bytes, bytes, seconds, gbps, baseline,
@@ -10,9 +13,14 @@
 // figure is the best of --repeat runs.
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -259,6 +267,185 @@ Result<TierFigures> bench_tier(const StoreArgs& a, std::optional<RedisOptions> r
   return f;
 }
 
+// ---- the disk tier ----
+
+namespace fs = std::filesystem;
+
+// A directory removed with everything in it when the bench is done.
+struct ScratchDir {
+  std::string path;
+  explicit ScratchDir(std::string p) : path(std::move(p)) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// The object files of a disk tier directory (everything but LOCK).
+std::vector<std::string> object_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file() && e.path().filename() != "LOCK") out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Writes the files to the device and drops them from the page cache.
+void evict_from_cache(const std::vector<std::string>& files) {
+  for (const std::string& f : files) {
+    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+// dd's read loop over every file: read(2) of `chunk` bytes into one buffer.
+Result<std::pair<double, uint64_t>> read_files(const std::vector<std::string>& files, uint64_t chunk) {
+  std::vector<uint8_t> buf(chunk);
+  uint64_t total = 0;
+  const auto t0 = Clock::now();
+  for (const std::string& f : files) {
+    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::io_error("bench: opening " + f + ": " + std::strerror(errno));
+    ssize_t r;
+    while ((r = ::read(fd, buf.data(), chunk)) > 0) total += static_cast<uint64_t>(r);
+    ::close(fd);
+  }
+  return std::make_pair(seconds_since(t0), total);
+}
+
+// dd's write loop: `count` files of `bytes` each (open, write, close), kept
+// (as the tier keeps its files) until the bench's directory goes.
+Result<double> write_files(const std::string& dir, uint64_t count, uint64_t bytes) {
+  std::vector<uint8_t> src(bytes, 0x5a);
+  fs::create_directories(dir);
+  const auto t0 = Clock::now();
+  for (uint64_t i = 0; i < count; ++i) {
+    const std::string f = dir + "/" + std::to_string(i);
+    const int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return Status::io_error("bench: creating " + f + ": " + std::strerror(errno));
+    const bool ok = ::write(fd, src.data(), bytes) == static_cast<ssize_t>(bytes);
+    ::close(fd);
+    if (!ok) return Status::io_error("bench: writing " + f + ": " + std::strerror(errno));
+  }
+  return seconds_since(t0);
+}
+
+// Disk rows: puts of fresh prefixes through a store with a disk tier, then
+// gets of one prefix by a later store on the same directory (a restart: its
+// memory empty, cleared before each get), each against dd-style I/O of the
+// same files.
+Status bench_disk(const StoreArgs& a, uint64_t bench_bytes, uint64_t value_bytes, double bytes_per_token, json& rows) {
+  const std::string root =
+      a.disk.empty() ? (fs::temp_directory_path() / ("kvb-store-bench-" + std::to_string(::getpid()))).string()
+                     : a.disk + "/kvb-store-bench-" + std::to_string(::getpid());
+  ScratchDir scratch(root);
+  fs::create_directories(root);
+  const uint64_t align = [&] {
+    StoreOptions o;
+    o.hash_block_tokens = a.hash_block_tokens;
+    auto s = Store::create(o);
+    auto i = SyntheticInstance::create(*s, a, 0);
+    return i.ok() ? i->stores[0].resume_align_tokens() : a.hash_block_tokens;
+  }();
+  const uint64_t n =
+      std::max(align, static_cast<uint64_t>(static_cast<double>(bench_bytes) / bytes_per_token) / align * align);
+  const uint64_t set_bytes = static_cast<uint64_t>(static_cast<double>(n) * bytes_per_token) + value_bytes * 8;
+  StoreOptions o;
+  o.hash_block_tokens = a.hash_block_tokens;
+  o.memory_bytes = set_bytes + set_bytes / 2;
+  DiskOptions d;
+  d.capacity_bytes = set_bytes * (a.repeat + 3);
+  // Put: fresh prefixes, each written through to disk.
+  double put_s = 1e30, base_put = 1e30;
+  uint64_t put_bytes = 0, objects = 0;
+  {
+    d.directory = root + "/put";
+    o.disk = d;
+    KVB_ASSIGN_OR_RETURN(auto store, Store::create(o));
+    KVB_ASSIGN_OR_RETURN(SyntheticInstance writer, SyntheticInstance::create(store, a, n));
+    KVB_RETURN_IF_ERROR(writer.fill(n, a.content_seed));
+    // The baseline's writes alternate with the tier's (the device's state
+    // drifts: writeback, discards), best of each.
+    for (uint32_t rep = 0; rep <= a.repeat; ++rep) {
+      const uint64_t before = store->stats().disk_writes;
+      const auto t0 = Clock::now();
+      KVB_ASSIGN_OR_RETURN(PutResult p, writer.put(synthetic_tokens(a.token_seed * 1000 + 500 + rep, n), n));
+      const double s = seconds_since(t0);
+      objects = store->stats().disk_writes - before;
+      if (objects != p.objects_published) {
+        return Status::internal("bench: " + std::to_string(p.objects_published) + " objects published but " +
+                                std::to_string(objects) + " written to disk");
+      }
+      if (rep > 0 || a.repeat == 0) put_s = std::min(put_s, s);
+      put_bytes = p.bytes_copied;
+      KVB_ASSIGN_OR_RETURN(double b, write_files(root + "/dd" + std::to_string(rep), objects, value_bytes));
+      if (rep > 0 || a.repeat == 0) base_put = std::min(base_put, b);
+    }
+  }
+  rows.push_back(row("disk", "put", value_bytes, put_bytes, put_s, "write(2) of the files",
+                     static_cast<double>(objects * value_bytes) / base_put / 1e9));
+  // Get: one prefix, written by one store, read by the next.
+  d.directory = root + "/get";
+  o.disk = d;
+  const std::vector<uint32_t> tokens = synthetic_tokens(a.token_seed * 1000 + 999, n);
+  {
+    KVB_ASSIGN_OR_RETURN(auto store, Store::create(o));
+    KVB_ASSIGN_OR_RETURN(SyntheticInstance writer, SyntheticInstance::create(store, a, n));
+    KVB_RETURN_IF_ERROR(writer.fill(n, a.content_seed));
+    KVB_ASSIGN_OR_RETURN(PutResult p, writer.put(tokens, n));
+    (void)p;
+  }
+  const std::vector<std::string> files = object_files(d.directory);
+  KVB_ASSIGN_OR_RETURN(auto from, Store::create(o));
+  KVB_ASSIGN_OR_RETURN(SyntheticInstance reader, SyntheticInstance::create(from, a, n));
+  for (const bool cold : {false, true}) {
+    double get_s = 1e30, base_s = 1e30;
+    uint64_t get_bytes = 0, base_bytes = 0;
+    for (uint32_t rep = 0; rep <= a.repeat; ++rep) {
+      from->clear_memory(true);
+      for (auto& r : reader.ranks) {
+        for (auto& b : r->bytes) std::memset(b.data(), 1, b.size());
+      }
+      if (cold) evict_from_cache(files);
+      uint64_t bytes = 0, hit = n, on_disk = 0;
+      const auto t0 = Clock::now();
+      for (size_t r = 0; r < reader.ranks.size(); ++r) {
+        KVB_ASSIGN_OR_RETURN(GetResult g,
+                             reader.stores[r].get(tokens, reader.request(r, n), reader.ranks[r]->memory()));
+        bytes += g.bytes_copied;
+        hit = std::min(hit, g.hit_tokens);
+        on_disk += g.disk_objects;
+      }
+      const double s = seconds_since(t0);
+      if (hit != n || on_disk == 0) {
+        return Status::internal("bench: a get from the disk tier hit " + std::to_string(hit) + " of " +
+                                std::to_string(n) + " tokens (" + std::to_string(on_disk) + " objects from disk)");
+      }
+      if (rep == 0) {
+        KVB_ASSIGN_OR_RETURN(GetCheck c, reader.check(hit, a.content_seed));
+        if (c.bad_cells) return Status::internal("bench: the get read wrong bytes: " + c.first_error);
+      }
+      if (rep > 0 || a.repeat == 0) get_s = std::min(get_s, s);
+      get_bytes = bytes;
+      if (cold) evict_from_cache(files);
+      KVB_ASSIGN_OR_RETURN(auto base, read_files(files, d.io_bytes));
+      if (rep > 0 || a.repeat == 0) base_s = std::min(base_s, base.first);
+      base_bytes = base.second;
+    }
+    rows.push_back(row("disk", cold ? "get-cold" : "get", value_bytes, get_bytes, get_s,
+                       cold ? "read(2) of the files, uncached" : "read(2) of the files, cached",
+                       static_cast<double>(base_bytes) / base_s / 1e9));
+  }
+  return Status();
+}
+
 }  // namespace
 
 int run_store_bench(const StoreArgs& a) {
@@ -275,6 +462,12 @@ int run_store_bench(const StoreArgs& a) {
   lr["prefix_tokens"] = a.lookup_tokens;
   lr["time_fraction"] = *lk / (static_cast<double>(prefix_bytes) / (mem->get_gbps * 1e9));
   rows.push_back(lr);
+
+  if (Status ds =
+          bench_disk(a, std::min<uint64_t>(bench_bytes, uint64_t{128} << 20), value_bytes, bytes_per_token, rows);
+      !ds.ok()) {
+    return fail(ds);
+  }
 
   std::unique_ptr<testing::RedisServer> child;
   std::optional<RedisOptions> redis;
@@ -309,10 +502,10 @@ int run_store_bench(const StoreArgs& a) {
     std::cout << rows.dump() << "\n";
     return 0;
   }
-  std::printf("%-7s %-7s %12s %10s %9s  %-26s %9s %7s\n", "tier", "op", "value_bytes", "bytes", "GB/s", "baseline",
+  std::printf("%-7s %-8s %12s %10s %9s  %-31s %9s %7s\n", "tier", "op", "value_bytes", "bytes", "GB/s", "baseline",
               "GB/s", "ratio");
   for (const json& r : rows) {
-    std::printf("%-7s %-7s %12llu %10llu %9.2f  %-26s %9.2f %7.3f\n", r["tier"].get<std::string>().c_str(),
+    std::printf("%-7s %-8s %12llu %10llu %9.2f  %-31s %9.2f %7.3f\n", r["tier"].get<std::string>().c_str(),
                 r["op"].get<std::string>().c_str(), static_cast<unsigned long long>(r["value_bytes"].get<uint64_t>()),
                 static_cast<unsigned long long>(r["bytes"].get<uint64_t>()), r["gbps"].get<double>(),
                 r["baseline"].get<std::string>().c_str(), r["baseline_gbps"].get<double>(), r["ratio"].get<double>());

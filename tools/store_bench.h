@@ -25,6 +25,8 @@ struct StoreArgs {
   uint64_t token_seed = 1;
   uint64_t content_seed = 7;
   std::string redis;  // HOST:PORT
+  std::string disk;   // disk tier directory
+  uint64_t disk_mib = 8192;
   uint64_t memory_mib = 1024;
   bool json = false;
   // bench
@@ -42,7 +44,7 @@ struct RankMem {
 };
 
 struct GetCheck {
-  uint64_t hit_tokens = 0, bytes_copied = 0, memory_objects = 0, redis_objects = 0;
+  uint64_t hit_tokens = 0, bytes_copied = 0, memory_objects = 0, disk_objects = 0, redis_objects = 0;
   uint64_t cells = 0, bad_cells = 0;
   std::string first_error;
 };

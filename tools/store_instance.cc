@@ -129,6 +129,7 @@ Result<GetCheck> SyntheticInstance::get_and_check(std::span<const uint32_t> toke
     out.hit_tokens = std::min(out.hit_tokens, g.hit_tokens);
     out.bytes_copied += g.bytes_copied;
     out.memory_objects += g.memory_objects;
+    out.disk_objects += g.disk_objects;
     out.redis_objects += g.redis_objects;
     if (g.hit_tokens == 0) continue;
     // Check only what the store keeps (not scratch groups).

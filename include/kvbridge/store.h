@@ -12,7 +12,8 @@
 // Two classes:
 //  - Store: the shared part, one per process: the memory tier (host memory,
 //    capacity in bytes, LRU, objects pinned by readers never evicted), the
-//    optional shared tier on Redis (write-through, reads from the nearest
+//    optional disk tier (files under a directory, LRU, kept across restarts),
+//    the optional shared tier on Redis (write-through, reads from the nearest
 //    tier, promotion on hit), and the assembly of objects that several ranks
 //    write (an object becomes visible once every rank of the writing instance
 //    has written its part: in this process, or in Redis when the ranks are
@@ -64,6 +65,25 @@ struct RedisOptions {
   std::chrono::milliseconds incomplete_ttl{60000};
 };
 
+// The local disk tier (docs/store.md, "The disk tier"): whole objects in
+// files under `directory`, between the memory tier and Redis. Objects are
+// written when they become visible here and when they are read from Redis;
+// a get reads what memory lacks from disk before Redis, promoting it into
+// memory. One Store per directory (it is locked while open). Files survive
+// the process: a Store opened on the directory later serves them.
+struct DiskOptions {
+  std::string directory;
+  // Bound on the files' bytes (headers included); least recently used files
+  // are deleted past it.
+  uint64_t capacity_bytes = uint64_t{8} << 30;
+  // Size of each read (a pread at an offset aligned to it).
+  uint64_t io_bytes = uint64_t{1} << 20;
+  // fdatasync each file before it is renamed into place (an object survives
+  // a power loss). Without it, a file torn by a power loss fails its checksum
+  // when read and counts as a miss.
+  bool sync = false;
+};
+
 // Where the parts of an object meet when the writing instance has TP > 1
 // (each rank writes its head slice of every object).
 enum class Assembly {
@@ -89,6 +109,8 @@ struct StoreOptions {
   std::vector<std::string> extra_keys;
   // Capacity of the memory tier, objects, staging and pooled buffers together.
   uint64_t memory_bytes = uint64_t{1} << 30;
+  // The disk tier; absent: none.
+  std::optional<DiskOptions> disk;
   // The shared tier; absent: memory only.
   std::optional<RedisOptions> redis;
   Assembly assembly = Assembly::kInProcess;
@@ -107,8 +129,18 @@ struct StoreStats {
   uint64_t published = 0;        // objects that became visible here
   // Reads, in objects.
   uint64_t memory_hits = 0;
+  uint64_t disk_hits = 0;   // read from the disk tier (and promoted)
   uint64_t redis_hits = 0;  // read from Redis (and promoted)
   uint64_t misses = 0;      // needed by a lookup, in no tier
+  // Disk tier.
+  bool disk_configured = false;
+  uint64_t disk_objects = 0;
+  uint64_t disk_bytes = 0;  // their files' bytes
+  uint64_t disk_capacity_bytes = 0;
+  uint64_t disk_writes = 0;       // objects written
+  uint64_t disk_evictions = 0;    // files deleted to make room
+  uint64_t disk_errors = 0;       // failed reads or writes (I/O errors, a full disk)
+  uint64_t disk_bad_objects = 0;  // files dropped: wrong size, or failed the format or checksum check
   // Shared tier.
   bool redis_configured = false;
   bool redis_up = false;
@@ -121,8 +153,11 @@ struct StoreStats {
 
 class Store {
  public:
-  // kInvalidArgument for hash_block_tokens == 0 or memory_bytes == 0. Does not
-  // contact Redis (the first operation connects).
+  // kInvalidArgument for hash_block_tokens == 0 or memory_bytes == 0. Opens
+  // the disk tier when one is configured (its errors: an empty directory or
+  // zero capacity, kInvalidArgument; the directory held by another Store,
+  // kUnavailable; a directory that cannot be created or read, kIoError). Does
+  // not contact Redis (the first operation connects).
   static Result<std::shared_ptr<Store>> create(StoreOptions options);
   ~Store();
   Store(const Store&) = delete;
@@ -162,6 +197,7 @@ struct PutResult {
 struct LookupResult {
   uint64_t hit_tokens = 0;      // the longest prefix every needed group can resume from
   uint64_t memory_objects = 0;  // objects that resuming there reads from memory
+  uint64_t disk_objects = 0;    // ... from the disk tier
   uint64_t redis_objects = 0;   // ... and from Redis
 };
 
@@ -169,6 +205,7 @@ struct GetResult {
   uint64_t hit_tokens = 0;    // tokens the rank's memory now holds from the store
   uint64_t bytes_copied = 0;  // bytes written into the rank's memory
   uint64_t memory_objects = 0;
+  uint64_t disk_objects = 0;
   uint64_t redis_objects = 0;
 };
 

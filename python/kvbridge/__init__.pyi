@@ -5,6 +5,7 @@ from datetime import timedelta
 from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import enum
+import os
 import numpy as np
 import numpy.typing as npt
 
@@ -445,17 +446,20 @@ class PutResult:
 class LookupResult:
     hit_tokens: int
     memory_objects: int
+    disk_objects: int
     redis_objects: int
 
 class GetResult:
     hit_tokens: int
     bytes_copied: int
     memory_objects: int
+    disk_objects: int
     redis_objects: int
 
 class Store:
     def __init__(self, hash_block_tokens: int = 16, memory_bytes: int = ..., extra_keys: List[str] = ...,
-                 redis: Optional[str] = None, assembly: str = "in_process", redis_key_prefix: str = "kvb1:") -> None: ...
+                 redis: Optional[str] = None, assembly: str = "in_process", redis_key_prefix: str = "kvb1:",
+                 disk: Optional[Union[str, "os.PathLike[str]"]] = None, disk_bytes: int = ...) -> None: ...
     @property
     def hash_block_tokens(self) -> int: ...
     def stats(self) -> Dict[str, Any]: ...

@@ -73,8 +73,17 @@ py::dict stats_dict(const StoreStats& s) {
   d["rejected"] = s.rejected;
   d["published"] = s.published;
   d["memory_hits"] = s.memory_hits;
+  d["disk_hits"] = s.disk_hits;
   d["redis_hits"] = s.redis_hits;
   d["misses"] = s.misses;
+  d["disk_configured"] = s.disk_configured;
+  d["disk_objects"] = s.disk_objects;
+  d["disk_bytes"] = s.disk_bytes;
+  d["disk_capacity_bytes"] = s.disk_capacity_bytes;
+  d["disk_writes"] = s.disk_writes;
+  d["disk_evictions"] = s.disk_evictions;
+  d["disk_errors"] = s.disk_errors;
+  d["disk_bad_objects"] = s.disk_bad_objects;
   d["redis_configured"] = s.redis_configured;
   d["redis_up"] = s.redis_up;
   d["redis_writes"] = s.redis_writes;
@@ -102,6 +111,7 @@ void bind_store(py::module_& m) {
   py::class_<LookupResult>(m, "LookupResult", "The longest prefix the store can resume from.")
       .def_readonly("hit_tokens", &LookupResult::hit_tokens)
       .def_readonly("memory_objects", &LookupResult::memory_objects)
+      .def_readonly("disk_objects", &LookupResult::disk_objects)
       .def_readonly("redis_objects", &LookupResult::redis_objects)
       .def("__repr__", [](const LookupResult& r) {
         return "<kvbridge.LookupResult hit_tokens=" + std::to_string(r.hit_tokens) + ">";
@@ -110,6 +120,7 @@ void bind_store(py::module_& m) {
       .def_readonly("hit_tokens", &GetResult::hit_tokens)
       .def_readonly("bytes_copied", &GetResult::bytes_copied)
       .def_readonly("memory_objects", &GetResult::memory_objects)
+      .def_readonly("disk_objects", &GetResult::disk_objects)
       .def_readonly("redis_objects", &GetResult::redis_objects)
       .def("__repr__", [](const GetResult& r) {
         return "<kvbridge.GetResult hit_tokens=" + std::to_string(r.hit_tokens) +
@@ -119,13 +130,21 @@ void bind_store(py::module_& m) {
   py::class_<Store, std::shared_ptr<Store>>(
       m, "Store",
       "The prefix store (docs/store.md): objects of hash_block_tokens tokens keyed by the chained hash\n"
-      "of the tokens and the model's identity, in host memory (LRU) and optionally Redis.")
+      "of the tokens and the model's identity, in host memory (LRU), optionally on local disk and in\n"
+      "Redis.")
       .def(py::init([](uint64_t hash_block_tokens, uint64_t memory_bytes, std::vector<std::string> extra_keys,
-                       py::object redis, const std::string& assembly, std::string redis_key_prefix) {
+                       py::object redis, const std::string& assembly, std::string redis_key_prefix, py::object disk,
+                       uint64_t disk_bytes) {
              StoreOptions o;
              o.hash_block_tokens = hash_block_tokens;
              o.memory_bytes = memory_bytes;
              o.extra_keys = std::move(extra_keys);
+             if (!disk.is_none()) {
+               DiskOptions d;
+               d.directory = py::str(disk).cast<std::string>();
+               d.capacity_bytes = disk_bytes;
+               o.disk = d;
+             }
              if (!redis.is_none()) {
                net::HostPort hp = unwrap(net::parse_host_port(redis.cast<std::string>(), "redis"));
                RedisOptions r;
@@ -145,10 +164,12 @@ void bind_store(py::module_& m) {
            }),
            py::arg("hash_block_tokens") = 16, py::arg("memory_bytes") = uint64_t{1} << 30,
            py::arg("extra_keys") = std::vector<std::string>{}, py::arg("redis") = py::none(),
-           py::arg("assembly") = "in_process", py::arg("redis_key_prefix") = "kvb1:",
+           py::arg("assembly") = "in_process", py::arg("redis_key_prefix") = "kvb1:", py::arg("disk") = py::none(),
+           py::arg("disk_bytes") = uint64_t{8} << 30,
            "redis: 'host:port' of the shared tier (None: memory only); assembly 'shared' when the ranks of\n"
-           "a writing instance run in separate processes. Raises InvalidArgument for bad options; Redis\n"
-           "is contacted by the first operation.")
+           "a writing instance run in separate processes; disk: a directory (str or path) for the disk\n"
+           "tier, of at most disk_bytes, one Store per directory. Raises InvalidArgument for bad options,\n"
+           "Unavailable for a directory another Store holds; Redis is contacted by the first operation.")
       .def_property_readonly("hash_block_tokens", [](const Store& s) { return s.options().hash_block_tokens; })
       .def(
           "stats", [](const Store& s) { return stats_dict(s.stats()); }, "The tiers' counters, as a dict.")

@@ -65,3 +65,27 @@ def test_a_rank_store_without_tensors_looks_up_only():
         scheduler_view.get(list(range(32)), kvbridge.Request(32, {"full": ([2, 3], [])}))
     with pytest.raises(kvbridge.InvalidArgument, match=r"RankStore.put\(\): .*lookups only"):
         scheduler_view.put(list(range(32)), kvbridge.Request(32, {"full": ([2, 3], [])}))
+
+
+def test_a_disk_tier_serves_a_later_store_and_holds_its_directory(tmp_path):
+    writer = kvbridge.make_preset("llama3-8b", num_blocks=8)
+    wmem = [torch.zeros(t.bytes, dtype=torch.uint8) for t in writer.tensors]
+    tokens = torch.arange(2000, 2064, dtype=torch.int64)
+    q = kvbridge.Request(64, {"full": ([3, 1, 4, 5], [])})
+    kvbridge.fill_request(writer, q, wmem, side="local", seed=9)
+    store = kvbridge.Store(hash_block_tokens=16, memory_bytes=64 << 20, disk=tmp_path, disk_bytes=256 << 20)
+    assert kvbridge.RankStore(store, writer, wmem).put(tokens, q).objects_published == 4
+    assert store.stats()["disk_writes"] == 4 and store.stats()["disk_configured"]
+    with pytest.raises(kvbridge.Unavailable, match="in use by another store"):
+        kvbridge.Store(disk=str(tmp_path))
+    del store
+    import gc
+    gc.collect()
+    later = kvbridge.Store(hash_block_tokens=16, memory_bytes=64 << 20, disk=str(tmp_path))
+    rmem = [np.zeros(t.bytes, dtype=np.uint8) for t in writer.tensors]
+    rq = kvbridge.Request(64, {"full": ([7, 6, 2, 0], [])})
+    got = kvbridge.RankStore(later, writer, rmem).get(tokens, rq)
+    assert got.hit_tokens == 64 and got.disk_objects == 4 and got.memory_objects == 0
+    report = kvbridge.check_request(writer, rq, rmem, side="local", seed=9)
+    assert report.bad_cells == 0 and report.cells > 0, report.first_error
+    assert later.stats()["disk_hits"] == 4

@@ -2,9 +2,11 @@
 // and docs/store.md. Puts are in rank_store_put.cc.
 //
 // A get computes the presence of every object of the prefix (memory, then
-// Redis for what memory lacks), applies the lookup rule, pins what the hit
-// needs (fetching from Redis into memory: promotion, each object copied into
-// the rank as it arrives), and copies the rest object by object
+// the disk tier and Redis for what memory lacks), applies the lookup rule,
+// pins what the hit needs (fetching from disk, then from Redis what disk did
+// not give, into memory: promotion, each object copied into the rank as it
+// arrives; objects from Redis are then written to disk), and copies the rest
+// object by object
 // (Canonical::get: a plan template between the object and the rank's
 // layout). An object that vanishes between the
 // lookup and the pin lowers the hit and the rule runs again.
@@ -25,8 +27,12 @@ using store_internal::GroupPresence;
 
 namespace {
 
-// Promotion: objects read from Redis go straight into memory-tier buffers
-// (RedisTier::get receives each value into the buffer named here), are
+// GroupPresence::present: where object j is (the nearest tier).
+constexpr uint8_t kAbsent = 0, kInMemory = 1, kInRedis = 2, kOnDisk = 3;
+
+// Promotion: objects read from disk or Redis go straight into memory-tier
+// buffers (DiskTier::get and RedisTier::get receive each value into the
+// buffer named here), are
 // checksummed as their bytes arrive (while they are in cache), checked, and
 // become visible pinned for the reader. A value of the wrong size is dropped
 // unread; a buffer whose value did not arrive whole goes back to the pool.
@@ -39,10 +45,13 @@ class Promotion final : public store_internal::GetSink {
   };
   // `ready(i, bytes)`, when set, runs after target i is promoted, outside
   // the store lock, while its bytes are still in cache.
-  Promotion(Store::Impl& s, uint64_t H, std::span<const Target> targets,
+  // Objects that fail the check are counted in `*bad` (under the store
+  // lock) and listed in bad().
+  Promotion(Store::Impl& s, uint64_t H, std::span<const Target> targets, uint64_t* bad,
             std::function<void(size_t, const uint8_t*)> ready)
       : s_(s),
         H_(H),
+        bad_(bad),
         targets_(targets),
         ready_(std::move(ready)),
         state_(XXH3_createState()),
@@ -56,7 +65,8 @@ class Promotion final : public store_internal::GetSink {
   uint8_t* buffer(size_t i, uint64_t bytes) override {
     std::lock_guard<std::mutex> lock(s_.mu);
     if (bytes != targets_[i].bytes) {
-      ++s_.redis_bad_objects;
+      ++*bad_;
+      bad_keys_.push_back(targets_[i].key);
       return nullptr;
     }
     buffers_[i] = s_.allocate_locked(bytes);
@@ -80,7 +90,8 @@ class Promotion final : public store_internal::GetSink {
     {
       std::lock_guard<std::mutex> lock(s_.mu);
       if (!ok.ok()) {
-        ++s_.redis_bad_objects;
+        ++*bad_;
+        bad_keys_.push_back(t.key);
         s_.memory.release(buffers_[i], t.bytes);
       } else {
         s_.memory.insert(t.key, buffers_[i], t.bytes, 1);  // pinned for this read
@@ -99,16 +110,19 @@ class Promotion final : public store_internal::GetSink {
     *promoted += promoted_.size();
     promoted_.clear();
   }
+  const std::vector<ObjectKey>& bad() const { return bad_keys_; }
 
  private:
   Store::Impl& s_;
   uint64_t H_;
+  uint64_t* bad_;
   std::span<const Target> targets_;
   std::function<void(size_t, const uint8_t*)> ready_;
   XXH3_state_t* state_;
   bool hashing_ = false;
   std::vector<uint8_t*> buffers_;  // handed to Redis, not yet done
   std::vector<ObjectKey> promoted_;
+  std::vector<ObjectKey> bad_keys_;
 };
 
 }  // namespace
@@ -124,11 +138,22 @@ Result<std::vector<GroupPresence>> RankStore::Impl::presence(const std::vector<B
       gp.group = &layout.groups[gi];
       gp.present.assign(hashes.size(), 0);
       for (uint64_t j = 0; j < hashes.size(); ++j) {
-        gp.present[j] = s->memory.contains(key(gi, hashes, j)) ? 1 : 0;
+        gp.present[j] = s->memory.contains(key(gi, hashes, j)) ? kInMemory : kAbsent;
         if (!gp.present[j]) missing.push_back({out.size(), j});
       }
       out.push_back(std::move(gp));
     }
+  }
+  if (s->disk && !missing.empty()) {
+    std::vector<std::pair<size_t, uint64_t>> still;
+    for (const auto& [o, j] : missing) {
+      if (s->disk->contains(key(stored[o], hashes, j))) {
+        out[o].present[j] = kOnDisk;
+      } else {
+        still.push_back({o, j});
+      }
+    }
+    missing = std::move(still);
   }
   *redis_found = 0;
   if (s->redis && !missing.empty()) {
@@ -138,7 +163,7 @@ Result<std::vector<GroupPresence>> RankStore::Impl::presence(const std::vector<B
     const std::vector<uint8_t> there = s->redis->exists(keys);
     for (size_t m = 0; m < missing.size(); ++m) {
       if (there[m]) {
-        out[missing[m].first].present[missing[m].second] = 2;  // 2: in Redis
+        out[missing[m].first].present[missing[m].second] = kInRedis;
         ++*redis_found;
       }
     }
@@ -187,7 +212,12 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
   std::vector<std::vector<const uint8_t*>> data(stored.size());
   std::vector<std::vector<uint8_t>> early(stored.size());  // copied into the rank as it arrived
   std::vector<ObjectKey> pinned;
+  std::vector<std::pair<size_t, size_t>> to_disk;  // promoted from Redis: written to disk before unpinning
   auto unpin_all = [&] {
+    for (const auto& [o, x] : to_disk) {
+      s->disk->put(key(stored[o], hashes, needed[o][x]), {data[o][x], canonical.geometry(stored[o]).object_bytes});
+    }
+    to_disk.clear();
     std::lock_guard<std::mutex> lock(s->mu);
     for (const ObjectKey& k : pinned) s->memory.unpin(k);
     pinned.clear();
@@ -208,7 +238,10 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
         for (size_t x = 0; x < needed[o].size(); ++x) {
           const ObjectKey k = key(stored[o], hashes, needed[o][x]);
           if (!copy) {
-            (pres[o].present[needed[o][x]] == 1 ? result.memory_objects : result.redis_objects) += 1;
+            const uint8_t where = pres[o].present[needed[o][x]];
+            (where == kInMemory ? result.memory_objects
+             : where == kOnDisk ? result.disk_objects
+                                : result.redis_objects) += 1;
             continue;
           }
           if (const uint8_t* d = s->memory.pin(k)) {
@@ -221,35 +254,68 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
         }
       }
     }
-    if (!fetch.empty() && s->redis) {
-      std::vector<std::string> keys;
-      for (const auto& [o, x] : fetch)
-        keys.push_back(key(stored[o], hashes, needed[o][x]).text(s->redis->options().key_prefix));
-      std::vector<Promotion::Target> targets;
-      for (const auto& [o, x] : fetch) {
-        targets.push_back(
-            {key(stored[o], hashes, needed[o][x]), canonical.geometry(stored[o]).object_bytes, &data[o][x]});
+    // Copy each promoted object into the rank as it arrives, from cache
+    // (one that cannot be copied is left to the copy below, which reports
+    // why).
+    auto ready = [&](std::span<const std::pair<size_t, size_t>> from, size_t i, const uint8_t* bytes) {
+      const auto [o, x] = from[i];
+      Result<const GroupBlocks*> list = blocks(request, stored[o]);
+      if (!list.ok()) return;
+      if (Result<uint64_t> n = copy_out(stored[o], **list, skip, hit, needed[o][x], memory, bytes); n.ok()) {
+        early[o][x] = 1;
+        result.bytes_copied += *n;
       }
-      // Copy each promoted object into the rank as it arrives, from cache
-      // (one that cannot be copied is left to the copy below, which reports
-      // why).
-      auto ready = [&](size_t i, const uint8_t* bytes) {
-        const auto [o, x] = fetch[i];
-        Result<const GroupBlocks*> list = blocks(request, stored[o]);
-        if (!list.ok()) return;
-        if (Result<uint64_t> n = copy_out(stored[o], **list, skip, hit, needed[o][x], memory, bytes); n.ok()) {
-          early[o][x] = 1;
-          result.bytes_copied += *n;
+    };
+    // Promotes `from` out of one tier (its get(keys, sink)); returns what is
+    // still missing.
+    auto promote = [&](std::span<const std::pair<size_t, size_t>> from, uint64_t* bad, uint64_t* promoted,
+                       const std::function<void(std::span<const ObjectKey>, store_internal::GetSink&)>& tier_get)
+        -> std::vector<ObjectKey> {
+      std::vector<ObjectKey> keys;
+      std::vector<Promotion::Target> targets;
+      for (const auto& [o, x] : from) {
+        keys.push_back(key(stored[o], hashes, needed[o][x]));
+        targets.push_back({keys.back(), canonical.geometry(stored[o]).object_bytes, &data[o][x]});
+      }
+      std::function<void(size_t, const uint8_t*)> on_ready;
+      if (copy) on_ready = [&](size_t i, const uint8_t* bytes) { ready(from, i, bytes); };
+      Promotion sink(*s, H, targets, bad, on_ready);
+      tier_get(keys, sink);
+      sink.finish(&pinned, promoted);
+      return sink.bad();
+    };
+    std::vector<std::pair<size_t, size_t>> from_disk, from_redis;
+    for (const auto& [o, x] : fetch) {
+      (s->disk && pres[o].present[needed[o][x]] == kOnDisk ? from_disk : from_redis).push_back({o, x});
+    }
+    if (!from_disk.empty()) {
+      uint64_t bad = 0;
+      const std::vector<ObjectKey> dropped =
+          promote(from_disk, &bad, &result.disk_objects,
+                  [&](std::span<const ObjectKey> k, store_internal::GetSink& sink) { s->disk->get(k, sink); });
+      for (const ObjectKey& k : dropped) s->disk->drop_bad(k);
+      for (const auto& ox : from_disk) {
+        if (data[ox.first][ox.second] == nullptr) from_redis.push_back(ox);  // Redis may still have it
+      }
+    }
+    if (!from_redis.empty() && s->redis) {
+      const uint64_t before = result.redis_objects;
+      promote(from_redis, &s->redis_bad_objects, &result.redis_objects,
+              [&](std::span<const ObjectKey> k, store_internal::GetSink& sink) {
+                std::vector<std::string> text;
+                for (const ObjectKey& one : k) text.push_back(one.text(s->redis->options().key_prefix));
+                s->redis->get(text, sink);
+              });
+      if (s->disk && result.redis_objects > before) {
+        for (const auto& [o, x] : from_redis) {
+          if (data[o][x] != nullptr) to_disk.push_back({o, x});
         }
-      };
-      Promotion sink(*s, H, targets, copy ? std::function<void(size_t, const uint8_t*)>(ready) : nullptr);
-      s->redis->get(keys, sink);
-      sink.finish(&pinned, &result.redis_objects);
+      }
     }
     for (const auto& [o, x] : fetch) {
       if (data[o][x] == nullptr) {
         all = false;
-        pres[o].present[needed[o][x]] = 0;  // gone: lower the hit and retry
+        pres[o].present[needed[o][x]] = kAbsent;  // gone: lower the hit and retry
       }
     }
     if (all) break;
@@ -258,6 +324,7 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
   if (copy) {  // lookups count nothing: the get that follows does
     std::lock_guard<std::mutex> lock(s->mu);
     s->memory_hits += result.memory_objects;
+    s->disk_hits += result.disk_objects;
     s->redis_hits += result.redis_objects;
     s->misses += hashes.size() - hit / H;
   }
@@ -275,7 +342,7 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
       break;
     }
     for (size_t x = 0; x < needed[o].size() && st.ok(); ++x) {
-      if (early[o][x]) continue;  // copied as it arrived from Redis
+      if (early[o][x]) continue;  // copied as it arrived from disk or Redis
       Result<uint64_t> n = copy_out(gi, **list, skip, hit, needed[o][x], memory, data[o][x]);
       if (n.ok()) {
         result.bytes_copied += *n;
@@ -347,7 +414,7 @@ Result<LookupResult> RankStore::lookup(std::span<const uint32_t> tokens, uint64_
   Request r;
   r.num_tokens = std::min<uint64_t>(tokens.size(), limit_tokens);
   KVB_ASSIGN_OR_RETURN(GetResult g, impl_->get(tokens, r, {}, false));
-  return LookupResult{g.hit_tokens, g.memory_objects, g.redis_objects};
+  return LookupResult{g.hit_tokens, g.memory_objects, g.disk_objects, g.redis_objects};
 }
 
 Result<GetResult> RankStore::get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory) {

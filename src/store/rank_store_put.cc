@@ -59,7 +59,8 @@ Status RankStore::Impl::put_in_process(size_t gi, const GroupBlocks& list, Const
                                        std::span<const store_internal::Selected> selected, PutResult* result) {
   const auto& geo = canonical.geometry(gi);
   const uint32_t tp = layout.tp_size, rank = layout.tp_rank;
-  const bool checksum = s->redis != nullptr;
+  // Objects that leave memory (to disk or Redis) carry a checksum.
+  const bool checksum = s->redis != nullptr || s->disk != nullptr;
   std::vector<Item> items;
   {
     std::lock_guard<std::mutex> lock(s->mu);
@@ -128,9 +129,9 @@ Status RankStore::Impl::put_in_process(size_t gi, const GroupBlocks& list, Const
       if (checksum) published.push_back(complete_keys[c]);
     }
   }
-  // Write through to Redis, outside the store lock; the objects are pinned.
-  if (s->redis && !published.empty()) {
-    std::vector<std::string> keys;
+  // Write through to disk and Redis, outside the store lock; the objects are
+  // pinned.
+  if (!published.empty()) {
     std::vector<std::span<const uint8_t>> values;
     {
       std::lock_guard<std::mutex> lock(s->mu);
@@ -138,11 +139,17 @@ Status RankStore::Impl::put_in_process(size_t gi, const GroupBlocks& list, Const
         uint64_t n = 0;
         const uint8_t* d = s->memory.pin(k, &n);
         s->memory.unpin(k);  // still pinned by the publish pin
-        keys.push_back(k.text(s->redis->options().key_prefix));
         values.emplace_back(d, n);
       }
     }
-    s->redis->put(keys, values);
+    if (s->disk) {
+      for (size_t i = 0; i < published.size(); ++i) s->disk->put(published[i], values[i]);
+    }
+    if (s->redis) {
+      std::vector<std::string> keys;
+      for (const ObjectKey& k : published) keys.push_back(k.text(s->redis->options().key_prefix));
+      s->redis->put(keys, values);
+    }
     std::lock_guard<std::mutex> lock(s->mu);
     for (const ObjectKey& k : published) s->memory.unpin(k);
   }

@@ -32,7 +32,13 @@ Result<std::shared_ptr<Store>> Store::create(StoreOptions options) {
   if (options.hash_block_tokens == 0) return Status::invalid_argument("store: hash_block_tokens must be positive");
   if (options.memory_bytes == 0) return Status::invalid_argument("store: memory_bytes must be positive");
   if (options.redis && options.redis->host.empty()) return Status::invalid_argument("store: redis host is empty");
-  return std::shared_ptr<Store>(new Store(std::make_unique<Impl>(std::move(options))));
+  std::unique_ptr<store_internal::DiskTier> disk;
+  if (options.disk) {
+    KVB_ASSIGN_OR_RETURN(disk, store_internal::DiskTier::open(*options.disk));
+  }
+  auto impl = std::make_unique<Impl>(std::move(options));
+  impl->disk = std::move(disk);
+  return std::shared_ptr<Store>(new Store(std::move(impl)));
 }
 
 const StoreOptions& Store::options() const { return impl_->options; }
@@ -52,9 +58,21 @@ StoreStats Store::stats() const {
     s.rejected = impl_->rejected;
     s.published = impl_->published;
     s.memory_hits = impl_->memory_hits;
+    s.disk_hits = impl_->disk_hits;
     s.redis_hits = impl_->redis_hits;
     s.misses = impl_->misses;
     s.redis_bad_objects = impl_->redis_bad_objects;
+  }
+  if (impl_->disk) {
+    const store_internal::DiskCounters c = impl_->disk->counters();
+    s.disk_configured = true;
+    s.disk_objects = c.objects;
+    s.disk_bytes = c.bytes;
+    s.disk_capacity_bytes = c.capacity;
+    s.disk_writes = c.writes;
+    s.disk_evictions = c.evictions;
+    s.disk_errors = c.errors;
+    s.disk_bad_objects = c.bad;
   }
   if (impl_->redis) {
     const store_internal::RedisCounters c = impl_->redis->counters();

@@ -4,8 +4,8 @@
 // Locking: `mu` guards the memory tier, staging and the counters. Bytes are
 // copied outside the lock: a reader holds pins, a writer owns its staging
 // buffer's parts (ranks write disjoint bytes) and the buffer cannot go while
-// `writers` > 0. The Redis tier has its own lock and is never called with
-// `mu` held, so a slow Redis never blocks memory hits.
+// `writers` > 0. The disk and Redis tiers have their own locks and are never
+// called with `mu` held, so a slow disk or Redis never blocks memory hits.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kvbridge/store.h"
+#include "store/disk_tier.h"
 #include "store/memory_tier.h"
 #include "store/redis_tier.h"
 
@@ -52,10 +53,12 @@ struct Store::Impl {
   StoreOptions options;
   mutable std::mutex mu;
   store_internal::MemoryTier memory;
+  std::unique_ptr<store_internal::DiskTier> disk;  // opened by Store::create
   std::unique_ptr<store_internal::RedisTier> redis;
   std::unordered_map<StagingKey, Staging, StagingKeyHasher> staging;
   uint64_t next_seq = 0;
-  uint64_t rejected = 0, published = 0, memory_hits = 0, redis_hits = 0, misses = 0, redis_bad_objects = 0;
+  uint64_t rejected = 0, published = 0, memory_hits = 0, disk_hits = 0, redis_hits = 0, misses = 0,
+           redis_bad_objects = 0;
 };
 
 }  // namespace kvbridge

@@ -12,91 +12,14 @@
 namespace kvbridge {
 namespace {
 
+using testing::Geometry;
+using testing::Instance;
 using testing::make_request;
+using testing::memory_store;
 using testing::preset;
 using testing::RankMemory;
 using testing::stored_view;
 using testing::tokens;
-
-struct Geometry {
-  uint32_t tp;
-  uint64_t block_tokens;
-  Order order = Order::kLBHNC;
-};
-
-// All ranks of one instance, on one Store.
-struct Instance {
-  std::vector<RankMemory> ranks;
-  std::vector<RankStore> stores;
-  int64_t stride = 0;  // block ids per group when groups overlay tensors
-  // Room for requests of up to max_tokens from block 2.
-  Instance(const std::shared_ptr<Store>& store, const std::string& name, Geometry g, uint64_t max_tokens) {
-    const uint64_t per_group = (max_tokens + g.block_tokens - 1) / g.block_tokens;
-    const Layout probe = preset(name, g.tp, 0, g.block_tokens, 1, g.order);
-    uint64_t num_blocks = 2 + per_group;
-    if (has_overlay(probe)) {
-      stride = static_cast<int64_t>(per_group);
-      num_blocks = 2 + per_group * probe.groups.size();
-    }
-    for (uint32_t r = 0; r < g.tp; ++r) {
-      ranks.emplace_back(preset(name, g.tp, r, g.block_tokens, num_blocks, g.order));
-      Result<RankStore> s = RankStore::create(store, ranks.back().layout);
-      EXPECT_TRUE(s.ok()) << s.status().to_string();
-      stores.push_back(std::move(*s));
-    }
-  }
-  // The pattern of a request of n tokens from block `first`, with the states
-  // an align-mode engine keeps at its earlier block boundaries.
-  void fill(uint64_t n, uint64_t seed, int64_t first = 0) {
-    for (RankMemory& m : ranks) {
-      for (const Group& g : m.layout.groups) {
-        if (g.kind != GroupKind::kState) continue;
-        for (uint64_t t = g.block_tokens; t < n; t += g.block_tokens) {
-          ASSERT_TRUE(
-              fill_request(m.layout, make_request(m.layout, t, first, stride), RequestSide::kLocal, 0, seed, m.memory())
-                  .ok());
-        }
-      }
-      ASSERT_TRUE(
-          fill_request(m.layout, make_request(m.layout, n, first, stride), RequestSide::kLocal, 0, seed, m.memory())
-              .ok());
-    }
-  }
-  uint64_t put(const std::vector<uint32_t>& t, uint64_t n, size_t only_rank = SIZE_MAX, int64_t first = 0) {
-    uint64_t bytes = 0;
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      if (only_rank != SIZE_MAX && r != only_rank) continue;
-      Result<PutResult> p = stores[r].put(t, make_request(ranks[r].layout, n, first, stride), ranks[r].memory());
-      EXPECT_TRUE(p.ok()) << p.status().to_string();
-      if (p.ok()) bytes += p->bytes_copied;
-    }
-    return bytes;
-  }
-  // Gets n tokens on every rank (from block `first`) and checks the hit.
-  void get_and_check(const std::vector<uint32_t>& t, uint64_t n, uint64_t seed, uint64_t expect_hit,
-                     int64_t first = 2) {
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      RankMemory& m = ranks[r];
-      Result<GetResult> g = stores[r].get(t, make_request(m.layout, n, first, stride), m.memory());
-      ASSERT_TRUE(g.ok()) << g.status().to_string();
-      EXPECT_EQ(g->hit_tokens, expect_hit) << "rank " << r;
-      if (g->hit_tokens == 0) continue;
-      Result<ContentReport> c =
-          check_request(stored_view(m.layout), make_request(m.layout, g->hit_tokens, first, stride),
-                        RequestSide::kLocal, 0, seed, m.memory());
-      ASSERT_TRUE(c.ok()) << c.status().to_string();
-      EXPECT_GT(c->cells, 0u);
-      EXPECT_EQ(c->bad_cells, 0u) << "rank " << r << ": " << c->first_error;
-    }
-  }
-};
-
-std::shared_ptr<Store> memory_store(uint64_t H, uint64_t bytes = uint64_t{1} << 30) {
-  StoreOptions o;
-  o.hash_block_tokens = H;
-  o.memory_bytes = bytes;
-  return *Store::create(o);
-}
 
 struct CrossCase {
   std::string preset;
