@@ -83,13 +83,20 @@ struct CollectSink final : store_internal::GetSink {
   }
 };
 
+// Bytes of the object files under `dir` (and their count, and how many are
+// temporary), tolerating files that come and go meanwhile.
 uint64_t bytes_in(const std::string& dir, uint64_t* files = nullptr, uint64_t* temporary = nullptr) {
   uint64_t total = 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file() || e.path().filename() == "LOCK") continue;
-    total += e.file_size();
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    std::error_code fe;
+    if (!it->is_regular_file(fe) || it->path().filename() == "LOCK") continue;
+    const uintmax_t n = it->file_size(fe);
+    if (fe) continue;  // gone since it was listed
+    total += n;
     if (files) ++*files;
-    if (temporary && e.path().filename().string().find(".tmp.") != std::string::npos) ++*temporary;
+    if (temporary && it->path().filename().string().find(".tmp.") != std::string::npos) ++*temporary;
   }
   return total;
 }
@@ -195,12 +202,24 @@ TEST(DiskTierTest, AWriterKilledMidWriteLeavesNoTornObject) {
     if (child == 0) {
       auto tier = DiskTier::open(options(d.path, uint64_t{1} << 30));
       if (!tier.ok()) ::_exit(3);
+      std::vector<uint8_t> object = object_of(key_of(0), 4 << 20, 1);  // one payload, many keys
       for (uint64_t i = 0;; ++i) {
         const ObjectKey k = key_of(round * 100000 + i);
-        (*tier)->put(k, object_of(k, 4 << 20, i));
+        store_internal::write_header(object.data(), k, object.size(), 16, true);
+        (*tier)->put(k, object);
       }
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(40 + 30 * round));
+    // Kill it as soon as a write is under way (a temporary file exists),
+    // after a few objects in later rounds.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (int seen = 0; seen <= round && std::chrono::steady_clock::now() < deadline;) {
+      uint64_t temporary = 0;
+      bytes_in(d.path, nullptr, &temporary);
+      if (temporary > 0) {
+        ++seen;
+        if (seen <= round) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      }
+    }
     ::kill(child, SIGKILL);
     int status = 0;
     ::waitpid(child, &status, 0);
