@@ -2,18 +2,28 @@
 // as a shared tier (Redis) may return them: any object, of any size, for any
 // expected key and size. It must reject what does not match, never crash, and
 // accept an object only when its header names the expected key and size.
+// The same bytes, as the text of an error reply, go through the parser of
+// Redis Cluster redirects (MOVED/ASK/CLUSTERDOWN/TRYAGAIN), which must accept
+// only a slot below 16384, a non-empty host and a port in 1..65535.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "store/object.h"
+#include "store/redis_tier.h"
 
 using namespace kvbridge;
 using namespace kvbridge::store_internal;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Redirect redirect;
+  if (parse_redirect(std::string_view(reinterpret_cast<const char*>(data), size), &redirect) &&
+      redirect.kind != Redirect::kRetry && (redirect.slot > 16383 || redirect.host.empty() || redirect.port == 0)) {
+    __builtin_trap();
+  }
   if (size < 25) return 0;
   // The first 25 bytes choose what the reader expects; the rest is the object.
   ObjectKey key;

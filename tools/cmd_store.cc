@@ -22,28 +22,32 @@
 #include "store_bench.h"
 
 namespace kvbridge::cli {
+
+Result<RedisOptions> parse_redis(const std::string& spec, const std::string& option) {
+  RedisOptions r;
+  const size_t colon = spec.rfind(':');
+  r.host = colon == std::string::npos ? spec : spec.substr(0, colon);
+  if (r.host.empty()) return Status::invalid_argument(option + ": no host in '" + spec + "'");
+  if (colon != std::string::npos) {
+    char* end = nullptr;
+    const unsigned long p = std::strtoul(spec.c_str() + colon + 1, &end, 10);
+    if (*end != '\0' || p == 0 || p > 65535) return Status::invalid_argument(option + ": bad port in '" + spec + "'");
+    r.port = static_cast<uint16_t>(p);
+  }
+  r.cluster = option == "--redis-cluster";
+  return r;
+}
+
 namespace {
 
 using json = nlohmann::ordered_json;
 
-Result<RedisOptions> parse_redis(const std::string& spec) {
-  RedisOptions r;
-  const size_t colon = spec.rfind(':');
-  r.host = colon == std::string::npos ? spec : spec.substr(0, colon);
-  if (colon != std::string::npos) {
-    char* end = nullptr;
-    const unsigned long p = std::strtoul(spec.c_str() + colon + 1, &end, 10);
-    if (*end != '\0' || p == 0 || p > 65535) return Status::invalid_argument("--redis: bad port in '" + spec + "'");
-    r.port = static_cast<uint16_t>(p);
-  }
-  return r;
-}
-
 // A miss is not an error; a shared tier that could not be reached is: the
 // figures above then say nothing of what it holds.
 int shared_tier_status(const StoreArgs& a, const StoreStats& s) {
-  if (a.redis.empty() || (s.redis_errors == 0 && s.redis_skipped == 0)) return 0;
-  return fail(Status::unavailable("store: the shared tier at " + a.redis + " could not be reached (" +
+  const std::string& at = a.redis.empty() ? a.redis_cluster : a.redis;
+  if (at.empty() || (s.redis_errors == 0 && s.redis_skipped == 0)) return 0;
+  return fail(Status::unavailable("store: the shared tier at " + at + " could not be reached (" +
                                   std::to_string(s.redis_errors) + " failed and " + std::to_string(s.redis_skipped) +
                                   " skipped operations); what it holds was neither read nor written"));
 }
@@ -59,8 +63,14 @@ Result<StoreOptions> store_options(const StoreArgs& a) {
     d.capacity_bytes = a.disk_mib << 20;
     o.disk = d;
   }
+  if (!a.redis.empty() && !a.redis_cluster.empty()) {
+    return Status::invalid_argument("--redis and --redis-cluster: give one shared tier");
+  }
   if (!a.redis.empty()) {
-    KVB_ASSIGN_OR_RETURN(o.redis, parse_redis(a.redis));
+    KVB_ASSIGN_OR_RETURN(o.redis, parse_redis(a.redis, "--redis"));
+  }
+  if (!a.redis_cluster.empty()) {
+    KVB_ASSIGN_OR_RETURN(o.redis, parse_redis(a.redis_cluster, "--redis-cluster"));
   }
   return o;
 }
@@ -72,7 +82,9 @@ int run_put_get(const StoreArgs& a, bool is_put) {
   // One rank of an instance in this process: the other ranks are other
   // processes, so the parts meet in Redis.
   if (a.rank >= 0) {
-    if (a.redis.empty()) return fail(Status::invalid_argument("store put --rank needs --redis (the parts meet there)"));
+    if (!o.redis) {
+      return fail(Status::invalid_argument("store put --rank needs --redis or --redis-cluster (the parts meet there)"));
+    }
     o.assembly = Assembly::kShared;
   }
   Result<std::shared_ptr<Store>> store = Store::create(o);
@@ -140,7 +152,7 @@ int run_stat(const StoreArgs& a) {
   out["memory_objects"] = l->memory_objects;
   out["disk_objects"] = l->disk_objects;
   out["redis_objects"] = l->redis_objects;
-  if (!a.redis.empty()) {
+  if (o->redis) {
     Result<Store::RedisInfo> info = (*store)->redis_info();
     if (!info.ok()) return fail(info.error());
     out["redis_keys"] = info->keys;
@@ -162,6 +174,9 @@ void add_common(CLI::App* app, StoreArgs* a) {
   app->add_option("--token-seed", a->token_seed, "Seed of the synthetic token ids");
   app->add_option("--content-seed", a->content_seed, "Seed of the KV content pattern");
   app->add_option("--redis", a->redis, "Shared tier HOST:PORT (default: memory only)");
+  app->add_option("--redis-cluster", a->redis_cluster,
+                  "Shared tier on a Redis Cluster: HOST:PORT of any node. Bench: the cluster to measure "
+                  "(default: clusters of 1 and 3 masters of its own)");
   app->add_option("--memory-mib", a->memory_mib, "Memory tier capacity in MiB");
   app->add_option("--disk", a->disk,
                   "Disk tier directory (kept between runs; one process at a time). Bench: where its files go "

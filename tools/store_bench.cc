@@ -28,6 +28,7 @@
 #include "common/child_process.h"
 #include "kvbridge/content.h"
 #include "store_bench.h"
+#include "testing/redis_cluster.h"
 #include "testing/redis_server.h"
 
 namespace kvbridge::cli {
@@ -39,10 +40,14 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // rps of SET and GET from redis-benchmark's --csv output.
-Result<std::pair<double, double>> redis_benchmark(const RedisOptions& r, uint64_t value_bytes, uint64_t count) {
-  const std::string cmd = "redis-benchmark -h " + r.host + " -p " + std::to_string(r.port) + " -t set,get -d " +
-                          std::to_string(value_bytes) + " -P " + std::to_string(r.pipeline_depth) + " -c 1 -n " +
-                          std::to_string(count) + " -q --csv";
+// `cluster`: with --cluster (which wants 2 masters or more).
+Result<std::pair<double, double>> redis_benchmark(const RedisOptions& r, uint64_t value_bytes, uint64_t count,
+                                                  bool cluster) {
+  // --cluster: the keys spread over the cluster's masters (one connection
+  // to each), as the tier spreads its keys.
+  const std::string cmd = "redis-benchmark -h " + r.host + " -p " + std::to_string(r.port) +
+                          (cluster ? " --cluster" : "") + " -t set,get -d " + std::to_string(value_bytes) + " -P " +
+                          std::to_string(r.pipeline_depth) + " -c 1 -n " + std::to_string(count) + " -q --csv";
   // A ChildProcess: it dies with the bench (a killed bench used to leave
   // redis-benchmark running at 100% of a core).
   KVB_ASSIGN_OR_RETURN(auto child, ChildProcess::shell("exec " + cmd, SpawnOptions{.pipe_stdout = true}));
@@ -154,7 +159,7 @@ struct TierFigures {
 
 Result<TierFigures> bench_tier(const StoreArgs& a, std::optional<RedisOptions> redis, uint64_t bench_bytes,
                                uint64_t* value_bytes, double* bytes_per_token, json& rows) {
-  const std::string tier = redis ? "redis" : "memory";
+  const std::string tier = redis ? (redis->cluster ? "cluster" : "redis") : "memory";
   // Bytes per token and per object, from one hash block.
   {
     StoreOptions o;
@@ -258,11 +263,17 @@ Result<TierFigures> bench_tier(const StoreArgs& a, std::optional<RedisOptions> r
         row(tier, "get", *value_bytes, get_bytes, get_s, "memcpy", static_cast<double>(get_bytes) / base_get / 1e9));
   } else {
     const uint64_t objects = std::max<uint64_t>(32, store->stats().published);
-    KVB_ASSIGN_OR_RETURN(auto rps, redis_benchmark(*redis, *value_bytes, objects));
-    rows.push_back(row(tier, "put", *value_bytes, put_bytes, put_s, "redis-benchmark SET",
+    const uint32_t nodes = store->stats().redis_nodes;
+    KVB_ASSIGN_OR_RETURN(auto rps, redis_benchmark(*redis, *value_bytes, objects, redis->cluster && nodes > 1));
+    const std::string how = redis->cluster && nodes > 1 ? "redis-benchmark --cluster " : "redis-benchmark ";
+    rows.push_back(row(tier, "put", *value_bytes, put_bytes, put_s, how + "SET",
                        rps.first * static_cast<double>(*value_bytes) / 1e9));
-    rows.push_back(row(tier, "get", *value_bytes, get_bytes, get_s, "redis-benchmark GET",
+    rows.push_back(row(tier, "get", *value_bytes, get_bytes, get_s, how + "GET",
                        rps.second * static_cast<double>(*value_bytes) / 1e9));
+    if (redis->cluster) {
+      rows[rows.size() - 2]["nodes"] = nodes;
+      rows[rows.size() - 1]["nodes"] = nodes;
+    }
   }
   return f;
 }
@@ -472,11 +483,9 @@ int run_store_bench(const StoreArgs& a) {
   std::unique_ptr<testing::RedisServer> child;
   std::optional<RedisOptions> redis;
   if (!a.redis.empty()) {
-    RedisOptions r;
-    const size_t colon = a.redis.rfind(':');
-    r.host = a.redis.substr(0, colon);
-    r.port = static_cast<uint16_t>(std::atoi(a.redis.c_str() + colon + 1));
-    redis = r;
+    Result<RedisOptions> r = parse_redis(a.redis, "--redis");
+    if (!r.ok()) return fail(r.error());
+    redis = *r;
   } else if (Result<std::unique_ptr<testing::RedisServer>> s = testing::RedisServer::start(); s.ok()) {
     child = std::move(*s);
     RedisOptions r;
@@ -496,6 +505,34 @@ int run_store_bench(const StoreArgs& a) {
     r["prefix_tokens"] = a.lookup_tokens;
     r["time_fraction"] = *rl / (static_cast<double>(prefix_bytes) / (rt->get_gbps * 1e9));
     rows.push_back(r);
+  }
+  // The cluster tier: a cluster of its own of 1 and of 3 masters (no
+  // replicas: the bench measures the data path), unless --redis-cluster
+  // names one.
+  std::vector<std::optional<RedisOptions>> clusters;
+  std::vector<std::unique_ptr<testing::RedisCluster>> own;
+  if (!a.redis_cluster.empty()) {
+    Result<RedisOptions> r = parse_redis(a.redis_cluster, "--redis-cluster");
+    if (!r.ok()) return fail(r.error());
+    clusters.push_back(*r);
+  } else {
+    for (const int masters : {1, 3}) {
+      Result<std::unique_ptr<testing::RedisCluster>> c = testing::RedisCluster::start(masters, 0);
+      if (!c.ok()) {
+        std::cerr << "kvbridge: store bench: " << c.error().to_string() << "; cluster rows skipped\n";
+        break;
+      }
+      RedisOptions r;
+      r.port = (*c)->ports()[0];
+      r.cluster = true;
+      clusters.push_back(r);
+      own.push_back(std::move(*c));
+    }
+  }
+  for (const auto& c : clusters) {
+    Result<TierFigures> ct =
+        bench_tier(a, c, std::min<uint64_t>(bench_bytes, uint64_t{64} << 20), &value_bytes, &bytes_per_token, rows);
+    if (!ct.ok()) return fail(ct.error());
   }
   for (json& r : rows) r["preset"] = a.preset;
   if (a.json) {

@@ -24,8 +24,9 @@ struct StoreArgs {
   uint64_t num_tokens = 1024;
   uint64_t token_seed = 1;
   uint64_t content_seed = 7;
-  std::string redis;  // HOST:PORT
-  std::string disk;   // disk tier directory
+  std::string redis;          // HOST:PORT
+  std::string redis_cluster;  // HOST:PORT of a cluster node
+  std::string disk;           // disk tier directory
   uint64_t disk_mib = 8192;
   uint64_t memory_mib = 1024;
   bool json = false;
@@ -69,6 +70,10 @@ struct SyntheticInstance {
 };
 
 std::vector<uint32_t> synthetic_tokens(uint64_t seed, uint64_t n);
+
+// HOST[:PORT] of --redis or --redis-cluster (`option`: cluster set for the
+// latter). kInvalidArgument naming the option.
+Result<RedisOptions> parse_redis(const std::string& spec, const std::string& option);
 
 // `kvbridge store bench`: prints the rows (a JSON array with --json).
 int run_store_bench(const StoreArgs& args);

@@ -63,6 +63,13 @@ struct RedisOptions {
   // (Assembly::kShared), refreshed by every part: a writer that dies half way
   // leaves a staging key that expires, never an object.
   std::chrono::milliseconds incomplete_ttl{60000};
+  // host:port is one node of a Redis Cluster (a seed): the slot map comes
+  // from CLUSTER SLOTS, each key goes to the master of its slot, MOVED and
+  // ASK redirects are followed and a failover is found by reading the map
+  // again (docs/store.md, "Redis Cluster"). Keys carry a hash tag
+  // (ObjectKey::cluster_text), so a cluster's keys differ from a single
+  // server's.
+  bool cluster = false;
 };
 
 // The local disk tier (docs/store.md, "The disk tier"): whole objects in
@@ -144,11 +151,14 @@ struct StoreStats {
   // Shared tier.
   bool redis_configured = false;
   bool redis_up = false;
-  uint64_t redis_writes = 0;       // objects written (whole, or completed by a part)
-  uint64_t redis_parts = 0;        // parts written (Assembly::kShared)
-  uint64_t redis_errors = 0;       // failed operations (connect, timeout, error reply)
-  uint64_t redis_skipped = 0;      // operations skipped while Redis was down
-  uint64_t redis_bad_objects = 0;  // objects that failed the format or checksum check
+  uint64_t redis_writes = 0;            // objects written (whole, or completed by a part)
+  uint64_t redis_parts = 0;             // parts written (Assembly::kShared)
+  uint64_t redis_errors = 0;            // failed operations (connect, timeout, error reply)
+  uint64_t redis_skipped = 0;           // operations skipped while Redis was down
+  uint64_t redis_bad_objects = 0;       // objects that failed the format or checksum check
+  uint64_t redis_redirects = 0;         // MOVED/ASK replies followed (cluster)
+  uint64_t redis_slot_map_updates = 0;  // slot maps read (cluster)
+  uint32_t redis_nodes = 0;             // masters serving slots (cluster)
 };
 
 class Store {

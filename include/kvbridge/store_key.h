@@ -44,7 +44,16 @@ struct ObjectKey {
   bool operator==(const ObjectKey&) const = default;
   // "<prefix><32 hex>.<group>", the key of the object in a shared tier.
   std::string text(std::string_view prefix) const;
+  // "<prefix>{<32 hex>.<group>}", its key in a Redis Cluster: the braces are
+  // a hash tag, so the object's staging key (this key and a suffix) lands in
+  // the same slot, on the same node.
+  std::string cluster_text(std::string_view prefix) const;
 };
+
+// The Redis Cluster slot of `key` (0..16383): CRC16 (XMODEM) of the key, or
+// of its hash tag (the bytes between the first '{' and the first '}' after
+// it, when not empty), modulo 16384, as Redis computes it.
+uint16_t redis_key_slot(std::string_view key);
 
 struct ObjectKeyHasher {
   size_t operator()(const ObjectKey& k) const { return static_cast<size_t>(k.hash.lo ^ (k.hash.hi * 31) ^ k.group); }

@@ -91,6 +91,9 @@ py::dict stats_dict(const StoreStats& s) {
   d["redis_errors"] = s.redis_errors;
   d["redis_skipped"] = s.redis_skipped;
   d["redis_bad_objects"] = s.redis_bad_objects;
+  d["redis_redirects"] = s.redis_redirects;
+  d["redis_slot_map_updates"] = s.redis_slot_map_updates;
+  d["redis_nodes"] = s.redis_nodes;
   return d;
 }
 
@@ -134,7 +137,7 @@ void bind_store(py::module_& m) {
       "Redis.")
       .def(py::init([](uint64_t hash_block_tokens, uint64_t memory_bytes, std::vector<std::string> extra_keys,
                        py::object redis, const std::string& assembly, std::string redis_key_prefix, py::object disk,
-                       uint64_t disk_bytes) {
+                       uint64_t disk_bytes, py::object redis_cluster) {
              StoreOptions o;
              o.hash_block_tokens = hash_block_tokens;
              o.memory_bytes = memory_bytes;
@@ -145,12 +148,18 @@ void bind_store(py::module_& m) {
                d.capacity_bytes = disk_bytes;
                o.disk = d;
              }
-             if (!redis.is_none()) {
-               net::HostPort hp = unwrap(net::parse_host_port(redis.cast<std::string>(), "redis"));
+             if (!redis.is_none() && !redis_cluster.is_none()) {
+               throw_status(Status::invalid_argument("redis and redis_cluster: give one shared tier"));
+             }
+             if (!redis.is_none() || !redis_cluster.is_none()) {
+               const bool cluster = !redis_cluster.is_none();
+               net::HostPort hp = unwrap(net::parse_host_port((cluster ? redis_cluster : redis).cast<std::string>(),
+                                                              cluster ? "redis_cluster" : "redis"));
                RedisOptions r;
                r.host = hp.host;
                r.port = hp.port;
                r.key_prefix = std::move(redis_key_prefix);
+               r.cluster = cluster;
                o.redis = r;
              }
              if (assembly == "in_process") {
@@ -165,10 +174,11 @@ void bind_store(py::module_& m) {
            py::arg("hash_block_tokens") = 16, py::arg("memory_bytes") = uint64_t{1} << 30,
            py::arg("extra_keys") = std::vector<std::string>{}, py::arg("redis") = py::none(),
            py::arg("assembly") = "in_process", py::arg("redis_key_prefix") = "kvb1:", py::arg("disk") = py::none(),
-           py::arg("disk_bytes") = uint64_t{8} << 30,
+           py::arg("disk_bytes") = uint64_t{8} << 30, py::arg("redis_cluster") = py::none(),
            "redis: 'host:port' of the shared tier (None: memory only); assembly 'shared' when the ranks of\n"
            "a writing instance run in separate processes; disk: a directory (str or path) for the disk\n"
-           "tier, of at most disk_bytes, one Store per directory. Raises InvalidArgument for bad options,\n"
+           "tier, of at most disk_bytes, one Store per directory; redis_cluster: 'host:port' of any node of a\n"
+           "Redis Cluster as the shared tier. Raises InvalidArgument for bad options,\n"
            "Unavailable for a directory another Store holds; Redis is contacted by the first operation.")
       .def_property_readonly("hash_block_tokens", [](const Store& s) { return s.options().hash_block_tokens; })
       .def(

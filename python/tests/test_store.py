@@ -89,3 +89,10 @@ def test_a_disk_tier_serves_a_later_store_and_holds_its_directory(tmp_path):
     report = kvbridge.check_request(writer, rq, rmem, side="local", seed=9)
     assert report.bad_cells == 0 and report.cells > 0, report.first_error
     assert later.stats()["disk_hits"] == 4
+
+
+def test_one_shared_tier_only():
+    with pytest.raises(kvbridge.InvalidArgument, match="give one shared tier"):
+        kvbridge.Store(redis="127.0.0.1:6379", redis_cluster="127.0.0.1:7000")
+    s = kvbridge.Store(redis_cluster="127.0.0.1:1")  # contacted by the first operation only
+    assert s.stats()["redis_configured"] and s.stats()["redis_nodes"] == 0

@@ -43,6 +43,30 @@ std::string ObjectKey::text(std::string_view prefix) const {
   return s;
 }
 
+std::string ObjectKey::cluster_text(std::string_view prefix) const {
+  std::string s(prefix);
+  s += '{';
+  s += hash.hex();
+  s += '.';
+  s += std::to_string(group);
+  s += '}';
+  return s;
+}
+
+uint16_t redis_key_slot(std::string_view key) {
+  const size_t open = key.find('{');
+  if (open != std::string_view::npos) {
+    const size_t close = key.find('}', open + 1);
+    if (close != std::string_view::npos && close > open + 1) key = key.substr(open + 1, close - open - 1);
+  }
+  uint16_t crc = 0;  // CRC16-CCITT (XMODEM): polynomial 0x1021, initial 0
+  for (const char c : key) {
+    crc ^= static_cast<uint16_t>(static_cast<uint8_t>(c)) << 8;
+    for (int b = 0; b < 8; ++b) crc = static_cast<uint16_t>((crc & 0x8000) ? (crc << 1) ^ 0x1021 : crc << 1);
+  }
+  return crc & 16383;
+}
+
 BlockHash chain_seed(const Layout& layout, uint64_t hash_block_tokens, std::span<const std::string> extra_keys) {
   std::string in = "kvbridge.store/1\n";
   put_u64(in, hash_block_tokens);

@@ -101,3 +101,25 @@ TEST(StoreKeyTest, GroupIdsFollowNameOrderAndSkipNothing) {
 
 }  // namespace
 }  // namespace kvbridge
+
+namespace kvbridge {
+namespace {
+
+TEST(StoreKeyTest, ClusterSlotsMatchRedis) {
+  // Values from the Redis Cluster specification and CLUSTER KEYSLOT.
+  EXPECT_EQ(redis_key_slot("123456789"), 0x31C3 & 16383);
+  EXPECT_EQ(redis_key_slot("foo"), 12182);
+  EXPECT_EQ(redis_key_slot("bar"), 5061);
+  EXPECT_EQ(redis_key_slot("hello"), 866);
+  EXPECT_EQ(redis_key_slot("{user1000}.following"), redis_key_slot("user1000"));
+  EXPECT_EQ(redis_key_slot("foo{}{bar}"), redis_key_slot("foo{}{bar}"));
+  EXPECT_NE(redis_key_slot("foo{}{bar}"), redis_key_slot("bar")) << "an empty tag hashes the whole key";
+  EXPECT_EQ(redis_key_slot("foo{{bar}}zap"), redis_key_slot("{bar"));
+  EXPECT_EQ(redis_key_slot("foo{bar}{zap}"), redis_key_slot("bar"));
+  const ObjectKey k{BlockHash{0x1234, 0xabcd}, 3};
+  EXPECT_EQ(k.cluster_text("kvb1:"), "kvb1:{000000000000abcd0000000000001234.3}");
+  EXPECT_EQ(redis_key_slot(k.cluster_text("kvb1:") + ":staging:tp8"), redis_key_slot(k.cluster_text("kvb1:")));
+}
+
+}  // namespace
+}  // namespace kvbridge

@@ -1,6 +1,7 @@
 // The store object header, and the seeds of fuzz/store_object_fuzz.cc
 // (testing/corpus.h).
 #include "store/object.h"
+#include "store/redis_tier.h"
 
 #include <gtest/gtest.h>
 
@@ -79,10 +80,20 @@ TEST(StoreObjectTest, SeedCorpusObjectsCheck) {
       {"checksummed.bin", input(key, 15, 0, true, checksummed)},
       {"assembled.bin", input(key, 15, 0, true, assembled)},
       {"wrong_size.bin", input(key, 15, 100, false, checksummed)},
+      // Error replies of a Redis Cluster, for the redirect parser.
+      {"redirect-moved", "MOVED 3999 127.0.0.1:6381"},
+      {"redirect-ask", "ASK 12182 10.0.0.7:7002"},
   };
   const kvbridge::testing::Seeds checked_in = kvbridge::testing::seed_corpus("store_object", seeds);
   EXPECT_GE(checked_in.size(), seeds.size());
-  for (const auto& [name, bytes] : checked_in) EXPECT_GE(bytes.size(), 25u + 64) << name;
+  for (const auto& [name, bytes] : checked_in) {
+    Redirect r;
+    if (name.rfind("redirect-", 0) == 0) {
+      EXPECT_TRUE(parse_redirect(bytes, &r)) << name;
+    } else {
+      EXPECT_GE(bytes.size(), 25u + 64) << name;
+    }
+  }
 }
 
 }  // namespace

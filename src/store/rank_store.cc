@@ -159,7 +159,7 @@ Result<std::vector<GroupPresence>> RankStore::Impl::presence(const std::vector<B
   if (s->redis && !missing.empty()) {
     std::vector<std::string> keys;
     keys.reserve(missing.size());
-    for (const auto& [o, j] : missing) keys.push_back(key(stored[o], hashes, j).text(s->redis->options().key_prefix));
+    for (const auto& [o, j] : missing) keys.push_back(s->redis->key_of(key(stored[o], hashes, j)));
     const std::vector<uint8_t> there = s->redis->exists(keys);
     for (size_t m = 0; m < missing.size(); ++m) {
       if (there[m]) {
@@ -303,7 +303,7 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
       promote(from_redis, &s->redis_bad_objects, &result.redis_objects,
               [&](std::span<const ObjectKey> k, store_internal::GetSink& sink) {
                 std::vector<std::string> text;
-                for (const ObjectKey& one : k) text.push_back(one.text(s->redis->options().key_prefix));
+                for (const ObjectKey& one : k) text.push_back(s->redis->key_of(one));
                 s->redis->get(text, sink);
               });
       if (s->disk && result.redis_objects > before) {

@@ -147,7 +147,7 @@ Status RankStore::Impl::put_in_process(size_t gi, const GroupBlocks& list, Const
     }
     if (s->redis) {
       std::vector<std::string> keys;
-      for (const ObjectKey& k : published) keys.push_back(k.text(s->redis->options().key_prefix));
+      for (const ObjectKey& k : published) keys.push_back(s->redis->key_of(k));
       s->redis->put(keys, values);
     }
     std::lock_guard<std::mutex> lock(s->mu);
@@ -165,7 +165,6 @@ Status RankStore::Impl::put_parts(size_t gi, const GroupBlocks& list, ConstTenso
                                   const std::vector<BlockHash>& hashes,
                                   std::span<const store_internal::Selected> selected, PutResult* result) {
   const auto& geo = canonical.geometry(gi);
-  const std::string& prefix = s->redis->options().key_prefix;
   const std::string suffix = ".tp" + std::to_string(layout.tp_size);
   // Objects visible anywhere are skipped: memory first, then one pipelined
   // EXISTS for the rest.
@@ -181,7 +180,7 @@ Status RankStore::Impl::put_parts(size_t gi, const GroupBlocks& list, ConstTenso
     }
   }
   std::vector<std::string> keys;
-  for (const auto& sel : todo) keys.push_back(key(gi, hashes, sel.block).text(prefix));
+  for (const auto& sel : todo) keys.push_back(s->redis->key_of(key(gi, hashes, sel.block)));
   const std::vector<uint8_t> there = s->redis->exists(keys);
   // In batches, so scratch memory stays at a batch of objects.
   const size_t batch = 2 * std::max<uint32_t>(1, s->redis->options().pipeline_depth);

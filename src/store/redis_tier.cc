@@ -109,6 +109,33 @@ void append_bulk(std::string& out, std::string_view s) {
 
 }  // namespace
 
+bool parse_redirect(std::string_view error, Redirect* out) {
+  auto word = [&](std::string_view w) { return error.substr(0, w.size()) == w; };
+  if (word("CLUSTERDOWN") || word("TRYAGAIN")) {
+    out->kind = Redirect::kRetry;
+    return true;
+  }
+  if (!word("MOVED ") && !word("ASK ")) return false;
+  out->kind = word("ASK ") ? Redirect::kAsk : Redirect::kMoved;
+  error.remove_prefix(out->kind == Redirect::kAsk ? 4 : 6);
+  const size_t space = error.find(' ');
+  const size_t colon = error.rfind(':');
+  if (space == std::string_view::npos || colon == std::string_view::npos || colon < space) return false;
+  uint64_t slot = 0, port = 0;
+  for (const char c : error.substr(0, space)) {
+    if (c < '0' || c > '9' || (slot = slot * 10 + static_cast<uint64_t>(c - '0')) > 16383) return false;
+  }
+  const std::string_view port_text = error.substr(colon + 1);
+  if (port_text.empty()) return false;
+  for (const char c : port_text) {
+    if (c < '0' || c > '9' || (port = port * 10 + static_cast<uint64_t>(c - '0')) > 65535) return false;
+  }
+  out->slot = static_cast<uint16_t>(slot);
+  out->host = std::string(error.substr(space + 1, colon - space - 1));
+  out->port = static_cast<uint16_t>(port);
+  return !out->host.empty() && port != 0;
+}
+
 RedisTier::RedisTier(RedisOptions options) : options_(std::move(options)) {}
 
 RedisTier::~RedisTier() {
@@ -178,7 +205,8 @@ bool RedisTier::send_iov_locked(iovec* iov, int count) {
   return true;
 }
 
-size_t RedisTier::put(std::span<const std::string> keys, std::span<const std::span<const uint8_t>> values) {
+size_t RedisTier::put(std::span<const std::string> keys, std::span<const std::span<const uint8_t>> values,
+                      std::vector<Redirect>* redirects, bool asking) {
   std::lock_guard<std::mutex> lock(mu_);
   SigpipeGuard guard;
   if (keys.empty()) return 0;
@@ -186,20 +214,35 @@ size_t RedisTier::put(std::span<const std::string> keys, std::span<const std::sp
   // Each SET goes out with sendmsg(2) from the value's own bytes (hiredis
   // would first copy the value into its output buffer); `depth` are in flight.
   const size_t depth = std::max<uint32_t>(1, options_.pipeline_depth);
-  size_t written = 0;
+  size_t written = 0, replied = 0;
   auto read_reply = [&] {
     std::string_view line;
-    if (!read_line_locked(&line) || line != "+OK") {
-      fail_locked(line.empty() || line[0] != '-' ? "SET reply" : "SET error reply");
+    if (asking && (!read_line_locked(&line) || line != "+OK")) {
+      fail_locked("ASKING reply");
       return false;
     }
-    ++written;
-    ++counters_.writes;
-    return true;
+    if (!read_line_locked(&line)) {
+      fail_locked("SET reply");
+      return false;
+    }
+    const size_t k = replied++;
+    if (line == "+OK") {
+      ++written;
+      ++counters_.writes;
+      return true;
+    }
+    Redirect r;
+    if (redirects != nullptr && !line.empty() && line[0] == '-' && parse_redirect(line.substr(1), &r)) {
+      r.index = k;
+      redirects->push_back(std::move(r));
+      return true;
+    }
+    fail_locked(line.empty() || line[0] != '-' ? "SET reply" : "SET error reply");
+    return false;
   };
   static constexpr char kCrlf[] = "\r\n";
   for (size_t k = 0; k < keys.size(); ++k) {
-    out_ = "*3\r\n$3\r\nSET\r\n";
+    out_ = asking ? "*1\r\n$6\r\nASKING\r\n*3\r\n$3\r\nSET\r\n" : "*3\r\n$3\r\nSET\r\n";
     append_bulk(out_, keys[k]);
     out_ += '$';
     out_ += std::to_string(values[k].size());
@@ -211,15 +254,16 @@ size_t RedisTier::put(std::span<const std::string> keys, std::span<const std::sp
       fail_locked("SET send");
       return written;
     }
-    if (k + 1 - written >= depth && !read_reply()) return written;
+    if (k + 1 - replied >= depth && !read_reply()) return written;
   }
-  while (written < keys.size()) {
+  while (replied < keys.size()) {
     if (!read_reply()) return written;
   }
   return written;
 }
 
-std::vector<PartOutcome> RedisTier::put_parts(std::span<const PartWrite> parts) {
+std::vector<PartOutcome> RedisTier::put_parts(std::span<const PartWrite> parts, std::vector<Redirect>* redirects,
+                                              bool asking) {
   std::vector<PartOutcome> out(parts.size(), PartOutcome::kFailed);
   std::lock_guard<std::mutex> lock(mu_);
   SigpipeGuard guard;
@@ -237,6 +281,11 @@ std::vector<PartOutcome> RedisTier::put_parts(std::span<const PartWrite> parts) 
         return redisAppendCommandArgv(ctx_, argc, argv, lens) == REDIS_OK;
       };
       bool ok = true;
+      if (asking) {
+        const char* argv[1] = {"ASKING"};
+        const size_t lens[1] = {6};
+        ok = ok && append(1, argv, lens);
+      }
       {
         const char* argv[1] = {"MULTI"};
         const size_t lens[1] = {5};
@@ -289,6 +338,7 @@ std::vector<PartOutcome> RedisTier::put_parts(std::span<const PartWrite> parts) 
       replies[k - i] = n;
     }
     for (size_t k = i; k < end; ++k) {
+      bool redirected = false;
       for (size_t r = 0; r < replies[k - i]; ++r) {
         void* raw = nullptr;
         if (redisGetReply(ctx_, &raw) != REDIS_OK) {
@@ -297,11 +347,23 @@ std::vector<PartOutcome> RedisTier::put_parts(std::span<const PartWrite> parts) 
         }
         Reply reply(static_cast<redisReply*>(raw));
         if (reply->type == REDIS_REPLY_ERROR) {
+          // A queued command refused for a redirect (cluster): EXEC answers
+          // EXECABORT and nothing of this part is written; the caller
+          // retries it where the redirect says.
+          Redirect rd;
+          if (redirects != nullptr && !redirected && parse_redirect(std::string_view(reply->str, reply->len), &rd)) {
+            rd.index = k;
+            redirects->push_back(std::move(rd));
+            redirected = true;
+            continue;
+          }
+          if (redirected) continue;  // EXECABORT of the redirected transaction
           // A queued command rejected (e.g. OOM): EXEC aborts the whole
           // transaction; nothing of this part was written.
           fail_locked("part transaction error reply");
           return out;
         }
+        if (redirected) continue;
         if (r + 1 < replies[k - i]) continue;
         // EXEC: an array whose last element is the script's result.
         if (reply->type != REDIS_REPLY_ARRAY || reply->elements == 0 ||
@@ -319,7 +381,8 @@ std::vector<PartOutcome> RedisTier::put_parts(std::span<const PartWrite> parts) 
   return out;
 }
 
-std::vector<uint8_t> RedisTier::exists(std::span<const std::string> keys) {
+std::vector<uint8_t> RedisTier::exists(std::span<const std::string> keys, std::vector<Redirect>* redirects,
+                                       bool asking) {
   std::vector<uint8_t> out(keys.size(), 0);
   std::lock_guard<std::mutex> lock(mu_);
   SigpipeGuard guard;
@@ -331,19 +394,31 @@ std::vector<uint8_t> RedisTier::exists(std::span<const std::string> keys) {
     for (size_t k = i; k < end; ++k) {
       const char* argv[2] = {"EXISTS", keys[k].data()};
       const size_t lens[2] = {6, keys[k].size()};
-      if (redisAppendCommandArgv(ctx_, 2, argv, lens) != REDIS_OK) {
+      const char* ask[1] = {"ASKING"};
+      const size_t ask_len[1] = {6};
+      if ((asking && redisAppendCommandArgv(ctx_, 1, ask, ask_len) != REDIS_OK) ||
+          redisAppendCommandArgv(ctx_, 2, argv, lens) != REDIS_OK) {
         fail_locked("append");
         return std::vector<uint8_t>(keys.size(), 0);
       }
     }
     for (size_t k = i; k < end; ++k) {
-      void* r = nullptr;
-      if (redisGetReply(ctx_, &r) != REDIS_OK) {
-        fail_locked("EXISTS");
-        return std::vector<uint8_t>(keys.size(), 0);
+      for (int n = asking ? 2 : 1; n > 0; --n) {
+        void* r = nullptr;
+        if (redisGetReply(ctx_, &r) != REDIS_OK) {
+          fail_locked("EXISTS");
+          return std::vector<uint8_t>(keys.size(), 0);
+        }
+        Reply reply(static_cast<redisReply*>(r));
+        if (n == 2) continue;  // ASKING's +OK
+        Redirect rd;
+        if (reply->type == REDIS_REPLY_ERROR && redirects != nullptr &&
+            parse_redirect(std::string_view(reply->str, reply->len), &rd)) {
+          rd.index = k;
+          redirects->push_back(std::move(rd));
+        }
+        out[k] = reply->type == REDIS_REPLY_INTEGER && reply->integer > 0;
       }
-      Reply reply(static_cast<redisReply*>(r));
-      out[k] = reply->type == REDIS_REPLY_INTEGER && reply->integer > 0;
     }
   }
   return out;
@@ -429,7 +504,7 @@ bool RedisTier::read_value_locked(size_t i, uint64_t bytes, GetSink& sink) {
   return true;
 }
 
-bool RedisTier::get(std::span<const std::string> keys, GetSink& sink) {
+bool RedisTier::get(std::span<const std::string> keys, GetSink& sink, std::vector<Redirect>* redirects, bool asking) {
   std::lock_guard<std::mutex> lock(mu_);
   SigpipeGuard guard;
   if (keys.empty()) return true;
@@ -442,6 +517,7 @@ bool RedisTier::get(std::span<const std::string> keys, GetSink& sink) {
   auto send_upto = [&](size_t n) {
     out_.clear();
     for (; sent < n; ++sent) {
+      if (asking) out_ += "*1\r\n$6\r\nASKING\r\n";
       out_ += "*2\r\n$3\r\nGET\r\n";
       append_bulk(out_, keys[sent]);
     }
@@ -457,9 +533,19 @@ bool RedisTier::get(std::span<const std::string> keys, GetSink& sink) {
       return false;
     }
     std::string_view line;
+    if (asking && (!read_line_locked(&line) || line != "+OK")) {
+      fail_locked("ASKING reply");
+      return false;
+    }
     if (!read_line_locked(&line) || line.empty()) {
       fail_locked("GET reply");
       return false;
+    }
+    Redirect rd;
+    if (line[0] == '-' && redirects != nullptr && parse_redirect(line.substr(1), &rd)) {
+      rd.index = i;
+      redirects->push_back(std::move(rd));
+      continue;
     }
     if (line[0] != '$') {
       fail_locked(line[0] == '-' ? "GET error reply" : "GET: unexpected reply");
@@ -516,9 +602,69 @@ Result<std::string> RedisTier::command(std::span<const std::string> args) {
   }
 }
 
+Result<TierSize> RedisTier::size() {
+  TierSize t;
+  const std::string dbsize[] = {"DBSIZE"};
+  KVB_ASSIGN_OR_RETURN(std::string keys, command(dbsize));
+  t.keys = std::strtoull(keys.c_str(), nullptr, 10);
+  const std::string memory[] = {"INFO", "memory"};
+  KVB_ASSIGN_OR_RETURN(std::string text, command(memory));
+  const size_t at = text.find("used_memory:");
+  if (at != std::string::npos) t.used_memory_bytes = std::strtoull(text.c_str() + at + 12, nullptr, 10);
+  return t;
+}
+
+Result<std::vector<SlotRange>> RedisTier::cluster_slots() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SigpipeGuard guard;
+  const std::string where = options_.host + ":" + std::to_string(options_.port);
+  if (!connect_locked()) return Status::unavailable("redis " + where + " is unreachable");
+  void* r = redisCommand(ctx_, "CLUSTER SLOTS");
+  if (r == nullptr) {
+    const std::string err = ctx_->errstr;
+    fail_locked("CLUSTER SLOTS");
+    return Status::unavailable("redis " + where + ": CLUSTER SLOTS: " + err);
+  }
+  Reply reply(static_cast<redisReply*>(r));
+  if (reply->type == REDIS_REPLY_ERROR) {
+    return Status::incompatible("redis " + where + " is not a cluster node: " + std::string(reply->str, reply->len));
+  }
+  if (reply->type != REDIS_REPLY_ARRAY) return Status::io_error("redis " + where + ": CLUSTER SLOTS: not an array");
+  std::vector<SlotRange> out;
+  for (size_t i = 0; i < reply->elements; ++i) {
+    const redisReply* e = reply->element[i];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->type != REDIS_REPLY_INTEGER ||
+        e->element[1]->type != REDIS_REPLY_INTEGER || e->element[2]->type != REDIS_REPLY_ARRAY ||
+        e->element[2]->elements < 2 || e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
+        e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
+      return Status::io_error("redis " + where + ": CLUSTER SLOTS: entry " + std::to_string(i) + " is malformed");
+    }
+    const long long first = e->element[0]->integer, last = e->element[1]->integer;
+    const long long port = e->element[2]->element[1]->integer;
+    if (first < 0 || last > 16383 || first > last || port <= 0 || port > 65535) {
+      return Status::io_error("redis " + where + ": CLUSTER SLOTS: entry " + std::to_string(i) + " is out of range");
+    }
+    SlotRange s;
+    s.first = static_cast<uint16_t>(first);
+    s.last = static_cast<uint16_t>(last);
+    s.host = std::string(e->element[2]->element[0]->str, e->element[2]->element[0]->len);
+    if (s.host.empty()) s.host = options_.host;  // a node that does not know its address
+    s.port = static_cast<uint16_t>(port);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+bool RedisTier::down() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ctx_ == nullptr && std::chrono::steady_clock::now() < down_until_;
+}
+
 RedisCounters RedisTier::counters() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return counters_;
+  RedisCounters c = counters_;
+  c.nodes = 1;
+  return c;
 }
 
 }  // namespace kvbridge::store_internal

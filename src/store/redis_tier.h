@@ -34,82 +34,89 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "kvbridge/store.h"
+#include "store/shared_tier.h"
 
 struct redisContext;
 struct iovec;
 
 namespace kvbridge::store_internal {
 
-struct RedisCounters {
-  bool up = false;
-  uint64_t writes = 0, parts = 0, errors = 0, skipped = 0;
+// A reply that sends a key elsewhere (Redis Cluster): its slot moved to
+// another node (MOVED: for good; ASK: for the next command, during a
+// migration), or the cluster cannot serve it now (CLUSTERDOWN, TRYAGAIN:
+// kRetry, no node).
+struct Redirect {
+  enum Kind : uint8_t { kMoved, kAsk, kRetry };
+  size_t index = 0;  // of the key (or part) in the call
+  Kind kind = kMoved;
+  uint16_t slot = 0;
+  std::string host;
+  uint16_t port = 0;
 };
 
-// Where get() puts values. Every call comes from the thread that called get(),
-// in key order; for one key: buffer(), then received() for consecutive ranges
-// from offset 0, then done() once, unless the operation fails first.
-class GetSink {
- public:
-  virtual ~GetSink() = default;
-  // The buffer for the value of key `i`, `bytes` long, or nullptr to drop it.
-  // The buffer stays the caller's.
-  virtual uint8_t* buffer(size_t i, uint64_t bytes) = 0;
-  // buffer[offset, offset + n) of key `i` has arrived.
-  virtual void received(size_t i, uint64_t offset, uint64_t n) = 0;
-  // The whole value of key `i` is in its buffer.
-  virtual void done(size_t i) = 0;
+// Parses an error reply's text ("MOVED 3999 127.0.0.1:6381", "ASK ...",
+// "CLUSTERDOWN ...", "TRYAGAIN ..."); false for any other error.
+bool parse_redirect(std::string_view error, Redirect* out);
+
+// One slot range of CLUSTER SLOTS: [first, last] served by the master at
+// host:port.
+struct SlotRange {
+  uint16_t first = 0, last = 0;
+  std::string host;
+  uint16_t port = 0;
 };
 
-// One rank's part of an object, for put_parts().
-struct PartWrite {
-  std::string object_key;
-  std::string staging_key;
-  const uint8_t* object = nullptr;                        // object-sized; only the ranges below are read
-  std::span<const std::pair<uint64_t, uint64_t>> ranges;  // [begin, end) object offsets
-  uint64_t header_bytes = 0;                              // object[0, header_bytes) is written too
-  uint64_t part_bit = 0;                                  // SETBIT offset of this part
-  uint64_t bitmap_byte_begin = 0;                         // the bitmap's bytes, for BITCOUNT
-  uint64_t bitmap_byte_end = 0;                           // inclusive
-  uint32_t parts = 0;                                     // bits that make the object complete
-};
-
-enum class PartOutcome : uint8_t {
-  kFailed,     // not written (Redis down or failing)
-  kWritten,    // written; the object still lacks parts
-  kPublished,  // written, and this part completed the object
-  kPresent,    // the object existed already: nothing written
-};
-
-class RedisTier {
+class RedisTier final : public SharedTier {
  public:
   explicit RedisTier(RedisOptions options);
-  ~RedisTier();
+  ~RedisTier() override;
   RedisTier(const RedisTier&) = delete;
   RedisTier& operator=(const RedisTier&) = delete;
 
-  const RedisOptions& options() const { return options_; }
+  const RedisOptions& options() const override { return options_; }
+  std::string key_of(const ObjectKey& key) const override { return key.text(options_.key_prefix); }
 
   // SETs each value under its key. Returns how many were written (all, or
   // fewer after a failure).
-  size_t put(std::span<const std::string> keys, std::span<const std::span<const uint8_t>> values);
+  size_t put(std::span<const std::string> keys, std::span<const std::span<const uint8_t>> values) override {
+    return put(keys, values, nullptr, false);
+  }
   // Writes each part in its own transaction (see the file comment), pipelined.
-  std::vector<PartOutcome> put_parts(std::span<const PartWrite> parts);
+  std::vector<PartOutcome> put_parts(std::span<const PartWrite> parts) override {
+    return put_parts(parts, nullptr, false);
+  }
   // Per key, 1 when it exists; 0 for absent keys and for all keys when the
   // tier is down or fails.
-  std::vector<uint8_t> exists(std::span<const std::string> keys);
+  std::vector<uint8_t> exists(std::span<const std::string> keys) override { return exists(keys, nullptr, false); }
   // GETs the keys into the sink's buffers. Returns false after a failure
   // (keys not reported done are misses; a value whose buffer was handed out
   // but not reported done is incomplete).
-  bool get(std::span<const std::string> keys, GetSink& sink);
+  bool get(std::span<const std::string> keys, GetSink& sink) override { return get(keys, sink, nullptr, false); }
   // Runs one command (for tools and tests: DBSIZE, INFO, PTTL). Returns the
   // reply as text (integers in decimal), or an error.
-  Result<std::string> command(std::span<const std::string> args);
+  Result<std::string> command(std::span<const std::string> args) override;
+  Result<TierSize> size() override;
+  RedisCounters counters() const override;
 
-  RedisCounters counters() const;
+  // As a node of a cluster (ClusterTier): a key answered with a redirect is
+  // listed in `redirects` (and is a miss, or not written, here) instead of
+  // failing the connection; with `asking`, each command is preceded by
+  // ASKING (the target of an ASK redirect). put_parts() lists a part whose
+  // transaction was refused for a redirect (EXECABORT: nothing written).
+  size_t put(std::span<const std::string> keys, std::span<const std::span<const uint8_t>> values,
+             std::vector<Redirect>* redirects, bool asking);
+  std::vector<PartOutcome> put_parts(std::span<const PartWrite> parts, std::vector<Redirect>* redirects, bool asking);
+  std::vector<uint8_t> exists(std::span<const std::string> keys, std::vector<Redirect>* redirects, bool asking);
+  bool get(std::span<const std::string> keys, GetSink& sink, std::vector<Redirect>* redirects, bool asking);
+  // CLUSTER SLOTS: the masters' slot ranges. kUnavailable when unreachable.
+  Result<std::vector<SlotRange>> cluster_slots();
+  // True when the node is marked down (within its retry interval).
+  bool down() const;
 
  private:
   bool connect_locked();

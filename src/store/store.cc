@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 
+#include "store/cluster_tier.h"
+#include "store/redis_tier.h"
 #include "store/store_impl.h"
 
 namespace kvbridge {
@@ -38,6 +40,13 @@ Result<std::shared_ptr<Store>> Store::create(StoreOptions options) {
   }
   auto impl = std::make_unique<Impl>(std::move(options));
   impl->disk = std::move(disk);
+  if (impl->options.redis) {
+    if (impl->options.redis->cluster) {
+      impl->redis = std::make_unique<store_internal::ClusterTier>(*impl->options.redis);
+    } else {
+      impl->redis = std::make_unique<store_internal::RedisTier>(*impl->options.redis);
+    }
+  }
   return std::shared_ptr<Store>(new Store(std::move(impl)));
 }
 
@@ -82,20 +91,19 @@ StoreStats Store::stats() const {
     s.redis_parts = c.parts;
     s.redis_errors = c.errors;
     s.redis_skipped = c.skipped;
+    s.redis_redirects = c.redirects;
+    s.redis_slot_map_updates = c.slot_map_updates;
+    s.redis_nodes = c.nodes;
   }
   return s;
 }
 
 Result<Store::RedisInfo> Store::redis_info() {
   if (!impl_->redis) return Status::not_found("store: no shared tier is configured");
+  KVB_ASSIGN_OR_RETURN(store_internal::TierSize t, impl_->redis->size());
   RedisInfo info;
-  const std::vector<std::string> dbsize = {"DBSIZE"};
-  KVB_ASSIGN_OR_RETURN(std::string keys, impl_->redis->command(dbsize));
-  info.keys = std::strtoull(keys.c_str(), nullptr, 10);
-  const std::vector<std::string> memory = {"INFO", "memory"};
-  KVB_ASSIGN_OR_RETURN(std::string text, impl_->redis->command(memory));
-  const size_t at = text.find("used_memory:");
-  if (at != std::string::npos) info.used_memory_bytes = std::strtoull(text.c_str() + at + 12, nullptr, 10);
+  info.keys = t.keys;
+  info.used_memory_bytes = t.used_memory_bytes;
   return info;
 }
 

@@ -17,7 +17,7 @@
 #include "kvbridge/store.h"
 #include "store/disk_tier.h"
 #include "store/memory_tier.h"
-#include "store/redis_tier.h"
+#include "store/shared_tier.h"
 
 namespace kvbridge {
 
@@ -42,9 +42,7 @@ struct Staging {
 };
 
 struct Store::Impl {
-  explicit Impl(StoreOptions o) : options(std::move(o)), memory(options.memory_bytes) {
-    if (options.redis) redis = std::make_unique<store_internal::RedisTier>(*options.redis);
-  }
+  explicit Impl(StoreOptions o) : options(std::move(o)), memory(options.memory_bytes) {}
 
   // A buffer from the memory tier; when it is full of pinned objects, drops
   // the oldest staging entries that no rank is writing. Requires `mu`.
@@ -53,8 +51,8 @@ struct Store::Impl {
   StoreOptions options;
   mutable std::mutex mu;
   store_internal::MemoryTier memory;
-  std::unique_ptr<store_internal::DiskTier> disk;  // opened by Store::create
-  std::unique_ptr<store_internal::RedisTier> redis;
+  std::unique_ptr<store_internal::DiskTier> disk;     // opened by Store::create
+  std::unique_ptr<store_internal::SharedTier> redis;  // made by Store::create
   std::unordered_map<StagingKey, Staging, StagingKeyHasher> staging;
   uint64_t next_seq = 0;
   uint64_t rejected = 0, published = 0, memory_hits = 0, disk_hits = 0, redis_hits = 0, misses = 0,

@@ -10,9 +10,8 @@
 #include <thread>
 
 namespace kvbridge::testing {
-namespace {
 
-uint16_t free_port() {
+uint16_t free_loopback_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -24,7 +23,7 @@ uint16_t free_port() {
   return ntohs(a.sin_port);
 }
 
-bool accepts(uint16_t port) {
+bool accepts_on_loopback(uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -35,18 +34,16 @@ bool accepts(uint16_t port) {
   return ok;
 }
 
-}  // namespace
-
 Result<std::unique_ptr<RedisServer>> RedisServer::start() {
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::unique_ptr<RedisServer> r(new RedisServer());
-    r->port_ = free_port();
+    r->port_ = free_loopback_port();
     KVB_ASSIGN_OR_RETURN(r->child_, ChildProcess::spawn({"redis-server", "--port", std::to_string(r->port_), "--bind",
                                                          "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize",
                                                          "no", "--loglevel", "warning"}));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (std::chrono::steady_clock::now() < deadline) {
-      if (accepts(r->port_)) return r;
+      if (accepts_on_loopback(r->port_)) return r;
       if (r->child_->wait(std::chrono::milliseconds(0))) break;  // exited: the port was taken, or no binary
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }

@@ -1,0 +1,285 @@
+// The shared tier on a real Redis Cluster (3 masters, 3 replicas, started
+// here on loopback ports and stopped at the end): slots routed by hash tag,
+// objects written at TP 8 read byte-exact at TP 2 (whole objects, and parts
+// assembled on the cluster's nodes by rank stores of their own), a slot
+// migrated while it is read (ASK, then MOVED), a master killed mid-run
+// (misses while it fails over, never wrong bytes, then hits again from the
+// promoted replica), and a cluster that cannot be reached (misses, at once).
+#include <chrono>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "kvbridge/store.h"
+#include "store/cluster_tier.h"
+#include "store/test_support.h"
+#include "testing/redis_cluster.h"
+#include "testing/redis_server.h"
+#include "testing/require.h"
+
+namespace kvbridge {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Instance;
+using testing::tokens;
+
+Result<std::unique_ptr<testing::RedisCluster>> start_cluster() { return testing::RedisCluster::start(3, 1); }
+
+std::shared_ptr<Store> cluster_store(uint16_t seed_port, Assembly assembly = Assembly::kInProcess) {
+  StoreOptions o;
+  o.hash_block_tokens = 16;
+  o.memory_bytes = uint64_t{256} << 20;
+  o.assembly = assembly;
+  RedisOptions r;
+  r.port = seed_port;
+  r.cluster = true;
+  r.connect_timeout = 300ms;
+  r.command_timeout = 2000ms;
+  r.retry_interval = 400ms;
+  o.redis = r;
+  Result<std::shared_ptr<Store>> s = Store::create(o);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return s.ok() ? *s : nullptr;
+}
+
+// Gets n tokens into every rank of `reader` (memory emptied first, so every
+// object comes from the cluster); returns the smallest hit and checks every
+// byte of it.
+uint64_t get_checked(Instance& reader, const std::shared_ptr<Store>& store, const std::vector<uint32_t>& t, uint64_t n,
+                     uint64_t seed) {
+  store->clear_memory(true);
+  uint64_t hit = n;
+  for (size_t r = 0; r < reader.ranks.size(); ++r) {
+    auto& m = reader.ranks[r];
+    const Request q = testing::make_request(m.layout, n, 2, reader.stride);
+    Result<GetResult> g = reader.stores[r].get(t, q, m.memory());
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    if (!g.ok()) return 0;
+    hit = std::min(hit, g->hit_tokens);
+    if (g->hit_tokens == 0) continue;
+    Result<ContentReport> c =
+        check_request(testing::stored_view(m.layout), testing::make_request(m.layout, g->hit_tokens, 2, reader.stride),
+                      RequestSide::kLocal, 0, seed, m.memory());
+    EXPECT_TRUE(c.ok());
+    EXPECT_EQ(c->bad_cells, 0u) << "rank " << r << ": " << c->first_error;
+  }
+  return hit;
+}
+
+class ClusterStoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    Result<std::unique_ptr<testing::RedisCluster>> c = start_cluster();
+    if (c.ok()) {
+      cluster_ = c->release();
+    } else {
+      why_ = new std::string(c.status().to_string());
+    }
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+    delete why_;
+    why_ = nullptr;
+  }
+  void SetUp() override {
+    if (cluster_ == nullptr)
+      KVB_SKIP_UNLESS_REQUIRED("redis", *why_ + " (scripts/deps.sh installs redis-server and redis-tools)");
+  }
+  static testing::RedisCluster* cluster_;
+  static std::string* why_;
+};
+testing::RedisCluster* ClusterStoreTest::cluster_ = nullptr;
+std::string* ClusterStoreTest::why_ = nullptr;
+
+TEST_F(ClusterStoreTest, KeysGoToTheirSlotsMastersAndTp8ObjectsReadByteExactAtTp2) {
+  const std::vector<uint32_t> t = tokens(21, 512);
+  auto w = cluster_store(cluster_->ports()[0]);
+  Instance writer(w, "llama3-8b", {8, 32}, 512);
+  writer.fill(512, 3);
+  writer.put(t, 512);
+  const StoreStats ws = w->stats();
+  EXPECT_EQ(ws.redis_writes, 32u);
+  EXPECT_EQ(ws.redis_nodes, 3u);
+  EXPECT_EQ(ws.redis_errors, 0u);
+  // Every master holds some of the 32 objects, each in the slot Redis
+  // computes for its key.
+  for (uint16_t m : cluster_->master_ports()) EXPECT_NE(cluster_->cli(m, "dbsize"), "0") << "master " << m;
+  const std::string key = ObjectKey{writer.stores[0].hashes(t)[5], 0}.cluster_text("kvb1:");
+  EXPECT_EQ(cluster_->cli(cluster_->ports()[0], "cluster keyslot '" + key + "'"), std::to_string(redis_key_slot(key)));
+  EXPECT_EQ(cluster_->cli(cluster_->master_of(redis_key_slot(key)), "exists '" + key + "'"), "1");
+  // A reader at TP 2 with 16-token blocks, its memory empty: all from the
+  // cluster, byte-exact.
+  auto r = cluster_store(cluster_->ports()[4]);  // seeded by a replica: the map still names masters
+  Instance reader(r, "llama3-8b", {2, 16}, 512);
+  EXPECT_EQ(get_checked(reader, r, t, 512, 3), 512u);
+  EXPECT_EQ(r->stats().redis_hits, 32u) << "rank 0 promotes every object";
+  EXPECT_EQ(r->stats().memory_hits, 32u) << "rank 1 reads them from memory";
+  Result<Store::RedisInfo> info = r->redis_info();
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  EXPECT_GE(info->keys, 32u) << "summed over the masters";
+}
+
+TEST_F(ClusterStoreTest, PartsFromRankStoresOfTheirOwnAssembleOnTheSlotsNode) {
+  const std::vector<uint32_t> t = tokens(22, 128);
+  // Each rank with a Store of its own, as in separate processes: parts meet
+  // in the cluster, staging and object keys on one node (hash tags).
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    auto s = cluster_store(cluster_->ports()[rank % 3], Assembly::kShared);
+    testing::RankMemory m(testing::preset("qwen3-next", 4, rank, 64, 4));
+    Result<RankStore> rs = RankStore::create(s, m.layout);
+    ASSERT_TRUE(rs.ok());
+    for (uint64_t b = 64; b < 128; b += 64) {  // the states an align-mode engine keeps
+      ASSERT_TRUE(
+          fill_request(m.layout, testing::make_request(m.layout, b), RequestSide::kLocal, 0, 8, m.memory()).ok());
+    }
+    ASSERT_TRUE(
+        fill_request(m.layout, testing::make_request(m.layout, 128), RequestSide::kLocal, 0, 8, m.memory()).ok());
+    Result<PutResult> p = rs->put(t, testing::make_request(m.layout, 128), m.memory());
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    EXPECT_GT(p->parts_written, 0u);
+    EXPECT_EQ(s->stats().redis_errors, 0u);
+    if (rank < 3) {
+      EXPECT_EQ(p->objects_published, 0u) << "rank " << rank << ": not whole yet";
+    } else {
+      EXPECT_GT(p->objects_published, 0u) << "the last part completes each object";
+    }
+  }
+  auto r = cluster_store(cluster_->ports()[1]);
+  Instance reader(r, "qwen3-next", {1, 128}, 128);
+  EXPECT_EQ(get_checked(reader, r, t, 128, 8), 128u);
+}
+
+TEST_F(ClusterStoreTest, ASlotMigratedWhileItIsReadIsFollowed) {
+  const std::vector<uint32_t> t = tokens(23, 1024);
+  auto w = cluster_store(cluster_->ports()[0]);
+  Instance writer(w, "llama3-8b", {1, 16}, 1024);
+  writer.fill(1024, 4);
+  writer.put(t, 1024);
+  auto r = cluster_store(cluster_->ports()[1]);
+  Instance reader(r, "llama3-8b", {1, 16}, 1024);
+  ASSERT_EQ(get_checked(reader, r, t, 1024, 4), 1024u);  // the reader's map is read
+  // Move the slot of block 7's object to another master, reading the whole
+  // prefix after every batch of keys: part of the slot is on each side.
+  const uint16_t slot = redis_key_slot(ObjectKey{writer.stores[0].hashes(t)[7], 0}.cluster_text("kvb1:"));
+  const uint16_t from = cluster_->master_of(slot);
+  uint16_t to = 0;
+  for (uint16_t m : cluster_->master_ports()) {
+    if (m != from) to = m;
+  }
+  int reads = 0;
+  const Status moved = cluster_->migrate_slot(slot, to, [&](int) {
+    EXPECT_EQ(get_checked(reader, r, t, 1024, 4), 1024u) << "during the migration";
+    ++reads;
+  });
+  ASSERT_TRUE(moved.ok()) << moved.to_string();
+  EXPECT_GE(reads, 1);
+  EXPECT_EQ(get_checked(reader, r, t, 1024, 4), 1024u) << "after it: MOVED";
+  const StoreStats s = r->stats();
+  EXPECT_GT(s.redis_redirects, 0u);
+  EXPECT_GE(s.redis_slot_map_updates, 2u);
+  EXPECT_EQ(cluster_->master_of(slot), to);
+}
+
+TEST(ClusterFailoverTest, AMasterKilledMidRunFailsOverToItsReplicaWithoutWrongBytes) {
+  Result<std::unique_ptr<testing::RedisCluster>> started = start_cluster();
+  if (!started.ok()) KVB_SKIP_UNLESS_REQUIRED("redis", started.status().to_string());
+  std::unique_ptr<testing::RedisCluster> cluster = std::move(*started);
+  const std::vector<uint32_t> t = tokens(24, 512);
+  auto w = cluster_store(cluster->ports()[0]);
+  Instance writer(w, "llama3-8b", {1, 16}, 512);
+  writer.fill(512, 6);
+  writer.put(t, 512);
+  // The objects are on the replicas before the master dies.
+  ASSERT_TRUE(cluster->wait_replicated(10000)) << "the replicas did not catch up";
+  auto r = cluster_store(cluster->ports()[1]);
+  Instance reader(r, "llama3-8b", {1, 16}, 512);
+  ASSERT_EQ(get_checked(reader, r, t, 512, 6), 512u);
+  // Kill the master of block 0's object: until its replica takes over, the
+  // prefix cannot be resumed past block 0 (the cluster answers CLUSTERDOWN
+  // or the dead node refuses).
+  const uint16_t slot = redis_key_slot(ObjectKey{writer.stores[0].hashes(t)[0], 0}.cluster_text("kvb1:"));
+  const uint16_t dead = cluster->master_of(slot);
+  ASSERT_NE(dead, cluster->ports()[1]) << "the reader's seed survives";
+  std::string before;
+  for (uint16_t p : cluster->ports()) before += std::to_string(p) + ":" + cluster->cli(p, "dbsize") + " ";
+  cluster->kill(dead);
+  const auto t0 = std::chrono::steady_clock::now();
+  int misses = 0, hits = 0;
+  uint64_t last_hit = 0;
+  while (std::chrono::steady_clock::now() - t0 < 20s) {
+    const auto op = std::chrono::steady_clock::now();
+    const uint64_t hit = get_checked(reader, r, t, 512, 6);  // never a wrong byte
+    last_hit = hit;
+    EXPECT_LT(std::chrono::steady_clock::now() - op, 5s) << "a get never hangs";
+    if (hit == 512) {
+      if (++hits == 3) break;
+    } else {
+      ++misses;
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  const StoreStats s = r->stats();
+  EXPECT_EQ(hits, 3) << "the replica took over and serves every object: slot " << slot << " was on " << dead
+                     << ", now on " << cluster->master_of(slot) << "; " << misses << " misses; map read "
+                     << s.redis_slot_map_updates << " times, " << s.redis_errors << " errors, " << s.redis_skipped
+                     << " skipped, " << s.redis_redirects << " redirects; the new master holds "
+                     << cluster->cli(cluster->master_of(slot), "dbsize") << " keys, block 0's: "
+                     << cluster->cli(
+                            cluster->master_of(slot),
+                            "exists '" + ObjectKey{writer.stores[0].hashes(t)[0], 0}.cluster_text("kvb1:") + "'")
+                     << ", last hit " << last_hit << "; before: " << before << "; after: " << [&] {
+                          std::string a;
+                          for (uint16_t p : cluster->ports()) {
+                            if (p != dead) a += std::to_string(p) + ":" + cluster->cli(p, "dbsize") + " ";
+                          }
+                          return a + cluster->cli(cluster->ports()[1], "cluster nodes");
+                        }();
+  EXPECT_GT(misses, 0) << "the failover window was seen";
+  EXPECT_NE(cluster->master_of(slot), dead);
+  EXPECT_GT(s.misses, 0u);
+  EXPECT_GE(s.redis_slot_map_updates, 2u);
+  EXPECT_EQ(s.redis_bad_objects, 0u);
+}
+
+TEST(ClusterRedirectTest, RepliesThatSendAKeyElsewhereAreParsedAndOthersAreNot) {
+  store_internal::Redirect r;
+  ASSERT_TRUE(store_internal::parse_redirect("MOVED 3999 127.0.0.1:6381", &r));
+  EXPECT_EQ(r.kind, store_internal::Redirect::kMoved);
+  EXPECT_EQ(r.slot, 3999);
+  EXPECT_EQ(r.host, "127.0.0.1");
+  EXPECT_EQ(r.port, 6381);
+  ASSERT_TRUE(store_internal::parse_redirect("ASK 16383 ::1:7000", &r));
+  EXPECT_EQ(r.kind, store_internal::Redirect::kAsk);
+  EXPECT_EQ(r.host, "::1");
+  EXPECT_EQ(r.port, 7000);
+  EXPECT_TRUE(store_internal::parse_redirect("CLUSTERDOWN The cluster is down", &r));
+  EXPECT_EQ(r.kind, store_internal::Redirect::kRetry);
+  EXPECT_TRUE(store_internal::parse_redirect("TRYAGAIN Multiple keys request during rehashing of slot", &r));
+  for (const char* bad : {"MOVED 16384 127.0.0.1:1", "MOVED 1 127.0.0.1:0", "MOVED 1 127.0.0.1:65536", "MOVED x h:1",
+                          "MOVED 1 :1", "MOVED 1", "ERR unknown command", "ASK", "OOM command not allowed"}) {
+    EXPECT_FALSE(store_internal::parse_redirect(bad, &r)) << bad;
+  }
+}
+
+TEST(ClusterUnreachableTest, AClusterThatCannotBeReachedIsMissesAtOnce) {
+  auto s = cluster_store(testing::free_loopback_port());
+  Instance inst(s, "llama3-8b", {1, 16}, 64);
+  const std::vector<uint32_t> t = tokens(25, 64);
+  inst.fill(64, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  inst.put(t, 64);  // into memory; the cluster write fails
+  s->clear_memory();
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(inst.stores[0].lookup(t)->hit_tokens, 0u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  const StoreStats st = s->stats();
+  EXPECT_FALSE(st.redis_up);
+  EXPECT_GT(st.redis_errors + st.redis_skipped, 0u);
+  Result<Store::RedisInfo> info = s->redis_info();
+  EXPECT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), Code::kUnavailable) << info.status().to_string();
+}
+
+}  // namespace
+}  // namespace kvbridge
