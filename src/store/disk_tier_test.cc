@@ -261,30 +261,30 @@ std::shared_ptr<Store> disk_store(const std::string& dir, uint64_t disk_bytes) {
 
 TEST(DiskStoreTest, AStoreOpenedLaterServesThePrefixFromDiskByteExact) {
   TempDir d;
-  const std::vector<uint32_t> t = tokens(3, 256);
+  const std::vector<uint32_t> t = tokens(3, 128);
   {
     auto store = disk_store(d.path, uint64_t{1} << 30);
-    Instance writer(store, "qwen3-next", {2, 64}, 256);
-    writer.fill(256, 11);
-    writer.put(t, 256);
+    Instance writer(store, "qwen3-next", {2, 64}, 128);
+    writer.fill(128, 11);
+    writer.put(t, 128);
     const StoreStats s = store->stats();
     EXPECT_TRUE(s.disk_configured);
     EXPECT_EQ(s.disk_writes, s.published);
     EXPECT_GT(s.disk_objects, 0u);
   }
   auto store = disk_store(d.path, uint64_t{1} << 30);
-  Instance reader(store, "qwen3-next", {1, 128}, 256);
+  Instance reader(store, "qwen3-next", {1, 128}, 128);
   Result<LookupResult> l = reader.stores[0].lookup(t);
   ASSERT_TRUE(l.ok());
-  EXPECT_EQ(l->hit_tokens, 256u);
+  EXPECT_EQ(l->hit_tokens, 128u);
   EXPECT_EQ(l->memory_objects, 0u);
   EXPECT_GT(l->disk_objects, 0u);
-  reader.get_and_check(t, 256, 11, 256);
+  reader.get_and_check(t, 128, 11, 128);
   const StoreStats s = store->stats();
   EXPECT_EQ(s.disk_hits, l->disk_objects);
   EXPECT_EQ(s.memory_objects, l->disk_objects) << "promoted into memory";
   // Again: from memory now.
-  reader.get_and_check(t, 256, 11, 256);
+  reader.get_and_check(t, 128, 11, 128);
   EXPECT_EQ(store->stats().disk_hits, l->disk_objects);
   EXPECT_EQ(store->stats().memory_hits, l->disk_objects);
 }
