@@ -67,7 +67,7 @@ test-asan: deps $(BUILD_ASAN)/build.ninja
 # The network layer, engine, transport, conformance, connector, store and attack tests under
 # ThreadSanitizer. UCX is off here (so KVB_REQUIRE's ucx does not apply): libucm patches
 # madvise, which glibc calls at thread exit, and TSan's interceptor crashes inside that hook.
-TSAN_TESTS ?= net_test engine_test conformance_test link_conformance_test tcp_test tcp_protocol_test cma_test handshake_test connector_test store_test store_redis_test attack_test
+TSAN_TESTS ?= net_test engine_test conformance_test link_conformance_test tcp_test tcp_protocol_test cma_test handshake_test connector_test store_test store_redis_test attack_test discovery_test discovery_sync_test
 empty :=
 space := $(empty) $(empty)
 

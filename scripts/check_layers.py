@@ -21,6 +21,8 @@ BELOW = {
     "engine": {"common", "net", "device", "transport"},
     "connector": {"common", "net", "layout", "plan", "device", "transport", "engine"},
     "store": {"common", "layout", "plan"},
+    "discovery": {"common", "net"},
+    "discovery_sync": {"common", "net", "layout", "plan", "device", "transport", "engine", "connector", "discovery"},
     "testing": {"common", "net", "layout", "plan", "device", "transport", "engine", "connector", "store"},
 }
 # The layer each public header belongs to.
@@ -29,6 +31,7 @@ PUBLIC = {
     "layout.h": "layout", "layout_json.h": "layout", "presets.h": "layout",
     "plan.h": "plan", "verify.h": "plan", "content.h": "plan", "execute.h": "plan",
     "engine.h": "engine", "connector.h": "connector", "store.h": "store", "store_key.h": "store",
+    "discovery.h": "discovery", "discovery_sync.h": "discovery_sync",
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/([^"]+)"')
 

@@ -13,6 +13,7 @@ PACKAGES=(
   libucx-dev ucx-utils iperf3
   gnuplot-nox
   redis-server redis-tools libhiredis-dev
+  etcd-server etcd-client libcurl4-openssl-dev
   python3-dev python3-pybind11 python3-pytest python3-numpy python3-torch
 )
 

@@ -36,6 +36,7 @@ Command add_readers_command(CLI::App& root);
 Command add_demo_command(CLI::App& root);
 Command add_bench_command(CLI::App& root);
 Command add_store_command(CLI::App& root);
+Command add_discovery_command(CLI::App& root);
 Command add_sim_command(CLI::App& root);
 
 // The whole of a file, or of stdin for "-", of at most `max_bytes` (the

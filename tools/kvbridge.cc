@@ -11,9 +11,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", [] { return version_text(); });
   const std::vector<Command> commands = {
-      add_layout_command(app), add_presets_command(app), add_validate_command(app), add_identity_command(app),
-      add_plan_command(app),   add_readers_command(app), add_demo_command(app),     add_bench_command(app),
-      add_store_command(app),  add_sim_command(app),
+      add_layout_command(app), add_presets_command(app), add_validate_command(app),  add_identity_command(app),
+      add_plan_command(app),   add_readers_command(app), add_demo_command(app),      add_bench_command(app),
+      add_store_command(app),  add_sim_command(app),     add_discovery_command(app),
   };
   try {
     app.parse(argc, argv);

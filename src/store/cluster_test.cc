@@ -13,8 +13,8 @@
 #include "kvbridge/store.h"
 #include "store/cluster_tier.h"
 #include "store/test_support.h"
+#include "testing/ports.h"
 #include "testing/redis_cluster.h"
-#include "testing/redis_server.h"
 #include "testing/require.h"
 
 namespace kvbridge {

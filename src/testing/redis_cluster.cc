@@ -9,7 +9,7 @@
 #include <sstream>
 #include <thread>
 
-#include "testing/redis_server.h"
+#include "testing/ports.h"
 
 namespace kvbridge::testing {
 namespace {

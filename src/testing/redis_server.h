@@ -13,11 +13,6 @@
 
 namespace kvbridge::testing {
 
-// A TCP port on 127.0.0.1 that nothing listens on now (the kernel's choice).
-uint16_t free_loopback_port();
-// True when something accepts connections on 127.0.0.1:port.
-bool accepts_on_loopback(uint16_t port);
-
 class RedisServer {
  public:
   // Starts redis-server (no persistence) and waits until it accepts

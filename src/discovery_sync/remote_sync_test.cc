@@ -1,0 +1,97 @@
+// Two real ConnectorWorker instances where the decode side learns the
+// prefill instance only through etcd, and a load lands byte-exact; and the
+// same load with static addresses and no etcd at all.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "connector/handshake.h"
+#include "connector/worker_test_util.h"
+#include "kvbridge/discovery.h"
+#include "kvbridge/discovery_sync.h"
+#include "testing/etcd_server.h"
+#include "testing/require.h"
+
+namespace kvbridge {
+namespace {
+
+using namespace worker_test;
+
+InstanceRecord record_of(const std::string& id, const std::vector<std::unique_ptr<Rank>>& ranks) {
+  InstanceRecord r;
+  r.id = id;
+  r.role = "prefill";
+  r.ranks = addresses(ranks);
+  r.identity = compatibility_hash_hex(ranks[0]->layout);
+  r.protocol = connector::kHandshakeVersion;
+  return r;
+}
+
+void expect_load_lands(Rank& decode, const std::string& instance) {
+  ASSERT_TRUE(decode.worker->start_load("req-1", instance, request()).ok());
+  LoadResult r = wait_one(*decode.worker);
+  EXPECT_TRUE(r.error.ok()) << r.error.to_string();
+  Result<ContentReport> c = check_request(decode.layout, request(), RequestSide::kLocal, 0, 11, decode.spans);
+  ASSERT_TRUE(c.ok()) << c.error().to_string();
+  EXPECT_GT(c->cells, 0u);
+  EXPECT_EQ(c->bad_cells, 0u);
+}
+
+TEST(RemoteSyncTest, ADecodeRankLearnsThePrefillInstanceThroughEtcdAndLoadsByteExact) {
+  Result<std::unique_ptr<testing::EtcdServer>> server = testing::EtcdServer::start();
+  if (!server.ok()) KVB_SKIP_UNLESS_REQUIRED("etcd", server.error().to_string() + " (scripts/deps.sh installs it)");
+  EtcdOptions o;
+  o.endpoint = (*server)->endpoint();
+  o.prefix = "/kvb-sync";
+
+  auto prefill = instance(opts("prefill-0", 2));
+  for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
+  auto decode = instance(opts("decode-0", 1));
+  Rank& d = *decode[0];
+
+  RemoteSyncOptions so;
+  so.identity = compatibility_hash_hex(d.layout);
+  so.self = "decode-0";
+  RemoteSync sync(*d.worker, so);
+  Result<std::unique_ptr<Watcher>> watcher = Watcher::create(o, sync.callback());
+  ASSERT_TRUE(watcher.ok()) << watcher.error().to_string();
+
+  // Registered after the watcher started: learnt from the watch.
+  Result<std::unique_ptr<Registration>> reg = Registration::create(o, record_of("prefill-0", prefill), 5s);
+  ASSERT_TRUE(reg.ok()) << reg.error().to_string();
+  // Not added: another model's layout, a decode instance, this instance itself.
+  InstanceRecord other = record_of("prefill-other", prefill);
+  other.identity = "ffffffffffffffff";
+  InstanceRecord peer = record_of("decode-1", prefill);
+  peer.role = "decode";
+  InstanceRecord self = record_of("decode-0", prefill);
+  self.role = "prefill";
+  std::vector<std::unique_ptr<Registration>> others;
+  for (const InstanceRecord& r : {other, peer, self}) {
+    Result<std::unique_ptr<Registration>> x = Registration::create(o, r, 5s);
+    ASSERT_TRUE(x.ok()) << x.error().to_string();
+    others.push_back(std::move(*x));
+  }
+  ASSERT_TRUE((*watcher)->wait_for("prefill-0", 2s).ok());
+  ASSERT_TRUE((*watcher)->wait_for("decode-1", 2s).ok());
+  const auto until = std::chrono::steady_clock::now() + 2s;
+  while (sync.last_error().ok() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(sync.added(), std::set<std::string>{"prefill-0"});
+  EXPECT_EQ(sync.last_error().code(), Code::kIncompatible) << sync.last_error().to_string();
+  EXPECT_NE(sync.last_error().message().find("prefill-other"), std::string::npos);
+
+  ASSERT_TRUE(d.worker->wait_connected("prefill-0", 5s).ok());
+  expect_load_lands(d, "prefill-0");
+}
+
+// The connector does not depend on discovery: static addresses, no etcd.
+TEST(RemoteSyncTest, StaticAddressesWorkWithoutEtcd) {
+  auto prefill = instance(opts("prefill-0", 2));
+  for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
+  auto decode = instance(opts("decode-0", 1));
+  ASSERT_TRUE(decode[0]->worker->add_remote("prefill-0", addresses(prefill)).ok());
+  expect_load_lands(*decode[0], "prefill-0");
+}
+
+}  // namespace
+}  // namespace kvbridge
