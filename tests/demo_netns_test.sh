@@ -3,7 +3,10 @@
 # the decode ranks in another, joined by a veth pair, over tcp and over ucx
 # (UCX_TLS=tcp). Creates namespaces kvbd-a-PID / kvbd-b-PID with
 # 10.232.0.1/30 and 10.232.0.2/30, runs `kvbridge demo --json` for each
-# transport and checks the report is clean with every request verified.
+# transport and checks the report is clean with every request verified; then
+# over tcp again with an etcd in the prefill namespace, where the decode ranks
+# find the prefill instance instead of being given its addresses (when etcd
+# is installed; a failure when KVB_REQUIRE names etcd).
 # Cleans up on any exit.
 #
 # Usage: demo_netns_test.sh PATH/TO/kvbridge
@@ -16,7 +19,9 @@ source "$(dirname "$0")/require.sh"
 skip() { skip_unless_required netns "demo_netns_test: $*"; }
 
 work=$(mktemp -d)
+etcd_pid=""
 cleanup() {
+  if [[ -n $etcd_pid ]]; then kill "$etcd_pid" 2>/dev/null || true; fi
   netns_cleanup
   rm -rf "$work"
 }
@@ -56,4 +61,40 @@ PY
     status=1
   fi
 done
+
+# Discovery across the namespaces: etcd listens on the prefill side's address.
+if command -v etcd >/dev/null; then
+  ip netns exec "$ns_a" etcd --data-dir "$work/etcd" --listen-client-urls http://10.232.0.1:23790 \
+    --advertise-client-urls http://10.232.0.1:23790 --listen-peer-urls http://127.0.0.1:23800 \
+    --initial-advertise-peer-urls http://127.0.0.1:23800 --initial-cluster default=http://127.0.0.1:23800 \
+    > "$work/etcd.log" 2>&1 &
+  etcd_pid=$!
+  for _ in $(seq 100); do
+    ip netns exec "$ns_b" curl -sf http://10.232.0.1:23790/health >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  out=$work/etcd.json
+  if ! timeout 180 "$kvb" demo --json --no-progress --transport tcp --requests 3 --etcd http://10.232.0.1:23790 \
+       --prefill-netns "$ns_a" --prefill-host 10.232.0.1 --decode-netns "$ns_b" --decode-host 10.232.0.2 \
+       > "$out" 2> "$work/etcd.err"; then
+    echo "FAIL: tcp with etcd: the demo exited non-zero"; cat "$out" "$work/etcd.err" "$work/etcd.log" | tail -40
+    status=1
+  elif ! /usr/bin/python3 - "$out" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["clean"] and r["ok"] == 3 and r["discovered"] == 4, json.dumps(r)[:1500]
+print(f"ok   tcp across namespaces, the prefill instance found through etcd by {r['discovered']} decode ranks "
+      f"(slowest {r['discovery_ms_max']:.1f} ms): {r['ok']} requests verified")
+PY
+  then
+    status=1
+  fi
+  kill "$etcd_pid" 2>/dev/null || true
+  wait "$etcd_pid" 2>/dev/null || true
+elif kvb_required etcd; then
+  echo "FAIL: etcd is not installed, and KVB_REQUIRE asks for etcd"
+  status=1
+else
+  echo "SKIP: tcp with etcd: etcd is not installed"
+fi
 exit $status

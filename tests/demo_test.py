@@ -161,6 +161,69 @@ def _(name):
     check(name, r["ok"] == 3, f"ok {r['ok']}")
 
 
+def start_etcd():
+    """An etcd of its own on free loopback ports, until stop_etcd(); None
+    (after skip()) when etcd is not installed."""
+    import shutil
+    import socket
+    import tempfile
+    import urllib.request
+    if shutil.which("etcd") is None:
+        return None
+
+    def port():
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            return sk.getsockname()[1]
+    client, peer, data = port(), port(), tempfile.mkdtemp(prefix="kvb_demo_etcd.")
+    url = f"http://127.0.0.1:{client}"
+    p = subprocess.Popen(["etcd", "--data-dir", data, "--listen-client-urls", url, "--advertise-client-urls", url,
+                          "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                          "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                          "--initial-cluster", f"default=http://127.0.0.1:{peer}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            if b'"health":"true"' in urllib.request.urlopen(url + "/health", timeout=1).read():
+                return p, url, data
+        except OSError:
+            pass
+        time.sleep(0.1)
+    p.kill()
+    raise AssertionError("etcd did not become healthy within 10 s")
+
+
+def stop_etcd(e):
+    import shutil
+    p, _, data = e
+    p.kill()
+    p.wait()
+    shutil.rmtree(data, ignore_errors=True)
+
+
+@case("etcd")
+def _(name):
+    # The decode ranks get no address: prefill rank 0 registers its instance
+    # in etcd and each decode rank finds it there. Then prefill rank 0 dies
+    # mid-load: its loads fail naming it, as with static addresses.
+    e = start_etcd()
+    if e is None:
+        return skip(name, "etcd", "etcd is not installed (scripts/deps.sh installs etcd-server)")
+    try:
+        r = demo("--etcd", e[1], "--requests", "3")
+        clean(name, r)
+        check(name, r["ok"] == 3, f"ok {r['ok']}")
+        check(name, r["discovered"] == 4, f"{r['discovered']} of 4 decode ranks found the prefill instance")
+        check(name, 0 < r["discovery_ms_max"] < 1000, f"discovery took {r['discovery_ms_max']} ms (target: 1 s)")
+        check(name, r["handshakes"] == 8, f"handshakes {r['handshakes']}, expected 8 (4 decode x 2 prefill ranks)")
+        r = demo("--etcd", e[1], "--requests", "3", "--inject", "kill-prefill", "--mode", "push")
+        clean(name, r)
+        check(name, r["discovered"] == 4 and r["failed"] >= 1, f"discovered {r['discovered']} failed {r['failed']}")
+        errors_mention(name, r, "is gone")
+    finally:
+        stop_etcd(e)
+
+
 @case("ucx")
 def _(name):
     r = demo("--transport", "ucx", "--requests", "3", "--preset", "gpt-oss")

@@ -90,6 +90,9 @@ Command add_demo_command(CLI::App& root) {
   app->add_option("--compute-us-per-layer", args->compute_us_per_layer,
                   "Prefill compute per layer in microseconds (a busy loop, before the layer is written and saved)")
       ->capture_default_str();
+  app->add_option("--etcd", args->etcd,
+                  "Find the prefill instance through etcd at this client URL (http://host:port): prefill rank 0 "
+                  "registers it, decode ranks watch for it");
   app->add_flag("--verify-plans", args->verify_plans, "Decode ranks check every plan with the verifier before it runs");
   app->add_flag("--json", args->json, "Print one JSON object instead of the table");
   app->add_flag("!--no-progress", args->progress, "No progress bar");
@@ -99,6 +102,13 @@ Command add_demo_command(CLI::App& root) {
         Result<std::string> secret = read_secret(*secret_file);
         if (!secret.ok()) return fail(secret.error());
         args->secret = std::move(*secret);
+#if !KVB_HAVE_DISCOVERY
+        if (!args->etcd.empty()) {
+          return fail(
+              Status::unavailable("--etcd: this kvbridge was built without discovery (libcurl was not found: "
+                                  "install libcurl4-openssl-dev and build again)"));
+        }
+#endif
         // The default run shows different block sizes on the two sides.
         const bool blocks_given =
             app->get_option("--prefill-block-tokens")->count() + app->get_option("--decode-block-tokens")->count() > 0;

@@ -103,6 +103,10 @@ struct DemoArgs {
   // Idle connections to each listener of each prefill rank while the first
   // half of the requests runs (the second half is the same run's baseline).
   uint32_t flood = 0;
+  // etcd's client URL: prefill rank 0 registers the prefill instance there
+  // (its ranks' side channels, under a lease) and each decode rank finds it
+  // through a Watcher instead of being given the addresses (pull mode).
+  std::string etcd;
   bool json = false;
   bool progress = true;
 };

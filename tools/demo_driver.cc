@@ -179,9 +179,20 @@ class Driver {
       if (p->prefill) addrs.push_back(p->side_channel);
     }
     // Push mode: prefill ranks plan as the decode ranks do, over every
-    // prefill rank, so they know their own instance too.
+    // prefill rank, so they know their own instance too. With --etcd, prefill
+    // rank 0 registers the instance there and decode ranks find it.
+    const std::string prefix = "/kvbridge-demo-" + std::to_string(::getpid());
     for (auto& p : procs_) {
-      if (!p->prefill || a_.mode == "push") {
+      if (!a_.etcd.empty() && p->prefill && p->rank == 0) {
+        KVB_RETURN_IF_ERROR(p->ch.send(
+            {{"cmd", "register"}, {"etcd", a_.etcd}, {"prefix", prefix}, {"instance", "prefill"}, {"ranks", addrs}}));
+      }
+    }
+    for (auto& p : procs_) {
+      if (!a_.etcd.empty() && !p->prefill) {
+        KVB_RETURN_IF_ERROR(
+            p->ch.send({{"cmd", "discover"}, {"etcd", a_.etcd}, {"prefix", prefix}, {"instance", "prefill"}}));
+      } else if (!p->prefill || a_.mode == "push") {
         KVB_RETURN_IF_ERROR(p->ch.send({{"cmd", "remote"}, {"instance", "prefill"}, {"ranks", addrs}}));
       }
     }
@@ -267,6 +278,9 @@ class Driver {
     } else if (ev == "pushed") {
       // A prefill rank's writes of a request ended; the decode ranks'
       // results say whether they landed.
+    } else if (ev == "discovered") {
+      ++sum_.discovered;
+      sum_.discovery_ms_max = std::max(sum_.discovery_ms_max, m.value("ms", 0.0));
     } else if (ev == "final") {
       p.final = m;
     } else if (ev == "fatal" || ev == "error") {

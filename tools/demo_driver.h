@@ -60,6 +60,11 @@ struct Summary {
   double listener_cpu_max_pct = 0;
   std::string listener_cpu_max_thread;
   uint64_t pauses = 0;  // --inject pause: times a prefill rank was stopped
+  // --etcd: decode ranks that found the prefill instance there, and the
+  // longest time one took (from its "discover" command to the instance known
+  // to its worker).
+  uint32_t discovered = 0;
+  double discovery_ms_max = 0;
 };
 
 // Prints the table (or with --json one object) to stdout.

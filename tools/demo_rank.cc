@@ -26,6 +26,12 @@
 #include "testing/engine_faults.h"
 #include "testing/fake_side_channel.h"
 
+#if KVB_HAVE_DISCOVERY
+#include "connector/handshake.h"
+#include "kvbridge/discovery.h"
+#include "kvbridge/discovery_sync.h"
+#endif
+
 namespace kvbridge::cli::demo {
 namespace {
 
@@ -180,12 +186,57 @@ class Rank {
   }
 
  private:
+  // --etcd. "register" (prefill rank 0): the instance's record under a
+  // lease, kept while this rank lives. "discover" (a decode rank): a watcher
+  // feeding the worker (RemoteSync), then waits until the worker knows the
+  // instance, so the loads that follow find it.
+  Status discovery(const std::string& cmd, const json& m) {
+#if KVB_HAVE_DISCOVERY
+    EtcdOptions o;
+    o.endpoint = m.at("etcd").get<std::string>();
+    o.prefix = m.at("prefix").get<std::string>();
+    const std::string instance = m.at("instance").get<std::string>();
+    if (cmd == "register") {
+      InstanceRecord r;
+      r.id = instance;
+      r.role = "prefill";
+      r.ranks = m.at("ranks").get<std::vector<std::string>>();
+      r.identity = compatibility_hash_hex(layout_);
+      r.protocol = connector::kHandshakeVersion;
+      KVB_ASSIGN_OR_RETURN(registration_, Registration::create(o, r));
+      return Status();
+    }
+    const auto t0 = Clock::now();
+    RemoteSyncOptions so;
+    so.identity = compatibility_hash_hex(layout_);
+    sync_ = std::make_unique<RemoteSync>(*worker_, so);
+    KVB_ASSIGN_OR_RETURN(watcher_, Watcher::create(o, sync_->callback()));
+    // Known once RemoteSync has given it to add_remote() (and started its
+    // handshake: an injected handshake fault then fails the loads, as it
+    // does with static addresses).
+    while (sync_->added().count(instance) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (Clock::now() - t0 > std::chrono::seconds(10)) {
+        const Status why = sync_->last_error();
+        return Status::timeout("instance '" + instance + "' not found in etcd at " + o.endpoint + " within 10 s" +
+                               (why.ok() ? std::string() : ": " + why.to_string()));
+      }
+    }
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    return ch_.send({{"ev", "discovered"}, {"ms", ms}});
+#else
+    (void)m;
+    return Status::unavailable(cmd + ": built without discovery");
+#endif
+  }
+
   Status command(const json& m) {
     const std::string cmd = m.value("cmd", "");
     const RequestId id = m.value("req", RequestId());
     if (cmd == "remote") {
       return worker_->add_remote(m.at("instance").get<std::string>(), m.at("ranks").get<std::vector<std::string>>());
     }
+    if (cmd == "register" || cmd == "discover") return discovery(cmd, m);
     if (cmd == "prefill" || cmd == "load") {
       KVB_ASSIGN_OR_RETURN(Request q, parse_request(m.at("request").dump()));
       held_[id] = Held{q, m.at("seed").get<uint64_t>()};
@@ -477,6 +528,12 @@ class Rank {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ConnectorWorker> worker_;
   std::unique_ptr<testing::FakeSideChannel> fake_;  // --inject version|malformed|truncated
+#if KVB_HAVE_DISCOVERY
+  // --etcd; the watcher goes first (it feeds sync_, which feeds worker_).
+  std::unique_ptr<Registration> registration_;
+  std::unique_ptr<RemoteSync> sync_;
+  std::unique_ptr<Watcher> watcher_;
+#endif
   std::map<RequestId, Held> held_;
 };
 

@@ -156,6 +156,7 @@ bool clean(const Summary& s) {
     return it == s.releases.end() ? uint64_t{0} : it->second;
   };
   if (s.listeners_elsewhere != 0) return false;
+  if (!s.args->etcd.empty() && s.discovered != s.args->decode_instances * s.args->decode.ranks()) return false;
   for (const RequestRecord& b : s.baselines) {  // the unstreamed reruns must be clean too
     if (b.outcome != "finished" || b.verify_bad != 0) return false;
   }
@@ -245,6 +246,11 @@ void print_report(const Summary& s) {
       j["exposed_transfer_no_stream_ms"] = without.exposed_ms;
       j["baselines"] = s.baselines.size();
     }
+    if (!a.etcd.empty()) {
+      j["etcd"] = a.etcd;
+      j["discovered"] = s.discovered;
+      j["discovery_ms_max"] = s.discovery_ms_max;
+    }
     if (a.flood > 0) {
       j["flood_connections"] = s.flood_connections;
       j["flood_listeners"] = s.flood_listeners;
@@ -318,6 +324,12 @@ void print_report(const Summary& s) {
   }
   std::printf("  listeners         %zu, %llu not on the host asked for\n", s.listeners.size(),
               static_cast<unsigned long long>(s.listeners_elsewhere));
+  if (!a.etcd.empty()) {
+    std::printf(
+        "  discovery         etcd at %s: %u of %u decode ranks found the prefill instance there, the slowest "
+        "in %.1f ms\n",
+        a.etcd.c_str(), s.discovered, a.decode_instances * a.decode.ranks(), s.discovery_ms_max);
+  }
   if (a.flood > 0) {
     const double flooded = f.flooded_gbps, quiet = f.quiet_gbps;
     std::printf("  flood             %llu idle connections to %u prefill listeners during the first %u requests;\n",
