@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <thread>
 
@@ -157,8 +158,22 @@ struct TierFigures {
   double put_gbps = 0, get_gbps = 0;
 };
 
+// Empties a Redis of the bench's own (FLUSHALL on 127.0.0.1:port).
+void flush_own(uint16_t port) {
+  Result<std::unique_ptr<ChildProcess>> c =
+      ChildProcess::shell("exec redis-cli -p " + std::to_string(port) + " flushall", SpawnOptions{.pipe_stdout = true});
+  if (!c.ok()) return;
+  (void)(*c)->read_all(std::chrono::seconds(10));
+  if (!(*c)->wait(std::chrono::seconds(10))) (*c)->stop();
+}
+
+// `empty`, when given, empties the shared tier before each put (untimed):
+// the bench's own servers, so a put's SETs reuse the memory the last one
+// freed, as redis-benchmark's SETs of one key do, instead of growing Redis
+// by a set of objects per repetition.
 Result<TierFigures> bench_tier(const StoreArgs& a, std::optional<RedisOptions> redis, uint64_t bench_bytes,
-                               uint64_t* value_bytes, double* bytes_per_token, json& rows) {
+                               uint64_t* value_bytes, double* bytes_per_token, json& rows,
+                               const std::function<void()>& empty = nullptr) {
   const std::string tier = redis ? (redis->cluster ? "cluster" : "redis") : "memory";
   // Bytes per token and per object, from one hash block.
   {
@@ -196,6 +211,7 @@ Result<TierFigures> bench_tier(const StoreArgs& a, std::optional<RedisOptions> r
   std::vector<uint32_t> last;
   for (uint32_t rep = 0; rep <= a.repeat; ++rep) {
     last = synthetic_tokens(a.token_seed * 1000 + rep, n);
+    if (empty) empty();
     const auto t0 = Clock::now();
     KVB_ASSIGN_OR_RETURN(PutResult p, writer.put(last, n));
     const double s = seconds_since(t0);
@@ -496,8 +512,10 @@ int run_store_bench(const StoreArgs& a) {
   }
   if (redis) {
     // Redis holds every set put: keep it smaller than the memory rows.
+    std::function<void()> empty;
+    if (child) empty = [port = child->port()] { flush_own(port); };
     Result<TierFigures> rt = bench_tier(a, redis, std::min<uint64_t>(bench_bytes, uint64_t{128} << 20), &value_bytes,
-                                        &bytes_per_token, rows);
+                                        &bytes_per_token, rows, empty);
     if (!rt.ok()) return fail(rt.error());
     Result<double> rl = lookup_seconds(a, redis, a.lookup_tokens);
     if (!rl.ok()) return fail(rl.error());
@@ -529,9 +547,15 @@ int run_store_bench(const StoreArgs& a) {
       own.push_back(std::move(*c));
     }
   }
-  for (const auto& c : clusters) {
-    Result<TierFigures> ct =
-        bench_tier(a, c, std::min<uint64_t>(bench_bytes, uint64_t{64} << 20), &value_bytes, &bytes_per_token, rows);
+  for (size_t i = 0; i < clusters.size(); ++i) {
+    std::function<void()> empty;
+    if (i < own.size()) {
+      empty = [c = own[i].get()] {
+        for (uint16_t m : c->master_ports()) flush_own(m);
+      };
+    }
+    Result<TierFigures> ct = bench_tier(a, clusters[i], std::min<uint64_t>(bench_bytes, uint64_t{64} << 20),
+                                        &value_bytes, &bytes_per_token, rows, empty);
     if (!ct.ok()) return fail(ct.error());
   }
   for (json& r : rows) r["preset"] = a.preset;
