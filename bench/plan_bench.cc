@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "kvbridge/content.h"
 #include "kvbridge/layout.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
@@ -274,6 +275,53 @@ void BM_Instantiate(benchmark::State& state, Scenario s) {
   state.counters["instantiate_pct"] = memcpy_ms > 0 ? 100.0 * ms / memcpy_ms : 0;
 }
 
+// Writing and checking a request's deterministic content (content.h), what
+// the demo's prefill ranks do for every layer and its decode ranks for every
+// load, against memcpy of the same bytes:
+//   fill_ms, check_ms   one fill_request() / check_request() of the request
+//   fill_x, check_x     memcpy_ms / fill_ms (1.0: as fast as memcpy)
+void BM_Content(benchmark::State& state, std::string preset, uint64_t tokens, Order order) {
+  Result<Layout> layout = make_preset(PresetOptions{.name = preset, .order = order, .num_blocks = 8 + tokens / 16});
+  if (!layout) {
+    state.SkipWithError(layout.error().to_string().c_str());
+    return;
+  }
+  std::vector<std::vector<uint8_t>> memory;
+  std::vector<std::span<uint8_t>> spans;
+  for (const Tensor& t : layout->tensors) memory.emplace_back(t.bytes, 0);
+  for (auto& m : memory) spans.emplace_back(m);
+  gen::Rng rng(7);
+  gen::RequestOptions o;
+  o.num_tokens = tokens;
+  const std::vector<Layout> remotes{*layout};
+  Request request = gen::make_request(rng, *layout, remotes, o);
+  double fill_s = 0, check_s = 0;
+  uint64_t calls = 0, bytes = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status f = fill_request(*layout, request, RequestSide::kLocal, 0, 3, spans);
+    const auto t1 = std::chrono::steady_clock::now();
+    Result<ContentReport> c = check_request(*layout, request, RequestSide::kLocal, 0, 3, spans);
+    const auto t2 = std::chrono::steady_clock::now();
+    if (!f.ok() || !c || c->bad_cells != 0) {
+      state.SkipWithError("fill or check failed");
+      return;
+    }
+    bytes = c->bytes;
+    fill_s += std::chrono::duration<double>(t1 - t0).count();
+    check_s += std::chrono::duration<double>(t2 - t1).count();
+    ++calls;
+  }
+  const double n = static_cast<double>(std::max<uint64_t>(calls, 1));
+  const double memcpy_ms = 1e3 * memcpy_seconds(bytes);
+  state.counters["bytes"] = static_cast<double>(bytes);
+  state.counters["fill_ms"] = 1e3 * fill_s / n;
+  state.counters["check_ms"] = 1e3 * check_s / n;
+  state.counters["memcpy_ms"] = memcpy_ms;
+  state.counters["fill_x"] = fill_s > 0 ? memcpy_ms / (1e3 * fill_s / n) : 0;
+  state.counters["check_x"] = check_s > 0 ? memcpy_ms / (1e3 * check_s / n) : 0;
+}
+
 constexpr auto kL = Order::kLBHNC;
 constexpr auto kN = Order::kLBNHC;
 constexpr auto kB = Order::kBLHNC;
@@ -334,6 +382,10 @@ BENCHMARK_CAPTURE(BM_Instantiate, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/consecu
                   Scenario{"qwen3-next", 4, 2, kN, kN, 64, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Instantiate, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/shuffled,
                   Scenario{"qwen3-next", 4, 2, kN, kN, 64, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Content, llama3_8b/TP1_LBHNC/4096_tokens, "llama3-8b", 4096, kL)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Content, llama3_8b/TP1_BLHNC/4096_tokens, "llama3-8b", 4096, kB)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Content, llama3_8b/TP1_LBNHC/4096_tokens, "llama3-8b", 4096, kN)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Content, qwen3_next/TP1_LBHNC/4096_tokens, "qwen3-next", 4096, kL)->Unit(benchmark::kMillisecond);
 // clang-format on
 
 }  // namespace

@@ -35,7 +35,8 @@ enum class RequestSide : uint8_t { kLocal, kRemote };
 
 // Calls `cell(tensor index, offset, bytes, token)` for every cell the request
 // holds at tokens >= first_token on `side` (every head the rank holds), in
-// group, position, layer, component, head order. `token` is the first token of
+// group, layer, component, position, head order (a component at a time, so
+// that consecutive cells are near each other in memory). `token` is the first token of
 // the cell's position (num_tokens - 1 for a state, 0 for scratch). Blocks
 // listed as -1 are skipped. kInvalidArgument naming the group when a block
 // list is too short or an id is past num_blocks.

@@ -4,6 +4,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+#include <functional>
 #include <vector>
 
 #include "plan/moving.h"
@@ -21,17 +25,43 @@ uint64_t name_hash(std::string_view s) {  // FNV-1a: stable, no per-process seed
 
 constexpr uint64_t kFinalState = ~uint64_t{0};
 
-// Writes the pattern of one cell (a word at a time) into `out`.
-void pattern(uint64_t seed, uint64_t n, uint8_t* out) {
+// Writes the pattern of one cell into `out` (`streaming`: bypassing the
+// caches where it can; the caller fences): a Weyl sequence of words from
+// the cell's mixed seed, so that every word of a cell differs, every cell
+// starts elsewhere, and the loop is a vectorisable add (the demo's prefill
+// writes every KV byte, its decode checks every one).
+constexpr uint64_t kWeyl = 0x9e3779b97f4a7c15ull;
+void pattern(uint64_t seed, uint64_t n, uint8_t* out, bool streaming = false) {
+  uint64_t w = mix(seed);
   uint64_t k = 0;
-  for (; k + 8 <= n; k += 8) {
-    const uint64_t w = mix(seed + k / 8);
-    std::memcpy(out + k, &w, 8);
+#if defined(__SSE2__)
+  // Whole 16-byte words with non-temporal stores: a request's KV is far
+  // larger than the caches, so the lines are not read before being written
+  // (half the memory traffic; fill_request() fences when done).
+  if (streaming && (reinterpret_cast<uintptr_t>(out) & 15) == 0 && n >= 64) {
+    __m128i v = _mm_set_epi64x(static_cast<long long>(w + kWeyl), static_cast<long long>(w));
+    const __m128i step = _mm_set1_epi64x(static_cast<long long>(2 * kWeyl));
+    for (; k + 16 <= n; k += 16, w += 2 * kWeyl) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + k), v);
+      v = _mm_add_epi64(v, step);
+    }
   }
-  if (k < n) {
-    const uint64_t w = mix(seed + k / 8);
-    std::memcpy(out + k, &w, n - k);
+#endif
+  for (; k + 8 <= n; k += 8, w += kWeyl) std::memcpy(out + k, &w, 8);
+  if (k < n) std::memcpy(out + k, &w, n - k);
+}
+
+// True when `got` holds the pattern of `seed` (pattern() without a buffer).
+bool matches(uint64_t seed, uint64_t n, const uint8_t* got) {
+  uint64_t w = mix(seed), diff = 0;
+  uint64_t k = 0;
+  for (; k + 8 <= n; k += 8, w += kWeyl) {
+    uint64_t g;
+    std::memcpy(&g, got + k, 8);
+    diff |= g ^ w;
   }
+  if (k < n) return diff == 0 && std::memcmp(got + k, &w, n - k) == 0;
+  return diff == 0;
 }
 
 struct CellVisit {
@@ -44,8 +74,29 @@ struct CellVisit {
   uint64_t position, head;
 };
 
-Status walk(const Layout& layout, const Request& request, RequestSide side, uint64_t first_token,
-            const std::function<void(const CellVisit&)>& fn) {
+// Per (layer, component) of a group: what every cell of it shares.
+struct ComponentWalk {
+  const Component* comp;
+  size_t tensor, layer, component;
+  uint64_t seed;         // mix(mix(mix(group) ^ layer) ^ component)
+  uint64_t head_stride;  // bytes between heads when one head axis holds them all, else 0
+  bool heads_outer;      // head_stride != 0 and the head axis is outside every position axis
+};
+
+struct RunCell {
+  uint64_t head0, seed;  // a position's offset at head 0, and its seed before the head
+};
+
+// Where one position of a group lives on the walked side.
+struct PositionWalk {
+  uint64_t semantic, token, block, in_block;
+};
+
+template <typename Fn>
+Status walk(const Layout& layout, const Request& request, RequestSide side, uint64_t first_token, Fn&& fn) {
+  std::vector<ComponentWalk> comps;
+  std::vector<PositionWalk> positions;
+  std::vector<RunCell> run;
   for (const Group& g : layout.groups) {
     if (!g.transfer) continue;
     auto it = request.blocks.find(g.name);
@@ -56,6 +107,35 @@ Status walk(const Layout& layout, const Request& request, RequestSide side, uint
     const uint64_t ppb = g.positions_per_block();
     const plan_internal::Moving m = plan_internal::moving_positions(g, request, first_token);
     const uint64_t gseed = name_hash(g.name);
+    comps.clear();
+    for (size_t l = 0; l < g.layers.size(); ++l) {
+      for (size_t c = 0; c < g.layers[l].components.size(); ++c) {
+        const Component& comp = g.layers[l].components[c];
+        if (comp.empty()) continue;
+        ComponentWalk w{&comp,
+                        static_cast<size_t>(layout.find_tensor(comp.tensor) - layout.tensors.data()),
+                        l,
+                        c,
+                        mix(mix(mix(gseed) ^ l) ^ c),
+                        0,
+                        false};
+        int head_axes = 0;
+        uint64_t position_stride = ~uint64_t{0};
+        for (const Axis& a : comp.axes) {
+          if (a.kind == AxisKind::kPosition) position_stride = std::min(position_stride, a.stride);
+          if (a.kind != AxisKind::kHead) continue;
+          ++head_axes;
+          if (comp.local_heads() <= a.size) w.head_stride = a.stride;
+        }
+        if (head_axes != 1) w.head_stride = 0;
+        w.heads_outer = w.head_stride != 0 && w.head_stride > position_stride && position_stride != ~uint64_t{0};
+        comps.push_back(w);
+      }
+    }
+    // The positions first (where each lives), then one component at a time
+    // over them: a component's cells of consecutive positions are near each
+    // other in memory, so a walk touches a few streams, not one per layer.
+    positions.clear();
     for (uint64_t p = m.first; p < m.last; ++p) {
       // A context-sharded rank holds its shard's positions, numbered densely.
       if (!g.context.holds(p)) continue;
@@ -81,19 +161,44 @@ Status walk(const Layout& layout, const Request& request, RequestSide side, uint
         return Status::invalid_argument("group '" + g.name + "': block id " + std::to_string(block) +
                                         " is past num_blocks " + std::to_string(g.num_blocks));
       }
-      for (size_t l = 0; l < g.layers.size(); ++l) {
-        for (size_t c = 0; c < g.layers[l].components.size(); ++c) {
-          const Component& comp = g.layers[l].components[c];
-          if (comp.empty()) continue;
-          const size_t t = static_cast<size_t>(layout.find_tensor(comp.tensor) - layout.tensors.data());
-          for (uint64_t h = 0; h < comp.local_heads(); ++h) {
-            const uint64_t global = comp.heads ? comp.heads->first + h : 0;
-            KVB_ASSIGN_OR_RETURN(uint64_t off, cell_offset(comp, {block, h, in_block}));
-            const uint64_t seed = mix(mix(mix(mix(mix(gseed) ^ l) ^ c) ^ semantic) ^ global);
-            fn(CellVisit{t, off, comp.cell_bytes, token, seed, g.name.c_str(), g.layers[l].name.c_str(),
-                         comp.name.c_str(), l, c, semantic, global});
+      positions.push_back({semantic, token, block, in_block});
+    }
+    for (const ComponentWalk& w : comps) {
+      const Component& comp = *w.comp;
+      const uint64_t heads = comp.local_heads();
+      auto visit = [&](const PositionWalk& q, uint64_t at_position, uint64_t h, uint64_t off) {
+        const uint64_t global = comp.heads ? comp.heads->first + h : 0;
+        fn(CellVisit{w.tensor, off, comp.cell_bytes, q.token, mix(at_position ^ global), g.name.c_str(),
+                     g.layers[w.layer].name.c_str(), comp.name.c_str(), w.layer, w.component, q.semantic, global});
+      };
+      // A run of positions in one block; within it heads outermost when the
+      // head axis is outside the position axes (a head's positions are then
+      // contiguous), so the walk streams through memory either way.
+      for (size_t i = 0; i < positions.size();) {
+        size_t j = i + 1;
+        while (j < positions.size() && positions[j].block == positions[i].block) ++j;
+        run.clear();
+        for (size_t k = i; k < j; ++k) {
+          KVB_ASSIGN_OR_RETURN(uint64_t head0, cell_offset(comp, {positions[k].block, 0, positions[k].in_block}));
+          run.push_back({head0, mix(w.seed ^ positions[k].semantic)});
+        }
+        if (w.heads_outer) {
+          for (uint64_t h = 0; h < heads; ++h) {
+            for (size_t k = i; k < j; ++k)
+              visit(positions[k], run[k - i].seed, h, run[k - i].head0 + h * w.head_stride);
+          }
+        } else {
+          for (size_t k = i; k < j; ++k) {
+            for (uint64_t h = 0; h < heads; ++h) {
+              uint64_t off = run[k - i].head0 + h * w.head_stride;
+              if (h > 0 && w.head_stride == 0) {
+                KVB_ASSIGN_OR_RETURN(off, cell_offset(comp, {positions[k].block, h, positions[k].in_block}));
+              }
+              visit(positions[k], run[k - i].seed, h, off);
+            }
           }
         }
+        i = j;
       }
     }
   }
@@ -111,8 +216,13 @@ Status for_each_cell(const Layout& layout, const Request& request, RequestSide s
 Status fill_request(const Layout& layout, const Request& request, RequestSide side, uint64_t first_token, uint64_t seed,
                     TensorMemory tensors) {
   KVB_RETURN_IF_ERROR(check_memory(layout, tensors));
-  return walk(layout, request, side, first_token,
-              [&](const CellVisit& v) { pattern(mix(v.seed ^ seed), v.bytes, tensors[v.tensor].data() + v.offset); });
+  Status s = walk(layout, request, side, first_token, [&](const CellVisit& v) {
+    pattern(mix(v.seed ^ seed), v.bytes, tensors[v.tensor].data() + v.offset, true);
+  });
+#if defined(__SSE2__)
+  _mm_sfence();  // the non-temporal stores are visible before this returns
+#endif
+  return s;
 }
 
 Result<ContentReport> check_request(const Layout& layout, const Request& request, RequestSide side,
@@ -121,12 +231,13 @@ Result<ContentReport> check_request(const Layout& layout, const Request& request
   ContentReport report;
   std::vector<uint8_t> want;
   KVB_RETURN_IF_ERROR(walk(layout, request, side, first_token, [&](const CellVisit& v) {
-    want.resize(v.bytes);
-    pattern(mix(v.seed ^ seed), v.bytes, want.data());
+    const uint64_t cell_seed = mix(v.seed ^ seed);
     const uint8_t* got = tensors[v.tensor].data() + v.offset;
     ++report.cells;
     report.bytes += v.bytes;
-    if (std::memcmp(got, want.data(), v.bytes) == 0) return;
+    if (matches(cell_seed, v.bytes, got)) return;
+    want.resize(v.bytes);
+    pattern(cell_seed, v.bytes, want.data());
     if (report.bad_cells == 0 || v.token < report.first_bad_token) report.first_bad_token = v.token;
     if (report.bad_cells++ == 0) {
       uint64_t k = 0;
