@@ -294,6 +294,7 @@ def _(name):
         ("--requests", "0"): "--requests must be at least 1",
         ("--prefill-order", "XYZ"): "unknown order 'XYZ'",
         ("--num-blocks", "2"): "is fewer than the",
+        ("--min-tokens", "9000", "--max-tokens", "8192"): "--min-tokens 9000 must be from 1 to the 8192",
         ("--prefill-netns", "kvb-no-such-ns"): "cannot enter network namespace",
     }
     for args, text in bad.items():

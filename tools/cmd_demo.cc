@@ -45,6 +45,9 @@ Command add_demo_command(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--requests", args->requests, "Number of requests")->capture_default_str();
   app->add_option("--max-tokens", args->max_tokens, "Longest request in tokens (0: chosen from the block sizes)");
+  app->add_option("--min-tokens", args->min_tokens, "Shortest request in tokens (lengths are uniform in between)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app->add_option("--num-blocks", args->num_blocks, "Blocks per group on each side (0: enough for one request)");
   app->add_option("--seed", args->seed, "Seed of the request generator")->capture_default_str();
   app->add_option("--transport", args->transport, "cma, tcp or ucx (cuda_ipc with --memory cuda)")

@@ -73,6 +73,7 @@ struct DemoArgs {
   uint32_t requests = 12;
   uint64_t num_blocks = 0;  // 0: enough for the requests
   uint64_t max_tokens = 0;  // 0: the preset's choice
+  uint64_t min_tokens = 1;  // shortest request
   uint64_t seed = 1;
   std::string transport = "cma";
   // "host", or "cuda": every rank's KV in device memory (rank r on GPU

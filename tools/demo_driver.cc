@@ -111,6 +111,10 @@ class Driver {
       }
     }
     max_tokens_ = a_.max_tokens ? a_.max_tokens : std::min<uint64_t>(4096, std::max<uint64_t>(1024, 4 * max_block));
+    if (a_.min_tokens == 0 || a_.min_tokens > max_tokens_) {
+      return Status::invalid_argument("--min-tokens " + std::to_string(a_.min_tokens) + " must be from 1 to the " +
+                                      std::to_string(max_tokens_) + " tokens of the longest request");
+    }
     const uint64_t need = std::max(blocks_per_request(p1, max_tokens_), blocks_per_request(d1, max_tokens_));
     sum_.num_blocks = a_.num_blocks ? a_.num_blocks : need + 2;
     if (sum_.num_blocks < need) {
@@ -366,7 +370,7 @@ class Driver {
     rec.n = 1000 + i;
     rec.id = "req-" + std::to_string(rec.n);
     rec.decode_instance = i % a_.decode_instances;
-    rec.tokens = 1 + rng_() % max_tokens_;
+    rec.tokens = a_.min_tokens + rng_() % (max_tokens_ - a_.min_tokens + 1);
     rec.skip = i % 3 == 1 ? rng_() % rec.tokens : 0;  // a prefix hit on the decode side
     const bool fault = a_.inject != Inject::kNone && i == fault_index();
     const uint64_t min_tokens = a_.stream_min_tokens ? a_.stream_min_tokens : kAutoStreamTokens;
