@@ -85,9 +85,6 @@ class Rank {
       if (m == MAP_FAILED) return Status::resource_exhausted("mmap of tensor '" + t.name + "' failed");
       // Resident from the start, as an engine's KV pool is: the prefill's
       // pages too, or its first requests would time page faults as compute.
-      // Huge pages where the kernel gives them (fewer TLB misses for the
-      // prefill's writes and for the page walks of cma's copies).
-      (void)::madvise(m, t.bytes, MADV_HUGEPAGE);
       std::memset(m, c_.prefill ? 0 : kSentinel, t.bytes);
       spans_.emplace_back(static_cast<uint8_t*>(m), t.bytes);
     }
@@ -474,6 +471,9 @@ class Rank {
       remote[d.source].push_back(
           {reinterpret_cast<void*>(remotes[d.source].tensor_bases[d.remote_tensor] + d.remote_offset), d.bytes});
     }
+    // The load read its bytes from memory (the prefill writes them past the
+    // caches); so does the baseline: the caches are emptied first.
+    evict_caches();
     const auto t0 = Clock::now();
     uint64_t moved = 0;
     for (size_t s = 0; s < remotes.size(); ++s) {
@@ -486,6 +486,17 @@ class Rank {
     }
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
     return ch_.send({{"ev", "raw"}, {"req", id}, {"us", us}, {"bytes", moved}});
+  }
+
+  // Writes and reads a buffer larger than the last-level cache.
+  void evict_caches() {
+    constexpr size_t kBytes = size_t{64} << 20;
+    if (evict_.empty()) evict_.resize(kBytes);
+    std::memset(evict_.data(), static_cast<int>(++evict_round_), evict_.size());
+    uint64_t sum = 0;
+    for (size_t i = 0; i < evict_.size(); i += 64) sum += evict_[i];
+    volatile uint64_t sink = sum;
+    (void)sink;
   }
 
   // Every byte no request holds must still be the sentinel.
@@ -525,6 +536,8 @@ class Rank {
   Layout layout_;
   std::vector<std::span<uint8_t>> spans_;  // the registered memory (device memory with --memory cuda)
   std::vector<std::span<uint8_t>> host_;   // what the content functions read and write (spans_ for host memory)
+  std::vector<uint8_t> evict_;             // evict_caches()'s buffer, allocated on first use
+  uint8_t evict_round_ = 0;
   bool device_ = false;
   int gpu_ = 0;
   device::Stream stream_ = nullptr;
