@@ -38,8 +38,10 @@ struct Listener::Conn {
   bool final = false;  // after `out`: linger and close
   bool keep = false;   // after `out`: hand over to on_keep
   Session session;
-  bool decided = false;  // counted in stats already
-  uint32_t frames = 0;   // whole frames received: how far the opening got
+  bool decided = false;   // counted in stats already
+  uint32_t frames = 0;    // whole frames received: how far the opening got
+  uint64_t received = 0;  // bytes received
+  Clock::time_point accepted_at;
   Conn(const ListenerOptions& o) : reader(o.opening.protocol, o.opening.version, o.limit), opening(o.opening) {}
 };
 
@@ -154,10 +156,31 @@ void Listener::accept_all() {
       auto victim = std::min_element(conns_.begin(), conns_.end(), [](const auto& a, const auto& b) {
         const auto rank = [](const Conn& c) {
           return std::make_tuple(c.state != Conn::State::kClosed, c.state != Conn::State::kLinger, c.frames,
-                                 c.deadline);
+                                 c.received != 0, c.deadline);
         };
         return rank(*a) < rank(*b);
       });
+      // A victim that has sent nothing yet but was accepted within the
+      // grace keeps its place against a newcomer that has nothing to say
+      // either: the newcomer goes.
+      const auto now = Clock::now();
+      const auto grace = std::min(options_.idle_grace, options_.open_timeout / 2);
+      if (victim != conns_.end() && (*victim)->state == Conn::State::kRead && (*victim)->received == 0 &&
+          now - (*victim)->accepted_at < grace) {
+        char byte;
+        const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n <= 0) {
+          ::close(fd);
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.accepted;
+          ++stats_.evicted;
+          ++stats_.abandoned;
+          stats_.last_failure = "client " + sockaddr_text(ss) +
+                                ": closed at once: " + std::to_string(options_.max_pending) +
+                                " connections were opening and it had sent nothing";
+          continue;
+        }
+      }
       if (victim != conns_.end()) {
         if ((*victim)->state == Conn::State::kLinger) {
           (*victim)->state = Conn::State::kClosed;
@@ -175,7 +198,8 @@ void Listener::accept_all() {
     auto c = std::make_unique<Conn>(options_);
     c->fd.reset(fd);
     c->peer = sockaddr_text(ss);
-    c->deadline = Clock::now() + options_.open_timeout;
+    c->accepted_at = Clock::now();
+    c->deadline = c->accepted_at + options_.open_timeout;
     conns_.push_back(std::move(c));
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.accepted;
@@ -267,6 +291,7 @@ void Listener::step(Conn& c, short revents) {
                                                      std::to_string(c.reader.buffered()) + " bytes)");
   }
   if (n < 0) return abandon(c, "receive: " + errno_text(errno));
+  c.received += static_cast<uint64_t>(n);
   if (Status fed = c.reader.feed(std::string_view(buf, static_cast<size_t>(n))); !fed.ok()) {
     Protocol old = Protocol::kSideChannel;
     uint16_t old_version = 0;

@@ -12,10 +12,14 @@
 // Bounds (every one has a default and is an option):
 //   - max_pending connections still in their opening exchange; when a new
 //     one arrives and the table is full, the one that got least far (fewest
-//     frames received, then the oldest) is closed, and at most half the
-//     table is accepted per round, so every connection is read before it can
-//     be pushed out: idle connections, however many and however fast, can
-//     never lock out a real client, which sends its Open frame at once;
+//     frames received, then no byte received, then the oldest) is closed, and
+//     at most half the table is accepted per round, so every connection is
+//     read before it can be pushed out: idle connections, however many and
+//     however fast, can never lock out a real client, which sends its Open
+//     frame at once. One that has sent nothing is not pushed out within
+//     idle_grace of its accept by a newer one that has sent nothing either
+//     (the newer one is closed at once), so a client slow to write its Open
+//     after connect() (a loaded machine) still gets through a flood;
 //   - open_timeout from accept to the end of the opening (and of a reply);
 //   - max_open kept connections (their slots); past it a client is refused
 //     as busy;
@@ -92,6 +96,9 @@ struct ListenerOptions {
   size_t max_pending = 64;
   size_t max_open = 256;
   std::chrono::milliseconds open_timeout{3000};
+  // Time a connection that has sent nothing is kept against newer silent
+  // ones (at most half of open_timeout).
+  std::chrono::milliseconds idle_grace{500};
   int backlog = 1024;
   std::function<Answer(const OpenRequest&)> on_open;
   std::function<void(Accepted)> on_keep;                        // required for Answer::kKeep
@@ -100,11 +107,11 @@ struct ListenerOptions {
 
 struct ListenerStats {
   uint64_t accepted = 0;
-  uint64_t replied = 0;        // kReply answers sent whole
-  uint64_t kept = 0;           // connections handed to on_keep
-  uint64_t refused = 0;        // Refuse frames sent (on_open's, auth, version, malformed, busy)
-  uint64_t abandoned = 0;      // closed without an answer: deadline, client gone, evicted, errors
-  uint64_t evicted = 0;        // of those, closed for a newer connection (max_pending)
+  uint64_t replied = 0;    // kReply answers sent whole
+  uint64_t kept = 0;       // connections handed to on_keep
+  uint64_t refused = 0;    // Refuse frames sent (on_open's, auth, version, malformed, busy)
+  uint64_t abandoned = 0;  // closed without an answer: deadline, client gone, evicted, errors
+  uint64_t evicted = 0;    // of those, closed for a newer connection, or a new silent one closed at once (max_pending)
   uint64_t accept_pauses = 0;  // times accepting paused for kAcceptBackoff
   size_t pending = 0;
   size_t open = 0;

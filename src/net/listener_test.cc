@@ -25,7 +25,8 @@ struct Fixture {
 };
 
 std::unique_ptr<Fixture> start(std::string secret, size_t max_pending = 8, size_t max_open = 4,
-                               std::chrono::milliseconds open_timeout = 2000ms) {
+                               std::chrono::milliseconds open_timeout = 2000ms,
+                               std::chrono::milliseconds idle_grace = 500ms) {
   auto f = std::make_unique<Fixture>();
   ListenerOptions o;
   o.name = "test listener";
@@ -35,6 +36,7 @@ std::unique_ptr<Fixture> start(std::string secret, size_t max_pending = 8, size_
   o.max_pending = max_pending;
   o.max_open = max_open;
   o.open_timeout = open_timeout;
+  o.idle_grace = idle_grace;
   Fixture* raw = f.get();
   o.on_open = [](const OpenRequest& r) {
     if (r.body == "refuse me") return Answer::refuse(RefuseCode::kDenied, "not you");
@@ -165,6 +167,53 @@ TEST(ListenerTest, AFloodDuringARealClientsOpeningDoesNotPushItOut) {
   ASSERT_TRUE(answered.ok()) << answered.to_string() << "; " << f->listener->stats().last_failure;
   ClientOpening::Step opened = opening.on_frame(reader.header(), reader.raw_header(), reader.payload(), reader.tag());
   EXPECT_EQ(opened.kind, ClientOpening::Step::Kind::kOpened) << opened.error.to_string();
+}
+
+// A real client that has connected but not yet written its Open (a loaded
+// machine can hold it between connect() and send()) is not pushed out by a
+// flood of idle connections arriving meanwhile: within the grace the silent
+// newcomers are closed instead.
+TEST(ListenerTest, AClientSlowToSendItsOpenIsNotPushedOutByAFlood) {
+  auto f = start("s3cret", 16, 64, 20s, 8s);
+  const IoLimits limits{Clock::now() + 15s, nullptr, nullptr};
+  Result<Fd> fd = dial(f->listener->address(), limits, "slow");
+  ASSERT_TRUE(fd.ok()) << fd.error().to_string();
+  while (f->listener->stats().accepted < 1) std::this_thread::sleep_for(1ms);
+  std::vector<Fd> idle;
+  for (int i = 0; i < 400; ++i) {
+    Result<Fd> d = dial(f->listener->address(), limits, "idle");
+    ASSERT_TRUE(d.ok()) << d.error().to_string();
+    idle.push_back(std::move(*d));
+  }
+  for (int i = 0; i < 500 && f->listener->stats().evicted < 300; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_GE(f->listener->stats().evicted, 300u);  // the flood went past the table, many times over
+  EXPECT_LE(f->listener->stats().pending, 16u);
+  // Only now does the slow client speak.
+  Result<Opened> r =
+      open_client(fd->get(), OpeningConfig{Protocol::kControl, 2, "s3cret", kLimits}, "slow", limit, limits, "slow");
+  ASSERT_TRUE(r.ok()) << r.error().to_string() << "; " << f->listener->stats().last_failure;
+}
+
+// Past the grace, a silent connection is fair game again: the table cannot
+// be held by idle connections longer than that.
+TEST(ListenerTest, SilentConnectionsPastTheGraceMakeRoom) {
+  auto f = start("s3cret", 4, 64, 20s, 100ms);
+  const IoLimits limits{Clock::now() + 15s, nullptr, nullptr};
+  std::vector<Fd> idle;
+  for (int i = 0; i < 4; ++i) {
+    Result<Fd> d = dial(f->listener->address(), limits, "idle");
+    ASSERT_TRUE(d.ok()) << d.error().to_string();
+    idle.push_back(std::move(*d));
+  }
+  while (f->listener->stats().pending < 4) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(200ms);
+  Result<Fd> late = dial(f->listener->address(), limits, "late idle");
+  ASSERT_TRUE(late.ok());
+  for (int i = 0; i < 200 && f->listener->stats().accepted < 5; ++i) std::this_thread::sleep_for(5ms);
+  const ListenerStats s = f->listener->stats();
+  EXPECT_EQ(s.evicted, 1u);
+  EXPECT_EQ(s.pending, 4u);
+  EXPECT_NE(s.last_failure.find("closed for a newer connection"), std::string::npos) << s.last_failure;
 }
 
 TEST(ListenerTest, ASilentClientIsClosedAtTheOpenTimeout) {
