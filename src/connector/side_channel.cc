@@ -126,10 +126,11 @@ Result<RankInfo> fetch_rank_info(std::string_view address, std::string_view loca
   const std::string who = "side channel " + printable(address);
   KVB_ASSIGN_OR_RETURN(net::HostPort to, net::parse_host_port(address, "side channel address"));
   const net::IoLimits limits{net::Clock::now() + options.timeout, nullptr, nullptr};
-  KVB_ASSIGN_OR_RETURN(net::Fd fd, net::dial(to, limits, who));
   net::Refusal refusal;
-  Result<net::Opened> opened = net::open_client(fd.get(), opening(options), encode_open_body(local_hash),
-                                                max_payload_bytes, limits, who, &refusal);
+  Result<net::Dialed> dialed =
+      net::dial_and_open(to, opening(options), encode_open_body(local_hash), max_payload_bytes, limits, who, &refusal);
+  Result<net::Opened> opened =
+      dialed.ok() ? Result<net::Opened>(std::move(dialed->opened)) : Result<net::Opened>(dialed.error());
   if (!opened.ok()) {
     const Status& e = opened.error();
     if (refusal.code == net::RefuseCode::kMismatch && !refusal.detail.empty()) {

@@ -257,10 +257,11 @@ Result<std::shared_ptr<Channel>> Control::connect(const std::string& address, ui
   const std::string who = "control connection to peer " + peer + " at " + address;
   KVB_ASSIGN_OR_RETURN(net::HostPort to, net::parse_host_port(address, "control address"));
   const net::IoLimits limits{Clock::now() + options_.open_timeout, nullptr, nullptr};
-  KVB_ASSIGN_OR_RETURN(net::Fd fd, net::dial(to, limits, who));
-  KVB_ASSIGN_OR_RETURN(net::Opened opened,
-                       net::open_client(fd.get(), opening(options_), encode_identity(options_.self, instance),
-                                        control_payload_limit, limits, who));
+  KVB_ASSIGN_OR_RETURN(net::Dialed dialed,
+                       net::dial_and_open(to, opening(options_), encode_identity(options_.self, instance),
+                                          control_payload_limit, limits, who));
+  net::Fd fd = std::move(dialed.fd);
+  net::Opened opened = std::move(dialed.opened);
   net::WireReader r(opened.payload, "control Accept");
   uint64_t theirs = 0;
   if (opened.header.type != kAccept || !r.u64("instance", &theirs).ok() || !r.finish().ok() || theirs != instance) {

@@ -1,7 +1,9 @@
 #include "net/listener.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -214,6 +216,53 @@ TEST(ListenerTest, SilentConnectionsPastTheGraceMakeRoom) {
   EXPECT_EQ(s.evicted, 1u);
   EXPECT_EQ(s.pending, 4u);
   EXPECT_NE(s.last_failure.find("closed for a newer connection"), std::string::npos) << s.last_failure;
+}
+
+// dial_and_open() opens again when a listener closed it unanswered (as a
+// listener under a flood closes a newcomer that has not spoken yet), and
+// never when it was answered: here a server that closes its first two
+// connections at once and answers the third.
+TEST(ListenerTest, DialAndOpenTriesAgainWhenClosedUnanswered) {
+  Result<Listening> l = listen_on(HostPort{"127.0.0.1", 0}, 16, "test server");
+  ASSERT_TRUE(l.ok()) << l.error().to_string();
+  const OpeningConfig config{Protocol::kControl, 2, "", kLimits};
+  std::atomic<int> accepted{0};
+  std::thread server([&] {
+    for (int i = 0; i < 3; ++i) {
+      pollfd p{l->fd.get(), POLLIN, 0};
+      if (::poll(&p, 1, 5000) != 1) return;
+      Fd c(::accept4(l->fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      ++accepted;
+      if (i < 2) continue;  // closed unanswered
+      const IoLimits limits{Clock::now() + 5s, nullptr, nullptr};
+      FrameReader reader(config.protocol, config.version, limit);
+      while (!reader.ready()) {
+        std::string buf(reader.wanted(), '\0');
+        if (!recv_bytes(c.get(), buf.data(), buf.size(), limits, "server").ok() || !reader.feed(buf).ok()) return;
+      }
+      ServerOpening s(config);
+      ServerOpening::Step st = s.on_frame(reader.header(), reader.raw_header(), reader.payload());
+      if (st.kind != ServerOpening::Step::Kind::kOpened) return;
+      Session session = s.take_session();
+      std::string out;
+      append_frame(out, {Protocol::kControl, 16, 2, 0, false}, "welcome", session);
+      (void)send_bytes(c.get(), out.data(), out.size(), limits, "server");
+    }
+  });
+  const IoLimits limits{Clock::now() + 5s, nullptr, nullptr};
+  Result<Dialed> d = dial_and_open(l->bound, config, "me", limit, limits, "test client");
+  server.join();
+  ASSERT_TRUE(d.ok()) << d.error().to_string();
+  EXPECT_EQ(accepted.load(), 3);
+  EXPECT_EQ(d->opened.payload, "welcome");
+
+  // A refusal is an answer: one try only.
+  auto f = start("s3cret");
+  const auto before = f->listener->stats().accepted;
+  Result<Dialed> refused = dial_and_open(f->listener->address(), OpeningConfig{Protocol::kControl, 2, "wrong", kLimits},
+                                         "me", limit, limits, "test client");
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(f->listener->stats().accepted, before + 1);
 }
 
 TEST(ListenerTest, ASilentClientIsClosedAtTheOpenTimeout) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include "common/text.h"
 #include "net/wire.h"
@@ -316,13 +317,23 @@ Status read_frame(int fd, FrameReader& reader, Session& session, const IoLimits&
   return Status();
 }
 
-Result<Opened> open_client(int fd, const OpeningConfig& config, std::string body, const PayloadLimit& limit,
-                           const IoLimits& limits, std::string_view who, Refusal* refusal) {
+namespace {
+
+// open_client(), saying in `unanswered` whether it failed on an I/O error
+// before the peer's first frame.
+Result<Opened> open_client_once(int fd, const OpeningConfig& config, std::string body, const PayloadLimit& limit,
+                                const IoLimits& limits, std::string_view who, Refusal* refusal, bool* unanswered) {
   ClientOpening opening(config, std::move(body));
-  KVB_RETURN_IF_ERROR(send_bytes(fd, opening.open_frame().data(), opening.open_frame().size(), limits, who));
+  *unanswered = false;
+  Status sent = send_bytes(fd, opening.open_frame().data(), opening.open_frame().size(), limits, who);
+  if (!sent.ok()) {
+    *unanswered = sent.code() == Code::kIoError;
+    return sent;
+  }
   FrameReader reader(config.protocol, config.version, limit);
-  while (true) {
+  for (bool first = true;; first = false) {
     Status s = read_raw(fd, reader, limits, who);
+    if (!s.ok() && s.code() == Code::kIoError) *unanswered = first;
     if (!s.ok() && s.code() == Code::kIoError && s.message().find("closed by the peer") != std::string::npos) {
       return Status::io_error(std::string(who) + ": the peer closed the connection during the opening exchange");
     }
@@ -338,6 +349,31 @@ Result<Opened> open_client(int fd, const OpeningConfig& config, std::string body
       case ClientOpening::Step::Kind::kOpened:
         return Opened{opening.take_session(), reader.header(), std::string(reader.payload())};
     }
+  }
+}
+
+}  // namespace
+
+Result<Opened> open_client(int fd, const OpeningConfig& config, std::string body, const PayloadLimit& limit,
+                           const IoLimits& limits, std::string_view who, Refusal* refusal) {
+  bool unanswered = false;
+  return open_client_once(fd, config, std::move(body), limit, limits, who, refusal, &unanswered);
+}
+
+Result<Dialed> dial_and_open(const HostPort& to, const OpeningConfig& config, std::string body,
+                             const PayloadLimit& limit, const IoLimits& limits, std::string_view who, Refusal* refusal,
+                             bool bulk) {
+  constexpr int kTries = 8;
+  std::chrono::milliseconds pause{5};
+  for (int attempt = 1;; ++attempt) {
+    KVB_ASSIGN_OR_RETURN(Fd fd, dial(to, limits, who, bulk));
+    bool unanswered = false;
+    Result<Opened> opened = open_client_once(fd.get(), config, body, limit, limits, who, refusal, &unanswered);
+    if (opened.ok()) return Dialed{std::move(fd), std::move(*opened)};
+    if (!unanswered || attempt == kTries || Clock::now() + pause >= limits.deadline) return opened.error();
+    std::this_thread::sleep_for(pause);
+    KVB_RETURN_IF_ERROR(check_limits(limits, std::string(who) + ": opening again"));
+    pause = std::min<std::chrono::milliseconds>(pause * 2, std::chrono::milliseconds(160));
   }
 }
 

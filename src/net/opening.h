@@ -154,6 +154,22 @@ struct Opened {
 Result<Opened> open_client(int fd, const OpeningConfig& config, std::string body, const PayloadLimit& limit,
                            const IoLimits& limits, std::string_view who, Refusal* refusal = nullptr);
 
+// A connection opened by dial_and_open().
+struct Dialed {
+  Fd fd;
+  Opened opened;
+};
+
+// dial() and open_client(), tried again when the listener closed or reset
+// the connection before answering anything: what a listener does, under a
+// flood of idle connections, to a newcomer that has not yet written its
+// Open (listener.h). Up to 8 tries, 5 ms apart doubling to 160 ms, within
+// `limits`; the last try's error otherwise. A refusal or any answer is
+// never retried. `bulk` as for dial().
+Result<Dialed> dial_and_open(const HostPort& to, const OpeningConfig& config, std::string body,
+                             const PayloadLimit& limit, const IoLimits& limits, std::string_view who,
+                             Refusal* refusal = nullptr, bool bulk = false);
+
 // Reads one whole frame from a blocking-with-deadline socket and checks its
 // tag against `session`. Errors name `who`.
 Status read_frame(int fd, FrameReader& reader, Session& session, const IoLimits& limits, std::string_view who);

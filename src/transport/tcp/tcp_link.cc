@@ -177,12 +177,14 @@ void TcpLink::close(Stream& stream) {
 
 Status TcpLink::open(Stream& stream, const net::IoLimits& limits) {
   close(stream);
-  KVB_ASSIGN_OR_RETURN(net::Fd fd, net::dial(peer_.address, limits, who_, true));
   const net::OpeningConfig config{net::Protocol::kTcp, kVersion, peer_.secret,
                                   net::OpeningLimits{8 + 4 + kMaxLabelBytes, 0}};
-  Result<net::Opened> opened = net::open_client(fd.get(), config, encode_open_body(peer_.instance, peer_.local_label),
-                                                payload_limit, limits, who_);
-  if (!opened.ok()) return opened.error();
+  Result<net::Dialed> dialed =
+      net::dial_and_open(peer_.address, config, encode_open_body(peer_.instance, peer_.local_label), payload_limit,
+                         limits, who_, nullptr, true);
+  if (!dialed.ok()) return dialed.error();
+  net::Fd fd = std::move(dialed->fd);
+  net::Opened* opened = &dialed->opened;
   if (opened->header.type != kAccept) {
     return Status::io_error(who_ + ": the peer answered the opening with frame type " +
                             std::to_string(opened->header.type));
