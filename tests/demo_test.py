@@ -318,6 +318,8 @@ def _(name):
     check(name, r["ttft_ms"] > 0 and r["ttft_no_stream_ms"] > 0, "no TTFT figures")
     check(name, r["exposed_transfer_ms"] < 0.5 * r["exposed_transfer_no_stream_ms"],
           f"exposed transfer {r['exposed_transfer_ms']} ms streamed vs {r['exposed_transfer_no_stream_ms']} ms not")
+    check(name, 0 < r["last_stage_ms"] < r["exposed_transfer_no_stream_ms"] and r["exposed_per_last_stage"] > 0,
+          f"last stage {r['last_stage_ms']} ms, exposed / last stage {r['exposed_per_last_stage']}")
     # auto: requests under the threshold load whole, the others stream.
     r = demo("--preset", "llama3-8b", "--stream", "auto", "--stream-min-tokens", "300", "--requests", "6",
              "--max-tokens", "600")

@@ -471,6 +471,7 @@ class Driver {
       rec.descriptors += l.value("descriptors", uint64_t{0});
       rec.naive += l.value("naive", uint64_t{0});
       rec.transfer_us = std::max(rec.transfer_us, l.value("transfer_us", uint64_t{0}));
+      rec.last_stage_ms = std::max(rec.last_stage_ms, l.value("last_stage_us", 0.0) / 1000.0);
       rec.start_ns = std::max(rec.start_ns, l.value("start_ns", uint64_t{0}));
       rec.completion_lag_us = std::max(rec.completion_lag_us, l.value("completion_lag_us", uint64_t{0}));
       rec.verify_bad += l.value("verify_bad", uint64_t{0});

@@ -32,9 +32,10 @@ struct RequestRecord {
   bool flooded = false;            // ran while --flood held its connections
   uint64_t verify_bad = 0;         // cells that did not check
   std::string verify_error;
-  bool streamed = false;  // loaded layer by layer while the prefill computed
-  double ttft_ms = 0;     // admitted at prefill -> every decode rank has all its KV
-  double exposed_ms = 0;  // the prefill's last layer done -> every decode rank has all its KV
+  bool streamed = false;     // loaded layer by layer while the prefill computed
+  double ttft_ms = 0;        // admitted at prefill -> every decode rank has all its KV
+  double exposed_ms = 0;     // the prefill's last layer done -> every decode rank has all its KV
+  double last_stage_ms = 0;  // the slowest rank's last stage's reads (pull; streamed: about one layer's)
 };
 
 struct Summary {

@@ -421,6 +421,7 @@ class Rank {
                 {"descriptors", r.descriptors},
                 {"naive", r.naive_descriptors},
                 {"transfer_us", r.transfer_time.count()},
+                {"last_stage_us", r.last_stage_time.count()},
                 {"completion_lag_us", r.completion_lag.count()},
                 {"verify_bad", 0},
                 {"verify_error", ""}};

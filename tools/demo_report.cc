@@ -122,25 +122,36 @@ Figures figures(const Summary& s) {
   return f;
 }
 
-// p50 of the TTFT and exposed-transfer figures of `records` (finished ones).
+// p50 of the TTFT and exposed-transfer figures of `records` (finished ones),
+// and of the exposed transfer over the last stage's reads per request (pull
+// only: push has no per-stage read time).
 struct Ttft {
   size_t n = 0;
-  double ttft_ms = 0, exposed_ms = 0;
+  double ttft_ms = 0, exposed_ms = 0, last_stage_ms = 0, exposed_per_last_stage = 0;
 };
 Ttft ttft(const std::vector<RequestRecord>& records, bool streamed_only) {
-  std::vector<double> t, e;
+  std::vector<double> t, e, l, x;
   for (const RequestRecord& r : records) {
     if (r.outcome != "finished" || r.ttft_ms <= 0 || (streamed_only && !r.streamed)) continue;
     t.push_back(r.ttft_ms);
     e.push_back(r.exposed_ms);
+    if (r.last_stage_ms > 0) {
+      l.push_back(r.last_stage_ms);
+      x.push_back(r.exposed_ms / r.last_stage_ms);
+    }
   }
   Ttft out;
   out.n = t.size();
   if (t.empty()) return out;
-  std::sort(t.begin(), t.end());
-  std::sort(e.begin(), e.end());
-  out.ttft_ms = t[t.size() / 2];
-  out.exposed_ms = e[e.size() / 2];
+  const auto p50 = [](std::vector<double>& v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  out.ttft_ms = p50(t);
+  out.exposed_ms = p50(e);
+  out.last_stage_ms = p50(l);
+  out.exposed_per_last_stage = p50(x);
   return out;
 }
 
@@ -244,6 +255,8 @@ void print_report(const Summary& s) {
       j["ttft_ratio"] = without.ttft_ms > 0 ? with.ttft_ms / without.ttft_ms : 0.0;
       j["exposed_transfer_ms"] = with.exposed_ms;
       j["exposed_transfer_no_stream_ms"] = without.exposed_ms;
+      j["last_stage_ms"] = with.last_stage_ms;
+      j["exposed_per_last_stage"] = with.exposed_per_last_stage;
       j["baselines"] = s.baselines.size();
     }
     if (!a.etcd.empty()) {
@@ -355,6 +368,10 @@ void print_report(const Summary& s) {
                 without.ttft_ms, without.ttft_ms > 0 ? with.ttft_ms / without.ttft_ms : 0.0);
     std::printf("  exposed transfer  p50 %.1f ms after the prefill's last layer; unstreamed: %.1f ms\n",
                 with.exposed_ms, without.exposed_ms);
+    if (with.last_stage_ms > 0) {
+      std::printf("                    the last stage's reads alone: p50 %.1f ms (exposed / last stage p50 %.2f)\n",
+                  with.last_stage_ms, with.exposed_per_last_stage);
+    }
   }
   if (a.inject == Inject::kPause) {
     std::printf("  paused            prefill rank 0 stopped for 100 ms of every 300 ms throughout\n");

@@ -159,9 +159,13 @@ struct LoadResult {
   uint64_t naive_descriptors = 0;               // one per (layer, component, block) for comparison
   std::chrono::microseconds transfer_time{0};   // start_load to the last byte landing (streamed: waits included)
   std::chrono::microseconds completion_lag{0};  // the last byte landing to this result being ready
-  std::vector<uint32_t> sources;                // prefill ranks read from (Layout::rank())
-  uint32_t stages = 0;                          // reads it was cut into: chunks, or streamed stages
-  std::string first_bad_layer;                  // error: the first layer of the first stage that did not land
+  // Pull: the reads of the stage that landed last, from their submit to
+  // their last byte (streamed: about one layer's reads, what is left after
+  // the prefill's last layer at best); 0 in push mode (the sources time it).
+  std::chrono::microseconds last_stage_time{0};
+  std::vector<uint32_t> sources;  // prefill ranks read from (Layout::rank())
+  uint32_t stages = 0;            // reads it was cut into: chunks, or streamed stages
+  std::string first_bad_layer;    // error: the first layer of the first stage that did not land
 };
 
 enum class Outcome : uint8_t { kFinished, kFailed, kRecompute, kAborted };

@@ -358,6 +358,9 @@ void bind_worker_values(py::module_& m) {
       .def_property_readonly(
           "transfer_time", [](const LoadResult& r) { return seconds_of(r.transfer_time); },
           "Seconds from start_load to the last completion (a streamed load: waiting for the prefill included).")
+      .def_property_readonly(
+          "last_stage_time", [](const LoadResult& r) { return seconds_of(r.last_stage_time); },
+          "Pull: seconds the reads of the stage that landed last took, from submit to last byte (0 in push mode).")
       .def_readonly("sources", &LoadResult::sources, "Prefill ranks read from (Layout.rank).")
       .def_readonly("stages", &LoadResult::stages, "Reads the load was cut into: chunks, or streamed stages.")
       .def_readonly("first_bad_layer", &LoadResult::first_bad_layer,
@@ -370,7 +373,7 @@ void bind_worker_values(py::module_& m) {
                     a.first_bad_token == b.first_bad_token && a.bytes == b.bytes && a.descriptors == b.descriptors &&
                     a.naive_descriptors == b.naive_descriptors && a.transfer_time == b.transfer_time &&
                     a.completion_lag == b.completion_lag && a.sources == b.sources && a.stages == b.stages &&
-                    a.first_bad_layer == b.first_bad_layer;
+                    a.first_bad_layer == b.first_bad_layer && a.last_stage_time == b.last_stage_time;
            })
       .def(py::pickle(
           // Every field, so that a result crosses a process boundary whole
@@ -379,10 +382,10 @@ void bind_worker_values(py::module_& m) {
             return py::make_tuple(r.request, r.error, r.aborted, r.first_bad_token, r.bytes, r.descriptors,
                                   r.naive_descriptors, static_cast<int64_t>(r.transfer_time.count()),
                                   static_cast<int64_t>(r.completion_lag.count()), r.sources, r.stages,
-                                  r.first_bad_layer);
+                                  r.first_bad_layer, static_cast<int64_t>(r.last_stage_time.count()));
           },
           [](const py::tuple& t) {
-            if (t.size() != 12) throw py::value_error("LoadResult: a pickled state has 12 fields");
+            if (t.size() != 13) throw py::value_error("LoadResult: a pickled state has 13 fields");
             LoadResult r;
             r.request = t[0].cast<Rid>();
             r.error = t[1].cast<Status>();
@@ -396,6 +399,7 @@ void bind_worker_values(py::module_& m) {
             r.sources = t[9].cast<std::vector<uint32_t>>();
             r.stages = t[10].cast<uint32_t>();
             r.first_bad_layer = t[11].cast<std::string>();
+            r.last_stage_time = std::chrono::microseconds(t[12].cast<int64_t>());
             return r;
           }))
       .def("__repr__", [](const LoadResult& r) {

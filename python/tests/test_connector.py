@@ -89,6 +89,7 @@ def test_wait_results_and_take_results(workers):
     assert wd.wait_results(timeout=20)
     (r,) = wd.take_results()
     assert r.request == "req-6" and r.ok and r.transfer_time >= 0
+    assert 0 <= r.last_stage_time <= r.transfer_time
     assert not wd.wait_results(timeout=0.05)
     with pytest.raises(kvbridge.Timeout, match="request"):
         wd.collect("req-77", timeout=0.1)

@@ -12,6 +12,15 @@ void settle(Load& load, std::span<const TransferStatus> statuses, const std::vec
   load.result.transfer_time = std::chrono::duration_cast<std::chrono::microseconds>(load.last_byte - load.started);
   load.result.completion_lag = std::chrono::duration_cast<std::chrono::microseconds>(now - load.last_byte);
   load.result.aborted = load.aborted;
+  const LoadStage* last = nullptr;
+  for (const LoadStage& st : load.stages) {
+    if (!st.landed || st.submitted_at == Clock::time_point{}) continue;
+    if (last == nullptr || st.landed_at > last->landed_at) last = &st;
+  }
+  if (last != nullptr) {
+    load.result.last_stage_time =
+        std::chrono::duration_cast<std::chrono::microseconds>(last->landed_at - last->submitted_at);
+  }
   uint64_t first_bad = load.stages.empty() ? load.result.first_bad_token : load.stages.back().end_token;
   const size_t n = load.stages.size();
   for (uint32_t k = 0; k < n; ++k) {

@@ -32,6 +32,7 @@ struct LoadStage {
   std::vector<std::vector<TransferItem>> items;  // per source; emptied once submitted (push: once written)
   uint32_t pending = 0;                          // transfers submitted and not ended
   bool submitted = false, failed = false, landed = false;
+  Clock::time_point submitted_at{}, landed_at{};  // pull: its reads submitted; the last of them ended
 };
 
 struct Load {

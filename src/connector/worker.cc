@@ -618,6 +618,7 @@ class WorkerImpl final : public ConnectorWorker {
         wake->cv.notify_one();
       };
       st.submitted = true;
+      st.submitted_at = Clock::now();
       --load.unsubmitted;
       for (size_t s = 0; s < st.items.size(); ++s) {
         if (st.items[s].empty()) continue;
@@ -636,7 +637,10 @@ class WorkerImpl final : public ConnectorWorker {
         ++load.pending;
       }
       st.items = {};
-      if (st.pending == 0) land(load, st);
+      if (st.pending == 0) {
+        st.landed_at = st.submitted_at;
+        land(load, st);
+      }
     }
     return Status();
   }
@@ -787,6 +791,7 @@ class WorkerImpl final : public ConnectorWorker {
           Load& load = it->second;
           LoadStage& st = load.stages[k];
           load.last_byte = std::max(load.last_byte, e.at);
+          st.landed_at = std::max(st.landed_at, e.at);
           --load.pending;
           if (!e.done) st.failed = true;
           if (--st.pending == 0 && !st.failed) land(load, st);

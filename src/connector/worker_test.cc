@@ -421,6 +421,9 @@ TEST(WorkerStreamTest, EachLayerIsReadOnlyOnceEveryPrefillRankSavedItAndLandsBef
   LoadResult r = wait_one(d);
   ASSERT_TRUE(r.error.ok()) << r.error.to_string();
   EXPECT_EQ(r.stages, 32u);
+  // The last stage's reads (one layer) against the whole load, which waited
+  // for 32 layers of compute and four 20 ms pauses.
+  EXPECT_LE(r.last_stage_time, r.transfer_time / 4);
   Result<ContentReport> all =
       check_request(s.decode[0]->layout, request(), RequestSide::kLocal, 0, 11, s.decode[0]->spans);
   ASSERT_TRUE(all.ok());
