@@ -83,9 +83,12 @@ class Rank {
     for (const Tensor& t : layout_.tensors) {
       void* m = ::mmap(nullptr, t.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (m == MAP_FAILED) return Status::resource_exhausted("mmap of tensor '" + t.name + "' failed");
-      // Resident from the start, as an engine's KV pool is: the prefill's
-      // pages too, or its first requests would time page faults as compute.
-      std::memset(m, c_.prefill ? 0 : kSentinel, t.bytes);
+      // The decode's memory holds the sentinel; the prefill's is touched by
+      // its requests only (a pool sized for the longest request can be far
+      // larger than what the requests use: qwen3-next's state blocks), so
+      // its first requests also time page faults (the TTFT figures are
+      // medians over the requests).
+      if (!c_.prefill) std::memset(m, kSentinel, t.bytes);
       spans_.emplace_back(static_cast<uint8_t*>(m), t.bytes);
     }
     host_ = spans_;
