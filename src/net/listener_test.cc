@@ -56,13 +56,14 @@ std::unique_ptr<Fixture> start(std::string secret, size_t max_pending = 8, size_
   return f;
 }
 
+// Opens as kvbridge's clients do (dial_and_open: again when closed unanswered).
 Result<Opened> open(const Listener& l, std::string body, std::string secret = "", Fd* keep_fd = nullptr) {
   IoLimits limits{Clock::now() + 5s, nullptr, nullptr};
-  KVB_ASSIGN_OR_RETURN(Fd fd, dial(l.address(), limits, "test client"));
-  Result<Opened> r = open_client(fd.get(), OpeningConfig{Protocol::kControl, 2, std::move(secret), kLimits},
-                                 std::move(body), limit, limits, "test client");
-  if (keep_fd) *keep_fd = std::move(fd);
-  return r;
+  KVB_ASSIGN_OR_RETURN(Dialed d,
+                       dial_and_open(l.address(), OpeningConfig{Protocol::kControl, 2, std::move(secret), kLimits},
+                                     std::move(body), limit, limits, "test client"));
+  if (keep_fd) *keep_fd = std::move(d.fd);
+  return std::move(d.opened);
 }
 
 TEST(ListenerTest, KeepsRepliesAndRefusesAsTheProtocolSays) {
