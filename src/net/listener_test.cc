@@ -56,6 +56,19 @@ std::unique_ptr<Fixture> start(std::string secret, size_t max_pending = 8, size_
   return f;
 }
 
+// `n` connections to `l` that never send a byte (a flood); an empty vector
+// when one cannot be dialled (the test fails on the size).
+std::vector<Fd> dial_idle(const Listener& l, int n) {
+  std::vector<Fd> idle;
+  for (int i = 0; i < n; ++i) {
+    Result<Fd> d = dial(l.address(), IoLimits{Clock::now() + 5s, nullptr, nullptr}, "idle");
+    EXPECT_TRUE(d.ok()) << d.error().to_string();
+    if (!d.ok()) return {};
+    idle.push_back(std::move(*d));
+  }
+  return idle;
+}
+
 // Opens as kvbridge's clients do (dial_and_open: again when closed unanswered).
 Result<Opened> open(const Listener& l, std::string body, std::string secret = "", Fd* keep_fd = nullptr) {
   IoLimits limits{Clock::now() + 5s, nullptr, nullptr};
@@ -117,12 +130,8 @@ TEST(ListenerTest, PastMaxOpenClientsAreRefusedAsBusyUntilASlotIsFreed) {
 
 TEST(ListenerTest, IdleConnectionsNeverLockOutARealClient) {
   auto f = start("s3cret", 16, 64, 10s);
-  std::vector<Fd> idle;
-  for (int i = 0; i < 400; ++i) {
-    Result<Fd> fd = dial(f->listener->address(), IoLimits{Clock::now() + 5s, nullptr, nullptr}, "idle");
-    ASSERT_TRUE(fd.ok()) << fd.error().to_string();
-    idle.push_back(std::move(*fd));
-  }
+  const std::vector<Fd> idle = dial_idle(*f->listener, 400);
+  ASSERT_EQ(idle.size(), 400u);
   const auto start_time = Clock::now();
   Result<Opened> real = open(*f->listener, "real", "s3cret");
   ASSERT_TRUE(real.ok()) << real.error().to_string();
@@ -156,12 +165,8 @@ TEST(ListenerTest, AFloodDuringARealClientsOpeningDoesNotPushItOut) {
   ASSERT_EQ(proof.kind, ClientOpening::Step::Kind::kSend);
   reader.next();
 
-  std::vector<Fd> idle;
-  for (int i = 0; i < 400; ++i) {
-    Result<Fd> d = dial(f->listener->address(), limits, "idle");
-    ASSERT_TRUE(d.ok()) << d.error().to_string();
-    idle.push_back(std::move(*d));
-  }
+  const std::vector<Fd> idle = dial_idle(*f->listener, 400);
+  ASSERT_EQ(idle.size(), 400u);
   for (int i = 0; i < 200 && f->listener->stats().evicted < 300; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_GE(f->listener->stats().evicted, 300u);  // the flood was accepted past the table, many times over
 
@@ -182,12 +187,8 @@ TEST(ListenerTest, AClientSlowToSendItsOpenIsNotPushedOutByAFlood) {
   Result<Fd> fd = dial(f->listener->address(), limits, "slow");
   ASSERT_TRUE(fd.ok()) << fd.error().to_string();
   while (f->listener->stats().accepted < 1) std::this_thread::sleep_for(1ms);
-  std::vector<Fd> idle;
-  for (int i = 0; i < 400; ++i) {
-    Result<Fd> d = dial(f->listener->address(), limits, "idle");
-    ASSERT_TRUE(d.ok()) << d.error().to_string();
-    idle.push_back(std::move(*d));
-  }
+  const std::vector<Fd> idle = dial_idle(*f->listener, 400);
+  ASSERT_EQ(idle.size(), 400u);
   for (int i = 0; i < 500 && f->listener->stats().evicted < 300; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_GE(f->listener->stats().evicted, 300u);  // the flood went past the table, many times over
   EXPECT_LE(f->listener->stats().pending, 16u);
@@ -202,12 +203,8 @@ TEST(ListenerTest, AClientSlowToSendItsOpenIsNotPushedOutByAFlood) {
 TEST(ListenerTest, SilentConnectionsPastTheGraceMakeRoom) {
   auto f = start("s3cret", 4, 64, 20s, 100ms);
   const IoLimits limits{Clock::now() + 15s, nullptr, nullptr};
-  std::vector<Fd> idle;
-  for (int i = 0; i < 4; ++i) {
-    Result<Fd> d = dial(f->listener->address(), limits, "idle");
-    ASSERT_TRUE(d.ok()) << d.error().to_string();
-    idle.push_back(std::move(*d));
-  }
+  const std::vector<Fd> idle = dial_idle(*f->listener, 4);
+  ASSERT_EQ(idle.size(), 4u);
   while (f->listener->stats().pending < 4) std::this_thread::sleep_for(1ms);
   std::this_thread::sleep_for(200ms);
   Result<Fd> late = dial(f->listener->address(), limits, "late idle");

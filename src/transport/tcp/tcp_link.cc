@@ -183,14 +183,12 @@ Status TcpLink::open(Stream& stream, const net::IoLimits& limits) {
       net::dial_and_open(peer_.address, config, encode_open_body(peer_.instance, peer_.local_label), payload_limit,
                          limits, who_, nullptr, true);
   if (!dialed.ok()) return dialed.error();
-  net::Fd fd = std::move(dialed->fd);
-  net::Opened* opened = &dialed->opened;
-  if (opened->header.type != kAccept) {
+  if (dialed->opened.header.type != kAccept) {
     return Status::io_error(who_ + ": the peer answered the opening with frame type " +
-                            std::to_string(opened->header.type));
+                            std::to_string(dialed->opened.header.type));
   }
-  stream.fd = std::move(fd);
-  stream.session = std::move(opened->session);
+  stream.fd = std::move(dialed->fd);
+  stream.session = std::move(dialed->opened.session);
   return Status();
 }
 
