@@ -2,6 +2,7 @@
 // checked byte for byte, group selection, the hybrid lookup rule, visibility
 // of multi-part objects, and eviction under pressure with readers.
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -255,7 +256,11 @@ TEST(StoreTest, EvictionUnderPressureNeverTouchesAnObjectBeingRead) {
       ++hits;
     }
   });
-  for (uint64_t i = 0; i < 30; ++i) {
+  // At least 30 other prefixes, and on until the reader has had a few hits
+  // (a fast writer on a loaded machine can finish before the reader's first
+  // get is scheduled).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (uint64_t i = 0; i < 30 || (hits.load() < 3 && std::chrono::steady_clock::now() < deadline); ++i) {
     const std::vector<uint32_t> other = tokens(1000 + i, 64);
     b.fill(64, 1000 + i);
     b.put(other, 64);
