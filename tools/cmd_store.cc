@@ -49,7 +49,9 @@ int shared_tier_status(const StoreArgs& a, const StoreStats& s) {
   if (at.empty() || (s.redis_errors == 0 && s.redis_skipped == 0)) return 0;
   return fail(Status::unavailable("store: the shared tier at " + at + " could not be reached (" +
                                   std::to_string(s.redis_errors) + " failed and " + std::to_string(s.redis_skipped) +
-                                  " skipped operations); what it holds was neither read nor written"));
+                                  " skipped operations" +
+                                  (s.redis_last_error.empty() ? std::string() : ", the last: " + s.redis_last_error) +
+                                  "); what it holds was neither read nor written"));
 }
 
 // The tiers the options name: memory, --disk, --redis.
@@ -129,6 +131,7 @@ int run_put_get(const StoreArgs& a, bool is_put) {
   out["redis_writes"] = s.redis_writes;
   out["redis_parts"] = s.redis_parts;
   out["redis_errors"] = s.redis_errors;
+  if (!s.redis_last_error.empty()) out["redis_last_error"] = s.redis_last_error;
   std::cout << out.dump(a.json ? -1 : 2) << "\n";
   if (!is_put && out["bad_cells"].get<uint64_t>() != 0) return kExitError;
   return shared_tier_status(a, s);
@@ -160,6 +163,7 @@ int run_stat(const StoreArgs& a) {
   }
   const StoreStats s = (*store)->stats();
   out["redis_errors"] = s.redis_errors;
+  if (!s.redis_last_error.empty()) out["redis_last_error"] = s.redis_last_error;
   std::cout << out.dump(a.json ? -1 : 2) << "\n";
   return shared_tier_status(a, s);
 }

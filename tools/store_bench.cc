@@ -251,7 +251,9 @@ Result<TierFigures> bench_tier(const StoreArgs& a, std::optional<RedisOptions> r
       if (redis) {
         const StoreStats st = from->stats();
         where = "Redis at " + redis->host + ":" + std::to_string(redis->port) +
-                (st.redis_up ? "" : " (down: " + std::to_string(st.redis_errors) + " failed operations)");
+                (st.redis_up ? ""
+                             : " (down: " + std::to_string(st.redis_errors) +
+                                   " failed operations, the last: " + st.redis_last_error + ")");
       }
       return Status::unavailable("bench: a get from " + where + " hit " + std::to_string(hit) + " of " +
                                  std::to_string(n) + " tokens");

@@ -159,6 +159,7 @@ struct StoreStats {
   uint64_t redis_redirects = 0;         // MOVED/ASK replies followed (cluster)
   uint64_t redis_slot_map_updates = 0;  // slot maps read (cluster)
   uint32_t redis_nodes = 0;             // masters serving slots (cluster)
+  std::string redis_last_error;         // "host:port: operation: cause" of the latest error; empty if none
 };
 
 class Store {

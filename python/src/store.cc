@@ -90,6 +90,7 @@ py::dict stats_dict(const StoreStats& s) {
   d["redis_parts"] = s.redis_parts;
   d["redis_errors"] = s.redis_errors;
   d["redis_skipped"] = s.redis_skipped;
+  d["redis_last_error"] = s.redis_last_error;
   d["redis_bad_objects"] = s.redis_bad_objects;
   d["redis_redirects"] = s.redis_redirects;
   d["redis_slot_map_updates"] = s.redis_slot_map_updates;

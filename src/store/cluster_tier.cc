@@ -274,9 +274,13 @@ RedisCounters ClusterTier::counters() const {
     c.parts += x.parts;
     c.errors += x.errors;
     c.skipped += x.skipped;
-    if (std::find(masters.begin(), masters.end(), n.get()) != masters.end() && n->down()) c.up = false;
+    const bool master_down = std::find(masters.begin(), masters.end(), n.get()) != masters.end() && n->down();
+    if (master_down) c.up = false;
+    // A master that is down explains more than a node that failed once.
+    if (!x.last_error.empty() && (c.last_error.empty() || master_down)) c.last_error = x.last_error;
   }
   c.errors += map_errors_;
+  if (c.last_error.empty() && map_errors_ != 0) c.last_error = "no node answered CLUSTER SLOTS";
   c.redirects = redirects_;
   c.slot_map_updates = updates_;
   c.nodes = static_cast<uint32_t>(masters.size());

@@ -259,6 +259,11 @@ TEST_F(RedisStoreTest, RedisDownInTheMiddleOfARunDegradesToMisses) {
   EXPECT_GE(sb.redis_errors, 1u);
   EXPECT_GE(sb.redis_skipped, 1u) << "while down, operations are skipped, not retried";
   EXPECT_FALSE(sb.redis_up);
+  // The latest failure is named: the node, the operation, the cause.
+  EXPECT_NE(sb.redis_last_error.find(":" + std::to_string(server_->port()) + ": connect: Connection refused"),
+            std::string::npos)
+      << sb.redis_last_error;
+  EXPECT_FALSE(sa.redis_last_error.empty());
 }
 
 TEST_F(RedisStoreTest, AStalledRedisTimesOutAndComesBack) {
@@ -273,6 +278,8 @@ TEST_F(RedisStoreTest, AStalledRedisTimesOutAndComesBack) {
   EXPECT_EQ(get_all(rb, t, 64, 3), 0u);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
   EXPECT_GE(b->stats().redis_errors, 1u);
+  EXPECT_NE(b->stats().redis_last_error.find(": no progress within the command timeout of 200 ms"), std::string::npos)
+      << "last error: " << b->stats().redis_last_error;
   server_->signal(SIGCONT);
   std::this_thread::sleep_for(600ms);  // past the retry interval
   EXPECT_EQ(get_all(rb, t, 64, 3), 64u);

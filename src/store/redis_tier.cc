@@ -142,7 +142,24 @@ RedisTier::~RedisTier() {
   if (ctx_) redisFree(ctx_);
 }
 
-void RedisTier::fail_locked(const char* /*what*/) {
+void RedisTier::fail_locked(const char* what) {
+  std::string detail = std::move(io_error_);
+  io_error_.clear();
+  if (detail.empty() && ctx_ != nullptr && ctx_->err) {
+    // hiredis reports a socket timeout as the text of EAGAIN.
+    const bool timed_out = ctx_->err == REDIS_ERR_IO && (std::strcmp(ctx_->errstr, std::strerror(EAGAIN)) == 0 ||
+                                                         std::strcmp(ctx_->errstr, std::strerror(EWOULDBLOCK)) == 0);
+    if (timed_out) {
+      io_failed_locked(-1, EAGAIN);
+      detail = std::move(io_error_);
+      io_error_.clear();
+    } else {
+      detail = ctx_->err == REDIS_ERR_EOF ? "the server closed the connection" : ctx_->errstr;
+    }
+  }
+  if (detail.empty() && ctx_ == nullptr) detail = "could not allocate a connection";
+  counters_.last_error = options_.host + ":" + std::to_string(options_.port) + ": " + what;
+  if (!detail.empty()) counters_.last_error += ": " + detail;
   ++counters_.errors;
   counters_.up = false;
   if (ctx_) {
@@ -151,6 +168,21 @@ void RedisTier::fail_locked(const char* /*what*/) {
   }
   in_head_ = in_tail_ = 0;
   down_until_ = std::chrono::steady_clock::now() + options_.retry_interval;
+}
+
+void RedisTier::fail_reply_locked(const char* what, std::string_view line) {
+  io_error_ = "the server answered \"" + std::string(line.substr(0, 160)) + (line.size() > 160 ? "...\"" : "\"");
+  fail_locked(what);
+}
+
+void RedisTier::io_failed_locked(ssize_t n, int err) {
+  if (n == 0) {
+    io_error_ = "the server closed the connection";
+  } else if (err == EAGAIN || err == EWOULDBLOCK) {
+    io_error_ = "no progress within the command timeout of " + std::to_string(options_.command_timeout.count()) + " ms";
+  } else {
+    io_error_ = std::strerror(err);
+  }
 }
 
 bool RedisTier::connect_locked() {
@@ -191,7 +223,10 @@ bool RedisTier::send_iov_locked(iovec* iov, int count) {
     m.msg_iovlen = static_cast<size_t>(count);
     ssize_t n = ::sendmsg(ctx_->fd, &m, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;  // EAGAIN: SO_SNDTIMEO expired
+    if (n <= 0) {  // EAGAIN: SO_SNDTIMEO expired
+      io_failed_locked(n, errno);
+      return false;
+    }
     while (count > 0 && static_cast<size_t>(n) >= iov->iov_len) {
       n -= static_cast<ssize_t>(iov->iov_len);
       ++iov;
@@ -237,7 +272,7 @@ size_t RedisTier::put(std::span<const std::string> keys, std::span<const std::sp
       redirects->push_back(std::move(r));
       return true;
     }
-    fail_locked(line.empty() || line[0] != '-' ? "SET reply" : "SET error reply");
+    fail_reply_locked(line.empty() || line[0] != '-' ? "SET: unexpected reply" : "SET error reply", line);
     return false;
   };
   static constexpr char kCrlf[] = "\r\n";
@@ -360,7 +395,7 @@ std::vector<PartOutcome> RedisTier::put_parts(std::span<const PartWrite> parts, 
           if (redirected) continue;  // EXECABORT of the redirected transaction
           // A queued command rejected (e.g. OOM): EXEC aborts the whole
           // transaction; nothing of this part was written.
-          fail_locked("part transaction error reply");
+          fail_reply_locked("part transaction error reply", std::string_view(reply->str, reply->len));
           return out;
         }
         if (redirected) continue;
@@ -429,7 +464,10 @@ bool RedisTier::send_all_locked(const std::string& bytes) {
   while (done < bytes.size()) {
     const ssize_t n = ::send(ctx_->fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;  // EAGAIN: SO_SNDTIMEO expired
+    if (n <= 0) {  // EAGAIN: SO_SNDTIMEO expired
+      io_failed_locked(n, errno);
+      return false;
+    }
     done += static_cast<size_t>(n);
   }
   return true;
@@ -447,7 +485,10 @@ bool RedisTier::fill_locked() {
   for (;;) {
     const ssize_t n = ::recv(ctx_->fd, in_.data() + in_tail_, in_.size() - in_tail_, 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;  // 0: closed; EAGAIN: SO_RCVTIMEO expired
+    if (n <= 0) {  // 0: closed; EAGAIN: SO_RCVTIMEO expired
+      io_failed_locked(n, errno);
+      return false;
+    }
     in_tail_ += static_cast<size_t>(n);
     return true;
   }
@@ -548,7 +589,7 @@ bool RedisTier::get(std::span<const std::string> keys, GetSink& sink, std::vecto
       continue;
     }
     if (line[0] != '$') {
-      fail_locked(line[0] == '-' ? "GET error reply" : "GET: unexpected reply");
+      fail_reply_locked(line[0] == '-' ? "GET error reply" : "GET: unexpected reply", line);
       return false;
     }
     if (line == "$-1") continue;  // absent

@@ -29,6 +29,8 @@
 // at a time on the connection).
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -120,7 +122,14 @@ class RedisTier final : public SharedTier {
 
  private:
   bool connect_locked();
+  // Marks the connection failed: counts the error, records `what` and the
+  // cause (io_error_, else hiredis's) as counters_.last_error, closes the
+  // connection and skips operations for retry_interval.
   void fail_locked(const char* what);
+  // fail_locked() for a reply that is an error or not what was expected.
+  void fail_reply_locked(const char* what, std::string_view line);
+  // Records why send/recv returned `n` (0: closed; -1: errno `err`).
+  void io_failed_locked(ssize_t n, int err);
   // Socket I/O for get() and put(), which bypass hiredis: check that
   // hiredis holds no unread bytes; send all of `bytes` (or of the iovecs);
   // read into in_; read one "\r\n"-terminated line (returned without the
@@ -137,6 +146,7 @@ class RedisTier final : public SharedTier {
   redisContext* ctx_ = nullptr;
   std::chrono::steady_clock::time_point down_until_{};
   RedisCounters counters_;
+  std::string io_error_;  // why the last socket call failed; read by fail_locked()
   // get()'s read buffer: [in_head_, in_tail_) is unread.
   std::vector<uint8_t> in_;
   size_t in_head_ = 0, in_tail_ = 0;

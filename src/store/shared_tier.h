@@ -24,6 +24,7 @@ struct RedisCounters {
   uint64_t redirects = 0;         // MOVED/ASK replies followed (cluster)
   uint64_t slot_map_updates = 0;  // slot maps read (cluster)
   uint32_t nodes = 0;             // masters serving slots (cluster; 1 otherwise)
+  std::string last_error;         // "host:port: operation: cause" of the latest error; empty if none
 };
 
 // Where get() puts values. Every call comes from the thread that called get();

@@ -94,6 +94,7 @@ StoreStats Store::stats() const {
     s.redis_redirects = c.redirects;
     s.redis_slot_map_updates = c.slot_map_updates;
     s.redis_nodes = c.nodes;
+    s.redis_last_error = c.last_error;
   }
   return s;
 }
