@@ -50,6 +50,14 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
   p.stream = options.stream;
   for (uint32_t d = 0; d < decode->layouts.size(); ++d) {
     const Layout& reader = decode->layouts[d];
+    // A decode rank that reads nothing from this rank is not planned for
+    // (its plan would have no descriptor of ours).
+    Result<std::vector<uint32_t>> sources = source_ranks(reader, own->layouts);
+    if (!sources.ok()) {
+      return sources.error().with_context("request " + q(request) + ": planning " + instance + " rank " +
+                                          std::to_string(d));
+    }
+    if (std::find(sources->begin(), sources->end(), me) == sources->end()) continue;
     Result<std::vector<PlanStage>> stages = plan_stages(reader, own->layouts, blocks, so);
     if (!stages.ok()) {
       return stages.error().with_context("request " + q(request) + ": planning " + instance + " rank " +
