@@ -90,6 +90,8 @@ def _(name):
     # Handshake once per remote rank per decode rank: 4 decode ranks x 2 prefill ranks.
     check(name, r["handshakes"] == 8, f"handshakes {r['handshakes']}, expected 8 (4 decode x 2 prefill ranks)")
     check(name, r["p50_ms"] > 0 and r["p99_ms"] >= r["p50_ms"], "latency percentiles")
+    check(name, r["handoff_gbps"] > 0 and r["handoff_p50_ms"] >= r["p50_ms"],
+          f"hand-off p50 {r['handoff_p50_ms']} ms vs transfer p50 {r['p50_ms']} ms")
 
 
 FAULTS = {
@@ -120,6 +122,20 @@ for fault, (text, extra) in FAULTS.items():
             check(name, r["ok"] < 3, "every request succeeded despite the fault")
         if extra:
             check(name, extra(r), f"fault-specific check failed: {json.dumps(r)[:1500]}")
+
+
+# A wrong byte is never reported as success: a decode rank flips one byte of
+# a loaded request's KV, and the check that follows every load finds exactly
+# that request, in either mode.
+@case("corrupt")
+def _(name):
+    for mode in ("pull", "push"):
+        r = demo("--requests", "3", "--inject", "corrupt", "--mode", mode)
+        what = f"{name} {mode}"
+        check(what, r["verify_failures"] == 1, f"verify failures {r['verify_failures']}, expected 1")
+        check(what, r["ok"] == 3 and r["clean"] and r["_exit"] == 0, f"not clean: {json.dumps(r)[:1500]}")
+        for key in ("leaked_blocks", "stray_bytes", "double_frees"):
+            check(what, r[key] == 0, f"{key} = {r[key]}")
 
 
 @case("policy-recompute")
@@ -346,6 +362,9 @@ def _(name):
     r = demo("--mode", "push", "--requests", "4")
     clean(name, r)
     check(name, r["ok"] == 4 and r["mode"] == "push", f"ok {r['ok']}, mode {r.get('mode')}: {r['errors']}")
+    # The hand-off (the last prefill rank done to every decode rank holding
+    # its KV) is measured for every finished request, in either mode.
+    check(name, r["handoff_gbps"] > 0 and r["handoff_p50_ms"] > 0, f"hand-off {r['handoff_gbps']} GB/s")
     r = demo("--mode", "push", "--preset", "llama3-8b", "--stream", "layer", "--compute-us-per-layer", "500",
              "--requests", "3")
     clean(f"{name} stream", r)

@@ -58,6 +58,7 @@ enum class Inject : uint8_t {
   kAbort,
   kLease,
   kPause,
+  kCorrupt,  // a decode rank flips one byte of a loaded request's KV: the check must find it
 };
 Result<Inject> parse_inject(std::string_view name);
 std::string_view inject_name(Inject inject);

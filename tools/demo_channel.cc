@@ -31,6 +31,7 @@ constexpr InjectName kInjects[] = {
     {Inject::kAbort, "abort"},
     {Inject::kLease, "lease"},
     {Inject::kPause, "pause"},
+    {Inject::kCorrupt, "corrupt"},
 };
 
 }  // namespace

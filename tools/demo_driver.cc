@@ -474,8 +474,15 @@ class Driver {
       rec.last_stage_ms = std::max(rec.last_stage_ms, l.value("last_stage_us", 0.0) / 1000.0);
       rec.start_ns = std::max(rec.start_ns, l.value("start_ns", uint64_t{0}));
       rec.completion_lag_us = std::max(rec.completion_lag_us, l.value("completion_lag_us", uint64_t{0}));
-      rec.verify_bad += l.value("verify_bad", uint64_t{0});
-      if (rec.verify_error.empty()) rec.verify_error = l.value("verify_error", "");
+    }
+    // Every byte of every load that ended well, checked now that no rank's
+    // transfer of the request runs any more.
+    json check = {{"cmd", "check"}, {"req", rec.id}};
+    if (fault && a_.inject == Inject::kCorrupt) check["corrupt"] = decode.front()->engine;
+    KVB_RETURN_IF_ERROR(round(decode, check, 60s));
+    for (const json& r : current_.replies) {
+      rec.verify_bad += r.value("verify_bad", uint64_t{0});
+      if (rec.verify_error.empty()) rec.verify_error = r.value("verify_error", "");
     }
     if (out->outcome == Outcome::kFinished) {
       Status s = round(decode, {{"cmd", "raw"}, {"req", rec.id}, {"instance", "prefill"}}, 60s);
@@ -492,6 +499,7 @@ class Driver {
   }
 
   void inject(RequestRecord& rec, const std::vector<Proc*>& decode) {
+    if (a_.inject == Inject::kCorrupt) return;     // at the check
     std::this_thread::sleep_for(a_.inject_after);  // let the transfers start
     Proc* victim = nullptr;
     if (a_.inject == Inject::kKillPrefill) victim = ranks_of(true, 0).front();

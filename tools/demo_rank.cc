@@ -43,6 +43,7 @@ struct Held {
   Request request;
   uint64_t seed = 0;
   uint64_t start_ns = 0;  // how long start_load took to return
+  bool loaded = false;    // its load ended well: "check" reads every byte
 };
 
 class Rank {
@@ -120,6 +121,7 @@ class Rank {
     }
     EngineOptions e;
     e.name = c_.instance + "/r" + std::to_string(c_.rank);
+    engine_name_ = e.name;
     e.transports = {a.transport};
     e.host = c_.side.host;
     e.secret = w.secret;  // one trust for the side channel, control and data
@@ -287,6 +289,7 @@ class Rank {
     }
     if (cmd == "recompute") return recompute(id, m.at("from").get<uint64_t>());
     if (cmd == "raw") return raw(id, m.at("instance").get<std::string>());
+    if (cmd == "check") return check(id, m.value("corrupt", "") == engine_name_);
     if (cmd == "free") {
       // The engine frees the request's blocks: poison them again, so that the
       // final scan finds any byte written later or outside the plan.
@@ -405,7 +408,10 @@ class Rank {
     (void)sink;
   }
 
-  // A load ended: check every byte it was to bring, report.
+  // A load ended: report it. Its bytes are checked on "check", once every
+  // decode rank's load of the request ended: a check here, as large a read
+  // of memory as the transfer, would take CPU and memory bandwidth from the
+  // other ranks' transfers of the request and skew their figures.
   Status loaded(const LoadResult& r) {
     // When this rank knew its KV had arrived (before the check below, which
     // reads every byte): the driver's TTFT ends here. CLOCK_MONOTONIC is one
@@ -425,14 +431,31 @@ class Rank {
                 {"naive", r.naive_descriptors},
                 {"transfer_us", r.transfer_time.count()},
                 {"last_stage_us", r.last_stage_time.count()},
-                {"completion_lag_us", r.completion_lag.count()},
-                {"verify_bad", 0},
-                {"verify_error", ""}};
+                {"completion_lag_us", r.completion_lag.count()}};
     auto it = held_.find(r.request);
-    if (it != held_.end()) out["start_ns"] = it->second.start_ns;
-    if (r.error.ok() && it != held_.end()) {
+    if (it != held_.end()) {
+      out["start_ns"] = it->second.start_ns;
+      it->second.loaded = r.error.ok();
+    }
+    return ch_.send(out);
+  }
+
+  // Checks every byte a load that ended well was to bring (nothing for one
+  // that failed: its request is recomputed or reported failed). With
+  // `corrupt` (--inject corrupt), first flips the first byte of its KV.
+  Status check(RequestId id, bool corrupt) {
+    json out = {{"ev", "checked"}, {"req", id}, {"verify_bad", 0}, {"verify_error", ""}, {"verify_bytes", 0}};
+    auto it = held_.find(id);
+    if (it != held_.end() && it->second.loaded) {
       const Request& q = it->second.request;
       KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kLocal, q.skip_tokens, false));
+      bool flipped = !corrupt;
+      KVB_RETURN_IF_ERROR(for_each_cell(layout_, q, RequestSide::kLocal, q.skip_tokens,
+                                        [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
+                                          if (flipped || n == 0) return;
+                                          host_[t][off] ^= 0xFF;
+                                          flipped = true;
+                                        }));
       KVB_ASSIGN_OR_RETURN(ContentReport c,
                            check_request(layout_, q, RequestSide::kLocal, q.skip_tokens, it->second.seed, host_));
       out["verify_bad"] = c.bad_cells;
@@ -540,6 +563,7 @@ class Rank {
   Layout layout_;
   std::vector<std::span<uint8_t>> spans_;  // the registered memory (device memory with --memory cuda)
   std::vector<std::span<uint8_t>> host_;   // what the content functions read and write (spans_ for host memory)
+  std::string engine_name_;                // this rank's engine name
   std::vector<uint8_t> evict_;             // evict_caches()'s buffer, allocated on first use
   uint8_t evict_round_ = 0;
   bool device_ = false;

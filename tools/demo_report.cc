@@ -39,7 +39,12 @@ struct Figures {
   double flooded_gbps = 0, quiet_gbps = 0;
   uint64_t recompute_kept = 0, recompute_moving = 0;  // recomputed: tokens kept of the tokens to move
   double p50_ms = 0, p99_ms = 0;
-  double lag_p50_us = 0, lag_p99_us = 0;      // the last byte landing to the load's result
+  double lag_p50_us = 0, lag_p99_us = 0;  // the last byte landing to the load's result
+  // The hand-off of unstreamed requests, the same span in pull and push:
+  // the last prefill rank done to the last decode rank holding all its KV
+  // (the driver's messages, planning and every rank's transfer included).
+  uint64_t handoff_bytes = 0;
+  double handoff_ms = 0, handoff_p50_ms = 0;
   double start_p50_us = 0, start_max_us = 0;  // start_load's return, the first load's handshake included
   std::vector<std::string> errors;
 };
@@ -50,7 +55,13 @@ struct Figures {
 Figures figures(const Summary& s) {
   Figures f;
   std::vector<uint64_t> lat, lags;
-  std::vector<double> flooded, quiet;
+  std::vector<double> flooded, quiet, handoffs;
+  const auto handoff = [&](const RequestRecord& r) {
+    if (r.exposed_ms <= 0) return;
+    f.handoff_bytes += r.bytes;
+    f.handoff_ms += r.exposed_ms;
+    handoffs.push_back(r.exposed_ms);
+  };
   for (const RequestRecord& r : s.baselines) {
     if (r.outcome != "finished" || r.streamed) continue;
     f.bytes += r.bytes;
@@ -64,6 +75,7 @@ Figures figures(const Summary& s) {
     }
     lat.push_back(r.transfer_us);
     lags.push_back(r.completion_lag_us);
+    handoff(r);
   }
   for (const RequestRecord& r : s.requests) {
     if (r.verify_bad > 0) ++f.verify_failures;
@@ -85,6 +97,7 @@ Figures figures(const Summary& s) {
       }
       lat.push_back(r.transfer_us);
       lags.push_back(r.completion_lag_us);
+      handoff(r);
     } else {
       if (r.outcome == "recomputed") {
         ++f.recomputed;
@@ -96,6 +109,10 @@ Figures figures(const Summary& s) {
       if (r.outcome == "failed" || r.outcome == "lease_expired") ++f.failed;
       if (!r.error.empty() && f.errors.size() < 8) f.errors.push_back("request " + r.id + ": " + r.error);
     }
+  }
+  if (!handoffs.empty()) {
+    std::sort(handoffs.begin(), handoffs.end());
+    f.handoff_p50_ms = handoffs[handoffs.size() / 2];
   }
   std::sort(lat.begin(), lat.end());
   auto pct = [&](double p) {
@@ -160,7 +177,10 @@ Ttft ttft(const std::vector<RequestRecord>& records, bool streamed_only) {
 bool clean(const Summary& s) {
   const Figures f = figures(s);
   const uint64_t total = s.requests.size();
-  if (s.leaked_blocks != 0 || s.stray_bytes != 0 || s.double_frees != 0 || f.verify_failures != 0) return false;
+  // With --inject corrupt, exactly the request whose byte was flipped fails
+  // its check.
+  const uint64_t flipped = s.args->inject == Inject::kCorrupt ? 1 : 0;
+  if (s.leaked_blocks != 0 || s.stray_bytes != 0 || s.double_frees != 0 || f.verify_failures != flipped) return false;
   if (!s.rank_errors.empty() || total != s.args->requests) return false;
   auto released = [&](const char* why) {
     auto it = s.releases.find(why);
@@ -174,6 +194,7 @@ bool clean(const Summary& s) {
   switch (s.args->inject) {
     case Inject::kNone:
     case Inject::kPause:
+    case Inject::kCorrupt:
       return f.ok == total;
     case Inject::kAbort:
       return f.aborted == 1 && f.ok + 1 == total;
@@ -223,6 +244,8 @@ void print_report(const Summary& s) {
               {"raw_gbps", raw},
               {"ratio", raw > 0 ? g / raw : 0.0},
               {"p50_ms", f.p50_ms},
+              {"handoff_gbps", f.handoff_ms > 0 ? static_cast<double>(f.handoff_bytes) / f.handoff_ms / 1e6 : 0.0},
+              {"handoff_p50_ms", f.handoff_p50_ms},
               {"p99_ms", f.p99_ms},
               {"completion_lag_p50_us", f.lag_p50_us},
               {"completion_lag_p99_us", f.lag_p99_us},
@@ -322,6 +345,12 @@ void print_report(const Summary& s) {
                 raw, raw > 0 ? g / raw : 0.0);
   }
   std::printf("  transfer latency  p50 %.2f ms, p99 %.2f ms\n", f.p50_ms, f.p99_ms);
+  if (f.handoff_ms > 0) {
+    std::printf(
+        "  hand-off          p50 %.2f ms, %.2f GB/s: the last prefill rank done to every decode rank holding its\n"
+        "                    KV (messages, planning and every rank's transfer; comparable across pull and push)\n",
+        f.handoff_p50_ms, static_cast<double>(f.handoff_bytes) / f.handoff_ms / 1e6);
+  }
   std::printf("  load completion   p50 %.0f us, p99 %.0f us after the last byte landed (no polling)\n", f.lag_p50_us,
               f.lag_p99_us);
   std::printf(
