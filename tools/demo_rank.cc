@@ -9,10 +9,13 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <thread>
+#include <utility>
 
 #include "common/text.h"
 #include "connector/worker_internal.h"
@@ -38,6 +41,70 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 constexpr uint8_t kSentinel = 0xa5;  // every decode byte no request holds
+
+// Waits for a worker's load results on its own thread and wakes the rank's
+// loop through a pipe, so that a load's "loaded" time is when its result
+// came, not the loop's next poll (up to 2 ms later).
+class ResultWaiter {
+ public:
+  ResultWaiter() = default;
+  ResultWaiter(const ResultWaiter&) = delete;
+  ResultWaiter& operator=(const ResultWaiter&) = delete;
+  ~ResultWaiter() {
+    if (thread_.joinable()) {
+      stop_ = true;
+      thread_.join();
+    }
+    for (int fd : fds_) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  Status start(ConnectorWorker* worker) {
+    if (::pipe2(fds_, O_CLOEXEC | O_NONBLOCK) != 0) return Status::io_error("demo rank: pipe2: " + errno_text(errno));
+    worker_ = worker;
+    thread_ = std::thread([this] { run(); });
+    return Status();
+  }
+  int fd() const { return fds_[0]; }
+
+  // The results that came since the last call, each with the time it came
+  // (ns of CLOCK_MONOTONIC).
+  std::vector<std::pair<LoadResult, int64_t>> take() {
+    char buf[64];
+    while (::read(fds_[0], buf, sizeof buf) > 0) {
+    }
+    std::vector<std::pair<LoadResult, int64_t>> out;
+    std::lock_guard<std::mutex> lock(mu_);
+    out.swap(results_);
+    return out;
+  }
+
+ private:
+  void run() {
+    while (!stop_) {
+      worker_->wait_results(std::chrono::milliseconds(20));
+      std::vector<LoadResult> got = worker_->take_results();
+      if (got.empty()) continue;
+      const int64_t now =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+              .count();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (LoadResult& r : got) results_.emplace_back(std::move(r), now);
+      }
+      const char x = 1;
+      (void)!::write(fds_[1], &x, 1);  // a full pipe already wakes the loop
+    }
+  }
+
+  int fds_[2] = {-1, -1};
+  ConnectorWorker* worker_ = nullptr;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<std::pair<LoadResult, int64_t>> results_;
+};
 
 struct Held {
   Request request;
@@ -172,9 +239,10 @@ class Rank {
 
   // Serves commands until "finish" or the driver goes away.
   Status loop() {
+    KVB_RETURN_IF_ERROR(results_.start(worker_.get()));
     for (;;) {
-      pollfd p{ch_.fd(), POLLIN, 0};
-      ::poll(&p, 1, 2);
+      pollfd p[2] = {{ch_.fd(), POLLIN, 0}, {results_.fd(), POLLIN, 0}};
+      ::poll(p, 2, 2);
       std::vector<json> in;
       KVB_RETURN_IF_ERROR(ch_.receive(in));
       for (const json& m : in) {
@@ -182,7 +250,7 @@ class Rank {
         Status s = command(m);
         if (!s.ok()) KVB_RETURN_IF_ERROR(ch_.send({{"ev", "error"}, {"error", s.to_string()}}));
       }
-      for (LoadResult& r : worker_->take_results()) KVB_RETURN_IF_ERROR(loaded(r));
+      for (auto& [r, at_ns] : results_.take()) KVB_RETURN_IF_ERROR(loaded(r, at_ns));
       for (ReaderEvent& e : worker_->take_reader_events()) {
         KVB_RETURN_IF_ERROR(ch_.send({{"ev", "reader"},
                                       {"req", e.request},
@@ -412,12 +480,13 @@ class Rank {
   // decode rank's load of the request ended: a check here, as large a read
   // of memory as the transfer, would take CPU and memory bandwidth from the
   // other ranks' transfers of the request and skew their figures.
-  Status loaded(const LoadResult& r) {
-    // When this rank knew its KV had arrived (before the check below, which
-    // reads every byte): the driver's TTFT ends here. CLOCK_MONOTONIC is one
-    // clock for every process of the host.
-    const int64_t known_ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  // `known_ns`: when this rank knew its KV had arrived (the driver's TTFT
+  // ends there; CLOCK_MONOTONIC is one clock for every process of the
+  // host); 0: now.
+  Status loaded(const LoadResult& r, int64_t known_ns = 0) {
+    if (known_ns == 0) {
+      known_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+    }
     json out = {{"ev", "loaded"},
                 {"at_ns", known_ns},
                 {"req", r.request},
@@ -573,6 +642,7 @@ class Rank {
   device::Event event_ = nullptr;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ConnectorWorker> worker_;
+  ResultWaiter results_;                            // after worker_: its thread is joined before worker_ goes
   std::unique_ptr<testing::FakeSideChannel> fake_;  // --inject version|malformed|truncated
 #if KVB_HAVE_DISCOVERY
   // --etcd; the watcher goes first (it feeds sync_, which feeds worker_).
