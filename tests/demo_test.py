@@ -336,6 +336,16 @@ def _(name):
           f"exposed transfer {r['exposed_transfer_ms']} ms streamed vs {r['exposed_transfer_no_stream_ms']} ms not")
     check(name, 0 < r["last_stage_ms"] < r["exposed_transfer_no_stream_ms"] and r["exposed_per_last_stage"] > 0,
           f"last stage {r['last_stage_ms']} ms, exposed / last stage {r['exposed_per_last_stage']}")
+    # Every layer of every request and of its rerun was computed, each
+    # counted once; the KV write over the layer's time is counted, not hidden.
+    check(name, r["prefill_layers"] == 2 * 4 * 32 and 0 <= r["prefill_layers_over_budget"] <= r["prefill_layers"],
+          f"prefill layers {r['prefill_layers']} (expected 256), over budget {r['prefill_layers_over_budget']}")
+    # Each rank on its own core: the same checks hold.
+    r = demo("--preset", "llama3-8b", "--prefill-tp", "1", "--decode-tp", "1", "--pin-cores", "--stream", "layer",
+             "--compute-us-per-layer", "3000", "--requests", "2", "--max-tokens", "1024")
+    clean(name, r)
+    check(name, r["pin_cores"] and r["streamed_requests"] == 2 and r["prefill_layers"] == 2 * 2 * 32,
+          f"pinned: pin_cores {r['pin_cores']}, streamed {r['streamed_requests']}, layers {r['prefill_layers']}")
     # auto: requests under the threshold load whole, the others stream.
     r = demo("--preset", "llama3-8b", "--stream", "auto", "--stream-min-tokens", "300", "--requests", "6",
              "--max-tokens", "600")

@@ -91,11 +91,15 @@ Command add_demo_command(CLI::App& root) {
       "--stream-min-tokens", args->stream_min_tokens,
       "--stream auto: the smallest request that streams (0: " + std::to_string(demo::kAutoStreamTokens) + ")");
   app->add_option("--compute-us-per-layer", args->compute_us_per_layer,
-                  "Prefill compute per layer in microseconds (a busy loop, before the layer is written and saved)")
+                  "Prefill time per layer in microseconds: the layer's KV write, then a busy loop for the rest, before "
+                  "the layer is saved")
       ->capture_default_str();
   app->add_option("--etcd", args->etcd,
                   "Find the prefill instance through etcd at this client URL (http://host:port): prefill rank 0 "
                   "registers it, decode ranks watch for it");
+  app->add_flag("--pin-cores", args->pin_cores,
+                "Pin each rank process to its own core (round-robin over this process's cores), as each rank of a "
+                "deployment has its own GPU and NIC: an idle rank's core then does not speed up another's transfer");
   app->add_flag("--verify-plans", args->verify_plans, "Decode ranks check every plan with the verifier before it runs");
   app->add_flag("--json", args->json, "Print one JSON object instead of the table");
   app->add_flag("!--no-progress", args->progress, "No progress bar");

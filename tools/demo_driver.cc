@@ -3,6 +3,7 @@
 // other (each decode rank of the target instance loads in parallel), injects
 // the chosen fault, and collects what the report needs.
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -133,6 +134,21 @@ class Driver {
     return Status();
   }
 
+  // --pin-cores: the calling process (rank process number `index`, in
+  // spawn order) onto one core of those this process may use.
+  static void pin_to_core(size_t index) {
+    cpu_set_t allowed;
+    if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+    if (cpus.empty()) return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus[index % cpus.size()], &one);
+    (void)::sched_setaffinity(0, sizeof one, &one);
+  }
+
   // Forks every rank before any thread exists in this process.
   Status spawn() {
     auto add = [&](bool prefill, uint32_t inst, uint32_t rank) -> Status {
@@ -147,6 +163,7 @@ class Driver {
       const pid_t pid = ::fork();
       if (pid < 0) return Status::io_error("fork failed");
       if (pid == 0) {
+        if (a_.pin_cores) pin_to_core(procs_.size());
         ::close(sv[0]);
         for (auto& other : procs_) other->ch.close();
         RankConfig c{p->instance, prefill, rank, sum_.num_blocks, prefill ? a_.prefill : a_.decode, &a_};
@@ -294,6 +311,8 @@ class Driver {
       if (ev == "prefilled") {
         prefilled_at_ = std::max(prefilled_at_, at(m, now));
         ++prefilled_;
+        sum_.prefill_layers += m.value("layers", uint64_t{0});
+        sum_.prefill_layers_over_budget += m.value("over_budget", uint64_t{0});
       }
       current_.replies.push_back(m);
     }

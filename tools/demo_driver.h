@@ -66,6 +66,9 @@ struct Summary {
   // to its worker).
   uint32_t discovered = 0;
   double discovery_ms_max = 0;
+  // --compute-us-per-layer: layers the prefill ranks computed, and those
+  // whose KV write alone took longer than the layer's time.
+  uint64_t prefill_layers = 0, prefill_layers_over_budget = 0;
 };
 
 // Prints the table (or with --json one object) to stdout.

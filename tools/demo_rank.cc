@@ -422,9 +422,14 @@ class Rank {
     }
   }
 
-  // The prefill's forward pass, layer by layer in the model's order: compute
-  // (a busy loop), write the layer's KV, and when streaming announce it
-  // (save_layer) so the decode ranks read it while the next is computed.
+  // The prefill's forward pass, layer by layer in the model's order: write
+  // the layer's KV, compute (a busy loop) for the rest of the layer's time,
+  // and when streaming announce it (save_layer) so the decode ranks read it
+  // while the next is computed. A layer takes --compute-us-per-layer with its
+  // KV write included, as an engine's layer writes its KV inside its kernels:
+  // here the write runs on the CPU at memory speed, about as fast as the
+  // copies, and outside the budget it would count every byte twice. Layers
+  // whose write alone took longer are counted ("over_budget").
   Status prefill(RequestId id, const Request& q, const json& m) {
     const bool stream = m.value("stream", false);
     const auto compute = std::chrono::microseconds(c_.args->compute_us_per_layer);
@@ -433,37 +438,41 @@ class Rank {
     } else if (stream) {
       KVB_RETURN_IF_ERROR(worker_->stream_to(id, m.at("to").get<std::string>()));
     }
+    uint64_t layers = 0, over_budget = 0;
     if (!stream && compute.count() == 0) {
       KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kRemote, 0, held_[id].seed, host_));
       KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kRemote, 0, true));
     } else {
       for (const std::string& layer : layer_order(layout_)) {
-        busy(compute);
+        const Clock::time_point end = Clock::now() + compute;
         const Layout one = keep_layers(layout_, {layer});
         KVB_RETURN_IF_ERROR(fill_request(one, q, RequestSide::kRemote, 0, held_[id].seed, host_));
         KVB_RETURN_IF_ERROR(sync(one, q, RequestSide::kRemote, 0, true));
+        ++layers;
+        if (Clock::now() >= end && compute.count() > 0) ++over_budget;
+        busy_until(end);
         if (stream) KVB_RETURN_IF_ERROR(worker_->save_layer(id, layer));
       }
     }
     const int64_t done_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-    KVB_RETURN_IF_ERROR(ch_.send({{"ev", "prefilled"}, {"req", id}, {"at_ns", done_ns}}));
+    KVB_RETURN_IF_ERROR(ch_.send(
+        {{"ev", "prefilled"}, {"req", id}, {"at_ns", done_ns}, {"layers", layers}, {"over_budget", over_budget}}));
     // A reader that is gone fails its announcements (counted in the
     // worker's notifications_failed); its lease frees the blocks.
     if (stream) (void)worker_->wait_for_save(id, c_.args->transfer_timeout);
     return Status();
   }
 
-  // Real CPU work for `d`: multiply-adds on a small matrix until the clock
-  // says so (a sleep would leave the core to the transfer threads).
-  static void busy(std::chrono::microseconds d) {
-    if (d.count() <= 0) return;
+  // Real CPU work until `until`: multiply-adds on a small matrix until the
+  // clock says so (a sleep would leave the core to the transfer threads).
+  static void busy_until(Clock::time_point until) {
+    if (Clock::now() >= until) return;
     float m[16][16], v[16], out[16];
     for (int i = 0; i < 16; ++i) {
       v[i] = 1.0f / static_cast<float>(i + 1);
       for (int j = 0; j < 16; ++j) m[i][j] = static_cast<float>((i * 16 + j) % 7) * 0.01f;
     }
-    const auto until = Clock::now() + d;
     while (Clock::now() < until) {
       for (int i = 0; i < 16; ++i) {
         float acc = 0;
