@@ -22,8 +22,9 @@ import json
 import multiprocessing as mp
 import os
 import queue
-import socket
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -50,25 +51,21 @@ class InstanceSpec:
     engine_faults: str = ""   # fault injection into the ranks' engines (Engine(faults=))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ---------------------------------------------------------------------------- one rank
 
 
 class Rank:
     """One rank's part of an instance: its model shard, its connector worker, the collectives."""
 
-    def __init__(self, cfg: ModelConfig, spec: InstanceSpec, rank: int, port: int) -> None:
+    def __init__(self, cfg: ModelConfig, spec: InstanceSpec, rank: int, rendezvous: str) -> None:
         import torch.distributed as dist
         from kvbridge import connector_v1
 
         self.dist = dist
         self.spec, self.rank = spec, rank
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=spec.tp)
+        # A file, not a TCP port: a port picked free can be taken by another
+        # process before the first rank binds it.
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=spec.tp)
         self.model = RankModel(cfg, spec.tp, rank, spec.block_size, spec.num_blocks, spec.order)
         self.config = connector_v1.ConnectorConfig(
             instance_id=spec.role, role=spec.role, tp_size=spec.tp, model=cfg.name,
@@ -143,9 +140,9 @@ class Allocator:
         return self.total - sum(len(f) for f in self.free.values())
 
 
-def instance_main(cfg: ModelConfig, spec: InstanceSpec, rank: int, port: int, inbox: Any, outbox: Any) -> None:
+def instance_main(cfg: ModelConfig, spec: InstanceSpec, rank: int, rendezvous: str, inbox: Any, outbox: Any) -> None:
     torch.set_num_threads(1)
-    r = Rank(cfg, spec, rank, port)
+    r = Rank(cfg, spec, rank, rendezvous)
     try:
         if rank == 0:
             Leader(r, inbox, outbox).run()
@@ -368,12 +365,15 @@ class Cluster:
         self.outbox: Dict[str, Any] = {}
         self.specs = {"prefill": prefill, "decode": decode}
         self.freed: set = set()
+        # Each instance's ranks meet through a file of their own (removed by close()).
+        self.rendezvous_dir = tempfile.mkdtemp(prefix="kvb-mini-engine-")
         for spec in (prefill, decode):
-            port = free_port()
+            rendezvous = os.path.join(self.rendezvous_dir, spec.role)
             self.inbox[spec.role], self.outbox[spec.role] = ctx.Queue(), ctx.Queue()
             self.procs[spec.role] = [
-                ctx.Process(target=instance_main, args=(cfg, spec, r, port, self.inbox[spec.role] if r == 0 else None,
-                                                        self.outbox[spec.role] if r == 0 else None),
+                ctx.Process(target=instance_main,
+                            args=(cfg, spec, r, rendezvous, self.inbox[spec.role] if r == 0 else None,
+                                  self.outbox[spec.role] if r == 0 else None),
                             name=f"{spec.role}/r{r}", daemon=True)
                 for r in range(spec.tp)]
             for p in self.procs[spec.role]:
@@ -440,6 +440,7 @@ class Cluster:
                 p.join(30)
                 if p.is_alive():
                     p.kill()
+        shutil.rmtree(self.rendezvous_dir, ignore_errors=True)
         return held
 
 
