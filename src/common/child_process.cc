@@ -10,6 +10,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 
 namespace kvbridge {
@@ -69,8 +72,38 @@ void ChildProcess::close_stdin() {
   stdin_fd_ = -1;
 }
 
+namespace {
+
+// True when every thread of `pid` is stopped ('T' or 't' in its stat) or
+// the process is gone.
+bool all_threads_stopped(pid_t pid) {
+  std::error_code ec;
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (const std::filesystem::directory_entry& task : std::filesystem::directory_iterator(tasks, ec)) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat;
+    if (!std::getline(in, stat)) continue;  // the thread just exited
+    const std::size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size()) continue;
+    const char state = stat[paren + 2];
+    if (state != 'T' && state != 't' && state != 'Z' && state != 'X') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 void ChildProcess::signal(int sig) {
-  if (!reaped_ && pid_ > 0) ::kill(pid_, sig);
+  if (reaped_ || pid_ <= 0) return;
+  ::kill(pid_, sig);
+  if (sig != SIGSTOP) return;
+  // kill() only marks the signal pending; a thread running on another core
+  // stops at its next return to user space. Wait for every thread, so the
+  // caller's next request cannot be served by a thread not yet stopped.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!all_threads_stopped(pid_) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 bool ChildProcess::wait(std::chrono::milliseconds grace, int* status) {

@@ -49,7 +49,8 @@ class ChildProcess {
   int stdin_fd() const { return stdin_fd_; }
   void close_stdin();
 
-  // Sends `signal` while it runs.
+  // Sends `signal` while it runs. SIGSTOP returns once every thread of the
+  // child is stopped (within 2 s), not when the signal is merely pending.
   void signal(int signal);
   // Waits up to `grace` for it to exit; true when it did (and was reaped),
   // with its wait status in *status when given.
