@@ -9,8 +9,8 @@ JOBS        ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
 # The optimised builds (main, TSan, fuzz) keep line tables only: enough for
-# backtraces and sanitizer reports, and a third less compile time than full
-# debug info.
+# backtraces and sanitizer reports. A heavy source compiles a third faster;
+# the whole main build, about 3% faster.
 OPT_FLAGS   := '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG'
 
 .PHONY: all deps build demo demo-engine engine-matrix test check test-asan test-tsan fuzz fuzz-short bench clean install-python
