@@ -9,6 +9,8 @@
 // 4.2.2.13), which could destroy the answer before the client reads it.
 #include "net/listener.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -57,6 +59,13 @@ Result<std::unique_ptr<Listener>> Listener::start(ListenerOptions options) {
   KVB_ASSIGN_OR_RETURN(Listening listening, listen_on(l->options_.bind, l->options_.backlog, l->options_.name));
   l->listen_fd_ = std::move(listening.fd);
   l->address_ = listening.bound;
+  // The kernel hands over a connection once its first bytes arrived (or
+  // once its deferral ran out, about a second): a real client is never seen
+  // before its Open, so a flood cannot close it as silent.
+  const int defer_s = static_cast<int>(kDeferAccept.count());
+  if (::setsockopt(l->listen_fd_.get(), IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer_s, sizeof defer_s) != 0) {
+    return Status::io_error(l->options_.name + ": setsockopt(TCP_DEFER_ACCEPT): " + errno_text(errno));
+  }
   l->wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!l->wake_fd_) return Status::io_error(l->options_.name + ": eventfd: " + errno_text(errno));
   try {

@@ -9,6 +9,12 @@
 //     once and close (the side channel's metadata), or keep the connection;
 //   on_keep(accepted) receives a kept connection (socket, session, slot) and
 //     must hand it off without blocking (a thread of its own, a poll loop).
+// The listening socket defers accepting (TCP_DEFER_ACCEPT, kDeferAccept):
+// the kernel hands over a connection once its first bytes have arrived, so
+// a client is never judged silent in the moment between its connect() and
+// its Open (under a flood that moment lost real clients, try after try). A
+// connection that never speaks reaches the listener about a second after its
+// connect() and is bounded as below.
 // Bounds (every one has a default and is an option):
 //   - max_pending connections still in their opening exchange; when a new
 //     one arrives and the table is full, the one that got least far (fewest
@@ -58,6 +64,9 @@
 namespace kvbridge::net {
 
 inline constexpr std::chrono::milliseconds kAcceptBackoff{100};
+// TCP_DEFER_ACCEPT: how long the kernel holds a connection that has sent
+// nothing before handing it to accept() anyway.
+inline constexpr std::chrono::seconds kDeferAccept{1};
 
 struct OpenRequest {
   std::string peer_address;    // "127.0.0.1:40312"
