@@ -102,7 +102,7 @@ int client(const std::string& host, const std::string& address, uint64_t base, u
   std::vector<uint8_t> sent(local.begin(), local.begin() + count * block);
   s = run(**link, TransferOp::kWrite, copies, std::chrono::seconds(30));
   if (!s.ok()) return fail("write: " + s.to_string());
-  std::fill(local.begin(), local.end(), 0);
+  std::fill(local.begin(), local.end(), uint8_t{0});
   s = run(**link, TransferOp::kRead, copies, std::chrono::seconds(30));
   if (!s.ok()) return fail("read back: " + s.to_string());
   if (!std::equal(sent.begin(), sent.end(), local.begin())) return fail("read back differs from what was written");

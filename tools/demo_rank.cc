@@ -9,8 +9,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <array>
 #include <atomic>
 #include <climits>
 #include <cstring>
@@ -19,6 +17,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/bytes.h"
 #include "common/text.h"
 #include "connector/worker_internal.h"
 #include "demo.h"
@@ -43,24 +42,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 constexpr uint8_t kSentinel = 0xa5;  // every decode byte no request holds
-
-// How many bytes of [p, p + n) are not `v`, and the offset of the first (n if
-// none). A page at a time by memcmp, byte by byte only in a page that
-// differs: the whole decode cache is scanned at the end of every run.
-std::pair<uint64_t, uint64_t> count_other_bytes(const uint8_t* p, uint64_t n, uint8_t v) {
-  constexpr size_t kPage = 4096;
-  std::array<uint8_t, kPage> same;
-  same.fill(v);
-  uint64_t count = 0, first = n;
-  for (uint64_t at = 0; at < n; at += kPage) {
-    const size_t len = static_cast<size_t>(std::min<uint64_t>(kPage, n - at));
-    if (std::memcmp(p + at, same.data(), len) == 0) continue;
-    for (size_t i = 0; i < len; ++i) {
-      if (p[at + i] != v && count++ == 0) first = at + i;
-    }
-  }
-  return {count, first};
-}
 
 // Waits for a worker's load results on its own thread and wakes the rank's
 // loop through a pipe, so that a load's "loaded" time is when its result
@@ -632,9 +613,11 @@ class Rank {
       for (size_t t = 0; t < spans_.size(); ++t) {
         if (device_)
           KVB_RETURN_IF_ERROR(device::current().copy_sync(host_[t].data(), spans_[t].data(), spans_[t].size()));
-        const auto [n, at] = count_other_bytes(host_[t].data(), host_[t].size(), kSentinel);
-        if (n > 0 && stray == 0) first = "tensor '" + layout_.tensors[t].name + "' offset " + std::to_string(at);
-        stray += n;
+        const OtherBytes other = other_bytes(host_[t], kSentinel);
+        if (other.count > 0 && stray == 0) {
+          first = "tensor '" + layout_.tensors[t].name + "' offset " + std::to_string(other.first);
+        }
+        stray += other.count;
       }
     }
     const WorkerStats s = worker_->stats();

@@ -141,7 +141,7 @@ TEST(AsyncRunsTest, ReadsAndWritesOfEverySizeLandExactly) {
   Pair p;
   // 3 MiB in 3,000 items splits into chunks; 1 and 4097 bytes stay one.
   for (uint64_t size : {uint64_t{1}, uint64_t{4097}, uint64_t{1} << 20, uint64_t{3} << 20}) {
-    std::fill(p.x.begin(), p.x.end(), 0);
+    std::fill(p.x.begin(), p.x.end(), uint8_t{0});
     std::vector<TransferItem> items;
     const uint64_t piece = size >= (1 << 20) ? 1024 : size;
     for (uint64_t off = 0; off < size; off += piece)
@@ -157,7 +157,7 @@ TEST(AsyncRunsTest, ReadsAndWritesOfEverySizeLandExactly) {
     }
     ASSERT_TRUE(p.a->release(id).ok());
   }
-  std::fill(p.x.begin(), p.x.end(), 0x42);
+  std::fill(p.x.begin(), p.x.end(), uint8_t{0x42});
   TransferItem w{p.rx, 0, p.ry, 100, 5000};
   TransferId id = *p.a->submit(p.peer, TransferOp::kWrite, std::span<const TransferItem>(&w, 1));
   ASSERT_EQ(p.a->wait(id, 30s).state, TransferState::kDone);
@@ -173,7 +173,7 @@ TEST(AsyncRunsTest, ReadsAndWritesOfEverySizeLandExactly) {
 TEST(AsyncRunsTest, TheNotificationFollowsTheBytesFromAWorker) {
   Pair p;
   TransferItem w{p.rx, 0, p.ry, 0, 65536};
-  std::fill(p.x.begin(), p.x.end(), 7);
+  std::fill(p.x.begin(), p.x.end(), uint8_t{7});
   TransferId id = *p.a->submit(p.peer, TransferOp::kWrite, std::span<const TransferItem>(&w, 1), "written");
   ASSERT_EQ(p.a->wait(id, 30s).state, TransferState::kDone);
   std::vector<Notification> got;

@@ -167,7 +167,7 @@ TEST(EngineTest, SmallSameHostTransfersHaveEndedWhenSubmitReturns) {
   EXPECT_TRUE(a->release(id).ok());
   // Above inline_bytes (256 KiB): queued, done by wait().
   TransferItem large{rx, 0, ry, 0, 1 << 20};
-  std::fill(y.begin(), y.end(), 3);
+  std::fill(y.begin(), y.end(), uint8_t{3});
   id = *a->submit(peer, TransferOp::kRead, std::span<const TransferItem>(&large, 1));
   EXPECT_EQ(a->wait(id, std::chrono::seconds(30)).state, TransferState::kDone);
   EXPECT_EQ(x[(1 << 20) - 1], 3);

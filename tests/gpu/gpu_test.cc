@@ -137,7 +137,7 @@ TEST(GpuTest, ManyBlocksMoveExactlyWithBothCopyMethods) {
     t = a->submit(peer, TransferOp::kWrite, {&all, 1});
     ASSERT_EQ(a->wait(*t, 30s).state, TransferState::kDone);
     EXPECT_EQ(find_mismatch(src.read().data(), kBytes, 5, 0), -1) << method << ": host -> device";
-    std::fill(host.begin(), host.end(), 0);
+    std::fill(host.begin(), host.end(), uint8_t{0});
     t = a->submit(peer, TransferOp::kRead, {&all, 1});
     ASSERT_EQ(a->wait(*t, 30s).state, TransferState::kDone);
     EXPECT_EQ(find_mismatch(host.data(), kBytes, 5, 0), -1) << method << ": device -> host";

@@ -151,7 +151,7 @@ TEST_F(TcpTest, CancelledWriteLandsNothingAfterReturn) {
   EXPECT_EQ(result.code(), Code::kCancelled) << result.to_string();
   EXPECT_EQ(result.message().find("may still land"), std::string::npos) << result.to_string();
   std::vector<uint8_t> before = remote_;
-  std::fill(local_.begin(), local_.end(), 0xee);
+  std::fill(local_.begin(), local_.end(), uint8_t{0xee});
   std::this_thread::sleep_for(300ms);
   EXPECT_TRUE(before == remote_) << "a byte landed after run() returned";
   ASSERT_TRUE(run(TransferOp::kRead, {copy(0, 0, 4096)}).ok());

@@ -74,7 +74,7 @@ class UcxTest : public ::testing::Test {
 
   // The link still reads exactly.
   void expect_a_read_works() {
-    std::fill(local_.begin(), local_.end(), 0);
+    std::fill(local_.begin(), local_.end(), uint8_t{0});
     ASSERT_TRUE(run(TransferOp::kRead, {copy(5, 3, 1 << 20)}).ok());
     EXPECT_TRUE(std::equal(local_.begin() + 5, local_.begin() + 5 + (1 << 20), remote_.begin() + 3));
     EXPECT_EQ(local_[4], 0);
@@ -104,7 +104,7 @@ TEST_F(UcxTest, AddressAndKeysAreBoundedBlobs) {
 // end): ucx waits for, or cancels, every posted put before run() returns,
 // so the peer's memory does not change at all afterwards.
 TEST_F(UcxTest, CancelledWriteSendsNothingAfterReturn) {
-  std::fill(local_.begin(), local_.end(), 0x11);
+  std::fill(local_.begin(), local_.end(), uint8_t{0x11});
   std::vector<Copy> copies;  // 4 GiB of 1 MiB writes: long enough to stop mid-way
   for (size_t i = 0; i < 4096; ++i) copies.push_back(copy((i % 16) << 20, (i % 16) << 20, 1 << 20));
   RunControl control;
@@ -116,7 +116,7 @@ TEST_F(UcxTest, CancelledWriteSendsNothingAfterReturn) {
   runner.join();
   EXPECT_EQ(result.code(), Code::kCancelled) << result.to_string();
   std::vector<uint8_t> before = remote_;
-  std::fill(local_.begin(), local_.end(), 0xee);
+  std::fill(local_.begin(), local_.end(), uint8_t{0xee});
   std::this_thread::sleep_for(300ms);
   EXPECT_TRUE(before == remote_) << "a byte left after run() returned";
 }

@@ -34,7 +34,7 @@ std::vector<uint64_t> shuffled(uint64_t count) {
 // the destination keep their values.
 TEST_P(LinkConformance, ReadsEverySizeExactlyAndLeavesItsNeighboursAlone) {
   for (uint64_t size : kSizes) {
-    std::fill(local_.begin(), local_.begin() + static_cast<ptrdiff_t>(size + 16), 0);
+    std::fill(local_.begin(), local_.begin() + static_cast<ptrdiff_t>(size + 16), uint8_t{0});
     ASSERT_TRUE(run(TransferOp::kRead, {copy(5, 3, size)}).ok()) << size << " bytes";
     ASSERT_EQ(find_mismatch(local_.data() + 5, size, kPeerSeed, 3), -1) << size << " bytes";
     EXPECT_EQ(local_[4], 0) << size << " bytes";
@@ -108,7 +108,7 @@ TEST_P(LinkConformance, ConcurrentRunsOnOneLinkEachMoveTheirOwnBytes) {
 }
 
 TEST_P(LinkConformance, ARunCancelledBeforeItStartsMovesNothing) {
-  std::fill(local_.begin(), local_.begin() + 4096, 0x11);
+  std::fill(local_.begin(), local_.begin() + 4096, uint8_t{0x11});
   for (TransferOp op : {TransferOp::kRead, TransferOp::kWrite}) {
     RunControl control;
     control.cancel.store(true);
@@ -131,7 +131,7 @@ TEST_P(LinkConformance, CancelEndsARunAndNothingLandsAfterItEnded) {
   EXPECT_LT(r.bytes_done, r.bytes_total) << "the run finished before the cancel";
   EXPECT_TRUE(nothing_lands_after(kBytes));
 
-  std::fill(local_.begin(), local_.end(), 0);
+  std::fill(local_.begin(), local_.end(), uint8_t{0});
   ASSERT_TRUE(run(TransferOp::kRead, {copy(0, 1, 5 << 20)}).ok()) << "the link serves a run after a cancel";
   EXPECT_EQ(find_mismatch(local_.data(), 5 << 20, kPeerSeed, 1), -1);
 }
@@ -141,10 +141,10 @@ TEST_P(LinkConformance, CancelEndsARunAndNothingLandsAfterItEnded) {
 // the socket), but none that local memory held only after the end.
 TEST_P(LinkConformance, ACancelledWriteSendsNoByteWrittenLocallyAfterItEnded) {
   ASSERT_TRUE(peer_->fill(0, kBytes, 0).ok());  // zeros: no byte is 0xee yet
-  std::fill(local_.begin(), local_.end(), 0x11);
+  std::fill(local_.begin(), local_.end(), uint8_t{0x11});
   const Interrupted r = interrupt_long_run(TransferOp::kWrite, [](RunControl& c) { c.cancel.store(true); });
   EXPECT_EQ(r.status.code(), Code::kCancelled) << r.status.to_string();
-  std::fill(local_.begin(), local_.end(), 0xee);
+  std::fill(local_.begin(), local_.end(), uint8_t{0xee});
   std::this_thread::sleep_for(100ms);
   Result<uint64_t> late = peer_->count(0, kBytes, 0xee);
   ASSERT_TRUE(late.ok()) << late.error().to_string();
@@ -166,7 +166,7 @@ TEST_P(LinkConformance, ADeadlineThatCannotBeMetEndsTheRunAsATimeoutQuickly) {
   EXPECT_LT(Clock::now() - start, 2s);
   EXPECT_TRUE(nothing_lands_after(kBytes));
 
-  std::fill(local_.begin(), local_.end(), 0);
+  std::fill(local_.begin(), local_.end(), uint8_t{0});
   ASSERT_TRUE(run(TransferOp::kRead, {copy(0, 0, 4096)}).ok()) << "the link serves a run after a timeout";
   EXPECT_EQ(find_mismatch(local_.data(), 4096, kPeerSeed, 0), -1);
 }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/bytes.h"
 #include "conformance/pattern.h"
 #include "testing/link_run.h"
 #include "testing/peer_info.h"
@@ -278,10 +279,9 @@ std::vector<Copy> LinkConformance::long_copies() {
 ::testing::AssertionResult LinkConformance::nothing_lands_after(uint64_t bytes, uint8_t value) {
   std::fill(local_.begin(), local_.begin() + static_cast<ptrdiff_t>(bytes), value);
   std::this_thread::sleep_for(100ms);
-  auto bad = std::find_if(local_.begin(), local_.begin() + static_cast<ptrdiff_t>(bytes),
-                          [value](uint8_t b) { return b != value; });
-  if (bad == local_.begin() + static_cast<ptrdiff_t>(bytes)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "local byte " << (bad - local_.begin())
+  const OtherBytes changed = other_bytes(std::span<const uint8_t>(local_).first(bytes), value);
+  if (changed.count == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "local byte " << changed.first
                                        << " changed within 100 ms after the run ended: a byte landed late";
 }
 
