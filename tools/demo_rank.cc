@@ -607,6 +607,16 @@ class Rank {
 
   // Every byte no request holds must still be the sentinel.
   Status finish() {
+    if (!c_.prefill && c_.args->inject == Inject::kDropNotification) {
+      // This rank dropped a done message: the engine reports it failed when
+      // its peer goes (the prefill ranks end now too) or at its deadline.
+      // The report waits for that, a few seconds at most, rather than race
+      // the prefill's exit.
+      for (const auto until = Clock::now() + std::chrono::seconds(5);
+           worker_->stats().notifications_failed == 0 && Clock::now() < until;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
     uint64_t stray = 0;
     std::string first;
     if (!c_.prefill) {
