@@ -71,6 +71,10 @@ std::vector<Memory> memories_of(py::handle objects, const std::vector<std::strin
 // Seconds (float) or datetime.timedelta, to a duration; None gives `fallback`.
 std::chrono::milliseconds to_millis(py::handle seconds, std::chrono::milliseconds fallback);
 
+// The longest a blocking wait holds off Python (it waits with the GIL
+// released, in slices of this, and checks for a KeyboardInterrupt between).
+inline constexpr std::chrono::milliseconds kWaitSlice{100};
+
 // A time.monotonic() value (seconds) as a steady_clock time point (both read
 // CLOCK_MONOTONIC on Linux); None is now.
 std::chrono::steady_clock::time_point to_steady(py::handle monotonic);

@@ -51,7 +51,6 @@ namespace kvbridge::python {
 namespace {
 
 using std::chrono::milliseconds;
-constexpr milliseconds kWaitSlice{100};
 
 double seconds_of(std::chrono::microseconds us) { return static_cast<double>(us.count()) / 1e6; }
 

@@ -15,7 +15,6 @@ namespace kvbridge::python {
 namespace {
 
 using std::chrono::milliseconds;
-constexpr milliseconds kWaitSlice{100};
 constexpr milliseconds kForever{std::chrono::hours(24 * 365)};
 
 TransferOp op_of(py::handle op) {

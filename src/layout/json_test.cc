@@ -10,6 +10,7 @@
 #include "kvbridge/layout.h"
 #include "kvbridge/layout_json.h"
 #include "layout/test_layouts.h"
+#include "testing/contains.h"
 
 namespace kvbridge {
 namespace {
@@ -114,10 +115,7 @@ Layout design_layout() {
   return l;
 }
 
-::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
-}
+using testing::Contains;
 
 // Parses the design example after `edit`; the result must be an error.
 Status parse_edited(const std::function<void(OJson&)>& edit) {

@@ -109,12 +109,20 @@ TEST(PresetsTest, EveryPresetValidatesAtEveryTpOrderAndTwoBlockSizes) {
 
 TEST(PresetsTest, EveryPresetRoundTripsThroughJsonExactly) {
   // parse(to_json(x)) == x, and writing the parsed value gives the same text,
-  // pretty and on one line, at every TP size, rank 0 and the last rank.
-  size_t checked = 0;
+  // pretty and on one line, at every TP size, rank 0 and the last rank, in
+  // every order. Under the sanitizers (where the JSON code runs ~20x slower)
+  // each TP size and rank takes one order, the next one each time, so every
+  // preset still meets every order.
+  size_t checked = 0, combination = 0;
+  const size_t orders = all_orders().size();
   for (const std::string& name : preset_names()) {
     for (uint32_t tp : {1u, 2u, 4u, 8u}) {
       for (uint32_t rank : {0u, tp - 1}) {
+        ++combination;
         for (Order order : all_orders()) {
+#ifdef KVB_PROPERTY_SANITIZED
+          if (static_cast<size_t>(order) % orders != combination % orders) continue;
+#endif
           Result<Layout> layout = make_preset(options(name, tp, rank, order, 0));
           ASSERT_TRUE(layout.ok()) << layout.status().to_string();
           for (int indent : {-1, 2}) {
@@ -129,7 +137,11 @@ TEST(PresetsTest, EveryPresetRoundTripsThroughJsonExactly) {
       }
     }
   }
-  EXPECT_EQ(checked, preset_names().size() * 4 * 2 * all_orders().size() * 2);
+#ifdef KVB_PROPERTY_SANITIZED
+  EXPECT_EQ(checked, preset_names().size() * 4 * 2 * 2);
+#else
+  EXPECT_EQ(checked, preset_names().size() * 4 * 2 * orders * 2);
+#endif
 }
 
 TEST(PresetsTest, EveryPresetTakesTpSixteen) {

@@ -16,8 +16,8 @@ namespace kvbridge::net {
 namespace {
 
 using namespace std::chrono_literals;
-constexpr OpeningLimits kLimits{256, 0};
-size_t limit(uint8_t type) { return type >= kFirstProtocolType ? 4096 : opening_limit(type, kLimits); }
+constexpr OpeningLimits kListenerLimits{256, 0};
+size_t listener_limit(uint8_t type) { return type >= kFirstProtocolType ? 4096 : opening_limit(type, kListenerLimits); }
 
 struct Fixture {
   std::atomic<int> kept{0};
@@ -33,8 +33,8 @@ std::unique_ptr<Fixture> start(std::string secret, size_t max_pending = 8, size_
   ListenerOptions o;
   o.name = "test listener";
   o.bind = HostPort{"127.0.0.1", 0};
-  o.opening = OpeningConfig{Protocol::kControl, 2, std::move(secret), kLimits};
-  o.limit = limit;
+  o.opening = OpeningConfig{Protocol::kControl, 2, std::move(secret), kListenerLimits};
+  o.limit = listener_limit;
   o.max_pending = max_pending;
   o.max_open = max_open;
   o.open_timeout = open_timeout;
@@ -82,9 +82,9 @@ bool stats_reach(const Listener& l, Done done, std::chrono::milliseconds within 
 // Opens as kvbridge's clients do (dial_and_open: again when closed unanswered).
 Result<Opened> open(const Listener& l, std::string body, std::string secret = "", Fd* keep_fd = nullptr) {
   IoLimits limits{Clock::now() + 5s, nullptr, nullptr};
-  KVB_ASSIGN_OR_RETURN(Dialed d,
-                       dial_and_open(l.address(), OpeningConfig{Protocol::kControl, 2, std::move(secret), kLimits},
-                                     std::move(body), limit, limits, "test client"));
+  KVB_ASSIGN_OR_RETURN(
+      Dialed d, dial_and_open(l.address(), OpeningConfig{Protocol::kControl, 2, std::move(secret), kListenerLimits},
+                              std::move(body), listener_limit, limits, "test client"));
   if (keep_fd) *keep_fd = std::move(d.fd);
   return std::move(d.opened);
 }
@@ -160,7 +160,7 @@ TEST(ListenerTest, AFloodDuringARealClientsOpeningDoesNotPushItOut) {
   const IoLimits limits{Clock::now() + 5s, nullptr, nullptr};
   Result<Fd> fd = dial(f->listener->address(), limits, "real");
   ASSERT_TRUE(fd.ok()) << fd.error().to_string();
-  const OpeningConfig config{Protocol::kControl, 2, "s3cret", kLimits};
+  const OpeningConfig config{Protocol::kControl, 2, "s3cret", kListenerLimits};
   ClientOpening opening(config, "real");
   ASSERT_TRUE(send_bytes(fd->get(), opening.open_frame().data(), opening.open_frame().size(), limits, "real").ok());
   const auto read_one = [&](FrameReader& reader) -> Status {
@@ -171,7 +171,7 @@ TEST(ListenerTest, AFloodDuringARealClientsOpeningDoesNotPushItOut) {
     }
     return Status();
   };
-  FrameReader reader(config.protocol, config.version, limit);
+  FrameReader reader(config.protocol, config.version, listener_limit);
   ASSERT_TRUE(read_one(reader).ok());  // the Challenge: the server has read our Open
   ClientOpening::Step proof = opening.on_frame(reader.header(), reader.raw_header(), reader.payload(), reader.tag());
   ASSERT_EQ(proof.kind, ClientOpening::Step::Kind::kSend);
@@ -208,8 +208,8 @@ TEST(ListenerTest, AClientSlowToSendItsOpenIsNotPushedOutByAFlood) {
       << f->listener->stats().evicted;
   EXPECT_LE(f->listener->stats().pending, 16u);
   // Only now does the slow client speak.
-  Result<Opened> r =
-      open_client(fd->get(), OpeningConfig{Protocol::kControl, 2, "s3cret", kLimits}, "slow", limit, limits, "slow");
+  Result<Opened> r = open_client(fd->get(), OpeningConfig{Protocol::kControl, 2, "s3cret", kListenerLimits}, "slow",
+                                 listener_limit, limits, "slow");
   ASSERT_TRUE(r.ok()) << r.error().to_string() << "; " << f->listener->stats().last_failure;
 }
 
@@ -227,8 +227,8 @@ TEST(ListenerTest, AClientThatWritesItsOpenLateAfterConnectIsNotClosedAsSilent) 
   ASSERT_TRUE(fd.ok()) << fd.error().to_string();
   std::this_thread::sleep_for(100ms);
   EXPECT_EQ(f->listener->stats().accepted, 4u);  // not handed over yet: it has not spoken
-  Result<Opened> r = open_client(fd->get(), OpeningConfig{Protocol::kControl, 2, "s3cret", kLimits}, "late writer",
-                                 limit, limits, "late writer");
+  Result<Opened> r = open_client(fd->get(), OpeningConfig{Protocol::kControl, 2, "s3cret", kListenerLimits},
+                                 "late writer", listener_limit, limits, "late writer");
   ASSERT_TRUE(r.ok()) << r.error().to_string() << "; " << f->listener->stats().last_failure;
   EXPECT_EQ(f->listener->stats().evicted, 1u);  // a silent one made room
 }
@@ -258,7 +258,7 @@ TEST(ListenerTest, SilentConnectionsPastTheGraceMakeRoom) {
 TEST(ListenerTest, DialAndOpenTriesAgainWhenClosedUnanswered) {
   Result<Listening> l = listen_on(HostPort{"127.0.0.1", 0}, 16, "test server");
   ASSERT_TRUE(l.ok()) << l.error().to_string();
-  const OpeningConfig config{Protocol::kControl, 2, "", kLimits};
+  const OpeningConfig config{Protocol::kControl, 2, "", kListenerLimits};
   std::atomic<int> accepted{0};
   std::thread server([&] {
     for (int i = 0; i < 3; ++i) {
@@ -268,7 +268,7 @@ TEST(ListenerTest, DialAndOpenTriesAgainWhenClosedUnanswered) {
       ++accepted;
       if (i < 2) continue;  // closed unanswered
       const IoLimits limits{Clock::now() + 5s, nullptr, nullptr};
-      FrameReader reader(config.protocol, config.version, limit);
+      FrameReader reader(config.protocol, config.version, listener_limit);
       while (!reader.ready()) {
         std::string buf(reader.wanted(), '\0');
         if (!recv_bytes(c.get(), buf.data(), buf.size(), limits, "server").ok() || !reader.feed(buf).ok()) return;
@@ -283,7 +283,7 @@ TEST(ListenerTest, DialAndOpenTriesAgainWhenClosedUnanswered) {
     }
   });
   const IoLimits limits{Clock::now() + 5s, nullptr, nullptr};
-  Result<Dialed> d = dial_and_open(l->bound, config, "me", limit, limits, "test client");
+  Result<Dialed> d = dial_and_open(l->bound, config, "me", listener_limit, limits, "test client");
   server.join();
   ASSERT_TRUE(d.ok()) << d.error().to_string();
   EXPECT_EQ(accepted.load(), 3);
@@ -292,8 +292,9 @@ TEST(ListenerTest, DialAndOpenTriesAgainWhenClosedUnanswered) {
   // A refusal is an answer: one try only.
   auto f = start("s3cret");
   const auto before = f->listener->stats().accepted;
-  Result<Dialed> refused = dial_and_open(f->listener->address(), OpeningConfig{Protocol::kControl, 2, "wrong", kLimits},
-                                         "me", limit, limits, "test client");
+  Result<Dialed> refused =
+      dial_and_open(f->listener->address(), OpeningConfig{Protocol::kControl, 2, "wrong", kListenerLimits}, "me",
+                    listener_limit, limits, "test client");
   EXPECT_FALSE(refused.ok());
   EXPECT_EQ(f->listener->stats().accepted, before + 1);
 }

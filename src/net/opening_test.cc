@@ -8,11 +8,15 @@
 namespace kvbridge::net {
 namespace {
 
-constexpr OpeningLimits kLimits{64, 128};
+constexpr OpeningLimits kOpeningLimits{64, 128};
 
-size_t limit(uint8_t type) { return type >= kFirstProtocolType ? 1024 : opening_limit(type, kLimits); }
+size_t opening_limit_of(uint8_t type) {
+  return type >= kFirstProtocolType ? 1024 : opening_limit(type, kOpeningLimits);
+}
 
-OpeningConfig config(std::string secret) { return OpeningConfig{Protocol::kControl, 2, std::move(secret), kLimits}; }
+OpeningConfig config(std::string secret) {
+  return OpeningConfig{Protocol::kControl, 2, std::move(secret), kOpeningLimits};
+}
 
 // Splits one encoded frame into what a FrameReader would give.
 struct Parsed {
@@ -20,7 +24,7 @@ struct Parsed {
   std::string raw_header, payload, tag;
 };
 Parsed parse(const std::string& bytes) {
-  FrameReader r(Protocol::kControl, 2, limit);
+  FrameReader r(Protocol::kControl, 2, opening_limit_of);
   EXPECT_TRUE(r.feed(std::string_view(bytes).substr(0, 16)).ok());
   EXPECT_EQ(r.wanted(), bytes.size() - 16);
   EXPECT_TRUE(r.feed(std::string_view(bytes).substr(16)).ok());
@@ -136,7 +140,7 @@ TEST(OpeningTest, MalformedOpensAndOversizedBodiesAreRefused) {
   // A body over the protocol's bound fails at the header, before the
   // payload is read (the listener answers that with a Refuse).
   ClientOpening big(config(""), std::string(65, 'x'));
-  Result<FrameHeader> h = decode_header(big.open_frame().substr(0, 16), Protocol::kControl, 2, limit);
+  Result<FrameHeader> h = decode_header(big.open_frame().substr(0, 16), Protocol::kControl, 2, opening_limit_of);
   ASSERT_FALSE(h.ok());
   EXPECT_NE(h.error().message().find("exceeds"), std::string::npos) << h.error().to_string();
 }

@@ -14,6 +14,7 @@
 #include "kvbridge/content.h"
 #include "kvbridge/execute.h"
 #include "kvbridge/presets.h"
+#include "plan/preset_instances.h"
 #include "plan/property_support.h"
 
 namespace kvbridge {
@@ -129,12 +130,7 @@ TEST(PlanChunksTest, ChunksAreThePlanInTokenOrderAndEachPrefixIsTheRequestCutThe
   }
 }
 
-Layout preset(const std::string& name, uint32_t tp, uint32_t rank, uint64_t block, Order order, uint64_t blocks) {
-  Result<Layout> l = make_preset(PresetOptions{
-      .name = name, .tp_size = tp, .tp_rank = rank, .block_tokens = block, .order = order, .num_blocks = blocks});
-  EXPECT_TRUE(l.ok()) << l.error().to_string();
-  return *l;
-}
+using testing::preset;
 
 Request request_of(const Layout& local, const Layout& remote, uint64_t n, uint64_t skip) {
   Request q;

@@ -8,6 +8,7 @@
 #include "kvbridge/execute.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
+#include "plan/preset_instances.h"
 #include "plan/random_request.h"
 
 namespace kvbridge {
@@ -27,18 +28,7 @@ struct Rank {
   }
 };
 
-Layout preset(const std::string& name, uint32_t tp, uint32_t rank, uint64_t block, Order order, uint64_t blocks = 16) {
-  PresetOptions o;
-  o.name = name;
-  o.tp_size = tp;
-  o.tp_rank = rank;
-  o.block_tokens = block;
-  o.order = order;
-  o.num_blocks = blocks;
-  Result<Layout> l = make_preset(o);
-  EXPECT_TRUE(l.ok()) << l.error().to_string();
-  return *l;
-}
+using testing::preset;
 
 // Fills the remote ranks, executes the plan (execute.h), checks the local rank.
 ContentReport move_and_check(const std::string& name, uint32_t ptp, uint32_t dtp, uint64_t pblock, uint64_t dblock,

@@ -17,8 +17,8 @@ namespace {
 using testing::expect_every_rank_verifies;
 using testing::whole_request;
 
-std::vector<Layout> instance(const std::string& preset, uint32_t tp, uint32_t dcp = 1, uint64_t interleave = 1,
-                             uint64_t block = 0) {
+std::vector<Layout> dcp_instance(const std::string& preset, uint32_t tp, uint32_t dcp = 1, uint64_t interleave = 1,
+                                 uint64_t block = 0) {
   Result<std::vector<Layout>> out = testing::preset_instance(
       PresetOptions{
           .name = preset, .block_tokens = block, .num_blocks = 256, .dcp_size = dcp, .dcp_interleave = interleave},
@@ -30,8 +30,8 @@ std::vector<Layout> instance(const std::string& preset, uint32_t tp, uint32_t dc
 // The preset deals heads over TP / DCP and tokens over the DCP group of
 // consecutive ranks, as vLLM does; the identity is the unsharded model's.
 TEST(ContextTest, DcpPresetsShardTokensOverConsecutiveRanks) {
-  const std::vector<Layout> dcp = instance("llama3-70b", 8, 2, 16);
-  const std::vector<Layout> tp4 = instance("llama3-70b", 4);
+  const std::vector<Layout> dcp = dcp_instance("llama3-70b", 8, 2, 16);
+  const std::vector<Layout> tp4 = dcp_instance("llama3-70b", 4);
   ASSERT_EQ(dcp.size(), 8u);
   for (const Layout& l : dcp) {
     EXPECT_EQ(compatibility_hash(l), compatibility_hash(tp4[0]));
@@ -69,12 +69,12 @@ TEST(ContextTest, EveryPairOfShardingsOfEveryPresetVerifies) {
   names.resize(3);
 #endif
   for (const std::string& name : names) {
-    const std::vector<Layout> plain = instance(name, 2);
+    const std::vector<Layout> plain = dcp_instance(name, 2);
     // Interleave 1, or 4 where a group keeps one position per 4 tokens.
     const uint64_t fine = make_preset(PresetOptions{.name = name, .tp_size = 2, .dcp_size = 2}).ok() ? 1 : 4;
-    const std::vector<Layout> dcp1 = instance(name, 2, 2, fine);
-    const std::vector<Layout> dcp16 = instance(name, 4, 2, 16);
-    const std::vector<Layout> dcp4x4 = instance(name, 4, 4, 4);
+    const std::vector<Layout> dcp1 = dcp_instance(name, 2, 2, fine);
+    const std::vector<Layout> dcp16 = dcp_instance(name, 4, 2, 16);
+    const std::vector<Layout> dcp4x4 = dcp_instance(name, 4, 4, 4);
     if (plain.empty() || dcp1.empty() || dcp16.empty() || dcp4x4.empty()) continue;
     expect_every_rank_verifies(dcp1, plain, 300, name + " TP2 -> TP2 DCP2/fine");
     expect_every_rank_verifies(plain, dcp1, 300, name + " TP2 DCP2/fine -> TP2");
@@ -88,9 +88,9 @@ TEST(ContextTest, EveryPairOfShardingsOfEveryPresetVerifies) {
 // one rank, in descriptors like an unsharded plan's (one per block run),
 // and half the bytes of an unsharded decode rank.
 TEST(ContextTest, EqualShardingsReadOwnShardInWholeBlocks) {
-  const std::vector<Layout> prefill = instance("deepseek-v3", 2, 2, 64);
-  const std::vector<Layout> decode = instance("deepseek-v3", 2, 2, 64);
-  const std::vector<Layout> plain = instance("deepseek-v3", 1);
+  const std::vector<Layout> prefill = dcp_instance("deepseek-v3", 2, 2, 64);
+  const std::vector<Layout> decode = dcp_instance("deepseek-v3", 2, 2, 64);
+  const std::vector<Layout> plain = dcp_instance("deepseek-v3", 1);
   const Request whole = whole_request(plain[0], plain[0], 4096);
   Result<Plan> unsharded = plan(plain[0], plain, whole);
   ASSERT_TRUE(unsharded.ok());
@@ -111,8 +111,8 @@ TEST(ContextTest, EqualShardingsReadOwnShardInWholeBlocks) {
 // unsharded prefill reads its positions only. Interleave 1 puts each token
 // on the other shard from its neighbours: one descriptor per token per run.
 TEST(ContextTest, ReadersAndSourcesFollowTheShards) {
-  const std::vector<Layout> prefill = instance("deepseek-v3", 2, 2, 1);
-  const std::vector<Layout> decode = instance("deepseek-v3", 1);
+  const std::vector<Layout> prefill = dcp_instance("deepseek-v3", 2, 2, 1);
+  const std::vector<Layout> decode = dcp_instance("deepseek-v3", 1);
   Result<std::vector<uint32_t>> s = source_ranks(decode[0], prefill);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(*s, (std::vector<uint32_t>{0, 1}));
@@ -130,8 +130,8 @@ TEST(ContextTest, ReadersAndSourcesFollowTheShards) {
 }
 
 TEST(ContextTest, AMissingShardOrMixedShardingIsNamed) {
-  const std::vector<Layout> prefill = instance("llama3-8b", 2, 2, 1);
-  const std::vector<Layout> decode = instance("llama3-8b", 1);
+  const std::vector<Layout> prefill = dcp_instance("llama3-8b", 2, 2, 1);
+  const std::vector<Layout> decode = dcp_instance("llama3-8b", 1);
   const Request q = whole_request(decode[0], prefill[0], 64);
   Result<Plan> p = plan(decode[0], std::vector<Layout>{prefill[0]}, q);
   ASSERT_FALSE(p.ok());
@@ -146,7 +146,7 @@ TEST(ContextTest, AMissingShardOrMixedShardingIsNamed) {
             "remote rank 1 group 'full' has 2 context shards of interleave 2 but remote rank 0 has 2 of interleave 1; "
             "one instance shards its context one way");
   // A DCP rank whose list is shorter than the instance's (shard 0's) is told.
-  const std::vector<Layout> dcp = instance("llama3-8b", 2, 2, 1);
+  const std::vector<Layout> dcp = dcp_instance("llama3-8b", 2, 2, 1);
   Request shortq = whole_request(dcp[1], decode[0], 33);
   ASSERT_EQ(shortq.blocks.at("full").local.size(), 2u);  // 17 tokens of shard 0 in 16-token blocks
   shortq.blocks.at("full").local.pop_back();
@@ -157,8 +157,8 @@ TEST(ContextTest, AMissingShardOrMixedShardingIsNamed) {
 
 // Chunked and staged plans of a sharded pair move the whole plan's bytes.
 TEST(ContextTest, ChunksAndStagesOfAShardedPlanVerify) {
-  const std::vector<Layout> prefill = instance("llama3-8b", 1);
-  const std::vector<Layout> decode = instance("llama3-8b", 2, 2, 1);
+  const std::vector<Layout> prefill = dcp_instance("llama3-8b", 1);
+  const std::vector<Layout> decode = dcp_instance("llama3-8b", 2, 2, 1);
   for (const Layout& d : decode) {
     const Request q = whole_request(d, prefill[0], 200);
     Result<Plan> whole = plan(d, prefill, q);

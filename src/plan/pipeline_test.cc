@@ -15,8 +15,8 @@ using testing::expect_every_rank_verifies;
 using testing::whole_request;
 
 // Every rank of an instance, stage-major.
-std::vector<Layout> instance(const std::string& preset, uint32_t tp, uint32_t pp, uint64_t block = 0,
-                             Order order = Order::kLBHNC) {
+std::vector<Layout> pp_instance(const std::string& preset, uint32_t tp, uint32_t pp, uint64_t block = 0,
+                                Order order = Order::kLBHNC) {
   Result<std::vector<Layout>> out = testing::preset_instance(
       PresetOptions{.name = preset, .block_tokens = block, .order = order, .num_blocks = 64}, tp, pp);
   EXPECT_TRUE(out.ok()) << preset << " PP " << pp << " TP " << tp << ": " << out.error().to_string();
@@ -46,7 +46,7 @@ TEST(PipelineTest, EveryPresetSplitsIntoStagesWithTheWholeModelsIdentity) {
     uint64_t whole_bytes = 0, stage_bytes = 0;
     for (const Tensor& t : whole->tensors) whole_bytes += t.bytes;
     std::map<std::string, int> held;
-    for (const Layout& s : instance(name, 1, 3)) {
+    for (const Layout& s : pp_instance(name, 1, 3)) {
       EXPECT_EQ(compatibility_hash(s), compatibility_hash(*whole)) << name;
       EXPECT_EQ(identity_text(s), identity_text(*whole)) << name;
       for (const Tensor& t : s.tensors) stage_bytes += t.bytes;
@@ -62,7 +62,7 @@ TEST(PipelineTest, EveryPresetSplitsIntoStagesWithTheWholeModelsIdentity) {
     } else {
       EXPECT_EQ(stage_bytes, whole_bytes) << name << ": the stages' tensors are the whole model's bytes";
     }
-    for (const Layout& s : instance(name, 1, 3)) {
+    for (const Layout& s : pp_instance(name, 1, 3)) {
       uint64_t bytes = 0;
       for (const Tensor& t : s.tensors) bytes += t.bytes;
       EXPECT_LT(bytes, whole_bytes) << name << " stage " << s.pp_rank << " allocates the whole model";
@@ -73,8 +73,8 @@ TEST(PipelineTest, EveryPresetSplitsIntoStagesWithTheWholeModelsIdentity) {
 // Prefill PP 2 x TP 4 into decode TP 8 (llama3-70b): each decode rank reads
 // its head from one rank of each stage.
 TEST(PipelineTest, PipelinePrefillIntoTensorParallelDecode) {
-  const std::vector<Layout> prefill = instance("llama3-70b", 4, 2);
-  const std::vector<Layout> decode = instance("llama3-70b", 8, 1);
+  const std::vector<Layout> prefill = pp_instance("llama3-70b", 4, 2);
+  const std::vector<Layout> decode = pp_instance("llama3-70b", 8, 1);
   ASSERT_EQ(prefill.size(), 8u);
   expect_every_rank_verifies(decode, prefill, 300, "PP2xTP4 -> TP8");
   for (const Layout& d : decode) {
@@ -96,8 +96,8 @@ TEST(PipelineTest, PipelinePrefillIntoTensorParallelDecode) {
 // them.
 TEST(PipelineTest, StagesOnBothSidesOfEveryPresetVerify) {
   for (const std::string& name : preset_names()) {
-    const std::vector<Layout> prefill = instance(name, 2, 3);
-    const std::vector<Layout> decode = instance(name, 1, 2, 0, Order::kBLHNC);
+    const std::vector<Layout> prefill = pp_instance(name, 2, 3);
+    const std::vector<Layout> decode = pp_instance(name, 1, 2, 0, Order::kBLHNC);
     expect_every_rank_verifies(decode, prefill, 200, name + " PP3xTP2 -> PP2xTP1");
     expect_every_rank_verifies(prefill, decode, 200, name + " PP2xTP1 -> PP3xTP2");
   }
@@ -106,8 +106,8 @@ TEST(PipelineTest, StagesOnBothSidesOfEveryPresetVerify) {
 // The remote ranks of one stage alone cannot serve a rank that holds layers
 // of another: the error names the layer and the stages given.
 TEST(PipelineTest, AMissingStageIsNamed) {
-  const std::vector<Layout> prefill = instance("llama3-8b", 1, 2);
-  const std::vector<Layout> decode = instance("llama3-8b", 1, 1);
+  const std::vector<Layout> prefill = pp_instance("llama3-8b", 1, 2);
+  const std::vector<Layout> decode = pp_instance("llama3-8b", 1, 1);
   const Request q = whole_request(decode[0], prefill[0], 40);
   Result<Plan> p = plan(decode[0], std::vector<Layout>{prefill[0]}, q);
   ASSERT_FALSE(p.ok());
@@ -116,7 +116,7 @@ TEST(PipelineTest, AMissingStageIsNamed) {
             "group 'full' layer 'layers.16': no given remote rank holds the layer (the remote ranks given are of "
             "pipeline stage 0 of 2)");
   // A decode stage holding only stage 0's layers needs stage 0 alone.
-  const std::vector<Layout> decode_stages = instance("llama3-8b", 1, 2);
+  const std::vector<Layout> decode_stages = pp_instance("llama3-8b", 1, 2);
   Result<Plan> own = plan(decode_stages[0], std::vector<Layout>{prefill[0]}, q);
   EXPECT_TRUE(own.ok()) << own.error().to_string();
   // Ranks of instances with other PP sizes, or one rank twice, are refused.

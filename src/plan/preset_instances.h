@@ -14,6 +14,15 @@
 
 namespace kvbridge::testing {
 
+// One rank of a preset; a failure to make it fails the test.
+inline Layout preset(const std::string& name, uint32_t tp, uint32_t rank, uint64_t block, Order order,
+                     uint64_t blocks = 16) {
+  Result<Layout> l = make_preset(PresetOptions{
+      .name = name, .tp_size = tp, .tp_rank = rank, .block_tokens = block, .order = order, .num_blocks = blocks});
+  EXPECT_TRUE(l.ok()) << l.error().to_string();
+  return l ? *l : Layout{};
+}
+
 // Every rank of the instance of `base` (its preset, block, order, blocks
 // and context options) at TP `tp` in `pp` stages, stage-major; or the
 // first error.

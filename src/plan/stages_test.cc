@@ -11,6 +11,7 @@
 #include <set>
 
 #include "kvbridge/presets.h"
+#include "plan/preset_instances.h"
 #include "plan/property_support.h"
 
 namespace kvbridge {
@@ -131,12 +132,7 @@ TEST(PlanStagesTest, StagesAreExactlyTheirLayersAndChunksAndTogetherThePlan) {
   }
 }
 
-Layout preset(const std::string& name, uint32_t tp, uint32_t rank, uint64_t block, Order order, uint64_t blocks) {
-  Result<Layout> l = make_preset(PresetOptions{
-      .name = name, .tp_size = tp, .tp_rank = rank, .block_tokens = block, .order = order, .num_blocks = blocks});
-  EXPECT_TRUE(l.ok()) << l.error().to_string();
-  return *l;
-}
+using testing::preset;
 
 TEST(PlanStagesTest, LayerOrderIsTheModelsByTheNumberEachNameEndsWith) {
   const Layout q = preset("qwen3-next", 1, 0, 64, Order::kLBHNC, 8);

@@ -15,8 +15,8 @@
 namespace kvbridge {
 namespace {
 
-std::vector<Layout> instance(const std::string& name, uint32_t tp, Order order = Order::kLBHNC,
-                             uint64_t num_blocks = 64, uint64_t block_tokens = 16) {
+std::vector<Layout> tp_instance(const std::string& name, uint32_t tp, Order order = Order::kLBHNC,
+                                uint64_t num_blocks = 64, uint64_t block_tokens = 16) {
   std::vector<Layout> ranks;
   for (uint32_t r = 0; r < tp; ++r) {
     Result<Layout> l = make_preset(PresetOptions{.name = name,
@@ -59,8 +59,8 @@ void expect_same(const Result<Plan>& instance, const Result<Plan>& planned) {
 }
 
 TEST(PlanTemplateTest, InstancesAreWhatPlanReturnsForOtherIdsOfTheShape) {
-  const std::vector<Layout> prefill = instance("llama3-8b", 4);
-  const std::vector<Layout> decode = instance("llama3-8b", 2, Order::kBLHNC);
+  const std::vector<Layout> prefill = tp_instance("llama3-8b", 4);
+  const std::vector<Layout> decode = tp_instance("llama3-8b", 2, Order::kBLHNC);
   const Request first = attention_request(70, 20, {-1, 3, 4, 5, 6}, {-1, 10, 11, 12, 13});
   Result<PlanTemplate> t = PlanTemplate::create(decode[1], prefill, shape_of(first));
   ASSERT_TRUE(t.ok()) << t.error().to_string();
@@ -77,8 +77,8 @@ TEST(PlanTemplateTest, InstancesAreWhatPlanReturnsForOtherIdsOfTheShape) {
 }
 
 TEST(PlanTemplateTest, ConsecutiveIdsMergeAcrossBlocksAndShuffledOnesDoNot) {
-  const std::vector<Layout> prefill = instance("llama3-8b", 1);
-  const std::vector<Layout> decode = instance("llama3-8b", 1);
+  const std::vector<Layout> prefill = tp_instance("llama3-8b", 1);
+  const std::vector<Layout> decode = tp_instance("llama3-8b", 1);
   Result<PlanTemplate> t =
       PlanTemplate::create(decode[0], prefill, shape_of(attention_request(64, 0, {0, 1, 2, 3}, {0, 1, 2, 3})));
   ASSERT_TRUE(t.ok());
@@ -95,8 +95,8 @@ TEST(PlanTemplateTest, ConsecutiveIdsMergeAcrossBlocksAndShuffledOnesDoNot) {
 }
 
 TEST(PlanTemplateTest, InstantiatingIntoAUsedPlanGivesTheSamePlan) {
-  const std::vector<Layout> prefill = instance("deepseek-v3", 2, Order::kLBHNC, 64, 64);
-  const std::vector<Layout> decode = instance("deepseek-v3", 4, Order::kBLHNC, 64, 64);
+  const std::vector<Layout> prefill = tp_instance("deepseek-v3", 2, Order::kLBHNC, 64, 64);
+  const std::vector<Layout> decode = tp_instance("deepseek-v3", 4, Order::kBLHNC, 64, 64);
   Request r;
   r.num_tokens = 300;
   r.blocks["mla"] = {{5, 7, 9, 11, 13}, {1, 2, 3, 4, 6}};
@@ -112,8 +112,8 @@ TEST(PlanTemplateTest, InstantiatingIntoAUsedPlanGivesTheSamePlan) {
 TEST(PlanTemplateTest, StateScratchAndWindowGroupsFollowTheirIds) {
   // qwen3-next: full attention, a state group (the last listed block moves,
   // lists of different lengths) and a scratch ring (one block).
-  const std::vector<Layout> prefill = instance("qwen3-next", 2, Order::kLBHNC, 16, 64);
-  const std::vector<Layout> decode = instance("qwen3-next", 1, Order::kLBNHC, 16, 64);
+  const std::vector<Layout> prefill = tp_instance("qwen3-next", 2, Order::kLBHNC, 16, 64);
+  const std::vector<Layout> decode = tp_instance("qwen3-next", 1, Order::kLBNHC, 16, 64);
   Request r;
   r.num_tokens = 150;
   r.skip_tokens = 64;
@@ -131,8 +131,8 @@ TEST(PlanTemplateTest, StateScratchAndWindowGroupsFollowTheirIds) {
   ASSERT_TRUE(got.ok());
   EXPECT_TRUE(verify(*got, decode[0], prefill, r).ok());
   // gpt-oss: a sliding window cut to its last tokens.
-  const std::vector<Layout> p2 = instance("gpt-oss", 2, Order::kLBHNC, 64, 16);
-  const std::vector<Layout> d2 = instance("gpt-oss", 2, Order::kBLHNC, 64, 16);
+  const std::vector<Layout> p2 = tp_instance("gpt-oss", 2, Order::kLBHNC, 64, 16);
+  const std::vector<Layout> d2 = tp_instance("gpt-oss", 2, Order::kBLHNC, 64, 16);
   Request w;
   w.num_tokens = 200;
   for (const char* g : {"full", "swa"}) {
@@ -147,8 +147,8 @@ TEST(PlanTemplateTest, StateScratchAndWindowGroupsFollowTheirIds) {
 }
 
 TEST(PlanTemplateTest, BadIdsGetPlansErrorsWordForWord) {
-  const std::vector<Layout> prefill = instance("llama3-8b", 2);
-  const std::vector<Layout> decode = instance("llama3-8b", 2);
+  const std::vector<Layout> prefill = tp_instance("llama3-8b", 2);
+  const std::vector<Layout> decode = tp_instance("llama3-8b", 2);
   const Request good = attention_request(40, 0, {0, 1, 2}, {3, 4, 5});
   Result<PlanTemplate> t = PlanTemplate::create(decode[0], prefill, shape_of(good));
   ASSERT_TRUE(t.ok());
@@ -177,8 +177,8 @@ TEST(PlanTemplateTest, BadIdsGetPlansErrorsWordForWord) {
 }
 
 TEST(PlanTemplateTest, RequestsOffTheShapeAreRejectedNamingTheDifference) {
-  const std::vector<Layout> prefill = instance("llama3-8b", 1);
-  const std::vector<Layout> decode = instance("llama3-8b", 1);
+  const std::vector<Layout> prefill = tp_instance("llama3-8b", 1);
+  const std::vector<Layout> decode = tp_instance("llama3-8b", 1);
   Result<PlanTemplate> t =
       PlanTemplate::create(decode[0], prefill, shape_of(attention_request(40, 20, {-1, 1, 2}, {-1, 4, 5})));
   ASSERT_TRUE(t.ok());
@@ -208,8 +208,8 @@ TEST(PlanTemplateTest, RequestsOffTheShapeAreRejectedNamingTheDifference) {
 }
 
 TEST(PlanTemplateTest, CreateReportsPlansErrorsAndShapesNoRequestCanFill) {
-  const std::vector<Layout> prefill = instance("llama3-8b", 1, Order::kLBHNC, 4);
-  const std::vector<Layout> decode = instance("llama3-8b", 1, Order::kLBHNC, 4);
+  const std::vector<Layout> prefill = tp_instance("llama3-8b", 1, Order::kLBHNC, 4);
+  const std::vector<Layout> decode = tp_instance("llama3-8b", 1, Order::kLBHNC, 4);
   Result<PlanTemplate> short_list =
       PlanTemplate::create(decode[0], prefill, shape_of(attention_request(40, 0, {0, 1}, {0, 1, 2})));
   ASSERT_FALSE(short_list.ok());
@@ -237,7 +237,7 @@ TEST(PlanTemplateTest, CreateReportsPlansErrorsAndShapesNoRequestCanFill) {
 TEST(PlanTemplateTest, OverlaidGroupsGivenOneIdFailAsInPlan) {
   // gpt-oss's full and swa groups share tensors: one block id in both writes
   // the same bytes twice.
-  const std::vector<Layout> ranks = instance("gpt-oss", 1, Order::kLBHNC, 64, 16);
+  const std::vector<Layout> ranks = tp_instance("gpt-oss", 1, Order::kLBHNC, 64, 16);
   Request r;
   r.num_tokens = 16;
   r.blocks["full"] = {{3}, {3}};
@@ -253,8 +253,8 @@ TEST(PlanTemplateTest, OverlaidGroupsGivenOneIdFailAsInPlan) {
 }
 
 TEST(PlanTemplateTest, ATemplateThatIsNotUniformFallsBackToPlan) {
-  const std::vector<Layout> prefill = instance("llama3-8b", 2);
-  const std::vector<Layout> decode = instance("llama3-8b", 1, Order::kBLHNC);
+  const std::vector<Layout> prefill = tp_instance("llama3-8b", 2);
+  const std::vector<Layout> decode = tp_instance("llama3-8b", 1, Order::kBLHNC);
   const Request r = attention_request(50, 0, {0, 1, 2, 3}, {4, 5, 6, 7});
   Result<PlanTemplate> uniform = PlanTemplate::create(decode[0], prefill, shape_of(r));
   ASSERT_TRUE(uniform.ok());
