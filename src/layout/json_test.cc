@@ -9,6 +9,7 @@
 
 #include "kvbridge/layout.h"
 #include "kvbridge/layout_json.h"
+#include "layout/test_json.h"
 #include "layout/test_layouts.h"
 #include "testing/contains.h"
 
@@ -322,15 +323,7 @@ TEST(LayoutJsonTest, WritesBytesThatAreNotUtf8AsReplacementCharacters) {
 // ---------------------------------------------------------------------------
 // Rejections. Each names the culprit.
 
-struct Rejection {
-  const char* name;
-  std::function<void(OJson&)> edit;
-  Code code;
-  std::string message;  // the whole message, or a part of it when partial
-  bool partial = false;
-};
-
-void PrintTo(const Rejection& r, std::ostream* os) { *os << r.name; }
+using Rejection = testing::JsonRejection;
 
 class LayoutJsonRejectionTest : public ::testing::TestWithParam<Rejection> {};
 

@@ -110,7 +110,7 @@ TEST(PresetsTest, EveryPresetValidatesAtEveryTpOrderAndTwoBlockSizes) {
 TEST(PresetsTest, EveryPresetRoundTripsThroughJsonExactly) {
   // parse(to_json(x)) == x, and writing the parsed value gives the same text,
   // pretty and on one line, at every TP size, rank 0 and the last rank, in
-  // every order. Under the sanitizers (where the JSON code runs ~20x slower)
+  // every order. Under the sanitizers (where the JSON code runs many times slower)
   // each TP size and rank takes one order, the next one each time, so every
   // preset still meets every order.
   size_t checked = 0, combination = 0;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kvbridge/layout_json.h"
+#include "layout/test_json.h"
 #include "testing/contains.h"
 
 namespace kvbridge {
@@ -82,19 +83,12 @@ TEST(RequestJsonTest, WritesEveryFieldInTheDocumentedOrder) {
             "    }\n  }\n}");
 }
 
-struct RequestRejection {
-  const char* name;
-  std::function<void(OJson&)> edit;
-  Code code;
-  std::string message;
-};
+using Rejection = testing::JsonRejection;
 
-void PrintTo(const RequestRejection& r, std::ostream* os) { *os << r.name; }
-
-class RequestJsonRejectionTest : public ::testing::TestWithParam<RequestRejection> {};
+class RequestJsonRejectionTest : public ::testing::TestWithParam<Rejection> {};
 
 TEST_P(RequestJsonRejectionTest, RejectsAndNamesTheCulprit) {
-  const RequestRejection& c = GetParam();
+  const Rejection& c = GetParam();
   OJson j = OJson::parse(kDesignRequest);
   c.edit(j);
   Result<Request> r = parse_request(j.dump());
@@ -106,64 +100,59 @@ TEST_P(RequestJsonRejectionTest, RejectsAndNamesTheCulprit) {
 INSTANTIATE_TEST_SUITE_P(
     Request, RequestJsonRejectionTest,
     ::testing::Values(
-        RequestRejection{"UnknownTopLevelField", [](OJson& j) { j["skip_token"] = 1; }, Code::kInvalidArgument,
-                         R"(unknown field "skip_token" (did you mean "skip_tokens"?))"},
-        RequestRejection{"UnknownGroupField", [](OJson& j) { j["blocks"]["full"]["locals"] = OJson::array(); },
-                         Code::kInvalidArgument, R"(blocks.full: unknown field "locals" (did you mean "local"?))"},
-        RequestRejection{"IdBelowMinusOne", [](OJson& j) { j["blocks"]["full"]["remote"].push_back(-2); },
-                         Code::kInvalidArgument,
-                         "blocks.full.remote[3]: expected a block id (an integer from -1 to 2^63-1), got -2"},
-        RequestRejection{"FractionalId", [](OJson& j) { j["blocks"]["full"]["local"][1] = 8.5; },
-                         Code::kInvalidArgument,
-                         "blocks.full.local[1]: expected a block id (an integer from -1 to 2^63-1), got 8.5"},
-        RequestRejection{
-            "StringId", [](OJson& j) { j["blocks"]["full"]["local"][0] = "7"; }, Code::kInvalidArgument,
-            R"(blocks.full.local[0]: expected a block id (an integer from -1 to 2^63-1), got the string "7")"},
-        RequestRejection{
-            "IdPastInt64", [](OJson& j) { j["blocks"]["full"]["local"][2] = uint64_t{1} << 63; },
-            Code::kInvalidArgument,
-            "blocks.full.local[2]: expected a block id (an integer from -1 to 2^63-1), got 9223372036854775808"},
-        RequestRejection{"IdInAGroupWithAnOddName",
-                         [](OJson& j) {
-                           j["blocks"]["a b"] = {{"local", {true}}, {"remote", OJson::array()}};
-                         },
-                         Code::kInvalidArgument,
-                         R"(blocks["a b"].local[0]: expected a block id (an integer from -1 to 2^63-1), got true)"},
-        RequestRejection{"SkipTokensPastNumTokens", [](OJson& j) { j["skip_tokens"] = 5001; }, Code::kInvalidArgument,
-                         "skip_tokens: 5001 is larger than num_tokens 5000"},
-        RequestRejection{"NegativeNumTokens", [](OJson& j) { j["num_tokens"] = -1; }, Code::kInvalidArgument,
-                         "num_tokens: expected an unsigned integer, got -1"},
-        RequestRejection{"FractionalSkipTokens", [](OJson& j) { j["skip_tokens"] = 0.5; }, Code::kInvalidArgument,
-                         "skip_tokens: expected an unsigned integer, got 0.5"},
-        RequestRejection{"MissingNumTokens", [](OJson& j) { j.erase("num_tokens"); }, Code::kInvalidArgument,
-                         R"(missing required field "num_tokens")"},
-        RequestRejection{"MissingBlocks", [](OJson& j) { j.erase("blocks"); }, Code::kInvalidArgument,
-                         R"(missing required field "blocks")"},
-        RequestRejection{"MissingRemoteList", [](OJson& j) { j["blocks"]["full"].erase("remote"); },
-                         Code::kInvalidArgument, R"(blocks.full: missing required field "remote")"},
-        RequestRejection{"BlocksAsAnArray", [](OJson& j) { j["blocks"] = OJson::array(); }, Code::kInvalidArgument,
-                         "blocks: expected an object, got an array"},
-        RequestRejection{"GroupEntryAsAnArray",
-                         [](OJson& j) {
-                           j["blocks"]["full"] = {7, 8};
-                         },
-                         Code::kInvalidArgument, "blocks.full: expected an object, got an array"},
-        RequestRejection{"ListAsANumber", [](OJson& j) { j["blocks"]["full"]["local"] = 7; }, Code::kInvalidArgument,
-                         "blocks.full.local: expected an array, got 7"},
-        RequestRejection{"EmptyGroupName", [](OJson& j) { j["blocks"][""] = j["blocks"]["full"]; },
-                         Code::kInvalidArgument,
-                         R"(blocks[""]: expected a name (a non-empty string), got the empty string)"},
-        RequestRejection{"TooManyGroups",
-                         [](OJson& j) {
-                           for (size_t i = 0; i < kMaxGroups; ++i)
-                             j["blocks"]["g" + std::to_string(i)] = j["blocks"]["full"];
-                         },
-                         Code::kResourceExhausted, "blocks: has 257 groups, more than the limit of 256"},
-        RequestRejection{"WrongFormat", [](OJson& j) { j["format"] = "kvbridge.layout/1"; }, Code::kInvalidArgument,
-                         R"(format: expected "kvbridge.request/1", got "kvbridge.layout/1")"},
-        RequestRejection{"FormatAsANumber", [](OJson& j) { j["format"] = 1; }, Code::kInvalidArgument,
-                         "format: expected a string, got 1"}),
-    [](const ::testing::TestParamInfo<RequestRejection>& info) { return std::string(info.param.name); });
+        Rejection{"UnknownTopLevelField", [](OJson& j) { j["skip_token"] = 1; }, Code::kInvalidArgument,
+                  R"(unknown field "skip_token" (did you mean "skip_tokens"?))"},
+        Rejection{"UnknownGroupField", [](OJson& j) { j["blocks"]["full"]["locals"] = OJson::array(); },
+                  Code::kInvalidArgument, R"(blocks.full: unknown field "locals" (did you mean "local"?))"},
+        Rejection{"IdBelowMinusOne", [](OJson& j) { j["blocks"]["full"]["remote"].push_back(-2); },
+                  Code::kInvalidArgument,
+                  "blocks.full.remote[3]: expected a block id (an integer from -1 to 2^63-1), got -2"},
+        Rejection{"FractionalId", [](OJson& j) { j["blocks"]["full"]["local"][1] = 8.5; }, Code::kInvalidArgument,
+                  "blocks.full.local[1]: expected a block id (an integer from -1 to 2^63-1), got 8.5"},
+        Rejection{"StringId", [](OJson& j) { j["blocks"]["full"]["local"][0] = "7"; }, Code::kInvalidArgument,
+                  R"(blocks.full.local[0]: expected a block id (an integer from -1 to 2^63-1), got the string "7")"},
+        Rejection{"IdPastInt64", [](OJson& j) { j["blocks"]["full"]["local"][2] = uint64_t{1} << 63; },
+                  Code::kInvalidArgument,
+                  "blocks.full.local[2]: expected a block id (an integer from -1 to 2^63-1), got 9223372036854775808"},
+        Rejection{"IdInAGroupWithAnOddName",
+                  [](OJson& j) {
+                    j["blocks"]["a b"] = {{"local", {true}}, {"remote", OJson::array()}};
+                  },
+                  Code::kInvalidArgument,
+                  R"(blocks["a b"].local[0]: expected a block id (an integer from -1 to 2^63-1), got true)"},
+        Rejection{"SkipTokensPastNumTokens", [](OJson& j) { j["skip_tokens"] = 5001; }, Code::kInvalidArgument,
+                  "skip_tokens: 5001 is larger than num_tokens 5000"},
+        Rejection{"NegativeNumTokens", [](OJson& j) { j["num_tokens"] = -1; }, Code::kInvalidArgument,
+                  "num_tokens: expected an unsigned integer, got -1"},
+        Rejection{"FractionalSkipTokens", [](OJson& j) { j["skip_tokens"] = 0.5; }, Code::kInvalidArgument,
+                  "skip_tokens: expected an unsigned integer, got 0.5"},
+        Rejection{"MissingNumTokens", [](OJson& j) { j.erase("num_tokens"); }, Code::kInvalidArgument,
+                  R"(missing required field "num_tokens")"},
+        Rejection{"MissingBlocks", [](OJson& j) { j.erase("blocks"); }, Code::kInvalidArgument,
+                  R"(missing required field "blocks")"},
+        Rejection{"MissingRemoteList", [](OJson& j) { j["blocks"]["full"].erase("remote"); }, Code::kInvalidArgument,
+                  R"(blocks.full: missing required field "remote")"},
+        Rejection{"BlocksAsAnArray", [](OJson& j) { j["blocks"] = OJson::array(); }, Code::kInvalidArgument,
+                  "blocks: expected an object, got an array"},
+        Rejection{"GroupEntryAsAnArray",
+                  [](OJson& j) {
+                    j["blocks"]["full"] = {7, 8};
+                  },
+                  Code::kInvalidArgument, "blocks.full: expected an object, got an array"},
+        Rejection{"ListAsANumber", [](OJson& j) { j["blocks"]["full"]["local"] = 7; }, Code::kInvalidArgument,
+                  "blocks.full.local: expected an array, got 7"},
+        Rejection{"EmptyGroupName", [](OJson& j) { j["blocks"][""] = j["blocks"]["full"]; }, Code::kInvalidArgument,
+                  R"(blocks[""]: expected a name (a non-empty string), got the empty string)"},
+        Rejection{"TooManyGroups",
+                  [](OJson& j) {
+                    for (size_t i = 0; i < kMaxGroups; ++i) j["blocks"]["g" + std::to_string(i)] = j["blocks"]["full"];
+                  },
+                  Code::kResourceExhausted, "blocks: has 257 groups, more than the limit of 256"},
+        Rejection{"WrongFormat", [](OJson& j) { j["format"] = "kvbridge.layout/1"; }, Code::kInvalidArgument,
+                  R"(format: expected "kvbridge.request/1", got "kvbridge.layout/1")"},
+        Rejection{"FormatAsANumber", [](OJson& j) { j["format"] = 1; }, Code::kInvalidArgument,
+                  "format: expected a string, got 1"}),
+    [](const ::testing::TestParamInfo<Rejection>& info) { return std::string(info.param.name); });
 
 TEST(RequestJsonTest, RejectsADuplicateGroupAndNamesIt) {
   Result<Request> r = parse_request(

@@ -10,6 +10,7 @@
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
 #include "kvbridge/verify.h"
+#include "plan/preset_instances.h"
 #include "plan/template.h"
 
 namespace kvbridge {
@@ -17,18 +18,10 @@ namespace {
 
 std::vector<Layout> tp_instance(const std::string& name, uint32_t tp, Order order = Order::kLBHNC,
                                 uint64_t num_blocks = 64, uint64_t block_tokens = 16) {
-  std::vector<Layout> ranks;
-  for (uint32_t r = 0; r < tp; ++r) {
-    Result<Layout> l = make_preset(PresetOptions{.name = name,
-                                                 .tp_size = tp,
-                                                 .tp_rank = r,
-                                                 .block_tokens = block_tokens,
-                                                 .order = order,
-                                                 .num_blocks = num_blocks});
-    EXPECT_TRUE(l.ok()) << l.error().to_string();
-    ranks.push_back(*l);
-  }
-  return ranks;
+  Result<std::vector<Layout>> out = testing::preset_instance(
+      PresetOptions{.name = name, .block_tokens = block_tokens, .order = order, .num_blocks = num_blocks}, tp);
+  EXPECT_TRUE(out.ok()) << name << " TP " << tp << ": " << out.error().to_string();
+  return out ? *out : std::vector<Layout>{};
 }
 
 Request attention_request(uint64_t num_tokens, uint64_t skip_tokens, std::vector<int64_t> local,
