@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "kvbridge/execute.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
@@ -113,6 +115,40 @@ TEST(ContentTest, ACorruptByteIsLocatedWithItsToken) {
   // From token 32 on, the corrupt cell is not part of the check.
   Result<ContentReport> tail = check_request(local.layout, q, RequestSide::kLocal, 32, 9, local.spans);
   EXPECT_EQ(tail->bad_cells, 0u);
+}
+
+// A layer's components are visited together, a block at a time: in every
+// axis order the presets build, a layer's cells of one block follow each
+// other in memory (a token's k and v included), so that the fill writes in
+// address order. Each cell is visited once.
+TEST(ContentTest, CellsAreVisitedInAddressOrderWithinALayersBlock) {
+  for (const char* name : {"llama3-8b", "qwen3-next", "deepseek-v3", "gpt-oss", "mla-with-draft"}) {
+    for (Order order : {Order::kLBHNC, Order::kBLHNC, Order::kLBNHC}) {
+      const Layout l = preset(name, 1, 0, 16, order, 64);
+      testing::Rng rng(3);
+      testing::RequestOptions o;
+      o.num_tokens = 16 * 16;
+      const std::vector<Layout> remotes{l};
+      const Request q = testing::make_request(rng, l, remotes, o);
+      size_t last_tensor = ~size_t{0};
+      uint64_t last_end = 0, jumps = 0;
+      std::set<std::pair<size_t, uint64_t>> seen;
+      Status s = for_each_cell(l, q, RequestSide::kLocal, 0, [&](size_t t, uint64_t off, uint64_t bytes, uint64_t) {
+        if (t != last_tensor || off != last_end) ++jumps;
+        last_tensor = t;
+        last_end = off + bytes;
+        EXPECT_TRUE(seen.insert({t, off}).second) << name << ": tensor " << t << " offset " << off << " twice";
+      });
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      uint64_t runs = 0;  // (layer, block) pairs the request holds
+      for (const Group& g : l.groups) {
+        if (!g.transfer) continue;
+        const auto& ids = q.blocks.at(g.name).local;
+        runs += g.layers.size() * (g.kind == GroupKind::kState ? 1 : ids.size());
+      }
+      EXPECT_LE(jumps, runs) << name << " order " << static_cast<int>(order);
+    }
+  }
 }
 
 TEST(ContentTest, RejectsMemoryThatDoesNotMatchTheLayout) {
