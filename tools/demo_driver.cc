@@ -418,6 +418,9 @@ class Driver {
         {"seed", seed},     {"stream", rec.streamed}, {"to", "decode-" + std::to_string(rec.decode_instance)}};
     std::set<std::string> readers;
     for (Proc* p : decode) readers.insert(p->engine);
+    // The prefill's blocks resident, as an engine's KV memory is (the
+    // ranks' memory is mapped lazily): page faults are not prefill compute.
+    KVB_RETURN_IF_ERROR(round(prefill, {{"cmd", "resident"}, {"req", rec.id}, {"request", json::parse(qjson)}}, 60s));
     const Clock::time_point admitted = Clock::now();
     prefilled_at_ = {};
     prefilled_ = 0;

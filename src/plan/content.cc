@@ -139,6 +139,7 @@ Status walk(const Layout& layout, const Request& request, RequestSide side, uint
         comps.push_back(w);
       }
     }
+    if (comps.empty()) continue;  // e.g. a layout cut to one layer of another group
     // The positions first (where each lives), then a layer at a time over
     // them.
     positions.clear();
