@@ -154,9 +154,8 @@ class Rank {
       if (m == MAP_FAILED) return Status::resource_exhausted("mmap of tensor '" + t.name + "' failed");
       // The decode's memory holds the sentinel; the prefill's is touched by
       // its requests only (a pool sized for the longest request can be far
-      // larger than what the requests use: qwen3-next's state blocks), so
-      // its first requests also time page faults (the TTFT figures are
-      // medians over the requests).
+      // larger than what the requests use: qwen3-next's state blocks), each
+      // request's blocks made resident before it is admitted (make_resident).
       if (!c_.prefill) std::memset(m, kSentinel, t.bytes);
       spans_.emplace_back(static_cast<uint8_t*>(m), t.bytes);
     }
