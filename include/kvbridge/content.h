@@ -35,12 +35,14 @@ enum class RequestSide : uint8_t { kLocal, kRemote };
 
 // Calls `cell(tensor index, offset, bytes, token)` for every cell the request
 // holds at tokens >= first_token on `side` (every head the rank holds), a
-// group and a layer at a time; within a layer, a block's positions at a time,
-// positions and heads in the order their axes lie in memory and the layer's
-// components innermost, so that consecutive cells are usually adjacent (a
-// token's k and v side by side). `token` is the first token of the cell's position (num_tokens - 1 for a state, 0 for
-// scratch). Blocks listed as -1 are skipped. kInvalidArgument naming the group when a block list is too short or an id
-// is past num_blocks.
+// group and a layer at a time, then a block's positions at a time, in
+// address order where the layout allows: positions and heads in the order
+// their axes lie in memory, and a layer's components innermost when they
+// interleave (a token's k and v side by side), else one after the other.
+// `token` is the first token of the cell's position (num_tokens - 1 for a
+// state, 0 for scratch). Blocks listed as -1 are skipped. kInvalidArgument
+// naming the group when a block list is too short or an id is past
+// num_blocks.
 Status for_each_cell(const Layout& layout, const Request& request, RequestSide side, uint64_t first_token,
                      const std::function<void(size_t tensor, uint64_t offset, uint64_t bytes, uint64_t token)>& cell);
 

@@ -218,9 +218,10 @@ Status walk(const Layout& layout, const Request& request, RequestSide side, uint
         };
         if (!interleaved) {
           for (size_t c = 0; c < layer.size(); ++c) {
-            const uint64_t hc = layer[c].comp->local_heads();
-            for (uint64_t x = 0; x < n * hc; ++x) {
-              KVB_RETURN_IF_ERROR(layer[c].heads_outer ? cell(c, x % n, x / n) : cell(c, x / hc, x % hc));
+            for (uint64_t outer = 0; outer < (layer[c].heads_outer ? heads : n); ++outer) {
+              for (uint64_t inner = 0; inner < (layer[c].heads_outer ? n : heads); ++inner) {
+                KVB_RETURN_IF_ERROR(layer[c].heads_outer ? cell(c, inner, outer) : cell(c, outer, inner));
+              }
             }
           }
         } else if (heads_outer) {
