@@ -95,6 +95,7 @@ void ClusterTier::run(size_t n, const std::function<uint16_t(size_t)>& slot_of, 
   refresh(false, kMapLifetime);
   std::vector<size_t> pending(n);
   for (size_t i = 0; i < n; ++i) pending[i] = i;
+  std::string last_refusal;  // the latest CLUSTERDOWN/TRYAGAIN reply
   for (int round = 0; round < kRounds && !pending.empty(); ++round) {
     // Split by owner, in key order within each node.
     std::map<RedisTier*, std::vector<size_t>> by_node;
@@ -108,6 +109,7 @@ void ClusterTier::run(size_t n, const std::function<uint16_t(size_t)>& slot_of, 
       for (const Redirect& r : redirects) {
         const size_t i = indices[r.index];
         if (r.kind == Redirect::kRetry) {
+          last_refusal = r.reply;
           wait = true;
           again.push_back(i);
           continue;
@@ -154,6 +156,16 @@ void ClusterTier::run(size_t n, const std::function<uint16_t(size_t)>& slot_of, 
     std::sort(again.begin(), again.end());
     again.erase(std::unique(again.begin(), again.end()), again.end());
     pending = std::move(again);
+  }
+  if (!pending.empty()) {
+    // Keys still refused or redirected: not read or not written, an error
+    // the caller's stats show (a miss or an unwritten part otherwise says
+    // nothing of why).
+    std::lock_guard<std::mutex> lock(mu_);
+    unanswered_ += pending.size();
+    unanswered_error_ = "redis cluster: " + std::to_string(pending.size()) + " of " + std::to_string(n) +
+                        " keys unanswered after " + std::to_string(kRounds) +
+                        " rounds; last reply: " + (last_refusal.empty() ? std::string("MOVED or ASK") : last_refusal);
   }
 }
 
@@ -279,8 +291,9 @@ RedisCounters ClusterTier::counters() const {
     // A master that is down explains more than a node that failed once.
     if (!x.last_error.empty() && (c.last_error.empty() || master_down)) c.last_error = x.last_error;
   }
-  c.errors += map_errors_;
+  c.errors += map_errors_ + unanswered_;
   if (c.last_error.empty() && map_errors_ != 0) c.last_error = "no node answered CLUSTER SLOTS";
+  if (c.last_error.empty()) c.last_error = unanswered_error_;
   c.redirects = redirects_;
   c.slot_map_updates = updates_;
   c.nodes = static_cast<uint32_t>(masters.size());

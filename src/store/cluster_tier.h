@@ -22,10 +22,9 @@
 // on the new owner, those answered with ASK (a slot being migrated) on the
 // target with ASKING first, and those answered CLUSTERDOWN or TRYAGAIN after
 // a short pause, up to 4 rounds; a key still unanswered then is a miss (or is
-// not written). Keys of a master that is down are misses until the map
-// names another node for their slot. So a failover costs the misses of the
-// failover window and never a hang: each node's operations keep their
-// timeouts and the retry interval of redis_tier.h.
+// not written), counted as an error with the last refusal as the reason. Keys of a master that is down are misses until
+// the map names another node for their slot. So a failover costs the misses of the failover window and never a hang:
+// each node's operations keep their timeouts and the retry interval of redis_tier.h.
 //
 // Not a public header. Thread-safety: thread-safe. The map has its own lock;
 // node I/O runs outside it, each node serialising its own operations.
@@ -85,7 +84,9 @@ class ClusterTier final : public SharedTier {
   bool mapped_ = false;
   std::chrono::steady_clock::time_point refreshed_at_{};
   uint64_t redirects_ = 0, updates_ = 0, map_errors_ = 0;
-  std::mutex refresh_mu_;  // one refresh at a time (taken before mu_)
+  uint64_t unanswered_ = 0;       // keys given up on after kRounds (counted as errors)
+  std::string unanswered_error_;  // why, for RedisCounters::last_error
+  std::mutex refresh_mu_;         // one refresh at a time (taken before mu_)
 };
 
 }  // namespace kvbridge::store_internal

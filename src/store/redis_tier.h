@@ -59,6 +59,7 @@ struct Redirect {
   uint16_t slot = 0;
   std::string host;
   uint16_t port = 0;
+  std::string reply;  // kRetry: the error reply (CLUSTERDOWN ..., TRYAGAIN ...)
 };
 
 // Parses an error reply's text ("MOVED 3999 127.0.0.1:6381", "ASK ...",
