@@ -331,7 +331,7 @@ def _(name):
     clean(name, r)
     check(name, r["streamed_requests"] == 4 and r["baselines"] == 4,
           f"streamed {r['streamed_requests']}, baselines {r['baselines']}")
-    check(name, r["ttft_ms"] > 0 and r["ttft_no_stream_ms"] > 0, "no TTFT figures")
+    check(name, r["ttft_ms"] > 0 and r["ttft_no_stream_ms"] > 0 and r["ttft_paired_ratio"] > 0, "no TTFT figures")
     check(name, r["exposed_transfer_ms"] < 0.5 * r["exposed_transfer_no_stream_ms"],
           f"exposed transfer {r['exposed_transfer_ms']} ms streamed vs {r['exposed_transfer_no_stream_ms']} ms not")
     check(name, 0 < r["last_stage_ms"] < r["exposed_transfer_no_stream_ms"] and r["exposed_per_last_stage"] > 0,
@@ -362,6 +362,8 @@ def _(name):
                  "--inject", fault)
         clean(f"{name} {fault}", r)
         check(f"{name} {fault}", r["streamed_requests"] == 3, f"streamed {r['streamed_requests']}")
+        check(f"{name} {fault}", r["baselines"] == 0 and r["ttft_paired_ratio"] == 0,
+              f"a fault run has no unstreamed reruns: {r['baselines']}, paired ratio {r['ttft_paired_ratio']}")
 
 
 # Push mode: prefill ranks write into the decode ranks' blocks, whole or
