@@ -304,7 +304,10 @@ TEST(ClusterRefusalTest, KeysStillRefusedAfterTheRetriesAreErrorsThatSayWhy) {
   inst.put(b, 64);  // into memory; the cluster refuses every key
   const StoreStats st = s->stats();
   EXPECT_EQ(st.redis_writes, 4u);
-  EXPECT_EQ(st.redis_errors, 4u) << "one per object not written";
+  // One per object not written, and one more if the map was read again
+  // meanwhile (it is 2 s old on a slow machine) and found no slot served.
+  EXPECT_GE(st.redis_errors, 4u);
+  EXPECT_LE(st.redis_errors, 5u);
   EXPECT_NE(st.redis_last_error.find("4 of 4 keys unanswered after 4 rounds; last reply: CLUSTERDOWN"),
             std::string::npos)
       << st.redis_last_error;

@@ -292,8 +292,10 @@ RedisCounters ClusterTier::counters() const {
     if (!x.last_error.empty() && (c.last_error.empty() || master_down)) c.last_error = x.last_error;
   }
   c.errors += map_errors_ + unanswered_;
-  if (c.last_error.empty() && map_errors_ != 0) c.last_error = "no node answered CLUSTER SLOTS";
+  // Keys refused says more than a map that could not be read (a cluster
+  // serving no slots answers an empty one).
   if (c.last_error.empty()) c.last_error = unanswered_error_;
+  if (c.last_error.empty() && map_errors_ != 0) c.last_error = "no node answered CLUSTER SLOTS";
   c.redirects = redirects_;
   c.slot_map_updates = updates_;
   c.nodes = static_cast<uint32_t>(masters.size());
