@@ -34,22 +34,31 @@ assert get["redis_objects"] == 18 and get["memory_objects"] == 18, get  # rank 0
 assert stat["hit_tokens"] == 288 and stat["redis_keys"] == 18, stat
 assert miss["hit_tokens"] == 0, miss
 PY
+# A Redis timeout without a Redis is refused by name.
+rc=0; "$KVB" store get --redis-timeout-ms 5000 --tokens 16 --json >/dev/null 2>/tmp/kvb_store_err.$$ || rc=$?
+[[ $rc -eq 1 ]] && grep -q -- "--redis-timeout-ms needs --redis or --redis-cluster" /tmp/kvb_store_err.$$ ||
+  { echo "--redis-timeout-ms alone: rc $rc: $(cat /tmp/kvb_store_err.$$)" >&2; exit 1; }
+rm -f /tmp/kvb_store_err.$$
 # One process per rank: the parts meet in Redis. Both ranks at once, then a
 # reader of another TP and block size. Prompt 3: only rank 0 puts, no hit.
 # qwen3-next's state objects are 77 MB each (one every 64 tokens), so its
-# prompt is shorter: two of them, checksummed inside Redis.
+# prompt is shorter: two of them, checksummed inside Redis, which holds the
+# other rank's part transaction for that pass (0.8-0.9 s each here, more
+# under the sanitizers beside other tests): its commands get a longer
+# timeout than the 2 s default.
 for preset in llama3-8b qwen3-next; do
   n=256; [[ $preset == qwen3-next ]] && n=128
-  "$KVB" store put --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 2 --rank 0 --tokens $n --token-seed 5 --json >/tmp/kvb_store_r0.$$ &
+  t=(); [[ $preset == qwen3-next ]] && t=(--redis-timeout-ms 30000)
+  "$KVB" store put --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 2 --rank 0 "${t[@]}" --tokens $n --token-seed 5 --json >/tmp/kvb_store_r0.$$ &
   P0=$!
-  "$KVB" store put --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 2 --rank 1 --tokens $n --token-seed 5 --json >/tmp/kvb_store_r1.$$
+  "$KVB" store put --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 2 --rank 1 "${t[@]}" --tokens $n --token-seed 5 --json >/tmp/kvb_store_r1.$$
   wait $P0
   r0=$(cat /tmp/kvb_store_r0.$$); r1=$(cat /tmp/kvb_store_r1.$$); rm -f /tmp/kvb_store_r0.$$ /tmp/kvb_store_r1.$$
   echo "rank puts ($preset): $r0 $r1"
-  got=$("$KVB" store get --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 4 --block-tokens 128 --tokens $n --token-seed 5 --json)
+  got=$("$KVB" store get --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 4 --block-tokens 128 "${t[@]}" --tokens $n --token-seed 5 --json)
   echo "get at tp 4 ($preset): $got"
-  "$KVB" store put --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 2 --rank 0 --tokens $n --token-seed 3 --json >/dev/null
-  half=$("$KVB" store get --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 1 --tokens $n --token-seed 3 --json)
+  "$KVB" store put --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 2 --rank 0 "${t[@]}" --tokens $n --token-seed 3 --json >/dev/null
+  half=$("$KVB" store get --redis 127.0.0.1:"$PORT" --preset "$preset" --tp 1 "${t[@]}" --tokens $n --token-seed 3 --json)
   python3 - "$r0" "$r1" "$got" "$half" "$n" <<'PY'
 import json, sys
 r0, r1, got, half = (json.loads(a) for a in sys.argv[1:5])

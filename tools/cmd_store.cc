@@ -74,6 +74,10 @@ Result<StoreOptions> store_options(const StoreArgs& a) {
   if (!a.redis_cluster.empty()) {
     KVB_ASSIGN_OR_RETURN(o.redis, parse_redis(a.redis_cluster, "--redis-cluster"));
   }
+  if (a.redis_timeout_ms != 0) {
+    if (!o.redis) return Status::invalid_argument("--redis-timeout-ms needs --redis or --redis-cluster");
+    o.redis->command_timeout = std::chrono::milliseconds(a.redis_timeout_ms);
+  }
   return o;
 }
 
@@ -181,6 +185,9 @@ void add_common(CLI::App* app, StoreArgs* a) {
   app->add_option("--redis-cluster", a->redis_cluster,
                   "Shared tier on a Redis Cluster: HOST:PORT of any node. Bench: the cluster to measure "
                   "(default: clusters of 1 and 3 masters of its own)");
+  app->add_option("--redis-timeout-ms", a->redis_timeout_ms,
+                  "Milliseconds a Redis command may go without progress (0: 2000). Raise it for objects of tens "
+                  "of MB assembled from parts: the part that completes one has Redis checksum it");
   app->add_option("--memory-mib", a->memory_mib, "Memory tier capacity in MiB");
   app->add_option("--disk", a->disk,
                   "Disk tier directory (kept between runs; one process at a time). Bench: where its files go "

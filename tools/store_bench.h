@@ -24,9 +24,10 @@ struct StoreArgs {
   uint64_t num_tokens = 1024;
   uint64_t token_seed = 1;
   uint64_t content_seed = 7;
-  std::string redis;          // HOST:PORT
-  std::string redis_cluster;  // HOST:PORT of a cluster node
-  std::string disk;           // disk tier directory
+  std::string redis;              // HOST:PORT
+  std::string redis_cluster;      // HOST:PORT of a cluster node
+  uint64_t redis_timeout_ms = 0;  // RedisOptions::command_timeout; 0: the library's
+  std::string disk;               // disk tier directory
   uint64_t disk_mib = 8192;
   uint64_t memory_mib = 1024;
   bool json = false;
