@@ -186,8 +186,10 @@ void add_common(CLI::App* app, StoreArgs* a) {
                   "Shared tier on a Redis Cluster: HOST:PORT of any node. Bench: the cluster to measure "
                   "(default: clusters of 1 and 3 masters of its own)");
   app->add_option("--redis-timeout-ms", a->redis_timeout_ms,
-                  "Milliseconds a Redis command may go without progress (0: 2000). Raise it for objects of tens "
-                  "of MB assembled from parts: the part that completes one has Redis checksum it");
+                  "Milliseconds a Redis command may go without progress (0: " +
+                      std::to_string(RedisOptions{}.command_timeout.count()) +
+                      "). Raise it for objects of tens of MB assembled from parts: the part that completes one "
+                      "has Redis checksum it");
   app->add_option("--memory-mib", a->memory_mib, "Memory tier capacity in MiB");
   app->add_option("--disk", a->disk,
                   "Disk tier directory (kept between runs; one process at a time). Bench: where its files go "

@@ -23,6 +23,13 @@ double gbps(uint64_t bytes, uint64_t us) {
   return us == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(us) / 1000.0;
 }
 
+// The upper middle value (what the report's p50 figures are), 0 if empty.
+double p50(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
@@ -160,15 +167,10 @@ Ttft ttft(const std::vector<RequestRecord>& records, bool streamed_only) {
   Ttft out;
   out.n = t.size();
   if (t.empty()) return out;
-  const auto p50 = [](std::vector<double>& v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  out.ttft_ms = p50(t);
-  out.exposed_ms = p50(e);
-  out.last_stage_ms = p50(l);
-  out.exposed_per_last_stage = p50(x);
+  out.ttft_ms = p50(std::move(t));
+  out.exposed_ms = p50(std::move(e));
+  out.last_stage_ms = p50(std::move(l));
+  out.exposed_per_last_stage = p50(std::move(x));
   return out;
 }
 
@@ -185,9 +187,7 @@ double paired_ttft_ratio(const Summary& s) {
     if (a.outcome != "finished" || b.outcome != "finished" || a.ttft_ms <= 0 || b.ttft_ms <= 0) continue;
     r.push_back(a.ttft_ms / b.ttft_ms);
   }
-  if (r.empty()) return 0;
-  std::sort(r.begin(), r.end());
-  return r[r.size() / 2];
+  return p50(std::move(r));
 }
 
 }  // namespace

@@ -22,9 +22,11 @@
 // on the new owner, those answered with ASK (a slot being migrated) on the
 // target with ASKING first, and those answered CLUSTERDOWN or TRYAGAIN after
 // a short pause, up to 4 rounds; a key still unanswered then is a miss (or is
-// not written), counted as an error with the last refusal as the reason. Keys of a master that is down are misses until
-// the map names another node for their slot. So a failover costs the misses of the failover window and never a hang:
-// each node's operations keep their timeouts and the retry interval of redis_tier.h.
+// not written), counted as an error with the last refusal as the reason.
+// Keys of a master that is down are misses until the map names another node
+// for their slot. So a failover costs the misses of the failover window and
+// never a hang: each node's operations keep their timeouts and the retry
+// interval of redis_tier.h.
 //
 // Not a public header. Thread-safety: thread-safe. The map has its own lock;
 // node I/O runs outside it, each node serialising its own operations.
