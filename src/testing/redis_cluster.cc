@@ -91,44 +91,60 @@ Result<std::unique_ptr<RedisCluster>> RedisCluster::start(int masters, int repli
   if (::mkdtemp(tmpl) == nullptr) return Status::io_error("redis cluster: mkdtemp failed");
   c->dir_ = tmpl;
   const int n = masters * (1 + replicas);
+  // A free port is only free until someone else binds it: tests running
+  // beside this one pick ports the same way, so a server that exits at start
+  // (its port taken between the pick and its bind) is retried on another.
+  constexpr int kAttempts = 5;
   for (int i = 0; i < n; ++i) {
-    const uint16_t port = free_cluster_port();
-    if (port == 0) return Status::unavailable("redis cluster: no free port pair");
-    const std::string p = std::to_string(port);
-    KVB_ASSIGN_OR_RETURN(auto child, ChildProcess::spawn({"redis-server",
-                                                          "--port",
-                                                          p,
-                                                          "--bind",
-                                                          "127.0.0.1",
-                                                          "--cluster-enabled",
-                                                          "yes",
-                                                          "--cluster-config-file",
-                                                          c->dir_ + "/nodes-" + p + ".conf",
-                                                          "--cluster-node-timeout",
-                                                          std::to_string(node_timeout_ms),
-                                                          "--dir",
-                                                          c->dir_,
-                                                          "--save",
-                                                          "",
-                                                          "--appendonly",
-                                                          "no",
-                                                          "--daemonize",
-                                                          "no",
-                                                          "--loglevel",
-                                                          "warning",
-                                                          "--protected-mode",
-                                                          "no"}));
-    c->servers_.push_back(std::move(child));
-    c->ports_.push_back(port);
-  }
-  for (size_t i = 0; i < c->ports_.size(); ++i) {
-    const auto deadline = Clock::now() + std::chrono::seconds(5);
-    while (!accepts_on_loopback(c->ports_[i])) {
-      if (Clock::now() > deadline || c->servers_[i]->wait(std::chrono::milliseconds(0))) {
-        return Status::unavailable("redis cluster: redis-server on port " + std::to_string(c->ports_[i]) +
-                                   " did not start (install Debian's redis-server)");
+    bool started = false;
+    uint16_t port = 0;
+    for (int attempt = 0; attempt < kAttempts && !started; ++attempt) {
+      port = free_cluster_port();
+      if (port == 0) return Status::unavailable("redis cluster: no free port pair");
+      const std::string p = std::to_string(port);
+      KVB_ASSIGN_OR_RETURN(auto child, ChildProcess::spawn({"redis-server",
+                                                            "--port",
+                                                            p,
+                                                            "--bind",
+                                                            "127.0.0.1",
+                                                            "--cluster-enabled",
+                                                            "yes",
+                                                            "--cluster-config-file",
+                                                            c->dir_ + "/nodes-" + p + ".conf",
+                                                            "--cluster-node-timeout",
+                                                            std::to_string(node_timeout_ms),
+                                                            "--dir",
+                                                            c->dir_,
+                                                            "--save",
+                                                            "",
+                                                            "--appendonly",
+                                                            "no",
+                                                            "--daemonize",
+                                                            "no",
+                                                            "--loglevel",
+                                                            "warning",
+                                                            "--protected-mode",
+                                                            "no"}));
+      const auto deadline = Clock::now() + std::chrono::seconds(5);
+      bool exited = false;
+      while (!(exited = child->wait(std::chrono::milliseconds(0))) && !accepts_on_loopback(port)) {
+        if (Clock::now() > deadline) {
+          return Status::unavailable("redis cluster: redis-server on port " + p +
+                                     " did not accept within 5 s (install Debian's redis-server)");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      // Accepting on the port is only ours if our server is still running.
+      if (!exited && !child->wait(std::chrono::milliseconds(0))) {
+        c->servers_.push_back(std::move(child));
+        c->ports_.push_back(port);
+        started = true;
+      }
+    }
+    if (!started) {
+      return Status::unavailable("redis cluster: redis-server exited at start " + std::to_string(kAttempts) +
+                                 " times (last port " + std::to_string(port) +
+                                 "; install Debian's redis-server, or ports are exhausted)");
     }
   }
   if (masters < 3) {
