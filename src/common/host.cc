@@ -1,7 +1,11 @@
 #include "common/host.h"
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <thread>
+
+#include <algorithm>
 #include <fstream>
 
 namespace kvbridge {
@@ -20,5 +24,15 @@ std::string read_first_line(const std::string& path) {
 }
 
 std::string boot_id() { return read_first_line("/proc/sys/kernel/random/boot_id"); }
+
+unsigned usable_cpus() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) == 0) {
+    const int n = CPU_COUNT(&allowed);
+    if (n > 0) return static_cast<unsigned>(n);
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 
 }  // namespace kvbridge

@@ -19,4 +19,8 @@ std::string read_first_line(const std::string& path);
 // same hostname and boot id run under one kernel.
 std::string boot_id();
 
+// The CPUs this thread may run on (sched_getaffinity(2)): fewer than the
+// machine's when the process is pinned or in a cpuset; at least 1.
+unsigned usable_cpus();
+
 }  // namespace kvbridge

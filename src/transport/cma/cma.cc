@@ -18,7 +18,8 @@
 // never reads or writes a recycled pid.
 //
 // Threads: a run of at least kParallelBytes is split by bytes over up to
-// kMaxThreads threads of its own (capped by the CPU count), because one
+// kMaxThreads threads of its own (capped by the CPUs this process may run on:
+// a rank pinned to one core copies on one thread), because one
 // thread's process_vm_readv does not saturate memory bandwidth; smaller runs
 // use the calling engine thread only. Runs on one Link may overlap.
 #include <fcntl.h>
@@ -238,7 +239,7 @@ class CmaLink final : public Link {
     if (total == 0) return Status();
     unsigned threads = 1;
     if (total >= kParallelBytes) {
-      threads = std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, kMaxThreads);
+      threads = std::min(usable_cpus(), kMaxThreads);
       threads = static_cast<unsigned>(std::min<uint64_t>(threads, total / (kParallelBytes / 2)));
     }
     if (threads <= 1) return run_share(op, copies, control, nullptr);
