@@ -85,6 +85,7 @@ def _(name):
     check(name, r["plans_verified"] == 16, f"plans verified {r['plans_verified']}, expected 4 requests x 4 ranks")
     check(name, r["ok"] == 4 and r["failed"] == 0, f"ok {r['ok']} failed {r['failed']}")
     check(name, r["bytes"] > 0 and r["gbps"] > 0 and r["raw_gbps"] > 0, "no throughput figures")
+    check(name, r["raw_baseline"] == "process_vm_readv", f"baseline {r['raw_baseline']}")
     check(name, 0 < r["descriptors_per_request"] < r["baseline_descriptors_per_request"],
           f"descriptors {r['descriptors_per_request']} vs baseline {r['baseline_descriptors_per_request']}")
     # Handshake once per remote rank per decode rank: 4 decode ranks x 2 prefill ranks.
@@ -377,6 +378,10 @@ def _(name):
     # The hand-off (the last prefill rank done to every decode rank holding
     # its KV) is measured for every finished request, in either mode.
     check(name, r["handoff_gbps"] > 0 and r["handoff_p50_ms"] > 0, f"hand-off {r['handoff_gbps']} GB/s")
+    # Its baseline is the kernel's copy in the same direction: the prefill
+    # ranks write the same descriptors into the decode ranks.
+    check(name, r["raw_baseline"] == "process_vm_writev" and r["raw_gbps"] > 0,
+          f"baseline {r['raw_baseline']} at {r['raw_gbps']} GB/s")
     r = demo("--mode", "push", "--preset", "llama3-8b", "--stream", "layer", "--compute-us-per-layer", "500",
              "--requests", "3")
     clean(f"{name} stream", r)

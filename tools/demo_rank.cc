@@ -577,13 +577,17 @@ class Rank {
   }
 
   // The baseline: process_vm_readv of the same plan's descriptors, one iovec
-  // each, IOV_MAX per call, from each source process, on this thread.
+  // each, IOV_MAX per call, from each source process, on this thread. In
+  // push mode the prefill ranks run it (`instance` the decode one):
+  // process_vm_writev of the descriptors whose bytes they hold, into each
+  // decode rank, as their writes moved them.
   Status raw(RequestId id, const std::string& instance) {
     // Device memory has no process_vm_readv baseline (kvbridge bench
     // --memory cuda measures cudaMemcpy baselines).
     if (device_) return ch_.send({{"ev", "raw"}, {"req", id}, {"us", 0}, {"bytes", 0}});
     auto it = held_.find(id);
     if (it == held_.end()) return Status::not_found("request " + q(id) + " is not held");
+    if (push_ && c_.prefill) return raw_writes(id, it->second.request, instance);
     KVB_ASSIGN_OR_RETURN(std::vector<connector_internal::RemoteRankView> remotes,
                          connector_internal::remote_ranks(*worker_, instance));
     std::vector<Layout> layouts;
@@ -605,6 +609,42 @@ class Rank {
         const unsigned long n = std::min<size_t>(IOV_MAX, local[s].size() - i);
         const ssize_t got = ::process_vm_readv(remotes[s].pid, &local[s][i], n, &remote[s][i], n, 0);
         if (got < 0) return Status::io_error(std::string("raw process_vm_readv: ") + std::strerror(errno));
+        moved += static_cast<uint64_t>(got);
+      }
+    }
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+    return ch_.send({{"ev", "raw"}, {"req", id}, {"us", us}, {"bytes", moved}});
+  }
+
+  // raw() of a pushing prefill rank: every decode rank's plan, planned as
+  // that rank plans it over this instance, and of it the descriptors this
+  // rank is the source of.
+  Status raw_writes(RequestId id, const Request& q, const std::string& instance) {
+    KVB_ASSIGN_OR_RETURN(std::vector<connector_internal::RemoteRankView> targets,
+                         connector_internal::remote_ranks(*worker_, instance));
+    KVB_ASSIGN_OR_RETURN(std::vector<connector_internal::RemoteRankView> own,
+                         connector_internal::remote_ranks(*worker_, "prefill"));
+    std::vector<Layout> layouts;
+    for (const auto& r : own) layouts.push_back(r.layout);
+    const uint32_t me = layout_.rank();
+    std::vector<std::vector<iovec>> local(targets.size()), remote(targets.size());
+    for (size_t d = 0; d < targets.size(); ++d) {
+      KVB_ASSIGN_OR_RETURN(Plan p, plan(targets[d].layout, layouts, q));
+      for (const Descriptor& x : p.descriptors) {
+        if (x.source != me) continue;
+        local[d].push_back({spans_[x.remote_tensor].data() + x.remote_offset, x.bytes});
+        remote[d].push_back(
+            {reinterpret_cast<void*>(targets[d].tensor_bases[x.local_tensor] + x.local_offset), x.bytes});
+      }
+    }
+    evict_caches();
+    const auto t0 = Clock::now();
+    uint64_t moved = 0;
+    for (size_t d = 0; d < targets.size(); ++d) {
+      for (size_t i = 0; i < local[d].size(); i += IOV_MAX) {
+        const unsigned long n = std::min<size_t>(IOV_MAX, local[d].size() - i);
+        const ssize_t got = ::process_vm_writev(targets[d].pid, &local[d][i], n, &remote[d][i], n, 0);
+        if (got < 0) return Status::io_error(std::string("raw process_vm_writev: ") + std::strerror(errno));
         moved += static_cast<uint64_t>(got);
       }
     }
