@@ -599,21 +599,7 @@ class Rank {
       remote[d.source].push_back(
           {reinterpret_cast<void*>(remotes[d.source].tensor_bases[d.remote_tensor] + d.remote_offset), d.bytes});
     }
-    // The load read its bytes from memory (the prefill writes them past the
-    // caches); so does the baseline: the caches are emptied first.
-    evict_caches();
-    const auto t0 = Clock::now();
-    uint64_t moved = 0;
-    for (size_t s = 0; s < remotes.size(); ++s) {
-      for (size_t i = 0; i < local[s].size(); i += IOV_MAX) {
-        const unsigned long n = std::min<size_t>(IOV_MAX, local[s].size() - i);
-        const ssize_t got = ::process_vm_readv(remotes[s].pid, &local[s][i], n, &remote[s][i], n, 0);
-        if (got < 0) return Status::io_error(std::string("raw process_vm_readv: ") + std::strerror(errno));
-        moved += static_cast<uint64_t>(got);
-      }
-    }
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
-    return ch_.send({{"ev", "raw"}, {"req", id}, {"us", us}, {"bytes", moved}});
+    return timed_copies(id, remotes, local, remote, /*write=*/false);
   }
 
   // raw() of a pushing prefill rank: every decode rank's plan, planned as
@@ -637,14 +623,27 @@ class Rank {
             {reinterpret_cast<void*>(targets[d].tensor_bases[x.local_tensor] + x.local_offset), x.bytes});
       }
     }
+    return timed_copies(id, targets, local, remote, /*write=*/true);
+  }
+
+  // The baseline's copies, timed: for each peer k, local[k] to or from
+  // remote[k] in its memory, IOV_MAX iovecs per syscall; replies "raw".
+  Status timed_copies(RequestId id, const std::vector<connector_internal::RemoteRankView>& peers,
+                      std::vector<std::vector<iovec>>& local, std::vector<std::vector<iovec>>& remote, bool write) {
+    // The load read its bytes from memory (the prefill writes them past the
+    // caches); so does the baseline: the caches are emptied first.
     evict_caches();
     const auto t0 = Clock::now();
     uint64_t moved = 0;
-    for (size_t d = 0; d < targets.size(); ++d) {
-      for (size_t i = 0; i < local[d].size(); i += IOV_MAX) {
-        const unsigned long n = std::min<size_t>(IOV_MAX, local[d].size() - i);
-        const ssize_t got = ::process_vm_writev(targets[d].pid, &local[d][i], n, &remote[d][i], n, 0);
-        if (got < 0) return Status::io_error(std::string("raw process_vm_writev: ") + std::strerror(errno));
+    for (size_t k = 0; k < peers.size(); ++k) {
+      for (size_t i = 0; i < local[k].size(); i += IOV_MAX) {
+        const unsigned long n = std::min<size_t>(IOV_MAX, local[k].size() - i);
+        const ssize_t got = write ? ::process_vm_writev(peers[k].pid, &local[k][i], n, &remote[k][i], n, 0)
+                                  : ::process_vm_readv(peers[k].pid, &local[k][i], n, &remote[k][i], n, 0);
+        if (got < 0) {
+          return Status::io_error(std::string(write ? "raw process_vm_writev: " : "raw process_vm_readv: ") +
+                                  std::strerror(errno));
+        }
         moved += static_cast<uint64_t>(got);
       }
     }
