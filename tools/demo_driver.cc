@@ -510,11 +510,8 @@ class Driver {
       // The kernel's copy in the direction the library copied: the decode
       // ranks read (pull), or the prefill ranks write (push).
       const bool push = a_.mode == "push";
-      Status s =
-          push ? round(prefill,
-                       {{"cmd", "raw"}, {"req", rec.id}, {"instance", "decode-" + std::to_string(rec.decode_instance)}},
-                       60s)
-               : round(decode, {{"cmd", "raw"}, {"req", rec.id}, {"instance", "prefill"}}, 60s);
+      const std::string other = push ? "decode-" + std::to_string(rec.decode_instance) : "prefill";
+      Status s = round(push ? prefill : decode, {{"cmd", "raw"}, {"req", rec.id}, {"instance", other}}, 60s);
       for (const json& r : current_.replies) rec.raw_us = std::max(rec.raw_us, r.value("us", uint64_t{0}));
       if (!s.ok()) sum_.rank_errors.push_back("raw baseline: " + s.to_string());
     } else if (out->outcome == Outcome::kRecompute) {

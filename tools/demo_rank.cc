@@ -629,7 +629,8 @@ class Rank {
   // The baseline's copies, timed: for each peer k, local[k] to or from
   // remote[k] in its memory, IOV_MAX iovecs per syscall; replies "raw".
   Status timed_copies(RequestId id, const std::vector<connector_internal::RemoteRankView>& peers,
-                      std::vector<std::vector<iovec>>& local, std::vector<std::vector<iovec>>& remote, bool write) {
+                      const std::vector<std::vector<iovec>>& local, const std::vector<std::vector<iovec>>& remote,
+                      bool write) {
     // The load read its bytes from memory (the prefill writes them past the
     // caches); so does the baseline: the caches are emptied first.
     evict_caches();

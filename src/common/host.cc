@@ -3,10 +3,9 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include <thread>
-
 #include <algorithm>
 #include <fstream>
+#include <thread>
 
 namespace kvbridge {
 
