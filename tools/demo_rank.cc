@@ -6,11 +6,9 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <climits>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -21,6 +19,7 @@
 #include "common/text.h"
 #include "connector/worker_internal.h"
 #include "demo.h"
+#include "demo_baseline.h"
 #include "device/device.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
@@ -576,91 +575,31 @@ class Rank {
     return ch_.send({{"ev", "recomputed"}, {"req", id}, {"verify_bad", c.bad_cells}, {"verify_error", c.first_error}});
   }
 
-  // The baseline: process_vm_readv of the same plan's descriptors, one iovec
-  // each, IOV_MAX per call, from each source process, on this thread. In
-  // push mode the prefill ranks run it (`instance` the decode one):
-  // process_vm_writev of the descriptors whose bytes they hold, into each
-  // decode rank, as their writes moved them.
+  // The baseline (demo_baseline.h), on this thread: a decode rank reads its
+  // plan's descriptors from `instance`'s ranks; in push mode a prefill rank
+  // writes the descriptors whose bytes it holds into `instance`'s ranks.
   Status raw(RequestId id, const std::string& instance) {
     // Device memory has no process_vm_readv baseline (kvbridge bench
     // --memory cuda measures cudaMemcpy baselines).
     if (device_) return ch_.send({{"ev", "raw"}, {"req", id}, {"us", 0}, {"bytes", 0}});
     auto it = held_.find(id);
     if (it == held_.end()) return Status::not_found("request " + q(id) + " is not held");
-    if (push_ && c_.prefill) return raw_writes(id, it->second.request, instance);
-    KVB_ASSIGN_OR_RETURN(std::vector<connector_internal::RemoteRankView> remotes,
+    const bool write = push_ && c_.prefill;
+    KVB_ASSIGN_OR_RETURN(std::vector<connector_internal::RemoteRankView> peers,
                          connector_internal::remote_ranks(*worker_, instance));
-    std::vector<Layout> layouts;
-    for (const auto& r : remotes) layouts.push_back(r.layout);
-    KVB_ASSIGN_OR_RETURN(Plan p, plan(layout_, layouts, it->second.request));
-    std::vector<std::vector<iovec>> local(remotes.size()), remote(remotes.size());
-    for (const Descriptor& d : p.descriptors) {
-      local[d.source].push_back({spans_[d.local_tensor].data() + d.local_offset, d.bytes});
-      remote[d.source].push_back(
-          {reinterpret_cast<void*>(remotes[d.source].tensor_bases[d.remote_tensor] + d.remote_offset), d.bytes});
+    std::vector<PeerCopies> copies;
+    if (write) {
+      KVB_ASSIGN_OR_RETURN(std::vector<connector_internal::RemoteRankView> own,
+                           connector_internal::remote_ranks(*worker_, "prefill"));
+      KVB_ASSIGN_OR_RETURN(copies, writes_of(layout_, spans_, peers, own, it->second.request));
+    } else {
+      KVB_ASSIGN_OR_RETURN(copies, reads_of(layout_, spans_, peers, it->second.request));
     }
-    return timed_copies(id, remotes, local, remote, /*write=*/false);
-  }
-
-  // raw() of a pushing prefill rank: every decode rank's plan, planned as
-  // that rank plans it over this instance, and of it the descriptors this
-  // rank is the source of.
-  Status raw_writes(RequestId id, const Request& q, const std::string& instance) {
-    KVB_ASSIGN_OR_RETURN(std::vector<connector_internal::RemoteRankView> targets,
-                         connector_internal::remote_ranks(*worker_, instance));
-    KVB_ASSIGN_OR_RETURN(std::vector<connector_internal::RemoteRankView> own,
-                         connector_internal::remote_ranks(*worker_, "prefill"));
-    std::vector<Layout> layouts;
-    for (const auto& r : own) layouts.push_back(r.layout);
-    const uint32_t me = layout_.rank();
-    std::vector<std::vector<iovec>> local(targets.size()), remote(targets.size());
-    for (size_t d = 0; d < targets.size(); ++d) {
-      KVB_ASSIGN_OR_RETURN(Plan p, plan(targets[d].layout, layouts, q));
-      for (const Descriptor& x : p.descriptors) {
-        if (x.source != me) continue;
-        local[d].push_back({spans_[x.remote_tensor].data() + x.remote_offset, x.bytes});
-        remote[d].push_back(
-            {reinterpret_cast<void*>(targets[d].tensor_bases[x.local_tensor] + x.local_offset), x.bytes});
-      }
-    }
-    return timed_copies(id, targets, local, remote, /*write=*/true);
-  }
-
-  // The baseline's copies, timed: for each peer k, local[k] to or from
-  // remote[k] in its memory, IOV_MAX iovecs per syscall; replies "raw".
-  Status timed_copies(RequestId id, const std::vector<connector_internal::RemoteRankView>& peers,
-                      const std::vector<std::vector<iovec>>& local, const std::vector<std::vector<iovec>>& remote,
-                      bool write) {
     // The load read its bytes from memory (the prefill writes them past the
     // caches); so does the baseline: the caches are emptied first.
-    evict_caches();
-    const auto t0 = Clock::now();
-    uint64_t moved = 0;
-    for (size_t k = 0; k < peers.size(); ++k) {
-      for (size_t i = 0; i < local[k].size(); i += IOV_MAX) {
-        const unsigned long n = std::min<size_t>(IOV_MAX, local[k].size() - i);
-        const ssize_t got = write ? ::process_vm_writev(peers[k].pid, &local[k][i], n, &remote[k][i], n, 0)
-                                  : ::process_vm_readv(peers[k].pid, &local[k][i], n, &remote[k][i], n, 0);
-        if (got < 0) {
-          return Status::io_error(std::string(write ? "raw process_vm_writev: " : "raw process_vm_readv: ") +
-                                  std::strerror(errno));
-        }
-        moved += static_cast<uint64_t>(got);
-      }
-    }
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
-    return ch_.send({{"ev", "raw"}, {"req", id}, {"us", us}, {"bytes", moved}});
-  }
-
-  // Writes and reads a buffer larger than the last-level cache.
-  void evict_caches() {
-    constexpr size_t kBytes = size_t{64} << 20;
-    if (evict_.empty()) evict_.resize(kBytes);
-    std::memset(evict_.data(), static_cast<int>(++evict_round_), evict_.size());
-    uint64_t sum = 0;
-    for (size_t i = 0; i < evict_.size(); i += 64) sum += evict_[i];
-    volatile uint64_t sink = sum;
-    (void)sink;
+    evictor_.evict();
+    KVB_ASSIGN_OR_RETURN(TimedCopies t, time_copies(copies, write));
+    return ch_.send({{"ev", "raw"}, {"req", id}, {"us", t.us}, {"bytes", t.bytes}});
   }
 
   // Every byte no request holds must still be the sentinel.
@@ -711,8 +650,7 @@ class Rank {
   std::vector<std::span<uint8_t>> spans_;  // the registered memory (device memory with --memory cuda)
   std::vector<std::span<uint8_t>> host_;   // what the content functions read and write (spans_ for host memory)
   std::string engine_name_;                // this rank's engine name
-  std::vector<uint8_t> evict_;             // evict_caches()'s buffer, allocated on first use
-  uint8_t evict_round_ = 0;
+  CacheEvictor evictor_;                   // raw()'s
   bool device_ = false;
   int gpu_ = 0;
   device::Stream stream_ = nullptr;
