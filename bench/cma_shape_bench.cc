@@ -46,9 +46,11 @@ struct Options {
   unsigned reps = 10;
 };
 
+constexpr const char* kUsage =
+    "usage: cma_shape_bench [--sources S] [--readers D] [--piece BYTES] [--mib N] [--reps N]\n";
+
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr, "cma_shape_bench: %s\n", why);
-  std::fprintf(stderr, "usage: cma_shape_bench [--sources S] [--readers D] [--piece BYTES] [--mib N] [--reps N]\n");
+  std::fprintf(stderr, "cma_shape_bench: %s\n%s", why, kUsage);
   std::exit(2);
 }
 
@@ -56,6 +58,10 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
     if (i + 1 >= argc) usage(("missing value after " + a).c_str());
     char* end = nullptr;
     const unsigned long long v = std::strtoull(argv[++i], &end, 10);

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Runs every benchmark binary of a build (BUILD_DIR/bench/*_bench) with tabular
-# counters, keeps each run's JSON next to the binary, and prints a summary
-# table of the planner's figures. Usage: scripts/bench.sh BUILD_DIR [ARGS...]
-# (extra ARGS go to every binary, e.g. --benchmark_filter=llama).
+# Runs every benchmark binary of a build (BUILD_DIR/bench/*_bench): the Google
+# Benchmark ones with tabular counters, keeping each run's JSON next to the
+# binary, and a summary table of the planner's figures; the plain programs
+# (cma_shape_bench) as they are; then `kvbridge bench`.
+# Usage: scripts/bench.sh BUILD_DIR [ARGS...]. ARGS (e.g.
+# --benchmark_filter=llama) go to the Google Benchmark binaries, and only
+# those run.
 set -euo pipefail
 build=${1:?usage: scripts/bench.sh BUILD_DIR [benchmark args...]}
 shift
@@ -26,6 +29,16 @@ for bin in "${binaries[@]}"; do
   [[ -x "$bin" ]] || continue
   name=$(basename "$bin")
   json="$build/bench/$name.json"
+  # A Google Benchmark binary lists its benchmarks; a plain program refuses the flag.
+  if ! "$bin" --benchmark_list_tests=true >/dev/null 2>&1; then
+    [[ $# -eq 0 ]] || continue
+    echo "== $name"
+    if ! "$bin"; then
+      echo "bench: $name FAILED" >&2
+      status=1
+    fi
+    continue
+  fi
   echo "== $name"
   if ! "$bin" --benchmark_counters_tabular=true --benchmark_out="$json" --benchmark_out_format=json "$@"; then
     echo "bench: $name FAILED" >&2
@@ -48,7 +61,8 @@ for bin in "${binaries[@]}"; do
 done
 
 # The engine and its transports against their baselines (kvbridge bench; the
-# table ends with a verdict per target).
+# table ends with a verdict per target), when no ARGS narrowed the run.
+[[ $# -eq 0 ]] || exit $status
 echo "== kvbridge bench"
 if ! "$build"/tools/kvbridge bench; then
   echo "bench: kvbridge bench FAILED" >&2

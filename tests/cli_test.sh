@@ -107,6 +107,18 @@ expect "a bad order is a usage error" 2 "$KVB" layout --preset llama3-8b --order
 expect "a missing --preset is a usage error" 2 "$KVB" layout
 expect "no subcommand is a usage error" 2 "$KVB"
 expect "an unknown subcommand is a usage error" 2 "$KVB" frobnicate
+contains "the error names the unknown command" "$TMP/err" "unknown command 'frobnicate'"
+expect "a negative block size is a usage error" 2 "$KVB" layout --preset llama3-8b --block-tokens=-1
+contains "the error quotes the value" "$TMP/err" "'-1' is not a whole number"
+expect "zero requests is a usage error" 2 "$KVB" demo --requests 0
+contains "the error names the bound" "$TMP/err" "'0' is not a whole number of at least 1"
+expect "an unknown transport is a usage error" 2 "$KVB" demo --transport rdma
+expect "an unknown fault is a usage error" 2 "$KVB" demo --inject kill
+contains "the error lists the faults" "$TMP/err" "kill-prefill"
+expect "an unknown failure policy is a usage error" 2 "$KVB" demo --policy retry
+expect "a demo side's TP size that does not divide the heads fails with exit 1" 1 \
+  "$KVB" demo --prefill-tp 3 --requests 1 --no-progress
+contains "the error names the demo's option" "$TMP/err" "--prefill-tp 3"
 expect "a missing file fails with exit 1" 1 "$KVB" validate "$TMP/none.json"
 echo '{"format": "kvbridge.layout/1"' >"$TMP/bad.json"
 expect "malformed JSON fails with exit 1" 1 "$KVB" validate "$TMP/bad.json"

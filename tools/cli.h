@@ -56,4 +56,9 @@ Result<std::string> read_secret(const std::string& file);
 // Prints "kvbridge: <code>: <message>" to stderr and returns kExitError.
 int fail(const Status& status);
 
+// Option checks for whole numbers: at least 1, or not negative. (CLI11 2.1's
+// PositiveNumber and NonNegativeNumber print a double's range up to DBL_MAX.)
+CLI::Validator positive();
+CLI::Validator non_negative();
+
 }  // namespace kvbridge::cli

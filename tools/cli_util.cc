@@ -69,4 +69,24 @@ int fail(const Status& status) {
   return kExitError;
 }
 
+namespace {
+
+// A whole number of at least `min`: a sign, a fraction or trailing text is
+// refused with what was given.
+CLI::Validator whole_at_least(uint64_t min, const std::string& what) {
+  return CLI::Validator(
+      [min, what](std::string& v) -> std::string {
+        const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+        if (!digits) return "'" + v + "' is not " + what;
+        if (min > 0 && v.find_first_not_of('0') == std::string::npos) return "'" + v + "' is not " + what;
+        return std::string();
+      },
+      what == "a whole number" ? "UINT" : "UINT>0");
+}
+
+}  // namespace
+
+CLI::Validator positive() { return whole_at_least(1, "a whole number of at least 1"); }
+CLI::Validator non_negative() { return whole_at_least(0, "a whole number"); }
+
 }  // namespace kvbridge::cli

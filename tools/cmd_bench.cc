@@ -345,12 +345,8 @@ Command add_bench_command(CLI::App& root) {
                   "Transports to measure (local, cma, tcp, ucx; cuda_ipc: --memory cuda)")
       ->check(CLI::IsMember({"local", "cma", "tcp", "ucx"}))
       ->capture_default_str();
-  app->add_option("--block-bytes", args->block_bytes, "Block sizes in bytes")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app->add_option("--batch", args->batches, "Descriptors per transfer")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  app->add_option("--block-bytes", args->block_bytes, "Block sizes in bytes")->check(positive())->capture_default_str();
+  app->add_option("--batch", args->batches, "Descriptors per transfer")->check(positive())->capture_default_str();
   app->add_option("--pattern", args->patterns, "Block id patterns")
       ->check(CLI::IsMember({"contiguous", "shuffled"}))
       ->capture_default_str();
@@ -362,19 +358,17 @@ Command add_bench_command(CLI::App& root) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app->add_option("--reps", args->reps, "Repetitions; the median is reported")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
-  app->add_option("--threads", args->threads, "Engine worker threads")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  app->add_option("--threads", args->threads, "Engine worker threads")->check(positive())->capture_default_str();
   app->add_option("--inline-bytes", args->inline_bytes,
                   "EngineOptions::inline_bytes: local/cma transfers up to this size run inside submit() (0: never)")
       ->capture_default_str();
   app->add_option("--tcp-streams", args->tcp_streams, "tcp connections per peer")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   app->add_option("--iperf-seconds", args->iperf_seconds, "iperf3 run length")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   app->add_flag("--quick", args->quick,
                 "Short run (8 MiB buffers, 5 ms x 3 repetitions): a smoke test, not a measurement");

@@ -42,26 +42,37 @@ Command add_demo_command(CLI::App& root) {
   add_side(app, "prefill", args->prefill);
   add_side(app, "decode", args->decode);
   app->add_option("--decode-instances", args->decode_instances, "Decode instances pulling from the prefill instance")
+      ->check(positive())
       ->capture_default_str();
-  app->add_option("--requests", args->requests, "Number of requests")->capture_default_str();
+  app->add_option("--requests", args->requests, "Number of requests")->check(positive())->capture_default_str();
   app->add_option("--max-tokens", args->max_tokens, "Longest request in tokens (0: chosen from the block sizes)");
   app->add_option("--min-tokens", args->min_tokens, "Shortest request in tokens (lengths are uniform in between)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   app->add_option("--num-blocks", args->num_blocks, "Blocks per group on each side (0: enough for one request)");
   app->add_option("--seed", args->seed, "Seed of the request generator")->capture_default_str();
   app->add_option("--transport", args->transport, "cma, tcp or ucx (cuda_ipc with --memory cuda)")
+      ->check(CLI::IsMember({"cma", "tcp", "ucx", "cuda_ipc"}))
       ->capture_default_str();
   app->add_option("--memory", args->memory,
                   "host, or cuda: the KV in GPU memory of this host (ranks share GPUs when there are fewer), over "
                   "cuda_ipc")
       ->check(CLI::IsMember({"host", "cuda"}))
       ->capture_default_str();
-  app->add_option("--policy", args->policy, "On a failed load: fail or recompute")->capture_default_str();
+  app->add_option("--policy", args->policy, "On a failed load: fail or recompute")
+      ->check(CLI::IsMember({"fail", "recompute"}))
+      ->capture_default_str();
   auto secret_file = std::make_shared<std::string>();
   app->add_option("--secret-file", *secret_file,
                   "File holding the shared secret of every channel (default: $KVBRIDGE_SECRET, if set)");
-  app->add_option("--inject", *inject, "Fault to inject: " + demo::inject_names())->capture_default_str();
+  app->add_option("--inject", *inject, "Fault to inject: " + demo::inject_names())
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            Result<demo::Inject> i = demo::parse_inject(v);
+            return i.ok() ? std::string() : i.error().message();
+          },
+          "FAULT"))
+      ->capture_default_str();
   app->add_option("--lease-ms", *lease_ms, "Prefill lease (default 30000; 1500 with --inject)");
   auto after_ms = std::make_shared<uint64_t>(40);
   app->add_option("--inject-after-ms", *after_ms, "kill-prefill, kill-decode, abort: how long after the load starts")
@@ -85,7 +96,7 @@ Command add_demo_command(CLI::App& root) {
       ->check(CLI::IsMember({"pull", "push"}))
       ->capture_default_str();
   app->add_option("--layers-per-stage", args->layers_per_stage, "Streamed loads: consecutive layers per stage")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   app->add_option(
       "--stream-min-tokens", args->stream_min_tokens,

@@ -52,16 +52,19 @@ Command add_layout_command(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--dcp-interleave", args->preset.dcp_interleave, "Tokens per chunk dealt to one context shard")
       ->capture_default_str();
-  app->add_option("--block-tokens", args->preset.block_tokens, "Tokens per logical block (default: the preset's)");
+  app->add_option("--block-tokens", args->preset.block_tokens, "Tokens per logical block (0 or absent: the preset's)")
+      ->check(non_negative());
   app->add_option("--kernel-block-tokens", args->preset.kernel_block_tokens,
-                  "Tokens per kernel block; divides --block-tokens (default: the preset's)");
+                  "Tokens per kernel block; divides --block-tokens (0 or absent: the preset's)")
+      ->check(non_negative());
   app->add_option("--order", args->order, "Physical order: LBHNC, LBNHC or BLHNC")
       ->capture_default_str()
       ->check([](const std::string& value) -> std::string {
         Result<Order> order = parse_order(value);
         return order ? std::string() : order.error().message();
       });
-  app->add_option("--num-blocks", args->preset.num_blocks, "Blocks per group (default: the preset's)");
+  app->add_option("--num-blocks", args->preset.num_blocks, "Blocks per group (0 or absent: the preset's)")
+      ->check(non_negative());
   app->add_option("--spec-tokens", args->preset.spec_tokens, "Speculative tokens (sizes qwen3-next's ring)")
       ->capture_default_str();
   app->add_flag("--compact", args->compact, "Print the JSON on one line");

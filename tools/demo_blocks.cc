@@ -1,8 +1,21 @@
 #include "demo_blocks.h"
 
+#include <regex>
+
 #include "kvbridge/presets.h"
 
 namespace kvbridge::cli::demo {
+namespace {
+
+// The preset's error names its own options (--tp 3: ...); the demo's are
+// per side (--prefill-tp 3: ...).
+Status on_side(const Status& s, const char* side) {
+  static const std::regex kOption("--(tp|pp|dcp|dcp-interleave|block-tokens|kernel-block-tokens)\\b(?!-)");
+  return Status(s.code(), std::regex_replace(s.message(), kOption, std::string("--") + side + "-$1"))
+      .with_context(side);
+}
+
+}  // namespace
 
 Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_blocks) {
   const char* side = &s == &a.prefill ? "prefill" : "decode";
@@ -14,11 +27,11 @@ Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_bloc
   p.block_tokens = s.block_tokens;
   p.kernel_block_tokens = s.kernel_block_tokens;
   Result<Order> order = parse_order(s.order);
-  if (!order.ok()) return order.error().with_context(side);
+  if (!order.ok()) return on_side(order.error(), side);
   p.order = *order;
   p.num_blocks = num_blocks;
   Result<Layout> l = make_preset(p);
-  if (!l.ok()) return l.error().with_context(side);
+  if (!l.ok()) return on_side(l.error(), side);
   return l;
 }
 

@@ -370,6 +370,13 @@ void print_report(const Summary& s) {
                 raw, raw > 0 ? g / raw : 0.0);
   }
   std::printf("  transfer latency  p50 %.2f ms, p99 %.2f ms\n", f.p50_ms, f.p99_ms);
+  if (a.inject == Inject::kKillPrefill || a.inject == Inject::kKillDecode || a.inject == Inject::kAbort ||
+      a.inject == Inject::kStall) {
+    std::printf(
+        "                    (--inject %s slows every copy on the side that copies, so that the fault lands "
+        "mid-transfer)\n",
+        std::string(inject_name(a.inject)).c_str());
+  }
   if (f.handoff_ms > 0) {
     std::printf(
         "  hand-off          p50 %.2f ms, %.2f GB/s: the last prefill rank done to every decode rank holding its\n"
@@ -382,13 +389,6 @@ void print_report(const Summary& s) {
       "  start_load        p50 %.1f us, max %.1f us to return (the first load's handshake runs on the connect "
       "thread)\n",
       f.start_p50_us, f.start_max_us);
-  if (a.inject == Inject::kKillPrefill || a.inject == Inject::kKillDecode || a.inject == Inject::kAbort ||
-      a.inject == Inject::kStall) {
-    std::printf(
-        "                    (--inject %s slows every copy on the side that copies, so that the fault lands "
-        "mid-transfer)\n",
-        std::string(inject_name(a.inject)).c_str());
-  }
   std::printf("  listeners         %zu, %llu not on the host asked for\n", s.listeners.size(),
               static_cast<unsigned long long>(s.listeners_elsewhere));
   if (!a.etcd.empty()) {

@@ -1,6 +1,8 @@
 // The kvbridge command-line tool: builds, checks and explains layouts.
 // `kvbridge --help` lists the subcommands; each has its own --help.
 
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "cli.h"
@@ -15,6 +17,20 @@ int main(int argc, char** argv) {
       add_plan_command(app),   add_readers_command(app), add_demo_command(app),      add_bench_command(app),
       add_store_command(app),  add_sim_command(app),     add_discovery_command(app),
   };
+  // CLI11 would say only that a subcommand is required.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const Command& c : commands) {
+      known = known || c.app->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + c.app->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "kvbridge: unknown command '%s' (commands: %s)\nRun with --help for more information.\n",
+                   argv[1], names.c_str());
+      return kExitUsage;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
