@@ -141,6 +141,16 @@ struct EngineOptions {
   // opens with mutual proof of it and every frame on them is tagged
   // (docs/security.md); peers must hold the same one. Empty: none.
   std::string secret;
+  // The ucx transport alongside a secret. UCX's own listener takes no part
+  // in the secret (UCX 1.13 has no hook to check one before its wire-up),
+  // and UCX serves remote memory access itself: where a transport has no
+  // hardware RMA (UCX_TLS=tcp), it emulates it with messages that read or
+  // write the address they name, registered or not. So anyone who can reach
+  // UCX's interface could read or write this process's memory. With a
+  // secret, the default transport list leaves ucx out (transports() says
+  // why), and create() refuses "ucx" listed in `transports` unless this is
+  // true: every host that can reach that interface is trusted.
+  bool ucx_trusted_network = false;
   std::chrono::milliseconds connect_timeout{5000};  // a control connection's opening, in connect()
   uint32_t tcp_streams = 4;                         // connections per peer for tcp
   uint32_t threads = 2;                             // worker threads

@@ -234,7 +234,8 @@ void bind_engine(py::module_& m) {
       .def(py::init([](const std::string& name, std::optional<std::vector<std::string>> transports,
                        const std::string& host, uint32_t tcp_streams, uint32_t threads, py::object default_timeout,
                        const std::string& faults, uint64_t inline_bytes, const std::string& secret,
-                       const std::string& advertise_host, const std::string& device_copy, uint32_t device_copy_blocks) {
+                       const std::string& advertise_host, const std::string& device_copy, uint32_t device_copy_blocks,
+                       bool ucx_trusted_network) {
              EngineOptions o;
              o.name = name;
              if (transports) o.transports = *transports;
@@ -245,6 +246,7 @@ void bind_engine(py::module_& m) {
              o.default_timeout = to_millis(default_timeout, o.default_timeout);
              o.inline_bytes = inline_bytes;
              o.secret = secret;
+             o.ucx_trusted_network = ucx_trusted_network;
              o.device_copy = device_copy;
              o.device_copy_blocks = device_copy_blocks;
              Result<std::unique_ptr<Engine>> e = [&] {
@@ -257,6 +259,7 @@ void bind_engine(py::module_& m) {
            py::arg("tcp_streams") = 4, py::arg("threads") = 2, py::arg("default_timeout") = 30.0,
            py::arg("faults") = "", py::arg("inline_bytes") = EngineOptions{}.inline_bytes, py::arg("secret") = "",
            py::arg("advertise_host") = "", py::arg("device_copy") = "copy_engine", py::arg("device_copy_blocks") = 0,
+           py::arg("ucx_trusted_network") = false,
            "Starts the engine's threads and listeners.\n\n"
            "name: shown to peers and in errors; '' = a name of this engine's own (kvbridge-<host>-<pid>-<hex>).\n"
            "Peers are told apart by name and a random instance id, so names need not be unique. transports: preference "
@@ -267,7 +270,9 @@ void bind_engine(py::module_& m) {
            "without one.\n"
            "faults: fault injection, for tests only ('delay=MS', 'drop-notifications=N').\n"
            "secret: shared secret of every control connection and tcp stream ('' = none); peers\n"
-           "must hold the same (docs/security.md).\n"
+           "must hold the same (docs/security.md). UCX's own listener cannot check it: with a secret,\n"
+           "ucx is left out of the default transports, and transports=['ucx'] raises InvalidArgument\n"
+           "unless ucx_trusted_network=True (every host that can reach UCX's interface is trusted).\n"
            "inline_bytes: a transfer of at most this many bytes without a notification, over local or\n"
            "cma, runs inside submit() (it has ended when submit returns); 0 = always on engine threads.\n"
            "device_copy: how device memory is copied, 'copy_engine' (one cudaMemcpyBatchAsync per transfer)\n"

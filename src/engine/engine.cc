@@ -67,6 +67,19 @@ Result<std::vector<std::unique_ptr<transport::Transport>>> make_transports(const
     if (std::count(names.begin(), names.end(), name) > 1) {
       return Status::invalid_argument("transport '" + name + "' is listed more than once");
     }
+    // UCX's listener cannot check the secret (EngineOptions::ucx_trusted_network).
+    if (name == "ucx" && !options.secret.empty() && !options.ucx_trusted_network) {
+      const std::string why =
+          "UCX's own listener cannot check the shared secret, and UCX serves remote memory access to any peer "
+          "that completes its wire-up";
+      if (explicit_list) {
+        return Status::invalid_argument("transport 'ucx' with a shared secret: " + why +
+                                        "; set ucx_trusted_network when every host that can reach its interface is "
+                                        "trusted, or use tcp, which checks the secret");
+      }
+      reports->push_back(TransportReport{name, false, "left out with a shared secret: " + why});
+      continue;
+    }
     Result<std::unique_ptr<transport::Transport>> t = make_one(name, options);
     if (!t.ok() && t.error().code() == Code::kInvalidArgument) return t.error();
     if (!t.ok() && explicit_list) {

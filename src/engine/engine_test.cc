@@ -81,6 +81,47 @@ TEST(EngineTest, DefaultTransportsReportWhatIsMissingAndWhy) {
   }
 }
 
+// UCX's listener takes no part in the secret: with one, ucx runs only when
+// asked for by name on a network declared trusted.
+TEST(EngineTest, WithASecretUcxIsLeftOutUnlessItsNetworkIsTrusted) {
+  EngineOptions o;
+  o.secret = "0123456789abcdef0123456789abcdef";
+  Result<std::unique_ptr<Engine>> e = Engine::create(o);
+  ASSERT_TRUE(e.ok()) << e.error().to_string();
+  bool reported = false;
+  for (const TransportReport& r : (*e)->transports()) {
+    if (r.name != "ucx") continue;
+    reported = true;
+    EXPECT_FALSE(r.available);
+    EXPECT_NE(r.reason.find("shared secret"), std::string::npos) << r.reason;
+  }
+  EXPECT_TRUE(reported);
+  // The metadata offers no ucx address to peers.
+  Result<engine_internal::EngineMetadata> m = engine_internal::decode_metadata((*e)->metadata());
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  for (const auto& t : m->transports) EXPECT_NE(t.name, "ucx");
+
+  o.transports = {"ucx"};
+  e = Engine::create(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.error().code(), Code::kInvalidArgument);
+  EXPECT_NE(e.error().message().find("ucx_trusted_network"), std::string::npos) << e.error().to_string();
+
+  // Declared trusted, it starts where UCX can run, and where it cannot it
+  // is refused for that reason, not for the secret. Without a secret, the
+  // same as without the flag.
+  o.ucx_trusted_network = true;
+  e = Engine::create(o);
+  if (!e.ok()) {
+    EXPECT_EQ(e.error().code(), Code::kUnavailable) << e.error().to_string();
+    EXPECT_EQ(e.error().message().find("secret"), std::string::npos) << e.error().to_string();
+  }
+  const bool ucx_runs = e.ok();
+  o.secret.clear();
+  o.ucx_trusted_network = false;
+  EXPECT_EQ(Engine::create(o).ok(), ucx_runs);
+}
+
 TEST(EngineTest, MetadataDescribesMergedSegmentsAndEveryRegion) {
   std::unique_ptr<Engine> e = make("a");
   std::vector<uint8_t> memory(1 << 16);
