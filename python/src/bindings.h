@@ -86,6 +86,7 @@ void bind_errors(py::module_& m);
 void bind_layout(py::module_& m);
 void bind_plan(py::module_& m);
 void bind_engine(py::module_& m);
+void bind_schedulers(py::module_& m);  // schedulers.cc; called by bind_connector
 void bind_connector(py::module_& m);
 void bind_store(py::module_& m);
 // kvbridge.testing's device hooks (device.cc); after bind_connector, which
