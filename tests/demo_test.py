@@ -302,22 +302,27 @@ def _(name):
 
 @case("bad-input")
 def _(name):
+    # A value the command line itself refuses is a usage error (exit 2); one
+    # only the run can judge (a preset, a shape, a namespace) is an error (1).
     bad = {
-        ("--transport", "foo"): "use cma, tcp or ucx",
-        ("--preset", "nope"): "unknown preset 'nope'",
-        ("--decode-tp", "3"): "the TP size must divide",
-        ("--policy", "x"): "unknown failure policy 'x'",
-        ("--inject", "x"): "unknown fault 'x'",
-        ("--requests", "0"): "--requests must be at least 1",
-        ("--prefill-order", "XYZ"): "unknown order 'XYZ'",
-        ("--num-blocks", "2"): "is fewer than the",
-        ("--min-tokens", "9000", "--max-tokens", "8192"): "--min-tokens 9000 must be from 1 to the 8192",
-        ("--prefill-netns", "kvb-no-such-ns"): "cannot enter network namespace",
+        ("--transport", "foo"): (2, "foo not in {cma,tcp,ucx,cuda_ipc}"),
+        ("--preset", "nope"): (1, "unknown preset 'nope'"),
+        ("--decode-tp", "3"): (1, "the TP size must divide"),
+        ("--policy", "x"): (2, "x not in {fail,recompute}"),
+        ("--inject", "x"): (2, "unknown fault 'x'"),
+        ("--requests", "0"): (2, "'0' is not a whole number of at least 1"),
+        ("--prefill-order", "XYZ"): (1, "unknown order 'XYZ'"),
+        ("--num-blocks", "2"): (1, "is fewer than the"),
+        ("--min-tokens", "9000", "--max-tokens", "8192"): (1, "--min-tokens 9000 must be from 1 to the 8192"),
+        ("--prefill-netns", "kvb-no-such-ns"): (1, "cannot enter network namespace"),
     }
-    for args, text in bad.items():
+    for args, (code, text) in bad.items():
         p = subprocess.run([KVB, "demo", "--no-progress", *args], capture_output=True, text=True, timeout=60)
-        check(name, p.returncode == 1, f"{args}: exit {p.returncode}, expected 1")
+        check(name, p.returncode == code, f"{args}: exit {p.returncode}, expected {code}")
         check(name, text in p.stderr, f"{args}: stderr does not say {text!r}: {p.stderr[-500:]}")
+    # The preset's error names the demo's own option for that side.
+    p = subprocess.run([KVB, "demo", "--no-progress", "--decode-tp", "3"], capture_output=True, text=True, timeout=60)
+    check(name, "--decode-tp 3" in p.stderr, f"--decode-tp 3: stderr does not name it: {p.stderr[-500:]}")
 
 
 # Layer-wise streaming with real prefill compute per layer: every request
