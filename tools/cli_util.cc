@@ -71,22 +71,22 @@ int fail(const Status& status) {
 
 namespace {
 
-// A whole number of at least `min`: a sign, a fraction or trailing text is
-// refused with what was given.
-CLI::Validator whole_at_least(uint64_t min, const std::string& what) {
+// A whole number (of at least 1 when `positive`): a sign, a fraction or
+// trailing text is refused with what was given.
+CLI::Validator whole_number(bool positive) {
+  const std::string what = positive ? "a whole number of at least 1" : "a whole number";
   return CLI::Validator(
-      [min, what](std::string& v) -> std::string {
+      [positive, what](std::string& v) -> std::string {
         const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
-        if (!digits) return "'" + v + "' is not " + what;
-        if (min > 0 && v.find_first_not_of('0') == std::string::npos) return "'" + v + "' is not " + what;
-        return std::string();
+        const bool zero = digits && v.find_first_not_of('0') == std::string::npos;
+        return digits && !(positive && zero) ? std::string() : "'" + v + "' is not " + what;
       },
-      what == "a whole number" ? "UINT" : "UINT>0");
+      positive ? "UINT>0" : "UINT");
 }
 
 }  // namespace
 
-CLI::Validator positive() { return whole_at_least(1, "a whole number of at least 1"); }
-CLI::Validator non_negative() { return whole_at_least(0, "a whole number"); }
+CLI::Validator positive() { return whole_number(true); }
+CLI::Validator non_negative() { return whole_number(false); }
 
 }  // namespace kvbridge::cli
