@@ -27,7 +27,7 @@ BELOW = {
 }
 # The layer each public header belongs to.
 PUBLIC = {
-    "status.h": "common", "transfer_op.h": "common",
+    "status.h": "common", "transfer_op.h": "common", "host_memory.h": "common",
     "layout.h": "layout", "layout_json.h": "layout", "presets.h": "layout",
     "plan.h": "plan", "verify.h": "plan", "content.h": "plan", "execute.h": "plan",
     "engine.h": "engine", "connector.h": "connector", "store.h": "store", "store_key.h": "store",

@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
-#include <sys/mman.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
@@ -23,6 +22,7 @@
 #include "device/device.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
+#include "kvbridge/host_memory.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
 #include "proc_info.h"
@@ -149,14 +149,18 @@ class Rank {
     KVB_ASSIGN_OR_RETURN(layout_, make_preset(p));
     if (c_.prefill && a.inject == Inject::kHash) layout_.dtype = "fp8_e4m3";  // a peer built for another dtype
     for (const Tensor& t : layout_.tensors) {
-      void* m = ::mmap(nullptr, t.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (m == MAP_FAILED) return Status::resource_exhausted("mmap of tensor '" + t.name + "' failed");
+      // Huge pages where the kernel has them, as an engine's host KV cache
+      // should be: cma's copies pin every page they touch.
+      Result<HostMemory> got = HostMemory::allocate(t.bytes);
+      if (!got.ok()) return got.error().with_context("tensor '" + t.name + "'");
+      uint8_t* m = got->data();
+      memory_.push_back(std::move(got).value());
       // The decode's memory holds the sentinel; the prefill's is touched by
       // its requests only (a pool sized for the longest request can be far
       // larger than what the requests use: qwen3-next's state blocks), each
       // request's blocks made resident before it is admitted (make_resident).
       if (!c_.prefill) std::memset(m, kSentinel, t.bytes);
-      spans_.emplace_back(static_cast<uint8_t*>(m), t.bytes);
+      spans_.emplace_back(m, t.bytes);
     }
     host_ = spans_;
     if (a.memory == "cuda") KVB_RETURN_IF_ERROR(to_device());
@@ -647,6 +651,7 @@ class Rank {
   const RankConfig& c_;
   Channel ch_;
   Layout layout_;
+  std::vector<HostMemory> memory_;         // the tensors' host memory
   std::vector<std::span<uint8_t>> spans_;  // the registered memory (device memory with --memory cuda)
   std::vector<std::span<uint8_t>> host_;   // what the content functions read and write (spans_ for host memory)
   std::string engine_name_;                // this rank's engine name

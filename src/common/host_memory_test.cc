@@ -1,0 +1,88 @@
+#include "kvbridge/host_memory.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "common/host.h"
+
+namespace kvbridge {
+namespace {
+
+// AnonHugePages (kB) of the mapping that starts at `start`, from
+// /proc/self/smaps; -1 when the mapping is not listed.
+long anon_huge_kb(const void* start) {
+  std::ifstream in("/proc/self/smaps");
+  std::ostringstream want;
+  want << std::hex << reinterpret_cast<uintptr_t>(start) << "-";
+  std::string line;
+  bool in_it = false;
+  while (std::getline(in, line)) {
+    if (line.rfind(want.str(), 0) == 0) {
+      in_it = true;
+    } else if (in_it && line.rfind("AnonHugePages:", 0) == 0) {
+      return std::stol(line.substr(14));
+    }
+  }
+  return -1;
+}
+
+TEST(HostMemoryTest, RefusesZeroBytesAndSizesTooLargeToRound) {
+  Result<HostMemory> zero = HostMemory::allocate(0);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.error().code(), Code::kInvalidArgument);
+  EXPECT_NE(zero.error().message().find("0 bytes"), std::string::npos);
+  Result<HostMemory> huge = HostMemory::allocate(UINT64_MAX - 5);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.error().message().find(std::to_string(UINT64_MAX - 5)), std::string::npos);
+  Result<HostMemory> too_much = HostMemory::allocate(uint64_t{1} << 62);  // more than any machine maps
+  ASSERT_FALSE(too_much.ok());
+  EXPECT_EQ(too_much.error().code(), Code::kResourceExhausted);
+  EXPECT_NE(too_much.error().message().find("mmap of 4611686018427387904 bytes"), std::string::npos);
+}
+
+TEST(HostMemoryTest, IsAlignedWritableAndBackedByHugePagesWhereTheKernelHasThem) {
+  const uint64_t bytes = 8 * HostMemory::kHugePageBytes + 12345;
+  Result<HostMemory> m = HostMemory::allocate(bytes);
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_EQ(m->size(), bytes);
+  EXPECT_EQ(m->span().size(), bytes);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(m->data()) % HostMemory::kHugePageBytes, 0u);
+  std::memset(m->data(), 0x5a, bytes);
+  EXPECT_EQ(m->data()[bytes - 1], 0x5a);
+  const std::string mode = read_first_line("/sys/kernel/mm/transparent_hugepage/enabled");
+  if (mode.empty() || mode.find("[never]") != std::string::npos) {
+    EXPECT_FALSE(m->huge_pages());
+    EXPECT_FALSE(m->huge_pages_note().empty());
+    return;
+  }
+  ASSERT_TRUE(m->huge_pages()) << m->huge_pages_note();
+  EXPECT_TRUE(m->huge_pages_note().empty());
+  // Touched whole, the mapping holds huge pages (a fragmented host may give
+  // some 2 MiB ranges small pages, not all nine).
+  EXPECT_GE(anon_huge_kb(m->data()), 2048) << "THP mode: " << mode;
+}
+
+TEST(HostMemoryTest, MovesOwnershipAndUnmapsOnce) {
+  Result<HostMemory> m = HostMemory::allocate(4096);
+  ASSERT_TRUE(m.ok());
+  uint8_t* p = m->data();
+  p[0] = 7;
+  HostMemory a = std::move(m).value();
+  EXPECT_EQ(a.data(), p);
+  EXPECT_EQ(a.size(), 4096u);
+  HostMemory b;
+  EXPECT_EQ(b.data(), nullptr);
+  b = std::move(a);
+  EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move): the moved-from state is specified
+  EXPECT_EQ(a.size(), 0u);
+  EXPECT_EQ(b.data()[0], 7);
+  b = HostMemory();
+  EXPECT_EQ(anon_huge_kb(p), -1);  // unmapped
+}
+
+}  // namespace
+}  // namespace kvbridge
