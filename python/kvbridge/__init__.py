@@ -43,7 +43,7 @@ __all__ = [
     "fill_request", "check_request", "ContentReport",
     # engine
     "Engine", "TransferOp", "TransferState", "TransferItem", "TransferStatus", "Notification", "TransportReport",
-    "EngineMetrics",
+    "EngineMetrics", "HostMemory",
     # connector
     "PrefillScheduler", "DecodeScheduler", "ConnectorWorker", "Release", "RequestOutcome", "LoadResult",
     "ReaderEvent", "WorkerStats",

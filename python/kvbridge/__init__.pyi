@@ -271,6 +271,16 @@ class TransportReport:
     available: bool
     reason: str
 
+class HostMemory:
+    """Host memory aligned to 2 MiB and advised for transparent huge pages; a writable byte buffer
+    (numpy.frombuffer, torch.frombuffer, Engine.register_memory)."""
+    nbytes: int
+    address: int
+    huge_pages: bool
+    huge_pages_note: str
+    def __init__(self, nbytes: int) -> None: ...
+    def __len__(self) -> int: ...
+
 class EngineMetrics:
     transfers_submitted: int
     transfers_done: int

@@ -86,7 +86,8 @@ void bind_errors(py::module_& m);
 void bind_layout(py::module_& m);
 void bind_plan(py::module_& m);
 void bind_engine(py::module_& m);
-void bind_schedulers(py::module_& m);  // schedulers.cc; called by bind_connector
+void bind_host_memory(py::module_& m);  // memory.cc
+void bind_schedulers(py::module_& m);   // schedulers.cc; called by bind_connector
 void bind_connector(py::module_& m);
 void bind_store(py::module_& m);
 // kvbridge.testing's device hooks (device.cc); after bind_connector, which

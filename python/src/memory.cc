@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "bindings.h"
+#include "kvbridge/host_memory.h"
 
 namespace kvbridge::python {
 namespace {
@@ -129,6 +130,33 @@ std::chrono::steady_clock::time_point to_steady(py::handle monotonic) {
 
 double from_steady(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
+void bind_host_memory(py::module_& m) {
+  py::class_<HostMemory>(m, "HostMemory", py::buffer_protocol(),
+                         "Host memory for a KV cache that copies between processes fast: anonymous memory\n"
+                         "aligned to 2 MiB and advised for transparent huge pages, so a cross-process copy\n"
+                         "(cma) pins 512 times fewer pages. It is a writable byte buffer: view it with\n"
+                         "numpy.frombuffer(mem, dtype=...) or torch.frombuffer(mem, dtype=...) and register\n"
+                         "the view (or the HostMemory itself) with Engine.register_memory. The memory lives\n"
+                         "while the HostMemory or any view of it does.\n\n"
+                         "    mem = kvbridge.HostMemory(layout.tensors[0].bytes)\n"
+                         "    kv = torch.frombuffer(mem, dtype=torch.bfloat16)")
+      .def(py::init([](uint64_t nbytes) { return unwrap(HostMemory::allocate(nbytes)); }), py::arg("nbytes"),
+           "Maps nbytes (> 0) rounded up to 2 MiB, untouched. Raises InvalidArgument for 0 and\n"
+           "ResourceExhausted naming the size when the mapping fails.")
+      .def_property_readonly("nbytes", &HostMemory::size, "The bytes asked for.")
+      .def_property_readonly(
+          "address", [](const HostMemory& h) { return reinterpret_cast<uintptr_t>(h.data()); },
+          "Where it starts (a multiple of 2 MiB).")
+      .def_property_readonly("huge_pages", &HostMemory::huge_pages,
+                             "True when the kernel took the advice; huge_pages_note says why not otherwise.")
+      .def_property_readonly("huge_pages_note", &HostMemory::huge_pages_note)
+      .def("__len__", &HostMemory::size)
+      .def_buffer([](HostMemory& h) {
+        return py::buffer_info(h.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(h.size())}, {1});
+      });
 }
 
 }  // namespace kvbridge::python

@@ -27,6 +27,7 @@ PYBIND11_MODULE(_kvbridge, m) {
   kvbridge::python::bind_errors(m);
   kvbridge::python::bind_layout(m);
   kvbridge::python::bind_plan(m);
+  kvbridge::python::bind_host_memory(m);
   kvbridge::python::bind_engine(m);
   kvbridge::python::bind_connector(m);
   kvbridge::python::bind_store(m);

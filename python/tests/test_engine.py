@@ -56,6 +56,28 @@ def test_read_and_write_between_torch_and_numpy(pair):
     assert "kvbridge_" in b.metrics_prometheus()
 
 
+def test_host_memory_is_a_huge_page_buffer_that_torch_numpy_and_the_engine_use(pair):
+    a, b = pair
+    mem = kvbridge.HostMemory(3 << 20)
+    assert mem.nbytes == len(mem) == 3 << 20 and mem.address % (2 << 20) == 0
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+        thp = f.read()
+    assert mem.huge_pages == ("[never]" not in thp), mem.huge_pages_note
+    src = torch.frombuffer(mem, dtype=torch.int32)  # the engine's KV, in HostMemory
+    src[:] = torch.arange(src.numel(), dtype=torch.int32)
+    dst = np.frombuffer(kvbridge.HostMemory(1 << 20), dtype=np.int32)  # a view keeps it alive
+    dst[:] = 0
+    ra, rb = a.register_memory(mem), b.register_memory(dst)
+    peer = b.connect(a.metadata())
+    t = b.submit(peer, "read", [kvbridge.TransferItem(rb, 0, ra, 4 << 10, 1 << 20)])
+    assert b.wait(t, timeout=10).ok
+    assert np.array_equal(dst, np.arange(1024, 1024 + (1 << 18), dtype=np.int32))
+    with pytest.raises(kvbridge.InvalidArgument, match="0 bytes"):
+        kvbridge.HostMemory(0)
+    with pytest.raises(kvbridge.ResourceExhausted, match="mmap of 4611686018427387904 bytes"):
+        kvbridge.HostMemory(1 << 62)
+
+
 @pytest.mark.parametrize("inline_bytes", [0, 1 << 18])
 def test_inline_bytes_decides_where_small_transfers_run(inline_bytes):
     src = np.arange(4096, dtype=np.uint8)
