@@ -6,13 +6,17 @@ neither mode always takes the machine as the other left it.
 Prints each run's hand-off (the last prefill rank done to every decode rank
 holding its KV: the span that is the same in both modes), its kernel
 baseline in its own direction, and per pair the push / pull ratios; then
-the medians over the pairs.
+over the pairs their geometric mean, median and range. On a busy host the
+second run of a pair can be the slower whichever mode it is (it starts on
+memory the first just freed), so the pairs are an even number by default,
+half in each order, and the geometric mean of their ratios cancels that.
 
-Usage: bench/push_pull.py KVBRIDGE [--pairs N] [-- DEMO ARGS...]
-  e.g. bench/push_pull.py build/tools/kvbridge --pairs 3 -- --preset qwen3-next
+Usage: bench/push_pull.py KVBRIDGE [--pairs N] [-- DEMO ARGS...]   (N: 4 by default)
+  e.g. bench/push_pull.py build/tools/kvbridge --pairs 4 -- --preset qwen3-next
        --prefill-tp 2 --decode-tp 4 --min-tokens 8192 --max-tokens 16384 --requests 16
 """
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -22,7 +26,7 @@ def main(argv):
     if len(argv) < 2 or argv[1].startswith("-"):
         sys.exit(__doc__)
     kvb, rest = argv[1], argv[2:]
-    pairs = 3
+    pairs = 4
     demo_args = []
     if "--" in rest:
         demo_args = rest[rest.index("--") + 1:]
@@ -57,9 +61,14 @@ def main(argv):
         gbps.append(g)
         p50.append(t)
         print(f"pair {i + 1} ({order[0]} first): push / pull hand-off GB/s {g:.2f}, by p50 {t:.2f}", flush=True)
-    print(f"median over {pairs} pairs: push / pull hand-off GB/s {statistics.median(gbps):.2f}"
-          f" (range {min(gbps):.2f}-{max(gbps):.2f}), by p50 {statistics.median(p50):.2f}"
-          f" (range {min(p50):.2f}-{max(p50):.2f})")
+    def gmean(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+    balance = "" if pairs % 2 == 0 else " (an odd count: pull went first once more)"
+    print(f"over {pairs} pairs{balance}: push / pull hand-off GB/s geometric mean {gmean(gbps):.2f},"
+          f" median {statistics.median(gbps):.2f}, range {min(gbps):.2f}-{max(gbps):.2f};"
+          f" by p50 geometric mean {gmean(p50):.2f}, median {statistics.median(p50):.2f},"
+          f" range {min(p50):.2f}-{max(p50):.2f}")
 
 
 if __name__ == "__main__":
