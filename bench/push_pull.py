@@ -6,10 +6,10 @@ neither mode always takes the machine as the other left it.
 Prints each run's hand-off (the last prefill rank done to every decode rank
 holding its KV: the span that is the same in both modes), its kernel
 baseline in its own direction, and per pair the push / pull ratios; then
-over the pairs their geometric mean, median and range. On a busy host the
-second run of a pair can be the slower whichever mode it is (it starts on
-memory the first just freed), so the pairs are an even number by default,
-half in each order, and the geometric mean of their ratios cancels that.
+over the pairs their geometric mean, median and range. The run second in a
+pair finds the machine as the first left it (memory just freed, caches), so
+the pairs are an even number by default, half in each order, and the
+geometric mean of their ratios weighs both orders alike.
 
 Usage: bench/push_pull.py KVBRIDGE [--pairs N] [-- DEMO ARGS...]   (N: 4 by default)
   e.g. bench/push_pull.py build/tools/kvbridge --pairs 4 -- --preset qwen3-next
