@@ -1,9 +1,8 @@
 // kvbridge/host_memory.h: host memory for a KV cache (or a CPU tier of one)
 // that copies between processes fast.
 //
-// A cross-process copy (cma's process_vm_readv/writev, an engine's own
-// memcpy into registered memory) pays per page it touches: the kernel pins
-// and maps each page, and on a virtual machine whose hypervisor shadows the
+// A cross-process copy (cma's process_vm_readv/writev) pays per page it
+// touches: the kernel pins and maps each page, and on a virtual machine whose hypervisor shadows the
 // guest's page tables the first copy over a page costs several times the
 // later ones. With 2 MiB pages there are 512 times fewer. HostMemory maps
 // anonymous memory aligned to 2 MiB and asks the kernel for transparent
@@ -48,8 +47,8 @@ class HostMemory {
   std::span<uint8_t> span() const { return {data_, static_cast<size_t>(size_)}; }
 
   // True when the kernel took the advice; else huge_pages_note() says why
-  // (e.g. "madvise(MADV_HUGEPAGE): Invalid argument (transparent huge pages
-  // are not compiled in)").
+  // (madvise's error, e.g. "madvise(MADV_HUGEPAGE): Invalid argument" on a
+  // kernel without transparent huge pages, or that they are set to never).
   bool huge_pages() const { return huge_pages_; }
   const std::string& huge_pages_note() const { return note_; }
 
