@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <set>
 
 #include "kvbridge/execute.h"
@@ -115,6 +117,51 @@ TEST(ContentTest, ACorruptByteIsLocatedWithItsToken) {
   // From token 32 on, the corrupt cell is not part of the check.
   Result<ContentReport> tail = check_request(local.layout, q, RequestSide::kLocal, 32, 9, local.spans);
   EXPECT_EQ(tail->bad_cells, 0u);
+}
+
+// Every cell of a request starts with its own word, so a cell that lands at
+// another position, head, layer or component (k for v) never passes: the
+// per-cell seed folds in every coordinate and the request seed.
+TEST(ContentTest, EveryCellStartsWithItsOwnWordAndMisplacedCellsNeverPass) {
+  for (const char* name : {"llama3-8b", "qwen3-next"}) {
+    Rank local(preset(name, 1, 0, 16, Order::kLBHNC, 8));
+    testing::Rng rng(11);
+    testing::RequestOptions ro;
+    ro.num_tokens = 40;
+    const std::vector<Layout> remotes{local.layout};
+    const Request q = testing::make_request(rng, local.layout, remotes, ro);
+    ASSERT_TRUE(fill_request(local.layout, q, RequestSide::kLocal, 0, 9, local.spans).ok());
+    struct Cell {
+      size_t tensor;
+      uint64_t offset, bytes;
+    };
+    std::vector<Cell> cells;
+    std::set<uint64_t> first_words;
+    ASSERT_TRUE(
+        for_each_cell(local.layout, q, RequestSide::kLocal, 0, [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
+          uint64_t w = 0;
+          std::memcpy(&w, local.spans[t].data() + off, std::min<uint64_t>(n, 8));
+          first_words.insert(w);
+          cells.push_back({t, off, n});
+        }).ok());
+    EXPECT_EQ(first_words.size(), cells.size()) << name;
+    // Swap cell 0 with cells of the same size further on: each swap is two bad cells.
+    int swaps = 0;
+    for (size_t other : {size_t{1}, size_t{2}, cells.size() / 3, cells.size() / 2, cells.size() - 1}) {
+      if (cells[other].bytes != cells[0].bytes) continue;
+      auto a = local.spans[cells[0].tensor].subspan(cells[0].offset, cells[0].bytes);
+      auto b = local.spans[cells[other].tensor].subspan(cells[other].offset, cells[other].bytes);
+      std::swap_ranges(a.begin(), a.end(), b.begin());
+      ++swaps;
+      Result<ContentReport> r = check_request(local.layout, q, RequestSide::kLocal, 0, 9, local.spans);
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(r->bad_cells, 2u) << name << " cell 0 swapped with cell " << other;
+      std::swap_ranges(a.begin(), a.end(), b.begin());
+    }
+    EXPECT_GE(swaps, 2) << name;
+    Result<ContentReport> clean = check_request(local.layout, q, RequestSide::kLocal, 0, 9, local.spans);
+    EXPECT_EQ(clean->bad_cells, 0u) << name;
+  }
 }
 
 // A layer's components are visited together, a block at a time: in every
