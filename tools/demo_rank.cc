@@ -451,7 +451,10 @@ class Rank {
   // KV write included, as an engine's layer writes its KV inside its kernels:
   // here the write runs on the CPU at memory speed, about as fast as the
   // copies, and outside the budget it would count every byte twice. Layers
-  // whose write alone took longer are counted ("over_budget").
+  // whose write alone took longer are counted ("over_budget") and end when
+  // their write does. The layers keep a fixed cadence: an engine's CPU
+  // thread announces a layer while its GPU computes the next, so the
+  // announcement's time comes out of the next layer's budget, not on top.
   Status prefill(RequestId id, const Request& q, const json& m) {
     const bool stream = m.value("stream", false);
     const auto compute = std::chrono::microseconds(c_.args->compute_us_per_layer);
@@ -465,13 +468,17 @@ class Rank {
       KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kRemote, 0, held_[id].seed, host_));
       KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kRemote, 0, true));
     } else {
+      Clock::time_point end = Clock::now();
       for (const std::string& layer : layer_order(layout_)) {
-        const Clock::time_point end = Clock::now() + compute;
+        end += compute;
         const Layout one = keep_layers(layout_, {layer});
         KVB_RETURN_IF_ERROR(fill_request(one, q, RequestSide::kRemote, 0, held_[id].seed, host_));
         KVB_RETURN_IF_ERROR(sync(one, q, RequestSide::kRemote, 0, true));
         ++layers;
-        if (Clock::now() >= end && compute.count() > 0) ++over_budget;
+        if (const Clock::time_point now = Clock::now(); now >= end) {
+          if (compute.count() > 0) ++over_budget;
+          end = now;
+        }
         busy_until(end);
         if (stream) KVB_RETURN_IF_ERROR(worker_->save_layer(id, layer));
       }
