@@ -114,10 +114,11 @@ struct DemoArgs {
   bool progress = true;
 };
 
-// --stream auto streams requests of at least this many tokens: below it the
-// announcements and per-stage reads cost about what the overlap saves
-// (measured with the demo's own reruns: docs/connector.md, "When streaming
-// pays").
+// --stream auto streams requests of at least this many tokens: below it an
+// engine whose prefill is bound by its CPU thread pays the per-layer
+// announcements on top of its compute and gains little from the overlap
+// (measured with the demo's own reruns while its announcements were on the
+// critical path: docs/connector.md, "When streaming pays").
 inline constexpr uint64_t kAutoStreamTokens = 512;
 
 // Runs the demo; returns the exit code (0: every request ended cleanly as the
