@@ -7,10 +7,8 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -19,6 +17,7 @@
 #include "connector/worker_internal.h"
 #include "demo.h"
 #include "demo_baseline.h"
+#include "demo_results.h"
 #include "device/device.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
@@ -41,70 +40,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 constexpr uint8_t kSentinel = 0xa5;  // every decode byte no request holds
-
-// Waits for a worker's load results on its own thread and wakes the rank's
-// loop through a pipe, so that a load's "loaded" time is when its result
-// came, not the loop's next poll (up to 2 ms later).
-class ResultWaiter {
- public:
-  ResultWaiter() = default;
-  ResultWaiter(const ResultWaiter&) = delete;
-  ResultWaiter& operator=(const ResultWaiter&) = delete;
-  ~ResultWaiter() {
-    if (thread_.joinable()) {
-      stop_ = true;
-      thread_.join();
-    }
-    for (int fd : fds_) {
-      if (fd >= 0) ::close(fd);
-    }
-  }
-
-  Status start(ConnectorWorker* worker) {
-    if (::pipe2(fds_, O_CLOEXEC | O_NONBLOCK) != 0) return Status::io_error("demo rank: pipe2: " + errno_text(errno));
-    worker_ = worker;
-    thread_ = std::thread([this] { run(); });
-    return Status();
-  }
-  int fd() const { return fds_[0]; }
-
-  // The results that came since the last call, each with the time it came
-  // (ns of CLOCK_MONOTONIC).
-  std::vector<std::pair<LoadResult, int64_t>> take() {
-    char buf[64];
-    while (::read(fds_[0], buf, sizeof buf) > 0) {
-    }
-    std::vector<std::pair<LoadResult, int64_t>> out;
-    std::lock_guard<std::mutex> lock(mu_);
-    out.swap(results_);
-    return out;
-  }
-
- private:
-  void run() {
-    while (!stop_) {
-      worker_->wait_results(std::chrono::milliseconds(20));
-      std::vector<LoadResult> got = worker_->take_results();
-      if (got.empty()) continue;
-      const int64_t now =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-              .count();
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (LoadResult& r : got) results_.emplace_back(std::move(r), now);
-      }
-      const char x = 1;
-      (void)!::write(fds_[1], &x, 1);  // a full pipe already wakes the loop
-    }
-  }
-
-  int fds_[2] = {-1, -1};
-  ConnectorWorker* worker_ = nullptr;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-  std::mutex mu_;
-  std::vector<std::pair<LoadResult, int64_t>> results_;
-};
 
 struct Held {
   Request request;

@@ -2,9 +2,9 @@
 // that copies between processes fast.
 //
 // A cross-process copy (cma's process_vm_readv/writev) pays per page it
-// touches: the kernel pins and maps each page, and on a virtual machine whose hypervisor shadows the
-// guest's page tables the first copy over a page costs several times the
-// later ones. With 2 MiB pages there are 512 times fewer. HostMemory maps
+// touches: the kernel pins and maps each page, and on a virtual machine
+// whose hypervisor shadows the guest's page tables the first copy over a
+// page costs several times the later ones. With 2 MiB pages there are 512 times fewer. HostMemory maps
 // anonymous memory aligned to 2 MiB and asks the kernel for transparent
 // huge pages on it (madvise(MADV_HUGEPAGE)); where the kernel declines
 // (transparent_hugepage=never, another OS) it is ordinary memory and

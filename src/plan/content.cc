@@ -40,8 +40,9 @@ inline void pattern(uint64_t seed, uint64_t n, uint8_t* out, bool streaming = fa
   // Whole 16-byte words with non-temporal stores: a request's KV is far
   // larger than the caches, so the lines are not read before being written
   // (half the memory traffic; fill_request() fences when done).
-  // A whole cache line (four stores) per iteration: one store per
-  // iteration wrote 512 MiB in 40 ms against 24 on the development host.
+  // A whole cache line (four stores) per iteration: in a stand-alone loop
+  // on the development host, one store per iteration wrote 512 MiB in 40 ms
+  // against 24.
   if (streaming && (reinterpret_cast<uintptr_t>(out) & 15) == 0 && n >= 64) {
     __m128i v0 = _mm_set_epi64x(static_cast<long long>(w + kWeyl), static_cast<long long>(w));
     const __m128i step = _mm_set1_epi64x(static_cast<long long>(2 * kWeyl));
@@ -90,23 +91,18 @@ struct CellVisit {
 
 // Per (layer, component) of a group: what every cell of it shares.
 struct ComponentWalk {
-  const Component* comp;
-  size_t tensor, layer, component;
-  uint64_t seed;         // mix(mix(mix(group) ^ layer) ^ component)
-  uint64_t head_stride;  // bytes between heads when one head axis holds them all, else 0
-  bool heads_outer;      // head_stride != 0 and the head axis is outside every position axis
-  bool gaps;             // its cells leave room between them (for another component's)
+  const Component* comp = nullptr;
+  size_t tensor = 0, layer = 0, component = 0;
+  bool heads_outer = false;  // one head axis holds every head, outside every position axis
+  bool gaps = false;         // its cells leave room between them (for another component's)
   // Per local head h: where its cell lies from head 0's (an offset is a sum
   // of one term per axis, so this holds at every block and position), its
   // number in the model, and its cells' seed before their position,
-  // mix(mix(seed ^ global head) ^ request seed). A cell's seed is then one
-  // mix of that and its position: the per-cell walk adds and mixes once, it
-  // does not call cell_offset() (fill_request() at memcpy's speed).
+  // mix(mix(mix(mix(mix(group) ^ layer) ^ component) ^ global head) ^
+  // request seed). A cell's seed is then one mix of that and its position:
+  // the per-cell walk adds and mixes once, it does not call cell_offset()
+  // (fill_request() at memcpy's speed).
   std::vector<uint64_t> head_delta, head_global, head_seed;
-};
-
-struct RunCell {
-  uint64_t head0;  // a position's offset at head 0
 };
 
 // Where one position of a group lives on the walked side.
@@ -119,7 +115,7 @@ Status walk(const Layout& layout, const Request& request, RequestSide side, uint
             Fn&& fn) {
   std::vector<ComponentWalk> comps;
   std::vector<PositionWalk> positions;
-  std::vector<RunCell> run;
+  std::vector<uint64_t> head0;  // per (component, position) of a run: the offset at head 0
   for (const Group& g : layout.groups) {
     if (!g.transfer) continue;
     auto it = request.blocks.find(g.name);
@@ -135,19 +131,14 @@ Status walk(const Layout& layout, const Request& request, RequestSide side, uint
       for (size_t c = 0; c < g.layers[l].components.size(); ++c) {
         const Component& comp = g.layers[l].components[c];
         if (comp.empty()) continue;
-        ComponentWalk w{&comp,
-                        static_cast<size_t>(layout.find_tensor(comp.tensor) - layout.tensors.data()),
-                        l,
-                        c,
-                        mix(mix(mix(gseed) ^ l) ^ c),
-                        0,
-                        false,
-                        false,
-                        {},
-                        {},
-                        {}};
+        ComponentWalk w;
+        w.comp = &comp;
+        w.tensor = static_cast<size_t>(layout.find_tensor(comp.tensor) - layout.tensors.data());
+        w.layer = l;
+        w.component = c;
+        const uint64_t seed = mix(mix(mix(gseed) ^ l) ^ c);
         int head_axes = 0;
-        uint64_t position_stride = ~uint64_t{0}, inner_stride = ~uint64_t{0};
+        uint64_t head_stride = 0, position_stride = ~uint64_t{0}, inner_stride = ~uint64_t{0};
         for (const Axis& a : comp.axes) {
           if (a.kind == AxisKind::kPosition) position_stride = std::min(position_stride, a.stride);
           if ((a.kind == AxisKind::kPosition || a.kind == AxisKind::kHead) && a.size > 1) {
@@ -155,10 +146,10 @@ Status walk(const Layout& layout, const Request& request, RequestSide side, uint
           }
           if (a.kind != AxisKind::kHead) continue;
           ++head_axes;
-          if (comp.local_heads() <= a.size) w.head_stride = a.stride;
+          if (comp.local_heads() <= a.size) head_stride = a.stride;
         }
-        if (head_axes != 1) w.head_stride = 0;
-        w.heads_outer = w.head_stride != 0 && w.head_stride > position_stride && position_stride != ~uint64_t{0};
+        if (head_axes != 1) head_stride = 0;
+        w.heads_outer = head_stride != 0 && head_stride > position_stride && position_stride != ~uint64_t{0};
         w.gaps = inner_stride != ~uint64_t{0} && inner_stride > comp.cell_bytes;
         for (uint64_t h = 0; h < comp.local_heads(); ++h) {
           uint64_t delta = 0;
@@ -176,7 +167,7 @@ Status walk(const Layout& layout, const Request& request, RequestSide side, uint
           }
           w.head_delta.push_back(delta);
           w.head_global.push_back(comp.heads ? comp.heads->first + h : 0);
-          w.head_seed.push_back(mix(mix(w.seed ^ w.head_global.back()) ^ content_seed));
+          w.head_seed.push_back(mix(mix(seed ^ w.head_global.back()) ^ content_seed));
         }
         comps.push_back(std::move(w));
       }
@@ -235,21 +226,19 @@ Status walk(const Layout& layout, const Request& request, RequestSide side, uint
         size_t j = i + 1;
         while (j < positions.size() && positions[j].block == positions[i].block) ++j;
         const size_t n = j - i;
-        run.resize(n * layer.size());
+        head0.resize(n * layer.size());
         for (size_t c = 0; c < layer.size(); ++c) {
           for (size_t k = 0; k < n; ++k) {
             const PositionWalk& q = positions[i + k];
-            KVB_ASSIGN_OR_RETURN(uint64_t head0, cell_offset(*layer[c].comp, {q.block, 0, q.in_block}));
-            run[c * n + k] = {head0};
+            KVB_ASSIGN_OR_RETURN(head0[c * n + k], cell_offset(*layer[c].comp, {q.block, 0, q.in_block}));
           }
         }
         auto cell = [&](size_t c, size_t k, uint64_t h) {
           const ComponentWalk& w = layer[c];
           if (h >= w.head_delta.size()) return;
           const PositionWalk& q = positions[i + k];
-          const RunCell& r = run[c * n + k];
           const uint64_t global = w.head_global[h];
-          fn(CellVisit{w.tensor, r.head0 + w.head_delta[h], w.comp->cell_bytes, q.token,
+          fn(CellVisit{w.tensor, head0[c * n + k] + w.head_delta[h], w.comp->cell_bytes, q.token,
                        mix(w.head_seed[h] ^ q.semantic), g.name.c_str(), g.layers[w.layer].name.c_str(),
                        w.comp->name.c_str(), w.layer, w.component, q.semantic, global});
         };
@@ -311,13 +300,12 @@ Result<ContentReport> check_request(const Layout& layout, const Request& request
   ContentReport report;
   std::vector<uint8_t> want;
   KVB_RETURN_IF_ERROR(walk(layout, request, side, first_token, seed, [&](const CellVisit& v) {
-    const uint64_t cell_seed = v.seed;
     const uint8_t* got = tensors[v.tensor].data() + v.offset;
     ++report.cells;
     report.bytes += v.bytes;
-    if (matches(cell_seed, v.bytes, got)) return;
+    if (matches(v.seed, v.bytes, got)) return;
     want.resize(v.bytes);
-    pattern(cell_seed, v.bytes, want.data());
+    pattern(v.seed, v.bytes, want.data());
     if (report.bad_cells == 0 || v.token < report.first_bad_token) report.first_bad_token = v.token;
     if (report.bad_cells++ == 0) {
       uint64_t k = 0;
