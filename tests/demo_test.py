@@ -352,6 +352,14 @@ def _(name):
     clean(name, r)
     check(name, r["pin_cores"] and r["streamed_requests"] == 2 and r["prefill_layers"] == 2 * 2 * 32,
           f"pinned: pin_cores {r['pin_cores']}, streamed {r['streamed_requests']}, layers {r['prefill_layers']}")
+    # A hybrid model's 32k-token request streams its 48 layers: the state
+    # pool holds a slot per request (at 64-token blocks, a slot per block
+    # would be 40 GB of state per rank).
+    r = demo("--preset", "qwen3-next", "--prefill-tp", "1", "--decode-tp", "1", "--stream", "layer",
+             "--compute-us-per-layer", "1000", "--requests", "1", "--min-tokens", "32768", "--max-tokens", "32768")
+    clean(name, r)
+    check(name, r["streamed_requests"] == 1 and r["prefill_layers"] == 2 * 48,
+          f"qwen3-next at 32k tokens: streamed {r['streamed_requests']}, layers {r['prefill_layers']}")
     # auto: requests under the threshold load whole, the others stream.
     r = demo("--preset", "llama3-8b", "--stream", "auto", "--stream-min-tokens", "300", "--requests", "6",
              "--max-tokens", "600")

@@ -49,7 +49,9 @@ Command add_demo_command(CLI::App& root) {
   app->add_option("--min-tokens", args->min_tokens, "Shortest request in tokens (lengths are uniform in between)")
       ->check(positive())
       ->capture_default_str();
-  app->add_option("--num-blocks", args->num_blocks, "Blocks per group on each side (0: enough for one request)");
+  app->add_option("--num-blocks", args->num_blocks,
+                  "Blocks of the KV groups on each side (0: enough for one request; state groups with tensors "
+                  "of their own get a slot per request)");
   app->add_option("--seed", args->seed, "Seed of the request generator")->capture_default_str();
   app->add_option("--transport", args->transport, "cma, tcp or ucx (cuda_ipc with --memory cuda)")
       ->check(CLI::IsMember({"cma", "tcp", "ucx", "cuda_ipc"}))

@@ -161,6 +161,7 @@ struct RankConfig {
   bool prefill = false;
   uint32_t rank = 0;
   uint64_t num_blocks = 0;
+  uint64_t state_blocks = 0;  // PresetOptions::state_blocks
   SideArgs side;
   const DemoArgs* args = nullptr;
 };

@@ -1,6 +1,8 @@
 #include "demo_blocks.h"
 
 #include <regex>
+#include <set>
+#include <string>
 
 #include "kvbridge/presets.h"
 
@@ -17,7 +19,7 @@ Status on_side(const Status& s, const char* side) {
 
 }  // namespace
 
-Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_blocks) {
+Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_blocks, uint64_t state_blocks) {
   const char* side = &s == &a.prefill ? "prefill" : "decode";
   PresetOptions p;
   p.name = a.preset;
@@ -30,19 +32,37 @@ Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_bloc
   if (!order.ok()) return on_side(order.error(), side);
   p.order = *order;
   p.num_blocks = num_blocks;
+  p.state_blocks = state_blocks;
   Result<Layout> l = make_preset(p);
   if (!l.ok()) return on_side(l.error(), side);
   return l;
 }
 
+bool in_state_pool(const Layout& l, const Group& g) {
+  if (!one_block_per_request(g.kind)) return false;
+  std::set<std::string> token_tensors;
+  for (const Group& other : l.groups) {
+    if (one_block_per_request(other.kind)) continue;
+    for (const Layer& layer : other.layers) {
+      for (const Component& c : layer.components) token_tensors.insert(c.tensor);
+    }
+  }
+  for (const Layer& layer : g.layers) {
+    for (const Component& c : layer.components) {
+      if (token_tensors.contains(c.tensor)) return false;
+    }
+  }
+  return true;
+}
+
 uint64_t blocks_for(const Group& g, uint64_t tokens) {
-  if (g.kind == GroupKind::kState || g.kind == GroupKind::kScratch) return 1;
+  if (one_block_per_request(g.kind)) return 1;
   return g.entries_for_tokens(tokens);  // a context shard's share
 }
 
-uint64_t blocks_per_request(const Layout& l, uint64_t tokens) {
+uint64_t blocks_per_request(const Layout& l, uint64_t tokens, bool state_pool) {
   uint64_t n = 0;
-  for (const Group& g : l.groups) n += g.transfer ? blocks_for(g, tokens) : 0;
+  for (const Group& g : l.groups) n += g.transfer && in_state_pool(l, g) == state_pool ? blocks_for(g, tokens) : 0;
   return n;
 }
 

@@ -1,5 +1,5 @@
 // tools/demo_blocks.h: what the demo's driver plays of an engine's block
-// manager: a pool of block ids per instance, and how many blocks a request
+// manager: pools of block ids per instance, and how many blocks a request
 // of a side's layout needs.
 //
 // Thread-safety: none needed (the driver is single-threaded).
@@ -54,11 +54,39 @@ class BlockPool {
   uint64_t double_frees_ = 0;
 };
 
-// Rank 0's layout of one side; errors name the side.
-Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_blocks);
-// Blocks of group `g` (and of every transfer group of `l`) that a request
-// of `tokens` tokens holds.
+// An instance's pools: the blocks of the groups whose tensors token-indexed
+// groups use, and the slots of the state and scratch groups whose tensors
+// are their own (in_state_pool()), as SGLang keeps a mamba pool of a slot
+// per running request beside its KV pool.
+struct InstancePools {
+  InstancePools(uint64_t blocks, uint64_t state_blocks) : blocks(blocks), state(state_blocks) {}
+  BlockPool blocks, state;
+
+  BlockPool& of(bool state_pool) { return state_pool ? state : blocks; }
+  uint64_t in_use() const { return blocks.in_use() + state.in_use(); }
+  uint64_t double_frees() const { return blocks.double_frees() + state.double_frees(); }
+};
+
+// A request's ids on one side, per pool.
+struct HeldBlocks {
+  std::vector<int64_t> blocks, state;
+
+  std::vector<int64_t>& of(bool state_pool) { return state_pool ? state : blocks; }
+  void release_to(InstancePools& pools) const {
+    pools.blocks.release(blocks);
+    pools.state.release(state);
+  }
+};
+
+// Rank 0's layout of one side, state_blocks passed to the preset (0:
+// num_blocks); errors name the side.
+Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_blocks, uint64_t state_blocks = 0);
+// True for a state or scratch group none of whose tensors a token-indexed
+// group uses: its blocks are slots of the state pool.
+bool in_state_pool(const Layout& l, const Group& g);
+// Blocks of group `g` (and of every transfer group of `l` in the state pool
+// or not) that a request of `tokens` tokens holds.
 uint64_t blocks_for(const Group& g, uint64_t tokens);
-uint64_t blocks_per_request(const Layout& l, uint64_t tokens);
+uint64_t blocks_per_request(const Layout& l, uint64_t tokens, bool state_pool);
 
 }  // namespace kvbridge::cli::demo

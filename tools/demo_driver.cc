@@ -70,7 +70,7 @@ class Driver {
     sum_.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     sum_.leaked_blocks = ppool_->in_use() + psched_.held();
     sum_.double_frees = ppool_->double_frees();
-    for (const BlockPool& p : dpools_) {
+    for (const InstancePools& p : dpools_) {
       sum_.leaked_blocks += p.in_use();
       sum_.double_frees += p.double_frees();
     }
@@ -116,18 +116,25 @@ class Driver {
       return Status::invalid_argument("--min-tokens " + std::to_string(a_.min_tokens) + " must be from 1 to the " +
                                       std::to_string(max_tokens_) + " tokens of the longest request");
     }
-    const uint64_t need = std::max(blocks_per_request(p1, max_tokens_), blocks_per_request(d1, max_tokens_));
-    sum_.num_blocks = a_.num_blocks ? a_.num_blocks : need + 2;
-    if (sum_.num_blocks < need) {
+    auto need = [&](bool state_pool) {
+      return std::max(blocks_per_request(p1, max_tokens_, state_pool), blocks_per_request(d1, max_tokens_, state_pool));
+    };
+    const uint64_t need_blocks = need(false), need_state = need(true);
+    sum_.num_blocks = a_.num_blocks ? a_.num_blocks : need_blocks + 2;
+    if (sum_.num_blocks < need_blocks) {
       return Status::invalid_argument("--num-blocks " + std::to_string(sum_.num_blocks) + " is fewer than the " +
-                                      std::to_string(need) + " blocks a request of " + std::to_string(max_tokens_) +
-                                      " tokens needs");
+                                      std::to_string(need_blocks) + " blocks a request of " +
+                                      std::to_string(max_tokens_) + " tokens needs");
     }
-    KVB_ASSIGN_OR_RETURN(player_, layout_of(a_, a_.prefill, sum_.num_blocks));
-    KVB_ASSIGN_OR_RETURN(dlayout_, layout_of(a_, a_.decode, sum_.num_blocks));
-    ppool_.emplace(sum_.num_blocks);
+    // State and scratch groups with tensors of their own take a slot per
+    // request (qwen3-next's 2 MB of state per layer and block would
+    // otherwise be sized by the longest request's blocks).
+    sum_.state_blocks = need_state ? need_state + 2 : 0;
+    KVB_ASSIGN_OR_RETURN(player_, layout_of(a_, a_.prefill, sum_.num_blocks, sum_.state_blocks));
+    KVB_ASSIGN_OR_RETURN(dlayout_, layout_of(a_, a_.decode, sum_.num_blocks, sum_.state_blocks));
+    ppool_.emplace(sum_.num_blocks, sum_.state_blocks);
     for (uint32_t i = 0; i < a_.decode_instances; ++i) {
-      dpools_.emplace_back(sum_.num_blocks);
+      dpools_.emplace_back(sum_.num_blocks, sum_.state_blocks);
       dscheds_.emplace_back(a_.decode.ranks(), policy);
     }
     psched_ = PrefillScheduler(a_.lease);
@@ -166,7 +173,8 @@ class Driver {
         if (a_.pin_cores) pin_to_core(procs_.size());
         ::close(sv[0]);
         for (auto& other : procs_) other->ch.close();
-        RankConfig c{p->instance, prefill, rank, sum_.num_blocks, prefill ? a_.prefill : a_.decode, &a_};
+        RankConfig c{p->instance, prefill, rank, sum_.num_blocks, sum_.state_blocks, prefill ? a_.prefill : a_.decode,
+                     &a_};
         rank_main(c, sv[1]);
       }
       ::close(sv[1]);
@@ -250,7 +258,7 @@ class Driver {
       ++sum_.releases[std::string(release_reason_name(r.reason))];
       auto it = prefill_blocks_.find(r.request);
       if (it != prefill_blocks_.end()) {
-        ppool_->release(it->second);
+        it->second.release_to(*ppool_);
         prefill_blocks_.erase(it);
       }
     }
@@ -354,26 +362,29 @@ class Driver {
     Request q;
     q.num_tokens = rec.tokens;
     q.skip_tokens = rec.skip;
-    std::vector<int64_t> pids, dids;
+    HeldBlocks pheld, dheld;
     for (const Group& g : dlayout_.groups) {
       if (!g.transfer) continue;
       const Group* pg = player_.find_group(g.name);
+      const bool pstate = in_state_pool(player_, *pg), dstate = in_state_pool(dlayout_, g);
       const uint64_t pn = blocks_for(*pg, rec.tokens), dn = blocks_for(g, rec.tokens);
+      BlockPool& ppool = ppool_->of(pstate);
+      BlockPool& dpool = dpools_[rec.decode_instance].of(dstate);
       std::optional<std::vector<int64_t>> p, d;
       for (auto until = Clock::now() + a_.lease + 2s;;) {
-        p = ppool_->allocate(pn, rng_);
-        if (p) d = dpools_[rec.decode_instance].allocate(dn, rng_);
+        p = ppool.allocate(pn, rng_);
+        if (p) d = dpool.allocate(dn, rng_);
         if (p && d) break;
-        if (p) ppool_->release(*p);
+        if (p) ppool.release(*p);
         if (Clock::now() > until) return Status::resource_exhausted("no free blocks for request " + rec.id);
         pump(5ms);  // blocks come back as leases end
       }
-      pids.insert(pids.end(), p->begin(), p->end());
-      dids.insert(dids.end(), d->begin(), d->end());
+      pheld.of(pstate).insert(pheld.of(pstate).end(), p->begin(), p->end());
+      dheld.of(dstate).insert(dheld.of(dstate).end(), d->begin(), d->end());
       q.blocks[g.name] = {*d, *p};
     }
-    prefill_blocks_[rec.id] = pids;
-    decode_blocks_ = dids;
+    prefill_blocks_[rec.id] = std::move(pheld);
+    decode_blocks_ = std::move(dheld);
     return q;
   }
 
@@ -550,8 +561,8 @@ class Driver {
   // The decode instance frees the request's blocks (its ranks poison them).
   Status end_request(RequestRecord& rec, const std::vector<Proc*>& decode) {
     Status s = round(decode, {{"cmd", "free"}, {"req", rec.id}}, 30s);
-    dpools_[rec.decode_instance].release(decode_blocks_);
-    decode_blocks_.clear();
+    decode_blocks_.release_to(dpools_[rec.decode_instance]);
+    decode_blocks_ = {};
     rec.flooded = flooding_;
     return s;
   }
@@ -633,13 +644,13 @@ class Driver {
   std::mt19937_64 rng_;
   uint64_t max_tokens_ = 0;
   Layout player_, dlayout_;
-  std::optional<BlockPool> ppool_;
-  std::vector<BlockPool> dpools_;
+  std::optional<InstancePools> ppool_;
+  std::vector<InstancePools> dpools_;
   PrefillScheduler psched_;
   std::vector<DecodeScheduler> dscheds_;
   std::vector<std::unique_ptr<Proc>> procs_;
-  std::map<RequestId, std::vector<int64_t>> prefill_blocks_;
-  std::vector<int64_t> decode_blocks_;
+  std::map<RequestId, HeldBlocks> prefill_blocks_;
+  HeldBlocks decode_blocks_;
   std::map<RequestId, std::vector<json>> loads_;
   std::vector<RequestOutcome> outcomes_;
   Current current_;

@@ -50,6 +50,7 @@ struct Summary {
   std::vector<std::string> rank_errors;      // fatal errors and abnormal exits
   double seconds = 0;
   uint64_t num_blocks = 0;
+  uint64_t state_blocks = 0;  // slots of the state pool (0: none)
   // Every rank's listening sockets ("engine host:port"), and how many are
   // not on the host its side was told to use.
   std::vector<std::string> listeners;

@@ -81,6 +81,7 @@ class Rank {
     p.kernel_block_tokens = c_.side.kernel_block_tokens;
     KVB_ASSIGN_OR_RETURN(p.order, parse_order(c_.side.order));
     p.num_blocks = c_.num_blocks;
+    p.state_blocks = c_.state_blocks;
     KVB_ASSIGN_OR_RETURN(layout_, make_preset(p));
     if (c_.prefill && a.inject == Inject::kHash) layout_.dtype = "fp8_e4m3";  // a peer built for another dtype
     for (const Tensor& t : layout_.tensors) {

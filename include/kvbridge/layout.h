@@ -73,6 +73,10 @@ enum class AxisKind : uint8_t { kBlock, kHead, kPosition };
 // True for the kinds whose positions are tokens (or groups of
 // tokens_per_state tokens): all but kState, whose one position is a state.
 inline bool token_indexed(GroupKind kind) { return kind != GroupKind::kState; }
+// True for the kinds of which a request holds one block whatever its
+// length: a state, and a scratch ring (engines keep both in pools of a slot
+// per running request where they have tensors of their own).
+inline bool one_block_per_request(GroupKind kind) { return kind == GroupKind::kState || kind == GroupKind::kScratch; }
 
 // "attention", "sliding_window", "state", "scratch".
 std::string_view group_kind_name(GroupKind kind);

@@ -33,7 +33,13 @@ struct PresetOptions {
   uint64_t block_tokens = 0;         // 0: the preset's default
   uint64_t kernel_block_tokens = 0;  // 0: the preset's default
   Order order = Order::kLBHNC;
-  uint64_t num_blocks = 0;   // 0: the preset's default
+  uint64_t num_blocks = 0;  // 0: the preset's default
+  // Blocks of the state and scratch groups whose tensors are their own
+  // (qwen3-next's linear-attention state and ring): a pool of per-request
+  // slots, as SGLang's mamba pool, rather than one slot per KV block.
+  // Groups that overlay token pages (glm5-flash's) keep num_blocks.
+  // 0: num_blocks.
+  uint64_t state_blocks = 0;
   uint32_t spec_tokens = 0;  // speculative tokens (qwen3-next ring capacity)
   // Pipeline stages: the rank holds the layers of stage pp_rank of pp_size
   // (pp_stage_layers(), layout.h), in tensors of its own layers only.

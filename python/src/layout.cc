@@ -398,7 +398,7 @@ void bind_presets(py::module_& m) {
       "make_preset",
       [](const std::string& name, uint32_t tp_size, uint32_t tp_rank, uint64_t block_tokens,
          uint64_t kernel_block_tokens, const std::string& order, uint64_t num_blocks, uint32_t spec_tokens,
-         uint32_t pp_size, uint32_t pp_rank, uint32_t dcp_size, uint64_t dcp_interleave) {
+         uint32_t pp_size, uint32_t pp_rank, uint32_t dcp_size, uint64_t dcp_interleave, uint64_t state_blocks) {
         PresetOptions o;
         o.name = name;
         o.tp_size = tp_size;
@@ -412,15 +412,18 @@ void bind_presets(py::module_& m) {
         o.pp_rank = pp_rank;
         o.dcp_size = dcp_size;
         o.dcp_interleave = dcp_interleave;
+        o.state_blocks = state_blocks;
         return unwrap(make_preset(o));
       },
       py::arg("name"), py::arg("tp_size") = 1, py::arg("tp_rank") = 0, py::arg("block_tokens") = 0,
       py::arg("kernel_block_tokens") = 0, py::arg("order") = "LBHNC", py::arg("num_blocks") = 0,
       py::arg("spec_tokens") = 0, py::arg("pp_size") = 1, py::arg("pp_rank") = 0, py::arg("dcp_size") = 1,
-      py::arg("dcp_interleave") = 1,
+      py::arg("dcp_interleave") = 1, py::arg("state_blocks") = 0,
       "The layout of rank tp_rank (of pipeline stage pp_rank of pp_size) of an instance of a public\n"
       "architecture (docs/presets.md); dcp_size > 1 deals attention tokens over groups of that many\n"
       "TP ranks (decode context parallelism), in chunks of dcp_interleave tokens.\n"
+      "state_blocks sizes the state and scratch tensors no token group uses (a pool of per-request\n"
+      "slots, as SGLang's mamba pool; qwen3-next's) apart from num_blocks.\n"
       "0 takes the preset's default; order is 'LBHNC', 'LBNHC' or 'BLHNC'. Raises NotFound for an\n"
       "unknown name, InvalidArgument naming the option the architecture cannot take.");
 }

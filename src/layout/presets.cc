@@ -40,6 +40,7 @@ struct Options {
   uint64_t block_tokens = 0;
   uint64_t kernel_tokens = 0;
   uint64_t num_blocks = 0;
+  uint64_t state_blocks = 0;  // of state and scratch groups with tensors of their own
   Order order = Order::kLBHNC;
   uint32_t spec_tokens = 0;
 };
@@ -117,7 +118,7 @@ GroupSpec make_group(std::string name, GroupKind kind, uint64_t block_tokens, co
   g.group.name = std::move(name);
   g.group.kind = kind;
   g.group.block_tokens = block_tokens;
-  g.group.num_blocks = o.num_blocks;
+  g.group.num_blocks = one_block_per_request(kind) ? o.state_blocks : o.num_blocks;  // assemble() settles it
   return g;
 }
 
@@ -387,6 +388,10 @@ Result<Options> resolve(const PresetOptions& in, const PresetDef& def) {
   if (o.num_blocks > kMaxNumBlocks) {
     return bad("--num-blocks " + to_string(o.num_blocks) + ": more than the limit of " + to_string(kMaxNumBlocks));
   }
+  o.state_blocks = in.state_blocks != 0 ? in.state_blocks : o.num_blocks;
+  if (o.state_blocks > kMaxNumBlocks) {
+    return bad("--state-blocks " + to_string(o.state_blocks) + ": more than the limit of " + to_string(kMaxNumBlocks));
+  }
   return o;
 }
 
@@ -395,9 +400,10 @@ struct Where {
   std::string tensor;
   uint64_t offset = 0;
   uint64_t block_stride = 0;
+  uint64_t num_blocks = 0;
 };
 
-std::vector<Component> components_of(const Page& page, const Where& w, Order order, uint64_t num_blocks) {
+std::vector<Component> components_of(const Page& page, const Where& w, Order order) {
   const uint64_t h = page.local_heads();
   const uint64_t c = page.content_bytes();
   std::vector<Component> out;
@@ -409,7 +415,7 @@ std::vector<Component> components_of(const Page& page, const Where& w, Order ord
     comp.offset = w.offset + at;
     comp.cell_bytes = part.cell_bytes;
     comp.heads = page.heads;
-    comp.axes.push_back({AxisKind::kBlock, num_blocks, w.block_stride});
+    comp.axes.push_back({AxisKind::kBlock, w.num_blocks, w.block_stride});
     if (page.positions == 0) {
       if (page.heads) comp.axes.push_back({AxisKind::kHead, h, part.cell_bytes});
       at += h * part.cell_bytes;
@@ -431,18 +437,21 @@ std::vector<Component> components_of(const Page& page, const Where& w, Order ord
   return out;
 }
 
-Status tensor_bytes(uint64_t row, const Options& o, const std::string& name, uint64_t* out) {
-  if (!checked_mul(row, o.num_blocks, out) || *out > kMaxTensorBytes) {
-    return bad("--num-blocks " + to_string(o.num_blocks) + ": tensor '" + name + "' of " + to_string(row) +
+Status tensor_bytes(uint64_t row, uint64_t blocks, const char* option, const std::string& name, uint64_t* out) {
+  if (!checked_mul(row, blocks, out) || *out > kMaxTensorBytes) {
+    return bad(std::string(option) + " " + to_string(blocks) + ": tensor '" + name + "' of " + to_string(row) +
                " B per block would exceed the limit of " + to_string(kMaxTensorBytes) + " B");
   }
   return Status();
 }
 
 Result<Layout> assemble(const Options& o, const std::vector<GroupSpec>& groups) {
-  // Slot sizes per family, families in order of first use.
+  // Slot sizes per family, families in order of first use. A family only
+  // state and scratch groups use is a pool of state_blocks slots; one a
+  // token-indexed group uses (alone or overlaid) has num_blocks.
   std::vector<std::string> families;
   std::map<std::string, std::vector<uint64_t>> slots;
+  std::set<std::string> token_families;
   for (const GroupSpec& g : groups) {
     for (const LayerSpec& l : g.layers) {
       for (const Placed& p : l.pages) {
@@ -450,6 +459,21 @@ Result<Layout> assemble(const Options& o, const std::vector<GroupSpec>& groups) 
         std::vector<uint64_t>& s = slots[p.family];
         if (s.size() <= p.slot) s.resize(p.slot + 1, 0);
         s[p.slot] = std::max(s[p.slot], p.page.bytes());
+      }
+    }
+  }
+  // Token-indexed groups' families, and every family of a group that shares
+  // one of them (a state overlaying token pages keeps their blocks).
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const GroupSpec& g : groups) {
+      bool token = !one_block_per_request(g.group.kind);
+      for (const LayerSpec& l : g.layers) {
+        for (const Placed& p : l.pages) token = token || token_families.contains(p.family);
+      }
+      if (!token) continue;
+      for (const LayerSpec& l : g.layers) {
+        for (const Placed& p : l.pages) grew = token_families.insert(p.family).second || grew;
       }
     }
   }
@@ -462,13 +486,16 @@ Result<Layout> assemble(const Options& o, const std::vector<GroupSpec>& groups) 
   std::map<std::pair<std::string, uint32_t>, Where> where;
   for (const std::string& f : families) {
     const std::vector<uint64_t>& pages = slots[f];
+    const bool state_pool = !token_families.contains(f);
+    const uint64_t blocks = state_pool ? o.state_blocks : o.num_blocks;
+    const char* option = state_pool && o.state_blocks != o.num_blocks ? "--state-blocks" : "--num-blocks";
     if (o.order == Order::kBLHNC) {
       const uint64_t row = std::accumulate(pages.begin(), pages.end(), uint64_t{0});
       Tensor t{f, 0, "host"};
-      KVB_RETURN_IF_ERROR(tensor_bytes(row, o, f, &t.bytes));
+      KVB_RETURN_IF_ERROR(tensor_bytes(row, blocks, option, f, &t.bytes));
       uint64_t at = 0;
       for (uint32_t s = 0; s < pages.size(); ++s) {
-        where[{f, s}] = Where{f, at, row};
+        where[{f, s}] = Where{f, at, row, blocks};
         at += pages[s];
       }
       layout.tensors.push_back(std::move(t));
@@ -476,8 +503,8 @@ Result<Layout> assemble(const Options& o, const std::vector<GroupSpec>& groups) 
       for (uint32_t s = 0; s < pages.size(); ++s) {
         if (pages[s] == 0) continue;  // a slot of layers another PP stage holds
         Tensor t{f + "." + to_string(s), 0, "host"};
-        KVB_RETURN_IF_ERROR(tensor_bytes(pages[s], o, t.name, &t.bytes));
-        where[{f, s}] = Where{t.name, 0, pages[s]};
+        KVB_RETURN_IF_ERROR(tensor_bytes(pages[s], blocks, option, t.name, &t.bytes));
+        where[{f, s}] = Where{t.name, 0, pages[s], blocks};
         layout.tensors.push_back(std::move(t));
       }
     }
@@ -488,7 +515,9 @@ Result<Layout> assemble(const Options& o, const std::vector<GroupSpec>& groups) 
     for (const LayerSpec& l : g.layers) {
       Layer layer{l.name, {}};
       for (const Placed& p : l.pages) {
-        for (Component& c : components_of(p.page, where.at({p.family, p.slot}), o.order, o.num_blocks)) {
+        const Where& w = where.at({p.family, p.slot});
+        group.num_blocks = w.num_blocks;  // a group's families are all pools or all not
+        for (Component& c : components_of(p.page, w, o.order)) {
           layer.components.push_back(std::move(c));
         }
       }

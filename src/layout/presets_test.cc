@@ -470,6 +470,59 @@ TEST(PresetsTest, Qwen3NextRingIsAScratchOfFourSlotsOrEightWithSpeculation) {
   }
 }
 
+// A state pool of its own: qwen3-next's state and ring tensors (used by
+// no token-indexed group) hold state_blocks slots, at every order and PP
+// stage, while glm5-flash's KDA state, overlaying MLA pages, keeps their
+// num_blocks.
+TEST(PresetsTest, StateBlocksSizeOnlyTensorsNoTokenGroupUses) {
+  for (Order order : all_orders()) {
+    for (uint32_t pp : {1u, 3u}) {
+      PresetOptions o = options("qwen3-next", 2, 1, order);
+      o.num_blocks = 40;
+      o.state_blocks = 3;
+      o.pp_size = pp;
+      o.pp_rank = pp - 1;
+      const Layout layout = make(o);
+      std::set<std::string> state_tensors;
+      for (const Group& g : layout.groups) {
+        const bool token = g.kind == GroupKind::kAttention;
+        EXPECT_EQ(g.num_blocks, token ? 40u : 3u) << g.name;
+        for (const Layer& l : g.layers) {
+          for (const Component& c : l.components) {
+            if (!l.held) continue;
+            if (!token) state_tensors.insert(c.tensor);
+            EXPECT_EQ(c.axes.front().size, g.num_blocks) << g.name << " " << c.name;
+          }
+        }
+      }
+      ASSERT_FALSE(state_tensors.empty());
+      PresetOptions same = o;
+      same.state_blocks = 0;  // num_blocks
+      const Layout full = make(same);
+      for (const Tensor& t : layout.tensors) {
+        const Tensor* f = full.find_tensor(t.name);
+        ASSERT_NE(f, nullptr) << t.name;
+        if (state_tensors.contains(t.name)) {
+          EXPECT_EQ(t.bytes * 40, f->bytes * 3) << t.name;  // 3 slots, not 40
+        } else {
+          EXPECT_EQ(t.bytes, f->bytes) << t.name;
+        }
+      }
+    }
+  }
+  PresetOptions glm = options("glm5-flash");
+  glm.num_blocks = 6;
+  glm.state_blocks = 2;
+  const Layout overlay = make(glm);
+  for (const Group& g : overlay.groups) EXPECT_EQ(g.num_blocks, 6u) << g.name;
+
+  PresetOptions big = options("qwen3-next");
+  big.state_blocks = kMaxNumBlocks + 1;
+  Result<Layout> bad = make_preset(big);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--state-blocks"), std::string::npos) << bad.status().to_string();
+}
+
 TEST(PresetsTest, GptOssGroupsShareOneTensorSlotPerLayerPair) {
   for (Order order : all_orders()) {
     const Layout layout = make(options("gpt-oss", 2, 0, order));
