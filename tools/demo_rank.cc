@@ -92,8 +92,8 @@ class Rank {
       uint8_t* m = got->data();
       memory_.push_back(std::move(got).value());
       // The decode's memory holds the sentinel; the prefill's is touched by
-      // its requests only (a pool sized for the longest request can be far
-      // larger than what the requests use: qwen3-next's state blocks), each
+      // its requests only (a pool sized for the longest request, or by
+      // --num-blocks, can be far larger than what the requests use), each
       // request's blocks made resident before it is admitted (make_resident).
       if (!c_.prefill) std::memset(m, kSentinel, t.bytes);
       spans_.emplace_back(m, t.bytes);
@@ -367,11 +367,12 @@ class Rank {
   }
 
   // An engine's KV memory is resident before a request is admitted; the
-  // prefill's memory here is mapped lazily (it is far larger than what the
-  // requests use: qwen3-next's state blocks), so the driver has the pages of
-  // a request's blocks faulted in first, outside its TTFT, and the forward
-  // pass does not count page faults as compute. The bytes are left as they
-  // are: the pass writes every one.
+  // prefill's memory here is mapped lazily (a pool sized for the longest
+  // request, or by --num-blocks, can be far larger than what the requests
+  // use), so the driver has the pages of a request's blocks faulted in
+  // first, outside its TTFT, and the forward pass does not count page
+  // faults as compute. The bytes are left as they are: the pass writes
+  // every one.
   Status make_resident(const Request& q) {
     return for_each_cell(layout_, q, RequestSide::kRemote, 0, [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
       constexpr uint64_t kPage = 4096;
