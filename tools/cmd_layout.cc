@@ -66,7 +66,7 @@ Command add_layout_command(CLI::App& root) {
   app->add_option("--num-blocks", args->preset.num_blocks, "Blocks per group (0 or absent: the preset's)")
       ->check(non_negative());
   app->add_option("--state-blocks", args->preset.state_blocks,
-                  "Slots of the state and scratch tensors no token group uses, e.g. qwen3-next's (0 or absent: "
+                  "Slots of the state and scratch tensors no attention group uses, e.g. qwen3-next's (0 or absent: "
                   "--num-blocks)")
       ->check(non_negative());
   app->add_option("--spec-tokens", args->preset.spec_tokens, "Speculative tokens (sizes qwen3-next's ring)")

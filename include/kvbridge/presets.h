@@ -37,7 +37,7 @@ struct PresetOptions {
   // Blocks of the state and scratch groups whose tensors are their own
   // (qwen3-next's linear-attention state and ring): a pool of per-request
   // slots, as SGLang's mamba pool, rather than one slot per KV block.
-  // Groups that overlay token pages (glm5-flash's) keep num_blocks.
+  // Groups that overlay attention pages (glm5-flash's) keep num_blocks.
   // 0: num_blocks.
   uint64_t state_blocks = 0;
   uint32_t spec_tokens = 0;  // speculative tokens (qwen3-next ring capacity)

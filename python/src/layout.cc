@@ -422,7 +422,7 @@ void bind_presets(py::module_& m) {
       "The layout of rank tp_rank (of pipeline stage pp_rank of pp_size) of an instance of a public\n"
       "architecture (docs/presets.md); dcp_size > 1 deals attention tokens over groups of that many\n"
       "TP ranks (decode context parallelism), in chunks of dcp_interleave tokens.\n"
-      "state_blocks sizes the state and scratch tensors no token group uses (a pool of per-request\n"
+      "state_blocks sizes the state and scratch tensors no attention group uses (a pool of per-request\n"
       "slots, as SGLang's mamba pool; qwen3-next's) apart from num_blocks.\n"
       "0 takes the preset's default; order is 'LBHNC', 'LBNHC' or 'BLHNC'. Raises NotFound for an\n"
       "unknown name, InvalidArgument naming the option the architecture cannot take.");

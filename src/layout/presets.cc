@@ -447,8 +447,9 @@ Status tensor_bytes(uint64_t row, uint64_t blocks, const char* option, const std
 
 Result<Layout> assemble(const Options& o, const std::vector<GroupSpec>& groups) {
   // Slot sizes per family, families in order of first use. A family only
-  // state and scratch groups use is a pool of state_blocks slots; one a
-  // token-indexed group uses (alone or overlaid) has num_blocks.
+  // state and scratch groups use is a pool of state_blocks slots; one an
+  // attention or sliding-window group uses (alone or overlaid) has
+  // num_blocks.
   std::vector<std::string> families;
   std::map<std::string, std::vector<uint64_t>> slots;
   std::set<std::string> token_families;
@@ -462,8 +463,9 @@ Result<Layout> assemble(const Options& o, const std::vector<GroupSpec>& groups) 
       }
     }
   }
-  // Token-indexed groups' families, and every family of a group that shares
-  // one of them (a state overlaying token pages keeps their blocks).
+  // The families of attention and sliding-window groups, and every family
+  // of a group that shares one of them (a state overlaying their pages
+  // keeps their blocks).
   for (bool grew = true; grew;) {
     grew = false;
     for (const GroupSpec& g : groups) {

@@ -471,10 +471,10 @@ TEST(PresetsTest, Qwen3NextRingIsAScratchOfFourSlotsOrEightWithSpeculation) {
 }
 
 // A state pool of its own: qwen3-next's state and ring tensors (used by
-// no token-indexed group) hold state_blocks slots, at every order and PP
+// no attention group) hold state_blocks slots, at every order and PP
 // stage, while glm5-flash's KDA state, overlaying MLA pages, keeps their
 // num_blocks.
-TEST(PresetsTest, StateBlocksSizeOnlyTensorsNoTokenGroupUses) {
+TEST(PresetsTest, StateBlocksSizeOnlyTensorsNoAttentionGroupUses) {
   for (Order order : all_orders()) {
     for (uint32_t pp : {1u, 3u}) {
       PresetOptions o = options("qwen3-next", 2, 1, order);
