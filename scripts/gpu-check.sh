@@ -15,14 +15,18 @@
 #   ctest-gpu   ctest -L gpu
 #   version / bench / demo   build-gpu/tools/kvbridge --version,
 #               bench --memory cuda, demo --memory cuda
+#   demo-stream layer-wise streaming of device memory, TP 1 -> TP 1, each rank
+#               on its own core: qwen3-next at 16k and 32k tokens, llama3-70b
+#               at 8k, each with its unstreamed reruns (the TTFT ratio)
 # then one summary line per step: ok / failed rc N / skipped (why).
 #
 # Everything goes to stdout and to $OUT/gpu-check.log ($OUT: the device tool's
 # folder that comes back), or ./gpu-check.log without $OUT.
 #
-# Time: per-step limits (timeout) sum to 8 minutes: configure + build 230 s,
-# nvidia-smi 10 s, tests 90 s, --version 10 s, bench 80 s, demo 60 s; and no
-# step runs past the overall deadline KVB_GPU_BUDGET_S (480 s from the start).
+# Time: per-step limits (timeout) sum to 9.5 minutes: configure + build 230
+# s, nvidia-smi 10 s, tests 90 s, --version 10 s, bench 80 s, demo 60 s,
+# demo-stream 120 s; and no step runs past the overall deadline
+# KVB_GPU_BUDGET_S (540 s from the start).
 # Each limit can be changed by its variable below. KVB_GPU_FRESH=1 removes
 # build-gpu first (by default a warm machine reuses it, incrementally);
 # KVB_GPU_SKIP_BUILD=1 skips the build (a configure-only rehearsal);
@@ -39,7 +43,7 @@ MULTIARCH=x86_64-linux-gnu
 LOG=${OUT:+$OUT/gpu-check.log}
 LOG=${LOG:-$REPO/gpu-check.log}
 
-BUDGET_S=${KVB_GPU_BUDGET_S:-480}            # all steps together
+BUDGET_S=${KVB_GPU_BUDGET_S:-540}            # all steps together
 T_CONFIGURE_BUILD=${KVB_GPU_T_BUILD:-230}    # configure + build together
 T_CONFIGURE=${KVB_GPU_T_CONFIGURE:-90}       # configure alone (within the above)
 T_SMI=${KVB_GPU_T_SMI:-10}
@@ -47,6 +51,7 @@ T_TESTS=${KVB_GPU_T_TESTS:-90}
 T_VERSION=${KVB_GPU_T_VERSION:-10}
 T_BENCH=${KVB_GPU_T_BENCH:-80}
 T_DEMO=${KVB_GPU_T_DEMO:-60}
+T_STREAM=${KVB_GPU_T_STREAM:-120}
 JOBS=${KVB_GPU_JOBS:-16}
 
 START=$(date +%s)
@@ -225,8 +230,9 @@ main() {
     run_step demo "$T_DEMO" env LD_LIBRARY_PATH="$run_ldpath" "$cli" demo --memory cuda
     run_step demo-fault "$T_DEMO" env LD_LIBRARY_PATH="$run_ldpath" "$cli" demo --memory cuda --requests 3 \
       --inject kill-prefill
+    run_step demo-stream "$T_STREAM" env LD_LIBRARY_PATH="$run_ldpath" bash "$REPO/scripts/gpu-stream.sh" "$cli"
   else
-    for s in version bench demo demo-fault; do skip_step "$s" "$cli was not built"; done
+    for s in version bench demo demo-fault demo-stream; do skip_step "$s" "$cli was not built"; done
   fi
 
   # --- summary --------------------------------------------------------------------
