@@ -488,6 +488,14 @@ def _(name):
             r = demo("--memory", "cuda", "--requests", "2", "--inject", fault)
             clean(f"{name} {fault}", r)
             errors_mention(f"{name} {fault}", r, text)
+        # Device memory streamed layer by layer: each layer goes to the
+        # device before it is announced (pull) or written (push).
+        for mode in ("pull",) if SANITIZED else ("pull", "push"):
+            r = demo("--memory", "cuda", "--mode", mode, "--stream", "layer", "--compute-us-per-layer", "500",
+                     "--requests", "2")
+            clean(f"{name} stream {mode}", r)
+            check(name, r["streamed_requests"] == 2 and r["baselines"] == 2,
+                  f"{mode}: streamed {r['streamed_requests']}, baselines {r['baselines']}")
         r = demo("--memory", "cuda", "--requests", "2", "--inject", "kill-prefill", "--policy", "recompute")
         clean(f"{name} recompute", r)
         check(name, r["recomputed"] == 1 and r["failed"] == 0, f"recomputed {r['recomputed']} failed {r['failed']}")
