@@ -38,21 +38,22 @@ Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_bloc
   return l;
 }
 
-bool in_state_pool(const Layout& l, const Group& g) {
-  if (!one_block_per_request(g.kind)) return false;
-  std::set<std::string> token_tensors;
-  for (const Group& other : l.groups) {
-    if (one_block_per_request(other.kind)) continue;
-    for (const Layer& layer : other.layers) {
+std::set<std::string> state_pool_groups(const Layout& l) {
+  std::set<std::string> token_tensors, out;
+  for (const Group& g : l.groups) {
+    if (one_block_per_request(g.kind)) continue;
+    for (const Layer& layer : g.layers) {
       for (const Component& c : layer.components) token_tensors.insert(c.tensor);
     }
   }
-  for (const Layer& layer : g.layers) {
-    for (const Component& c : layer.components) {
-      if (token_tensors.contains(c.tensor)) return false;
+  for (const Group& g : l.groups) {
+    bool own = one_block_per_request(g.kind);
+    for (const Layer& layer : g.layers) {
+      for (const Component& c : layer.components) own = own && !token_tensors.contains(c.tensor);
     }
+    if (own) out.insert(g.name);
   }
-  return true;
+  return out;
 }
 
 uint64_t blocks_for(const Group& g, uint64_t tokens) {
@@ -61,8 +62,9 @@ uint64_t blocks_for(const Group& g, uint64_t tokens) {
 }
 
 uint64_t blocks_per_request(const Layout& l, uint64_t tokens, bool state_pool) {
+  const std::set<std::string> pooled = state_pool_groups(l);
   uint64_t n = 0;
-  for (const Group& g : l.groups) n += g.transfer && in_state_pool(l, g) == state_pool ? blocks_for(g, tokens) : 0;
+  for (const Group& g : l.groups) n += g.transfer && pooled.contains(g.name) == state_pool ? blocks_for(g, tokens) : 0;
   return n;
 }
 

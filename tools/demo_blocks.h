@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "demo.h"
@@ -56,7 +57,7 @@ class BlockPool {
 
 // An instance's pools: the blocks of the groups in the tensors of attention
 // and sliding-window groups, and the slots of the state and scratch groups
-// whose tensors are their own (in_state_pool()), as SGLang keeps a mamba
+// whose tensors are their own (state_pool_groups()), as SGLang keeps a mamba
 // pool of a slot per running request beside its KV pool.
 struct InstancePools {
   InstancePools(uint64_t blocks, uint64_t state_blocks) : blocks(blocks), state(state_blocks) {}
@@ -81,9 +82,10 @@ struct HeldBlocks {
 // Rank 0's layout of one side, state_blocks passed to the preset (0:
 // num_blocks); errors name the side.
 Result<Layout> layout_of(const DemoArgs& a, const SideArgs& s, uint64_t num_blocks, uint64_t state_blocks = 0);
-// True for a state or scratch group none of whose tensors an attention or
-// sliding-window group uses: its blocks are slots of the state pool.
-bool in_state_pool(const Layout& l, const Group& g);
+// The names of the state and scratch groups none of whose tensors an
+// attention or sliding-window group uses: their blocks are slots of the
+// state pool.
+std::set<std::string> state_pool_groups(const Layout& l);
 // Blocks of group `g` (and of every transfer group of `l` in the state pool
 // or not) that a request of `tokens` tokens holds.
 uint64_t blocks_for(const Group& g, uint64_t tokens);

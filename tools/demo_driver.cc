@@ -132,6 +132,8 @@ class Driver {
     sum_.state_blocks = need_state ? need_state + 2 : 0;
     KVB_ASSIGN_OR_RETURN(player_, layout_of(a_, a_.prefill, sum_.num_blocks, sum_.state_blocks));
     KVB_ASSIGN_OR_RETURN(dlayout_, layout_of(a_, a_.decode, sum_.num_blocks, sum_.state_blocks));
+    pstate_groups_ = state_pool_groups(player_);
+    dstate_groups_ = state_pool_groups(dlayout_);
     ppool_.emplace(sum_.num_blocks, sum_.state_blocks);
     for (uint32_t i = 0; i < a_.decode_instances; ++i) {
       dpools_.emplace_back(sum_.num_blocks, sum_.state_blocks);
@@ -366,7 +368,7 @@ class Driver {
     for (const Group& g : dlayout_.groups) {
       if (!g.transfer) continue;
       const Group* pg = player_.find_group(g.name);
-      const bool pstate = in_state_pool(player_, *pg), dstate = in_state_pool(dlayout_, g);
+      const bool pstate = pstate_groups_.contains(pg->name), dstate = dstate_groups_.contains(g.name);
       const uint64_t pn = blocks_for(*pg, rec.tokens), dn = blocks_for(g, rec.tokens);
       BlockPool& ppool = ppool_->of(pstate);
       BlockPool& dpool = dpools_[rec.decode_instance].of(dstate);
@@ -644,6 +646,7 @@ class Driver {
   std::mt19937_64 rng_;
   uint64_t max_tokens_ = 0;
   Layout player_, dlayout_;
+  std::set<std::string> pstate_groups_, dstate_groups_;  // state_pool_groups() of each side
   std::optional<InstancePools> ppool_;
   std::vector<InstancePools> dpools_;
   PrefillScheduler psched_;
