@@ -1,0 +1,296 @@
+// connector/worker_impl.h: the ConnectorWorker made by ConnectorWorker::create
+// (connector.h), in one class whose parts live in four files:
+//  - worker.cc: registration, the side channel, and the public methods;
+//  - worker_start.cc: the start thread, which plans queued loads and submits
+//    their stages;
+//  - worker_pump.cc: the pump and its inbox (Wakeups): transfer ends,
+//    notifications, heartbeats, done messages, and how a load ends;
+//  - worker_connect.cc: the connect thread (handshakes, engine connections).
+//
+// Bookkeeping is under mu_. Loads are engine transfers whose completions
+// (SubmitOptions::on_end) land in a small shared inbox (Wakeups), and so do
+// the engine's "a notification arrived" signals; one thread of the worker
+// ("pump") sleeps on it until a transfer ends, a notification arrives, a
+// heartbeat is due or a streamed load's deadline passes. It ends loads,
+// starts streamed stages whose layers were announced, and sends heartbeats,
+// done messages and announcements without waiting for them (Engine::notify
+// with a callback). Nothing polls.
+//
+// Thread-safety: as ConnectorWorker's. Internal to the connector library.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "connector/announcer.h"
+#include "connector/load.h"
+#include "connector/messages.h"
+#include "connector/pusher.h"
+#include "connector/remotes.h"
+#include "connector/side_channel.h"
+#include "connector/worker_internal.h"
+#include "kvbridge/connector.h"
+
+namespace kvbridge::connector {
+
+constexpr size_t kEndedKept = 4096;   // outcomes kept for wait_for_layer()
+constexpr size_t kEarlyKept = 65536;  // announcements (and push's "wrote") kept for loads not started yet
+// A push-mode worker's side channel identity: the layout's, and this line;
+// its hash the layout's xor this constant ("push"). A pull-mode worker's is
+// the layout's alone, so a mismatch names the mode.
+constexpr std::string_view kPushIdentityLine = "transfer_mode push\n";
+constexpr uint64_t kPushHashXor = 0x7075736800000000ull;
+using EngineKey = std::pair<std::string, uint64_t>;
+
+// What a source said about a load (kept when it came before the load
+// started): a layer announced (kReady: a = its ordinal), a stage written or
+// not (push: a = the stage, b = the stage count).
+struct Early {
+  EngineKey engine;
+  Message::Kind kind;
+  uint32_t a = 0, b = 0;
+};
+
+// The source ranks of a load: their engines and the connections to them.
+struct Sources {
+  std::set<EngineKey> engines;
+  std::vector<PeerId> peers;
+  Status unreachable;  // the first source that could not be connected to (left out)
+};
+
+// Push mode: every source of the stage said it wrote its part.
+inline bool written(const LoadStage& st) {
+  return std::all_of(st.items.begin(), st.items.end(), [](const auto& v) { return v.empty(); });
+}
+
+// What the engine's callbacks push and the pump takes. Shared, so a
+// callback that outlives the worker touches nothing else.
+struct Wakeups {
+  std::mutex mu;
+  std::condition_variable cv;
+  struct Ended {
+    TransferId id;
+    Clock::time_point at;
+    bool done;
+  };
+  std::vector<Ended> ended;
+  bool notes = false;  // a notification arrived
+  // Push mode: a heartbeat to a load's source failed because the source is
+  // gone (request, the source's engine name, the error).
+  struct Lost {
+    RequestId request;
+    std::string source;
+    Status error;
+  };
+  std::vector<Lost> lost;
+  bool poke = false;  // stop, or look at the loads again (abort)
+};
+
+class WorkerImpl final : public ConnectorWorker {
+ public:
+  WorkerImpl(Engine& engine, Layout layout, const WorkerOptions& options)
+      : engine_(engine), layout_(std::move(layout)), options_(options), order_(layer_order(layout_)) {
+    for (size_t i = 0; i < order_.size(); ++i) ordinal_.emplace(order_[i], static_cast<uint32_t>(i));
+  }
+
+  ~WorkerImpl() override;
+
+  Status init(std::span<const std::span<uint8_t>> tensors);
+
+  std::string side_channel_address() const override { return server_->address(); }
+
+  const Layout& layout() const override { return layout_; }
+
+  Status add_remote(const std::string& instance, std::vector<std::string> rank_addresses) override;
+
+  Result<std::vector<connector_internal::RemoteRankView>> remote_ranks(const std::string& instance) const;
+
+  Status connect(const std::string& instance) override;
+
+  Status wait_connected(const std::string& instance, std::chrono::milliseconds timeout) override;
+
+  Status start_load(RequestId request, const std::string& instance, const Request& blocks,
+                    const LoadOptions& options) override;
+
+  // Requires mu_: a connect attempt for `instance` is under way (started
+  // now unless one is).
+  void request_connect(const std::string& instance);
+
+  // Plans and starts the queued load of generation `gen` (on the start
+  // thread, its instance connected), if it is still queued (not aborted).
+  Status start_now(const RequestId& request, const std::string& instance, const Request& blocks,
+                   const LoadOptions& options, uint64_t gen, Clock::time_point called);
+
+  Status wait_for_layer(RequestId request, std::string_view layer, std::chrono::milliseconds timeout) override;
+
+  Status abort(RequestId request) override;
+
+  // Push mode: the sources write, so only they can stop: each is asked to
+  // cancel ("kvb/1 cancel"), and answers once none of its writes can land.
+  // Waits for every answer, up to the handshake timeout. `sources`: the
+  // engines and peers of a started load; none: of a load aborted while
+  // queued, which may already be written to (its sources as plans choose
+  // them, once the instance is connected).
+  Status cancel_sources(const RequestId& request, const std::string& instance, std::optional<Sources> sources);
+
+  std::vector<LoadResult> take_results() override;
+
+  void wait_results(std::chrono::milliseconds timeout) override;
+
+  std::vector<ReaderEvent> take_reader_events() override;
+
+  Status stream_to(RequestId request, const std::string& instance) override;
+
+  Status save_layer(RequestId request, std::string_view layer) override;
+
+  Status wait_for_save(RequestId request, std::chrono::milliseconds timeout) override;
+
+  Status push(RequestId request, const std::string& instance, const Request& blocks,
+              const LoadOptions& options) override;
+
+  WorkerStats stats() const override;
+
+ private:
+  void poke();
+
+  // Requires mu_: `engine` announced `layer` (an ordinal) of `load`. Taken
+  // only from the engine of a source rank of the load's instance.
+  void announce(Load& load, const EngineKey& engine, uint32_t layer);
+
+  // Requires mu_: a message from `e.engine` about `load`: a layer announced
+  // (pull streaming), a stage written or not (push). Taken only from the
+  // engine of a source rank of the load's instance.
+  void take(Load& load, const Early& e);
+
+  // Requires mu_: submits every stage not submitted whose layers every
+  // source it reads from announced (all of them, when not streaming). The
+  // first submit error stops the load from starting more.
+  Status start_ready_stages(Load& load);
+
+  // Requires mu_: every transfer of `st` ended done.
+  void land(Load& load, LoadStage& st);
+
+  void drain_notifications();
+
+  // Never blocks: the engine calls back when the peer acknowledged the
+  // message, or at its deadline, or when the peer is gone; a stopped peer
+  // delays nothing else.
+  // Requires mu_: a heartbeat to the k-th source of a push load. Only the
+  // source can write, so one that is gone (the engine says so: kIoError)
+  // fails the load at once rather than at its deadline.
+  void beat_push_source(const Load& load, size_t k);
+
+  void send(PeerId peer, const std::string& message);
+
+  // Sleeps until a transfer ends, a notification arrives, a heartbeat is
+  // due or a streamed load's deadline passes; ends loads; sends done
+  // messages and heartbeats (without waiting for their acknowledgements).
+  void pump();
+
+  // Requires mu_: the load is over (nothing in flight); reports it.
+  void end_load(std::map<RequestId, Load>::iterator it);
+
+  // Requires mu_: a queued load that never started ended with `error`
+  // (aborted, or its handshake, plan or submit failed); reports it.
+  void end_queued(const RequestId& request, uint64_t skip_tokens, Status error, bool aborted);
+
+  // Requires mu_: `result` is a load's last word.
+  void report(LoadResult result);
+
+  // The start thread: plans and starts the queued loads, in order; one
+  // whose instance is not connected waits (parked) for the connect thread.
+  void start_loop();
+
+  // Requires mu_: `job` was aborted while queued, and its sources are owed a done message.
+  bool abandoned(const RequestId& request, uint64_t gen) const {
+    auto a = abandoned_.find(request);
+    return a != abandoned_.end() && a->second == gen;
+  }
+
+  // Tells the ranks of `instance` a load of `request` would read from (the
+  // fewest sources, as plans choose them) that this rank is done with it:
+  // a load aborted before it started holds no byte of theirs.
+  void release_sources(const std::string& instance, const RequestId& request);
+
+  // The ranks of `instance` a load of this rank reads from (the fewest, as
+  // plans choose them), connected: what a load that never started would
+  // have used. The handshake's or planner's error otherwise.
+  Result<Sources> planned_sources(const std::string& instance);
+
+  // The connect thread: handshakes with instances and connects to their
+  // engines, one at a time; then hands the loads parked on one back to the
+  // start thread, or fails them with the attempt's error.
+  void connect_loop();
+
+  // Handshakes with every rank of `instance` and connects to each engine.
+  Status connect_now(const std::string& instance);
+
+  // Requires mu_: nothing of `load` is in flight.
+  void finish(Load& load);
+
+  Engine& engine_;
+  const Layout layout_;
+  const WorkerOptions options_;
+  const std::vector<std::string> order_;     // layer_order(layout_)
+  std::map<std::string, uint32_t> ordinal_;  // layer name -> index into order_
+  std::vector<RegionId> regions_;
+  std::unique_ptr<Remotes> remotes_;
+  std::unique_ptr<SideChannelServer> server_;
+
+  mutable std::mutex mu_;
+  std::condition_variable results_cv_;                                // results, landed layers, ended loads
+  std::map<TransferId, std::pair<RequestId, uint32_t>> by_transfer_;  // -> (request, stage)
+  const std::shared_ptr<Wakeups> wake_ = std::make_shared<Wakeups>();
+  bool stop_ = false;
+  std::map<RequestId, Load> loads_;
+  std::map<RequestId, Status> ended_;  // the last kEndedKept outcomes
+  std::deque<RequestId> ended_order_;
+  std::map<RequestId, std::vector<Early>> early_;
+  std::map<RequestId, std::set<EngineKey>> cancelling_;  // push: abort() waits for these sources' "cancelled"
+  size_t early_count_ = 0;
+  std::deque<RequestId> early_order_;  // requests of early_, first kept first
+  // Loads queued for the start thread, and the connect thread's work.
+  struct Queued {
+    uint64_t gen = 0;  // which start_load (an id may be aborted and loaded again)
+    uint64_t skip_tokens = 0;
+    std::string instance;
+  };
+  struct Job {
+    RequestId request;
+    std::string instance;
+    Request blocks;
+    LoadOptions options;
+    uint64_t gen = 0;
+    Clock::time_point called;  // start_load()
+  };
+  std::map<RequestId, Queued> queued_;
+  std::map<RequestId, uint64_t> abandoned_;  // aborted while queued (-> gen): owed a done to its sources
+  uint64_t queued_gen_ = 0;
+  std::deque<Job> jobs_;  // for the start thread
+  std::condition_variable jobs_cv_;
+  std::map<std::string, std::vector<Job>> parked_;  // waiting for their instance's connect
+  std::deque<std::string> connects_;                // for the connect thread
+  std::condition_variable connects_cv_;
+  std::set<std::string> connecting_;              // connect() attempts under way
+  std::map<std::string, Status> connect_errors_;  // the last attempt's outcome
+  std::thread starter_, connector_;
+  std::vector<LoadResult> results_;
+  std::vector<ReaderEvent> events_;
+  WorkerStats stats_;
+  const std::shared_ptr<SendFailures> sent_ = std::make_shared<SendFailures>();
+  std::unique_ptr<Announcer> announcer_;  // prefill side of streaming
+  std::unique_ptr<Pusher> pusher_;        // prefill side of push mode
+  std::thread pump_;
+};
+
+}  // namespace kvbridge::connector

@@ -1,0 +1,253 @@
+// The worker's start thread: plans each queued load (after its instance's
+// handshake), checks it with the verifier when asked, and submits the
+// stages whose layers are ready.
+#include <algorithm>
+
+#include "common/text.h"
+#include "connector/worker_impl.h"
+#include "kvbridge/plan.h"
+#include "kvbridge/verify.h"
+
+namespace kvbridge::connector {
+
+// The start thread: plans and starts the queued loads, in order; one
+// whose instance is not connected waits (parked) for the connect thread.
+void WorkerImpl::start_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    jobs_cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+    if (stop_) return;
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    if (abandoned(job.request, job.gen) && remotes_->connected(job.instance)) {
+      abandoned_.erase(job.request);
+      lock.unlock();
+      release_sources(job.instance, job.request);
+      lock.lock();
+      continue;
+    }
+    if (!remotes_->connected(job.instance)) {
+      ++stats_.loads_queued;
+      request_connect(job.instance);
+      parked_[job.instance].push_back(std::move(job));
+      continue;
+    }
+    lock.unlock();
+    Status s = start_now(job.request, job.instance, job.blocks, job.options, job.gen, job.called);
+    lock.lock();
+    auto qd = queued_.find(job.request);
+    if (!s.ok() && qd != queued_.end() && qd->second.gen == job.gen) {
+      queued_.erase(qd);
+      end_queued(job.request, job.blocks.skip_tokens, std::move(s), false);
+    }
+    if (abandoned(job.request, job.gen)) {  // aborted while it was being planned
+      abandoned_.erase(job.request);
+      lock.unlock();
+      release_sources(job.instance, job.request);
+      lock.lock();
+    }
+  }
+}
+
+// Plans and starts the queued load of generation `gen` (on the start
+// thread, its instance connected), if it is still queued (not aborted).
+Status WorkerImpl::start_now(const RequestId& request, const std::string& instance, const Request& blocks,
+                             const LoadOptions& options, uint64_t gen, Clock::time_point called) {
+  KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(instance));
+  // Planning (and verifying) runs outside the lock, on the immutable snapshot.
+  const std::vector<Layout>& layouts = fetched->layouts;
+  StageOptions so;
+  so.layers_per_stage = options.stream ? options_.stream_layers_per_stage : 0;
+  so.chunk_tokens = options_.load_chunk_tokens;
+  KVB_ASSIGN_OR_RETURN(std::vector<PlanStage> stages, plan_stages(layout_, layouts, blocks, so));
+  if (options_.verify_plans) {
+    // The verifier's independent rules on simulated memory: a plan that
+    // would move one wrong byte is refused before anything moves. The
+    // stages together are the request's plan (minimal when there is one).
+    Plan all;
+    for (const PlanStage& s : stages) {
+      all.descriptors.insert(all.descriptors.end(), s.plan.descriptors.begin(), s.plan.descriptors.end());
+    }
+    Result<VerifyReport> v = verify(all, layout_, layouts, blocks, /*check_minimal=*/stages.size() == 1);
+    std::lock_guard<std::mutex> stats_lock(mu_);
+    if (!v.ok()) {
+      ++stats_.plans_rejected;
+      return v.error().with_context("request " + q(request) + ": plan from " + instance + " failed verification");
+    }
+    ++stats_.plans_verified;
+  }
+  Load load;
+  load.request = request;
+  load.instance = instance;
+  load.fetched = fetched;
+  load.stream = options.stream;
+  load.push = options_.mode == TransferMode::kPush;
+  load.result.request = request;
+  load.result.naive_descriptors = naive_descriptor_count(layout_, layouts, blocks);
+  load.result.stages = static_cast<uint32_t>(stages.size());
+  load.used.assign(layouts.size(), false);
+  load.layer_left.assign(order_.size(), 0);
+  // Per stage, one batch per source rank, in the plan's (local address) order.
+  for (const PlanStage& s : stages) {
+    LoadStage ls;
+    ls.first_token = s.first_token;
+    ls.end_token = s.end_token;
+    ls.resume_token = s.resume_token;
+    ls.first_layer = s.first_layer;
+    ls.end_layer = s.end_layer;
+    ls.items.resize(layouts.size());
+    load.result.bytes += s.plan.bytes;
+    load.result.descriptors += s.plan.descriptors.size();
+    for (const Descriptor& d : s.plan.descriptors) {
+      ls.items[d.source].push_back(TransferItem{regions_[d.local_tensor], d.local_offset,
+                                                fetched->infos[d.source].tensors[d.remote_tensor].region,
+                                                d.remote_offset, d.bytes});
+      load.used[d.source] = true;
+    }
+    if (!s.plan.descriptors.empty()) {
+      for (uint32_t l = s.first_layer; l < s.end_layer; ++l) ++load.layer_left[l];
+    }
+    load.stages.push_back(std::move(ls));
+  }
+  // Engine connections to the sources, outside the lock: a connect dials
+  // and runs the opening exchange, and must not hold up other loads.
+  for (size_t s = 0; s < load.used.size(); ++s) {
+    if (!load.used[s]) continue;
+    Result<PeerId> p = remotes_->peer(instance, s);
+    if (!p.ok()) return p.error();
+    load.peers.push_back(*p);
+    load.result.sources.push_back(static_cast<uint32_t>(s));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto queued = queued_.find(request);
+  if (queued == queued_.end() || queued->second.gen != gen) return Status();  // aborted meanwhile
+  if (loads_.count(request) != 0) return Status::already_exists("request " + q(request) + " is loading");
+  ended_.erase(request);
+  // A pull load's clock starts when its first read can (after planning);
+  // a push load's at start_load(): the sources may be writing already.
+  load.started = load.push ? called : Clock::now();
+  load.deadline = load.started + options_.transfer_timeout;
+  load.unsubmitted = load.stages.size();
+  if (load.stream) load.announced.assign(layouts.size(), std::vector<uint8_t>(order_.size(), 0));
+  if (load.push) {
+    // A stage with nothing to move has landed; the others land as their
+    // sources say "wrote".
+    for (LoadStage& st : load.stages) {
+      if (written(st)) {
+        st.submitted = true;
+        --load.unsubmitted;
+        land(load, st);
+      }
+    }
+  }
+  if (auto early = early_.find(request); early != early_.end()) {
+    for (const Early& e : early->second) take(load, e);
+    early_count_ -= early->second.size();
+    early_.erase(early);
+  }
+  if (Status started = start_ready_stages(load); !started.ok()) {
+    // An error before the load is under way comes back here, with nothing
+    // left in flight; the caller reports the load as failed.
+    for (const LoadTransfer& t : load.transfers) {
+      (void)engine_.cancel(t.id);
+      (void)engine_.release(t.id);
+      by_transfer_.erase(t.id);
+    }
+    return started;
+  }
+  ++stats_.loads_started;
+  queued_.erase(queued);
+  auto [it, inserted] = loads_.emplace(request, std::move(load));
+  if (it->second.pending == 0 && (it->second.unsubmitted == 0 || !it->second.start_error.ok()) &&
+      it->second.peers.empty()) {
+    end_load(it);  // nothing read, nobody to tell
+  } else {
+    // The pump ends a load that is over already (push: every stage was
+    // written before it started) and tells its sources it is done, or
+    // wakes at its deadline.
+    poke();
+  }
+  return Status();
+}
+
+// Requires mu_: submits every stage not submitted whose layers every
+// source it reads from announced (all of them, when not streaming). The
+// first submit error stops the load from starting more.
+Status WorkerImpl::start_ready_stages(Load& load) {
+  if (load.aborted || load.expired || !load.start_error.ok()) return load.start_error;
+  if (load.push) return Status();  // the sources write
+  for (uint32_t k = 0; k < load.stages.size(); ++k) {
+    LoadStage& st = load.stages[k];
+    if (st.submitted) continue;
+    bool ready = true;
+    for (size_t s = 0; ready && load.stream && s < st.items.size(); ++s) {
+      if (st.items[s].empty()) continue;
+      for (uint32_t l = st.first_layer; ready && l < st.end_layer; ++l) ready = load.announced[s][l] != 0;
+    }
+    if (!ready) continue;
+    SubmitOptions o;
+    o.timeout = options_.transfer_timeout;
+    o.on_end = [wake = wake_](TransferId id, const TransferStatus& ts) {
+      {
+        std::lock_guard<std::mutex> wl(wake->mu);
+        wake->ended.push_back({id, ts.ended_at, ts.state == TransferState::kDone});
+      }
+      wake->cv.notify_one();
+    };
+    st.submitted = true;
+    st.submitted_at = Clock::now();
+    --load.unsubmitted;
+    for (size_t s = 0; s < st.items.size(); ++s) {
+      if (st.items[s].empty()) continue;
+      PeerId peer = load.peers[std::find(load.result.sources.begin(), load.result.sources.end(), s) -
+                               load.result.sources.begin()];
+      Result<TransferId> id = engine_.submit(peer, TransferOp::kRead, st.items[s], o);
+      if (!id.ok()) {
+        st.failed = true;
+        load.start_error = id.error().with_context("request " + q(load.request) + ": reading from " + load.instance +
+                                                   " rank " + std::to_string(s));
+        return load.start_error;
+      }
+      load.transfers.push_back({static_cast<uint32_t>(s), k, *id});
+      by_transfer_[*id] = {load.request, k};
+      ++st.pending;
+      ++load.pending;
+    }
+    st.items = {};
+    if (st.pending == 0) {
+      st.landed_at = st.submitted_at;
+      land(load, st);
+    }
+  }
+  return Status();
+}
+
+// Tells the ranks of `instance` a load of `request` would read from (the
+// fewest sources, as plans choose them) that this rank is done with it:
+// a load aborted before it started holds no byte of theirs.
+void WorkerImpl::release_sources(const std::string& instance, const RequestId& request) {
+  Result<Sources> sources = planned_sources(instance);
+  if (!sources.ok()) return;
+  for (PeerId p : sources->peers) send(p, format_message(Message::Kind::kDone, request));
+}
+
+// The ranks of `instance` a load of this rank reads from (the fewest, as
+// plans choose them), connected: what a load that never started would
+// have used. The handshake's or planner's error otherwise.
+Result<Sources> WorkerImpl::planned_sources(const std::string& instance) {
+  KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(instance));
+  KVB_ASSIGN_OR_RETURN(std::vector<uint32_t> ranks, source_ranks(layout_, fetched->layouts));
+  Sources out;
+  for (uint32_t s : ranks) {
+    Result<PeerId> p = remotes_->peer(instance, s);
+    if (!p.ok()) {
+      if (out.unreachable.ok()) out.unreachable = p.error();
+      continue;
+    }
+    out.engines.insert(fetched->engines[s]);
+    out.peers.push_back(*p);
+  }
+  return out;
+}
+
+}  // namespace kvbridge::connector
