@@ -1,7 +1,8 @@
 // libFuzzer target for the worker-to-worker messages (connector/messages.h):
 // notifications any connected peer can send. parse_message() must never
 // crash or read out of bounds on any input, and a message it accepts must
-// format to text that parses back to the same message.
+// format to text that parses back to the same message (its event and
+// reader count included).
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -18,7 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string again = c::format_message(*m);
   const std::optional<c::Message> back = c::parse_message(again);
   if (!back || back->kind != m->kind || back->request != m->request || back->layer != m->layer ||
-      back->stage != m->stage || back->stages != m->stages)
+      back->stage != m->stage || back->stages != m->stages || back->event != m->event || back->readers != m->readers)
     __builtin_trap();
   return 0;
 }

@@ -7,6 +7,7 @@
 // baseline measured after it does not), and they die with the bench.
 #include "bench_peer.h"
 
+#include "common/text.h"
 #include "device/device.h"
 
 #include <arpa/inet.h>
@@ -26,34 +27,6 @@
 #include <thread>
 
 namespace kvbridge::cli::bench {
-namespace {}  // namespace
-
-std::string to_hex(std::string_view bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(digits[c >> 4]);
-    out.push_back(digits[c & 15]);
-  }
-  return out;
-}
-
-std::string from_hex(std::string_view hex) {
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    const int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
-    if (hi < 0 || lo < 0) return {};
-    out.push_back(static_cast<char>(hi << 4 | lo));
-  }
-  return out;
-}
 
 Result<std::unique_ptr<PeerProcess>> PeerProcess::spawn(const std::string& transport, uint64_t bytes, uint32_t threads,
                                                         uint32_t tcp_streams) {
@@ -72,7 +45,7 @@ Result<std::unique_ptr<PeerProcess>> PeerProcess::spawn(const std::string& trans
     return Status::unavailable("bench: the " + transport + " peer process: " + line);
   }
   words >> p->region_ >> word >> p->address_ >> hex;
-  p->metadata_ = from_hex(hex);
+  p->metadata_ = from_hex(hex).value_or("");
   if (!words || p->metadata_.empty()) return Status::internal("bench: malformed line from the peer process: " + line);
   return p;
 }

@@ -86,7 +86,4 @@ bool have_program(const std::string& program);
 // A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0).
 int free_port();
 
-std::string to_hex(std::string_view bytes);
-std::string from_hex(std::string_view hex);
-
 }  // namespace kvbridge::cli::bench

@@ -300,8 +300,22 @@ class Engine {
   // notifications.
   virtual void notify(PeerId peer, std::string message, std::chrono::milliseconds timeout,
                       std::function<void(Status)> done) = 0;
+  // The same, and `answered` gets the peer's answer too: what its
+  // answerer (set_notification_answerer) said of the message when it
+  // arrived, at most kMaxNotificationAnswerBytes (empty when the peer has
+  // none, and with every error).
+  virtual void ask(PeerId peer, std::string message, std::chrono::milliseconds timeout,
+                   std::function<void(Status, std::string)> answered) = 0;
   // Notifications received since the last call, in arrival order per peer.
   virtual std::vector<Notification> take_notifications() = 0;
+  // `answer` runs for each notification as it arrives, before it is queued
+  // for take_notifications(), on the engine thread that received it; what
+  // it returns (cut to kMaxNotificationAnswerBytes) travels back to the
+  // sender in the acknowledgement (ask()). It must not block or call back
+  // into the engine. One answerer: a later call replaces it, an empty
+  // function removes it (answers are then empty); when this returns, the
+  // previous one is no longer running and will not run again.
+  virtual void set_notification_answerer(std::function<std::string(const Notification&)> answer) = 0;
   // `wake` runs after each notification is queued (on the engine thread
   // that received it, no engine lock held), so a thread that sleeps on
   // other things too can be woken to take_notifications(); it must not
@@ -316,5 +330,6 @@ class Engine {
 };
 
 inline constexpr size_t kMaxEngineMetadataBytes = size_t{1} << 20;
+inline constexpr size_t kMaxNotificationAnswerBytes = 256;
 
 }  // namespace kvbridge

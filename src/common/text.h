@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -21,5 +22,11 @@ std::string printable(std::string_view s, size_t max_bytes = 200);
 
 // 16 lower-case hex digits.
 std::string hex16(uint64_t v);
+
+// Bytes as lower-case hex, two digits a byte; and back: nullopt for text of
+// odd length or with a byte that is not a lower-case hex digit (so each
+// value has one text).
+std::string to_hex(std::string_view bytes);
+std::optional<std::string> from_hex(std::string_view text);
 
 }  // namespace kvbridge

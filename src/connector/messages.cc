@@ -2,13 +2,16 @@
 
 #include <charconv>
 
+#include "common/text.h"
+
 namespace kvbridge::connector {
 namespace {
 
 constexpr std::string_view kPrefix = "kvb/1 ";
 constexpr Message::Kind kKinds[] = {Message::Kind::kHeartbeat, Message::Kind::kDone,      Message::Kind::kReady,
                                     Message::Kind::kWrote,     Message::Kind::kUnwritten, Message::Kind::kCancel,
-                                    Message::Kind::kCancelled};
+                                    Message::Kind::kCancelled, Message::Kind::kHeld,      Message::Kind::kReleased};
+constexpr std::string_view kReadyWithEvent = "readyev ";
 
 std::string_view verb(Message::Kind kind) {
   switch (kind) {
@@ -26,11 +29,16 @@ std::string_view verb(Message::Kind kind) {
       return "cancel ";
     case Message::Kind::kCancelled:
       return "cancelled ";
+    case Message::Kind::kHeld:
+      return "held ";
+    case Message::Kind::kReleased:
+      return "released ";
   }
   return "";
 }
 
 bool staged(Message::Kind kind) { return kind == Message::Kind::kWrote || kind == Message::Kind::kUnwritten; }
+bool counted(Message::Kind kind) { return kind == Message::Kind::kHeartbeat || kind == Message::Kind::kDone; }
 
 // A decimal u32 without sign or leading zeros (so each value has one text).
 bool parse_u32(std::string_view text, uint32_t* out) {
@@ -53,8 +61,11 @@ std::string format_message(Message::Kind kind, RequestId request, std::string_vi
 }
 
 std::string format_message(const Message& m) {
-  std::string out = std::string(kPrefix) + std::string(verb(m.kind)) + m.request;
+  const bool with_event = m.kind == Message::Kind::kReady && !m.event.empty();
+  std::string out = std::string(kPrefix) + std::string(with_event ? kReadyWithEvent : verb(m.kind)) + m.request;
+  if (with_event) out += " " + to_hex(m.event);
   if (m.kind == Message::Kind::kReady) out += " " + std::string(m.layer);
+  if (counted(m.kind) && m.readers > 0) out += " " + std::to_string(m.readers);
   if (staged(m.kind)) out += " " + std::to_string(m.stage) + " " + std::to_string(m.stages);
   return out;
 }
@@ -64,7 +75,14 @@ std::optional<Message> parse_message(std::string_view m) {
   m.remove_prefix(kPrefix.size());
   Message out;
   bool matched = false;
+  const bool with_event = m.substr(0, kReadyWithEvent.size()) == kReadyWithEvent;
+  if (with_event) {
+    out.kind = Message::Kind::kReady;
+    m.remove_prefix(kReadyWithEvent.size());
+    matched = true;
+  }
   for (Message::Kind k : kKinds) {
+    if (matched) break;
     if (m.substr(0, verb(k).size()) == verb(k)) {
       out.kind = k;
       m.remove_prefix(verb(k).size());
@@ -77,7 +95,17 @@ std::optional<Message> parse_message(std::string_view m) {
   const std::string_view id = m.substr(0, space);
   if (!check_request_id(id).ok()) return std::nullopt;
   out.request = std::string(id);
-  const std::string_view rest = space == std::string_view::npos ? std::string_view() : m.substr(space);
+  std::string_view rest = space == std::string_view::npos ? std::string_view() : m.substr(space);
+  if (with_event) {
+    if (rest.size() < 2 || rest[0] != ' ') return std::nullopt;
+    rest.remove_prefix(1);
+    const size_t end = rest.find(' ');
+    if (end == std::string_view::npos || end == 0 || end > 2 * kMaxEventHandleBytes) return std::nullopt;
+    std::optional<std::string> event = from_hex(rest.substr(0, end));
+    if (!event) return std::nullopt;
+    out.event = std::move(*event);
+    rest.remove_prefix(end);
+  }
   if (out.kind == Message::Kind::kReady) {
     if (rest.size() < 2 || rest[0] != ' ') return std::nullopt;
     out.layer = rest.substr(1);
@@ -89,6 +117,12 @@ std::optional<Message> parse_message(std::string_view m) {
     const size_t sp = nums.find(' ');
     if (sp == std::string_view::npos || !parse_u32(nums.substr(0, sp), &out.stage) ||
         !parse_u32(nums.substr(sp + 1), &out.stages) || out.stage >= out.stages) {
+      return std::nullopt;
+    }
+    return out;
+  }
+  if (counted(out.kind) && !rest.empty()) {
+    if (rest.size() < 2 || rest[0] != ' ' || !parse_u32(rest.substr(1), &out.readers) || out.readers == 0) {
       return std::nullopt;
     }
     return out;

@@ -1,11 +1,32 @@
 // connector/messages.h: the worker-to-worker messages, carried as engine
-// notifications (connector.h). Decode -> prefill: "kvb/1 hb <request id>",
-// "kvb/1 done <request id>", and in push mode "kvb/1 cancel <request id>".
-// Prefill -> decode: "kvb/1 ready <request id> <layer>" (pull streaming),
-// and in push mode "kvb/1 wrote <request id> <stage> <stages>" (the stage's
-// bytes from this rank landed: sent after them), "kvb/1 unwritten <request
-// id> <stage> <stages>" (they will not) and "kvb/1 cancelled <request id>"
-// (nothing more of the request lands). Formatting and parsing live here once.
+// notifications (connector.h). Formatting and parsing live here once.
+//
+// Decode -> prefill:
+//   "kvb/1 hb <request> <readers>"    a reader's heartbeat (renews the lease)
+//   "kvb/1 done <request> <readers>"  the reader is done with the request;
+//                                     in pull mode answered "held" or "released"
+//   "kvb/1 cancel <request>"          push mode: stop writing it here
+//   <readers> is how many ranks of the reading instance read the request
+//   (each reads its share of every layer, so all of them do): the prefill
+//   holds the blocks until that many distinct readers said done, a count
+//   that follows from the decode instance's layout and that nobody
+//   configures. It may be absent (0) in a message of an older peer.
+// Prefill -> decode:
+//   "kvb/1 ready <request> <layer>"   pull streaming: the layer is final
+//   "kvb/1 readyev <request> <event> <layer>"
+//                                     the same, once the producer's event (an
+//                                     interprocess event handle, in hex) has
+//                                     completed: the reader's copy waits on it
+//   "kvb/1 held <request>"            answers "done": the blocks were held
+//                                     when it arrived, so the reads before it
+//                                     saw the request's bytes
+//   "kvb/1 released <request>"        answers "done": they were released (a
+//                                     lease expired, an abort): reads of them
+//                                     may have seen another request's bytes
+//   "kvb/1 wrote <request> <stage> <stages>"      push: the stage's bytes
+//                                     from this rank landed (sent after them)
+//   "kvb/1 unwritten <request> <stage> <stages>"  push: they will not
+//   "kvb/1 cancelled <request>"       push: nothing more of it lands
 //
 // Pure; thread-safety: reentrant.
 #pragma once
@@ -19,6 +40,9 @@
 
 namespace kvbridge::connector {
 
+// The largest producer event handle a "readyev" carries (CUDA's is 64 bytes).
+inline constexpr size_t kMaxEventHandleBytes = 128;
+
 struct Message {
   enum class Kind : uint8_t {
     kHeartbeat,
@@ -27,18 +51,24 @@ struct Message {
     kWrote,
     kUnwritten,
     kCancel,
-    kCancelled
+    kCancelled,
+    kHeld,
+    kReleased,
   } kind = Kind::kHeartbeat;
   RequestId request;
   std::string_view layer;          // kReady: a view into the parsed text
+  std::string event;               // kReady: the producer's event handle (bytes), or empty
   uint32_t stage = 0, stages = 0;  // kWrote, kUnwritten: stage < stages
+  uint32_t readers = 0;            // kHeartbeat, kDone: the reading instance's ranks (0: not said)
 };
 
 std::string format_message(Message::Kind kind, RequestId request, std::string_view layer = {});
 std::string format_message(const Message& message);
 // Nullopt for anything else (another protocol's notification, an id that
-// check_request_id() refuses, a ready without a layer, a stage that is not
-// decimal below its count, trailing bytes).
+// check_request_id() refuses, a ready without a layer, an event that is not
+// lower-case hex of at most kMaxEventHandleBytes bytes, a number that is
+// not decimal without leading zeros, a stage not below its count, readers
+// of 0, trailing bytes).
 std::optional<Message> parse_message(std::string_view text);
 
 }  // namespace kvbridge::connector

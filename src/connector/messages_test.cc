@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 namespace kvbridge::connector {
 namespace {
 
@@ -22,11 +25,61 @@ TEST(MessagesTest, EachKindRoundTripsAndAnythingElseIsRefused) {
   }
   const std::string too_long = "kvb/1 hb " + std::string(kMaxRequestIdBytes + 1, 'r');
   for (std::string_view bad : {"", "kvb/1 ", "kvb/2 hb 1", "kvb/1 hb", "kvb/1 hb 1 ", "kvb/1 done 1 x", "kvb/1 ready 1",
-                               "kvb/1 ready 1 ", "kvb/1 hb a\x01b", "kvb/1 sing 1", "note", "kvb/1 hb  1"}) {
+                               "kvb/1 ready 1 ", "kvb/1 hb a\x01b", "kvb/1 sing 1", "note", "kvb/1 hb  1",
+                               "kvb/1 done 1 0", "kvb/1 done 1 02", "kvb/1 hb 1 2 3", "kvb/1 held 1 2", "kvb/1 released"}) {
     EXPECT_FALSE(parse_message(bad)) << bad;
   }
   EXPECT_FALSE(parse_message(too_long));
   EXPECT_FALSE(parse_message(std::string_view("kvb/1 hb a\0b", 12)));
+}
+
+// A reader says how many ranks of its instance read the request (the
+// prefill's hold counts them), and the prefill answers a done with whether
+// the blocks were still held.
+TEST(MessagesTest, ReadersCarryTheirCountAndDoneIsAnsweredHeldOrReleased) {
+  Message m;
+  m.kind = Message::Kind::kDone;
+  m.request = "req-1";
+  m.readers = 4;
+  EXPECT_EQ(format_message(m), "kvb/1 done req-1 4");
+  m.kind = Message::Kind::kHeartbeat;
+  EXPECT_EQ(format_message(m), "kvb/1 hb req-1 4");
+  std::optional<Message> p = parse_message("kvb/1 done req-1 12");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->readers, 12u);
+  p = parse_message("kvb/1 hb req-1");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->readers, 0u);  // an older peer's: not said
+  EXPECT_EQ(format_message(Message::Kind::kHeld, "req-1"), "kvb/1 held req-1");
+  EXPECT_EQ(format_message(Message::Kind::kReleased, "req-1"), "kvb/1 released req-1");
+  ASSERT_TRUE(parse_message("kvb/1 held req-1"));
+  EXPECT_EQ(parse_message("kvb/1 released req-1")->kind, Message::Kind::kReleased);
+}
+
+// A layer announced with the producer's event carries the event's handle
+// in hex; the layer name stays the rest of the text.
+TEST(MessagesTest, AnAnnouncementCarriesTheProducersEventHandle) {
+  Message m;
+  m.kind = Message::Kind::kReady;
+  m.request = "req-1";
+  m.layer = "model.layers.0 attn";
+  m.event = std::string("\x00\x01\xfe\xff", 4);
+  const std::string text = format_message(m);
+  EXPECT_EQ(text, "kvb/1 readyev req-1 0001feff model.layers.0 attn");
+  std::optional<Message> p = parse_message(text);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->kind, Message::Kind::kReady);
+  EXPECT_EQ(p->event, m.event);
+  EXPECT_EQ(p->layer, "model.layers.0 attn");
+  const std::string longest = "kvb/1 readyev r " + std::string(2 * kMaxEventHandleBytes, 'a') + " l";
+  EXPECT_TRUE(parse_message(longest));
+  const std::string too_long = "kvb/1 readyev r " + std::string(2 * kMaxEventHandleBytes + 2, 'a') + " l";
+  const std::vector<std::string> bad = {"kvb/1 readyev r 0001",   "kvb/1 readyev r  l",     "kvb/1 readyev r 001 l",
+                                       "kvb/1 readyev r 00AB l", "kvb/1 readyev r 0x01 l", "kvb/1 readyev r 0001 ",
+                                       too_long};
+  for (const std::string& b : bad) {
+    EXPECT_FALSE(parse_message(b)) << b;
+  }
 }
 
 // Push mode's messages: a stage and the stage count travel in decimal, the

@@ -90,7 +90,7 @@ size_t control_payload_limit(uint8_t type) {
     case kNotify:
       return 8 + kMaxControlPayload;
     case kAck:
-      return 8;
+      return 8 + kMaxNotificationAnswerBytes;
   }
   return net::opening_limit(type, net::OpeningLimits{kMaxOpenBody, 0});
 }
@@ -108,8 +108,8 @@ struct Control::Inbound {
 
 // --- Channel.
 
-std::vector<std::function<void(Status)>> Channel::end_locked(const Status& why) {
-  std::vector<std::function<void(Status)>> out;
+std::vector<Channel::Done> Channel::end_locked(const Status& why) {
+  std::vector<Done> out;
   if (!gone_.ok()) return out;
   gone_ = why;
   for (auto& [seq, p] : pending_) out.push_back(std::move(p.done));
@@ -124,12 +124,18 @@ Status Channel::health() const {
 }
 
 void Channel::notify(std::string message, Clock::time_point deadline, std::function<void(Status)> done, bool drop) {
+  notify(
+      std::move(message), deadline, [done = std::move(done)](Status s, std::string) { done(std::move(s)); }, drop);
+}
+
+void Channel::notify(std::string message, Clock::time_point deadline, Done done, bool drop) {
   if (message.size() > kMaxControlPayload) {
     return done(Status::resource_exhausted("notification is " + std::to_string(message.size()) + " bytes, more than " +
-                                           std::to_string(kMaxControlPayload)));
+                                           std::to_string(kMaxControlPayload)),
+                {});
   }
   Status failed;
-  std::vector<std::function<void(Status)>> fail;  // when a send error ends the channel here
+  std::vector<Done> fail;  // when a send error ends the channel here
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!gone_.ok()) {
@@ -154,9 +160,9 @@ void Channel::notify(std::string message, Clock::time_point deadline, std::funct
     }
   }
   if (!fail.empty()) {
-    for (auto& f : fail) f(failed);
+    for (auto& f : fail) f(failed, {});
   } else if (!failed.ok()) {
-    return done(failed);
+    return done(failed, {});
   }
   // The control thread watches the deadline, writes what is left and, after
   // a failed send, tells the engine the peer is gone.
@@ -174,7 +180,7 @@ Status Channel::notify_and_wait(std::string message, Clock::time_point deadline,
 // --- Control.
 
 Result<std::unique_ptr<Control>> Control::create(ControlOptions options,
-                                                 std::function<void(Notification)> on_notification) {
+                                                 std::function<std::string(Notification)> on_notification) {
   std::unique_ptr<Control> c(new Control());
   c->options_ = std::move(options);
   c->on_notification_ = std::move(on_notification);
@@ -287,7 +293,7 @@ void Control::close(const std::shared_ptr<Channel>& channel) {
 }
 
 void Control::end_channel(Channel& ch, const Status& why, bool report) {
-  std::vector<std::function<void(Status)>> fail;
+  std::vector<Channel::Done> fail;
   bool fire = false;
   Status gone;
   {
@@ -297,7 +303,7 @@ void Control::end_channel(Channel& ch, const Status& why, bool report) {
     fire = report && !ch.gone_reported_;
     ch.gone_reported_ = true;
   }
-  for (auto& f : fail) f(gone);
+  for (auto& f : fail) f(gone, {});
   if (fire && ch.on_gone_) ch.on_gone_(gone);
 }
 
@@ -320,8 +326,12 @@ bool Control::read_inbound(Inbound& in) {
     if (!r.u64("seq", &seq).ok()) return false;
     std::string_view message;
     (void)r.raw("message", r.left(), &message);
-    on_notification_(Notification{in.who.name, std::string(message), in.who.instance});
-    net::append_frame(in.out, {net::Protocol::kControl, kAck, kControlVersion, 0, false}, u64_payload(seq), in.session);
+    std::string answer = on_notification_(Notification{in.who.name, std::string(message), in.who.instance});
+    if (answer.size() > kMaxNotificationAnswerBytes) answer.resize(kMaxNotificationAnswerBytes);
+    net::WireWriter ack;
+    ack.u64(seq);
+    ack.raw(answer);
+    net::append_frame(in.out, {net::Protocol::kControl, kAck, kControlVersion, 0, false}, ack.out(), in.session);
     in.reader.next();
     if (!flush(in.fd.get(), in.out, in.out_pos) || in.out.size() - in.out_pos > kMaxInboundOut) return false;
   }
@@ -330,40 +340,35 @@ bool Control::read_inbound(Inbound& in) {
 bool Control::read_channel(Channel& ch) {
   char buf[4096];
   while (true) {
-    const ssize_t n = ::recv(ch.fd_.get(), buf, sizeof buf, MSG_DONTWAIT);
+    const size_t want = std::min(sizeof buf, ch.reader_.wanted());
+    const ssize_t n = ::recv(ch.fd_.get(), buf, want, MSG_DONTWAIT);
     if (n == 0) return false;
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-    ch.in_.append(buf, static_cast<size_t>(n));
-    // Acks only: fixed-size frames, parsed in place.
-    const size_t frame = net::kFrameHeaderBytes + 8 + (ch.session_.keyed() ? net::kTagBytes : 0);
-    size_t pos = 0;
-    while (ch.in_.size() - pos >= frame) {
-      std::string_view f = std::string_view(ch.in_).substr(pos, frame);
-      Result<net::FrameHeader> h = net::decode_header(f.substr(0, net::kFrameHeaderBytes), net::Protocol::kControl,
-                                                      kControlVersion, control_payload_limit);
-      if (!h.ok() || h->type != kAck || h->payload_bytes != 8 || h->tagged != ch.session_.keyed()) return false;
-      if (ch.session_.keyed() &&
-          !ch.session_.check(f.substr(0, net::kFrameHeaderBytes), f.substr(net::kFrameHeaderBytes, 8),
-                             f.substr(net::kFrameHeaderBytes + 8))) {
-        return false;
-      }
-      net::WireReader r(f.substr(net::kFrameHeaderBytes, 8), "Ack");
-      uint64_t seq = 0;
-      (void)r.u64("seq", &seq);
-      pos += frame;
-      std::function<void(Status)> done;
-      {
-        std::lock_guard<std::mutex> lock(ch.mu_);
-        auto it = ch.pending_.find(seq);
-        if (it != ch.pending_.end()) {  // else a late Ack of an expired one
-          done = std::move(it->second.done);
-          ch.pending_.erase(it);
-        }
-      }
-      if (done) done(Status());
+    if (!ch.reader_.feed(std::string_view(buf, static_cast<size_t>(n))).ok()) return false;
+    if (!ch.reader_.ready()) continue;
+    // Acks only, each with its answer.
+    const net::FrameHeader& h = ch.reader_.header();
+    if (h.type != kAck || h.tagged != ch.session_.keyed()) return false;
+    if (ch.session_.keyed() && !ch.session_.check(ch.reader_.raw_header(), ch.reader_.payload(), ch.reader_.tag())) {
+      return false;
     }
-    ch.in_.erase(0, pos);
-    if (ch.in_.size() > 2 * frame) return false;
+    net::WireReader r(ch.reader_.payload(), "Ack");
+    uint64_t seq = 0;
+    if (!r.u64("seq", &seq).ok()) return false;
+    std::string_view answer;
+    (void)r.raw("answer", r.left(), &answer);
+    Channel::Done done;
+    {
+      std::lock_guard<std::mutex> lock(ch.mu_);
+      auto it = ch.pending_.find(seq);
+      if (it != ch.pending_.end()) {  // else a late Ack of an expired one
+        done = std::move(it->second.done);
+        ch.pending_.erase(it);
+      }
+    }
+    std::string answered(answer);
+    ch.reader_.next();
+    if (done) done(Status(), std::move(answered));
   }
 }
 
@@ -373,7 +378,7 @@ bool Control::write_channel(Channel& ch) {
 }
 
 void Control::expire(Channel& ch, Clock::time_point now) {
-  std::vector<std::function<void(Status)>> late;
+  std::vector<Channel::Done> late;
   {
     std::lock_guard<std::mutex> lock(ch.mu_);
     for (auto it = ch.pending_.begin(); it != ch.pending_.end();) {
@@ -386,7 +391,7 @@ void Control::expire(Channel& ch, Clock::time_point now) {
     }
   }
   for (auto& f : late) {
-    f(Status::timeout("peer " + ch.peer_ + " did not acknowledge the notification before the deadline"));
+    f(Status::timeout("peer " + ch.peer_ + " did not acknowledge the notification before the deadline"), {});
   }
 }
 

@@ -13,12 +13,14 @@
 // Channels also tell the engine when a peer is gone: the kernel closes a dead
 // process's sockets, and the control thread sees the end of stream at once.
 //
-// Protocol (version 2, docs/formats/control.md): the client's Open body is
+// Protocol (version 3, docs/formats/control.md): the client's Open body is
 // its identity (engine name, instance, pid) and the instance it expects to
 // reach; the server refuses another instance (stale metadata) and more than
 // kMaxInboundPerPeer connections from one identity; Accept carries the
-// server's instance. Then Notify {seq, message} and Ack {seq}, tagged when
-// the secret was proven. A frame that breaks the protocol closes the
+// server's instance. Then Notify {seq, message} and Ack {seq, answer}, tagged
+// when the secret was proven: the answer (at most kMaxNotificationAnswerBytes,
+// often empty) is what the receiving engine's answerer said of the
+// notification when it arrived. A frame that breaks the protocol closes the
 // connection. Nothing in a frame is trusted beyond these checks; a
 // notification names the identity its connection opened with, which only a
 // secret makes proven (docs/security.md).
@@ -54,7 +56,7 @@ namespace kvbridge::engine_internal {
 
 using Clock = std::chrono::steady_clock;
 
-inline constexpr uint16_t kControlVersion = 2;
+inline constexpr uint16_t kControlVersion = 3;
 inline constexpr size_t kMaxControlPayload = size_t{1} << 20;  // also the notification bound
 inline constexpr size_t kMaxInboundPerPeer = 16;
 inline constexpr size_t kMaxInbound = 1024;
@@ -79,6 +81,9 @@ struct ControlOptions {
 
 class Control;
 
+// The control protocol's payload limits (for its FrameReaders).
+size_t control_payload_limit(uint8_t type);
+
 // One outbound control connection to a peer.
 class Channel {
  public:
@@ -93,6 +98,9 @@ class Channel {
   // sent in call order. `drop` (fault injection) sends nothing, so `done`
   // sees the deadline, as for a message lost on the way.
   void notify(std::string message, Clock::time_point deadline, std::function<void(Status)> done, bool drop = false);
+  // The same, with the peer's answer (empty unless OK).
+  void notify(std::string message, Clock::time_point deadline, std::function<void(Status, std::string)> answered,
+              bool drop = false);
   // The same, waiting for `done`.
   Status notify_and_wait(std::string message, Clock::time_point deadline, bool drop = false);
   // Whether the connection is still open; why not.
@@ -101,9 +109,10 @@ class Channel {
 
  private:
   friend class Control;
+  using Done = std::function<void(Status, std::string)>;
   struct Pending {
     Clock::time_point deadline;
-    std::function<void(Status)> done;
+    Done done;
   };
   Channel(Control* control, net::Fd fd, net::Session session, std::string peer,
           std::function<void(const Status&)> on_gone)
@@ -113,7 +122,7 @@ class Channel {
         peer_(std::move(peer)),
         on_gone_(std::move(on_gone)) {}
   // Under mu_: records the end once; returns the callbacks to run (outside).
-  std::vector<std::function<void(Status)>> end_locked(const Status& why);
+  std::vector<Done> end_locked(const Status& why);
 
   Control* const control_;
   net::Fd fd_;
@@ -127,15 +136,17 @@ class Channel {
   std::map<uint64_t, Pending> pending_;  // by seq, awaiting their Ack
   Status gone_;                          // OK while open
   bool gone_reported_ = false;
-  std::string in_;  // control thread only: unparsed bytes
+  // Control thread only: the Acks being read.
+  net::FrameReader reader_{net::Protocol::kControl, kControlVersion, control_payload_limit};
 };
 
 class Control {
  public:
   // Starts the listener and the control thread. `on_notification` runs on
-  // the control thread for each Notify received.
+  // the control thread for each Notify received; what it returns (at most
+  // kMaxNotificationAnswerBytes: longer is cut) travels back in the Ack.
   static Result<std::unique_ptr<Control>> create(ControlOptions options,
-                                                 std::function<void(Notification)> on_notification);
+                                                 std::function<std::string(Notification)> on_notification);
   // Closes every connection (pending notifications fail), joins.
   ~Control();
 
@@ -170,7 +181,7 @@ class Control {
   void end_channel(Channel& ch, const Status& why, bool report);
 
   ControlOptions options_;
-  std::function<void(Notification)> on_notification_;
+  std::function<std::string(Notification)> on_notification_;
   net::Fd wake_fd_;
   std::thread thread_;
   std::mutex mu_;  // guards channels_, adopted_, per_peer_ and stop_
@@ -181,8 +192,5 @@ class Control {
   std::vector<std::unique_ptr<Inbound>> inbound_;                // control thread only
   std::unique_ptr<net::Listener> listener_;                      // last: stopped first
 };
-
-// The control protocol's payload limits (for its FrameReaders).
-size_t control_payload_limit(uint8_t type);
 
 }  // namespace kvbridge::engine_internal

@@ -24,10 +24,13 @@ using namespace std::chrono_literals;
 struct Inbox {
   std::mutex mu;
   std::vector<Notification> notes;
-  std::function<void(Notification)> sink() {
+  std::function<std::string(Notification)> sink() {
     return [this](Notification n) {
       std::lock_guard<std::mutex> lock(mu);
+      std::string answer = n.message.rfind("ask ", 0) == 0 ? "answer to " + n.message.substr(4) : "";
+      if (n.message == "ask long") answer.assign(2 * kMaxNotificationAnswerBytes, 'x');
       notes.push_back(std::move(n));
+      return answer;
     };
   }
   size_t size() {
@@ -93,6 +96,29 @@ TEST(ControlTest, NotificationsAreAcknowledgedInOrderAndNameTheSender) {
     EXPECT_EQ(b_in.notes[i].peer, "a");
     EXPECT_EQ(b_in.notes[i].peer_instance, kInstanceA);
     EXPECT_EQ(b_in.notes[i].message, "m" + std::to_string(i));
+  }
+}
+
+// The receiver's word on a notification comes back in its acknowledgement,
+// cut to the bound; a notification it does not answer gets an empty answer.
+TEST(ControlTest, AnAcknowledgementCarriesTheReceiversAnswer) {
+  Inbox a_in, b_in;
+  auto a = make("a", kInstanceA, a_in);
+  auto b = make("b", kInstanceB, b_in);
+  Result<std::shared_ptr<Channel>> ch = a->connect(b->address(), kInstanceB, "'b'", nullptr);
+  ASSERT_TRUE(ch.ok()) << ch.error().to_string();
+  for (const std::string m : {"ask 1", "plain", "ask long", "ask 2"}) {
+    std::promise<std::pair<Status, std::string>> got;
+    (*ch)->notify(m, Clock::now() + 5s, [&](Status s, std::string answer) { got.set_value({s, answer}); });
+    auto [s, answer] = got.get_future().get();
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    if (m == "plain") {
+      EXPECT_EQ(answer, "");
+    } else if (m == "ask long") {
+      EXPECT_EQ(answer, std::string(kMaxNotificationAnswerBytes, 'x'));
+    } else {
+      EXPECT_EQ(answer, "answer to " + m.substr(4));
+    }
   }
 }
 

@@ -136,7 +136,7 @@ Status EngineImpl::init() {
   control.self = ControlIdentity{options_.name, instance_, pid_};
   control.open_timeout = options_.connect_timeout;
   KVB_ASSIGN_OR_RETURN(control_,
-                       Control::create(std::move(control), [this](Notification n) { on_notification(std::move(n)); }));
+                       Control::create(std::move(control), [this](Notification n) { return on_notification(std::move(n)); }));
   Transfers::Callbacks callbacks;
   callbacks.drop_notification = hooks_.drop_notification;
   transfers_ = std::make_unique<Transfers>(options_.threads, &metrics_, std::move(callbacks));
@@ -207,7 +207,13 @@ std::string EngineImpl::metadata() const {
   return encoded.ok() ? *encoded : std::string();
 }
 
-void EngineImpl::on_notification(Notification n) {
+std::string EngineImpl::on_notification(Notification n) {
+  std::string answer;
+  {
+    // Answered before it is queued: whoever takes it sees what was answered.
+    std::lock_guard<std::mutex> lock(answerer_mu_);
+    if (answerer_) answer = answerer_(n);
+  }
   {
     std::lock_guard<std::mutex> lock(notes_mu_);
     notes_.push_back(std::move(n));
@@ -215,6 +221,12 @@ void EngineImpl::on_notification(Notification n) {
   }
   std::lock_guard<std::mutex> lock(listener_mu_);
   if (listener_) listener_();
+  return answer;
+}
+
+void EngineImpl::set_notification_answerer(std::function<std::string(const Notification&)> answer) {
+  std::lock_guard<std::mutex> lock(answerer_mu_);
+  answerer_ = std::move(answer);
 }
 
 void EngineImpl::set_notification_listener(std::function<void()> wake) {
@@ -249,20 +261,29 @@ Status EngineImpl::notify(PeerId peer, std::string message) {
 
 void EngineImpl::notify(PeerId peer, std::string message, std::chrono::milliseconds timeout,
                         std::function<void(Status)> done) {
+  ask(peer, std::move(message), timeout, [done = std::move(done)](Status s, std::string) { done(std::move(s)); });
+}
+
+void EngineImpl::ask(PeerId peer, std::string message, std::chrono::milliseconds timeout,
+                     std::function<void(Status, std::string)> answered) {
   std::shared_ptr<Peer> p;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Result<std::shared_ptr<Peer>> found = find_peer_locked(peer, "notify");
-    if (!found.ok()) return done(found.error());
+    if (!found.ok()) return answered(found.error(), {});
     p = std::move(*found);
   }
   if (timeout.count() <= 0) timeout = options_.default_timeout;
+  const Clock::time_point deadline = Clock::now() + timeout;
   const bool drop = hooks_.drop_notification && hooks_.drop_notification(message);
+  if (hooks_.duplicate_notification && hooks_.duplicate_notification(message)) {
+    p->channel->notify(message, deadline, [](Status, std::string) {});
+  }
   p->channel->notify(
-      std::move(message), Clock::now() + timeout,
-      [this, done = std::move(done)](Status s) {
+      std::move(message), deadline,
+      [this, answered = std::move(answered)](Status s, std::string answer) {
         if (s.ok()) metrics_.notification_sent();
-        done(s.ok() ? s : s.with_context("notify"));
+        answered(s.ok() ? s : s.with_context("notify"), std::move(answer));
       },
       drop);
 }

@@ -39,6 +39,10 @@ struct EngineHooks {
   // true drops it: nothing is sent, and the sender waits for an
   // acknowledgement that never comes (so the transfer fails by its deadline).
   std::function<bool(std::string_view message)> drop_notification;
+  // Called before each notify() or ask() is sent; true sends it twice (the
+  // second copy's acknowledgement is ignored), as a control message
+  // repeated on the way would arrive.
+  std::function<bool(std::string_view message)> duplicate_notification;
 };
 
 // Builds the transports that `options` asks for (every known one when empty,
@@ -82,8 +86,11 @@ class EngineImpl final : public Engine {
   Status notify(PeerId peer, std::string message) override;
   void notify(PeerId peer, std::string message, std::chrono::milliseconds timeout,
               std::function<void(Status)> done) override;
+  void ask(PeerId peer, std::string message, std::chrono::milliseconds timeout,
+           std::function<void(Status, std::string)> answered) override;
   std::vector<Notification> take_notifications() override;
   void set_notification_listener(std::function<void()> wake) override;
+  void set_notification_answerer(std::function<std::string(const Notification&)> answer) override;
   EngineMetrics metrics() const override { return metrics_.snapshot(); }
   std::string metrics_prometheus() const override { return metrics_.prometheus(); }
 
@@ -153,7 +160,8 @@ class EngineImpl final : public Engine {
   // Requires mu_. The peer `id`, or kNotFound; kUnavailable naming both
   // engines when its connection is gone and another engine took its name.
   Result<std::shared_ptr<Peer>> find_peer_locked(PeerId id, std::string_view what) const;
-  void on_notification(Notification n);
+  // Answers a notification (the answerer's word) and queues it.
+  std::string on_notification(Notification n);
 
   const EngineOptions options_;
   const std::vector<TransportReport> reports_;
@@ -180,6 +188,8 @@ class EngineImpl final : public Engine {
   std::vector<Notification> notes_;
   std::mutex listener_mu_;  // held while the listener runs, so replacing it waits for it
   std::function<void()> listener_;
+  std::mutex answerer_mu_;  // held while the answerer runs, so replacing it waits for it
+  std::function<std::string(const Notification&)> answerer_;
 };
 
 }  // namespace kvbridge::engine_internal

@@ -11,6 +11,7 @@ namespace {
 
 Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec) {
   auto faults = std::make_shared<transport::Faults>();
+  uint64_t drop_rate = 0, duplicate_rate = 0, seed = 1;
   while (!spec.empty()) {
     const size_t comma = spec.find(',');
     const std::string_view item = spec.substr(0, comma);
@@ -29,10 +30,21 @@ Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec) {
       faults->drop_notifications(n);
     } else if (key == "drop-done") {
       faults->drop_notifications(n, "kvb/1 done ");  // the connector's done messages only
+    } else if (key == "drop-rate" || key == "duplicate-rate") {
+      if (n > 1000) {
+        return Status::invalid_argument("engine faults: '" + std::string(item) + "' is per mille: 0 to 1000");
+      }
+      (key == "drop-rate" ? drop_rate : duplicate_rate) = n;
+    } else if (key == "seed") {
+      seed = n;
     } else {
       return Status::invalid_argument("engine faults: unknown fault '" + std::string(key) +
-                                      "' (known: delay, drop-notifications, drop-done)");
+                                      "' (known: delay, drop-notifications, drop-done, drop-rate, duplicate-rate, "
+                                      "seed)");
     }
+  }
+  if (drop_rate > 0 || duplicate_rate > 0) {
+    faults->set_notification_chaos(static_cast<uint32_t>(drop_rate), static_cast<uint32_t>(duplicate_rate), seed);
   }
   return faults;
 }
@@ -47,6 +59,7 @@ Result<std::unique_ptr<Engine>> create_engine_with_faults(const EngineOptions& o
   for (auto& t : transports) t = transport::make_fault_transport(std::move(t), faults);
   engine_internal::EngineHooks hooks;
   hooks.drop_notification = [faults](std::string_view m) { return faults->take_notification_drop(m); };
+  hooks.duplicate_notification = [faults](std::string_view m) { return faults->take_notification_duplicate(m); };
   return engine_internal::create_engine(options, std::move(transports), std::move(reports), std::move(hooks));
 }
 

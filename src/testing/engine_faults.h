@@ -16,6 +16,9 @@ namespace kvbridge::testing {
 //   "delay=MS"              every copy of every transport sleeps MS first (a slow link);
 //   "drop-notifications=N"  the next N notifications this engine sends are lost on the way.
 //   "drop-done=N"           the same for the next N connector done messages ("kvb/1 done ...") only.
+//   "drop-rate=P", "duplicate-rate=P", "seed=S"
+//                           each notification is lost, or sent twice, with probability P per mille,
+//                           drawn from a generator seeded with S (default 1).
 // Empty: exactly Engine::create. kInvalidArgument naming an unknown fault
 // or a missing number.
 Result<std::unique_ptr<Engine>> create_engine_with_faults(const EngineOptions& options, std::string_view faults);

@@ -35,19 +35,43 @@ void Faults::drop_notifications(uint64_t count, std::string prefix) {
   drop_prefix_ = std::move(prefix);
 }
 
+void Faults::set_notification_chaos(uint32_t drop_per_mille, uint32_t duplicate_per_mille, uint64_t seed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  chaos_drop_ = std::min<uint32_t>(drop_per_mille, 1000);
+  chaos_duplicate_ = std::min<uint32_t>(duplicate_per_mille, 1000);
+  chaos_state_ = seed;
+}
+
 void Faults::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   fail_.reset();
   truncate_at_.reset();
   delay_ = linger_ = std::chrono::milliseconds(0);
   drops_ = 0;
+  chaos_drop_ = chaos_duplicate_ = 0;
+}
+
+uint32_t Faults::draw() {
+  // splitmix64: a small generator whose whole state is one word.
+  uint64_t z = (chaos_state_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<uint32_t>((z ^ (z >> 31)) % 1000);
 }
 
 bool Faults::take_notification_drop(std::string_view message) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (drops_ == 0 || message.substr(0, drop_prefix_.size()) != drop_prefix_) return false;
-  --drops_;
-  return true;
+  if (drops_ > 0 && message.substr(0, drop_prefix_.size()) == drop_prefix_) {
+    --drops_;
+    return true;
+  }
+  return chaos_drop_ > 0 && draw() < chaos_drop_;
+}
+
+bool Faults::take_notification_duplicate(std::string_view message) {
+  (void)message;
+  std::lock_guard<std::mutex> lock(mu_);
+  return chaos_duplicate_ > 0 && draw() < chaos_duplicate_;
 }
 
 bool Faults::slows_runs() const {

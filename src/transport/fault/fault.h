@@ -17,7 +17,12 @@
 //  - drop_notifications(n, prefix): the engine drops the next n
 //    notifications whose message starts with `prefix` (empty: any; the
 //    engine asks take_notification_drop() through its test hook, because
-//    notifications travel on the control connection, not through a Link).
+//    notifications travel on the control connection, not through a Link);
+//  - set_notification_chaos(drop, duplicate, seed): from now on each
+//    notification is lost with probability drop/1000 and sent twice with
+//    probability duplicate/1000, drawn from a generator seeded with `seed`
+//    (one sequence per Faults object: a run replays from its seed when the
+//    messages come in the same order).
 // It also counts runs, so a test can check that none is executing.
 //
 // Thread-safety: Faults is safe from any thread; the wrapper is as the inner
@@ -43,11 +48,15 @@ class Faults {
   void set_delay(std::chrono::milliseconds per_piece, uint64_t piece_bytes = kDefaultDelayPiece);
   void set_cancel_linger(std::chrono::milliseconds linger);
   void drop_notifications(uint64_t count, std::string prefix = {});
+  void set_notification_chaos(uint32_t drop_per_mille, uint32_t duplicate_per_mille, uint64_t seed);
   // Disarms everything (counters stay).
   void clear();
 
-  // True once per armed drop, for a message with the armed prefix.
+  // True once per armed drop, for a message with the armed prefix; or as
+  // the chaos draws.
   bool take_notification_drop(std::string_view message);
+  // True when the chaos draws that this message goes twice.
+  bool take_notification_duplicate(std::string_view message);
 
   // Whether a delay or a cancel linger is armed: runs are then slow, and
   // the engine must not run them on a submitting thread.
@@ -82,6 +91,9 @@ class Faults {
   uint64_t delay_piece_ = kDefaultDelayPiece;
   uint64_t drops_ = 0;
   std::string drop_prefix_;
+  uint32_t chaos_drop_ = 0, chaos_duplicate_ = 0;  // per mille
+  uint64_t chaos_state_ = 0;                       // splitmix64
+  uint32_t draw();                                 // requires mu_: 0..999
 };
 
 // Wraps `inner`. Requires both non-null.
