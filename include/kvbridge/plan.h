@@ -20,9 +20,13 @@
 //
 // Which positions move, per group kind: attention, tokens [skip_tokens,
 // num_tokens); sliding_window, the same cut to the last window_tokens tokens;
-// state, the state of the last listed block on each side; scratch, every
-// position of the single listed block. With tokens_per_state > 1 a position
-// moves when it holds any token of the range.
+// state, the state of the last listed block on each side, when any token
+// moves (a receiver that holds every token, skip_tokens == num_tokens, holds
+// the state after them as part of its prefix hit, and its block may be
+// shared); scratch, every position of the single listed block, always (a
+// per-request ring is never prefix-cached, so the receiver never holds it).
+// With tokens_per_state > 1 a position moves when it holds any token of the
+// range. docs/formats/request.md says why.
 //
 // Pure: no I/O, no threads, no globals. Thread-safety: reentrant.
 #pragma once

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kvbridge/plan.h"
+#include "kvbridge/presets.h"
 #include "kvbridge/verify.h"
 #include "layout/test_layouts.h"
 
@@ -111,6 +112,82 @@ TEST(VerifierTest, CatchesAZeroLengthDescriptor) {
   Fixture f = make();
   f.plan.descriptors.push_back({0, 0, 0, 0, 0, 0, 0});
   expect_caught(f, "zero length");
+}
+
+// A receiver that holds every token (skip_tokens == num_tokens: a full
+// prefix hit) holds the state after them too, so a state group moves
+// nothing; a scratch group (a per-request ring, never prefix-cached) moves
+// its one block whatever skip_tokens says. The verifier checks that rule
+// from its own code (moving.h): a plan that writes the state at a full hit
+// writes a byte the request does not move, and one that leaves the ring out
+// misses bytes it does.
+TEST(VerifierTest, AFullPrefixHitMovesTheScratchRingButNotTheState) {
+  PresetOptions o;
+  o.name = "qwen3-next";
+  o.num_blocks = 8;
+  Result<Layout> local = make_preset(o);
+  ASSERT_TRUE(local.ok()) << local.error().to_string();
+  const std::vector<Layout> remotes = {*local};
+  bool has_state = false, has_scratch = false;
+  Request full, partial;
+  for (const Group& g : local->groups) {
+    if (!g.transfer) continue;
+    has_state = has_state || g.kind == GroupKind::kState;
+    has_scratch = has_scratch || g.kind == GroupKind::kScratch;
+    if (g.kind == GroupKind::kState || g.kind == GroupKind::kScratch) {
+      full.blocks[g.name] = {{1}, {2}};
+    } else {
+      full.blocks[g.name] = {{1, 3}, {2, 4}};
+    }
+  }
+  ASSERT_TRUE(has_state && has_scratch);
+  const uint64_t tokens = local->groups.front().block_tokens + 1;
+  full.num_tokens = tokens;
+  full.skip_tokens = tokens;
+  partial = full;
+  partial.skip_tokens = tokens - 1;
+  Result<Plan> at_full = plan(*local, remotes, full);
+  Result<Plan> at_partial = plan(*local, remotes, partial);
+  ASSERT_TRUE(at_full.ok() && at_partial.ok());
+  ASSERT_TRUE(verify(*at_full, *local, remotes, full).ok());
+  ASSERT_TRUE(verify(*at_partial, *local, remotes, partial).ok());
+  auto group_of = [&](const Descriptor& d) {
+    const std::string& tensor = local->tensors[d.local_tensor].name;
+    for (const Group& g : local->groups) {
+      for (const Layer& l : g.layers) {
+        for (const Component& c : l.components) {
+          if (c.tensor == tensor) return g.kind;
+        }
+      }
+    }
+    return GroupKind::kAttention;
+  };
+  size_t state_full = 0, scratch_full = 0;
+  for (const Descriptor& d : at_full->descriptors) {
+    state_full += group_of(d) == GroupKind::kState;
+    scratch_full += group_of(d) == GroupKind::kScratch;
+  }
+  EXPECT_EQ(state_full, 0u);
+  EXPECT_GT(scratch_full, 0u);
+  // The state's descriptors of the partial hit, added to the full hit's
+  // plan, write bytes the full hit does not move: refused.
+  Plan wrong = *at_full;
+  size_t state_partial = 0;
+  for (const Descriptor& d : at_partial->descriptors) {
+    if (group_of(d) != GroupKind::kState) continue;
+    wrong.descriptors.push_back(d);
+    ++state_partial;
+  }
+  ASSERT_GT(state_partial, 0u);
+  Result<VerifyReport> v = verify(wrong, *local, remotes, full, /*check_minimal=*/false);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.error().code(), Code::kInternal);
+  // And a plan without the ring misses it.
+  Plan no_ring;
+  for (const Descriptor& d : at_full->descriptors) {
+    if (group_of(d) != GroupKind::kScratch) no_ring.descriptors.push_back(d);
+  }
+  EXPECT_FALSE(verify(no_ring, *local, remotes, full, /*check_minimal=*/false).ok());
 }
 
 }  // namespace
