@@ -46,6 +46,12 @@ Result<std::shared_ptr<Store>> Store::create(StoreOptions options) {
     } else {
       impl->redis = std::make_unique<store_internal::RedisTier>(*impl->options.redis);
     }
+    // Asked once now, so that a tier that cannot be reached (a typo in its
+    // address, a server not started) says why in stats() from the start,
+    // not at the first lookup. Its failure is not the store's: the memory
+    // and disk tiers work, and the shared tier is tried again later.
+    const std::string ping = "PING";
+    (void)impl->redis->command(std::span<const std::string>(&ping, 1));
   }
   return std::shared_ptr<Store>(new Store(std::move(impl)));
 }
