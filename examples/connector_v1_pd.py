@@ -5,7 +5,7 @@ Two processes with vLLM-shaped bf16 caches (per layer [2 (K, V), num_blocks, blo
 kv_heads, head_size]):
 
   prefill: TP 1, 16-token blocks. Its scheduler half admits request req-1 (handed over to
-           decode: kv_transfer_params {"do_remote_decode": True, "decode_ranks": 2}), its
+           decode: kv_transfer_params {"do_remote_decode": True}), its
            rank "computes" the prompt's KV (seeded values standing in for the model), and
            request_finished() returns the kv_transfer_params for the decode instance while
            the blocks stay held until both decode ranks said done.
@@ -151,7 +151,7 @@ def main():
     ok = True
     try:
         # The router: a request for prefill that decode instance "decode" (2 ranks) will read ...
-        p_end.send({"do_remote_decode": True, "decode_ranks": 2})
+        p_end.send({"do_remote_decode": True})
         if not p_end.poll(60):
             raise TimeoutError("prefill sent no kv_transfer_params")
         params = p_end.recv()

@@ -107,6 +107,10 @@ Command add_demo_command(CLI::App& root) {
                   "Prefill time per layer in microseconds: the layer's KV write, then a busy loop for the rest, before "
                   "the layer is saved")
       ->capture_default_str();
+  app->add_option("--producer-delay-us", args->producer_delay_us,
+                  "--memory cuda with --stream: each layer's device write waits behind a kernel of this many "
+                  "microseconds and is announced at once, so the decode ranks' copies must wait for its event")
+      ->capture_default_str();
   app->add_option("--etcd", args->etcd,
                   "Find the prefill instance through etcd at this client URL (http://host:port): prefill rank 0 "
                   "registers it, decode ranks watch for it");

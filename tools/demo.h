@@ -103,6 +103,11 @@ struct DemoArgs {
   // Prefill ranks spend this long computing each layer (a busy loop of
   // multiply-adds, not a sleep) before writing and saving it.
   uint64_t compute_us_per_layer = 0;
+  // --memory cuda, streamed: each layer's device write is queued behind a
+  // kernel that takes this long, and announced at once (as an engine
+  // announces a layer its kernels still write): a reader that did not wait
+  // for the layer's event would read it before it lands.
+  uint64_t producer_delay_us = 0;
   // Idle connections to each listener of each prefill rank while the first
   // half of the requests runs (the second half is the same run's baseline).
   uint32_t flood = 0;

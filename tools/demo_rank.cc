@@ -147,7 +147,7 @@ class Rank {
         if (copies) faults = "delay=1000";
         break;
       case Inject::kDropNotification:
-        if (!c_.prefill) faults = "drop-done=1";  // a reader's done message: the lease must free the blocks
+        if (!c_.prefill) faults = "drop-done=1";  // a reader's done message: it is asked again
         break;
       default:
         break;
@@ -261,7 +261,8 @@ class Rank {
       held_[id] = Held{q, m.at("seed").get<uint64_t>()};
       if (cmd == "prefill") return prefill(id, q, m);
       const auto t0 = Clock::now();
-      Status s = worker_->start_load(id, m.at("instance").get<std::string>(), q, LoadOptions{m.value("stream", false)});
+      Status s = worker_->start_load(id, m.at("instance").get<std::string>(), q,
+                                     LoadOptions::streaming(m.value("stream", false)));
       held_[id].start_ns =
           static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
       if (s.ok()) return s;
@@ -277,7 +278,10 @@ class Rank {
       auto it = held_.find(id);
       if (it == held_.end()) return Status::not_found("push: request " + id + " was never prefilled here");
       const auto t0 = Clock::now();
-      Status s = worker_->push(id, m.at("to").get<std::string>(), it->second.request, LoadOptions{false});
+      // The prefill waited for its device copies (sync()): nothing to wait on.
+      LoadOptions o;
+      o.ready.host_synchronized = device_;
+      Status s = worker_->push(id, m.at("to").get<std::string>(), it->second.request, o);
       const auto t1 = Clock::now();
       if (s.ok()) s = worker_->wait_for_save(id, c_.args->transfer_timeout);
       const auto us = [](Clock::duration d) {
@@ -328,6 +332,16 @@ class Rank {
     gpu_ = static_cast<int>(c_.rank % static_cast<uint32_t>(n));
     KVB_ASSIGN_OR_RETURN(stream_, d.create_stream(gpu_));
     KVB_ASSIGN_OR_RETURN(event_, d.create_event(gpu_, false));
+    // A streamed layer's KV is written on stream_ and announced at once:
+    // its readers wait on the layer's event on their device, not the
+    // prefill on its host. One interprocess event per layer, recorded again
+    // by each request (a reader waits for its latest record).
+    for (size_t l = 0; l < layer_order(layout_).size(); ++l) {
+      KVB_ASSIGN_OR_RETURN(device::Event e, d.create_event(gpu_, true));
+      KVB_ASSIGN_OR_RETURN(std::string handle, d.export_event(e));
+      layer_events_.push_back(e);
+      layer_handles_.push_back(std::move(handle));
+    }
     for (size_t t = 0; t < layout_.tensors.size(); ++t) {
       KVB_ASSIGN_OR_RETURN(void* p, d.allocate(gpu_, host_[t].size()));
       KVB_RETURN_IF_ERROR(d.copy_sync(p, host_[t].data(), host_[t].size()));
@@ -339,8 +353,11 @@ class Rank {
   }
 
   // Copies the cells of `q` (from `first_token`) between the host mirror and
-  // device memory, as one batched copy. Nothing for host memory.
-  Status sync(const Layout& layout, const Request& q, RequestSide side, uint64_t first_token, bool to_device) {
+  // device memory, as one batched copy, and waits for it unless `queue_only`
+  // (the caller then orders what reads the bytes after stream_'s events).
+  // Nothing for host memory.
+  Status sync(const Layout& layout, const Request& q, RequestSide side, uint64_t first_token, bool to_device,
+              bool queue_only = false) {
     if (!device_) return Status();
     std::vector<device::DeviceCopy> copies;
     KVB_RETURN_IF_ERROR(for_each_cell(layout, q, side, first_token, [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
@@ -358,6 +375,7 @@ class Rank {
     if (copies.empty()) return Status();
     device::Device& d = device::current();
     KVB_RETURN_IF_ERROR(d.copy(stream_, copies, device::CopyMethod::kCopyEngine));
+    if (queue_only) return Status();
     KVB_RETURN_IF_ERROR(d.record(event_, stream_));
     for (;;) {
       KVB_ASSIGN_OR_RETURN(bool done, d.done(event_));
@@ -396,7 +414,7 @@ class Rank {
     const bool stream = m.value("stream", false);
     const auto compute = std::chrono::microseconds(c_.args->compute_us_per_layer);
     if (stream && push_) {
-      KVB_RETURN_IF_ERROR(worker_->push(id, m.at("to").get<std::string>(), q, LoadOptions{true}));
+      KVB_RETURN_IF_ERROR(worker_->push(id, m.at("to").get<std::string>(), q, LoadOptions::streaming(true)));
     } else if (stream) {
       KVB_RETURN_IF_ERROR(worker_->stream_to(id, m.at("to").get<std::string>()));
     }
@@ -406,18 +424,37 @@ class Rank {
       KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kRemote, 0, true));
     } else {
       Clock::time_point end = Clock::now();
-      for (const std::string& layer : layer_order(layout_)) {
+      const std::vector<std::string> order = layer_order(layout_);
+      for (size_t l = 0; l < order.size(); ++l) {
+        const std::string& layer = order[l];
         end += compute;
         const Layout one = keep_layers(layout_, {layer});
         KVB_RETURN_IF_ERROR(fill_request(one, q, RequestSide::kRemote, 0, held_[id].seed, host_));
-        KVB_RETURN_IF_ERROR(sync(one, q, RequestSide::kRemote, 0, true));
+        // Streamed, device memory: the layer's copy is queued and announced
+        // with its event, as an engine announces a layer its kernels still
+        // write; the readers' copies wait on the event.
+        const bool queued = stream && device_;
+        if (queued && c_.args->producer_delay_us > 0) {
+          KVB_RETURN_IF_ERROR(device::current().fill_after(stream_, spans_[0].data(), 0, 0,
+                                                           std::chrono::microseconds(c_.args->producer_delay_us)));
+        }
+        KVB_RETURN_IF_ERROR(sync(one, q, RequestSide::kRemote, 0, true, queued));
+        Readiness ready;
+        if (queued) {
+          KVB_RETURN_IF_ERROR(device::current().record(layer_events_[l], stream_));
+          if (push_) {
+            ready.event = reinterpret_cast<uintptr_t>(layer_events_[l]);
+          } else {
+            ready.event_handle = layer_handles_[l];
+          }
+        }
         ++layers;
         if (const Clock::time_point now = Clock::now(); now >= end) {
           if (compute.count() > 0) ++over_budget;
           end = now;
         }
         busy_until(end);
-        if (stream) KVB_RETURN_IF_ERROR(worker_->save_layer(id, layer));
+        if (stream) KVB_RETURN_IF_ERROR(worker_->save_layer(id, layer, ready));
       }
     }
     const int64_t done_ns =
@@ -552,16 +589,6 @@ class Rank {
 
   // Every byte no request holds must still be the sentinel.
   Status finish() {
-    if (!c_.prefill && c_.args->inject == Inject::kDropNotification) {
-      // This rank dropped a done message: the engine reports it failed when
-      // its peer goes (the prefill ranks end now too) or at its deadline.
-      // The report waits for that, a few seconds at most, rather than race
-      // the prefill's exit.
-      for (const auto until = Clock::now() + std::chrono::seconds(5);
-           worker_->stats().notifications_failed == 0 && Clock::now() < until;) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-    }
     uint64_t stray = 0;
     std::string first;
     if (!c_.prefill) {
@@ -605,6 +632,8 @@ class Rank {
   device::Stream stream_ = nullptr;
   bool push_ = false;  // --mode push
   device::Event event_ = nullptr;
+  std::vector<device::Event> layer_events_;  // --memory cuda: per layer ordinal, interprocess
+  std::vector<std::string> layer_handles_;   // their IPC handles
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ConnectorWorker> worker_;
   ResultWaiter results_;                            // after worker_: its thread is joined before worker_ goes

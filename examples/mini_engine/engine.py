@@ -503,7 +503,7 @@ def run_pd(cfg: ModelConfig, prefill: InstanceSpec, decode: InstanceSpec, prompt
     c = cluster or Cluster(cfg, prefill, decode)
     try:
         t0 = time.monotonic()
-        to_prefill = {"do_remote_decode": True, "decode_ranks": decode.tp}
+        to_prefill = {"do_remote_decode": True}
         if stream:
             to_prefill["stream_to"] = {"instance": decode.role, "addresses": c.addresses[decode.role]}
         c.inbox["prefill"].put(("prefill", rid, prompt, to_prefill))

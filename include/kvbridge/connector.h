@@ -36,15 +36,37 @@
 // schedulers are the same in both modes.
 //
 // Messages between workers travel as engine notifications:
-// "kvb/1 hb <request id>" and "kvb/1 done <request id>", from the decode rank's
-// engine to each prefill rank it reads from, and "kvb/1 ready <request>
-// <layer>" (streaming) from a prefill rank's engine to each decode rank of
-// the instance it streams to; in push mode "kvb/1 cancel <request>" (decode
-// -> prefill) and "wrote", "unwritten" and "cancelled" (prefill -> decode,
+// "kvb/1 hb <request id> <readers>" and "kvb/1 done <request id> <readers>",
+// from the decode rank's engine to each prefill rank it reads from (or
+// would read from, when the request moves nothing), and "kvb/1 ready
+// <request> <layer>" (streaming, with the producer's event when the layer is
+// device memory) from a prefill rank's engine to each decode rank of the
+// instance it streams to; in push mode "kvb/1 cancel <request>" (decode ->
+// prefill) and "wrote", "unwritten" and "cancelled" (prefill -> decode,
 // connector/messages.h); the sender is the engine (name and instance,
 // proven with a secret), and a decode rank takes "ready" only from the
 // engine of a prefill rank it reads from. The worker takes every
-// notification of its engine (Engine::set_notification_listener).
+// notification of its engine (Engine::set_notification_listener) and
+// answers each "done" (Engine::set_notification_answerer).
+//
+// The boundary contracts (DESIGN.md, docs/integration.md):
+//  - Readiness: a layer is read or pushed only after its producer's event
+//    (Readiness) completed; the consumer's pending work on the destination
+//    blocks is waited for the same way (LoadOptions::ready).
+//  - Finality: once abort() returns, no byte of the load lands; a pull load
+//    is reported ok only once every prefill rank it read answered its done
+//    "held": the blocks were still the request's when the reads ended
+//    (blocks_released() says when they stop being), so a lease that expired
+//    under a read fails the load instead of passing another request's bytes.
+//  - Holds are derived: readers say how many they are (ReaderEvent::readers,
+//    from their instance's layout), and PrefillScheduler::hold(request, now)
+//    counts them; nobody configures the number.
+//  - Identity is bound: a load may name the incarnation of each remote rank
+//    it expects (LoadOptions::incarnations); another one fails it, naming both.
+//  - Membership changes: add_remote() replaces an instance's addresses,
+//    remove_remote() forgets it, and an instance whose rank is gone is
+//    handshaken again by the next load, so a restarted prefill is read
+//    without restarting its peers.
 //
 // Thread-safety: the schedulers are not thread-safe (one owner); every
 // ConnectorWorker method may be called from any thread.
@@ -84,6 +106,14 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 // ---------------------------------------------------------------------------
 // Scheduler side.
 
+// What a reader told this (prefill) rank.
+struct ReaderEvent {
+  enum class Kind : uint8_t { kHeartbeat, kDone } kind = Kind::kHeartbeat;
+  RequestId request;
+  std::string reader;    // the decode engine's name
+  uint32_t readers = 0;  // how many ranks of the reader's instance read the request (0: not said)
+};
+
 enum class ReleaseReason : uint8_t { kRead, kLeaseExpired, kAborted };
 std::string_view release_reason_name(ReleaseReason reason);
 
@@ -92,30 +122,50 @@ struct Release {
   ReleaseReason reason = ReleaseReason::kRead;
   std::vector<std::string> readers_missing;  // expected readers that never reported done
   uint32_t missing_count = 0;                // held by count: readers short of it
+  // Held by derived count: readers that said different counts, e.g.
+  // "readers disagree on how many they are: 'd/r0' says 2, 'd/r1' says 4"
+  // (the hold waited for the largest). Empty when they agreed.
+  std::string disagreement;
 };
 
 class PrefillScheduler {
  public:
-  explicit PrefillScheduler(std::chrono::milliseconds lease = std::chrono::seconds(30)) : lease_(lease) {}
+  // `lease`: how long a request is held without word from a reader.
+  // `abort_grace`: how long an aborted request nobody was heard reading is
+  // still held, so that a reader that started just before (its first
+  // heartbeat, sent as it starts, on its way) is heard before its blocks go.
+  explicit PrefillScheduler(std::chrono::milliseconds lease = std::chrono::seconds(30),
+                            std::chrono::milliseconds abort_grace = std::chrono::milliseconds(2000))
+      : lease_(lease), abort_grace_(abort_grace) {}
 
+  // Holds `request` until every rank of the instance that reads it reported
+  // done, or the lease (renewed by the readers' heartbeats) expires. The
+  // readers say how many they are (ReaderEvent::readers: every rank of the
+  // decode instance reads its share, so the count follows from that
+  // instance's layout and nobody configures it); each distinct reader (by
+  // engine name) counts once, and a reader that does not say (an older
+  // peer) is counted without changing the number. kAlreadyExists when held;
+  // kInvalidArgument for a bad id.
+  Status hold(RequestId request, SteadyTime now);
   // Holds `request` until each of `readers` (decode engine names) reported
-  // done, or the lease (renewed by heartbeats) expires. kAlreadyExists when
+  // done, or the lease (renewed by heartbeats) expires: for a caller that
+  // knows the reading ranks (a router that picked them). kAlreadyExists when
   // held; kInvalidArgument for an empty reader set or a bad id.
   Status hold(RequestId request, std::set<std::string> readers, SteadyTime now);
-  // The same when the readers are not known yet (an engine's
-  // request_finished runs before the decode instance is chosen): held until
-  // `readers` distinct engines reported done (each counted once, by name),
-  // or the lease expires. readers_per_source() (plan.h) gives the count: how
-  // many decode ranks read this prefill rank. kInvalidArgument for 0.
+  // Held until `readers` distinct engines reported done (each counted once,
+  // by name), or the lease expires. kInvalidArgument for 0.
   Status hold(RequestId request, uint32_t readers, SteadyTime now);
-  // A reader's heartbeat renews the lease; unknown requests are ignored
-  // (a late message after release), and so are readers not expected (held
-  // by count: any reader not yet done).
+  // A reader's heartbeat or done message (what ConnectorWorker::
+  // take_reader_events() returns). A heartbeat renews the lease; unknown
+  // requests are ignored (a late message after release), and so are readers
+  // not expected.
+  void on_event(const ReaderEvent& event, SteadyTime now);
   void heartbeat(RequestId request, const std::string& reader, SteadyTime now);
   void reader_done(RequestId request, const std::string& reader, SteadyTime now);
-  // Aborts: the blocks are released once no reader is reading (now, if every
-  // reader is done or none ever heartbeated; else at the next done or at
-  // lease expiry). kNotFound when not held.
+  // Aborts: the blocks are released once no reader is reading: when every
+  // reader heard from is done (now, if one was heard and all are), at the
+  // next done, or at lease expiry; when none was heard, after abort_grace.
+  // kNotFound when not held.
   Status abort(RequestId request, SteadyTime now);
   // Requests whose blocks may be freed now, each exactly once.
   std::vector<Release> take_releases(SteadyTime now);
@@ -125,14 +175,24 @@ class PrefillScheduler {
 
  private:
   struct Held {
-    std::set<std::string> waiting;  // by name
-    uint32_t count = 0;             // by count: readers still to report done
-    std::set<std::string> done;     // by count: who did
-    bool heard = false;             // any heartbeat or done
+    std::set<std::string> waiting;         // by name
+    uint32_t count = 0;                    // by count: readers still to report done
+    bool derived = false;                  // by derived count: `count` is what the readers said (0: nobody yet)
+    std::map<std::string, uint32_t> said;  // derived: each reader heard and the count it said
+    std::set<std::string> done;            // by count: who did
+    bool heard = false;                    // any heartbeat or done
     bool aborted = false;
     SteadyTime expires;
+    SteadyTime abort_free_at;  // aborted: not freed before (a reader on its way is heard first)
   };
+  // Records `reader` of a derived hold; the count the readers say.
+  void count_reader(Held& h, const std::string& reader, uint32_t readers);
+  // Releases `it` when every expected reader is done (aborted: every reader
+  // heard from, past the abort grace). True when it did.
+  bool settle_if_done(std::map<RequestId, Held>::iterator it, SteadyTime now);
+  std::string disagreement(const Held& h) const;
   std::chrono::milliseconds lease_;
+  std::chrono::milliseconds abort_grace_;
   std::map<RequestId, Held> held_;
   std::vector<Release> ready_;
 };
@@ -253,6 +313,28 @@ struct WorkerOptions {
 };
 
 // How start_load() moves one request.
+// A producer's word that bytes it queued are final (DESIGN.md, "The
+// boundary contracts"). On host memory the caller has written them before
+// it calls, and nothing is needed. On device memory the kernels that write
+// them may still be queued when the engine's hook runs, so the caller names
+// an event recorded on the stream that wrote them, after those kernels; the
+// copy that reads them waits for it on the device (the host never spins).
+struct Readiness {
+  // An interprocess event's IPC handle (cudaIpcEventHandle_t's 64 bytes;
+  // torch.cuda.Event(interprocess=True).ipc_handle()): what a reader in
+  // another process waits on. At most 128 bytes.
+  std::string event_handle;
+  // An event of this process (a cudaEvent_t, or the device seam's Event),
+  // for copies this process makes (push writes; a pull load's reads wait on
+  // the consumer's own pending work). The caller keeps it alive until the
+  // copy ran (wait_for_save(), the load's result).
+  uintptr_t event = 0;
+  // The caller already waited for the work on the host (e.g.
+  // cudaStreamSynchronize): nothing to wait on.
+  bool host_synchronized = false;
+  bool empty() const { return event_handle.empty() && event == 0 && !host_synchronized; }
+};
+
 struct LoadOptions {
   // Layer-wise streaming: start the load at admission, while the prefill is
   // still computing. Each stage (WorkerOptions::stream_layers_per_stage
@@ -263,13 +345,29 @@ struct LoadOptions {
   // load, naming the layer. Off (the default): the prefill has finished and
   // everything is read at once.
   bool stream = false;
-};
+  // Pull: the engine's pending work on this request's local blocks (e.g.
+  // the previous owner's kernels): the reads into device memory wait for it
+  // on the device. Host memory needs none.
+  Readiness ready;
+  // The incarnation of each remote rank (ConnectorWorker::incarnation() of
+  // the ranks that handed the request off, in rank order), as the hand-off
+  // named them: a rank that is now another process (it restarted, and the
+  // request's KV went with it) fails the load naming both. Empty: not checked.
+  std::vector<std::string> incarnations;
+  // The remote ranks' side channels as the hand-off named them, in rank
+  // order. Empty: the instance's (add_remote()). Other addresses are
+  // handshaken with for this load (and kept for later loads that name them)
+  // beside the instance's own, which they do not replace: a hand-off from a
+  // process that is gone fails on its own, and names how the instance
+  // answers elsewhere.
+  std::vector<std::string> addresses;
 
-// What a reader told this (prefill) rank.
-struct ReaderEvent {
-  enum class Kind : uint8_t { kHeartbeat, kDone } kind = Kind::kHeartbeat;
-  RequestId request;
-  std::string reader;  // the decode engine's name
+  // Options with only `stream` set.
+  static LoadOptions streaming(bool on = true) {
+    LoadOptions o;
+    o.stream = on;
+    return o;
+  }
 };
 
 struct WorkerStats {
@@ -298,13 +396,25 @@ class ConnectorWorker {
   virtual std::string side_channel_address() const = 0;
   virtual const Layout& layout() const = 0;
 
+  // This rank's incarnation: its engine's instance id, 16 hex digits. A
+  // restarted rank has another one; a hand-off names it so that a reader
+  // never takes a stranger's bytes for the request's (LoadOptions).
+  virtual std::string incarnation() const = 0;
+
   // The side channels of a remote instance's ranks, in rank order
   // (Layout::rank(): tp_rank, stage by stage for pipeline stages). Their
-  // metadata is fetched on the first load from that instance, once per rank.
-  // kInvalidArgument, naming the rank and the text, for an address that is
-  // not host:port (checked here, not at the first load); kAlreadyExists for
-  // an instance fetched already with other addresses.
+  // metadata is fetched on the first load from that instance, once per rank,
+  // and again by the first load after one of its ranks is gone (a restart).
+  // Other addresses for a known instance replace the old ones (it moved or
+  // restarted): later loads handshake with the new ranks, and loads under
+  // way keep the ranks they read. Each rank must describe itself as a rank
+  // of `instance` (RankInfo::instance_id), or the handshake fails naming
+  // both. kInvalidArgument, naming the rank and the text, for an address
+  // that is not host:port (checked here, not at the first load).
   virtual Status add_remote(const std::string& instance, std::vector<std::string> rank_addresses) = 0;
+  // Forgets `instance` (it left): loads queued for it fail naming it; loads
+  // under way keep their ranks. kNotFound when unknown.
+  virtual Status remove_remote(const std::string& instance) = 0;
   // Handshakes with every rank of `instance` and connects to its engines,
   // ahead of the first load, on the worker's connect thread: returns at
   // once (kNotFound for an instance never added). wait_connected() returns
@@ -348,23 +458,40 @@ class ConnectorWorker {
 
   // Prefill side: readers' heartbeats and done messages since the last call.
   virtual std::vector<ReaderEvent> take_reader_events() = 0;
+  // Prefill side: the engine frees the request's blocks now (its hold ended:
+  // read, lease expired, or aborted). A reader's done that comes later is
+  // answered "released", so a load whose reads may have seen the blocks'
+  // next owner fails instead of passing those bytes as the request's. Call
+  // it before anything can write to those blocks again (an engine's step:
+  // before the forward pass of the step whose scheduler freed them). The
+  // last 65,536 released requests are remembered.
+  virtual void blocks_released(RequestId request) = 0;
 
   // Prefill side, layer-wise streaming (the hooks engines already call):
   // stream_to() names the decode instance (known by add_remote()) whose
   // ranks load `request` streamed; save_layer() says that this rank has
   // written every token of `layer` of the request (a name of layer_order()),
-  // so readers may read it now; wait_for_save() returns once every
-  // announcement was acknowledged by every decode rank, with the first
-  // error, and forgets the request. Either of stream_to() and save_layer()
-  // may come first: layers saved before stream_to() are announced by it.
-  // Saving a layer again is a no-op. stream_to() dials the decode ranks once
-  // per instance (their side channels, then their engines), so its errors
-  // are handshake and connect errors; save_layer() never blocks.
-  // kInvalidArgument for an unknown layer; kNotFound from wait_for_save()
-  // for a request never streamed; kTimeout when acknowledgements are still
-  // missing after `timeout`.
+  // or queued the work that writes it, after which `ready` completes; so
+  // readers may read it now (after `ready`); wait_for_save() returns once
+  // every announcement was acknowledged by every decode rank, with the
+  // first error, and forgets the request. Either of stream_to() and
+  // save_layer() may come first: layers saved before stream_to() are
+  // announced once the instance is connected. Saving a layer again is a
+  // no-op. Neither blocks: stream_to() hands the decode instance's handshake
+  // and connects to the connect thread, whose errors wait_for_save()
+  // returns. save_layer() of a layer in device memory needs `ready`
+  // (Readiness: in pull mode event_handle, which the announcement carries
+  // to the readers; in push mode either event): kInvalidArgument naming the
+  // layer without it. kInvalidArgument for an unknown layer; kNotFound from
+  // wait_for_save() for a request never streamed; kTimeout when
+  // acknowledgements are still missing after `timeout` (a poll, with 0), and
+  // only then; kUnavailable, with the cause, when the decode instance could
+  // not be reached or an announcement failed.
   virtual Status stream_to(RequestId request, const std::string& instance) = 0;
-  virtual Status save_layer(RequestId request, std::string_view layer) = 0;
+  virtual Status save_layer(RequestId request, std::string_view layer, const Readiness& ready) = 0;
+  Status save_layer(RequestId request, std::string_view layer) {
+    return save_layer(std::move(request), layer, Readiness{});
+  }
   virtual Status wait_for_save(RequestId request, std::chrono::milliseconds timeout) = 0;
 
   // Push mode (WorkerOptions::mode), prefill side: writes this rank's part

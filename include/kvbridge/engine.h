@@ -198,6 +198,10 @@ class Engine {
   virtual ~Engine() = default;
 
   virtual const std::string& name() const = 0;
+  // This engine's instance: a random id for its whole life, which its
+  // metadata carries and which its peers' notifications name it by
+  // (Notification::peer_instance). A restarted process has another.
+  virtual uint64_t instance() const = 0;
   // Whether the engine was created with a shared secret.
   virtual bool has_secret() const = 0;
   virtual std::vector<TransportReport> transports() const = 0;
@@ -238,6 +242,12 @@ class Engine {
   // malformed metadata, kIncompatible for a version mismatch, kUnavailable
   // when no transport is shared (the message lists both sides' transports).
   virtual Result<PeerId> connect(std::string_view metadata) = 0;
+
+  // OK while the peer's control connection is open; once it is gone (its
+  // process exited, or the connection broke) its error (kIoError naming the
+  // peer, and who holds its name now when another engine connected under
+  // it); kNotFound for an unknown id. Cheap: no message is sent.
+  virtual Status peer_status(PeerId peer) const = 0;
 
   // Submits a transfer and returns at once (a small one on a same-host
   // transport may already have ended: EngineOptions::inline_bytes). Failures

@@ -76,9 +76,9 @@ class ConnectorConfig:
     model, num_kv_heads, cache_layout, groups: how register_kv_caches() reads the caches
       (see there). num_kv_heads is the model's total KV heads; needed when a rank holds one
       head at TP above 1 (replicated or not cannot be told from one rank).
-    decode_ranks: prefill: how many decode ranks read each request, when the request's
-      kv_transfer_params do not say ("decode_ranks"); the blocks are held until that many
-      decode ranks said done (or the lease expires). Must be given one way or the other.
+    decode_ranks: not configured any more: the prefill holds a handed-off request until every
+      rank of the decode instance that reads it said done, and the readers say how many they
+      are (their instance's layout decides it). Giving it is refused, naming this.
     lease_s: how long prefill holds a request's blocks without a heartbeat from a reader.
     failure_policy: decode: "fail" or "recompute" (from the first token that did not arrive).
     load_timeout_s: decode: a load not ended by then fails.
@@ -130,8 +130,9 @@ class ConnectorConfig:
             raise _fail(f"cache_layout '{self.cache_layout}' (expected one of {', '.join(CACHE_LAYOUTS)})")
         if self.failure_policy not in ("fail", "recompute"):
             raise _fail(f"failure_policy '{self.failure_policy}' (expected fail or recompute)")
-        if self.decode_ranks is not None and self.decode_ranks < 1:
-            raise _fail(f"decode_ranks {self.decode_ranks} (expected at least 1)")
+        if self.decode_ranks is not None:
+            raise _fail(f"decode_ranks {self.decode_ranks}: the number of decode ranks that read a request is not "
+                        f"configured; the readers say it (their instance's layout decides it), so leave it out")
 
     @property
     def produces(self) -> bool:
@@ -162,6 +163,89 @@ def _store_for(config: ConnectorConfig) -> "_kvb.Store":
         return _STORES[key]
 
 
+_MAX_BLOCK_ID = (1 << 63) - 1
+
+
+def _torch_cuda_device(tensors: Any) -> Optional[Any]:
+    """The device of the first torch CUDA tensor among `tensors` (a list or a dict), when torch's
+    CUDA runtime is there to record events on it; None otherwise (host memory, or device memory
+    that did not come from torch)."""
+    items = list(tensors.values()) if isinstance(tensors, Mapping) else list(tensors)
+    for t in items:
+        device = getattr(t, "device", None)
+        if getattr(device, "type", None) != "cuda" or not hasattr(t, "is_cuda") or not t.is_cuda:
+            continue
+        try:
+            import torch
+            if torch.cuda.is_available():
+                return device
+        except Exception:
+            return None
+    return None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_block_ids(request_id: str, what: str, blocks: Any) -> None:
+    """Block ids as kv_transfer_params carry them (a list, a list per group, {group: ids}): ints
+    from -1 (a block that moves nothing) up; anything else is refused here, by name."""
+    lists = list(blocks.values()) if isinstance(blocks, Mapping) else [blocks]
+    if lists and isinstance(blocks, Sequence) and blocks and not _is_int(blocks[0]):
+        lists = list(blocks)
+    for ids in lists:
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            raise _fail(f"request '{request_id}': {what} must be lists of block ids, not {type(ids).__name__}")
+        for b in ids:
+            if not _is_int(b) or not -1 <= b <= _MAX_BLOCK_ID:
+                raise _fail(f"request '{request_id}': {what} holds {b!r}, not a block id (-1 or 0..2^63-1)")
+
+
+def _check_request_id(request_id: Any, what: str) -> str:
+    rid = str(request_id)
+    if not rid or len(rid) > 256 or any(not 0x20 < ord(c) < 0x7f for c in rid):
+        raise _fail(f"{what} {rid[:40]!r} is not a request id (1 to 256 bytes of printable ASCII without spaces)")
+    return rid
+
+
+def _check_params(request_id: str, params: Mapping[str, Any], prompt_tokens: int) -> int:
+    """A prefill's kv_transfer_params as a decode instance receives them (through a router, which
+    may forward what a client sent): each value is checked before anything uses it. Returns
+    remote_num_tokens."""
+    for key in ("remote_instance", "remote_addresses", "remote_block_ids", "remote_num_tokens"):
+        if key not in params:
+            raise _fail(f"request '{request_id}': kv_transfer_params lack '{key}'")
+    n = params["remote_num_tokens"]
+    if not _is_int(n) or not 0 <= n <= prompt_tokens:
+        raise _fail(f"request '{request_id}': remote_num_tokens {n!r} is not a token count of its "
+                    f"{prompt_tokens}-token prompt")
+    instance = params["remote_instance"]
+    if not isinstance(instance, str) or not instance or any(not c.isprintable() or c.isspace() for c in instance):
+        raise _fail(f"request '{request_id}': remote_instance {instance!r} is not an instance id")
+    addresses = params["remote_addresses"]
+    if isinstance(addresses, (str, bytes)) or not isinstance(addresses, Sequence) or not addresses or \
+            not all(isinstance(a, str) for a in addresses):
+        raise _fail(f"request '{request_id}': remote_addresses {addresses!r} is not a list of host:port")
+    _check_block_ids(request_id, "remote_block_ids", params["remote_block_ids"])
+    if "remote_request_id" in params:
+        _check_request_id(params["remote_request_id"], f"request '{request_id}': remote_request_id")
+    incarnations = params.get("remote_incarnations")
+    if incarnations is not None:
+        if isinstance(incarnations, (str, bytes)) or not isinstance(incarnations, Sequence) or \
+                len(incarnations) != len(addresses) or \
+                not all(isinstance(i, str) and len(i) == 16 and all(c in "0123456789abcdef" for c in i)
+                        for i in incarnations):
+            raise _fail(f"request '{request_id}': remote_incarnations {incarnations!r} is not one incarnation "
+                        f"(16 hex digits) per remote address")
+    return n
+
+
+def _addresses(ranks: Iterable[Any]) -> List[str]:
+    """Side channel addresses from what ranks said (HandshakeMetadata, or the address itself)."""
+    return [r.address if isinstance(r, HandshakeMetadata) else str(r) for r in ranks]
+
+
 def _tokens(token_ids: Any) -> List[int]:
     if hasattr(token_ids, "tolist"):
         token_ids = token_ids.tolist()
@@ -181,6 +265,15 @@ def _plain_blocks(block_ids: BlockIds) -> Union[Dict[str, List[int]], List[int],
 # ---------------------------------------------------------------------------- metadata
 
 
+@dataclasses.dataclass(frozen=True)
+class HandshakeMetadata:
+    """What one rank tells its scheduler half (WorkerConnector.get_handshake_metadata()): the
+    address of its side channel, and its incarnation (its engine's instance id: a restarted rank
+    has another, so a hand-off that names it is never read from a stranger)."""
+    address: str
+    incarnation: str = ""
+
+
 @dataclasses.dataclass
 class LoadSpec:
     """A request a decode (or store-reading) rank loads in this step.
@@ -198,6 +291,7 @@ class LoadSpec:
     remote_addresses: Optional[List[str]] = None
     remote_blocks: Any = None
     remote_request_id: Optional[str] = None  # the prefill's id of the request (its readers' messages name it)
+    remote_incarnations: Optional[List[str]] = None  # each prefill rank's, as the hand-off named them
     stream: bool = False
 
     @property
@@ -230,6 +324,12 @@ class ConnectorMetadata:
     saves: List[SaveSpec] = dataclasses.field(default_factory=list)
     streams: List[StreamSpec] = dataclasses.field(default_factory=list)
     aborts: List[str] = dataclasses.field(default_factory=list)
+    # Prefill: requests whose held blocks the engine frees now: each rank says so to its readers
+    # before anything can write those blocks again (a read that may have seen the next owner fails).
+    released: List[str] = dataclasses.field(default_factory=list)
+    # Requests the step's batch computes whose KV streams in (build_connector_meta(scheduled=)):
+    # wait_for_layer_load() waits for these only, never for loads the batch does not compute.
+    computes: List[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -240,6 +340,7 @@ class WorkerOutput:
     reader_events: List[Any] = dataclasses.field(default_factory=list)  # kvbridge.ReaderEvent
     saved: List[str] = dataclasses.field(default_factory=list)
     save_errors: Dict[str, str] = dataclasses.field(default_factory=dict)
+    stream_errors: Dict[str, str] = dataclasses.field(default_factory=dict)  # prefill: announcements that failed
 
 
 @dataclasses.dataclass
@@ -278,6 +379,7 @@ class SchedulerConnector:
                 raise _fail("a prefix store needs the scheduler to know a rank's layout (layout=)")
             self._lookup = _kvb.RankStore(_store_for(config), layout, None)
         self._addresses: List[str] = []
+        self._incarnations: List[str] = []
         self._prefill = _kvb.PrefillScheduler(lease=config.lease_s)
         self._decode = _kvb.DecodeScheduler(ranks=config.tp_size, policy=config.failure_policy)
         self._pending: Dict[str, _Pending] = {}
@@ -291,16 +393,21 @@ class SchedulerConnector:
         self._streaming: Dict[str, StreamSpec] = {}
         self._early_events: Dict[str, List[Any]] = {}  # readers' events before request_finished (streamed)
         self._done = FinishedRequests()
+        self._streamed: Set[str] = set()  # decode: loads streamed in
 
     # -- handshake
 
-    def set_xfer_handshake_metadata(self, metadata: Union[Mapping[int, str], Sequence[str]]) -> None:
-        """The side channel address of each rank of this instance (WorkerConnector.get_handshake_metadata()),
-        by rank or in rank order: what decode instances are told to read from."""
-        addresses = [metadata[r] for r in sorted(metadata)] if isinstance(metadata, Mapping) else list(metadata)
-        if len(addresses) != self.config.tp_size:
-            raise _fail(f"{len(addresses)} rank addresses for an instance of tp_size {self.config.tp_size}")
-        self._addresses = [str(a) for a in addresses]
+    def set_xfer_handshake_metadata(self, metadata: Union[Mapping[int, Any], Sequence[Any]]) -> None:
+        """Each rank's WorkerConnector.get_handshake_metadata() (a HandshakeMetadata, or a side channel
+        address), by rank or in rank order: what decode instances are told to read from. With the
+        ranks' incarnations the hand-off names them, so a restarted rank is never read as the one
+        that held the request. Called again after a rank restarted."""
+        ranks = [metadata[r] for r in sorted(metadata)] if isinstance(metadata, Mapping) else list(metadata)
+        if len(ranks) != self.config.tp_size:
+            raise _fail(f"{len(ranks)} rank addresses for an instance of tp_size {self.config.tp_size}")
+        self._addresses = [m.address if isinstance(m, HandshakeMetadata) else str(m) for m in ranks]
+        incarnations = [m.incarnation if isinstance(m, HandshakeMetadata) else "" for m in ranks]
+        self._incarnations = incarnations if all(incarnations) else []
 
     # -- the four scheduler hooks
 
@@ -316,17 +423,12 @@ class SchedulerConnector:
         if self._lookup is not None:
             limit = len(tokens) - 1 if self.config.lookup_keep_last_token else len(tokens)
             hit = self._lookup.lookup(tokens, limit_tokens=max(limit, 0)).hit_tokens
-        if params and params.get("do_remote_decode") and self.config.produces:
-            self._decode_ranks_of(request_id, params)  # refused now, not at request_finished
         self._pending[request_id] = _Pending(tokens, num_computed_tokens, params, hit)
         if params and params.get("do_remote_prefill"):
             if not self.config.consumes:
                 raise _fail(f"request '{request_id}': kv_transfer_params ask to load from a prefill instance, "
                             f"but this instance's role is '{self.config.role}'")
-            for key in ("remote_instance", "remote_addresses", "remote_block_ids", "remote_num_tokens"):
-                if key not in params:
-                    raise _fail(f"request '{request_id}': kv_transfer_params lack '{key}'")
-            remote_tokens = int(params["remote_num_tokens"])
+            remote_tokens = _check_params(request_id, params, len(tokens))
             return max(remote_tokens - num_computed_tokens, 0), remote_tokens > num_computed_tokens
         return max(hit - num_computed_tokens, 0), False
 
@@ -348,9 +450,12 @@ class SchedulerConnector:
                 token_ids=p.tokens if store_end else None, remote_instance=str(params["remote_instance"]),
                 remote_addresses=list(params["remote_addresses"]), remote_blocks=params["remote_block_ids"],
                 remote_request_id=str(params.get("remote_request_id", request_id)),
+                remote_incarnations=list(params["remote_incarnations"]) if params.get("remote_incarnations") else None,
                 stream=bool(params.get("stream", self.config.stream))))
             self._decode.expect(request_id, skip_tokens=min(p.computed, n), timeout=self.config.load_timeout_s)
             self._loading[request_id] = set()
+            if self._meta.loads[-1].stream:
+                self._streamed.add(request_id)
             self._pending[request_id] = dataclasses.replace(p, params=None)  # request_finished may store it
             return
         if num_external_tokens > 0 and p.store_hit > p.computed:
@@ -358,7 +463,7 @@ class SchedulerConnector:
                                              store_tokens=p.store_hit, token_ids=p.tokens))
         if params.get("do_remote_decode") and params.get("stream_to") and self.config.produces:
             to = params["stream_to"]
-            spec = StreamSpec(request_id, str(to["instance"]), list(to["addresses"]))
+            spec = StreamSpec(request_id, str(to["instance"]), _addresses(to["addresses"]))
             self._streaming[request_id] = spec
             self._meta.streams.append(spec)
             self._early_params[request_id] = self._params_for(request_id, blocks, len(p.tokens), params)
@@ -370,10 +475,17 @@ class SchedulerConnector:
         as soon as the blocks are allocated (decode then loads while prefill computes)."""
         return self._early_params.get(str(request_id))
 
-    def build_connector_meta(self, finishing: Optional[Iterable[str]] = None) -> ConnectorMetadata:
+    def build_connector_meta(self, finishing: Optional[Iterable[str]] = None,
+                             scheduled: Optional[Iterable[str]] = None) -> ConnectorMetadata:
         """The step's metadata for every worker. finishing: the streamed requests whose prefill
-        ends in this step (chunked prefill); None: all of them."""
+        ends in this step (chunked prefill); None: all of them. scheduled: the requests the step's
+        batch computes; those whose KV still streams in are the only ones wait_for_layer_load()
+        waits for (None: none, so a load never stalls the batch)."""
         meta, self._meta = self._meta, ConnectorMetadata()
+        if scheduled is not None:
+            streaming = {load.request_id for load in meta.loads if load.stream}
+            streaming |= {rid for rid in self._loading if rid in self._streamed}
+            meta.computes = [str(r) for r in scheduled if str(r) in streaming]
         ending = None if finishing is None else {str(r) for r in finishing}
         meta.streams = [dataclasses.replace(s, finishes=ending is None or s.request_id in ending)
                         for s in meta.streams]
@@ -393,6 +505,24 @@ class SchedulerConnector:
         self._early_params.pop(request_id, None)
         self._streaming.pop(request_id, None)
         early_events = self._early_events.pop(request_id, [])
+        self._streamed.discard(request_id)
+        # Not handed to the workers yet: nothing may move, whatever raced with what. The load
+        # becomes one of no token (the prefill still hears that its blocks are free).
+        for i, load in enumerate(self._meta.loads):
+            if load.request_id != request_id:
+                continue
+            if load.remote_instance is None:
+                del self._meta.loads[i]
+                break
+            self._meta.loads[i] = dataclasses.replace(load, skip_tokens=load.num_tokens, store_tokens=0,
+                                                      token_ids=None, stream=False)
+            self._loading.pop(request_id, None)
+            self._aborting[request_id] = set(range(self.config.tp_size))
+            try:
+                self._decode.abort(request_id)
+            except _kvb.NotFound:
+                pass
+            return True, None
         if request_id in self._loading:  # decode: still loading; the blocks are free once every rank stopped
             reported = self._loading.pop(request_id)
             try:
@@ -405,17 +535,6 @@ class SchedulerConnector:
             self._aborting[request_id] = due
             self._meta.aborts.append(request_id)
             return True, None
-        for i, load in enumerate(self._meta.loads):  # not handed to the workers yet
-            if load.request_id == request_id:
-                if load.remote_instance is None:
-                    del self._meta.loads[i]
-                else:  # nothing to read, but the prefill must hear that its blocks are free
-                    self._meta.loads[i] = dataclasses.replace(load, skip_tokens=load.num_tokens, store_tokens=0,
-                                                              token_ids=None, stream=False)
-                    self._aborting[request_id] = set(range(self.config.tp_size))
-                    self._decode.abort(request_id)
-                    return True, None
-                break
         if aborted or p is None:
             return False, None
         blocks = _plain_blocks(block_ids)
@@ -424,9 +543,8 @@ class SchedulerConnector:
         params_out = None
         params = p.params or {}
         if params.get("do_remote_decode") and self.config.produces:
-            readers = self._decode_ranks_of(request_id, params)
             now = time.monotonic()
-            self._prefill.hold(request_id, readers, now=now)
+            self._prefill.hold(request_id, now=now)  # until every reader said done: they say how many they are
             self._held.add(request_id)
             for event in early_events:
                 self._prefill.on_reader_event(event, now)
@@ -498,6 +616,9 @@ class SchedulerConnector:
         now = time.monotonic() if now is None else now
         for release in self._prefill.take_releases(now):
             self._held.discard(release.request)
+            # Every rank says so to its readers in the next step, before the engine can give the
+            # blocks to another request: a read that may see the next owner's bytes then fails.
+            self._meta.released.append(release.request)
             if release.request not in self._saving:
                 self._done.finished_sending.add(release.request)
         for outcome in self._decode.take_outcomes(now):
@@ -520,21 +641,16 @@ class SchedulerConnector:
 
     # -- helpers
 
-    def _decode_ranks_of(self, request_id: str, params: Mapping[str, Any]) -> int:
-        n = params.get("decode_ranks", self.config.decode_ranks)
-        if n is None:
-            raise _fail(f"request '{request_id}': how many decode ranks read it is unknown: give "
-                        f"kv_transfer_params['decode_ranks'] (the router knows the decode instance) or "
-                        f"ConnectorConfig.decode_ranks")
-        return int(n)
-
     def _params_for(self, request_id: str, blocks: Any, n: int, params: Mapping[str, Any]) -> Dict[str, Any]:
         if not self._addresses:
             raise _fail("the rank addresses are unknown: call set_xfer_handshake_metadata() first")
-        return {"do_remote_prefill": True, "do_remote_decode": False, "remote_instance": self.config.instance_id,
-                "remote_addresses": list(self._addresses), "remote_block_ids": blocks, "remote_num_tokens": n,
-                "remote_request_id": request_id, "remote_tp_size": self.config.tp_size,
-                "stream": bool(params.get("stream_to"))}
+        out = {"do_remote_prefill": True, "do_remote_decode": False, "remote_instance": self.config.instance_id,
+               "remote_addresses": list(self._addresses), "remote_block_ids": blocks, "remote_num_tokens": n,
+               "remote_request_id": request_id, "remote_tp_size": self.config.tp_size,
+               "stream": bool(params.get("stream_to"))}
+        if self._incarnations:
+            out["remote_incarnations"] = list(self._incarnations)
+        return out
 
 
 # ---------------------------------------------------------------------------- worker half
@@ -564,6 +680,9 @@ class WorkerConnector:
         self._sending: Set[str] = set()
         self._bad_blocks: Set[int] = set()
         self._saves: List[SaveSpec] = []
+        self._unsaved: Set[str] = set()             # prefill: streams whose announcements are not all acknowledged
+        self._layer_events: Dict[str, Any] = {}    # prefill, CUDA caches: one interprocess event per layer
+        self._cuda_device: Optional[Any] = None     # the caches' torch device when they are CUDA tensors
 
     # -- registration
 
@@ -596,6 +715,7 @@ class WorkerConnector:
                 load_chunk_tokens=c.load_chunk_tokens)
             if c.has_store:
                 self.store = _kvb.RankStore(_store_for(c), self._layout, memory)
+            self._cuda_device = _torch_cuda_device(memory)
         except BaseException:
             self.close()
             raise
@@ -607,9 +727,11 @@ class WorkerConnector:
             raise _fail("register_kv_caches() has not been called")
         return self._layout
 
-    def get_handshake_metadata(self) -> str:
-        """This rank's side channel address, for SchedulerConnector.set_xfer_handshake_metadata()."""
-        return self._require().side_channel_address
+    def get_handshake_metadata(self) -> HandshakeMetadata:
+        """This rank's side channel address and incarnation, for
+        SchedulerConnector.set_xfer_handshake_metadata()."""
+        w = self._require()
+        return HandshakeMetadata(w.side_channel_address, w.incarnation)
 
     # -- per step
 
@@ -619,61 +741,97 @@ class WorkerConnector:
     def clear_connector_metadata(self) -> None:
         self._meta = ConnectorMetadata()
 
-    def start_load_kv(self) -> None:
+    def start_load_kv(self, *args: Any, **kwargs: Any) -> None:
         """Starts the step's loads (the prefix-store part here and now, the P/D part queued on
-        the worker's threads: this never waits on the network), aborts, saves and streams."""
+        the worker's threads), aborts, saves and streams. Never waits on the network and never
+        raises: every failure arrives as a load's result. First it tells the readers of the
+        blocks the engine freed (ConnectorMetadata.released), before this step's forward pass can
+        write them. A load that the same metadata aborts moves nothing (its prefill is still told).
+        With CUDA caches, the reads into them wait on the device for the work the current stream
+        has queued (the blocks' previous owner)."""
         w = self._require()
-        for rid in self._meta.aborts:
+        meta = self._meta
+        for rid in meta.released:
+            w.blocks_released(rid)
+        aborting = set(meta.aborts)
+        ready = self._consumer_ready()
+        for load in meta.loads:
+            if load.request_id in aborting:
+                load = dataclasses.replace(load, skip_tokens=load.num_tokens, store_tokens=0, token_ids=None,
+                                           stream=False)
+            self._start(load, ready)
+        for rid in meta.aborts:
             with self._lock:
                 wid = self._load_ids.get(rid, rid)
             try:
                 w.abort(wid)
             except _kvb.NotFound:
                 pass  # its result is in already, or it never started here: it is reported either way
-        for load in self._meta.loads:
-            self._start(load)
-        for s in self._meta.streams:
+            except Exception as e:  # a cancel that could not be confirmed: its result says so
+                with self._lock:
+                    self._out.save_errors.setdefault(rid, f"abort: {e}")
+        for s in meta.streams:
             self._stream(s)
         with self._lock:
-            self._saves.extend(self._meta.saves)
+            self._saves.extend(meta.saves)
         self._run_saves()
 
     def wait_for_layer_load(self, layer_name: str, request_ids: Optional[Iterable[str]] = None) -> None:
-        """Returns once `layer_name` of each streamed load of request_ids (default: those the
-        bound metadata starts) has landed, or the load ended; a failure arrives as the load's
-        result. A request not loading streamed returns at once."""
+        """Returns once `layer_name` of each streamed load of the requests the step's batch
+        computes has landed, or the load ended (a failure arrives as its result). The requests
+        are request_ids, or the bound metadata's `computes` (build_connector_meta(scheduled=)):
+        a load the batch does not compute never holds the step up."""
         w = self._require()
         if request_ids is None:
-            request_ids = [load.request_id for load in self._meta.loads if load.stream]
+            request_ids = self._meta.computes
         with self._lock:
             ids = [self._load_ids[str(r)] for r in request_ids
                    if str(r) in self._load_ids and self._loads[self._load_ids[str(r)]].stream]
         for rid in ids:
             try:
                 w.wait_for_layer(rid, layer_name, timeout=self.config.load_timeout_s)
-            except _kvb.Error:
+            except Exception:
                 pass  # the load's LoadResult says what went wrong
 
-    def save_kv_layer(self, layer_name: str, kv_layer: Any = None, attn_metadata: Any = None) -> None:
-        """Prefill: `layer_name` is written for the step's requests: announces it for every
-        streamed request whose prefill ends in this step (the layer's bytes are final)."""
+    def save_kv_layer(self, layer_name: str, kv_layer: Any = None, attn_metadata: Any = None,
+                      ready: Any = None, **kwargs: Any) -> None:
+        """Prefill: the kernels that write `layer_name` for the step's requests are queued (or
+        done): announces it for every streamed request whose prefill ends in this step. Readers
+        read it once it is written: with CUDA caches this records an interprocess event (one per
+        layer, recorded again each step) on the current stream of kv_layer's device, which the
+        readers' copies wait on; `ready` gives one instead (a torch.cuda.Event made interprocess,
+        or an IPC event handle as bytes). Never raises: a failed announcement is reported in
+        WorkerOutput.stream_errors, and the readers' loads fail by their deadline."""
         w = self._require()
-        for s in self._meta.streams:
-            if s.finishes:
-                w.save_layer(s.request_id, layer_name)
+        finishing = [s for s in self._meta.streams if s.finishes]
+        if not finishing:
+            return
+        try:
+            event = ready if ready is not None else self._producer_ready(layer_name, kv_layer)
+        except Exception as e:
+            event, failed = None, f"layer '{layer_name}': recording its ready event failed: {e}"
+            with self._lock:
+                for s in finishing:
+                    self._out.stream_errors.setdefault(s.request_id, failed)
+            return
+        for s in finishing:
+            try:
+                w.save_layer(s.request_id, layer_name, ready=event)
+            except Exception as e:
+                with self._lock:
+                    self._out.stream_errors.setdefault(s.request_id, str(e))
 
     def wait_for_save(self) -> None:
-        """Prefill: returns once each decode rank acknowledged the step's streamed layers;
-        runs the pending prefix-store saves."""
-        w = self._require()
-        for s in self._meta.streams:
-            if s.finishes:
-                try:
-                    w.wait_for_save(s.request_id, timeout=self.config.load_timeout_s)
-                except _kvb.Error:
-                    pass  # the decode side reports the load's failure
-                with self._lock:
-                    self._streams.discard(s.request_id)
+        """Prefill: runs the pending prefix-store saves, and notes which streamed requests' layer
+        announcements every decode rank acknowledged. Never waits on the network: announcements
+        not acknowledged yet are looked at again next step, and a failure is reported in
+        WorkerOutput.stream_errors (the decode side reports its load's failure)."""
+        self._require()
+        with self._lock:
+            for s in self._meta.streams:
+                if s.finishes:
+                    self._unsaved.add(s.request_id)
+        self._check_unsaved()
         self._run_saves()
 
     # -- what ended
@@ -782,7 +940,9 @@ class WorkerConnector:
             raise _fail(f"{what}: a flat block list for a layout of {len(groups)} groups {groups}: give one per group")
         return {groups[0]: items}
 
-    def _start(self, load: LoadSpec) -> None:
+    def _start(self, load: LoadSpec, ready: Any = None) -> None:
+        """One load of the step. Every failure becomes the load's result (P/D) or its blocks'
+        load error (a store-only load): nothing raises out of the engine's step."""
         w = self._require()
         rid = load.request_id
         have = load.skip_tokens
@@ -790,18 +950,22 @@ class WorkerConnector:
             local = self._group_blocks(load.local_blocks, f"request '{rid}' local blocks")
             if load.store_tokens > have and self.store is not None and load.token_ids is not None:
                 end = min(load.store_tokens, load.num_tokens) if load.remote_instance else load.store_tokens
-                got = self.store.get(load.token_ids, _kvb.Request(end, {g: (ids, []) for g, ids in local.items()},
-                                                                  skip_tokens=have))
-                have = max(have, min(got.hit_tokens, end))
+                try:
+                    got = self.store.get(load.token_ids, _kvb.Request(end, {g: (ids, []) for g, ids in local.items()},
+                                                                      skip_tokens=have))
+                    have = max(have, min(got.hit_tokens, end))
+                except _kvb.Error:
+                    pass  # the store delivered nothing: read from prefill instead, or recompute
             if load.remote_instance is None:
                 if have < load.store_tokens:  # the store delivered less than its lookup promised
                     self._mark_bad(local, have, load.store_tokens)
                 return
             remote = self._group_blocks(load.remote_blocks, f"request '{rid}' remote blocks")
             instance = load.remote_instance
+            addresses = list(load.remote_addresses or [])
             if instance not in self._remotes:
-                w.add_remote(instance, list(load.remote_addresses or []))
-                self._remotes[instance] = list(load.remote_addresses or [])
+                w.add_remote(instance, addresses)
+                self._remotes[instance] = addresses
                 w.connect(instance)
             blocks = {g: (ids, remote.get(g, [])) for g, ids in local.items()}
             with self._lock:
@@ -809,30 +973,94 @@ class WorkerConnector:
                 self._load_ids[rid] = load.load_id
             w.start_load(load.load_id, instance,
                          _kvb.Request(load.num_tokens, blocks, skip_tokens=min(have, load.num_tokens)),
-                         stream=load.stream)
-        except _kvb.Error as e:
-            if load.remote_instance is None:
-                raise
+                         stream=load.stream, ready=ready, incarnations=load.remote_incarnations,
+                         addresses=addresses)
+        except Exception as e:
+            status = _kvb.Status(e.code, str(e)) if isinstance(e, _kvb.Error) else \
+                _kvb.Status("internal", f"{type(e).__name__}: {e}")
             with self._lock:
                 self._loads.pop(load.load_id, None)
                 self._load_ids.pop(rid, None)
-                self._out.load_results.append(_kvb.LoadResult(rid, _kvb.Status(e.code, str(e)), first_bad_token=have))
+                self._out.load_results.append(_kvb.LoadResult(rid, status, first_bad_token=have))
                 self._recving.add(rid)
             try:
-                self._mark_bad(self._group_blocks(load.local_blocks, "blocks"), have, load.num_tokens)
-            except _kvb.Error:
+                self._mark_bad(self._group_blocks(load.local_blocks, "blocks"), have,
+                               load.num_tokens if load.remote_instance else load.store_tokens)
+            except Exception:
                 pass  # the block lists themselves are what is wrong: the result says so
 
     def _stream(self, s: StreamSpec) -> None:
+        """Prefill: the decode instance a request streams to. Never waits on the network (the
+        handshake runs on the worker's connect thread) and never raises."""
         w = self._require()
-        if s.instance not in self._remotes:
-            w.add_remote(s.instance, s.addresses)
-            self._remotes[s.instance] = s.addresses
+        try:
+            if self._remotes.get(s.instance) != list(s.addresses):
+                w.add_remote(s.instance, list(s.addresses))
+                self._remotes[s.instance] = list(s.addresses)
+            with self._lock:
+                first = s.request_id not in self._streams
+                self._streams.add(s.request_id)
+            if first:
+                w.stream_to(s.request_id, s.instance)
+        except Exception as e:
+            with self._lock:
+                self._out.stream_errors.setdefault(s.request_id, str(e))
+
+    def _check_unsaved(self) -> None:
+        """Streams whose announcements every decode rank acknowledged (or that failed) are done
+        with; the others are looked at again next time. Never waits."""
+        w = self.worker
+        if w is None:
+            return
         with self._lock:
-            first = s.request_id not in self._streams
-            self._streams.add(s.request_id)
-        if first:
-            w.stream_to(s.request_id, s.instance)
+            pending = list(self._unsaved)
+        for rid in pending:
+            try:
+                w.wait_for_save(rid, timeout=0)
+            except _kvb.Timeout:
+                continue
+            except _kvb.NotFound:
+                pass  # forgotten after its deadline, or never streamed here
+            except Exception as e:
+                with self._lock:
+                    self._out.stream_errors.setdefault(rid, str(e))
+            with self._lock:
+                self._unsaved.discard(rid)
+                self._streams.discard(rid)
+
+    def _cuda_caches(self) -> Optional[Any]:
+        """The torch device of the registered caches when they are torch CUDA tensors (events are
+        recorded on its current stream); None for host memory, or without torch's CUDA."""
+        return self._cuda_device
+
+    def _consumer_ready(self) -> Any:
+        """An event after the work queued on the current stream (the blocks' previous owner):
+        the step's reads into CUDA caches wait for it on the device. None for host caches."""
+        device = self._cuda_caches()
+        if device is None:
+            return None
+        import torch  # only with CUDA caches, which came from torch
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    def _producer_ready(self, layer_name: str, kv_layer: Any) -> Any:
+        """The interprocess event of `layer_name`, recorded on the current stream of the layer's
+        device (after the kernels that write it): what its readers wait on. None for host caches.
+        One event per layer, recorded again each step: a reader waits for its latest record,
+        which is never earlier than the one its announcement follows."""
+        device = self._cuda_caches()
+        if device is None:
+            return None
+        import torch
+        if kv_layer is not None and getattr(getattr(kv_layer, "device", None), "type", None) == "cuda":
+            device = kv_layer.device
+        event = self._layer_events.get(layer_name)
+        if event is None:
+            event = torch.cuda.Event(interprocess=True)
+            self._layer_events[layer_name] = event
+        event.record(torch.cuda.current_stream(device))
+        return event
 
     def _run_saves(self) -> None:
         with self._lock:
@@ -845,7 +1073,7 @@ class WorkerConnector:
                 with self._lock:
                     self._out.saved.append(s.request_id)
                     self._sending.add(s.request_id)
-            except _kvb.Error as e:
+            except Exception as e:
                 with self._lock:
                     self._out.save_errors[s.request_id] = str(e)
                     self._sending.add(s.request_id)
@@ -854,6 +1082,7 @@ class WorkerConnector:
         if self.worker is None:
             return
         self._run_saves()
+        self._check_unsaved()
         results = self.worker.take_results()
         events = self.worker.take_reader_events()
         for r in results:
@@ -864,7 +1093,8 @@ class WorkerConnector:
                     r.request = load.request_id  # the engine's id
                 self._out.load_results.append(r)
                 self._recving.add(r.request)
-            if not r.ok and load is not None:
+            # An aborted load's blocks are the engine's to free, not to recompute.
+            if not r.ok and not r.aborted and load is not None:
                 self._mark_bad(self._group_blocks(load.local_blocks, "blocks"), max(r.first_bad_token, load.skip_tokens),
                                load.num_tokens)
         with self._lock:
@@ -872,15 +1102,14 @@ class WorkerConnector:
 
     def _mark_bad(self, local: Mapping[str, List[int]], first_bad: int, num_tokens: int) -> None:
         """The local blocks holding tokens [first_bad, num_tokens) (every block of a group that
-        cannot resume part way: sliding window, state, scratch, context-sharded)."""
+        cannot resume part way: sliding window, state, scratch, context-sharded); only ids of
+        blocks the group has (-1 and ids past its blocks name nothing to recompute)."""
         bad: Set[int] = set()
         for g in self.layout.groups:
-            ids = local.get(g.name, [])
+            ids = list(local.get(g.name, []))
             if g.kind == "attention" and not g.context.sharded():
                 bt = max(g.block_tokens, 1)
-                bad.update(b for b in ids[first_bad // bt:-(-num_tokens // bt)] if b >= 0)
-            else:
-                bad.update(b for b in ids if b >= 0)
+                ids = ids[first_bad // bt:-(-num_tokens // bt)]
+            bad.update(b for b in ids if _is_int(b) and 0 <= b < g.num_blocks)
         with self._lock:
             self._bad_blocks |= bad
-

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kvbridge/connector.h"
 #include "kvbridge/status.h"
 
 namespace kvbridge::python {
@@ -70,6 +71,14 @@ std::vector<Memory> memories_of(py::handle objects, const std::vector<std::strin
 
 // Seconds (float) or datetime.timedelta, to a duration; None gives `fallback`.
 std::chrono::milliseconds to_millis(py::handle seconds, std::chrono::milliseconds fallback);
+
+// engine.cc ------------------------------------------------------------------
+
+// A producer's (or consumer's) readiness from Python: None (nothing), a
+// torch.cuda.Event (its IPC handle when interprocess, else its cudaEvent_t),
+// bytes of an IPC event handle, or an int cudaEvent_t of this process.
+// kInvalidArgument (thrown) for anything else.
+Readiness readiness_of(py::handle ready);
 
 // The longest a blocking wait holds off Python (it waits with the GIL
 // released, in slices of this, and checks for a KeyboardInterrupt between).

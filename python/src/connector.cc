@@ -197,8 +197,9 @@ void bind_worker_values(py::module_& m) {
                " bytes=" + std::to_string(r.bytes) + " descriptors=" + std::to_string(r.descriptors) + ">";
       });
 
-  auto reader_event = [](const std::string& kind, Rid request, std::string reader) {
+  auto reader_event = [](const std::string& kind, Rid request, std::string reader, uint32_t readers) {
     ReaderEvent e;
+    e.readers = readers;
     if (kind == "done") {
       e.kind = ReaderEvent::Kind::kDone;
     } else if (kind == "heartbeat") {
@@ -211,29 +212,35 @@ void bind_worker_values(py::module_& m) {
     return e;
   };
   py::class_<ReaderEvent>(m, "ReaderEvent", "A reader's heartbeat or done message, seen by a prefill rank.")
-      .def(py::init(reader_event), py::arg("kind"), py::arg("request"), py::arg("reader"),
-           "ReaderEvent(kind, request, reader): kind 'heartbeat' or 'done'; reader the decode engine's name\n"
-           "(to hand events from a worker process to the scheduler's).")
+      .def(py::init(reader_event), py::arg("kind"), py::arg("request"), py::arg("reader"), py::arg("readers") = 0,
+           "ReaderEvent(kind, request, reader, readers=0): kind 'heartbeat' or 'done'; reader the decode\n"
+           "engine's name; readers how many ranks of its instance read the request (0: not said). To hand\n"
+           "events from a worker process to the scheduler's.")
       .def("__eq__",
            [](const ReaderEvent& a, const ReaderEvent& b) {
-             return a.kind == b.kind && a.request == b.request && a.reader == b.reader;
+             return a.kind == b.kind && a.request == b.request && a.reader == b.reader && a.readers == b.readers;
            })
       .def(py::pickle(
           [](const ReaderEvent& e) {
-            return py::make_tuple(e.kind == ReaderEvent::Kind::kDone ? "done" : "heartbeat", e.request, e.reader);
+            return py::make_tuple(e.kind == ReaderEvent::Kind::kDone ? "done" : "heartbeat", e.request, e.reader,
+                                  e.readers);
           },
           [reader_event](const py::tuple& t) {
-            if (t.size() != 3) throw py::value_error("ReaderEvent: a pickled state is (kind, request, reader)");
-            return reader_event(t[0].cast<std::string>(), t[1].cast<Rid>(), t[2].cast<std::string>());
+            if (t.size() != 4)
+              throw py::value_error("ReaderEvent: a pickled state is (kind, request, reader, readers)");
+            return reader_event(t[0].cast<std::string>(), t[1].cast<Rid>(), t[2].cast<std::string>(),
+                                t[3].cast<uint32_t>());
           }))
       .def_property_readonly(
           "kind", [](const ReaderEvent& e) { return e.kind == ReaderEvent::Kind::kDone ? "done" : "heartbeat"; },
           "'heartbeat' or 'done'.")
       .def_readonly("request", &ReaderEvent::request)
       .def_readonly("reader", &ReaderEvent::reader, "The decode engine's name.")
+      .def_readonly("readers", &ReaderEvent::readers,
+                    "How many ranks of the reader's instance read the request (0: not said).")
       .def("__repr__", [](const ReaderEvent& e) {
         return std::string("ReaderEvent(kind='") + (e.kind == ReaderEvent::Kind::kDone ? "done" : "heartbeat") +
-               "', request='" + e.request + "', reader='" + e.reader + "')";
+               "', request='" + e.request + "', reader='" + e.reader + "', readers=" + std::to_string(e.readers) + ")";
       });
 
   py::class_<WorkerStats>(m, "WorkerStats", "Counters of a ConnectorWorker.")
@@ -344,13 +351,27 @@ void bind_worker(py::module_& m) {
           "side_channel_address", [](PyWorker& w) { return w.get().side_channel_address(); },
           "host:port of this rank's side channel: give it to the other instance's add_remote().")
       .def_property_readonly("layout", [](PyWorker& w) { return w.get().layout(); })
+      .def_property_readonly(
+          "incarnation", [](PyWorker& w) { return w.get().incarnation(); },
+          "This rank's incarnation (its engine's instance id, 16 hex digits): a restarted rank has\n"
+          "another. A hand-off names it (start_load(incarnations=)) so a reader never reads a stranger.")
       .def(
           "add_remote",
           [](PyWorker& w, const std::string& instance, std::vector<std::string> addresses) {
             check(w.get().add_remote(instance, std::move(addresses)));
           },
           py::arg("instance"), py::arg("rank_addresses"),
-          "The side channel addresses of a remote instance's ranks, in tp_rank order.")
+          "The side channel addresses of a remote instance's ranks, in tp_rank order. Other addresses\n"
+          "for a known instance replace them (it restarted or moved): the next load handshakes again.")
+      .def(
+          "remove_remote", [](PyWorker& w, const std::string& instance) { check(w.get().remove_remote(instance)); },
+          py::arg("instance"),
+          "Forgets a remote instance (it left); loads queued for it fail naming it. NotFound if unknown.")
+      .def(
+          "blocks_released", [](PyWorker& w, Rid request) { w.get().blocks_released(request); }, py::arg("request"),
+          "Prefill side: the engine frees the request's blocks now. A reader's done that comes later is\n"
+          "answered 'released', so a read that may have seen the blocks' next owner fails. Call it before\n"
+          "anything can write to those blocks again.")
       .def(
           "connect", [](PyWorker& w, const std::string& instance) { check(w.get().connect(instance)); },
           py::arg("instance"),
@@ -373,16 +394,22 @@ void bind_worker(py::module_& m) {
           "error (naming the rank) or Timeout.")
       .def(
           "start_load",
-          [](PyWorker& w, Rid request, const std::string& instance, const Request& blocks, bool stream) {
+          [](PyWorker& w, Rid request, const std::string& instance, const Request& blocks, bool stream,
+             py::object ready, py::object incarnations, py::object addresses) {
             ConnectorWorker& c = w.get();
+            LoadOptions o = LoadOptions::streaming(stream);
+            o.ready = readiness_of(ready);
+            if (!incarnations.is_none()) o.incarnations = incarnations.cast<std::vector<std::string>>();
+            if (!addresses.is_none()) o.addresses = addresses.cast<std::vector<std::string>>();
             Status s;
             {
               py::gil_scoped_release nogil;
-              s = c.start_load(request, instance, blocks, LoadOptions{stream});
+              s = c.start_load(request, instance, blocks, o);
             }
             check(s);
           },
           py::arg("request"), py::arg("instance"), py::arg("blocks"), py::arg("stream") = false,
+          py::arg("ready") = py::none(), py::arg("incarnations") = py::none(), py::arg("addresses") = py::none(),
           "Decode side: queues the load of `blocks` (local ids = this rank's blocks, remote ids = the\n"
           "prefill instance's) and returns; the worker's threads handshake (first load from an\n"
           "instance), plan and submit it. Every error after that (Incompatible naming the differing\n"
@@ -390,7 +417,14 @@ void bind_worker(py::module_& m) {
           "its LoadResult. Raises here only InvalidArgument for a bad id, NotFound for an unknown\n"
           "instance, AlreadyExists for a request loading.\n"
           "stream=True: layer-wise streaming, started at admission; each stage is read once every\n"
-          "prefill rank it reads from announced its layers (save_layer).")
+          "prefill rank it reads from announced its layers (save_layer).\n"
+          "ready: the engine's pending work on the local blocks (device memory: a torch.cuda.Event, an\n"
+          "IPC event handle as bytes, or an int cudaEvent_t): the reads wait for it on the device.\n"
+          "incarnations: each prefill rank's incarnation as the hand-off named it; a rank that is\n"
+          "another process now fails the load, naming both. addresses: the ranks' side channels as the\n"
+          "hand-off named them (default: the instance's); others are handshaken with beside them.\n"
+          "A pull load is ok once every prefill rank it read answered that its blocks were still the\n"
+          "request's when the reads ended (blocks_released() there says when they stop being).")
       .def(
           "wait_for_layer",
           [](PyWorker& w, Rid request, const std::string& layer, py::object timeout) {
@@ -420,30 +454,47 @@ void bind_worker(py::module_& m) {
           },
           py::arg("request"), py::arg("instance"),
           "Prefill side: the decode instance (known by add_remote) whose ranks load `request`\n"
-          "streamed; layers saved so far are announced now (GIL released: the first call dials).")
+          "streamed; layers saved so far are announced once it is connected. Never blocks: the\n"
+          "handshake runs on the worker's connect thread, and its error comes from wait_for_save().")
       .def(
           "push",
-          [](PyWorker& w, Rid request, const std::string& instance, const Request& blocks, bool stream) {
+          [](PyWorker& w, Rid request, const std::string& instance, const Request& blocks, bool stream,
+             py::object ready, bool host_synchronized) {
             ConnectorWorker& c = w.get();
+            LoadOptions o = LoadOptions::streaming(stream);
+            o.ready = readiness_of(ready);
+            o.ready.host_synchronized = host_synchronized;
             Status s;
             {
               py::gil_scoped_release nogil;
-              s = c.push(request, instance, blocks, LoadOptions{stream});
+              s = c.push(request, instance, blocks, o);
             }
             check(s);
           },
           py::arg("request"), py::arg("instance"), py::arg("blocks"), py::arg("stream") = false,
+          py::arg("ready") = py::none(), py::arg("host_synchronized") = false,
           "Push mode, prefill side: writes this rank's part of `request` into the blocks of the\n"
           "decode instance `instance` (blocks: what its ranks pass to start_load). Plans as each\n"
           "decode rank does, over every rank of this instance (add_remote() this instance too).\n"
           "stream=False: writes everything now; True: each stage once save_layer() saved its\n"
-          "layers. wait_for_save() waits for every write. GIL released: the first call dials.")
+          "layers. wait_for_save() waits for every write. GIL released: the first call dials.\n"
+          "ready (not streamed, device memory): the event after the kernels that wrote the KV (as\n"
+          "save_layer's); host_synchronized=True once the host waited for them.")
       .def(
           "save_layer",
-          [](PyWorker& w, Rid request, const std::string& layer) { check(w.get().save_layer(request, layer)); },
-          py::arg("request"), py::arg("layer"),
-          "Prefill side: every token of `layer` of the request is written; readers may read it.\n"
-          "Never blocks. InvalidArgument for an unknown layer.")
+          [](PyWorker& w, Rid request, const std::string& layer, py::object ready, bool host_synchronized) {
+            Readiness r = readiness_of(ready);
+            r.host_synchronized = host_synchronized;
+            check(w.get().save_layer(request, layer, r));
+          },
+          py::arg("request"), py::arg("layer"), py::arg("ready") = py::none(), py::arg("host_synchronized") = false,
+          "Prefill side: every token of `layer` of the request is written, or queued on a device:\n"
+          "readers may read it once `ready` completed. ready: for device memory, the event recorded\n"
+          "after the kernels that wrote the layer (a torch.cuda.Event made interprocess, or its IPC\n"
+          "handle as bytes; in push mode also an int cudaEvent_t of this process); readers wait for it\n"
+          "on their device. host_synchronized=True instead once the host waited for them. Host memory\n"
+          "needs neither. Never blocks. InvalidArgument for an unknown layer, or a device layer\n"
+          "without either.")
       .def(
           "wait_for_save",
           [](PyWorker& w, Rid request, py::object timeout) {

@@ -73,33 +73,15 @@ std::string bytes_of(py::handle h) {
   return py::bytes(py::reinterpret_borrow<py::object>(h)).cast<std::string>();
 }
 
-// One "ready" object of submit() into `options`: a torch.cuda.Event (its
-// IPC handle when it was made interprocess, else its cudaEvent_t), bytes of
-// an IPC event handle, or an int cudaEvent_t of this process.
+// One "ready" object of submit() into `options`.
 void ready_event_of(py::handle h, SubmitOptions* options) {
-  if (py::isinstance<py::bytes>(h)) {
-    options->ready_event_handles.push_back(h.cast<std::string>());
-  } else if (py::isinstance<py::int_>(h)) {
+  const Readiness r = readiness_of(h);
+  if (!r.event_handle.empty()) options->ready_event_handles.push_back(r.event_handle);
+  if (r.event != 0) {
     if (options->ready_event != 0) {
-      throw_status(Status::invalid_argument("submit: ready: at most one event of this process (as an int)"));
+      throw_status(Status::invalid_argument("submit: ready: at most one event of this process"));
     }
-    options->ready_event = h.cast<uintptr_t>();
-  } else if (py::hasattr(h, "ipc_handle") && py::hasattr(h, "cuda_event")) {
-    py::object handle;
-    try {
-      handle = h.attr("ipc_handle")();
-    } catch (py::error_already_set&) {
-      handle = py::none();  // not an interprocess event: this process's own
-    }
-    if (!handle.is_none()) {
-      options->ready_event_handles.push_back(handle.cast<std::string>());
-    } else {
-      ready_event_of(h.attr("cuda_event"), options);
-    }
-  } else {
-    throw_status(Status::invalid_argument(
-        "submit: ready: expected a torch.cuda.Event, bytes of an IPC event handle or an int cudaEvent_t, not " +
-        std::string(py::str(h.get_type().attr("__name__")))));
+    options->ready_event = r.event;
   }
 }
 
@@ -423,6 +405,36 @@ void bind_engine(py::module_& m) {
       .def("__repr__", [](PyEngine& e) {
         return e.closed() ? std::string("<kvbridge.Engine (closed)>") : "<kvbridge.Engine '" + e.get().name() + "'>";
       });
+}
+
+// One "ready" object: a torch.cuda.Event (its IPC handle when it was made
+// interprocess, else its cudaEvent_t), bytes of an IPC event handle, or an
+// int cudaEvent_t of this process.
+Readiness readiness_of(py::handle h) {
+  Readiness r;
+  if (h.is_none()) return r;
+  if (py::isinstance<py::bytes>(h)) {
+    r.event_handle = h.cast<std::string>();
+  } else if (py::isinstance<py::int_>(h) && !py::isinstance<py::bool_>(h)) {
+    r.event = h.cast<uintptr_t>();
+  } else if (py::hasattr(h, "ipc_handle") && py::hasattr(h, "cuda_event")) {
+    py::object handle;
+    try {
+      handle = h.attr("ipc_handle")();
+    } catch (py::error_already_set&) {
+      handle = py::none();  // not an interprocess event: this process's own
+    }
+    if (!handle.is_none()) {
+      r.event_handle = handle.cast<std::string>();
+    } else {
+      r.event = h.attr("cuda_event").cast<uintptr_t>();
+    }
+  } else {
+    throw_status(Status::invalid_argument(
+        "ready: expected a torch.cuda.Event, bytes of an IPC event handle or an int cudaEvent_t, not " +
+        std::string(py::str(h.get_type().attr("__name__")))));
+  }
+  return r;
 }
 
 }  // namespace kvbridge::python

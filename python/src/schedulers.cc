@@ -19,18 +19,23 @@ void bind_schedulers(py::module_& m) {
       .def_readonly("readers_missing", &Release::readers_missing, "Expected readers that never reported done.")
       .def_readonly("missing_count", &Release::missing_count,
                     "Held by a reader count: how many readers short of it it was released.")
+      .def_readonly("disagreement", &Release::disagreement,
+                    "Held by the readers' own count: the readers that said different counts, named (empty when\n"
+                    "they agreed).")
       .def("__eq__",
            [](const Release& a, const Release& b) {
              return a.request == b.request && a.reason == b.reason && a.readers_missing == b.readers_missing &&
-                    a.missing_count == b.missing_count;
+                    a.missing_count == b.missing_count && a.disagreement == b.disagreement;
            })
       .def(py::pickle(
           [](const Release& r) {
-            return py::make_tuple(r.request, static_cast<int>(r.reason), r.readers_missing, r.missing_count);
+            return py::make_tuple(r.request, static_cast<int>(r.reason), r.readers_missing, r.missing_count,
+                                  r.disagreement);
           },
           [](const py::tuple& t) {
-            if (t.size() != 4) {
-              throw py::value_error("Release: a pickled state is (request, reason, readers_missing, missing_count)");
+            if (t.size() != 5) {
+              throw py::value_error(
+                  "Release: a pickled state is (request, reason, readers_missing, missing_count, disagreement)");
             }
             Release r;
             r.request = t[0].cast<Rid>();
@@ -41,6 +46,7 @@ void bind_schedulers(py::module_& m) {
             r.reason = static_cast<ReleaseReason>(reason);
             r.readers_missing = t[2].cast<std::vector<std::string>>();
             r.missing_count = t[3].cast<uint32_t>();
+            r.disagreement = t[4].cast<std::string>();
             return r;
           }))
       .def("__repr__", [](const Release& r) {
@@ -53,12 +59,20 @@ void bind_schedulers(py::module_& m) {
                                "freed: every expected reader reported done ('read'), the lease expired, or the\n"
                                "request was aborted and no reader is left. Times are time.monotonic() seconds\n"
                                "(None: now). Not thread-safe: one owner.")
-      .def(py::init([](py::object lease) { return PrefillScheduler(to_millis(lease, std::chrono::seconds(30))); }),
-           py::arg("lease") = 30.0, "lease: seconds a held request survives without a heartbeat.")
+      .def(py::init([](py::object lease, py::object abort_grace) {
+             return PrefillScheduler(to_millis(lease, std::chrono::seconds(30)),
+                                     to_millis(abort_grace, std::chrono::seconds(2)));
+           }),
+           py::arg("lease") = 30.0, py::arg("abort_grace") = 2.0,
+           "lease: seconds a held request survives without a heartbeat. abort_grace: seconds an aborted\n"
+           "request that no reader was heard reading is still held (a reader that started just before\n"
+           "is heard first).")
       .def(
           "hold",
           [](PrefillScheduler& s, Rid request, py::object readers, py::object now) {
-            if (py::isinstance<py::int_>(readers) && !py::isinstance<py::bool_>(readers)) {
+            if (readers.is_none()) {
+              check(s.hold(request, to_steady(now)));
+            } else if (py::isinstance<py::int_>(readers) && !py::isinstance<py::bool_>(readers)) {
               const int64_t n = readers.cast<int64_t>();
               if (n < 0 || n > UINT32_MAX) throw_status(Status::invalid_argument("readers: a count from 1 to 2^32-1"));
               check(s.hold(request, static_cast<uint32_t>(n), to_steady(now)));
@@ -66,11 +80,12 @@ void bind_schedulers(py::module_& m) {
               check(s.hold(request, readers.cast<std::set<std::string>>(), to_steady(now)));
             }
           },
-          py::arg("request"), py::arg("readers"), py::arg("now") = py::none(),
-          "Holds `request` until each reader (decode engine names) reported done or the lease expires.\n"
-          "readers may be a count instead, when the engine does not know yet who will read: held until\n"
-          "that many distinct engines reported done (readers_per_source() gives it per prefill rank).\n"
-          "Raises AlreadyExists when held, InvalidArgument for no readers.")
+          py::arg("request"), py::arg("readers") = py::none(), py::arg("now") = py::none(),
+          "Holds `request` until every rank of the instance that reads it reported done, or the lease\n"
+          "(renewed by heartbeats) expires. readers None (the default): the readers say how many they\n"
+          "are (ReaderEvent.readers, from their instance's layout), so nobody configures the number.\n"
+          "readers may name the decode engines instead (a set), or give a count. Raises AlreadyExists\n"
+          "when held, InvalidArgument for an empty set or 0.")
       .def(
           "heartbeat",
           [](PrefillScheduler& s, Rid request, const std::string& reader, py::object now) {
@@ -85,13 +100,7 @@ void bind_schedulers(py::module_& m) {
           py::arg("request"), py::arg("reader"), py::arg("now") = py::none())
       .def(
           "on_reader_event",
-          [](PrefillScheduler& s, const ReaderEvent& e, py::object now) {
-            if (e.kind == ReaderEvent::Kind::kDone) {
-              s.reader_done(e.request, e.reader, to_steady(now));
-            } else {
-              s.heartbeat(e.request, e.reader, to_steady(now));
-            }
-          },
+          [](PrefillScheduler& s, const ReaderEvent& e, py::object now) { s.on_event(e, to_steady(now)); },
           py::arg("event"), py::arg("now") = py::none(),
           "Feeds a ReaderEvent from ConnectorWorker.take_reader_events() (heartbeat or done).")
       .def(

@@ -47,6 +47,7 @@ class Instance:
             w.wait_for_save()
             w.clear_connector_metadata()
         outputs = [pickle.loads(pickle.dumps(w.build_connector_worker_meta())) for w in self.workers]
+        self.outputs = outputs
         self.scheduler.update_connector_output(outputs)
         return self.scheduler.take_finished()
 
@@ -94,10 +95,9 @@ def pd():
         inst.close()
 
 
-def prefill_request(p, rid, prompt, blocks, seed, decode_ranks=2, **params):
+def prefill_request(p, rid, prompt, blocks, seed, **params):
     """Prefill runs a request handed over to decode; returns the params the router forwards."""
-    n, is_async = p.scheduler.get_num_new_matched_tokens(rid, prompt, 0, {"do_remote_decode": True,
-                                                                          "decode_ranks": decode_ranks, **params})
+    n, is_async = p.scheduler.get_num_new_matched_tokens(rid, prompt, 0, {"do_remote_decode": True, **params})
     assert not is_async
     p.scheduler.update_state_after_alloc(rid, blocks, n)
     p.fill(blocks, len(prompt), seed)
@@ -278,7 +278,7 @@ def test_layer_wise_streaming_reads_each_layer_as_prefill_saves_it(pd):
     p, d = pd(decode_kw={"stream": True})
     prompt = list(range(300, 332))
     stream_to = {"instance": "decode", "addresses": [w.get_handshake_metadata() for w in d.workers]}
-    n, _ = p.scheduler.get_num_new_matched_tokens("req-s", prompt, 0, {"do_remote_decode": True, "decode_ranks": 2,
+    n, _ = p.scheduler.get_num_new_matched_tokens("req-s", prompt, 0, {"do_remote_decode": True,
                                                                        "stream_to": stream_to})
     p.scheduler.update_state_after_alloc("req-s", [5, 6], n)
     early = p.scheduler.transfer_params("req-s")  # the router forwards these before prefill computes
@@ -315,9 +315,9 @@ def test_bad_input_is_refused_naming_what_is_wrong(pd):
         c1.WorkerConnector(c1.ConnectorConfig(instance_id="x", tp_size=2), 2)
     with pytest.raises(kvbridge.InvalidArgument, match="store needs"):
         c1.SchedulerConnector(c1.ConnectorConfig(instance_id="x", store_hash_block_tokens=16))
+    with pytest.raises(kvbridge.InvalidArgument, match="decode_ranks 2: the number of decode ranks"):
+        c1.ConnectorConfig(instance_id="x", decode_ranks=2)
     p, d = pd()
-    with pytest.raises(kvbridge.InvalidArgument, match="decode_ranks"):
-        p.scheduler.get_num_new_matched_tokens("r", [1, 2], 0, {"do_remote_decode": True})
     with pytest.raises(kvbridge.InvalidArgument, match="remote_block_ids"):
         d.scheduler.get_num_new_matched_tokens("r", [1, 2], 0, {"do_remote_prefill": True, "remote_instance": "p",
                                                                 "remote_addresses": [], "remote_num_tokens": 2})

@@ -1,6 +1,7 @@
 #include "connector/announcer.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "common/text.h"
 #include "connector/messages.h"
@@ -15,20 +16,34 @@ void SendFailures::add(const Status& s) {
   last_error = s.to_string();
 }
 
-Announcer::Announcer(Engine& engine, Remotes& remotes, std::vector<std::string> layers,
-                     std::chrono::milliseconds timeout, std::shared_ptr<SendFailures> failures)
+Announcer::Announcer(Engine& engine, Remotes& remotes, std::vector<std::string> layers, std::vector<uint8_t> device,
+                     std::chrono::milliseconds timeout, std::shared_ptr<SendFailures> failures,
+                     std::function<void(const std::string&)> connect)
     : engine_(engine),
       remotes_(remotes),
       layers_(std::move(layers)),
+      device_(std::move(device)),
       timeout_(timeout),
-      failures_(std::move(failures)) {}
+      failures_(std::move(failures)),
+      connect_(std::move(connect)) {}
 
-Status Announcer::stream_to(RequestId request, const std::string& instance) {
-  KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_.fetch(instance));
+Result<std::vector<PeerId>> Announcer::readers_of(const std::string& instance) {
+  std::shared_ptr<const Fetched> fetched = remotes_.fetched(instance);
+  if (!fetched) return Status::unavailable("no handshake with " + instance + " yet");
   std::vector<PeerId> readers;
   for (size_t r = 0; r < fetched->infos.size(); ++r) {
     KVB_ASSIGN_OR_RETURN(PeerId p, remotes_.peer(instance, r));
     readers.push_back(p);
+  }
+  return readers;
+}
+
+Status Announcer::stream_to(RequestId request, const std::string& instance) {
+  // Connected already: the engine connections are known, nothing is dialled.
+  std::optional<std::vector<PeerId>> readers;
+  if (remotes_.connected(instance)) {
+    Result<std::vector<PeerId>> r = readers_of(instance);
+    if (r.ok()) readers = std::move(*r);
   }
   Messages messages;
   std::shared_ptr<Acks> acks;
@@ -38,19 +53,70 @@ Status Announcer::stream_to(RequestId request, const std::string& instance) {
     if (!s.instance.empty() && s.instance != instance) {
       return Status::already_exists("request " + q(request) + " already streams to " + s.instance);
     }
-    s.instance = instance;
-    s.readers = std::move(readers);
     s.touched = Clock::now();
-    messages = take_announcements(request, s);
+    if (!s.instance.empty()) return Status();  // again: nothing new
+    s.instance = instance;
     acks = s.acks;
+    if (readers) {
+      s.readers = std::move(*readers);
+      messages = take_announcements(request, s);
+    } else {
+      s.waiting = true;
+      std::lock_guard<std::mutex> acks_lock(acks->mu);
+      acks->connecting = true;
+    }
+  }
+  if (!readers) {
+    connect_(instance);  // connected() sends what waits
+    return Status();
   }
   send(messages, acks);
   return Status();
 }
 
-Status Announcer::save_layer(RequestId request, std::string_view layer) {
-  if (std::find(layers_.begin(), layers_.end(), layer) == layers_.end()) {
-    return Status::invalid_argument("no layer " + q(layer) + " in this rank's layout");
+void Announcer::connected(const std::string& instance, const Status& result) {
+  Result<std::vector<PeerId>> readers = result.ok() ? readers_of(instance) : Result<std::vector<PeerId>>(result);
+  std::vector<std::pair<Messages, std::shared_ptr<Acks>>> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [request, s] : streams_) {
+      if (!s.waiting || s.instance != instance) continue;
+      s.waiting = false;
+      if (readers.ok()) {
+        s.readers = *readers;
+        out.emplace_back(take_announcements(request, s), s.acks);
+      }
+      std::lock_guard<std::mutex> acks_lock(s.acks->mu);
+      s.acks->connecting = false;
+      if (!readers.ok() && s.acks->first_error.ok()) {
+        // Unavailable, whatever the cause's code: wait_for_save()'s own
+        // timeout is the only kTimeout it returns.
+        s.acks->first_error = Status::unavailable("request " + q(request) + ": cannot announce its layers to " +
+                                                  instance + ": " + readers.error().to_string());
+      }
+      s.acks->cv.notify_all();
+    }
+  }
+  for (const auto& [messages, acks] : out) send(messages, acks);
+}
+
+Status Announcer::save_layer(RequestId request, std::string_view layer, const Readiness& ready) {
+  auto it = std::find(layers_.begin(), layers_.end(), layer);
+  if (it == layers_.end()) return Status::invalid_argument("no layer " + q(layer) + " in this rank's layout");
+  if (ready.event_handle.size() > kMaxEventHandleBytes) {
+    return Status::invalid_argument("layer " + q(layer) + ": the ready event handle is " +
+                                    std::to_string(ready.event_handle.size()) + " bytes, more than " +
+                                    std::to_string(kMaxEventHandleBytes));
+  }
+  if (device_[static_cast<size_t>(it - layers_.begin())] != 0 && ready.event_handle.empty() &&
+      !ready.host_synchronized) {
+    // The kernels that write the layer may still be queued: a reader in
+    // another process must wait for them on its device, which it can only
+    // do with an interprocess event.
+    return Status::invalid_argument(
+        "layer " + q(layer) + " of request " + q(request) +
+        " is device memory: save_layer needs the IPC handle of an interprocess event recorded after the kernels "
+        "that wrote it (Readiness::event_handle), or host_synchronized once the host waited for them");
   }
   Messages messages;
   std::shared_ptr<Acks> acks;
@@ -58,9 +124,11 @@ Status Announcer::save_layer(RequestId request, std::string_view layer) {
     std::lock_guard<std::mutex> lock(mu_);
     Stream& s = streams_[request];
     s.touched = Clock::now();
-    if (std::find(s.saved.begin(), s.saved.end(), layer) != s.saved.end()) return Status();
-    s.saved.emplace_back(layer);
-    if (!s.instance.empty()) messages = take_announcements(request, s);
+    for (const auto& [saved, event] : s.saved) {
+      if (saved == layer) return Status();
+    }
+    s.saved.emplace_back(std::string(layer), ready.host_synchronized ? std::string() : ready.event_handle);
+    if (!s.instance.empty() && !s.waiting) messages = take_announcements(request, s);
     acks = s.acks;
   }
   send(messages, acks);
@@ -80,7 +148,11 @@ Status Announcer::wait_for_save(RequestId request, std::chrono::milliseconds tim
   Status out;
   {
     std::unique_lock<std::mutex> lock(acks->mu);
-    if (!acks->cv.wait_for(lock, timeout, [&] { return acks->outstanding == 0; })) {
+    if (!acks->cv.wait_for(lock, timeout, [&] { return acks->outstanding == 0 && !acks->connecting; })) {
+      if (acks->connecting) {
+        return Status::timeout("request " + q(request) + ": not connected to the decode instance within " +
+                               std::to_string(timeout.count()) + " ms");
+      }
       return Status::timeout("request " + q(request) + ": " + std::to_string(acks->outstanding) +
                              " layer announcements not acknowledged within " + std::to_string(timeout.count()) + " ms");
     }
@@ -99,7 +171,12 @@ void Announcer::forget_older_than(Clock::time_point before) {
 Announcer::Messages Announcer::take_announcements(RequestId request, Stream& s) {
   Messages out;
   for (; s.announced < s.saved.size(); ++s.announced) {
-    const std::string m = format_message(Message::Kind::kReady, request, s.saved[s.announced]);
+    Message ready;
+    ready.kind = Message::Kind::kReady;
+    ready.request = request;
+    ready.layer = s.saved[s.announced].first;
+    ready.event = s.saved[s.announced].second;
+    const std::string m = format_message(ready);
     for (PeerId p : s.readers) out.emplace_back(p, m);
   }
   std::lock_guard<std::mutex> lock(s.acks->mu);
@@ -116,7 +193,9 @@ void Announcer::send(const Messages& messages, const std::shared_ptr<Acks>& acks
       if (!s.ok()) failures->add(s);
       {
         std::lock_guard<std::mutex> lock(acks->mu);
-        if (!s.ok() && acks->first_error.ok()) acks->first_error = s;
+        if (!s.ok() && acks->first_error.ok()) {
+          acks->first_error = Status::unavailable("a layer announcement was not acknowledged: " + s.to_string());
+        }
         --acks->outstanding;
       }
       acks->cv.notify_all();

@@ -1,20 +1,28 @@
 // connector/announcer.h: the prefill side of layer-wise streaming. For each
-// streamed request, the layers the rank has saved and the decode instance
-// whose ranks read it; every saved layer is announced to every rank of that
-// instance as "kvb/1 ready <request> <layer>" (connector.h), without waiting,
-// and the acknowledgements are counted for wait_for_save().
+// streamed request, the layers the rank has saved (each with its producer's
+// event when it is device memory) and the decode instance whose ranks read
+// it; every saved layer is announced to every rank of that instance as
+// "kvb/1 ready <request> <layer>" or "kvb/1 readyev <request> <event>
+// <layer>" (connector/messages.h), without waiting, and the
+// acknowledgements are counted for wait_for_save().
 //
-// Thread-safety: every method from any thread; stream_to() dials (through
-// Remotes) without holding the lock the others take.
+// Nothing here waits on the network: stream_to() of an instance not
+// connected yet asks the worker's connect thread for it (the `connect`
+// callback) and keeps the announcements until connected() says how that
+// went.
+//
+// Thread-safety: every method from any thread.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "connector/remotes.h"
@@ -33,15 +41,22 @@ struct SendFailures {
 
 class Announcer {
  public:
-  // `layers` is layer_order() of this rank's layout; `timeout` bounds each
-  // announcement. The engine and `remotes` must outlive this.
-  Announcer(Engine& engine, Remotes& remotes, std::vector<std::string> layers, std::chrono::milliseconds timeout,
-            std::shared_ptr<SendFailures> failures);
+  // `layers` is layer_order() of this rank's layout and `device` says which
+  // of them are device memory (by ordinal); `timeout` bounds each
+  // announcement; `connect` asks for a connect attempt to an instance (it
+  // must not block or call back into this). The engine and `remotes` must
+  // outlive this.
+  Announcer(Engine& engine, Remotes& remotes, std::vector<std::string> layers, std::vector<uint8_t> device,
+            std::chrono::milliseconds timeout, std::shared_ptr<SendFailures> failures,
+            std::function<void(const std::string&)> connect);
 
   // As ConnectorWorker's.
   Status stream_to(RequestId request, const std::string& instance);
-  Status save_layer(RequestId request, std::string_view layer);
+  Status save_layer(RequestId request, std::string_view layer, const Readiness& ready);
   Status wait_for_save(RequestId request, std::chrono::milliseconds timeout);
+  // A connect attempt to `instance` ended with `result`: the streams that
+  // wait for it are announced to its ranks, or end with the error.
+  void connected(const std::string& instance, const Status& result);
 
   // Forgets streams untouched since `before` (never waited for).
   void forget_older_than(std::chrono::steady_clock::time_point before);
@@ -50,13 +65,15 @@ class Announcer {
   struct Acks {
     std::mutex mu;
     std::condition_variable cv;
-    uint64_t outstanding = 0;
+    uint64_t outstanding = 0;  // announcements not acknowledged
+    bool connecting = false;   // waiting for the instance's connect attempt
     Status first_error;
   };
   struct Stream {
-    std::string instance;  // empty until stream_to()
-    std::vector<std::string> saved;
-    size_t announced = 0;  // of `saved`, sent to the readers
+    std::string instance;                                    // empty until stream_to()
+    bool waiting = false;                                    // for the instance's connect attempt
+    std::vector<std::pair<std::string, std::string>> saved;  // (layer, the producer's event handle)
+    size_t announced = 0;                                    // of `saved`, sent to the readers
     std::vector<PeerId> readers;
     std::shared_ptr<Acks> acks = std::make_shared<Acks>();
     std::chrono::steady_clock::time_point touched;
@@ -65,12 +82,16 @@ class Announcer {
   // Requires mu_: the messages announcing the layers of `s` not sent yet.
   Messages take_announcements(RequestId request, Stream& s);
   void send(const Messages& messages, const std::shared_ptr<Acks>& acks);
+  // The engine connections to every rank of a connected `instance`.
+  Result<std::vector<PeerId>> readers_of(const std::string& instance);
 
   Engine& engine_;
   Remotes& remotes_;
   const std::vector<std::string> layers_;
+  const std::vector<uint8_t> device_;
   const std::chrono::milliseconds timeout_;
   const std::shared_ptr<SendFailures> failures_;
+  const std::function<void(const std::string&)> connect_;
   std::mutex mu_;
   std::map<RequestId, Stream> streams_;
 };

@@ -66,7 +66,16 @@ void settle(Load& load, std::span<const TransferStatus> statuses, const std::vec
   if (load.aborted && load.result.error.ok()) {
     load.result.error = Status::cancelled("request " + q(load.request) + " was aborted");
   }
-  if (load.aborted && !load.stages.empty()) first_bad = load.stages.front().resume_token;
+  // Every byte landed, but a source could not vouch that they were the
+  // request's when they were read: none of them counts.
+  const bool unconfirmed = load.result.error.ok() && !load.confirm_error.ok();
+  if (unconfirmed) {
+    load.result.error = load.confirm_error;
+    if (!load.stages.empty() && load.stages.front().first_layer < layers.size()) {
+      load.result.first_bad_layer = layers[load.stages.front().first_layer];
+    }
+  }
+  if ((load.aborted || unconfirmed) && !load.stages.empty()) first_bad = load.stages.front().resume_token;
   load.result.first_bad_token = load.result.error.ok() ? 0 : first_bad;
   if (load.result.error.ok()) load.result.first_bad_layer.clear();
 }

@@ -8,8 +8,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "connector/remotes.h"
@@ -30,6 +32,7 @@ struct LoadStage {
   uint64_t first_token = 0, end_token = 0, resume_token = 0;  // PlanStage's
   uint32_t first_layer = 0, end_layer = 0;
   std::vector<std::vector<TransferItem>> items;  // per source; emptied once submitted (push: once written)
+  std::vector<uint8_t> device;                   // per source: its items touch device memory (on either side)
   uint32_t pending = 0;                          // transfers submitted and not ended
   bool submitted = false, failed = false, landed = false;
   Clock::time_point submitted_at{}, landed_at{};  // pull: its reads submitted; the last of them ended
@@ -37,19 +40,31 @@ struct LoadStage {
 
 struct Load {
   RequestId request;
-  std::string instance;
+  std::string instance;  // the remote instance's name
+  std::string remote;    // its key in Remotes (Remotes::route())
   std::shared_ptr<const Fetched> fetched;
   bool stream = false;
-  bool push = false;                            // push mode: the sources write; a stage lands when each said "wrote"
-  std::vector<LoadStage> stages;                // chunk by chunk, layer by layer
-  std::vector<LoadTransfer> transfers;          // in submission order
-  std::vector<bool> used;                       // per source rank: read from
-  std::vector<PeerId> peers;                    // the source ranks read from
-  std::vector<std::vector<uint8_t>> announced;  // streaming: per source, per layer ordinal
-  std::vector<uint32_t> layer_left;             // per layer ordinal: its stages not landed yet
-  size_t pending = 0;                           // transfers not ended yet
-  size_t unsubmitted = 0;                       // stages not submitted yet
-  Status start_error;                           // a stage's submit() failed: no more stages start
+  bool push = false;                    // push mode: the sources write; a stage lands when each said "wrote"
+  std::vector<LoadStage> stages;        // chunk by chunk, layer by layer
+  std::vector<LoadTransfer> transfers;  // in submission order
+  std::vector<bool> used;               // per source rank: read from
+  std::vector<PeerId> peers;            // the source ranks read from
+  // Every source rank this load would read from (source_ranks()), read or
+  // not (a request that moves nothing): each hears its heartbeats and done.
+  std::vector<PeerId> told;
+  std::vector<std::vector<uint8_t>> announced;   // streaming: per source, per layer ordinal
+  std::vector<std::vector<std::string>> events;  // streaming: per source, per layer: the producer's event handle
+  Readiness ready;                               // the consumer's pending work (LoadOptions::ready)
+  // Pull: once every stage landed, each source read is asked whether the
+  // blocks were still held ("done", answered "held" or "released"); the
+  // load is ok only when all said held.
+  bool confirming = false;
+  std::set<std::pair<std::string, uint64_t>> unconfirmed;  // the sources' engines still to answer
+  Status confirm_error;
+  std::vector<uint32_t> layer_left;  // per layer ordinal: its stages not landed yet
+  size_t pending = 0;                // transfers not ended yet
+  size_t unsubmitted = 0;            // stages not submitted yet
+  Status start_error;                // a stage's submit() failed: no more stages start
   LoadResult result;
   Clock::time_point started, deadline;
   Clock::time_point last_byte{};  // the latest transfer end so far
@@ -59,8 +74,9 @@ struct Load {
 // Settles `load.result` once nothing of it is in flight: times, aborted,
 // the error (the first stage in stage order that did not land: its
 // transfer's error, or that it was never announced within `timeout`, or the
-// submit error, or the abort), first_bad_token (where the earliest stage
-// that did not land resumes; the first stage's for an abort) and
+// submit error, or the abort, or that a source did not confirm its blocks
+// were held), first_bad_token (where the earliest stage that did not land
+// resumes; the first stage's for an abort or an unconfirmed read) and
 // first_bad_layer. `statuses` are the final statuses of load.transfers, in
 // order; `layers` is layer_order() of the local layout.
 void settle(Load& load, std::span<const TransferStatus> statuses, const std::vector<std::string>& layers,

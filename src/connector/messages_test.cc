@@ -24,9 +24,10 @@ TEST(MessagesTest, EachKindRoundTripsAndAnythingElseIsRefused) {
     }
   }
   const std::string too_long = "kvb/1 hb " + std::string(kMaxRequestIdBytes + 1, 'r');
-  for (std::string_view bad : {"", "kvb/1 ", "kvb/2 hb 1", "kvb/1 hb", "kvb/1 hb 1 ", "kvb/1 done 1 x", "kvb/1 ready 1",
-                               "kvb/1 ready 1 ", "kvb/1 hb a\x01b", "kvb/1 sing 1", "note", "kvb/1 hb  1",
-                               "kvb/1 done 1 0", "kvb/1 done 1 02", "kvb/1 hb 1 2 3", "kvb/1 held 1 2", "kvb/1 released"}) {
+  for (std::string_view bad :
+       {"", "kvb/1 ", "kvb/2 hb 1", "kvb/1 hb", "kvb/1 hb 1 ", "kvb/1 done 1 x", "kvb/1 ready 1", "kvb/1 ready 1 ",
+        "kvb/1 hb a\x01b", "kvb/1 sing 1", "note", "kvb/1 hb  1", "kvb/1 done 1 0", "kvb/1 done 1 02", "kvb/1 hb 1 2 3",
+        "kvb/1 held 1 2", "kvb/1 released"}) {
     EXPECT_FALSE(parse_message(bad)) << bad;
   }
   EXPECT_FALSE(parse_message(too_long));
@@ -74,9 +75,13 @@ TEST(MessagesTest, AnAnnouncementCarriesTheProducersEventHandle) {
   const std::string longest = "kvb/1 readyev r " + std::string(2 * kMaxEventHandleBytes, 'a') + " l";
   EXPECT_TRUE(parse_message(longest));
   const std::string too_long = "kvb/1 readyev r " + std::string(2 * kMaxEventHandleBytes + 2, 'a') + " l";
-  const std::vector<std::string> bad = {"kvb/1 readyev r 0001",   "kvb/1 readyev r  l",     "kvb/1 readyev r 001 l",
-                                       "kvb/1 readyev r 00AB l", "kvb/1 readyev r 0x01 l", "kvb/1 readyev r 0001 ",
-                                       too_long};
+  const std::vector<std::string> bad = {"kvb/1 readyev r 0001",
+                                        "kvb/1 readyev r  l",
+                                        "kvb/1 readyev r 001 l",
+                                        "kvb/1 readyev r 00AB l",
+                                        "kvb/1 readyev r 0x01 l",
+                                        "kvb/1 readyev r 0001 ",
+                                        too_long};
   for (const std::string& b : bad) {
     EXPECT_FALSE(parse_message(b)) << b;
   }

@@ -16,12 +16,14 @@ constexpr size_t kEarlyCancelsKept = 65536;
 }  // namespace
 
 Pusher::Pusher(Engine& engine, Remotes& remotes, const Layout& local, std::vector<RegionId> regions,
-               std::vector<std::string> layers, const WorkerOptions& options, std::shared_ptr<SendFailures> failures)
+               std::vector<std::string> layers, std::vector<uint8_t> device, const WorkerOptions& options,
+               std::shared_ptr<SendFailures> failures)
     : engine_(engine),
       remotes_(remotes),
       local_(local),
       regions_(std::move(regions)),
       layers_(std::move(layers)),
+      device_(std::move(device)),
       options_(options),
       failures_(std::move(failures)) {}
 
@@ -48,6 +50,7 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
   Pushed p;
   p.instance = instance;
   p.stream = options.stream;
+  p.ready = options.ready;
   for (uint32_t d = 0; d < decode->layouts.size(); ++d) {
     const Layout& reader = decode->layouts[d];
     // A decode rank that reads nothing from this rank is not planned for
@@ -87,6 +90,8 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
       // remote side this instance's ranks.
       for (const Descriptor& desc : s.plan.descriptors) {
         if (desc.source != me) continue;
+        st.device = st.device || local_.tensors[desc.remote_tensor].memory != "host" ||
+                    reader.tensors[desc.local_tensor].memory != "host";
         st.items.push_back(TransferItem{regions_[desc.remote_tensor], desc.remote_offset,
                                         decode->infos[d].tensors[desc.local_tensor].region, desc.local_offset,
                                         desc.bytes});
@@ -100,6 +105,17 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
     if (t.mine.empty()) continue;
     KVB_ASSIGN_OR_RETURN(t.peer, remotes_.peer(instance, d));
     p.targets.push_back(std::move(t));
+  }
+  if (!options.stream && options.ready.empty()) {
+    for (const Target& t : p.targets) {
+      for (const auto& [k, st] : t.mine) {
+        if (!st.device) continue;
+        return Status::invalid_argument(
+            "request " + q(request) +
+            ": its KV is device memory, so push() needs the event recorded after the kernels that wrote it "
+            "(LoadOptions::ready: event or event_handle), or host_synchronized once the host waited for them");
+      }
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (pushed_.count(request) != 0) return Status::already_exists("request " + q(request) + " is pushed already");
@@ -120,18 +136,27 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
   return Status();
 }
 
-std::vector<uint8_t>& Pusher::saved_locked(const RequestId& request) {
+std::vector<Pusher::Saved>& Pusher::saved_locked(const RequestId& request) {
   auto& s = saved_[request];
-  if (s.first.empty()) s.first.assign(layers_.size(), 0);
+  if (s.first.empty()) s.first.resize(layers_.size());
   s.second = Clock::now();
   return s.first;
 }
 
-Status Pusher::save_layer(RequestId request, std::string_view layer) {
+Status Pusher::save_layer(RequestId request, std::string_view layer, const Readiness& ready) {
   auto o = std::find(layers_.begin(), layers_.end(), layer);
   if (o == layers_.end()) return Status::invalid_argument("no layer " + q(layer) + " in this rank's layout");
+  const size_t l = static_cast<size_t>(o - layers_.begin());
+  if (device_[l] != 0 && ready.empty()) {
+    return Status::invalid_argument("layer " + q(layer) + " of request " + q(request) +
+                                    " is device memory: save_layer needs the event recorded after the kernels that "
+                                    "wrote it (Readiness::event or event_handle), or host_synchronized once the host "
+                                    "waited for them");
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  saved_locked(request)[static_cast<size_t>(o - layers_.begin())] = 1;
+  Saved& saved = saved_locked(request)[l];
+  if (saved.saved) return Status();
+  saved = Saved{true, ready};
   auto it = pushed_.find(request);
   if (it != pushed_.end()) {
     it->second.touched = Clock::now();
@@ -140,14 +165,46 @@ Status Pusher::save_layer(RequestId request, std::string_view layer) {
   return Status();
 }
 
+Status Pusher::ready_events(const Pushed& p, const Stage& st, const std::vector<Saved>& saved, SubmitOptions* o) const {
+  if (!st.device) return Status();  // host memory: the producer wrote it before it said so
+  std::vector<const Readiness*> all;
+  if (p.stream) {
+    for (uint32_t l = st.first_layer; l < st.end_layer; ++l) all.push_back(&saved[l].ready);
+  } else {
+    all.push_back(&p.ready);
+  }
+  for (const Readiness* r : all) {
+    if (r->host_synchronized) continue;
+    if (!r->event_handle.empty() && std::find(o->ready_event_handles.begin(), o->ready_event_handles.end(),
+                                              r->event_handle) == o->ready_event_handles.end()) {
+      o->ready_event_handles.push_back(r->event_handle);
+    }
+    if (r->event != 0 && r->event != o->ready_event) {
+      if (o->ready_event != 0) {
+        return Status::invalid_argument("layers " + layers_[st.first_layer] + ".." + layers_[st.end_layer - 1] +
+                                        " of one stage came with different events of this process, and a write "
+                                        "waits on one: give them one event, or their IPC handles");
+      }
+      o->ready_event = r->event;
+    }
+  }
+  if (o->ready_event_handles.size() > kMaxReadyEvents) {
+    return Status::invalid_argument("layers " + layers_[st.first_layer] + ".." + layers_[st.end_layer - 1] +
+                                    " of one stage came with " + std::to_string(o->ready_event_handles.size()) +
+                                    " different event handles, more than " + std::to_string(kMaxReadyEvents) +
+                                    ": fewer layers per stage (stream_layers_per_stage), or one event per stage");
+  }
+  return Status();
+}
+
 void Pusher::submit_ready(const RequestId& request, Pushed& p) {
-  const std::vector<uint8_t>& saved = saved_locked(request);
+  const std::vector<Saved>& saved = saved_locked(request);
   for (Target& t : p.targets) {
     if (t.cancelled) continue;
     for (auto& [k, st] : t.mine) {
       if (st.submitted) continue;
       bool ready = true;
-      for (uint32_t l = st.first_layer; p.stream && ready && l < st.end_layer; ++l) ready = saved[l] != 0;
+      for (uint32_t l = st.first_layer; p.stream && ready && l < st.end_layer; ++l) ready = saved[l].saved;
       if (!ready) continue;
       st.submitted = true;
       Message m;
@@ -172,7 +229,9 @@ void Pusher::submit_ready(const RequestId& request, Pushed& p) {
         ended(*engine, *acks, failures, peer, unwritten, timeout,
               ts.state == TransferState::kFailed ? ts.error : Status());
       };
-      Result<TransferId> id = engine_.submit(t.peer, TransferOp::kWrite, st.items, std::move(o));
+      Status events = ready_events(p, st, saved, &o);
+      Result<TransferId> id =
+          events.ok() ? engine_.submit(t.peer, TransferOp::kWrite, st.items, std::move(o)) : Result<TransferId>(events);
       st.items = {};
       if (id.ok()) {
         st.id = *id;

@@ -35,15 +35,21 @@ namespace kvbridge::connector {
 class Pusher {
  public:
   // `local` is this rank's layout and `regions` its tensors' registrations
-  // (in layout order); `layers` is layer_order(local). The engine, `local`
-  // and `remotes` must outlive this.
+  // (in layout order); `layers` is layer_order(local) and `device` says
+  // which of them are device memory (by ordinal). The engine, `local` and
+  // `remotes` must outlive this.
   Pusher(Engine& engine, Remotes& remotes, const Layout& local, std::vector<RegionId> regions,
-         std::vector<std::string> layers, const WorkerOptions& options, std::shared_ptr<SendFailures> failures);
+         std::vector<std::string> layers, std::vector<uint8_t> device, const WorkerOptions& options,
+         std::shared_ptr<SendFailures> failures);
 
-  // As ConnectorWorker's.
+  // As ConnectorWorker's. options.ready is the producer's readiness for the
+  // whole request (the KV is computed, or will be once it completes) when
+  // not streaming; each streamed layer's comes with save_layer().
   Status push(RequestId request, const std::string& instance, const Request& blocks, const LoadOptions& options);
-  // Layers saved before push() are kept for it.
-  Status save_layer(RequestId request, std::string_view layer);
+  // Layers saved before push() are kept for it. A layer in device memory
+  // needs `ready` (either event, or host_synchronized): kInvalidArgument
+  // naming it without.
+  Status save_layer(RequestId request, std::string_view layer, const Readiness& ready);
   // kNotFound for a request never pushed.
   Status wait_for_save(RequestId request, std::chrono::milliseconds timeout);
   // `engine` (a decode rank) asked to cancel `request`: cancels the writes
@@ -66,6 +72,7 @@ class Pusher {
   };
   struct Stage {
     uint32_t first_layer = 0, end_layer = 0;
+    bool device = false;              // a write of device memory (either side): it waits on the producer's events
     std::vector<TransferItem> items;  // from this rank; emptied once submitted
     TransferId id = 0;                // once submitted
     bool submitted = false;
@@ -81,6 +88,7 @@ class Pusher {
   struct Pushed {
     std::string instance;
     bool stream = false;
+    Readiness ready;  // not streamed: the producer's, for every stage
     std::vector<Target> targets;
     std::shared_ptr<Acks> acks = std::make_shared<Acks>();
     std::chrono::steady_clock::time_point touched;
@@ -92,9 +100,17 @@ class Pusher {
   // decode rank ("unwritten") and keeps the first error.
   static void ended(Engine& engine, Acks& acks, const std::shared_ptr<SendFailures>& failures, PeerId peer,
                     const std::string& unwritten, std::chrono::milliseconds timeout, const Status& error);
+  // A layer saved, and what its bytes wait for.
+  struct Saved {
+    bool saved = false;
+    Readiness ready;
+  };
   // Requires mu_: submits every stage of `p` whose layers are saved.
   void submit_ready(const RequestId& request, Pushed& p);
-  std::vector<uint8_t>& saved_locked(const RequestId& request);
+  std::vector<Saved>& saved_locked(const RequestId& request);
+  // The events a write of `st` waits on: the producer's of its layers (or
+  // of the whole request), at most one of this process's.
+  Status ready_events(const Pushed& p, const Stage& st, const std::vector<Saved>& saved, SubmitOptions* o) const;
 
   using EngineKey = std::pair<std::string, uint64_t>;
   // The engine connection to `engine`, if it is a rank of a fetched instance.
@@ -106,12 +122,13 @@ class Pusher {
   const Layout& local_;
   const std::vector<RegionId> regions_;
   const std::vector<std::string> layers_;
+  const std::vector<uint8_t> device_;
   const WorkerOptions options_;
   const std::shared_ptr<SendFailures> failures_;
   mutable std::mutex mu_;
   std::map<RequestId, Pushed> pushed_;
   // Layers saved per request (by ordinal), also before push().
-  std::map<RequestId, std::pair<std::vector<uint8_t>, std::chrono::steady_clock::time_point>> saved_;
+  std::map<RequestId, std::pair<std::vector<Saved>, std::chrono::steady_clock::time_point>> saved_;
   // Cancels that came before push(): (request, engine), bounded.
   std::set<std::pair<RequestId, EngineKey>> early_cancels_;
   std::deque<std::pair<RequestId, EngineKey>> early_order_;

@@ -5,6 +5,17 @@
 // A decode worker reads from prefill instances; a streaming prefill worker
 // announces layers to decode instances: both find their peers here.
 //
+// Instances change: add() with other addresses replaces what was fetched (a
+// restart or a move), remove() forgets an instance, and fetch() handshakes
+// again when a rank of the snapshot is gone (its engine connection closed:
+// the process exited) or when a caller found the snapshot stale
+// (invalidate()). A snapshot is immutable, so loads under way keep theirs.
+//
+// Methods take a remote *key*: an instance's name for the addresses add()
+// gave it, or what route() returns for other addresses a load names (a
+// hand-off from before or after a restart), kept beside the instance's own
+// so that neither disturbs the other.
+//
 // Thread-safety: every method from any thread. fetch() and peer() dial
 // without holding the lock that the other methods take, so one slow remote
 // holds up only the callers that need it. A Fetched is immutable once made.
@@ -30,6 +41,9 @@ struct Fetched {
   std::vector<Layout> layouts;
   // Each rank's engine as its notifications name it: (name, instance).
   std::vector<std::pair<std::string, uint64_t>> engines;
+  // Each rank's incarnation (ConnectorWorker::incarnation()): its engine's
+  // instance id, 16 hex digits.
+  std::string incarnation(size_t rank) const;
 };
 
 class Remotes {
@@ -38,14 +52,36 @@ class Remotes {
   // compatible with it. The engine must outlive this.
   Remotes(Engine& engine, const Layout& local, SideChannelOptions options, std::string identity, uint64_t hash);
 
-  // The side channels of `instance`'s ranks, in tp_rank order. kAlreadyExists
-  // when it was fetched already with other addresses.
-  Status add(const std::string& instance, std::vector<std::string> addresses);
-  // Handshakes with every rank of `instance` the first time (a later call
-  // returns the same snapshot). kNotFound for an instance never added; the
+  // The side channels of `instance`'s ranks, in tp_rank order; other
+  // addresses than known replace them (the snapshot is dropped). Returns
+  // whether anything changed. kInvalidArgument for an address that is not
+  // host:port.
+  Result<bool> add(const std::string& instance, std::vector<std::string> addresses);
+  // Forgets `instance` (and every key route() made for it). kNotFound when
+  // unknown.
+  Status remove(const std::string& instance);
+  // The key for `instance` at `addresses`: the instance's own when they are
+  // empty or its addresses, else one kept for them (made now if new; the
+  // least recently routed of more than kMaxAlternates goes). kNotFound for
+  // an instance never added; kInvalidArgument for an address that is not
+  // host:port.
+  static constexpr size_t kMaxAlternates = 8;
+  Result<std::string> route(const std::string& instance, const std::vector<std::string>& addresses);
+  // The instance a key is of.
+  static std::string instance_of(const std::string& key);
+  // How the instance of `key` answers at its other keys, for errors:
+  // "now incarnation(s) a, b at h:1, h:2"; empty when it is not known there.
+  std::string elsewhere(const std::string& key) const;
+  // Handshakes with every rank of `instance` the first time, and again once
+  // a rank of the snapshot is gone or invalidate() dropped it; otherwise
+  // returns the same snapshot. kNotFound for an instance never added; the
   // handshake's errors, naming the rank; kIncompatible for a rank whose
-  // layout is not compatible or not the rank it was listed as.
+  // layout is not compatible, not the rank it was listed as, or that says
+  // it belongs to another instance.
   Result<std::shared_ptr<const Fetched>> fetch(const std::string& instance);
+  // Drops `snapshot` if it is still `instance`'s, so the next fetch()
+  // handshakes again.
+  void invalidate(const std::string& instance, const Fetched* snapshot);
   // The snapshot, if fetched; null otherwise.
   std::shared_ptr<const Fetched> fetched(const std::string& instance) const;
   // True when `instance` was added.
@@ -54,8 +90,8 @@ class Remotes {
   std::vector<std::string> unfetched() const;
   // The fetched instance and rank whose engine is `engine` (name, instance).
   std::optional<std::pair<std::string, size_t>> locate(const std::pair<std::string, uint64_t>& engine) const;
-  // True when `instance` is fetched and connected to every rank's engine:
-  // nothing of a load from it waits on the network.
+  // True when `instance` is fetched and connected to every rank's engine,
+  // each still there: nothing of a load from it waits on the network.
   bool connected(const std::string& instance) const;
   // The engine connection to rank `rank` of a fetched `instance`, made on
   // first use (Engine::connect's errors).
@@ -68,16 +104,21 @@ class Remotes {
     std::vector<std::string> addresses;
     std::shared_ptr<const Fetched> fetched;
     std::vector<std::optional<PeerId>> peers;
+    uint64_t generation = 0;  // bumped when the addresses change or the snapshot is dropped
+    uint64_t routed = 0;      // an alternate key: when route() last chose it
   };
+  // Requires mu_: whether a rank of `i`'s snapshot is gone.
+  bool stale_locked(const Instance& i) const;
   Engine& engine_;
   const Layout& local_;
   const SideChannelOptions options_;
   const std::string identity_;
   const uint64_t hash_;
   mutable std::mutex mu_;
-  std::mutex fetch_mu_;  // one handshake round at a time
-  std::map<std::string, Instance> instances_;
+  std::mutex fetch_mu_;                        // one handshake round at a time
+  std::map<std::string, Instance> instances_;  // by key
   uint64_t handshakes_ = 0;
+  uint64_t routes_ = 0;
 };
 
 }  // namespace kvbridge::connector

@@ -73,6 +73,18 @@ std::string_view transfer_mode_name(TransferMode mode) { return mode == Transfer
 
 // --- PrefillScheduler -------------------------------------------------------
 
+Status PrefillScheduler::hold(RequestId request, SteadyTime now) {
+  KVB_RETURN_IF_ERROR(check_request_id(request));
+  if (held_.count(request) != 0) {
+    return Status::already_exists("request " + q(request) + " is already held");
+  }
+  Held h;
+  h.derived = true;
+  h.expires = now + lease_;
+  held_[request] = std::move(h);
+  return Status();
+}
+
 Status PrefillScheduler::hold(RequestId request, std::set<std::string> readers, SteadyTime now) {
   KVB_RETURN_IF_ERROR(check_request_id(request));
   if (readers.empty()) return Status::invalid_argument("request " + q(request) + ": no expected reader");
@@ -99,10 +111,73 @@ Status PrefillScheduler::hold(RequestId request, uint32_t readers, SteadyTime no
   return Status();
 }
 
+void PrefillScheduler::count_reader(Held& h, const std::string& reader, uint32_t readers) {
+  auto [it, first] = h.said.emplace(reader, readers);
+  if (!first && readers != 0) it->second = readers;
+  // The largest count any reader said: a disagreement holds longer, never
+  // shorter (the lease still bounds it), and take_releases() reports it.
+  for (const auto& [name, n] : h.said) h.count = std::max(h.count, n);
+}
+
+std::string PrefillScheduler::disagreement(const Held& h) const {
+  std::set<uint32_t> counts;
+  for (const auto& [name, n] : h.said) {
+    if (n != 0) counts.insert(n);
+  }
+  if (counts.size() < 2) return "";
+  std::string out = "readers disagree on how many they are:";
+  for (const auto& [name, n] : h.said) {
+    if (n != 0) out += (out.back() == ':' ? " " : ", ") + q(name) + " says " + std::to_string(n);
+  }
+  return out;
+}
+
+bool PrefillScheduler::settle_if_done(std::map<RequestId, Held>::iterator it, SteadyTime now) {
+  Held& h = it->second;
+  bool complete = false;
+  if (h.derived) {
+    complete = h.count > 0 && h.done.size() >= h.count;
+    // Aborted: the readers heard from are the ones that may be reading;
+    // once each is done and the grace for one on its way passed, free.
+    if (!complete && h.aborted) complete = h.done.size() == h.said.size() && now >= h.abort_free_at;
+  } else {
+    complete = h.waiting.empty() && h.count == 0;
+  }
+  if (!complete) return false;
+  Release r{it->first, h.aborted ? ReleaseReason::kAborted : ReleaseReason::kRead, {}, 0, disagreement(h)};
+  if (h.derived && h.count > h.done.size()) r.missing_count = h.count - static_cast<uint32_t>(h.done.size());
+  ready_.push_back(std::move(r));
+  held_.erase(it);
+  return true;
+}
+
+void PrefillScheduler::on_event(const ReaderEvent& event, SteadyTime now) {
+  auto it = held_.find(event.request);
+  if (it == held_.end()) return;
+  Held& h = it->second;
+  if (h.derived) {
+    if (h.done.count(event.reader) != 0) return;  // a repeat, or a heartbeat after done
+    count_reader(h, event.reader, event.readers);
+    h.heard = true;
+    h.expires = std::max(h.expires, now + lease_);
+    if (event.kind == ReaderEvent::Kind::kDone) {
+      h.done.insert(event.reader);
+      settle_if_done(it, now);
+    }
+    return;
+  }
+  if (event.kind == ReaderEvent::Kind::kDone) {
+    reader_done(event.request, event.reader, now);
+  } else {
+    heartbeat(event.request, event.reader, now);
+  }
+}
+
 void PrefillScheduler::heartbeat(RequestId request, const std::string& reader, SteadyTime now) {
   auto it = held_.find(request);
   if (it == held_.end()) return;
   Held& h = it->second;
+  if (h.derived) return on_event(ReaderEvent{ReaderEvent::Kind::kHeartbeat, request, reader, 0}, now);
   if (h.count > 0 ? h.done.count(reader) != 0 : h.waiting.count(reader) == 0) return;
   h.heard = true;
   h.expires = std::max(h.expires, now + lease_);
@@ -112,6 +187,7 @@ void PrefillScheduler::reader_done(RequestId request, const std::string& reader,
   auto it = held_.find(request);
   if (it == held_.end()) return;
   Held& h = it->second;
+  if (h.derived) return on_event(ReaderEvent{ReaderEvent::Kind::kDone, request, reader, 0}, now);
   if (h.count > 0) {
     if (!h.done.insert(reader).second) return;
     --h.count;
@@ -120,35 +196,35 @@ void PrefillScheduler::reader_done(RequestId request, const std::string& reader,
   }
   h.heard = true;
   h.expires = std::max(h.expires, now + lease_);
-  if (h.waiting.empty() && h.count == 0) {
-    ready_.push_back(Release{request, it->second.aborted ? ReleaseReason::kAborted : ReleaseReason::kRead, {}, 0});
-    held_.erase(it);
-  }
+  settle_if_done(it, now);
 }
 
-Status PrefillScheduler::abort(RequestId request, SteadyTime) {
+Status PrefillScheduler::abort(RequestId request, SteadyTime now) {
   auto it = held_.find(request);
   if (it == held_.end()) return Status::not_found("request " + q(request) + " is not held");
-  it->second.aborted = true;
-  if (!it->second.heard) {  // nobody started reading: free now
-    ready_.push_back(Release{
-        request, ReleaseReason::kAborted, {it->second.waiting.begin(), it->second.waiting.end()}, it->second.count});
-    held_.erase(it);
-  }
+  Held& h = it->second;
+  h.aborted = true;
+  h.abort_free_at = now + abort_grace_;
+  // Nobody heard reading: freed after the grace (take_releases), unless a
+  // reader shows up meanwhile; then at its done.
+  if (!h.heard) h.expires = std::min(h.expires, h.abort_free_at);
   return Status();
 }
 
 std::vector<Release> PrefillScheduler::take_releases(SteadyTime now) {
   for (auto it = held_.begin(); it != held_.end();) {
-    if (it->second.expires <= now) {
-      ready_.push_back(Release{it->first,
-                               ReleaseReason::kLeaseExpired,
-                               {it->second.waiting.begin(), it->second.waiting.end()},
-                               it->second.count});
-      it = held_.erase(it);
-    } else {
-      ++it;
-    }
+    auto here = it++;
+    const Held& h = here->second;
+    if (h.aborted && h.derived && h.heard && settle_if_done(here, now)) continue;
+    if (h.expires > now) continue;
+    Release r{here->first,
+              h.aborted ? ReleaseReason::kAborted : ReleaseReason::kLeaseExpired,
+              {h.waiting.begin(), h.waiting.end()},
+              h.count,
+              disagreement(h)};
+    if (h.derived) r.missing_count = h.count > h.done.size() ? h.count - static_cast<uint32_t>(h.done.size()) : 0;
+    ready_.push_back(std::move(r));
+    held_.erase(here);
   }
   std::vector<Release> out;
   out.swap(ready_);

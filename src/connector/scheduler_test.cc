@@ -45,15 +45,18 @@ TEST(PrefillSchedulerTest, LeaseExpiresWithoutReadersAndHeartbeatsRenewIt) {
   EXPECT_EQ(r[0].request, "2");
 }
 
-TEST(PrefillSchedulerTest, AbortWaitsForAReaderThatStartedButFreesAnUnreadRequestAtOnce) {
-  PrefillScheduler s(milliseconds(1000));
+TEST(PrefillSchedulerTest, AbortWaitsForAReaderThatStartedAndFreesAnUnreadRequestAfterTheGrace) {
+  PrefillScheduler s(milliseconds(1000), milliseconds(100));
   ASSERT_TRUE(s.hold("1", {"a"}, t0).ok());
   ASSERT_TRUE(s.hold("2", {"a", "b"}, t0).ok());
   s.heartbeat("2", "a", t0);
   ASSERT_TRUE(s.abort("1", t0).ok());
   ASSERT_TRUE(s.abort("2", t0).ok());
   EXPECT_EQ(s.abort("3", t0).code(), Code::kNotFound);
-  std::vector<Release> r = s.take_releases(t0);
+  // A reader that started just before the abort may not have been heard
+  // yet: the unread request is held for the grace, not freed at once.
+  EXPECT_TRUE(s.take_releases(t0 + milliseconds(99)).empty());
+  std::vector<Release> r = s.take_releases(t0 + milliseconds(100));
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].request, "1");
   EXPECT_EQ(r[0].reason, ReleaseReason::kAborted);
@@ -92,13 +95,84 @@ TEST(PrefillSchedulerTest, HeldByCountReleasesAfterThatManyDistinctReaders) {
   EXPECT_EQ(r[0].reason, ReleaseReason::kLeaseExpired);
   EXPECT_EQ(r[0].missing_count, 2u);
   EXPECT_TRUE(r[0].readers_missing.empty());
-  // Aborted before anyone read: freed at once.
+  // Aborted before anyone read: freed after the abort grace.
   ASSERT_TRUE(s.hold("p", 2, t0).ok());
   ASSERT_TRUE(s.abort("p", t0).ok());
-  r = s.take_releases(t0);
+  r = s.take_releases(t0 + milliseconds(2000));
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].reason, ReleaseReason::kAborted);
   EXPECT_EQ(r[0].missing_count, 2u);
+}
+
+ReaderEvent event(ReaderEvent::Kind kind, RequestId request, std::string reader, uint32_t readers) {
+  return ReaderEvent{kind, std::move(request), std::move(reader), readers};
+}
+
+// The count is the readers' own word (their instance's rank count), not a
+// number the caller configures: prefill TP 4 read by decode TP 2 is held
+// until both decode ranks said done, whichever prefill rank heard them.
+TEST(PrefillSchedulerTest, ADerivedHoldWaitsForAsManyReadersAsTheySay) {
+  using K = ReaderEvent::Kind;
+  PrefillScheduler s(milliseconds(1000));
+  ASSERT_TRUE(s.hold("r", t0).ok());
+  EXPECT_EQ(s.hold("r", t0).code(), Code::kAlreadyExists);
+  EXPECT_EQ(s.hold("a b", t0).code(), Code::kInvalidArgument);
+  s.on_event(event(K::kHeartbeat, "r", "decode/r0", 2), t0 + milliseconds(500));
+  EXPECT_EQ(s.next_expiry(), t0 + milliseconds(1500));
+  s.on_event(event(K::kDone, "r", "decode/r0", 2), t0 + milliseconds(600));
+  s.on_event(event(K::kDone, "r", "decode/r0", 2), t0 + milliseconds(600));  // heard twice (two prefill ranks)
+  s.on_event(event(K::kHeartbeat, "r", "decode/r0", 2), t0 + milliseconds(600));
+  EXPECT_TRUE(s.take_releases(t0 + milliseconds(600)).empty());
+  s.on_event(event(K::kDone, "r", "decode/r1", 2), t0 + milliseconds(700));
+  std::vector<Release> r = s.take_releases(t0 + milliseconds(700));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].reason, ReleaseReason::kRead);
+  EXPECT_EQ(r[0].disagreement, "");
+  // Nobody heard: it waits for the lease, and says nobody came.
+  ASSERT_TRUE(s.hold("q", t0).ok());
+  EXPECT_TRUE(s.take_releases(t0 + milliseconds(999)).empty());
+  r = s.take_releases(t0 + milliseconds(1000));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].reason, ReleaseReason::kLeaseExpired);
+}
+
+// Readers that disagree (a misconfigured or hostile one) never shorten the
+// hold once a larger count was said: it waits for the largest, and the
+// release names them all.
+TEST(PrefillSchedulerTest, ReadersThatDisagreeOnTheirCountHoldForTheLargestAndAreNamed) {
+  using K = ReaderEvent::Kind;
+  PrefillScheduler s(milliseconds(1000));
+  ASSERT_TRUE(s.hold("r", t0).ok());
+  s.on_event(event(K::kHeartbeat, "r", "d/r1", 3), t0);
+  s.on_event(event(K::kDone, "r", "d/r0", 1), t0);
+  EXPECT_TRUE(s.take_releases(t0).empty());  // 1 is not the largest count said
+  s.on_event(event(K::kDone, "r", "d/r1", 3), t0);
+  s.on_event(event(K::kDone, "r", "d/r2", 3), t0);
+  std::vector<Release> r = s.take_releases(t0);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].reason, ReleaseReason::kRead);
+  EXPECT_EQ(r[0].disagreement, "readers disagree on how many they are: 'd/r0' says 1, 'd/r1' says 3, 'd/r2' says 3");
+  // Aborted while one reader reads: freed once it is done and the grace
+  // for a reader on its way passed (the other one never came).
+  PrefillScheduler g(milliseconds(1000), milliseconds(100));
+  ASSERT_TRUE(g.hold("x", t0).ok());
+  g.on_event(event(K::kHeartbeat, "x", "d/r0", 2), t0);
+  ASSERT_TRUE(g.abort("x", t0).ok());
+  g.on_event(event(K::kDone, "x", "d/r0", 2), t0 + milliseconds(50));
+  EXPECT_TRUE(g.take_releases(t0 + milliseconds(99)).empty());
+  r = g.take_releases(t0 + milliseconds(100));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].reason, ReleaseReason::kAborted);
+  EXPECT_EQ(r[0].missing_count, 1u);
+  // Still reading at the grace: held until its done.
+  ASSERT_TRUE(g.hold("y", t0).ok());
+  g.on_event(event(K::kHeartbeat, "y", "d/r0", 1), t0);
+  ASSERT_TRUE(g.abort("y", t0).ok());
+  EXPECT_TRUE(g.take_releases(t0 + milliseconds(500)).empty());
+  g.on_event(event(K::kDone, "y", "d/r0", 1), t0 + milliseconds(600));
+  r = g.take_releases(t0 + milliseconds(600));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].reason, ReleaseReason::kAborted);
 }
 
 LoadResult ok(RequestId id) {

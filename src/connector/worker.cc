@@ -15,8 +15,24 @@
 namespace kvbridge {
 namespace connector {
 
+void Released::add(RequestId request) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!ids.insert(request).second) return;
+  order.push_back(std::move(request));
+  if (order.size() > kKept) {
+    ids.erase(order.front());
+    order.pop_front();
+  }
+}
+
+bool Released::contains(const RequestId& request) {
+  std::lock_guard<std::mutex> lock(mu);
+  return ids.count(request) != 0;
+}
+
 WorkerImpl::~WorkerImpl() {
   engine_.set_notification_listener(nullptr);
+  engine_.set_notification_answerer(nullptr);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -55,6 +71,21 @@ Status WorkerImpl::init(std::span<const std::span<uint8_t>> tensors) {
         TensorRegion{layout_.tensors[t].name, id, reinterpret_cast<uint64_t>(tensors[t].data()), tensors[t].size()});
   }
   info.engine_metadata = engine_.metadata();
+  incarnation_ = hex16(engine_.instance());
+  // Which layers a producer writes on a device: their announcements and
+  // pushes wait on its events.
+  layer_device_.assign(order_.size(), 0);
+  for (const Group& g : layout_.groups) {
+    for (const Layer& l : g.layers) {
+      auto o = ordinal_.find(l.name);
+      if (o == ordinal_.end()) continue;
+      for (const Component& c : l.components) {
+        for (const Tensor& t : layout_.tensors) {
+          if (t.name == c.tensor && t.memory != "host") layer_device_[o->second] = 1;
+        }
+      }
+    }
+  }
   SideChannelOptions sc;
   sc.host = options_.side_channel_host;
   sc.advertise_host = options_.side_channel_advertise_host;
@@ -64,9 +95,22 @@ Status WorkerImpl::init(std::span<const std::span<uint8_t>> tensors) {
   const std::string identity = identity_text(layout_) + std::string(push ? kPushIdentityLine : "");
   const uint64_t hash = compatibility_hash(layout_) ^ (push ? kPushHashXor : 0);
   remotes_ = std::make_unique<Remotes>(engine_, layout_, sc, identity, hash);
-  announcer_ = std::make_unique<Announcer>(engine_, *remotes_, order_, options_.transfer_timeout, sent_);
-  pusher_ = std::make_unique<Pusher>(engine_, *remotes_, layout_, regions_, order_, options_, sent_);
+  announcer_ = std::make_unique<Announcer>(engine_, *remotes_, order_, layer_device_, options_.transfer_timeout, sent_,
+                                           [this](const std::string& instance) {
+                                             std::lock_guard<std::mutex> lock(mu_);
+                                             request_connect(instance);
+                                           });
+  pusher_ = std::make_unique<Pusher>(engine_, *remotes_, layout_, regions_, order_, layer_device_, options_, sent_);
   KVB_ASSIGN_OR_RETURN(server_, SideChannelServer::start(sc, identity, hash, std::move(info)));
+  // A reader's done is answered with whether the request's blocks were
+  // still held when it came (blocks_released()): its reads ended before it
+  // was sent, so they saw the request's bytes exactly when the answer is
+  // "held". Runs on the engine's control thread; takes only Released's lock.
+  engine_.set_notification_answerer([released = released_](const Notification& n) -> std::string {
+    std::optional<Message> m = parse_message(n.message);
+    if (!m || m->kind != Message::Kind::kDone) return {};
+    return format_message(released->contains(m->request) ? Message::Kind::kReleased : Message::Kind::kHeld, m->request);
+  });
   engine_.set_notification_listener([wake = wake_] {
     {
       std::lock_guard<std::mutex> lock(wake->mu);
@@ -94,8 +138,36 @@ Status WorkerImpl::init(std::span<const std::span<uint8_t>> tensors) {
 }
 
 Status WorkerImpl::add_remote(const std::string& instance, std::vector<std::string> rank_addresses) {
-  return remotes_->add(instance, std::move(rank_addresses));
+  KVB_ASSIGN_OR_RETURN(bool changed, remotes_->add(instance, std::move(rank_addresses)));
+  (void)changed;  // loads under way keep their snapshot; the next ones handshake with the new ranks
+  return Status();
 }
+
+Status WorkerImpl::remove_remote(const std::string& instance) {
+  KVB_RETURN_IF_ERROR(remotes_->remove(instance));
+  std::lock_guard<std::mutex> lock(mu_);
+  // Loads parked for its connect (at any of its keys) will not get one: they
+  // fail now.
+  for (auto parked = parked_.begin(); parked != parked_.end();) {
+    if (Remotes::instance_of(parked->first) != instance) {
+      ++parked;
+      continue;
+    }
+    for (Job& job : parked->second) {
+      auto qd = queued_.find(job.request);
+      if (qd == queued_.end() || qd->second.gen != job.gen) continue;
+      queued_.erase(qd);
+      end_queued(job.request, job.blocks.skip_tokens,
+                 Status::not_found("request " + q(job.request) + ": remote instance " + q(instance) +
+                                   " was removed before the load started"),
+                 false);
+    }
+    parked = parked_.erase(parked);
+  }
+  return Status();
+}
+
+void WorkerImpl::blocks_released(RequestId request) { released_->add(std::move(request)); }
 
 Result<std::vector<connector_internal::RemoteRankView>> WorkerImpl::remote_ranks(const std::string& instance) const {
   std::shared_ptr<const Fetched> f = remotes_->fetched(instance);
@@ -139,15 +211,17 @@ Status WorkerImpl::start_load(RequestId request, const std::string& instance, co
                               const LoadOptions& options) {
   KVB_RETURN_IF_ERROR(check_request_id(request));
   if (!remotes_->known(instance)) return Status::not_found("unknown remote instance " + q(instance));
+  // The hand-off's addresses, when it named others than the instance's.
+  KVB_ASSIGN_OR_RETURN(std::string remote, remotes_->route(instance, options.addresses));
   // Planning, submitting and any handshake run on the worker's threads.
-  Job job{request, instance, blocks, options, 0, Clock::now()};
+  Job job{request, std::move(remote), blocks, options, 0, Clock::now()};
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (loads_.count(request) != 0 || queued_.count(request) != 0) {
       return Status::already_exists("request " + q(request) + " is loading");
     }
     job.gen = ++queued_gen_;
-    queued_[request] = Queued{job.gen, blocks.skip_tokens, instance};
+    queued_[request] = Queued{job.gen, blocks.skip_tokens, job.instance};
     jobs_.push_back(std::move(job));
   }
   jobs_cv_.notify_one();  // after the lock: the start thread does not wake into it
@@ -201,7 +275,7 @@ Status WorkerImpl::abort(RequestId request) {
       load.aborted = true;  // no stage starts any more
       for (const LoadTransfer& t : load.transfers) ids.push_back(t.id);
       if (load.push) {
-        push_instance = load.instance;
+        push_instance = load.remote;
         push_sources.emplace();
         for (uint32_t s : load.result.sources) push_sources->engines.insert(load.fetched->engines[s]);
         push_sources->peers = load.peers;
@@ -282,12 +356,18 @@ Status WorkerImpl::stream_to(RequestId request, const std::string& instance) {
   if (options_.mode == TransferMode::kPush) {
     return Status::invalid_argument("stream_to() is for pull mode; in push mode push() names the instance");
   }
+  if (!remotes_->known(instance)) return Status::not_found("unknown remote instance " + q(instance));
   return announcer_->stream_to(request, instance);
 }
 
-Status WorkerImpl::save_layer(RequestId request, std::string_view layer) {
-  if (options_.mode == TransferMode::kPush) return pusher_->save_layer(request, layer);
-  return announcer_->save_layer(request, layer);
+Status WorkerImpl::save_layer(RequestId request, std::string_view layer, const Readiness& ready) {
+  if (options_.mode == TransferMode::kPush) return pusher_->save_layer(request, layer, ready);
+  if (ready.event != 0 && ready.event_handle.empty() && !ready.host_synchronized) {
+    return Status::invalid_argument("layer " + q(layer) + " of request " + q(request) +
+                                    ": in pull mode the readers are other processes, which wait on an interprocess "
+                                    "event: give Readiness::event_handle, not an event of this process");
+  }
+  return announcer_->save_layer(request, layer, ready);
 }
 
 Status WorkerImpl::wait_for_save(RequestId request, std::chrono::milliseconds timeout) {

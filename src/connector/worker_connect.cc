@@ -48,13 +48,38 @@ void WorkerImpl::connect_loop() {
         jobs_.push_back(std::move(job));
       } else {
         queued_.erase(qd);
-        end_queued(job.request, job.blocks.skip_tokens, s, false);
+        end_queued(job.request, job.blocks.skip_tokens, unreachable(job, s), false);
       }
     }
     if (s.ok()) jobs_cv_.notify_one();
-    connect_errors_[instance] = std::move(s);
+    connect_errors_[instance] = s;
     results_cv_.notify_all();
+    // After connecting_ forgot the attempt: a stream that starts waiting
+    // from now on asks for another one, so none waits for an attempt that
+    // already told the announcer.
+    lock.unlock();
+    announcer_->connected(instance, s);
+    lock.lock();
   }
+}
+
+// Requires mu_: why `job` cannot start, its instance's ranks being
+// unreachable (`why`). A hand-off that named its ranks (their incarnations)
+// from a process that is gone says so, and how the instance answers now.
+Status WorkerImpl::unreachable(const Job& job, const Status& why) const {
+  if (job.options.incarnations.empty()) return why;
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const std::string& s : v) out += (out.empty() ? "" : ", ") + s;
+    return out;
+  };
+  const std::string other = remotes_->elsewhere(job.instance);
+  return Status(why.code(), "request " + q(job.request) + " was handed off by " +
+                                q(Remotes::instance_of(job.instance)) + " incarnation " +
+                                join(job.options.incarnations) +
+                                (job.options.addresses.empty() ? "" : " at " + join(job.options.addresses)) +
+                                ", which cannot be reached (" + why.message() + "): it restarted or left, and the " +
+                                "request's KV went with it" + (other.empty() ? "" : "; " + other + " now"));
 }
 
 // Handshakes with every rank of `instance` and connects to each engine.

@@ -43,8 +43,11 @@
 
 namespace kvbridge::connector {
 
-constexpr size_t kEndedKept = 4096;   // outcomes kept for wait_for_layer()
-constexpr size_t kEarlyKept = 65536;  // announcements (and push's "wrote") kept for loads not started yet
+constexpr size_t kEndedKept = 4096;  // outcomes kept for wait_for_layer()
+constexpr size_t kEarlyKept = 65536;
+// The least a done waits for its answer before it is asked again.
+constexpr std::chrono::milliseconds kMinAskTimeout{
+    200};  // announcements (and push's "wrote") kept for loads not started yet
 // A push-mode worker's side channel identity: the layout's, and this line;
 // its hash the layout's xor this constant ("push"). A pull-mode worker's is
 // the layout's alone, so a mismatch names the mode.
@@ -59,6 +62,28 @@ struct Early {
   EngineKey engine;
   Message::Kind kind;
   uint32_t a = 0, b = 0;
+  std::string event;  // kReady: the producer's event handle, if any
+};
+
+// The prefill side's word on reads: the requests whose blocks the engine
+// freed (blocks_released()), which a reader's done is answered with. Shared
+// with the engine's answerer, which runs on the engine's control thread.
+struct Released {
+  static constexpr size_t kKept = 65536;
+  std::mutex mu;
+  std::set<RequestId> ids;
+  std::deque<RequestId> order;  // first released first, for the bound
+  void add(RequestId request);
+  bool contains(const RequestId& request);
+};
+
+// The answers a source gave to a load's done ("held" or "released"), or
+// why it gave none.
+struct Answer {
+  RequestId request;
+  EngineKey engine;
+  Status status;
+  std::string answer;
 };
 
 // The source ranks of a load: their engines and the connections to them.
@@ -93,13 +118,18 @@ struct Wakeups {
     Status error;
   };
   std::vector<Lost> lost;
-  bool poke = false;  // stop, or look at the loads again (abort)
+  std::vector<Answer> answers;  // pull: sources' answers to a load's done
+  bool poke = false;            // stop, or look at the loads again (abort)
 };
 
 class WorkerImpl final : public ConnectorWorker {
  public:
   WorkerImpl(Engine& engine, Layout layout, const WorkerOptions& options)
-      : engine_(engine), layout_(std::move(layout)), options_(options), order_(layer_order(layout_)) {
+      : engine_(engine),
+        layout_(std::move(layout)),
+        options_(options),
+        order_(layer_order(layout_)),
+        readers_(layout_.tp_size * layout_.pp_size) {
     for (size_t i = 0; i < order_.size(); ++i) ordinal_.emplace(order_[i], static_cast<uint32_t>(i));
   }
 
@@ -109,9 +139,13 @@ class WorkerImpl final : public ConnectorWorker {
 
   std::string side_channel_address() const override { return server_->address(); }
 
+  std::string incarnation() const override { return incarnation_; }
+
   const Layout& layout() const override { return layout_; }
 
   Status add_remote(const std::string& instance, std::vector<std::string> rank_addresses) override;
+
+  Status remove_remote(const std::string& instance) override;
 
   Result<std::vector<connector_internal::RemoteRankView>> remote_ranks(const std::string& instance) const;
 
@@ -149,9 +183,11 @@ class WorkerImpl final : public ConnectorWorker {
 
   std::vector<ReaderEvent> take_reader_events() override;
 
+  void blocks_released(RequestId request) override;
+
   Status stream_to(RequestId request, const std::string& instance) override;
 
-  Status save_layer(RequestId request, std::string_view layer) override;
+  Status save_layer(RequestId request, std::string_view layer, const Readiness& ready) override;
 
   Status wait_for_save(RequestId request, std::chrono::milliseconds timeout) override;
 
@@ -165,7 +201,7 @@ class WorkerImpl final : public ConnectorWorker {
 
   // Requires mu_: `engine` announced `layer` (an ordinal) of `load`. Taken
   // only from the engine of a source rank of the load's instance.
-  void announce(Load& load, const EngineKey& engine, uint32_t layer);
+  void announce(Load& load, const EngineKey& engine, uint32_t layer, const std::string& event);
 
   // Requires mu_: a message from `e.engine` about `load`: a layer announced
   // (pull streaming), a stage written or not (push). Taken only from the
@@ -176,6 +212,9 @@ class WorkerImpl final : public ConnectorWorker {
   // source it reads from announced (all of them, when not streaming). The
   // first submit error stops the load from starting more.
   Status start_ready_stages(Load& load);
+
+  // Requires mu_: submits the reads of stage `k` of `load` from source `s`.
+  Result<TransferId> submit_read(const Load& load, uint32_t k, size_t s, PeerId peer, const SubmitOptions& base);
 
   // Requires mu_: every transfer of `st` ended done.
   void land(Load& load, LoadStage& st);
@@ -238,11 +277,28 @@ class WorkerImpl final : public ConnectorWorker {
   // Requires mu_: nothing of `load` is in flight.
   void finish(Load& load);
 
+  // Requires mu_: every stage of a pull load landed. Asks each source read
+  // whether the blocks were held ("done", answered by its engine); the load
+  // ends once all answered (the pump). Returns the done messages to the
+  // sources not read, which only count it.
+  void confirm(Load& load, std::vector<std::pair<PeerId, std::string>>* messages);
+  // Requires mu_: asks source `i` of `load` (its peers[i]) the done.
+  void ask_source(const Load& load, size_t i);
+  // Requires mu_: a source's answer to a load's done; one that timed out is
+  // asked again while the load's deadline allows.
+  void take_answer(Answer& a);
+  // The done or heartbeat message of `request`, with this instance's rank
+  // count (every rank of it reads its share: what the prefill's hold counts).
+  std::string reader_message(Message::Kind kind, const RequestId& request) const;
+
   Engine& engine_;
   const Layout layout_;
   const WorkerOptions options_;
   const std::vector<std::string> order_;     // layer_order(layout_)
   std::map<std::string, uint32_t> ordinal_;  // layer name -> index into order_
+  std::vector<uint8_t> layer_device_;        // by ordinal: the layer has device memory
+  const uint32_t readers_;                   // this instance's ranks (tp_size * pp_size)
+  std::string incarnation_;                  // hex16 of the engine's instance
   std::vector<RegionId> regions_;
   std::unique_ptr<Remotes> remotes_;
   std::unique_ptr<SideChannelServer> server_;
@@ -263,16 +319,20 @@ class WorkerImpl final : public ConnectorWorker {
   struct Queued {
     uint64_t gen = 0;  // which start_load (an id may be aborted and loaded again)
     uint64_t skip_tokens = 0;
-    std::string instance;
+    std::string instance;  // the remote's key in Remotes
   };
   struct Job {
     RequestId request;
-    std::string instance;
+    std::string instance;  // the remote's key in Remotes (Remotes::route())
     Request blocks;
     LoadOptions options;
     uint64_t gen = 0;
     Clock::time_point called;  // start_load()
   };
+  // Requires mu_: why `job` cannot start, its instance's ranks being
+  // unreachable (`why`), naming the hand-off's incarnations and how the
+  // instance answers elsewhere.
+  Status unreachable(const Job& job, const Status& why) const;
   std::map<RequestId, Queued> queued_;
   std::map<RequestId, uint64_t> abandoned_;  // aborted while queued (-> gen): owed a done to its sources
   uint64_t queued_gen_ = 0;
@@ -288,6 +348,7 @@ class WorkerImpl final : public ConnectorWorker {
   std::vector<ReaderEvent> events_;
   WorkerStats stats_;
   const std::shared_ptr<SendFailures> sent_ = std::make_shared<SendFailures>();
+  const std::shared_ptr<Released> released_ = std::make_shared<Released>();
   std::unique_ptr<Announcer> announcer_;  // prefill side of streaming
   std::unique_ptr<Pusher> pusher_;        // prefill side of push mode
   std::thread pump_;

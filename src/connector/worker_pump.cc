@@ -20,18 +20,21 @@ void WorkerImpl::pump() {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       for (const auto& [id, load] : loads_) {
-        if (load.unsubmitted > 0 && !load.expired) wake_at = std::min(wake_at, load.deadline);
+        if ((load.unsubmitted > 0 || load.confirming) && !load.expired) wake_at = std::min(wake_at, load.deadline);
       }
     }
     std::vector<Wakeups::Ended> ended;
     std::vector<Wakeups::Lost> lost;
+    std::vector<Answer> answers;
     bool notes = false;
     {
       std::unique_lock<std::mutex> wl(wake_->mu);
-      wake_->cv.wait_until(
-          wl, wake_at, [&] { return !wake_->ended.empty() || wake_->poke || wake_->notes || !wake_->lost.empty(); });
+      wake_->cv.wait_until(wl, wake_at, [&] {
+        return !wake_->ended.empty() || wake_->poke || wake_->notes || !wake_->lost.empty() || !wake_->answers.empty();
+      });
       ended.swap(wake_->ended);
       lost.swap(wake_->lost);
+      answers.swap(wake_->answers);
       notes = std::exchange(wake_->notes, false);
       wake_->poke = false;
     }
@@ -61,27 +64,42 @@ void WorkerImpl::pump() {
         it->second.start_error =
             l.error.with_context("request " + q(l.request) + ": " + l.source + ", which writes it, is gone");
       }
+      for (Answer& a : answers) take_answer(a);
       const Clock::time_point now = Clock::now();
       for (auto it = loads_.begin(); it != loads_.end();) {
         Load& load = (it++)->second;
+        if (load.confirming && !load.unconfirmed.empty() && load.confirm_error.ok() && now >= load.deadline) {
+          load.confirm_error =
+              Status::timeout("request " + q(load.request) + ": " + load.instance + " did not say within " +
+                              std::to_string(options_.transfer_timeout.count()) +
+                              " ms whether the blocks read were still the request's");
+        }
         if (load.unsubmitted > 0 && !load.expired && now >= load.deadline) load.expired = true;
         const bool over = load.aborted || load.expired || !load.start_error.ok() || load.unsubmitted == 0;
         if (load.pending > 0 || !over) continue;
         if (load.aborted && cancelling_.count(load.request) != 0) continue;  // push: abort() waits for the sources
-        for (PeerId p : load.peers) {
-          messages.emplace_back(p, format_message(Message::Kind::kDone, load.request));
+        const bool landed =
+            std::all_of(load.stages.begin(), load.stages.end(), [](const LoadStage& st) { return st.landed; });
+        if (!load.push && !load.aborted && !load.expired && load.start_error.ok() && landed && !load.peers.empty()) {
+          // Every byte landed: ok once each source read says its blocks
+          // were still the request's (its done's answer).
+          if (!load.confirming) {
+            confirm(load, &messages);
+            continue;
+          }
+          if (!load.unconfirmed.empty() && load.confirm_error.ok()) continue;
+        } else if (!load.confirming) {
+          for (PeerId p : load.told) messages.emplace_back(p, reader_message(Message::Kind::kDone, load.request));
         }
         end_load(loads_.find(load.request));
       }
       if (now >= next_beat) {
         next_beat = now + options_.heartbeat_interval;
         for (auto& [id, load] : loads_) {
-          for (size_t k = 0; k < load.peers.size(); ++k) {
-            if (load.push) {
-              beat_push_source(load, k);
-            } else {
-              messages.emplace_back(load.peers[k], format_message(Message::Kind::kHeartbeat, id));
-            }
+          if (load.push) {
+            for (size_t k = 0; k < load.peers.size(); ++k) beat_push_source(load, k);
+          } else if (!load.confirming) {
+            for (PeerId p : load.told) messages.emplace_back(p, reader_message(Message::Kind::kHeartbeat, id));
           }
         }
         // Streams the engine never waited for are forgotten after a while.
@@ -110,6 +128,7 @@ void WorkerImpl::drain_notifications() {
         e.kind = m->kind == Kind::kDone ? ReaderEvent::Kind::kDone : ReaderEvent::Kind::kHeartbeat;
         e.request = m->request;
         e.reader = std::move(engine.first);
+        e.readers = m->readers;
         events_.push_back(std::move(e));
         continue;
       }
@@ -122,7 +141,7 @@ void WorkerImpl::drain_notifications() {
         if (c != cancelling_.end() && c->second.erase(engine) != 0) results_cv_.notify_all();
         continue;
       }
-      Early e{std::move(engine), m->kind, m->stage, m->stages};
+      Early e{std::move(engine), m->kind, m->stage, m->stages, m->event};
       if (m->kind == Kind::kReady) {
         auto o = ordinal_.find(std::string(m->layer));
         if (o == ordinal_.end()) continue;
@@ -166,7 +185,7 @@ void WorkerImpl::drain_notifications() {
 // engine of a source rank of the load's instance.
 void WorkerImpl::take(Load& load, const Early& e) {
   if (e.kind == Message::Kind::kReady) {
-    if (load.stream && !load.push) announce(load, e.engine, e.a);
+    if (load.stream && !load.push) announce(load, e.engine, e.a, e.event);
     return;
   }
   if (!load.push || load.aborted) return;
@@ -203,9 +222,80 @@ void WorkerImpl::take(Load& load, const Early& e) {
 
 // Requires mu_: `engine` announced `layer` (an ordinal) of `load`. Taken
 // only from the engine of a source rank of the load's instance.
-void WorkerImpl::announce(Load& load, const EngineKey& engine, uint32_t layer) {
+void WorkerImpl::announce(Load& load, const EngineKey& engine, uint32_t layer, const std::string& event) {
   for (size_t s = 0; s < load.fetched->engines.size(); ++s) {
-    if (load.fetched->engines[s] == engine) load.announced[s][layer] = 1;
+    if (load.fetched->engines[s] != engine || load.announced[s][layer] != 0) continue;
+    load.announced[s][layer] = 1;
+    load.events[s][layer] = event;
+  }
+}
+
+std::string WorkerImpl::reader_message(Message::Kind kind, const RequestId& request) const {
+  Message m;
+  m.kind = kind;
+  m.request = request;
+  m.readers = readers_;
+  return format_message(m);
+}
+
+void WorkerImpl::confirm(Load& load, std::vector<std::pair<PeerId, std::string>>* messages) {
+  load.confirming = true;
+  for (size_t i = 0; i < load.peers.size(); ++i) {
+    load.unconfirmed.insert(load.fetched->engines[load.result.sources[i]]);
+    ask_source(load, i);
+  }
+  const std::string done = reader_message(Message::Kind::kDone, load.request);
+  for (PeerId p : load.told) {
+    if (std::find(load.peers.begin(), load.peers.end(), p) == load.peers.end()) messages->emplace_back(p, done);
+  }
+}
+
+void WorkerImpl::ask_source(const Load& load, size_t i) {
+  const EngineKey engine = load.fetched->engines[load.result.sources[i]];
+  // A done lost on the way is asked again (each answer is the same, and the
+  // prefill counts a reader once), so an answer waits at most a couple of
+  // heartbeat intervals, and the whole confirmation at most the deadline.
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(load.deadline - Clock::now());
+  const std::chrono::milliseconds timeout =
+      std::clamp(left, std::chrono::milliseconds(1), std::max(2 * options_.heartbeat_interval, kMinAskTimeout));
+  // The answer may come on this thread (a peer already gone): it only
+  // queues it for the pump.
+  engine_.ask(load.peers[i], reader_message(Message::Kind::kDone, load.request), timeout,
+              [wake = wake_, request = load.request, engine](Status s, std::string answer) {
+                {
+                  std::lock_guard<std::mutex> lock(wake->mu);
+                  wake->answers.push_back(Answer{request, engine, std::move(s), std::move(answer)});
+                }
+                wake->cv.notify_one();
+              });
+}
+
+void WorkerImpl::take_answer(Answer& a) {
+  auto it = loads_.find(a.request);
+  if (it == loads_.end()) return;
+  Load& load = it->second;
+  if (!load.confirming || load.unconfirmed.count(a.engine) == 0 || !load.confirm_error.ok()) return;
+  if (a.status.code() == Code::kTimeout && Clock::now() < load.deadline) {
+    for (size_t i = 0; i < load.peers.size(); ++i) {
+      if (load.fetched->engines[load.result.sources[i]] == a.engine) ask_source(load, i);
+    }
+    return;
+  }
+  load.unconfirmed.erase(a.engine);
+  const std::optional<Message> m = parse_message(a.answer);
+  const bool held = a.status.ok() && m && m->kind == Message::Kind::kHeld && m->request == a.request;
+  if (held) return;
+  const std::string who = "request " + q(a.request) + ": " + load.instance + " engine " + q(a.engine.first);
+  if (!a.status.ok()) {
+    load.confirm_error = a.status.with_context(who + " could not say whether the blocks read were still the request's");
+  } else if (m && m->kind == Message::Kind::kReleased && m->request == a.request) {
+    load.confirm_error = Status::unavailable(
+        who +
+        " had released the request's blocks (its lease expired, or it was aborted) when the read ended: "
+        "what was read may be another request's");
+  } else {
+    load.confirm_error =
+        Status::internal(who + " answered the done with " + q(printable(a.answer, 80)) + ", not held or released");
   }
 }
 
@@ -225,7 +315,7 @@ void WorkerImpl::land(Load& load, LoadStage& st) {
 void WorkerImpl::beat_push_source(const Load& load, size_t k) {
   const std::string source =
       load.fetched->infos[load.result.sources[k]].instance_id + " rank " + std::to_string(load.result.sources[k]);
-  engine_.notify(load.peers[k], format_message(Message::Kind::kHeartbeat, load.request), options_.transfer_timeout,
+  engine_.notify(load.peers[k], reader_message(Message::Kind::kHeartbeat, load.request), options_.transfer_timeout,
                  [sent = sent_, wake = wake_, request = load.request, source](Status s) {
                    if (s.ok()) return;
                    sent->add(s);

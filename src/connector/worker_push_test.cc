@@ -45,7 +45,7 @@ struct Pushing {
     }
   }
   void push_all(RequestId id, bool stream = false) {
-    for (auto& r : prefill) ASSERT_TRUE(r->worker->push(id, "decode", request(), LoadOptions{stream}).ok());
+    for (auto& r : prefill) ASSERT_TRUE(r->worker->push(id, "decode", request(), LoadOptions::streaming(stream)).ok());
   }
   void compute(RequestId id, const std::string& layer, std::vector<size_t> ranks = {0, 1}) {
     for (size_t k : ranks) {
@@ -99,7 +99,7 @@ TEST(WorkerPushTest, EveryDecodeRankGetsItsBytesWrittenAndReadsNothing) {
 TEST(WorkerPushTest, StreamedEachLayerIsWrittenOnceSavedAndNothingLaterMoves) {
   Pushing s;
   ConnectorWorker& d = *s.decode[0]->worker;
-  ASSERT_TRUE(d.start_load("1", "prefill", request(), LoadOptions{true}).ok());
+  ASSERT_TRUE(d.start_load("1", "prefill", request(), LoadOptions::streaming(true)).ok());
   s.push_all("1", true);
   for (size_t i = 0; i < s.layers.size(); ++i) {
     EXPECT_EQ(d.wait_for_layer("1", s.layers[i], 0ms).code(), Code::kTimeout);
@@ -133,7 +133,7 @@ TEST(WorkerPushTest, StagesWrittenBeforeTheLoadStartsAreKept) {
 TEST(WorkerPushTest, AnAbortMidStreamIsConfirmedByTheSourcesAndNothingLaterLands) {
   Pushing s;
   ConnectorWorker& d = *s.decode[0]->worker;
-  ASSERT_TRUE(d.start_load("3", "prefill", request(), LoadOptions{true}).ok());
+  ASSERT_TRUE(d.start_load("3", "prefill", request(), LoadOptions::streaming(true)).ok());
   s.push_all("3", true);
   for (size_t i = 0; i < 5; ++i) s.compute("3", s.layers[i]);
   ASSERT_TRUE(d.wait_for_layer("3", s.layers[4], 5s).ok());

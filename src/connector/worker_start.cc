@@ -53,7 +53,36 @@ void WorkerImpl::start_loop() {
 // thread, its instance connected), if it is still queued (not aborted).
 Status WorkerImpl::start_now(const RequestId& request, const std::string& instance, const Request& blocks,
                              const LoadOptions& options, uint64_t gen, Clock::time_point called) {
-  KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(instance));
+  const std::string remote = instance;  // the key in Remotes
+  const std::string name = Remotes::instance_of(remote);
+  KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(remote));
+  if (!options.incarnations.empty()) {
+    // The hand-off named the ranks that hold the request's KV; a snapshot
+    // older than the hand-off is fetched again, and a rank that is another
+    // process now (it restarted) does not hold it.
+    auto mismatch = [&](const Fetched& f) -> std::optional<size_t> {
+      if (options.incarnations.size() != f.infos.size()) return f.infos.size();
+      for (size_t r = 0; r < f.infos.size(); ++r) {
+        if (f.incarnation(r) != options.incarnations[r]) return r;
+      }
+      return std::nullopt;
+    };
+    if (mismatch(*fetched)) {
+      remotes_->invalidate(remote, fetched.get());
+      KVB_ASSIGN_OR_RETURN(fetched, remotes_->fetch(remote));
+    }
+    if (std::optional<size_t> r = mismatch(*fetched)) {
+      if (options.incarnations.size() != fetched->infos.size()) {
+        return Status::incompatible("request " + q(request) + " was handed off by " +
+                                    std::to_string(options.incarnations.size()) + " ranks of " + q(name) +
+                                    ", which has " + std::to_string(fetched->infos.size()) + " now");
+      }
+      return Status::unavailable("request " + q(request) + " was handed off by " + q(name) + " rank " +
+                                 std::to_string(*r) + " incarnation " + printable(options.incarnations[*r], 40) +
+                                 ", and that rank is incarnation " + fetched->incarnation(*r) +
+                                 " now (it restarted: the request's KV went with the old process)");
+    }
+  }
   // Planning (and verifying) runs outside the lock, on the immutable snapshot.
   const std::vector<Layout>& layouts = fetched->layouts;
   StageOptions so;
@@ -78,10 +107,12 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   }
   Load load;
   load.request = request;
-  load.instance = instance;
+  load.instance = name;
+  load.remote = remote;
   load.fetched = fetched;
   load.stream = options.stream;
   load.push = options_.mode == TransferMode::kPush;
+  load.ready = options.ready;
   load.result.request = request;
   load.result.naive_descriptors = naive_descriptor_count(layout_, layouts, blocks);
   load.result.stages = static_cast<uint32_t>(stages.size());
@@ -96,12 +127,17 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     ls.first_layer = s.first_layer;
     ls.end_layer = s.end_layer;
     ls.items.resize(layouts.size());
+    ls.device.assign(layouts.size(), 0);
     load.result.bytes += s.plan.bytes;
     load.result.descriptors += s.plan.descriptors.size();
     for (const Descriptor& d : s.plan.descriptors) {
       ls.items[d.source].push_back(TransferItem{regions_[d.local_tensor], d.local_offset,
                                                 fetched->infos[d.source].tensors[d.remote_tensor].region,
                                                 d.remote_offset, d.bytes});
+      if (layout_.tensors[d.local_tensor].memory != "host" ||
+          layouts[d.source].tensors[d.remote_tensor].memory != "host") {
+        ls.device[d.source] = 1;
+      }
       load.used[d.source] = true;
     }
     if (!s.plan.descriptors.empty()) {
@@ -110,11 +146,18 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     load.stages.push_back(std::move(ls));
   }
   // Engine connections to the sources, outside the lock: a connect dials
-  // and runs the opening exchange, and must not hold up other loads.
+  // and runs the opening exchange, and must not hold up other loads. The
+  // ranks a load would read from hear from it even when it reads nothing
+  // of theirs (a request that moves nothing): their holds count every
+  // reader.
+  KVB_ASSIGN_OR_RETURN(std::vector<uint32_t> planned, source_ranks(layout_, layouts));
   for (size_t s = 0; s < load.used.size(); ++s) {
-    if (!load.used[s]) continue;
-    Result<PeerId> p = remotes_->peer(instance, s);
+    const bool would = std::find(planned.begin(), planned.end(), s) != planned.end();
+    if (!load.used[s] && !would) continue;
+    Result<PeerId> p = remotes_->peer(remote, s);
     if (!p.ok()) return p.error();
+    load.told.push_back(*p);
+    if (!load.used[s]) continue;
     load.peers.push_back(*p);
     load.result.sources.push_back(static_cast<uint32_t>(s));
   }
@@ -128,7 +171,10 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   load.started = load.push ? called : Clock::now();
   load.deadline = load.started + options_.transfer_timeout;
   load.unsubmitted = load.stages.size();
-  if (load.stream) load.announced.assign(layouts.size(), std::vector<uint8_t>(order_.size(), 0));
+  if (load.stream) {
+    load.announced.assign(layouts.size(), std::vector<uint8_t>(order_.size(), 0));
+    load.events.assign(layouts.size(), std::vector<std::string>(order_.size()));
+  }
   if (load.push) {
     // A stage with nothing to move has landed; the others land as their
     // sources say "wrote".
@@ -159,15 +205,48 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   queued_.erase(queued);
   auto [it, inserted] = loads_.emplace(request, std::move(load));
   if (it->second.pending == 0 && (it->second.unsubmitted == 0 || !it->second.start_error.ok()) &&
-      it->second.peers.empty()) {
+      it->second.told.empty()) {
     end_load(it);  // nothing read, nobody to tell
   } else {
+    // The sources hear of the reader as it starts (a heartbeat renews the
+    // hold at once), not only at the first periodic one.
+    for (PeerId p : it->second.told) send(p, reader_message(Message::Kind::kHeartbeat, request));
     // The pump ends a load that is over already (push: every stage was
     // written before it started) and tells its sources it is done, or
     // wakes at its deadline.
     poke();
   }
   return Status();
+}
+
+// Requires mu_: submits the reads of stage `k` from source `s`, ordered
+// after the producer's events of its layers and the consumer's pending work
+// when they touch device memory.
+Result<TransferId> WorkerImpl::submit_read(const Load& load, uint32_t k, size_t s, PeerId peer,
+                                           const SubmitOptions& base) {
+  const LoadStage& st = load.stages[k];
+  if (st.device.empty() || st.device[s] == 0) return engine_.submit(peer, TransferOp::kRead, st.items[s], base);
+  SubmitOptions o = base;
+  auto add = [&](const std::string& handle) {
+    if (!handle.empty() &&
+        std::find(o.ready_event_handles.begin(), o.ready_event_handles.end(), handle) == o.ready_event_handles.end()) {
+      o.ready_event_handles.push_back(handle);
+    }
+  };
+  if (load.stream) {
+    for (uint32_t l = st.first_layer; l < st.end_layer; ++l) add(load.events[s][l]);
+  }
+  if (!load.ready.host_synchronized) {
+    add(load.ready.event_handle);
+    o.ready_event = load.ready.event;
+  }
+  if (o.ready_event_handles.size() > kMaxReadyEvents) {
+    return Status::invalid_argument(
+        "request " + q(load.request) + ": a stage of " + std::to_string(st.end_layer - st.first_layer) +
+        " layers waits on " + std::to_string(o.ready_event_handles.size()) + " events, more than " +
+        std::to_string(kMaxReadyEvents) + ": fewer layers per stage (stream_layers_per_stage), or one event per stage");
+  }
+  return engine_.submit(peer, TransferOp::kRead, st.items[s], std::move(o));
 }
 
 // Requires mu_: submits every stage not submitted whose layers every
@@ -201,7 +280,7 @@ Status WorkerImpl::start_ready_stages(Load& load) {
       if (st.items[s].empty()) continue;
       PeerId peer = load.peers[std::find(load.result.sources.begin(), load.result.sources.end(), s) -
                                load.result.sources.begin()];
-      Result<TransferId> id = engine_.submit(peer, TransferOp::kRead, st.items[s], o);
+      Result<TransferId> id = submit_read(load, k, s, peer, o);
       if (!id.ok()) {
         st.failed = true;
         load.start_error = id.error().with_context("request " + q(load.request) + ": reading from " + load.instance +
@@ -228,7 +307,7 @@ Status WorkerImpl::start_ready_stages(Load& load) {
 void WorkerImpl::release_sources(const std::string& instance, const RequestId& request) {
   Result<Sources> sources = planned_sources(instance);
   if (!sources.ok()) return;
-  for (PeerId p : sources->peers) send(p, format_message(Message::Kind::kDone, request));
+  for (PeerId p : sources->peers) send(p, reader_message(Message::Kind::kDone, request));
 }
 
 // The ranks of `instance` a load of this rank reads from (the fewest, as

@@ -409,7 +409,7 @@ TEST(WorkerStreamTest, EachLayerIsReadOnlyOnceEveryPrefillRankSavedItAndLandsBef
   Streaming s;
   ConnectorWorker& d = *s.decode[0]->worker;
   ASSERT_EQ(s.layers.size(), 32u);
-  ASSERT_TRUE(d.start_load("1", "prefill", request(), LoadOptions{true}).ok());
+  ASSERT_TRUE(d.start_load("1", "prefill", request(), LoadOptions::streaming(true)).ok());
   for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to("1", "decode").ok());
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const std::set<std::string, std::less<>> later(s.layers.begin() + static_cast<long>(i), s.layers.end());
@@ -448,7 +448,7 @@ TEST(WorkerStreamTest, LayersSavedBeforeTheLoadStartsOrBeforeStreamToAreKept) {
   for (const std::string& l : s.layers) s.compute("7", l);  // before stream_to: kept
   for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to("7", "decode").ok());
   for (auto& r : s.prefill) ASSERT_TRUE(r->worker->wait_for_save("7", 5s).ok());  // announced before the load
-  ASSERT_TRUE(d.start_load("7", "prefill", request(), LoadOptions{true}).ok());
+  ASSERT_TRUE(d.start_load("7", "prefill", request(), LoadOptions::streaming(true)).ok());
   LoadResult r = wait_one(d);
   ASSERT_TRUE(r.error.ok()) << r.error.to_string();
   EXPECT_EQ(bad_cells(*s.decode[0], request(), {s.layers.begin(), s.layers.end()}, 11), 0u);
@@ -465,7 +465,7 @@ TEST(WorkerStreamTest, AStageNeverAnnouncedFailsTheLoadNamingItsLayerAndNothingL
   // The deadline runs from start_load: the load may not fail before it
   // (however long the layers before took, e.g. under a sanitizer).
   const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(d.start_load("2", "prefill", request(), LoadOptions{true}).ok());
+  ASSERT_TRUE(d.start_load("2", "prefill", request(), LoadOptions::streaming(true)).ok());
   for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to("2", "decode").ok());
   for (size_t i = 0; i < 10; ++i) s.compute("2", s.layers[i]);
   s.compute("2", s.layers[10], {0});  // rank 1 never saves layer 10
@@ -487,7 +487,7 @@ TEST(WorkerStreamTest, AStageNeverAnnouncedFailsTheLoadNamingItsLayerAndNothingL
   for (auto& r : s.prefill) EXPECT_TRUE(r->worker->wait_for_save("2", 5s).ok());
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(bad_cells(*s.decode[0], request(), rest, 11), cells(*s.decode[0], request(), rest));
-  ASSERT_TRUE(d.start_load("2", "prefill", request(), LoadOptions{true}).ok());
+  ASSERT_TRUE(d.start_load("2", "prefill", request(), LoadOptions::streaming(true)).ok());
   EXPECT_EQ(d.wait_for_layer("2", s.layers[10], 100ms).code(), Code::kTimeout);
   ASSERT_TRUE(d.abort("2").ok());
   EXPECT_TRUE(wait_one(d).aborted);
@@ -496,7 +496,7 @@ TEST(WorkerStreamTest, AStageNeverAnnouncedFailsTheLoadNamingItsLayerAndNothingL
 TEST(WorkerStreamTest, AnAbortMidStreamStartsNoFurtherStage) {
   Streaming s;
   ConnectorWorker& d = *s.decode[0]->worker;
-  ASSERT_TRUE(d.start_load("3", "prefill", request(), LoadOptions{true}).ok());
+  ASSERT_TRUE(d.start_load("3", "prefill", request(), LoadOptions::streaming(true)).ok());
   for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to("3", "decode").ok());
   for (size_t i = 0; i < 5; ++i) s.compute("3", s.layers[i]);
   ASSERT_TRUE(d.wait_for_layer("3", s.layers[4], 5s).ok());
@@ -516,7 +516,7 @@ TEST(WorkerStreamTest, AnnouncementsFromAnEngineThatIsNotASourceAreIgnored) {
   auto other = instance(opts("other", 1));
   ASSERT_TRUE(other[0]->worker->add_remote("decode", addresses(s.decode)).ok());
   ConnectorWorker& d = *s.decode[0]->worker;
-  ASSERT_TRUE(d.start_load("4", "prefill", request(), LoadOptions{true}).ok());
+  ASSERT_TRUE(d.start_load("4", "prefill", request(), LoadOptions::streaming(true)).ok());
   ASSERT_TRUE(other[0]->worker->stream_to("4", "decode").ok());
   for (const std::string& l : s.layers) ASSERT_TRUE(other[0]->worker->save_layer("4", l).ok());
   ASSERT_TRUE(other[0]->worker->wait_for_save("4", 5s).ok());  // the decode rank took them, and ignored them

@@ -135,8 +135,8 @@ Status EngineImpl::init() {
   control.secret = options_.secret;
   control.self = ControlIdentity{options_.name, instance_, pid_};
   control.open_timeout = options_.connect_timeout;
-  KVB_ASSIGN_OR_RETURN(control_,
-                       Control::create(std::move(control), [this](Notification n) { return on_notification(std::move(n)); }));
+  KVB_ASSIGN_OR_RETURN(
+      control_, Control::create(std::move(control), [this](Notification n) { return on_notification(std::move(n)); }));
   Transfers::Callbacks callbacks;
   callbacks.drop_notification = hooks_.drop_notification;
   transfers_ = std::make_unique<Transfers>(options_.threads, &metrics_, std::move(callbacks));

@@ -65,6 +65,7 @@ class EngineImpl final : public Engine {
   Status init();
 
   const std::string& name() const override { return options_.name; }
+  uint64_t instance() const override { return instance_; }
   bool has_secret() const override { return !options_.secret.empty(); }
   std::vector<TransportReport> transports() const override { return reports_; }
   Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory, RemoteAccess access) override;
@@ -83,6 +84,7 @@ class EngineImpl final : public Engine {
   }
   Status cancel(TransferId id) override { return transfers_->cancel(id); }
   Status release(TransferId id) override { return transfers_->release(id); }
+  Status peer_status(PeerId peer) const override;
   Status notify(PeerId peer, std::string message) override;
   void notify(PeerId peer, std::string message, std::chrono::milliseconds timeout,
               std::function<void(Status)> done) override;

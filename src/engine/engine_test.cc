@@ -174,6 +174,24 @@ TEST(EngineTest, LocalRefusesAPeerInAnotherProcess) {
   EXPECT_NE(p.error().message().find("not this process"), std::string::npos) << p.error().to_string();
 }
 
+// Whether a peer is still there is a cheap question, answered from the
+// control connection: OK while open, the engine's word once it is gone.
+TEST(EngineTest, PeerStatusSaysWhenAPeerIsGone) {
+  LocalPair p;
+  EXPECT_TRUE(p.a->peer_status(p.peer).ok());
+  EXPECT_EQ(p.a->peer_status(p.peer + 100).code(), Code::kNotFound);
+  p.b.reset();
+  Status s;
+  for (int i = 0; i < 500; ++i) {
+    s = p.a->peer_status(p.peer);
+    if (!s.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.code(), Code::kIoError) << s.to_string();
+  EXPECT_NE(s.message().find("'b'"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("gone"), std::string::npos) << s.to_string();
+}
+
 TEST(EngineTest, PrometheusTextCountsTransfers) {
   LocalPair p;
   TransferItem item{p.rx, 0, p.ry, 0, 4096};

@@ -123,6 +123,12 @@ Result<std::shared_ptr<EngineImpl::Peer>> EngineImpl::find_peer_locked(PeerId id
   return p;
 }
 
+Status EngineImpl::peer_status(PeerId peer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<std::shared_ptr<Peer>> p = find_peer_locked(peer, "peer_status");
+  return p.ok() ? Status() : p.error();
+}
+
 Result<PeerId> EngineImpl::connect(std::string_view bytes) {
   KVB_ASSIGN_OR_RETURN(EngineMetadata m, decode_metadata(bytes));
   // A peer is one engine, (name, instance): never the name alone, or a

@@ -3,7 +3,7 @@
 // blocks 4..6 hold request 1's KV (content.h, seed 11), so a test can stop
 // it (SIGSTOP) or kill it while real decode ranks load from it.
 //
-//   attack_peer --transport T [--secret-file F]
+//   attack_peer --transport T [--secret-file F] [--instance NAME]
 //
 // Prints "ready SIDE_CHANNEL" once serving, then serves until killed (or
 // until stdin closes).
@@ -20,11 +20,12 @@
 using namespace kvbridge;
 
 int main(int argc, char** argv) {
-  std::string transport = "tcp", secret_file;
+  std::string transport = "tcp", secret_file, instance = "prefill";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--transport") transport = argv[i + 1];
     if (flag == "--secret-file") secret_file = argv[i + 1];
+    if (flag == "--instance") instance = argv[i + 1];
   }
   std::string secret;
   if (!secret_file.empty()) {
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
     return 4;
   }
   WorkerOptions w;
-  w.instance_id = "prefill";
+  w.instance_id = instance;
   w.secret = secret;
   Result<std::unique_ptr<ConnectorWorker>> worker = ConnectorWorker::create(**engine, layout, spans, w);
   if (!worker.ok()) {

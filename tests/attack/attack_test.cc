@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "connector/side_channel.h"
+#include "engine/control.h"
 #include "engine/metadata.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
@@ -103,7 +104,8 @@ std::string control_body(const std::string& name, uint64_t target) {
 }
 
 net::OpeningConfig control_config(std::string secret) {
-  return net::OpeningConfig{net::Protocol::kControl, 2, std::move(secret), net::OpeningLimits{4 + 256 + 24, 0}};
+  return net::OpeningConfig{net::Protocol::kControl, engine_internal::kControlVersion, std::move(secret),
+                            net::OpeningLimits{4 + 256 + 24, 0}};
 }
 
 size_t control_limit(uint8_t type) { return type >= 16 ? (1u << 20) + 8 : net::opening_limit(type, {284, 0}); }
@@ -183,7 +185,8 @@ TEST(AttackTest, WithoutASecretOnlyTheReadersARequestWasHandedToCount) {
   notify.u64(1);
   notify.raw("kvb/1 done 1");
   std::string frame;
-  net::append_frame(frame, {net::Protocol::kControl, 17, 2, 0, false}, notify.out(), o->session);
+  net::append_frame(frame, {net::Protocol::kControl, 17, engine_internal::kControlVersion, 0, false}, notify.out(),
+                    o->session);
   ASSERT_EQ(::send(fd.get(), frame.data(), frame.size(), MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
   std::this_thread::sleep_for(100ms);
   pump_events(*prefill->worker, sched);
@@ -315,7 +318,7 @@ struct Child {
   }
 };
 
-std::unique_ptr<Child> start_child(const std::string& transport) {
+std::unique_ptr<Child> start_child(const std::string& transport, const std::string& instance = "prefill") {
   int in[2], out[2];
   if (::pipe(in) != 0 || ::pipe(out) != 0) return nullptr;
   auto c = std::make_unique<Child>();
@@ -325,7 +328,8 @@ std::unique_ptr<Child> start_child(const std::string& transport) {
     ::dup2(out[1], 1);
     ::close(in[1]);
     ::close(out[0]);
-    ::execl(KVB_ATTACK_PEER, KVB_ATTACK_PEER, "--transport", transport.c_str(), nullptr);
+    ::execl(KVB_ATTACK_PEER, KVB_ATTACK_PEER, "--transport", transport.c_str(), "--instance", instance.c_str(),
+            nullptr);
     ::_exit(127);
   }
   ::close(in[0]);
@@ -368,8 +372,8 @@ Result<LoadResult> load(ConnectorWorker& w, RequestId id, const std::string& ins
 // decode rank. Now a stopped peer delays only the loads that need it, and a
 // load's deadline holds to within 100 ms.
 TEST(AttackTest, AStoppedPrefillDelaysOnlyTheLoadsThatNeedIt) {
-  auto a = start_child("tcp");
-  auto b = start_child("tcp");
+  auto a = start_child("tcp", "a");
+  auto b = start_child("tcp", "b");
   ASSERT_TRUE(a && b);
   auto decode = make_rank("decode/r0", "decode", "tcp", "", RemoteAccess::kNone);
   ConnectorWorker& w = *decode->worker;
