@@ -7,17 +7,20 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "device/device.h"
 #include "engine/engine_impl.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
+#include "testing/engine_faults.h"
 #include "transport/fault/fault.h"
 
 namespace kvbridge::worker_test {
@@ -30,6 +33,12 @@ struct Rank {
   std::vector<std::span<uint8_t>> spans;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<ConnectorWorker> worker;
+  std::vector<void*> device;  // device memory (fake), freed with the rank
+  ~Rank() {
+    worker.reset();
+    engine.reset();
+    for (void* p : device) (void)device::current().free(p);
+  }
 };
 
 struct InstanceOptions {
@@ -39,6 +48,8 @@ struct InstanceOptions {
   WorkerOptions worker;
   std::shared_ptr<transport::Faults> faults;  // wraps the local transport when set
   uint64_t inline_bytes = EngineOptions{}.inline_bytes;
+  bool device = false;        // tensors in device memory (cuda:0 of the host fake: KVB_DEVICE=fake)
+  std::string engine_faults;  // testing::create_engine_with_faults's spec (host memory only)
 };
 
 inline InstanceOptions opts(std::string id, uint32_t tp) {
@@ -59,8 +70,19 @@ inline std::vector<std::unique_ptr<Rank>> instance(const InstanceOptions& o) {
     p.block_tokens = o.block_tokens;
     p.num_blocks = 8;
     rank->layout = *make_preset(p);
-    for (const Tensor& t : rank->layout.tensors) rank->mem.emplace_back(t.bytes, 0xa5);
-    for (auto& m : rank->mem) rank->spans.emplace_back(m);
+    if (o.device) {
+      for (Tensor& t : rank->layout.tensors) {
+        Result<void*> p = device::current().allocate(0, t.bytes);
+        EXPECT_TRUE(p.ok()) << p.error().to_string();
+        std::memset(*p, 0xa5, t.bytes);  // the fake's device memory is mapped in this process
+        rank->device.push_back(*p);
+        rank->spans.emplace_back(static_cast<uint8_t*>(*p), t.bytes);
+        t.memory = "cuda:0";
+      }
+    } else {
+      for (const Tensor& t : rank->layout.tensors) rank->mem.emplace_back(t.bytes, 0xa5);
+      for (auto& m : rank->mem) rank->spans.emplace_back(m);
+    }
     EngineOptions e;
     e.name = o.id + "/r" + std::to_string(r);
     e.transports = {"local"};
@@ -70,7 +92,9 @@ inline std::vector<std::unique_ptr<Rank>> instance(const InstanceOptions& o) {
     std::vector<std::unique_ptr<transport::Transport>> ts;
     std::unique_ptr<transport::Transport> local = *transport::make_local_transport();
     ts.push_back(o.faults ? transport::make_fault_transport(std::move(local), o.faults) : std::move(local));
-    Result<std::unique_ptr<Engine>> engine = engine_internal::create_engine(e, std::move(ts));
+    Result<std::unique_ptr<Engine>> engine = o.engine_faults.empty()
+                                                 ? engine_internal::create_engine(e, std::move(ts))
+                                                 : testing::create_engine_with_faults(e, o.engine_faults);
     EXPECT_TRUE(engine.ok()) << engine.error().to_string();
     rank->engine = std::move(*engine);
     WorkerOptions w = o.worker;
