@@ -80,6 +80,8 @@ class ConnectorConfig:
       rank of the decode instance that reads it said done, and the readers say how many they
       are (their instance's layout decides it). Giving it is refused, naming this.
     lease_s: how long prefill holds a request's blocks without a heartbeat from a reader.
+    heartbeat_s: how often a decode rank's heartbeat renews the holds of what it reads (below
+      lease_s, or every slow load would lose its blocks).
     failure_policy: decode: "fail" or "recompute" (from the first token that did not arrive).
     load_timeout_s: decode: a load not ended by then fails.
     store_hash_block_tokens: 0 for no prefix store; else its hash block (tokens), with
@@ -90,7 +92,8 @@ class ConnectorConfig:
     stream: decode: load layer by layer, as the prefill saves each (the prefill must stream
       to this instance: kv_transfer_params "stream_to").
     host, advertise_host, secret, handshake_timeout_s, verify_plans, load_chunk_tokens:
-      passed to each rank's Engine and ConnectorWorker.
+      passed to each rank's Engine and ConnectorWorker; transports: the Engine's (None: every
+      one available, the closest first).
     engine_faults: fault injection into each rank's Engine, for tests only (Engine(faults=)).
     """
 
@@ -103,6 +106,7 @@ class ConnectorConfig:
     groups: Optional[Mapping[str, Mapping[str, Any]]] = None
     decode_ranks: Optional[int] = None
     lease_s: float = 30.0
+    heartbeat_s: float = 1.0
     failure_policy: str = "fail"
     load_timeout_s: float = 30.0
     store_hash_block_tokens: int = 0
@@ -117,6 +121,7 @@ class ConnectorConfig:
     handshake_timeout_s: float = 5.0
     verify_plans: bool = False
     load_chunk_tokens: int = 2048
+    transports: Optional[Tuple[str, ...]] = None
     engine_faults: str = ""
 
     def __post_init__(self) -> None:
@@ -130,6 +135,9 @@ class ConnectorConfig:
             raise _fail(f"cache_layout '{self.cache_layout}' (expected one of {', '.join(CACHE_LAYOUTS)})")
         if self.failure_policy not in ("fail", "recompute"):
             raise _fail(f"failure_policy '{self.failure_policy}' (expected fail or recompute)")
+        if not 0 < self.heartbeat_s < self.lease_s:
+            raise _fail(f"heartbeat_s {self.heartbeat_s} (expected more than 0 and less than lease_s "
+                        f"{self.lease_s}: a reader renews its hold before it expires)")
         if self.decode_ranks is not None:
             raise _fail(f"decode_ranks {self.decode_ranks}: the number of decode ranks that read a request is not "
                         f"configured; the readers say it (their instance's layout decides it), so leave it out")
@@ -503,7 +511,7 @@ class SchedulerConnector:
         request_id = str(request_id)
         p = self._pending.pop(request_id, None)
         self._early_params.pop(request_id, None)
-        self._streaming.pop(request_id, None)
+        streamed = self._streaming.pop(request_id, None) is not None
         early_events = self._early_events.pop(request_id, [])
         self._streamed.discard(request_id)
         # Not handed to the workers yet: nothing may move, whatever raced with what. The load
@@ -534,6 +542,20 @@ class SchedulerConnector:
                 return False, None
             self._aborting[request_id] = due
             self._meta.aborts.append(request_id)
+            return True, None
+        if aborted and streamed and self.config.produces:
+            # Prefill, streamed to a decode instance that may be reading its layers now: the
+            # blocks are held until the readers heard from are done (their lease, or a grace
+            # when none was heard), then freed and said so to the readers.
+            now = time.monotonic()
+            self._prefill.hold(request_id, now=now)
+            self._held.add(request_id)
+            for event in early_events:
+                self._prefill.on_reader_event(event, now)
+            try:
+                self._prefill.abort(request_id, now=now)
+            except _kvb.NotFound:
+                pass  # every reader was done already: released as read
             return True, None
         if aborted or p is None:
             return False, None
@@ -681,6 +703,7 @@ class WorkerConnector:
         self._bad_blocks: Set[int] = set()
         self._saves: List[SaveSpec] = []
         self._unsaved: Set[str] = set()             # prefill: streams whose announcements are not all acknowledged
+        self._unsaved_next = 0.0                     # when _check_unsaved() looks next
         self._layer_events: Dict[str, Any] = {}    # prefill, CUDA caches: one interprocess event per layer
         self._cuda_device: Optional[Any] = None     # the caches' torch device when they are CUDA tensors
 
@@ -705,12 +728,14 @@ class WorkerConnector:
         memory = [tensors[n] for n in names] if tensors is not None else spec["tensors"]
         c = self.config
         self.engine = _kvb.Engine(name=f"{c.instance_id}/r{self.rank}", host=c.host, secret=c.secret,
-                                  advertise_host=c.advertise_host, faults=c.engine_faults)
+                                  advertise_host=c.advertise_host, faults=c.engine_faults,
+                                  transports=list(c.transports) if c.transports else None)
         try:
             self.worker = _kvb.ConnectorWorker(
                 self.engine, self._layout, memory, instance_id=c.instance_id, side_channel_host=c.host,
                 side_channel_advertise_host=c.advertise_host, secret=c.secret,
                 handshake_timeout=c.handshake_timeout_s, transfer_timeout=c.load_timeout_s,
+                heartbeat_interval=c.heartbeat_s,
                 verify_plans=c.verify_plans, remote_access="read" if c.produces else "none",
                 load_chunk_tokens=c.load_chunk_tokens)
             if c.has_store:
@@ -1008,23 +1033,22 @@ class WorkerConnector:
 
     def _check_unsaved(self) -> None:
         """Streams whose announcements every decode rank acknowledged (or that failed) are done
-        with; the others are looked at again next time. Never waits."""
+        with; the others are looked at again later. Never waits; one call into the worker for
+        them all, at most every few milliseconds (a silent decode instance leaves many pending)."""
         w = self.worker
-        if w is None:
+        now = time.monotonic()
+        if w is None or now < self._unsaved_next:
             return
+        self._unsaved_next = now + 0.005
         with self._lock:
             pending = list(self._unsaved)
-        for rid in pending:
-            try:
-                w.wait_for_save(rid, timeout=0)
-            except _kvb.Timeout:
-                continue
-            except _kvb.NotFound:
-                pass  # forgotten after its deadline, or never streamed here
-            except Exception as e:
-                with self._lock:
-                    self._out.stream_errors.setdefault(rid, str(e))
-            with self._lock:
+        if not pending:
+            return
+        ended = w.poll_saves(pending)
+        with self._lock:
+            for rid, status in ended.items():
+                if not status.ok and status.code != "not_found":  # not found: forgotten after its deadline
+                    self._out.stream_errors.setdefault(rid, status.message)
                 self._unsaved.discard(rid)
                 self._streams.discard(rid)
 

@@ -511,6 +511,27 @@ void bind_worker(py::module_& m) {
           "Prefill side: waits until every announcement of `request` was acknowledged, raises the\n"
           "first error, and forgets the request.")
       .def(
+          "poll_saves",
+          [](PyWorker& w, std::vector<Rid> requests) {
+            ConnectorWorker& c = w.get();
+            std::vector<std::pair<Rid, Status>> ended;
+            {
+              py::gil_scoped_release nogil;
+              for (const Rid& r : requests) {
+                // A wait of 0 ms: kTimeout only while acknowledgements are missing.
+                Status s = c.wait_for_save(r, std::chrono::milliseconds(0));
+                if (s.code() != Code::kTimeout) ended.emplace_back(r, std::move(s));
+              }
+            }
+            py::dict out;
+            for (auto& [r, s] : ended) out[py::str(r)] = s;
+            return out;
+          },
+          py::arg("requests"),
+          "Prefill side: wait_for_save() of each request without waiting: {request: Status} of those\n"
+          "whose every announcement (or write) ended, each then forgotten; the others are left out.\n"
+          "Never raises for a request.")
+      .def(
           "abort",
           [](PyWorker& w, Rid request) {
             ConnectorWorker& c = w.get();

@@ -183,6 +183,43 @@ def test_the_prefill_holds_its_blocks_until_every_decode_rank_that_reads_them_is
     d.check([4, 5], 40, seed=5)
 
 
+def test_a_streamed_request_the_prefill_aborts_keeps_its_blocks_until_its_reader_is_done(pd):
+    """A prefill engine aborts a request it streams (its client went away) while the decode reads
+    the layers announced so far. Freeing the blocks then would let the reader read their next
+    owner's bytes: they are held until the reader is done (or its lease runs out)."""
+    p, d = pd(decode_kw={"stream": True, "load_timeout_s": 1.0}, decode_tp=1)
+    stream_to = {"instance": "decode", "addresses": [w.get_handshake_metadata() for w in d.workers]}
+    prompt = list(range(32))
+    n, _ = p.scheduler.get_num_new_matched_tokens("req-x", prompt, 0, {"do_remote_decode": True,
+                                                                       "stream_to": stream_to})
+    p.scheduler.update_state_after_alloc("req-x", [5, 6], n)
+    early = p.scheduler.transfer_params("req-x")
+    d.scheduler.get_num_new_matched_tokens("req-x", prompt, 0, early)
+    d.scheduler.update_state_after_alloc("req-x", [1], 32)
+    d.step()  # the decode starts reading as layers are announced
+    p.fill([5, 6], 32, seed=4)
+    meta = p.scheduler.build_connector_meta()
+    for w in p.workers:  # one layer announced, then the engine aborts the request
+        w.bind_connector_metadata(meta)
+        w.start_load_kv()
+        w.save_kv_layer(kvbridge.layer_order(w.layout)[0])
+    delay_free, params = p.scheduler.request_finished("req-x", [5, 6], aborted=True)
+    assert delay_free and params is None
+    outcome = None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        f = d.step()
+        outcome = f.outcomes.get("req-x", outcome)
+        sent = p.step().finished_sending
+        if "req-x" in sent:
+            assert outcome is not None, "the prefill freed blocks its reader was still reading"
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError("the aborted request's blocks were never freed")
+    assert outcome.outcome == "failed"  # the rest was never announced: not finished
+
+
 # ---------------------------------------------------------------------------- membership
 
 

@@ -17,15 +17,18 @@ void SendFailures::add(const Status& s) {
 }
 
 Announcer::Announcer(Engine& engine, Remotes& remotes, std::vector<std::string> layers, std::vector<uint8_t> device,
-                     std::chrono::milliseconds timeout, std::shared_ptr<SendFailures> failures,
-                     std::function<void(const std::string&)> connect)
+                     std::chrono::milliseconds timeout, std::chrono::milliseconds attempt,
+                     std::shared_ptr<SendFailures> failures, std::function<void(const std::string&)> connect,
+                     std::function<void()> wake)
     : engine_(engine),
       remotes_(remotes),
       layers_(std::move(layers)),
       device_(std::move(device)),
       timeout_(timeout),
+      attempt_(std::min(attempt, timeout)),
       failures_(std::move(failures)),
-      connect_(std::move(connect)) {}
+      connect_(std::move(connect)),
+      wake_(std::move(wake)) {}
 
 Result<std::vector<PeerId>> Announcer::readers_of(const std::string& instance) {
   std::shared_ptr<const Fetched> fetched = remotes_.fetched(instance);
@@ -148,7 +151,10 @@ Status Announcer::wait_for_save(RequestId request, std::chrono::milliseconds tim
   Status out;
   {
     std::unique_lock<std::mutex> lock(acks->mu);
-    if (!acks->cv.wait_for(lock, timeout, [&] { return acks->outstanding == 0 && !acks->connecting; })) {
+    auto settled = [&] { return acks->outstanding == 0 && !acks->connecting; };
+    // A poll (0) looks without waiting: a timed wait of 0 still costs a
+    // futex call and the timer slack (~50 us), per stream polled.
+    if (timeout.count() <= 0 ? !settled() : !acks->cv.wait_for(lock, timeout, settled)) {
       if (acks->connecting) {
         return Status::timeout("request " + q(request) + ": not connected to the decode instance within " +
                                std::to_string(timeout.count()) + " ms");
@@ -185,22 +191,51 @@ Announcer::Messages Announcer::take_announcements(RequestId request, Stream& s) 
 }
 
 // Never blocks: the engine calls back when a reader acknowledged, at the
-// deadline, or when the reader is gone. The callback holds only what it
-// counts into.
+// try's deadline, or when the reader is gone. The callback holds only what
+// it counts into, and queues a timed-out try for retry_due().
 void Announcer::send(const Messages& messages, const std::shared_ptr<Acks>& acks) {
-  for (const auto& [peer, m] : messages) {
-    engine_.notify(peer, m, timeout_, [failures = failures_, acks](Status s) {
-      if (!s.ok()) failures->add(s);
-      {
-        std::lock_guard<std::mutex> lock(acks->mu);
-        if (!s.ok() && acks->first_error.ok()) {
-          acks->first_error = Status::unavailable("a layer announcement was not acknowledged: " + s.to_string());
-        }
-        --acks->outstanding;
-      }
-      acks->cv.notify_all();
-    });
+  const auto give_up = Clock::now() + timeout_;
+  for (const auto& [peer, m] : messages) send_one(Retry{peer, m, acks, give_up});
+}
+
+void Announcer::send_one(Retry r) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(r.give_up - Clock::now());
+  const std::chrono::milliseconds timeout = std::clamp(left, std::chrono::milliseconds(1), attempt_);
+  const PeerId peer = r.peer;
+  std::string message = r.message;
+  engine_.notify(peer, std::move(message), timeout,
+                 [failures = failures_, retries = retries_, wake = wake_, r = std::move(r)](Status s) mutable {
+                   const std::shared_ptr<Acks> acks = r.acks;
+                   if (s.code() == Code::kTimeout && Clock::now() < r.give_up) {
+                     // Lost on the way, or slow: sent again by retry_due(). A
+                     // reader takes a layer's announcement once.
+                     {
+                       std::lock_guard<std::mutex> lock(retries->mu);
+                       retries->due.push_back(std::move(r));
+                     }
+                     wake();
+                     return;
+                   }
+                   if (!s.ok()) failures->add(s);
+                   {
+                     std::lock_guard<std::mutex> lock(acks->mu);
+                     if (!s.ok() && acks->first_error.ok()) {
+                       acks->first_error =
+                           Status::unavailable("a layer announcement was not acknowledged: " + s.to_string());
+                     }
+                     --acks->outstanding;
+                   }
+                   acks->cv.notify_all();
+                 });
+}
+
+void Announcer::retry_due() {
+  std::vector<Retry> due;
+  {
+    std::lock_guard<std::mutex> lock(retries_->mu);
+    due.swap(retries_->due);
   }
+  for (Retry& r : due) send_one(std::move(r));
 }
 
 }  // namespace kvbridge::connector

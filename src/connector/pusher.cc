@@ -270,7 +270,8 @@ Status Pusher::wait_for_save(RequestId request, std::chrono::milliseconds timeou
   Status out;
   {
     std::unique_lock<std::mutex> lock(acks->mu);
-    if (!acks->cv.wait_for(lock, timeout, [&] { return acks->outstanding == 0; })) {
+    auto settled = [&] { return acks->outstanding == 0; };
+    if (timeout.count() <= 0 ? !settled() : !acks->cv.wait_for(lock, timeout, settled)) {  // 0: a poll
       return Status::timeout("request " + q(request) + ": " + std::to_string(acks->outstanding) +
                              " stage writes not ended within " + std::to_string(timeout.count()) +
                              " ms (a streamed stage starts once its layers are saved)");

@@ -39,6 +39,7 @@ void WorkerImpl::pump() {
       wake_->poke = false;
     }
     if (notes) drain_notifications();
+    announcer_->retry_due();  // announcements to send again (none most of the time)
     std::vector<std::pair<PeerId, std::string>> messages;
     {
       std::lock_guard<std::mutex> lock(mu_);
