@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks that includes follow the layers of DESIGN.md: a file of src/<layer>/
 includes only its own layer's headers, lower layers' and the public headers
-(include/kvbridge/). Tests (*_test.cc) may also include src/testing/. Exits 1
+(include/kvbridge/). Tests (*_test.cc, and the *_test_util.h helpers only they
+include) may also include src/testing/. Exits 1
 listing every include that points up or sideways.
 
 Usage: check_layers.py SOURCE_ROOT
@@ -41,7 +42,8 @@ for layer, allowed in BELOW.items():
     for path in sorted((root / "src" / layer).rglob("*")):
         if path.suffix not in (".h", ".cc", ".cu"):
             continue
-        is_test = path.name.endswith("_test.cc")
+        # Tests, and the helpers only they include (*_test_util.h).
+        is_test = path.name.endswith("_test.cc") or path.name.endswith("_test_util.h")
         for n, line in enumerate(path.read_text().splitlines(), 1):
             m = INCLUDE.match(line)
             if not m:

@@ -355,3 +355,13 @@ def test_examples_connector_v1_two_processes():
     assert "decode: req-1 finished on 2 ranks" in out.stdout
     assert "compared byte-exact: OK" in out.stdout
     assert "prefill: req-1 blocks freed" in out.stdout
+
+
+def test_examples_stream_ready_streams_device_kv_after_each_layers_event():
+    """examples/stream_ready.py: layers queued behind slow kernels (the host fake here), each
+    announced at once with its event; every byte the decode reads is checked."""
+    r = subprocess.run([sys.executable, os.path.join(EXAMPLES, "stream_ready.py")], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, KVB_DEVICE="fake"))
+    assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    assert "4 layers x 48 tokens compared: OK" in r.stdout, r.stdout
+    assert "parent: streamed with readiness: OK" in r.stdout, r.stdout

@@ -16,19 +16,17 @@ void SendFailures::add(const Status& s) {
   last_error = s.to_string();
 }
 
-Announcer::Announcer(Engine& engine, Remotes& remotes, std::vector<std::string> layers, std::vector<uint8_t> device,
-                     std::chrono::milliseconds timeout, std::chrono::milliseconds attempt,
-                     std::shared_ptr<SendFailures> failures, std::function<void(const std::string&)> connect,
-                     std::function<void()> wake)
+Announcer::Announcer(Engine& engine, Remotes& remotes, Resender& resender, std::vector<std::string> layers,
+                     std::vector<uint8_t> device, std::chrono::milliseconds timeout,
+                     std::shared_ptr<SendFailures> failures, std::function<void(const std::string&)> connect)
     : engine_(engine),
       remotes_(remotes),
+      resender_(resender),
       layers_(std::move(layers)),
       device_(std::move(device)),
       timeout_(timeout),
-      attempt_(std::min(attempt, timeout)),
       failures_(std::move(failures)),
-      connect_(std::move(connect)),
-      wake_(std::move(wake)) {}
+      connect_(std::move(connect)) {}
 
 Result<std::vector<PeerId>> Announcer::readers_of(const std::string& instance) {
   std::shared_ptr<const Fetched> fetched = remotes_.fetched(instance);
@@ -190,52 +188,24 @@ Announcer::Messages Announcer::take_announcements(RequestId request, Stream& s) 
   return out;
 }
 
-// Never blocks: the engine calls back when a reader acknowledged, at the
-// try's deadline, or when the reader is gone. The callback holds only what
-// it counts into, and queues a timed-out try for retry_due().
+// Never blocks: the resender calls back once a reader acknowledged, or
+// with the last try's error (one that timed out was sent again first). The
+// callback holds only what it counts into.
 void Announcer::send(const Messages& messages, const std::shared_ptr<Acks>& acks) {
   const auto give_up = Clock::now() + timeout_;
-  for (const auto& [peer, m] : messages) send_one(Retry{peer, m, acks, give_up});
-}
-
-void Announcer::send_one(Retry r) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(r.give_up - Clock::now());
-  const std::chrono::milliseconds timeout = std::clamp(left, std::chrono::milliseconds(1), attempt_);
-  const PeerId peer = r.peer;
-  std::string message = r.message;
-  engine_.notify(peer, std::move(message), timeout,
-                 [failures = failures_, retries = retries_, wake = wake_, r = std::move(r)](Status s) mutable {
-                   const std::shared_ptr<Acks> acks = r.acks;
-                   if (s.code() == Code::kTimeout && Clock::now() < r.give_up) {
-                     // Lost on the way, or slow: sent again by retry_due(). A
-                     // reader takes a layer's announcement once.
-                     {
-                       std::lock_guard<std::mutex> lock(retries->mu);
-                       retries->due.push_back(std::move(r));
-                     }
-                     wake();
-                     return;
-                   }
-                   if (!s.ok()) failures->add(s);
-                   {
-                     std::lock_guard<std::mutex> lock(acks->mu);
-                     if (!s.ok() && acks->first_error.ok()) {
-                       acks->first_error =
-                           Status::unavailable("a layer announcement was not acknowledged: " + s.to_string());
-                     }
-                     --acks->outstanding;
-                   }
-                   acks->cv.notify_all();
-                 });
-}
-
-void Announcer::retry_due() {
-  std::vector<Retry> due;
-  {
-    std::lock_guard<std::mutex> lock(retries_->mu);
-    due.swap(retries_->due);
+  for (const auto& [peer, m] : messages) {
+    resender_.send(peer, m, give_up, [failures = failures_, acks](Status s, std::string) {
+      if (!s.ok()) failures->add(s);
+      {
+        std::lock_guard<std::mutex> lock(acks->mu);
+        if (!s.ok() && acks->first_error.ok()) {
+          acks->first_error = Status::unavailable("a layer announcement was not acknowledged: " + s.to_string());
+        }
+        --acks->outstanding;
+      }
+      acks->cv.notify_all();
+    });
   }
-  for (Retry& r : due) send_one(std::move(r));
 }
 
 }  // namespace kvbridge::connector

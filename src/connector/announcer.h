@@ -9,9 +9,9 @@
 // Nothing here waits on the network: stream_to() of an instance not
 // connected yet asks the worker's connect thread for it (the `connect`
 // callback) and keeps the announcements until connected() says how that
-// went. An announcement whose acknowledgement does not come within
-// `attempt` is sent again (a reader takes a layer once), by retry_due(),
-// until `timeout` after the first try: one lost message does not fail a
+// went. Announcements go through the worker's Resender: one not
+// acknowledged within a try is sent again (a reader takes a layer once),
+// until `timeout` after the first try, so one lost message does not fail a
 // streamed load.
 //
 // Thread-safety: every method from any thread.
@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "connector/remotes.h"
+#include "connector/resend.h"
 #include "kvbridge/connector.h"
 
 namespace kvbridge::connector {
@@ -46,14 +47,12 @@ class Announcer {
  public:
   // `layers` is layer_order() of this rank's layout and `device` says which
   // of them are device memory (by ordinal); `timeout` bounds each
-  // announcement, and `attempt` each try of it; `connect` asks for a connect
-  // attempt to an instance and `wake` for a call of retry_due() soon (both
-  // must not block or call back into this). The engine and `remotes` must
-  // outlive this.
-  Announcer(Engine& engine, Remotes& remotes, std::vector<std::string> layers, std::vector<uint8_t> device,
-            std::chrono::milliseconds timeout, std::chrono::milliseconds attempt,
-            std::shared_ptr<SendFailures> failures, std::function<void(const std::string&)> connect,
-            std::function<void()> wake);
+  // announcement; `connect` asks for a connect attempt to an instance (it
+  // must not block or call back into this). The engine, `remotes` and
+  // `resender` must outlive this.
+  Announcer(Engine& engine, Remotes& remotes, Resender& resender, std::vector<std::string> layers,
+            std::vector<uint8_t> device, std::chrono::milliseconds timeout, std::shared_ptr<SendFailures> failures,
+            std::function<void(const std::string&)> connect);
 
   // As ConnectorWorker's.
   Status stream_to(RequestId request, const std::string& instance);
@@ -65,9 +64,6 @@ class Announcer {
 
   // Forgets streams untouched since `before` (never waited for).
   void forget_older_than(std::chrono::steady_clock::time_point before);
-  // Sends again the announcements whose try timed out (on the caller's
-  // thread, which must not hold locks the engine's callbacks take).
-  void retry_due();
 
  private:
   struct Acks {
@@ -87,35 +83,20 @@ class Announcer {
     std::chrono::steady_clock::time_point touched;
   };
   using Messages = std::vector<std::pair<PeerId, std::string>>;
-  // An announcement to send again, shared with the callbacks (which may
-  // outlive this).
-  struct Retry {
-    PeerId peer;
-    std::string message;
-    std::shared_ptr<Acks> acks;
-    std::chrono::steady_clock::time_point give_up;
-  };
-  struct Retries {
-    std::mutex mu;
-    std::vector<Retry> due;
-  };
   // Requires mu_: the messages announcing the layers of `s` not sent yet.
   Messages take_announcements(RequestId request, Stream& s);
   void send(const Messages& messages, const std::shared_ptr<Acks>& acks);
-  void send_one(Retry r);
   // The engine connections to every rank of a connected `instance`.
   Result<std::vector<PeerId>> readers_of(const std::string& instance);
 
   Engine& engine_;
   Remotes& remotes_;
+  Resender& resender_;
   const std::vector<std::string> layers_;
   const std::vector<uint8_t> device_;
   const std::chrono::milliseconds timeout_;
-  const std::chrono::milliseconds attempt_;
   const std::shared_ptr<SendFailures> failures_;
   const std::function<void(const std::string&)> connect_;
-  const std::function<void()> wake_;
-  const std::shared_ptr<Retries> retries_ = std::make_shared<Retries>();
   std::mutex mu_;
   std::map<RequestId, Stream> streams_;
 };

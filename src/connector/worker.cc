@@ -95,20 +95,21 @@ Status WorkerImpl::init(std::span<const std::span<uint8_t>> tensors) {
   const std::string identity = identity_text(layout_) + std::string(push ? kPushIdentityLine : "");
   const uint64_t hash = compatibility_hash(layout_) ^ (push ? kPushHashXor : 0);
   remotes_ = std::make_unique<Remotes>(engine_, layout_, sc, identity, hash);
-  announcer_ = std::make_unique<Announcer>(
-      engine_, *remotes_, order_, layer_device_, options_.transfer_timeout,
-      std::max(2 * options_.heartbeat_interval, kMinAskTimeout), sent_,
-      [this](const std::string& instance) {
-        std::lock_guard<std::mutex> lock(mu_);
-        request_connect(instance);
-      },
-      [wake = wake_] {
+  // Messages that must arrive (dones, announcements) are sent again when a
+  // try's acknowledgement does not come within a couple of heartbeats.
+  resender_ =
+      std::make_unique<Resender>(engine_, std::max(2 * options_.heartbeat_interval, kMinAskTimeout), [wake = wake_] {
         {
           std::lock_guard<std::mutex> lock(wake->mu);
           wake->poke = true;
         }
         wake->cv.notify_one();
       });
+  announcer_ = std::make_unique<Announcer>(engine_, *remotes_, *resender_, order_, layer_device_,
+                                           options_.transfer_timeout, sent_, [this](const std::string& instance) {
+                                             std::lock_guard<std::mutex> lock(mu_);
+                                             request_connect(instance);
+                                           });
   pusher_ = std::make_unique<Pusher>(engine_, *remotes_, layout_, regions_, order_, layer_device_, options_, sent_);
   KVB_ASSIGN_OR_RETURN(server_, SideChannelServer::start(sc, identity, hash, std::move(info)));
   // A reader's done is answered with whether the request's blocks were
@@ -430,6 +431,15 @@ void WorkerImpl::send(PeerId peer, const std::string& message) {
   engine_.notify(peer, message, options_.transfer_timeout, [sent = sent_](Status s) {
     if (!s.ok()) sent->add(s);
   });
+}
+
+void WorkerImpl::send_done(PeerId peer, const RequestId& request) {
+  // A lost done would hold the prefill's blocks for a whole lease: it is
+  // sent again until acknowledged (the prefill counts a reader once).
+  resender_->send(peer, reader_message(Message::Kind::kDone, request), Clock::now() + options_.transfer_timeout,
+                  [sent = sent_](Status s, std::string) {
+                    if (!s.ok()) sent->add(s);
+                  });
 }
 
 }  // namespace connector

@@ -37,6 +37,7 @@
 #include "connector/messages.h"
 #include "connector/pusher.h"
 #include "connector/remotes.h"
+#include "connector/resend.h"
 #include "connector/side_channel.h"
 #include "connector/worker_internal.h"
 #include "kvbridge/connector.h"
@@ -230,6 +231,8 @@ class WorkerImpl final : public ConnectorWorker {
   void beat_push_source(const Load& load, size_t k);
 
   void send(PeerId peer, const std::string& message);
+  // A reader's done to `peer`, sent again until acknowledged.
+  void send_done(PeerId peer, const RequestId& request);
 
   // Sleeps until a transfer ends, a notification arrives, a heartbeat is
   // due or a streamed load's deadline passes; ends loads; sends done
@@ -278,14 +281,12 @@ class WorkerImpl final : public ConnectorWorker {
   void finish(Load& load);
 
   // Requires mu_: every stage of a pull load landed. Asks each source read
-  // whether the blocks were held ("done", answered by its engine); the load
-  // ends once all answered (the pump). Returns the done messages to the
-  // sources not read, which only count it.
-  void confirm(Load& load, std::vector<std::pair<PeerId, std::string>>* messages);
-  // Requires mu_: asks source `i` of `load` (its peers[i]) the done.
-  void ask_source(const Load& load, size_t i);
-  // Requires mu_: a source's answer to a load's done; one that timed out is
-  // asked again while the load's deadline allows.
+  // whether the blocks were held ("done", answered by its engine, asked
+  // again while unanswered until the deadline); the load ends once all
+  // answered (the pump). Adds the dones to the sources not read (which
+  // only count it) to `dones`.
+  void confirm(Load& load, std::vector<std::pair<PeerId, RequestId>>* dones);
+  // Requires mu_: a source's answer to a load's done (or why none came).
   void take_answer(Answer& a);
   // The done or heartbeat message of `request`, with this instance's rank
   // count (every rank of it reads its share: what the prefill's hold counts).
@@ -349,6 +350,7 @@ class WorkerImpl final : public ConnectorWorker {
   WorkerStats stats_;
   const std::shared_ptr<SendFailures> sent_ = std::make_shared<SendFailures>();
   const std::shared_ptr<Released> released_ = std::make_shared<Released>();
+  std::unique_ptr<Resender> resender_;    // dones and announcements, sent again when lost
   std::unique_ptr<Announcer> announcer_;  // prefill side of streaming
   std::unique_ptr<Pusher> pusher_;        // prefill side of push mode
   std::thread pump_;

@@ -39,8 +39,9 @@ void WorkerImpl::pump() {
       wake_->poke = false;
     }
     if (notes) drain_notifications();
-    announcer_->retry_due();  // announcements to send again (none most of the time)
+    resender_->retry_due();  // dones and announcements to send again (none most of the time)
     std::vector<std::pair<PeerId, std::string>> messages;
+    std::vector<std::pair<PeerId, RequestId>> dones;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
@@ -85,12 +86,12 @@ void WorkerImpl::pump() {
           // Every byte landed: ok once each source read says its blocks
           // were still the request's (its done's answer).
           if (!load.confirming) {
-            confirm(load, &messages);
+            confirm(load, &dones);
             continue;
           }
           if (!load.unconfirmed.empty() && load.confirm_error.ok()) continue;
         } else if (!load.confirming) {
-          for (PeerId p : load.told) messages.emplace_back(p, reader_message(Message::Kind::kDone, load.request));
+          for (PeerId p : load.told) dones.emplace_back(p, load.request);
         }
         end_load(loads_.find(load.request));
       }
@@ -109,6 +110,7 @@ void WorkerImpl::pump() {
       }
     }
     for (auto& [peer, m] : messages) send(peer, m);
+    for (auto& [peer, request] : dones) send_done(peer, request);
   }
 }
 
@@ -239,36 +241,26 @@ std::string WorkerImpl::reader_message(Message::Kind kind, const RequestId& requ
   return format_message(m);
 }
 
-void WorkerImpl::confirm(Load& load, std::vector<std::pair<PeerId, std::string>>* messages) {
+void WorkerImpl::confirm(Load& load, std::vector<std::pair<PeerId, RequestId>>* dones) {
   load.confirming = true;
   for (size_t i = 0; i < load.peers.size(); ++i) {
-    load.unconfirmed.insert(load.fetched->engines[load.result.sources[i]]);
-    ask_source(load, i);
+    const EngineKey engine = load.fetched->engines[load.result.sources[i]];
+    load.unconfirmed.insert(engine);
+    // Asked again while a try goes unanswered (a lost done), until the
+    // load's deadline. The answer may come on this thread (a peer already
+    // gone): it only queues it for the pump.
+    resender_->send(load.peers[i], reader_message(Message::Kind::kDone, load.request), load.deadline,
+                    [wake = wake_, request = load.request, engine](Status s, std::string answer) {
+                      {
+                        std::lock_guard<std::mutex> lock(wake->mu);
+                        wake->answers.push_back(Answer{request, engine, std::move(s), std::move(answer)});
+                      }
+                      wake->cv.notify_one();
+                    });
   }
-  const std::string done = reader_message(Message::Kind::kDone, load.request);
   for (PeerId p : load.told) {
-    if (std::find(load.peers.begin(), load.peers.end(), p) == load.peers.end()) messages->emplace_back(p, done);
+    if (std::find(load.peers.begin(), load.peers.end(), p) == load.peers.end()) dones->emplace_back(p, load.request);
   }
-}
-
-void WorkerImpl::ask_source(const Load& load, size_t i) {
-  const EngineKey engine = load.fetched->engines[load.result.sources[i]];
-  // A done lost on the way is asked again (each answer is the same, and the
-  // prefill counts a reader once), so an answer waits at most a couple of
-  // heartbeat intervals, and the whole confirmation at most the deadline.
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(load.deadline - Clock::now());
-  const std::chrono::milliseconds timeout =
-      std::clamp(left, std::chrono::milliseconds(1), std::max(2 * options_.heartbeat_interval, kMinAskTimeout));
-  // The answer may come on this thread (a peer already gone): it only
-  // queues it for the pump.
-  engine_.ask(load.peers[i], reader_message(Message::Kind::kDone, load.request), timeout,
-              [wake = wake_, request = load.request, engine](Status s, std::string answer) {
-                {
-                  std::lock_guard<std::mutex> lock(wake->mu);
-                  wake->answers.push_back(Answer{request, engine, std::move(s), std::move(answer)});
-                }
-                wake->cv.notify_one();
-              });
 }
 
 void WorkerImpl::take_answer(Answer& a) {
@@ -276,12 +268,6 @@ void WorkerImpl::take_answer(Answer& a) {
   if (it == loads_.end()) return;
   Load& load = it->second;
   if (!load.confirming || load.unconfirmed.count(a.engine) == 0 || !load.confirm_error.ok()) return;
-  if (a.status.code() == Code::kTimeout && Clock::now() < load.deadline) {
-    for (size_t i = 0; i < load.peers.size(); ++i) {
-      if (load.fetched->engines[load.result.sources[i]] == a.engine) ask_source(load, i);
-    }
-    return;
-  }
   load.unconfirmed.erase(a.engine);
   const std::optional<Message> m = parse_message(a.answer);
   const bool held = a.status.ok() && m && m->kind == Message::Kind::kHeld && m->request == a.request;

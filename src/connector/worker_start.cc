@@ -307,7 +307,7 @@ Status WorkerImpl::start_ready_stages(Load& load) {
 void WorkerImpl::release_sources(const std::string& instance, const RequestId& request) {
   Result<Sources> sources = planned_sources(instance);
   if (!sources.ok()) return;
-  for (PeerId p : sources->peers) send(p, reader_message(Message::Kind::kDone, request));
+  for (PeerId p : sources->peers) send_done(p, request);
 }
 
 // The ranks of `instance` a load of this rank reads from (the fewest, as
