@@ -6,9 +6,11 @@
 // meeting. Give RemoteSync::callback() to Watcher::create(): each added
 // instance of the wanted role is passed to add_remote() and connect() (the
 // handshake runs on the worker's connect thread; nothing here waits on the
-// network). Removals change nothing in the worker: a load from a dead peer
-// fails by the connector's own heartbeats and deadlines, and a router stops
-// choosing an instance the watcher no longer lists.
+// network); a changed one (restarted or moved: other addresses) replaces
+// what the worker knew, so its next loads handshake with the ranks there;
+// a removed one is forgotten (remove_remote(): loads under way keep their
+// ranks, queued ones fail naming it). Every membership change takes the same
+// path as a static add_remote().
 //
 // Thread-safety: the callback runs on the watcher's thread; the accessors
 // may be called from any thread. Ownership: the worker must outlive the

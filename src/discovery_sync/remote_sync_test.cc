@@ -84,6 +84,34 @@ TEST(RemoteSyncTest, ADecodeRankLearnsThePrefillInstanceThroughEtcdAndLoadsByteE
   expect_load_lands(d, "prefill-0");
 }
 
+// An instance that restarts re-registers at other addresses: the worker
+// loads from the new ranks without a restart of its own. One that leaves is
+// forgotten. (The Watcher's events, given directly.)
+TEST(RemoteSyncTest, ARestartedInstanceIsReadAtItsNewAddressesAndARemovedOneIsForgotten) {
+  auto decode = instance(opts("decode-0", 1));
+  Rank& d = *decode[0];
+  RemoteSyncOptions so;
+  so.self = "decode-0";
+  RemoteSync sync(*d.worker, so);
+  {
+    auto first = instance(opts("prefill-0", 2));
+    for (auto& r : first) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
+    sync.on_event(InstanceEvent::kAdded, record_of("prefill-0", first));
+    ASSERT_TRUE(sync.last_error().ok()) << sync.last_error().to_string();
+    expect_load_lands(d, "prefill-0");
+  }
+  auto again = instance(opts("prefill-0", 2));  // the restart: new processes, new ports
+  for (auto& r : again) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
+  sync.on_event(InstanceEvent::kChanged, record_of("prefill-0", again));
+  ASSERT_TRUE(sync.last_error().ok()) << sync.last_error().to_string();
+  ASSERT_TRUE(d.worker->start_load("req-2", "prefill-0", request()).ok());
+  LoadResult r = wait_one(*d.worker);
+  EXPECT_TRUE(r.error.ok()) << r.error.to_string();
+  sync.on_event(InstanceEvent::kRemoved, record_of("prefill-0", again));
+  EXPECT_TRUE(sync.added().empty());
+  EXPECT_EQ(d.worker->start_load("req-3", "prefill-0", request()).code(), Code::kNotFound);
+}
+
 // The connector does not depend on discovery: static addresses, no etcd.
 TEST(RemoteSyncTest, StaticAddressesWorkWithoutEtcd) {
   auto prefill = instance(opts("prefill-0", 2));
