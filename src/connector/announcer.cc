@@ -16,11 +16,10 @@ void SendFailures::add(const Status& s) {
   last_error = s.to_string();
 }
 
-Announcer::Announcer(Engine& engine, Remotes& remotes, Resender& resender, std::vector<std::string> layers,
+Announcer::Announcer(Remotes& remotes, Resender& resender, std::vector<std::string> layers,
                      std::vector<uint8_t> device, std::chrono::milliseconds timeout,
                      std::shared_ptr<SendFailures> failures, std::function<void(const std::string&)> connect)
-    : engine_(engine),
-      remotes_(remotes),
+    : remotes_(remotes),
       resender_(resender),
       layers_(std::move(layers)),
       device_(std::move(device)),

@@ -48,9 +48,9 @@ class Announcer {
   // `layers` is layer_order() of this rank's layout and `device` says which
   // of them are device memory (by ordinal); `timeout` bounds each
   // announcement; `connect` asks for a connect attempt to an instance (it
-  // must not block or call back into this). The engine, `remotes` and
-  // `resender` must outlive this.
-  Announcer(Engine& engine, Remotes& remotes, Resender& resender, std::vector<std::string> layers,
+  // must not block or call back into this). `remotes` and `resender` must
+  // outlive this.
+  Announcer(Remotes& remotes, Resender& resender, std::vector<std::string> layers,
             std::vector<uint8_t> device, std::chrono::milliseconds timeout, std::shared_ptr<SendFailures> failures,
             std::function<void(const std::string&)> connect);
 
@@ -89,7 +89,6 @@ class Announcer {
   // The engine connections to every rank of a connected `instance`.
   Result<std::vector<PeerId>> readers_of(const std::string& instance);
 
-  Engine& engine_;
   Remotes& remotes_;
   Resender& resender_;
   const std::vector<std::string> layers_;
