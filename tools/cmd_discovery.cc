@@ -33,12 +33,14 @@ struct DiscoveryArgs {
   std::vector<std::string> ranks, labels;
   uint32_t protocol = 2;
   uint32_t ttl_s = 10;
+  std::string secret_file;
 };
 
 #if KVB_HAVE_DISCOVERY
 
-EtcdOptions etcd_options(const DiscoveryArgs& a) {
+Result<EtcdOptions> etcd_options(const DiscoveryArgs& a) {
   EtcdOptions o;
+  KVB_ASSIGN_OR_RETURN(o.secret, read_secret(a.secret_file));
   o.endpoint = a.etcd;
   o.prefix = a.prefix;
   o.request_timeout = std::chrono::milliseconds(a.timeout_ms);
@@ -77,11 +79,14 @@ void wait_stop(const sigset_t& set, double duration_s) {
 }
 
 int run_list(const DiscoveryArgs& a) {
-  Result<std::unique_ptr<Watcher>> w = Watcher::create(etcd_options(a));
+  Result<EtcdOptions> o = etcd_options(a);
+  if (!o.ok()) return fail(o.error());
+  Result<std::unique_ptr<Watcher>> w = Watcher::create(*o);
   if (!w.ok()) return fail(w.error());
   for (const auto& [id, r] : (*w)->instances()) std::cout << line(r, a.json) << "\n";
   if ((*w)->invalid_records() > 0) {
-    std::cerr << "kvbridge: " << (*w)->invalid_records() << " invalid records under " << a.prefix << "/instances/\n";
+    std::cerr << "kvbridge: " << (*w)->invalid_records() << " invalid records under " << a.prefix
+              << "/instances/ (the last: " << (*w)->last_invalid().to_string() << ")\n";
   }
   return 0;
 }
@@ -89,7 +94,9 @@ int run_list(const DiscoveryArgs& a) {
 int run_watch(const DiscoveryArgs& a) {
   sigset_t set;
   block_stop_signals(&set);
-  Result<std::unique_ptr<Watcher>> w = Watcher::create(etcd_options(a), [&a](InstanceEvent e, const InstanceRecord& r) {
+  Result<EtcdOptions> o = etcd_options(a);
+  if (!o.ok()) return fail(o.error());
+  Result<std::unique_ptr<Watcher>> w = Watcher::create(*o, [&a](InstanceEvent e, const InstanceRecord& r) {
     std::cout << instance_event_name(e) << " " << line(r, a.json) << std::endl;
   });
   if (!w.ok()) return fail(w.error());
@@ -116,9 +123,11 @@ int run_register(const DiscoveryArgs& a) {
     if (eq == std::string::npos) return fail(Status::invalid_argument("--label '" + l + "' is not key=value"));
     r.labels[l.substr(0, eq)] = l.substr(eq + 1);
   }
+  Result<EtcdOptions> o = etcd_options(a);
+  if (!o.ok()) return fail(o.error());
   sigset_t set;
   block_stop_signals(&set);
-  Result<std::unique_ptr<Registration>> reg = Registration::create(etcd_options(a), r, std::chrono::seconds(a.ttl_s));
+  Result<std::unique_ptr<Registration>> reg = Registration::create(*o, r, std::chrono::seconds(a.ttl_s));
   if (!reg.ok()) return fail(reg.error());
   std::cout << "registered " << (*reg)->key() << " lease " << (*reg)->lease() << " ttl " << a.ttl_s << "s" << std::endl;
   wait_stop(set, a.duration_s);
@@ -137,6 +146,9 @@ Command add_discovery_command(CLI::App& root) {
     s->add_option("--etcd", a->etcd, "etcd's client URL")->capture_default_str();
     s->add_option("--prefix", a->prefix, "key prefix; instances live under <prefix>/instances/")->capture_default_str();
     s->add_option("--timeout-ms", a->timeout_ms, "bound on each call to etcd")->capture_default_str();
+    s->add_option("--secret-file", a->secret_file,
+                  "the deployment's shared secret (else $KVBRIDGE_SECRET): register signs its record, "
+                  "list and watch show only records signed with it");
   };
   CLI::App* list = app->add_subcommand("list", "Print the registered instances, one per line");
   common(list);

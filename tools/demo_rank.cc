@@ -131,6 +131,7 @@ class Rank {
     e.transports = {a.transport};
     e.host = c_.side.host;
     e.secret = w.secret;  // one trust for the side channel, control and data
+    secret_ = w.secret;   // and discovery's records
     e.default_timeout = std::min<std::chrono::milliseconds>(a.transfer_timeout, std::chrono::seconds(5));
     // Faults that slow the copies go to the side that copies (the decode
     // ranks when they pull, the prefill ranks when they push), so that the
@@ -209,6 +210,7 @@ class Rank {
     EtcdOptions o;
     o.endpoint = m.at("etcd").get<std::string>();
     o.prefix = m.at("prefix").get<std::string>();
+    o.secret = secret_;
     const std::string instance = m.at("instance").get<std::string>();
     if (cmd == "register") {
       InstanceRecord r;
@@ -626,6 +628,7 @@ class Rank {
   std::vector<std::span<uint8_t>> spans_;  // the registered memory (device memory with --memory cuda)
   std::vector<std::span<uint8_t>> host_;   // what the content functions read and write (spans_ for host memory)
   std::string engine_name_;                // this rank's engine name
+  std::string secret_;                     // the deployment's (signs and checks etcd records)
   CacheEvictor evictor_;                   // raw()'s
   bool device_ = false;
   int gpu_ = 0;

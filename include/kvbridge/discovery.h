@@ -77,12 +77,21 @@ struct InstanceRecord {
 Status check_instance_record(const InstanceRecord& record);
 // The record as one line of JSON (keys sorted, "format" first among them in
 // meaning only). kInvalidArgument when check_instance_record() fails.
-Result<std::string> instance_record_to_json(const InstanceRecord& record);
+//
+// With a deployment's shared secret (the one its engines and workers hold)
+// the record is signed: a "mac" field, HMAC-SHA256 under the secret over the
+// record's canonical JSON (the line without "mac"), in hex. A watcher given
+// the secret takes only records signed with it, so a writer to etcd without
+// the secret cannot point an instance's name at other addresses.
+Result<std::string> instance_record_to_json(const InstanceRecord& record, std::string_view secret = {});
 // Parses what a peer wrote: at most kMaxInstanceRecordBytes, one object with
-// exactly the fields above (unknown and repeated fields refused), then
-// checked. kResourceExhausted past the size bound, kIncompatible for another
-// "format", kInvalidArgument naming the field otherwise.
-Result<InstanceRecord> parse_instance_record(std::string_view json);
+// exactly the fields above and an optional "mac" (unknown and repeated
+// fields refused), then checked. kResourceExhausted past the size bound,
+// kIncompatible for another "format", kInvalidArgument naming the field
+// otherwise. With a `secret`: kPermissionDenied for a record without a
+// "mac" or whose "mac" is not the record's under that secret. Without one a
+// "mac" is not checked (nothing binds the record then).
+Result<InstanceRecord> parse_instance_record(std::string_view json, std::string_view secret = {});
 
 // ---------------------------------------------------------------------------
 // etcd.
@@ -96,6 +105,10 @@ struct EtcdOptions {
   std::chrono::milliseconds connect_timeout{1000};
   // Each unary call (grant, keepalive, put, range, revoke) ends within this.
   std::chrono::milliseconds request_timeout{3000};
+  // The deployment's shared secret (WorkerOptions::secret), or empty. Set, a
+  // Registration signs its record and a Watcher skips (and counts in
+  // invalid_records()) every record not signed with it.
+  std::string secret;
 };
 
 // `<prefix>/instances/<id>`.
@@ -145,7 +158,8 @@ using InstanceCallback = std::function<void(InstanceEvent event, const InstanceR
 // with backoff (100 ms doubling to 2 s), lists again and reports the
 // difference with what it had, then watches from the new listing.
 // A value under the prefix that is not a valid record whose id is its key's
-// last segment is skipped (and, if its key held a valid record before,
+// last segment (or, with EtcdOptions::secret, is not signed with it) is
+// skipped (and, if its key held a valid record before,
 // reported as kRemoved); invalid_records() counts them.
 //
 // The callback runs on the watcher's thread, one event at a time, in the
@@ -172,6 +186,8 @@ class Watcher {
   // Listings after the first (each reconnect lists again).
   virtual uint64_t resyncs() const = 0;
   virtual uint64_t invalid_records() const = 0;
+  // Why the last skipped record was skipped (naming its key), or OK.
+  virtual Status last_invalid() const = 0;
 };
 
 }  // namespace kvbridge

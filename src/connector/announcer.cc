@@ -16,9 +16,9 @@ void SendFailures::add(const Status& s) {
   last_error = s.to_string();
 }
 
-Announcer::Announcer(Remotes& remotes, Resender& resender, std::vector<std::string> layers,
-                     std::vector<uint8_t> device, std::chrono::milliseconds timeout,
-                     std::shared_ptr<SendFailures> failures, std::function<void(const std::string&)> connect)
+Announcer::Announcer(Remotes& remotes, Resender& resender, std::vector<std::string> layers, std::vector<uint8_t> device,
+                     std::chrono::milliseconds timeout, std::shared_ptr<SendFailures> failures,
+                     std::function<void(const std::string&)> connect)
     : remotes_(remotes),
       resender_(resender),
       layers_(std::move(layers)),

@@ -50,8 +50,8 @@ class Announcer {
   // announcement; `connect` asks for a connect attempt to an instance (it
   // must not block or call back into this). `remotes` and `resender` must
   // outlive this.
-  Announcer(Remotes& remotes, Resender& resender, std::vector<std::string> layers,
-            std::vector<uint8_t> device, std::chrono::milliseconds timeout, std::shared_ptr<SendFailures> failures,
+  Announcer(Remotes& remotes, Resender& resender, std::vector<std::string> layers, std::vector<uint8_t> device,
+            std::chrono::milliseconds timeout, std::shared_ptr<SendFailures> failures,
             std::function<void(const std::string&)> connect);
 
   // As ConnectorWorker's.

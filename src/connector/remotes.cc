@@ -90,7 +90,7 @@ Result<bool> Remotes::add(const std::string& instance, std::vector<std::string> 
   r.addresses = std::move(addresses);
   r.fetched.reset();
   r.peers.clear();
-  ++r.generation;
+  r.generation = ++generations_;
   return true;
 }
 
@@ -107,7 +107,7 @@ void Remotes::invalidate(const std::string& instance, const Fetched* snapshot) {
   if (it == instances_.end() || it->second.fetched.get() != snapshot) return;
   it->second.fetched.reset();
   it->second.peers.clear();
-  ++it->second.generation;
+  it->second.generation = ++generations_;
 }
 
 bool Remotes::stale_locked(const Instance& i) const {
@@ -164,6 +164,16 @@ uint64_t Remotes::handshakes() const {
 }
 
 Result<std::shared_ptr<const Fetched>> Remotes::fetch(const std::string& instance) {
+  // The instance replaced while a handshake ran: once more at the new
+  // addresses (replacements faster than handshakes fail the caller).
+  for (int attempt = 0;; ++attempt) {
+    bool replaced = false;
+    Result<std::shared_ptr<const Fetched>> f = fetch_once(instance, &replaced);
+    if (!replaced || attempt == 2) return f;
+  }
+}
+
+Result<std::shared_ptr<const Fetched>> Remotes::fetch_once(const std::string& instance, bool* replaced) {
   std::vector<std::string> addresses;
   uint64_t generation = 0;
   auto current = [&]() -> Result<std::shared_ptr<const Fetched>> {
@@ -174,7 +184,7 @@ Result<std::shared_ptr<const Fetched>> Remotes::fetch(const std::string& instanc
       // A rank is gone (a restart): the next handshake finds what is there now.
       i.fetched.reset();
       i.peers.clear();
-      ++i.generation;
+      i.generation = ++generations_;
     }
     addresses = i.addresses;
     generation = i.generation;
@@ -231,7 +241,8 @@ Result<std::shared_ptr<const Fetched>> Remotes::fetch(const std::string& instanc
   if (r.generation != generation) {
     // Replaced while this handshake ran: what it found belongs to the old
     // addresses. The caller tries again.
-    return Status::unavailable("remote instance '" + name + "' changed during the handshake; try again");
+    *replaced = true;
+    return Status::unavailable("remote instance '" + name + "' changed during the handshake, three times in a row");
   }
   r.peers.assign(fetched->infos.size(), std::nullopt);
   r.fetched = std::move(fetched);

@@ -104,9 +104,15 @@ class Remotes {
     std::vector<std::string> addresses;
     std::shared_ptr<const Fetched> fetched;
     std::vector<std::optional<PeerId>> peers;
-    uint64_t generation = 0;  // bumped when the addresses change or the snapshot is dropped
-    uint64_t routed = 0;      // an alternate key: when route() last chose it
+    // A value of generations_, new when the addresses change or the snapshot
+    // is dropped: never reused, so a handshake that began before a removal
+    // and an add again cannot store what it found under the new entry.
+    uint64_t generation = 0;
+    uint64_t routed = 0;  // an alternate key: when route() last chose it
   };
+  // One round of fetch(); sets `replaced` when the instance was replaced
+  // meanwhile (what it found is not the instance's now).
+  Result<std::shared_ptr<const Fetched>> fetch_once(const std::string& instance, bool* replaced);
   // Requires mu_: whether a rank of `i`'s snapshot is gone.
   bool stale_locked(const Instance& i) const;
   Engine& engine_;
@@ -119,6 +125,7 @@ class Remotes {
   std::map<std::string, Instance> instances_;  // by key
   uint64_t handshakes_ = 0;
   uint64_t routes_ = 0;
+  uint64_t generations_ = 0;
 };
 
 }  // namespace kvbridge::connector

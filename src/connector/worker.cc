@@ -105,8 +105,8 @@ Status WorkerImpl::init(std::span<const std::span<uint8_t>> tensors) {
         }
         wake->cv.notify_one();
       });
-  announcer_ = std::make_unique<Announcer>(*remotes_, *resender_, order_, layer_device_,
-                                           options_.transfer_timeout, sent_, [this](const std::string& instance) {
+  announcer_ = std::make_unique<Announcer>(*remotes_, *resender_, order_, layer_device_, options_.transfer_timeout,
+                                           sent_, [this](const std::string& instance) {
                                              std::lock_guard<std::mutex> lock(mu_);
                                              request_connect(instance);
                                            });

@@ -9,7 +9,9 @@
 #include <set>
 #include <vector>
 
+#include "common/text.h"
 #include "kvbridge/discovery.h"
+#include "net/session.h"
 
 namespace kvbridge {
 namespace {
@@ -86,15 +88,30 @@ Status check_instance_record(const InstanceRecord& r) {
   return Status();
 }
 
-Result<std::string> instance_record_to_json(const InstanceRecord& r) {
+namespace {
+
+Json unsigned_json(const InstanceRecord& r) {
+  return {{"format", kInstanceRecordFormat},
+          {"id", r.id},
+          {"role", r.role},
+          {"ranks", r.ranks},
+          {"identity", r.identity},
+          {"protocol", r.protocol},
+          {"labels", r.labels}};
+}
+
+// HMAC-SHA256 under the secret over the canonical line (keys sorted, no
+// "mac"), labelled so that no other MAC of the deployment's secret is one.
+std::string record_mac(std::string_view canonical, std::string_view secret) {
+  return to_hex(net::view(net::hmac(secret, {"kvbridge.instance/1 record", canonical})));
+}
+
+}  // namespace
+
+Result<std::string> instance_record_to_json(const InstanceRecord& r, std::string_view secret) {
   KVB_RETURN_IF_ERROR(check_instance_record(r));
-  Json j = {{"format", kInstanceRecordFormat},
-            {"id", r.id},
-            {"role", r.role},
-            {"ranks", r.ranks},
-            {"identity", r.identity},
-            {"protocol", r.protocol},
-            {"labels", r.labels}};
+  Json j = unsigned_json(r);
+  if (!secret.empty()) j["mac"] = record_mac(j.dump(), secret);
   return j.dump();
 }
 
@@ -133,7 +150,7 @@ Result<std::string> string_field(const Json& j, const char* field) {
 
 }  // namespace
 
-Result<InstanceRecord> parse_instance_record(std::string_view text) {
+Result<InstanceRecord> parse_instance_record(std::string_view text, std::string_view secret) {
   if (text.size() > kMaxInstanceRecordBytes) {
     return Status::resource_exhausted("instance record of " + std::to_string(text.size()) + " bytes, more than " +
                                       std::to_string(kMaxInstanceRecordBytes));
@@ -166,7 +183,8 @@ Result<InstanceRecord> parse_instance_record(std::string_view text) {
     return Status::incompatible("instance record format " + shown(format) + " is not " +
                                 std::string(kInstanceRecordFormat) + ", the one this build reads");
   }
-  static const std::set<std::string> kFields = {"format", "id", "role", "ranks", "identity", "protocol", "labels"};
+  static const std::set<std::string> kFields = {"format",   "id",       "role",   "ranks",
+                                                "identity", "protocol", "labels", "mac"};
   for (const auto& [k, v] : j.items()) {
     if (!kFields.contains(k)) return bad(k, "unknown field");
   }
@@ -201,6 +219,20 @@ Result<InstanceRecord> parse_instance_record(std::string_view text) {
     }
   }
   KVB_RETURN_IF_ERROR(check_instance_record(r));
+  auto mac = j.find("mac");
+  if (mac != j.end() && !mac->is_string())
+    return bad("mac", std::string("is a JSON ") + mac->type_name() + ", not a string");
+  if (!secret.empty()) {
+    if (mac == j.end()) {
+      return Status::permission_denied("instance record " + shown(r.id) +
+                                       " is not signed (no 'mac'), and this reader holds the deployment's secret");
+    }
+    const std::string want = record_mac(unsigned_json(r).dump(), secret);
+    if (!net::equal_constant_time(mac->get_ref<const std::string&>(), want)) {
+      return Status::permission_denied("instance record " + shown(r.id) +
+                                       " is not signed with this deployment's secret (its 'mac' does not match)");
+    }
+  }
   return r;
 }
 

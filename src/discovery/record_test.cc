@@ -38,6 +38,43 @@ TEST(InstanceRecordTest, RoundTripsThroughJson) {
   EXPECT_EQ(*back, record());
 }
 
+// Signed with the deployment's secret, a record is taken under it; changed
+// in any field, unsigned, or signed with another secret, it is refused by
+// name. A reader without the secret takes it (nothing binds it then).
+TEST(InstanceRecordTest, ASignedRecordIsTakenOnlyUnderItsSecretAndUnchanged) {
+  const std::string secret = "deployment-secret-0123456789";
+  Result<std::string> json = instance_record_to_json(record(), secret);
+  ASSERT_TRUE(json.ok()) << json.error().to_string();
+  EXPECT_NE(json->find("\"mac\":\""), std::string::npos) << *json;
+  Result<InstanceRecord> back = parse_instance_record(*json, secret);
+  ASSERT_TRUE(back.ok()) << back.error().to_string();
+  EXPECT_EQ(*back, record());
+  EXPECT_TRUE(parse_instance_record(*json).ok()) << "a reader without a secret";
+
+  Result<InstanceRecord> other = parse_instance_record(*json, "another-secret-0123456789");
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.error().code(), Code::kPermissionDenied);
+  EXPECT_NE(other.error().message().find("'prefill-0' is not signed with this deployment's secret"), std::string::npos)
+      << other.error().to_string();
+
+  // The attack: the same signed record pointing the name at other ranks.
+  std::string redirected = *json;
+  redirected.replace(redirected.find("10.0.0.1:7000"), 13, "10.0.0.9:7000");
+  EXPECT_EQ(parse_instance_record(redirected, secret).error().code(), Code::kPermissionDenied);
+  EXPECT_TRUE(parse_instance_record(redirected).ok()) << "unbound without a secret";
+
+  Result<std::string> plain = instance_record_to_json(record());
+  ASSERT_TRUE(plain.ok());
+  Result<InstanceRecord> unsigned_record = parse_instance_record(*plain, secret);
+  ASSERT_FALSE(unsigned_record.ok());
+  EXPECT_EQ(unsigned_record.error().code(), Code::kPermissionDenied);
+  EXPECT_NE(unsigned_record.error().message().find("is not signed (no 'mac')"), std::string::npos);
+  EXPECT_NE(error_of(R"({"format":"kvbridge.instance/1","id":"p","role":"prefill","ranks":["h:1"],)"
+                     R"("identity":"0123456789abcdef","protocol":2,"mac":7})")
+                .find("'mac'"),
+            std::string::npos);
+}
+
 TEST(InstanceRecordTest, LabelsAreOptional) {
   const std::string json =
       R"({"format":"kvbridge.instance/1","id":"d","role":"decode","ranks":["h:1"],"identity":"0123456789abcdef","protocol":1})";

@@ -109,7 +109,7 @@ Result<std::unique_ptr<Registration>> Registration::create(const EtcdOptions& op
   if (ttl < 2s)
     return Status::invalid_argument("registration TTL of " + std::to_string(ttl.count()) +
                                     " s is under etcd's minimum of 2 s");
-  KVB_ASSIGN_OR_RETURN(std::string value, instance_record_to_json(record));
+  KVB_ASSIGN_OR_RETURN(std::string value, instance_record_to_json(record, options.secret));
   auto r = std::make_unique<RegistrationImpl>(options, instance_key(options, record.id), std::move(value), ttl);
   KVB_RETURN_IF_ERROR(r->start());
   return std::unique_ptr<Registration>(std::move(r));

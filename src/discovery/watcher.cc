@@ -3,6 +3,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/text.h"
 #include "discovery/etcd_client.h"
 #include "kvbridge/discovery.h"
 
@@ -23,7 +24,7 @@ struct Change {
 class WatcherImpl final : public Watcher {
  public:
   WatcherImpl(const EtcdOptions& options, InstanceCallback callback)
-      : client_(options), dir_(instance_key(options, "")), callback_(std::move(callback)) {}
+      : client_(options), dir_(instance_key(options, "")), secret_(options.secret), callback_(std::move(callback)) {}
 
   ~WatcherImpl() override {
     {
@@ -75,14 +76,22 @@ class WatcherImpl final : public Watcher {
   }
   uint64_t resyncs() const override { return resyncs_.load(); }
   uint64_t invalid_records() const override { return invalid_.load(); }
+  Status last_invalid() const override {
+    std::lock_guard<std::mutex> l(invalid_mu_);
+    return last_invalid_;
+  }
 
  private:
   // The record under `key`, or nullopt (counted) for one that is not valid
   // or whose id is not its key's last segment.
   std::optional<InstanceRecord> decode(const KeyValue& kv) {
-    Result<InstanceRecord> r = parse_instance_record(kv.value);
+    Result<InstanceRecord> r = parse_instance_record(kv.value, secret_);
     if (!r.ok() || kv.key != dir_ + r->id) {
       invalid_.fetch_add(1);
+      std::lock_guard<std::mutex> l(invalid_mu_);
+      last_invalid_ =
+          (r.ok() ? Status::invalid_argument("instance record '" + r->id + "' is not its key's") : r.error())
+              .with_context("etcd key " + q(printable(kv.key)));
       return std::nullopt;
     }
     return std::move(*r);
@@ -113,7 +122,11 @@ class WatcherImpl final : public Watcher {
     KVB_ASSIGN_OR_RETURN(std::vector<KeyValue> kvs, client_.list(dir_, revision));
     Records now;
     std::vector<Change> ignored;
-    for (const KeyValue& kv : kvs) apply(now, kv.key, decode(kv), &ignored);
+    for (const KeyValue& kv : kvs) {
+      // etcd answers only keys under the prefix asked for; one that lies is
+      // not believed.
+      if (kv.key.starts_with(dir_)) apply(now, kv.key, decode(kv), &ignored);
+    }
     std::lock_guard<std::mutex> l(mu_);
     Records before = records_;
     for (auto& [id, r] : before) {
@@ -181,6 +194,7 @@ class WatcherImpl final : public Watcher {
 
   EtcdClient client_;
   const std::string dir_;  // "<prefix>/instances/"
+  const std::string secret_;
   InstanceCallback callback_;
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;  // records_ changed
@@ -188,6 +202,8 @@ class WatcherImpl final : public Watcher {
   bool stop_ = false;
   Records records_;
   Status health_;
+  mutable std::mutex invalid_mu_;  // after mu_ when both are held
+  Status last_invalid_;
   std::atomic<uint64_t> resyncs_{0}, invalid_{0};
   std::thread thread_;
 };
