@@ -22,6 +22,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import re
 import shutil
 import sys
 import tempfile
@@ -246,8 +247,14 @@ class Leader:
                corrupt: bool = False) -> None:
         """Loads the request's KV, then generates from `first` (None: a streamed load started
         before the prefill finished; the first token follows as a ("first", rid, token) message)."""
+        import kvbridge  # in the instance's process, like the connector
         t0 = time.monotonic()
-        n, _ = self.scheduler.get_num_new_matched_tokens(rid, prompt, 0, params)
+        try:
+            n, _ = self.scheduler.get_num_new_matched_tokens(rid, prompt, 0, params)
+        except kvbridge.Error as e:  # params this instance cannot take: the request is refused
+            code = getattr(e, "code", "") or re.sub(r"(?<!^)(?=[A-Z])", "_", type(e).__name__).lower()
+            self.outbox.put(("failed", rid, "refused", code, str(e)))
+            return
         table = self.alloc.take(self.r.model.blocks_for(len(prompt) + new_tokens))
         self.scheduler.update_state_after_alloc(rid, table, n)
         deadline = time.monotonic() + 30
@@ -468,8 +475,9 @@ def with_fault(prefill: InstanceSpec, decode: InstanceSpec, fault: str) -> Tuple
       kill-decode   decode dies right after it got the request: prefill frees at lease expiry;
       stall         every copy of decode's engines takes 3 s: the load times out (1 s);
       drop-done     decode's done messages are lost: prefill frees at lease expiry;
-      wrong-secret  decode holds another secret: the handshake is refused (decode cannot
-                    reach prefill, so prefill frees at lease expiry);
+      wrong-secret  decode holds another secret: it refuses the prefill's hand-off (its MAC
+                    does not match under decode's secret) before reading, so prefill frees
+                    at lease expiry;
       incompatible  decode's layout names another model: refused, naming the field (the same);
       abort         the request is aborted while it loads (copies take 0.5 s): no byte lands late;
       corrupt-kv    decode changes one value it loaded: the check must see it."""

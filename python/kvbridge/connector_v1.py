@@ -41,7 +41,11 @@ Push (prefill writing into decode's blocks) is not available: every load is a pu
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
+import hmac
+import json
 import threading
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
@@ -217,10 +221,28 @@ def _check_request_id(request_id: Any, what: str) -> str:
     return rid
 
 
-def _check_params(request_id: str, params: Mapping[str, Any], prompt_tokens: int) -> int:
+# What a hand-off's MAC covers: everything a decode instance reads by (where, which blocks, how
+# many tokens, under which request id and incarnation).
+_HANDOFF_FIELDS = ("remote_instance", "remote_addresses", "remote_incarnations", "remote_block_ids",
+                   "remote_num_tokens", "remote_request_id", "remote_tp_size", "stream")
+# Hand-offs a decode instance remembers having loaded (a second request naming one is refused).
+_MAX_HANDOFFS_SEEN = 65536
+
+
+def _handoff_mac(secret: str, params: Mapping[str, Any]) -> str:
+    """HMAC-SHA256 under the deployment's secret over a hand-off's fields (canonical JSON)."""
+    try:
+        body = json.dumps({k: params.get(k) for k in _HANDOFF_FIELDS}, sort_keys=True, separators=(",", ":"),
+                          allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise _fail(f"kv_transfer_params hold a value that is not plain data ({e})") from None
+    return hmac.new(secret.encode(), b"kvbridge.handoff/1\0" + body.encode(), hashlib.sha256).hexdigest()
+
+
+def _check_params(request_id: str, params: Mapping[str, Any], prompt_tokens: int, secret: str = "") -> int:
     """A prefill's kv_transfer_params as a decode instance receives them (through a router, which
-    may forward what a client sent): each value is checked before anything uses it. Returns
-    remote_num_tokens."""
+    may forward what a client sent): each value is checked before anything uses it, and under a
+    secret the hand-off must carry the prefill's MAC over it. Returns remote_num_tokens."""
     for key in ("remote_instance", "remote_addresses", "remote_block_ids", "remote_num_tokens"):
         if key not in params:
             raise _fail(f"request '{request_id}': kv_transfer_params lack '{key}'")
@@ -246,6 +268,18 @@ def _check_params(request_id: str, params: Mapping[str, Any], prompt_tokens: int
                         for i in incarnations):
             raise _fail(f"request '{request_id}': remote_incarnations {incarnations!r} is not one incarnation "
                         f"(16 hex digits) per remote address")
+    if secret:
+        # The prefill signed what it handed off; a router or client without the secret cannot
+        # point a load at other blocks, another request, other addresses or more tokens.
+        mac = params.get("remote_mac")
+        if not isinstance(mac, str):
+            raise _kvb.PermissionDenied(f"connector_v1: request '{request_id}': kv_transfer_params carry no "
+                                        f"remote_mac, and this instance holds the deployment's secret")
+        if not hmac.compare_digest(mac, _handoff_mac(secret, params)):
+            raise _kvb.PermissionDenied(f"connector_v1: request '{request_id}': kv_transfer_params are not the "
+                                        f"hand-off instance '{instance}' signed under this instance's secret "
+                                        f"(remote_mac does not match them: changed on the way, or the two "
+                                        f"instances hold different secrets)")
     return n
 
 
@@ -391,6 +425,8 @@ class SchedulerConnector:
         self._prefill = _kvb.PrefillScheduler(lease=config.lease_s)
         self._decode = _kvb.DecodeScheduler(ranks=config.tp_size, policy=config.failure_policy)
         self._pending: Dict[str, _Pending] = {}
+        # Hand-offs loaded here, oldest first: (instance, its request id, incarnations) -> request.
+        self._handoffs: "collections.OrderedDict[Tuple[str, str, Tuple[str, ...]], str]" = collections.OrderedDict()
         self._meta = ConnectorMetadata()
         self._loading: Dict[str, Set[int]] = {}         # in the DecodeScheduler -> ranks that reported
         self._aborting: Dict[str, Set[int]] = {}        # ranks whose aborted result is due
@@ -436,7 +472,8 @@ class SchedulerConnector:
             if not self.config.consumes:
                 raise _fail(f"request '{request_id}': kv_transfer_params ask to load from a prefill instance, "
                             f"but this instance's role is '{self.config.role}'")
-            remote_tokens = _check_params(request_id, params, len(tokens))
+            remote_tokens = _check_params(request_id, params, len(tokens), self.config.secret)
+            self._claim_handoff(request_id, params)
             return max(remote_tokens - num_computed_tokens, 0), remote_tokens > num_computed_tokens
         return max(hit - num_computed_tokens, 0), False
 
@@ -672,7 +709,23 @@ class SchedulerConnector:
                "stream": bool(params.get("stream_to"))}
         if self._incarnations:
             out["remote_incarnations"] = list(self._incarnations)
+        if self.config.secret:
+            out["remote_mac"] = _handoff_mac(self.config.secret, out)
         return out
+
+    def _claim_handoff(self, request_id: str, params: Mapping[str, Any]) -> None:
+        """One hand-off is loaded by one request: a second request naming the same prefill request
+        of the same instance (a replay of params seen elsewhere) is refused, naming the first."""
+        key = (str(params["remote_instance"]), str(params.get("remote_request_id", request_id)),
+               tuple(params.get("remote_incarnations") or params["remote_addresses"]))
+        owner = self._handoffs.get(key)
+        if owner is not None and owner != request_id:
+            raise _kvb.PermissionDenied(f"connector_v1: request '{request_id}': the hand-off of request "
+                                        f"'{key[1]}' of instance '{key[0]}' is request '{owner}''s, loaded "
+                                        f"already")
+        self._handoffs[key] = request_id
+        while len(self._handoffs) > _MAX_HANDOFFS_SEEN:
+            self._handoffs.popitem(last=False)
 
 
 # ---------------------------------------------------------------------------- worker half
