@@ -1,5 +1,7 @@
 #include "connector/messages.h"
 
+#include <xxhash.h>
+
 #include <charconv>
 
 #include "common/text.h"
@@ -67,7 +69,24 @@ std::string format_message(const Message& m) {
   if (m.kind == Message::Kind::kReady) out += " " + std::string(m.layer);
   if (counted(m.kind) && m.readers > 0) out += " " + std::to_string(m.readers);
   if (staged(m.kind)) out += " " + std::to_string(m.stage) + " " + std::to_string(m.stages);
+  if (m.kind == Message::Kind::kWrote) out += " " + hex16(m.where);
   return out;
+}
+
+uint64_t write_places(const std::vector<TransferItem>& items, bool items_are_reads) {
+  // A sum and an xor of each item's hash: the same for any order of the
+  // same items, and a count so that a repeated pair does not cancel out.
+  uint64_t sum = 0, x = 0;
+  for (const TransferItem& i : items) {
+    const uint64_t v[5] = {items_are_reads ? i.local : i.remote, items_are_reads ? i.local_offset : i.remote_offset,
+                           items_are_reads ? i.remote : i.local, items_are_reads ? i.remote_offset : i.local_offset,
+                           i.bytes};
+    const uint64_t h = XXH3_64bits(v, sizeof v);
+    sum += h;
+    x ^= h;
+  }
+  const uint64_t all[3] = {sum, x, items.size()};
+  return XXH3_64bits(all, sizeof all);
 }
 
 std::optional<Message> parse_message(std::string_view m) {
@@ -113,7 +132,15 @@ std::optional<Message> parse_message(std::string_view m) {
   }
   if (staged(out.kind)) {
     if (rest.size() < 2 || rest[0] != ' ') return std::nullopt;
-    const std::string_view nums = rest.substr(1);
+    std::string_view nums = rest.substr(1);
+    if (out.kind == Message::Kind::kWrote) {
+      // "<stage> <stages> <where>": the last 17 bytes are " " and 16 hex digits.
+      if (nums.size() < 17 || nums[nums.size() - 17] != ' ') return std::nullopt;
+      std::optional<std::string> where = from_hex(nums.substr(nums.size() - 16));
+      if (!where || where->size() != 8) return std::nullopt;
+      for (unsigned char c : *where) out.where = (out.where << 8) | c;
+      nums.remove_suffix(17);
+    }
     const size_t sp = nums.find(' ');
     if (sp == std::string_view::npos || !parse_u32(nums.substr(0, sp), &out.stage) ||
         !parse_u32(nums.substr(sp + 1), &out.stages) || out.stage >= out.stages) {

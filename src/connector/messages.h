@@ -23,8 +23,12 @@
 //   "kvb/1 released <request>"        answers "done": they were released (a
 //                                     lease expired, an abort): reads of them
 //                                     may have seen another request's bytes
-//   "kvb/1 wrote <request> <stage> <stages>"      push: the stage's bytes
-//                                     from this rank landed (sent after them)
+//   "kvb/1 wrote <request> <stage> <stages> <where>"
+//                                     push: the stage's bytes from this rank
+//                                     landed (sent after them); <where> is
+//                                     the writes' places (write_places(), 16
+//                                     hex digits): a decode rank takes the
+//                                     stage only where they are its own plan's
 //   "kvb/1 unwritten <request> <stage> <stages>"  push: they will not
 //   "kvb/1 cancelled <request>"       push: nothing more of it lands
 //
@@ -35,8 +39,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvbridge/connector.h"
+#include "kvbridge/engine.h"
 
 namespace kvbridge::connector {
 
@@ -60,7 +66,14 @@ struct Message {
   std::string event;               // kReady: the producer's event handle (bytes), or empty
   uint32_t stage = 0, stages = 0;  // kWrote, kUnwritten: stage < stages
   uint32_t readers = 0;            // kHeartbeat, kDone: the reading instance's ranks (0: not said)
+  uint64_t where = 0;              // kWrote: write_places() of the stage's writes
 };
+
+// Where a stage's writes go, as one value both sides compute: over each
+// item's (destination region, offset; source region, offset; bytes), in any
+// order. The writer names its items' remote side the destination, the
+// reader (who planned the same stage as reads) its local side.
+uint64_t write_places(const std::vector<TransferItem>& items, bool items_are_reads);
 
 std::string format_message(Message::Kind kind, RequestId request, std::string_view layer = {});
 std::string format_message(const Message& message);
@@ -68,7 +81,7 @@ std::string format_message(const Message& message);
 // check_request_id() refuses, a ready without a layer, an event that is not
 // lower-case hex of at most kMaxEventHandleBytes bytes, a number that is
 // not decimal without leading zeros, a stage not below its count, readers
-// of 0, trailing bytes).
+// of 0, a wrote without its 16-digit <where>, trailing bytes).
 std::optional<Message> parse_message(std::string_view text);
 
 }  // namespace kvbridge::connector

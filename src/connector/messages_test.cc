@@ -88,21 +88,24 @@ TEST(MessagesTest, AnAnnouncementCarriesTheProducersEventHandle) {
 }
 
 // Push mode's messages: a stage and the stage count travel in decimal, the
-// stage below the count, each value with one text.
+// stage below the count, each value with one text; a wrote says where its
+// writes went (16 hex digits).
 TEST(MessagesTest, PushMessagesCarryAStageBelowItsCount) {
   Message w;
   w.kind = Message::Kind::kWrote;
   w.request = "req-1";
   w.stage = 3;
   w.stages = 32;
-  EXPECT_EQ(format_message(w), "kvb/1 wrote req-1 3 32");
+  w.where = 0x0123456789abcdefULL;
+  EXPECT_EQ(format_message(w), "kvb/1 wrote req-1 3 32 0123456789abcdef");
   w.kind = Message::Kind::kUnwritten;
   EXPECT_EQ(format_message(w), "kvb/1 unwritten req-1 3 32");
-  std::optional<Message> m = parse_message("kvb/1 wrote req-1 31 32");
+  std::optional<Message> m = parse_message("kvb/1 wrote req-1 31 32 00000000000000ff");
   ASSERT_TRUE(m);
   EXPECT_EQ(m->kind, Message::Kind::kWrote);
   EXPECT_EQ(m->stage, 31u);
   EXPECT_EQ(m->stages, 32u);
+  EXPECT_EQ(m->where, 0xffu);
   m = parse_message("kvb/1 cancelled req-1");
   ASSERT_TRUE(m);
   EXPECT_EQ(m->kind, Message::Kind::kCancelled);
@@ -110,12 +113,39 @@ TEST(MessagesTest, PushMessagesCarryAStageBelowItsCount) {
   ASSERT_TRUE(m);
   EXPECT_EQ(m->kind, Message::Kind::kCancel);
   EXPECT_EQ(format_message(Message::Kind::kCancel, "r"), "kvb/1 cancel r");
-  for (std::string_view bad : {"kvb/1 wrote req-1", "kvb/1 wrote req-1 3", "kvb/1 wrote req-1 32 32",
-                               "kvb/1 wrote req-1 03 32", "kvb/1 wrote req-1 -1 32", "kvb/1 wrote req-1 1 4294967296",
-                               "kvb/1 wrote req-1 1 2 3", "kvb/1 wrote req-1 1  2", "kvb/1 unwritten req-1 x 2",
-                               "kvb/1 cancel req-1 x", "kvb/1 cancelled", "kvb/1 wrote req-1 +1 2"}) {
+  for (std::string_view bad :
+       {"kvb/1 wrote req-1", "kvb/1 wrote req-1 3", "kvb/1 wrote req-1 32 32 0000000000000000",
+        "kvb/1 wrote req-1 03 32 0000000000000000", "kvb/1 wrote req-1 -1 32 0000000000000000",
+        "kvb/1 wrote req-1 1 4294967296 0000000000000000", "kvb/1 wrote req-1 1 2 3", "kvb/1 wrote req-1 1  2",
+        "kvb/1 wrote req-1 1 2", "kvb/1 wrote req-1 1 2 000000000000000", "kvb/1 wrote req-1 1 2 000000000000000G",
+        "kvb/1 wrote req-1 1 2 00000000000000000", "kvb/1 wrote req-1 1 2 ABCDEF0123456789",
+        "kvb/1 unwritten req-1 x 2", "kvb/1 unwritten req-1 1 2 0000000000000000", "kvb/1 cancel req-1 x",
+        "kvb/1 cancelled", "kvb/1 wrote req-1 +1 2 0000000000000000"}) {
     EXPECT_FALSE(parse_message(bad)) << bad;
   }
+}
+
+// Where a stage's writes went is one value on both sides: the writer's items
+// (remote = the destination) and the reader's plan of the same stage (local
+// = the destination), in any order; another block, offset or length is
+// another value.
+TEST(MessagesTest, WritePlacesAreTheSameForTheWriterAndTheReaderAndNothingElse) {
+  std::vector<TransferItem> writes = {{1, 0, 7, 4096, 256}, {1, 256, 7, 8192, 256}, {2, 0, 8, 0, 64}};
+  std::vector<TransferItem> reads;
+  for (const TransferItem& w : writes) reads.push_back({w.remote, w.remote_offset, w.local, w.local_offset, w.bytes});
+  std::swap(reads[0], reads[2]);
+  EXPECT_EQ(write_places(writes, false), write_places(reads, true));
+  std::vector<TransferItem> elsewhere = writes;
+  elsewhere[1].remote_offset += 5 * 4096;  // another block of the decode rank
+  EXPECT_NE(write_places(elsewhere, false), write_places(reads, true));
+  std::vector<TransferItem> shorter = writes;
+  shorter[2].bytes = 32;
+  EXPECT_NE(write_places(shorter, false), write_places(reads, true));
+  std::vector<TransferItem> doubled = writes;
+  doubled.push_back(writes[0]);
+  doubled.push_back(writes[0]);
+  EXPECT_NE(write_places(doubled, false), write_places(writes, false));
+  EXPECT_NE(write_places({}, false), write_places(writes, false));
 }
 
 TEST(MessagesTest, RequestIdsArePrintableAsciiWithoutSpacesAndBounded) {

@@ -212,6 +212,7 @@ void Pusher::submit_ready(const RequestId& request, Pushed& p) {
       m.request = request;
       m.stage = k;
       m.stages = t.stages;
+      m.where = write_places(st.items, /*items_are_reads=*/false);
       SubmitOptions o;
       o.timeout = options_.transfer_timeout;
       o.notification = format_message(m);

@@ -63,7 +63,8 @@ struct Early {
   EngineKey engine;
   Message::Kind kind;
   uint32_t a = 0, b = 0;
-  std::string event;  // kReady: the producer's event handle, if any
+  std::string event;   // kReady: the producer's event handle, if any
+  uint64_t where = 0;  // kWrote: where the stage's writes went (write_places())
 };
 
 // The prefill side's word on reads: the requests whose blocks the engine

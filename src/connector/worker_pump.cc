@@ -144,7 +144,7 @@ void WorkerImpl::drain_notifications() {
         if (c != cancelling_.end() && c->second.erase(engine) != 0) results_cv_.notify_all();
         continue;
       }
-      Early e{std::move(engine), m->kind, m->stage, m->stages, m->event};
+      Early e{std::move(engine), m->kind, m->stage, m->stages, m->event, m->where};
       if (m->kind == Kind::kReady) {
         auto o = ordinal_.find(std::string(m->layer));
         if (o == ordinal_.end()) continue;
@@ -212,6 +212,21 @@ void WorkerImpl::take(Load& load, const Early& e) {
       load.start_error = Status::io_error("request " + q(load.request) + ": " + load.instance + " rank " +
                                           std::to_string(s) + " could not write stage " + std::to_string(e.a + 1) +
                                           " of " + std::to_string(e.b) + " (its wait_for_save() names the error)");
+    }
+    return;
+  }
+  if (write_places(st.items[s], /*items_are_reads=*/true) != e.where) {
+    // The source wrote this stage to other places than this load's plan
+    // (told other block ids than start_load() named, or another layout):
+    // the blocks this load named were not written, so it fails, naming
+    // both. (Writes outside this rank's grant are refused where the
+    // transport can: docs/security.md.)
+    st.failed = true;
+    if (load.start_error.ok()) {
+      load.start_error = Status::incompatible(
+          "request " + q(load.request) + ": " + load.instance + " rank " + std::to_string(s) + " wrote stage " +
+          std::to_string(e.a + 1) + " of " + std::to_string(e.b) +
+          " to other places than this load's blocks (was it given other block ids than start_load() named?)");
     }
     return;
   }

@@ -96,6 +96,25 @@ TEST(WorkerPushTest, EveryDecodeRankGetsItsBytesWrittenAndReadsNothing) {
   }
 }
 
+// The attack: the prefill pushes request 1 into other decode blocks than
+// the decode's start_load() named (it was told other ids, by a bug or a
+// router). The decode never reports ok a load whose blocks were not
+// written: each stage's "wrote" says where its writes went, and a stage
+// written elsewhere fails the load, naming the rank and the stage.
+TEST(WorkerPushTest, AStageWrittenToOtherBlocksThanTheLoadNamedFailsIt) {
+  Pushing s;
+  s.fill_all();
+  ASSERT_TRUE(s.decode[0]->worker->start_load("1", "prefill", request()).ok());
+  Request elsewhere = request();
+  elsewhere.blocks["full"].local = {3, 2, 1};  // the decode's blocks, in another order
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->push("1", "decode", elsewhere, LoadOptions()).ok());
+  LoadResult r = wait_one(*s.decode[0]->worker);
+  ASSERT_FALSE(r.error.ok()) << "a load whose blocks were written elsewhere reported ok";
+  EXPECT_NE(r.error.message().find("to other places than this load's blocks"), std::string::npos)
+      << r.error.to_string();
+  EXPECT_NE(r.error.message().find("prefill rank"), std::string::npos) << r.error.to_string();
+}
+
 TEST(WorkerPushTest, StreamedEachLayerIsWrittenOnceSavedAndNothingLaterMoves) {
   Pushing s;
   ConnectorWorker& d = *s.decode[0]->worker;
