@@ -167,8 +167,10 @@ class Store {
   // kInvalidArgument for hash_block_tokens == 0 or memory_bytes == 0. Opens
   // the disk tier when one is configured (its errors: an empty directory or
   // zero capacity, kInvalidArgument; the directory held by another Store,
-  // kUnavailable; a directory that cannot be created or read, kIoError). Does
-  // not contact Redis (the first operation connects).
+  // kUnavailable; a directory that cannot be created or read, kIoError; one
+  // that is a symbolic link, of another user, or writable by other users, or
+  // a LOCK that is a link, kPermissionDenied). Asks a shared tier once
+  // (PING), so stats() says from the start when it cannot be reached.
   static Result<std::shared_ptr<Store>> create(StoreOptions options);
   ~Store();
   Store(const Store&) = delete;

@@ -64,6 +64,33 @@ Status write_all(int fd, const uint8_t* p, uint64_t n, const std::string& path) 
   return Status();
 }
 
+// The tier's directory must be the store's alone: a directory (not a link
+// to one), of this process's user, that no other user can write into (who
+// could would swap objects, plant links, or take the lock).
+Status check_own_directory(const std::string& dir) {
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0) {
+    return Status::io_error("disk tier: directory " + q(dir) + ": " + errno_text(errno));
+  }
+  if (S_ISLNK(st.st_mode)) {
+    return Status::permission_denied("disk tier: " + q(dir) +
+                                     " is a symbolic link; give the store the directory itself");
+  }
+  if (!S_ISDIR(st.st_mode)) return Status::invalid_argument("disk tier: " + q(dir) + " is not a directory");
+  if (st.st_uid != ::geteuid()) {
+    return Status::permission_denied("disk tier: directory " + q(dir) + " belongs to uid " + std::to_string(st.st_uid) +
+                                     ", not this process's (" + std::to_string(::geteuid()) +
+                                     "): its owner could change the objects");
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return Status::permission_denied("disk tier: directory " + q(dir) + " has mode " + mode +
+                                     ": other users can write into it (chmod 700)");
+  }
+  return Status();
+}
+
 }  // namespace
 
 DiskTier::DiskTier(DiskOptions options, int lock_fd) : options_(std::move(options)), lock_fd_(lock_fd) {
@@ -82,9 +109,21 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(const DiskOptions& options) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return Status::io_error("disk tier: creating directory " + q(dir) + ": " + errno_text(errno));
   }
+  KVB_RETURN_IF_ERROR(check_own_directory(dir));
   const std::string lock_path = dir + "/LOCK";
-  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::io_error("disk tier: opening " + q(lock_path) + ": " + errno_text(errno));
+  // Never through a link: a LOCK planted as one would have the store
+  // truncate and write whatever it points at.
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    return Status::io_error("disk tier: opening " + q(lock_path) + ": " + errno_text(errno) +
+                            (errno == ELOOP ? " (it is a symbolic link)" : ""));
+  }
+  struct stat lock_st;
+  if (::fstat(fd, &lock_st) != 0 || !S_ISREG(lock_st.st_mode) || lock_st.st_uid != ::geteuid()) {
+    ::close(fd);
+    return Status::permission_denied("disk tier: " + q(lock_path) +
+                                     " is not a regular file of this process's user; remove it");
+  }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char holder[32] = {0};
@@ -117,22 +156,29 @@ Status DiskTier::scan() {
     char name[3];
     std::snprintf(name, sizeof(name), "%02x", sub);
     const std::string d = options_.directory + "/" + name;
-    DIR* dp = ::opendir(d.c_str());
+    // A shard that is a link (or anything but a directory) is not ours: its
+    // target's files are neither read nor deleted.
+    const int dfd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0) {
+      if (errno == ENOENT || errno == ELOOP || errno == ENOTDIR) continue;
+      return Status::io_error("disk tier: reading directory " + q(d) + ": " + errno_text(errno));
+    }
+    DIR* dp = ::fdopendir(dfd);
     if (dp == nullptr) {
-      if (errno == ENOENT) continue;
+      ::close(dfd);
       return Status::io_error("disk tier: reading directory " + q(d) + ": " + errno_text(errno));
     }
     while (const dirent* e = ::readdir(dp)) {
       const std::string_view n(e->d_name);
       if (n == "." || n == "..") continue;
-      const std::string path = d + "/" + std::string(n);
       if (n.find(kTmp) != std::string_view::npos) {
-        if (::unlink(path.c_str()) == 0) ++counters_.removed_temporary;
+        if (::unlinkat(dfd, e->d_name, 0) == 0) ++counters_.removed_temporary;
         continue;
       }
       ObjectKey key;
       struct stat st;
-      if (!parse_name(n, &key) || n.substr(0, 2) != name || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      if (!parse_name(n, &key) || n.substr(0, 2) != name || ::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+          !S_ISREG(st.st_mode)) {
         continue;  // not ours: left alone
       }
       found.push_back(
@@ -206,12 +252,12 @@ bool DiskTier::put(const ObjectKey& key, std::span<const uint8_t> object) {
   const std::string dir = final_path.substr(0, final_path.rfind('/'));
   const std::string tmp = final_path + std::string(kTmp) + std::to_string(seq);
   Status st;
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0 && errno == ENOENT) {
     if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
       st = Status::io_error("disk tier: creating directory " + q(dir) + ": " + errno_text(errno));
     } else {
-      fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     }
   }
   if (st.ok() && fd < 0) st = Status::io_error("disk tier: creating " + q(tmp) + ": " + errno_text(errno));
@@ -251,7 +297,7 @@ int DiskTier::open_for_read(const ObjectKey& key, uint64_t* bytes) {
     *bytes = it->second.bytes;
     lru_.splice(lru_.begin(), lru_, it->second.lru);
   }
-  const int fd = ::open(path(key).c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     std::lock_guard<std::mutex> lock(mu_);
     if (errno != ENOENT) ++counters_.errors;  // ENOENT: evicted since

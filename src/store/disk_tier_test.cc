@@ -143,6 +143,67 @@ TEST(DiskTierTest, ADirectoryHasOneOwnerAtATime) {
   EXPECT_TRUE(DiskTier::open(options(d.path, 1 << 20)).ok()) << "the lock goes with its owner";
 }
 
+// The attacks of a local user who can write where the directory lives: a
+// directory others can write into, one of another user, a link instead of
+// the directory, a LOCK planted as a link to a victim file, a shard that is
+// a link to another directory. Each is refused by name or left alone, and
+// no file outside the directory is written or deleted.
+TEST(DiskTierTest, ADirectoryOthersCanWriteOrLinksIntoItAreRefusedAndNothingOutsideIsTouched) {
+  TempDir d;
+  const std::string store = d.path + "/store";
+  ASSERT_EQ(::mkdir(store.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(store.c_str(), 0777), 0);  // past the umask
+  auto open_writable = DiskTier::open(options(store, 1 << 20));
+  ASSERT_FALSE(open_writable.ok());
+  EXPECT_EQ(open_writable.status().code(), Code::kPermissionDenied);
+  EXPECT_NE(open_writable.status().message().find("has mode 0777: other users can write into it"), std::string::npos)
+      << open_writable.status().to_string();
+  ASSERT_EQ(::chmod(store.c_str(), 0700), 0);
+  ASSERT_EQ(::chown(store.c_str(), 65534, 65534), 0);  // the tests run as root
+  auto foreign = DiskTier::open(options(store, 1 << 20));
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_NE(foreign.status().message().find("belongs to uid 65534"), std::string::npos) << foreign.status().to_string();
+  ASSERT_EQ(::chown(store.c_str(), ::geteuid(), ::getegid()), 0);
+
+  const std::string link = d.path + "/link";
+  ASSERT_EQ(::symlink(store.c_str(), link.c_str()), 0);
+  auto linked = DiskTier::open(options(link, 1 << 20));
+  ASSERT_FALSE(linked.ok());
+  EXPECT_NE(linked.status().message().find("is a symbolic link"), std::string::npos) << linked.status().to_string();
+
+  // A LOCK planted as a link to a victim: refused, the victim unchanged.
+  const std::string victim = d.path + "/victim";
+  { std::ofstream(victim) << "precious"; }
+  ASSERT_EQ(::symlink(victim.c_str(), (store + "/LOCK").c_str()), 0);
+  auto planted = DiskTier::open(options(store, 1 << 20));
+  ASSERT_FALSE(planted.ok());
+  EXPECT_NE(planted.status().message().find("symbolic link"), std::string::npos) << planted.status().to_string();
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "precious");
+  ASSERT_EQ(::unlink((store + "/LOCK").c_str()), 0);
+
+  // A shard that links elsewhere: its target's files are neither served nor
+  // deleted (temporaries included).
+  const std::string elsewhere = d.path + "/elsewhere";
+  ASSERT_EQ(::mkdir(elsewhere.c_str(), 0700), 0);
+  const ObjectKey k = key_of(1);
+  const std::string name = k.text("");
+  const std::vector<uint8_t> obj = object_of(k, 1000, 1);
+  {
+    std::ofstream(elsewhere + "/" + name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(obj.data()), obj.size());
+  }
+  { std::ofstream(elsewhere + "/" + name + ".tmp.7") << "someone's"; }
+  ASSERT_EQ(::symlink(elsewhere.c_str(), (store + "/" + name.substr(0, 2)).c_str()), 0);
+  auto tier = DiskTier::open(options(store, 1 << 20));
+  ASSERT_TRUE(tier.ok()) << tier.status().to_string();
+  EXPECT_FALSE((*tier)->contains(k)) << "an object behind a linked shard is not served";
+  EXPECT_EQ((*tier)->counters().removed_temporary, 0u);
+  EXPECT_TRUE(fs::exists(elsewhere + "/" + name + ".tmp.7"));
+  EXPECT_TRUE(fs::exists(elsewhere + "/" + name));
+}
+
 TEST(DiskTierTest, BadOptionsAreRefusedByName) {
   TempDir d;
   auto empty = DiskTier::open(options("", 1));
