@@ -167,6 +167,33 @@ TEST_F(DiscoveryTest, AChangedRecordIsReportedAsChangedAndAnInvalidOneIsSkipped)
   EXPECT_TRUE(events.wait(InstanceEvent::kRemoved, "d1", 5s));
 }
 
+// Many large records (each near the record bound) add up to more than one
+// answer may be: the listing reads them in pages at one revision, so every
+// record is found, however many there are, and no answer grows with them.
+TEST_F(DiscoveryTest, AListingOfMoreRecordsThanOneAnswerHoldsFindsEveryOne) {
+  discovery::EtcdClient client(options_);
+  const size_t n = 300;  // 300 x 60 KB: 24 MB of base64, past one answer's 16 MiB
+  for (size_t i = 0; i < n; ++i) {
+    InstanceRecord r = record("big-" + std::to_string(i));
+    for (int l = 0; l < 60; ++l) r.labels["l" + std::to_string(l)] = std::string(250, static_cast<char>('a' + l % 26));
+    r.ranks.clear();
+    for (int k = 0; k < 200; ++k) r.ranks.push_back("host-" + std::string(200, 'x') + ":" + std::to_string(7000 + k));
+    Result<std::string> json = instance_record_to_json(r);
+    ASSERT_TRUE(json.ok()) << json.error().to_string();
+    ASSERT_GT(json->size(), 55000u);
+    ASSERT_TRUE(client.put(instance_key(options_, r.id), *json, 0).ok());
+  }
+  int64_t revision = 0;
+  Result<std::vector<discovery::KeyValue>> all = client.list(instance_key(options_, ""), &revision);
+  ASSERT_TRUE(all.ok()) << all.error().to_string();
+  EXPECT_EQ(all->size(), n);
+  EXPECT_GT(revision, 0);
+  Result<std::unique_ptr<Watcher>> w = Watcher::create(options_);
+  ASSERT_TRUE(w.ok()) << w.error().to_string();
+  EXPECT_EQ((*w)->instances().size(), n);
+  EXPECT_EQ((*w)->invalid_records(), 0u) << (*w)->last_invalid().to_string();
+}
+
 TEST_F(DiscoveryTest, AKilledRegistrantsKeyVanishesWithinItsTtl) {
   // The child registers and waits to be killed; nothing revokes its lease.
   // Forked before this process starts any thread of its own.

@@ -14,12 +14,18 @@
 #include <array>
 #include <mutex>
 
+#include "common/text.h"
+
 namespace kvbridge::discovery {
 namespace {
 
-// Bounds on what etcd may send back: a listing of many records, one watch
-// batch of them.
-constexpr size_t kMaxAnswerBytes = size_t{64} << 20;
+// Bounds on what etcd may send back.
+// An answer (a range page, a watch line) is at most this: a page of
+// kListPage records of kMaxInstanceRecordBytes, base64, with room to spare.
+// Parsing it takes a bounded multiple of it.
+constexpr size_t kMaxAnswerBytes = size_t{16} << 20;
+constexpr size_t kListPage = 64;
+constexpr size_t kMaxListKeys = 65536;
 
 constexpr std::string_view kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -224,7 +230,7 @@ Result<Json> EtcdClient::call(std::string_view path, const Json& body) {
   const CURLcode rc = curl_easy_perform(c);
   curl_slist_free_all(headers);
   if (rc != CURLE_OK) {
-    if (rc == CURLE_WRITE_ERROR) return unavailable(path, "answer larger than 64 MiB");
+    if (rc == CURLE_WRITE_ERROR) return unavailable(path, "answer larger than 16 MiB");
     return unavailable(path, error[0] ? error.data() : curl_easy_strerror(rc));
   }
   long http = 0;
@@ -261,17 +267,42 @@ Status EtcdClient::put(const std::string& key, const std::string& value, int64_t
 }
 
 Result<std::vector<KeyValue>> EtcdClient::list(const std::string& prefix, int64_t* revision) {
-  KVB_ASSIGN_OR_RETURN(
-      Json j, call("/v3/kv/range", {{"key", base64_encode(prefix)}, {"range_end", base64_encode(prefix_end(prefix))}}));
-  if (revision) *revision = get_int(j.value("header", Json::object()), "revision");
+  // In pages of kListPage keys, each at the first page's revision (one
+  // snapshot): no answer is larger than a page of records can be, however
+  // many there are, and an etcd that answers more than it was asked for, or
+  // keys outside the range or out of order, is not believed.
+  const std::string end = prefix_end(prefix);
+  std::string from = prefix;
+  int64_t at = 0;
   std::vector<KeyValue> out;
-  auto kvs = j.find("kvs");
-  if (kvs == j.end() || !kvs->is_array()) return out;
-  for (const Json& kv : *kvs) {
-    KVB_ASSIGN_OR_RETURN(std::string key, base64_decode(get_string(kv, "key")));
-    KVB_ASSIGN_OR_RETURN(std::string value, base64_decode(get_string(kv, "value")));
-    out.push_back({std::move(key), std::move(value), get_int(kv, "mod_revision")});
+  for (;;) {
+    Json body = {{"key", base64_encode(from)}, {"range_end", base64_encode(end)}, {"limit", std::to_string(kListPage)}};
+    if (at != 0) body["revision"] = std::to_string(at);
+    KVB_ASSIGN_OR_RETURN(Json j, call("/v3/kv/range", body));
+    if (at == 0) at = get_int(j.value("header", Json::object()), "revision");
+    auto kvs = j.find("kvs");
+    const size_t n = kvs != j.end() && kvs->is_array() ? kvs->size() : 0;
+    if (n > kListPage) {
+      return unavailable("/v3/kv/range",
+                         "answered " + std::to_string(n) + " keys to a page of " + std::to_string(kListPage));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const Json& kv = (*kvs)[i];
+      KVB_ASSIGN_OR_RETURN(std::string key, base64_decode(get_string(kv, "key")));
+      KVB_ASSIGN_OR_RETURN(std::string value, base64_decode(get_string(kv, "value")));
+      if (key < from || key >= end || (!out.empty() && key <= out.back().key)) {
+        return unavailable("/v3/kv/range", "answered a key outside the range asked for, or out of order");
+      }
+      out.push_back({std::move(key), std::move(value), get_int(kv, "mod_revision")});
+    }
+    if (out.size() > kMaxListKeys) {
+      return Status::resource_exhausted("etcd at " + options_.endpoint + ": more than " + std::to_string(kMaxListKeys) +
+                                        " keys under " + q(printable(prefix)));
+    }
+    if (n < kListPage || !j.value("more", false)) break;
+    from = out.back().key + std::string(1, '\0');
   }
+  if (revision) *revision = at;
   return out;
 }
 
@@ -345,7 +376,7 @@ size_t on_watch_bytes(char* data, size_t size, size_t n, void* user) {
   }
   w.buffer.erase(0, start);
   if (w.buffer.size() > kMaxAnswerBytes) {
-    w.status = Status::unavailable(w.where + ": a watch answer larger than 64 MiB");
+    w.status = Status::unavailable(w.where + ": a watch answer larger than 16 MiB");
     return 0;
   }
   return size * n;
