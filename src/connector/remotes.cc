@@ -190,12 +190,16 @@ Result<std::shared_ptr<const Fetched>> Remotes::fetch_once(const std::string& in
     generation = i.generation;
     return i.fetched;
   };
+  std::shared_ptr<std::mutex> round;
   {
     std::lock_guard<std::mutex> lock(mu_);
     KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> f, current());
     if (f) return f;
+    round = instances_.at(instance).round;
   }
-  std::lock_guard<std::mutex> fetch(fetch_mu_);
+  // One handshake round per instance at a time; instances in parallel (a
+  // silent one delays only the loads that need it).
+  std::lock_guard<std::mutex> fetch(*round);
   {
     std::lock_guard<std::mutex> lock(mu_);
     KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> f, current());

@@ -108,7 +108,8 @@ class Remotes {
     // is dropped: never reused, so a handshake that began before a removal
     // and an add again cannot store what it found under the new entry.
     uint64_t generation = 0;
-    uint64_t routed = 0;  // an alternate key: when route() last chose it
+    uint64_t routed = 0;                                                 // an alternate key: when route() last chose it
+    std::shared_ptr<std::mutex> round = std::make_shared<std::mutex>();  // one handshake round at a time
   };
   // One round of fetch(); sets `replaced` when the instance was replaced
   // meanwhile (what it found is not the instance's now).
@@ -121,7 +122,6 @@ class Remotes {
   const std::string identity_;
   const uint64_t hash_;
   mutable std::mutex mu_;
-  std::mutex fetch_mu_;                        // one handshake round at a time
   std::map<std::string, Instance> instances_;  // by key
   uint64_t handshakes_ = 0;
   uint64_t routes_ = 0;

@@ -42,7 +42,9 @@ WorkerImpl::~WorkerImpl() {
   poke();
   // A handshake under way ends within the handshake timeout.
   if (starter_.joinable()) starter_.join();
-  if (connector_.joinable()) connector_.join();
+  for (std::thread& t : connectors_) {
+    if (t.joinable()) t.join();
+  }
   if (pump_.joinable()) pump_.join();
   // No lock held: a transfer's completion callback may run inside cancel().
   for (auto& [id, load] : loads_) {
@@ -140,10 +142,12 @@ Status WorkerImpl::init(std::span<const std::span<uint8_t>> tensors) {
     (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 5);
     start_loop();
   });
-  connector_ = std::thread([this] {
-    set_thread_name("kvb-connect");
-    connect_loop();
-  });
+  for (int i = 0; i < kConnectThreads; ++i) {
+    connectors_.emplace_back([this] {
+      set_thread_name("kvb-connect");
+      connect_loop();
+    });
+  }
   return Status();
 }
 

@@ -1,6 +1,8 @@
-// The worker's connect thread: handshakes with remote instances and
-// connects to their engines, one instance at a time, then hands the loads
-// parked on an instance back to the start thread or fails them.
+// The worker's connect threads: handshake with remote instances and
+// connect to their engines, several instances at once (one attempt per
+// instance at a time), then hand the loads parked on an instance back to
+// the start thread or fail them. A parked load whose transfer timeout
+// passes first fails then (the pump's expire_parked()).
 #include "common/text.h"
 #include "connector/worker_impl.h"
 
@@ -15,9 +17,9 @@ void WorkerImpl::request_connect(const std::string& instance) {
   connects_cv_.notify_one();
 }
 
-// The connect thread: handshakes with instances and connects to their
-// engines, one at a time; then hands the loads parked on one back to the
-// start thread, or fails them with the attempt's error.
+// A connect thread: takes the next instance asked for, handshakes with it
+// and connects to its engines; then hands the loads parked on it back to
+// the start thread, or fails them with the attempt's error.
 void WorkerImpl::connect_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {

@@ -335,6 +335,8 @@ class WorkerImpl final : public ConnectorWorker {
   // unreachable (`why`), naming the hand-off's incarnations and how the
   // instance answers elsewhere.
   Status unreachable(const Job& job, const Status& why) const;
+  // Requires mu_: fails the parked loads whose transfer timeout passed.
+  void expire_parked(Clock::time_point now);
   std::map<RequestId, Queued> queued_;
   std::map<RequestId, uint64_t> abandoned_;  // aborted while queued (-> gen): owed a done to its sources
   uint64_t queued_gen_ = 0;
@@ -345,7 +347,11 @@ class WorkerImpl final : public ConnectorWorker {
   std::condition_variable connects_cv_;
   std::set<std::string> connecting_;              // connect() attempts under way
   std::map<std::string, Status> connect_errors_;  // the last attempt's outcome
-  std::thread starter_, connector_;
+  std::thread starter_;
+  // Connect attempts run on these, one instance each at a time, so that a
+  // silent instance (a bogus record, a dead host) delays only its own loads.
+  static constexpr int kConnectThreads = 4;
+  std::vector<std::thread> connectors_;
   std::vector<LoadResult> results_;
   std::vector<ReaderEvent> events_;
   WorkerStats stats_;

@@ -22,6 +22,9 @@ void WorkerImpl::pump() {
       for (const auto& [id, load] : loads_) {
         if ((load.unsubmitted > 0 || load.confirming) && !load.expired) wake_at = std::min(wake_at, load.deadline);
       }
+      for (const auto& [instance, jobs] : parked_) {
+        for (const Job& job : jobs) wake_at = std::min(wake_at, job.called + options_.transfer_timeout);
+      }
     }
     std::vector<Wakeups::Ended> ended;
     std::vector<Wakeups::Lost> lost;
@@ -68,6 +71,7 @@ void WorkerImpl::pump() {
       }
       for (Answer& a : answers) take_answer(a);
       const Clock::time_point now = Clock::now();
+      expire_parked(now);
       for (auto it = loads_.begin(); it != loads_.end();) {
         Load& load = (it++)->second;
         if (load.confirming && !load.unconfirmed.empty() && load.confirm_error.ok() && now >= load.deadline) {
@@ -180,6 +184,29 @@ void WorkerImpl::drain_notifications() {
     // A cancel from a rank of an instance not fetched yet: fetch them, then answer.
     std::lock_guard<std::mutex> lock(mu_);
     for (const std::string& instance : remotes_->unfetched()) request_connect(instance);
+  }
+}
+
+// Requires mu_: loads still waiting for their instance's connect attempt
+// when their transfer timeout passed fail now, naming it (the attempt goes
+// on for the loads after them). Aborted ones stay: the attempt's end
+// settles what they owe their sources.
+void WorkerImpl::expire_parked(Clock::time_point now) {
+  for (auto& [instance, jobs] : parked_) {
+    for (auto j = jobs.begin(); j != jobs.end();) {
+      auto qd = queued_.find(j->request);
+      if (now < j->called + options_.transfer_timeout || qd == queued_.end() || qd->second.gen != j->gen) {
+        ++j;
+        continue;
+      }
+      queued_.erase(qd);
+      end_queued(j->request, j->blocks.skip_tokens,
+                 Status::timeout("request " + q(j->request) + ": " + Remotes::instance_of(instance) +
+                                 " was still being connected to (its handshake) when the load's " +
+                                 std::to_string(options_.transfer_timeout.count()) + " ms transfer timeout passed"),
+                 false);
+      j = jobs.erase(j);
+    }
   }
 }
 

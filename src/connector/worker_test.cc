@@ -288,6 +288,68 @@ TEST(WorkerTest, ASilentPeerNeverHoldsUpTheCaller) {
   ::close(fd);
 }
 
+// The attack: records (from etcd or params) naming instances at silent
+// ports. Connect attempts run in parallel, so they delay only their own
+// loads: a real prefill's load lands while three silent instances are being
+// handshaken; and a load parked for a silent instance fails at its transfer
+// timeout, not after the handshake's.
+TEST(WorkerTest, SilentInstancesDelayOnlyTheirOwnLoadsAndParkedLoadsKeepTheirTimeout) {
+  std::vector<int> fds;
+  std::vector<std::string> silent;
+  for (int i = 0; i < 3; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    ASSERT_EQ(::listen(fd, 16), 0);  // never accepted: connects complete, nothing answers
+    socklen_t len = sizeof(a);
+    ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    fds.push_back(fd);
+    silent.push_back("127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  }
+  auto prefill = instance(opts("prefill", 2));
+  for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
+  InstanceOptions o = opts("decode", 1);
+  o.worker.handshake_timeout = 5000ms;
+  o.worker.transfer_timeout = 1500ms;
+  auto decode = instance(o);
+  ConnectorWorker& d = *decode[0]->worker;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {
+    const std::string name = "bogus-" + std::to_string(i);
+    ASSERT_TRUE(d.add_remote(name, {silent[i]}).ok());
+    ASSERT_TRUE(d.start_load("s" + std::to_string(i), name, request()).ok());
+  }
+  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+  ASSERT_TRUE(d.start_load("real", "prefill", request()).ok());
+  std::map<RequestId, std::pair<LoadResult, double>> results;
+  while (results.size() < 4 && std::chrono::steady_clock::now() - t0 < 10s) {
+    for (LoadResult& r : d.take_results()) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const RequestId id = r.request;
+      results[id] = {std::move(r), s};
+    }
+    d.wait_results(10ms);
+  }
+  for (auto& [k, v] : results)
+    std::printf("[ measured ] %s ended after %.2f s: %s\n", k.c_str(), v.second, v.first.error.to_string().c_str());
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_TRUE(results["real"].first.error.ok()) << results["real"].first.error.to_string();
+  EXPECT_LT(results["real"].second, 1.5) << "the real load waited behind the silent instances' handshakes";
+  for (int i = 0; i < 3; ++i) {
+    const auto& [r, s] = results["s" + std::to_string(i)];
+    EXPECT_EQ(r.error.code(), Code::kTimeout) << r.error.to_string();
+    EXPECT_NE(r.error.message().find("transfer timeout passed"), std::string::npos) << r.error.to_string();
+    EXPECT_LT(s, 3.5) << "a parked load outlived its 1.5 s transfer timeout by far";
+  }
+  Result<ContentReport> c = check_request(decode[0]->layout, request(), RequestSide::kLocal, 0, 11, decode[0]->spans);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->bad_cells, 0u);
+  for (int fd : fds) ::close(fd);
+}
+
 // A load aborted before it started (queued behind its instance's
 // handshake) reads nothing, yet the prefill ranks it would have read hold
 // its blocks: once connected, the worker tells each of them it is done, so
