@@ -5,7 +5,16 @@
 // migrated while it is read (ASK, then MOVED), a master killed mid-run
 // (misses while it fails over, never wrong bytes, then hits again from the
 // promoted replica), and a cluster that cannot be reached (misses, at once).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <functional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -311,6 +320,165 @@ TEST(ClusterRefusalTest, KeysStillRefusedAfterTheRetriesAreErrorsThatSayWhy) {
   EXPECT_NE(st.redis_last_error.find("4 of 4 keys unanswered after 4 rounds; last reply: CLUSTERDOWN"),
             std::string::npos)
       << st.redis_last_error;
+}
+
+// A listening socket on a loopback port; `accepting` false: connects
+// complete (the backlog) and nothing ever answers.
+struct Listening {
+  int fd = -1;
+  uint16_t port = 0;
+  Listening() {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(::listen(fd, 64), 0);
+    socklen_t len = sizeof(a);
+    EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    port = ntohs(a.sin_port);
+  }
+  ~Listening() { ::close(fd); }
+  bool accepted_any() const { return ::accept(fd, nullptr, nullptr) >= 0; }
+};
+
+// A cluster node that lies: CLUSTER SLOTS answers `slots` (RESP), PING
+// answers PONG, and every keyed command MOVED to 127.0.0.1:`moved_to`.
+class LyingNode {
+ public:
+  LyingNode(std::function<std::string(uint16_t self)> slots, uint16_t moved_to)
+      : slots_(std::move(slots)), moved_to_(moved_to), thread_([this] { serve(); }) {}
+  ~LyingNode() {
+    stop_.store(true);
+    thread_.join();
+  }
+  uint16_t port() const { return at_.port; }
+
+ private:
+  void serve() {
+    while (!stop_.load()) {
+      pollfd p{at_.fd, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const int c = ::accept(at_.fd, nullptr, nullptr);
+      if (c < 0) continue;
+      std::string in;
+      char buf[65536];
+      while (!stop_.load()) {
+        pollfd q{c, POLLIN, 0};
+        if (::poll(&q, 1, 20) < 0) break;
+        if (q.revents == 0) continue;
+        const ssize_t n = ::recv(c, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        in.append(buf, static_cast<size_t>(n));
+        std::vector<std::string> args;
+        while (take_command(in, &args)) {
+          std::string reply = "+OK\r\n";
+          if (!args.empty() && (args[0] == "PING" || args[0] == "ping")) {
+            reply = "+PONG\r\n";
+          } else if (args.size() >= 2 && (args[0] == "CLUSTER" || args[0] == "cluster")) {
+            reply = slots_(at_.port);
+          } else if (args.size() >= 2) {
+            reply = "-MOVED " + std::to_string(redis_key_slot(args[1])) + " 127.0.0.1:" + std::to_string(moved_to_) +
+                    "\r\n";
+          }
+          (void)!::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+        }
+      }
+      ::close(c);
+    }
+  }
+  // One whole RESP command (*<argc>, then $<len> and the bytes each) off the
+  // front of `in`; false when it has not all arrived.
+  static bool take_command(std::string& in, std::vector<std::string>* args) {
+    args->clear();
+    size_t eol = in.find("\r\n");
+    if (in.empty() || in[0] != '*' || eol == std::string::npos) return false;
+    const long argc = std::strtol(in.c_str() + 1, nullptr, 10);
+    size_t at = eol + 2;
+    for (long k = 0; k < argc; ++k) {
+      const size_t e = in.find("\r\n", at);
+      if (e == std::string::npos) return false;
+      const size_t len = std::strtoul(in.c_str() + at + 1, nullptr, 10);
+      if (in.size() < e + 2 + len + 2) return false;
+      args->push_back(in.substr(e + 2, len));
+      at = e + 2 + len + 2;
+    }
+    in.erase(0, at);
+    return true;
+  }
+  Listening at_;
+  std::function<std::string(uint16_t)> slots_;
+  uint16_t moved_to_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+std::string one_range(uint32_t first, uint32_t last, uint16_t port) {
+  return "*3\r\n:" + std::to_string(first) + "\r\n:" + std::to_string(last) +
+         "\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + std::to_string(port) + "\r\n";
+}
+
+std::vector<std::string> cluster_keys(int n) {
+  std::vector<std::string> keys;
+  for (int k = 0; k < n; ++k) keys.push_back("kvb1:{" + std::to_string(k) + "}");
+  return keys;
+}
+
+// A node that lies: it serves every slot by its own map, and answers every
+// key with MOVED to some other host:port. The tier does not follow a
+// redirect to a node the map does not name: nothing connects to the trap,
+// and the keys are misses whose error says why.
+TEST(ClusterRedirectTest, ARedirectToANodeTheMapDoesNotNameIsNotFollowed) {
+  Listening trap;
+  LyingNode liar([](uint16_t self) { return "*1\r\n" + one_range(0, 16383, self); }, trap.port);
+  RedisOptions o;
+  o.port = liar.port();
+  o.cluster = true;
+  o.retry_interval = 400ms;
+  store_internal::ClusterTier tier(o);
+  for (uint8_t g : tier.exists(cluster_keys(8))) EXPECT_EQ(g, 0);
+  EXPECT_FALSE(trap.accepted_any()) << "the tier connected to the host:port a node redirected it to";
+  const store_internal::RedisCounters c = tier.counters();
+  EXPECT_EQ(c.redirects, 0u);
+  EXPECT_NE(c.last_error.find("a redirect to 127.0.0.1:" + std::to_string(trap.port) +
+                              ", which the cluster's slot map does not name"),
+            std::string::npos)
+      << c.last_error;
+}
+
+// A slot map over many silent nodes: one operation over keys of all of them
+// ends within its deadline (twice a node's connect and command timeouts),
+// not after a timeout per node; the keys not tried are misses that say so.
+TEST(ClusterRedirectTest, AnOperationOverManySilentNodesEndsWithinItsDeadline) {
+  std::vector<std::unique_ptr<Listening>> silent(16);
+  for (auto& l : silent) l = std::make_unique<Listening>();
+  LyingNode seed(
+      [&](uint16_t) {
+        std::string r = "*" + std::to_string(silent.size()) + "\r\n";
+        for (size_t i = 0; i < silent.size(); ++i) {
+          r += one_range(static_cast<uint32_t>(i * 1024), static_cast<uint32_t>(i * 1024 + 1023), silent[i]->port);
+        }
+        return r;
+      },
+      0);
+  RedisOptions o;
+  o.port = seed.port();
+  o.cluster = true;
+  o.connect_timeout = 100ms;
+  o.command_timeout = 400ms;  // a deadline of 1 s for the operation; 16 nodes x 0.4 s without it
+  o.retry_interval = 10s;
+  store_internal::ClusterTier tier(o);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint8_t g : tier.exists(cluster_keys(256))) EXPECT_EQ(g, 0);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[ measured ] exists over 16 silent nodes: %.2f s\n", s);
+  EXPECT_LT(s, 3.0);
+  // The stats name why: a silent master (which explains more), or the deadline.
+  const std::string why = tier.counters().last_error;
+  EXPECT_TRUE(why.find("no progress within the command timeout") != std::string::npos ||
+              why.find("ms deadline passed") != std::string::npos)
+      << why;
+  EXPECT_GT(tier.counters().errors, 0u);
 }
 
 TEST(ClusterUnreachableTest, AClusterThatCannotBeReachedIsMissesAtOnce) {

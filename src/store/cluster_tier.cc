@@ -2,6 +2,7 @@
 #include "store/cluster_tier.h"
 
 #include <algorithm>
+#include <set>
 #include <thread>
 
 namespace kvbridge::store_internal {
@@ -13,6 +14,9 @@ constexpr int kRounds = 4;
 // answers at a failed master's address (a restart, another server) would
 // otherwise keep its slots, as it never fails.
 constexpr std::chrono::milliseconds kMapLifetime{2000};
+// A slot map naming more nodes than this is not believed (Redis Cluster
+// recommends at most about 1,000 nodes).
+constexpr size_t kMaxNodes = 1024;
 
 std::string address(const std::string& host, uint16_t port) { return host + ":" + std::to_string(port); }
 
@@ -62,12 +66,16 @@ bool ClusterTier::refresh(bool force, std::chrono::milliseconds older_than) {
   for (RedisTier* n : ask) {
     Result<std::vector<SlotRange>> map = n->cluster_slots();
     if (!map.ok() || map->empty()) continue;
+    std::set<std::string> members = {address(options_.host, options_.port)};
+    for (const SlotRange& r : *map) members.insert(address(r.host, r.port));
+    if (members.size() > kMaxNodes) continue;  // not a map this tier believes
     std::lock_guard<std::mutex> lock(mu_);
     slots_.fill(nullptr);
     for (const SlotRange& r : *map) {
       RedisTier* owner = node_locked(r.host, r.port);
       for (uint32_t s = r.first; s <= r.last; ++s) slots_[s] = owner;
     }
+    members_ = std::move(members);
     mapped_ = true;
     ++updates_;
     return true;
@@ -96,7 +104,13 @@ void ClusterTier::run(size_t n, const std::function<uint16_t(size_t)>& slot_of, 
   std::vector<size_t> pending(n);
   for (size_t i = 0; i < n; ++i) pending[i] = i;
   std::string last_refusal;  // the latest CLUSTERDOWN/TRYAGAIN reply
-  for (int round = 0; round < kRounds && !pending.empty(); ++round) {
+  std::string stranger;      // the latest redirect to a node the map does not name
+  // The operation as a whole ends within about two nodes' timeouts, however
+  // many nodes the map names and however many of them are silent: keys of
+  // nodes not tried by then are misses (or are not written).
+  const auto deadline = std::chrono::steady_clock::now() + 2 * (options_.connect_timeout + options_.command_timeout);
+  bool late = false;
+  for (int round = 0; round < kRounds && !pending.empty() && !late; ++round) {
     // Split by owner, in key order within each node.
     std::map<RedisTier*, std::vector<size_t>> by_node;
     for (size_t i : pending) {
@@ -115,6 +129,15 @@ void ClusterTier::run(size_t n, const std::function<uint16_t(size_t)>& slot_of, 
           continue;
         }
         std::lock_guard<std::mutex> lock(mu_);
+        if (!members_.contains(address(r.host, r.port))) {
+          // Only to nodes of the cluster (its map, read from the seed): a
+          // node cannot send keys to any host:port. The map is read again
+          // (the node may be new); until it names the target the key waits.
+          stranger = address(r.host, r.port);
+          moved = true;
+          again.push_back(i);
+          continue;
+        }
         ++redirects_;
         RedisTier* target = node_locked(r.host, r.port);
         if (r.kind == Redirect::kMoved) {
@@ -127,12 +150,22 @@ void ClusterTier::run(size_t n, const std::function<uint16_t(size_t)>& slot_of, 
       }
     };
     for (auto& [node, indices] : by_node) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        late = true;
+        again.insert(again.end(), indices.begin(), indices.end());
+        continue;
+      }
       std::vector<Redirect> redirects;
       op(*node, indices, &redirects, false);
       follow(indices, redirects);
       if (node->down()) node_down = true;
     }
     for (auto& [node, indices] : ask) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        late = true;
+        again.insert(again.end(), indices.begin(), indices.end());
+        continue;
+      }
       std::vector<Redirect> redirects;
       op(*node, indices, &redirects, true);
       for (const Redirect& r : redirects) again.push_back(indices[r.index]);  // moved on again: next round
@@ -163,9 +196,15 @@ void ClusterTier::run(size_t n, const std::function<uint16_t(size_t)>& slot_of, 
     // nothing of why).
     std::lock_guard<std::mutex> lock(mu_);
     unanswered_ += pending.size();
-    unanswered_error_ = "redis cluster: " + std::to_string(pending.size()) + " of " + std::to_string(n) +
-                        " keys unanswered after " + std::to_string(kRounds) +
-                        " rounds; last reply: " + (last_refusal.empty() ? std::string("MOVED or ASK") : last_refusal);
+    std::string why = last_refusal.empty() ? std::string("MOVED or ASK") : last_refusal;
+    if (!stranger.empty()) why = "a redirect to " + stranger + ", which the cluster's slot map does not name";
+    unanswered_error_ =
+        "redis cluster: " + std::to_string(pending.size()) + " of " + std::to_string(n) + " keys unanswered " +
+        (late ? "when the operation's " +
+                    std::to_string((2 * (options_.connect_timeout + options_.command_timeout)).count()) +
+                    " ms deadline passed"
+              : "after " + std::to_string(kRounds) + " rounds") +
+        "; last reply: " + why;
   }
 }
 

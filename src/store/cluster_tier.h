@@ -23,6 +23,12 @@
 // target with ASKING first, and those answered CLUSTERDOWN or TRYAGAIN after
 // a short pause, up to 4 rounds; a key still unanswered then is a miss (or is
 // not written), counted as an error with the last refusal as the reason.
+// A redirect is followed only to a node the slot map names (read from the
+// seed): one to any other host:port makes the map be read again, and is
+// not followed until the map names it. An operation ends within twice a
+// node's connect and command timeouts whatever the map: keys of the nodes
+// not tried by then are misses.
+// A map that names more than 1,024 nodes is not believed.
 // Keys of a master that is down are misses until the map names another node
 // for their slot. So a failover costs the misses of the failover window and
 // never a hang: each node's operations keep their timeouts and the retry
@@ -38,6 +44,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -82,6 +89,7 @@ class ClusterTier final : public SharedTier {
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<RedisTier>> nodes_;
   std::map<std::string, RedisTier*> by_address_;
+  std::set<std::string> members_;  // the seed and the nodes the last map named: where redirects may go
   std::array<RedisTier*, 16384> slots_{};
   bool mapped_ = false;
   std::chrono::steady_clock::time_point refreshed_at_{};
