@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -422,6 +423,57 @@ TEST_F(RedisStoreTest, AnAssembledObjectCarriesTheChecksumRedisWroteAndACorruptO
   auto rd = ranks(d, 1, 16);
   EXPECT_EQ(get_all(rd, t, 64, 5), 0u);
   EXPECT_EQ(d->stats().redis_bad_objects, 2u) << "the uncheckable first block's and the corrupt second's";
+}
+
+// A server that answers a GET with a large value one byte at a time, each
+// byte within the command timeout: the get fails once the reply is older
+// than the command timeout and slower than the least rate, not after hours.
+TEST(RedisTrickleTest, AReplyTrickledByteByByteFailsSoonAfterTheCommandTimeout) {
+  const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(ls, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(ls, 4), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  std::atomic<bool> stop{false};
+  std::thread server([&] {
+    const int c = ::accept(ls, nullptr, nullptr);
+    if (c < 0) return;
+    char buf[4096];
+    (void)!::recv(c, buf, sizeof buf, 0);  // the GET
+    const std::string head = "$1000000\r\n";
+    (void)!::send(c, head.data(), head.size(), MSG_NOSIGNAL);
+    while (!stop.load() && ::send(c, "x", 1, MSG_NOSIGNAL) == 1)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ::close(c);
+  });
+  RedisOptions o;
+  o.port = ntohs(a.sin_port);
+  o.command_timeout = std::chrono::milliseconds(500);
+  store_internal::RedisTier tier(o);
+  struct Sink : store_internal::GetSink {
+    std::vector<uint8_t> got;
+    int finished = 0;
+    uint8_t* buffer(size_t, uint64_t bytes) override {
+      got.resize(bytes);
+      return got.data();
+    }
+    void received(size_t, uint64_t, uint64_t) override {}
+    void done(size_t) override { ++finished; }
+  } sink;
+  const std::vector<std::string> keys = {"k"};
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(tier.get(keys, sink));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stop.store(true);
+  server.join();
+  ::close(ls);
+  EXPECT_EQ(sink.finished, 0);
+  EXPECT_LT(s, 2.0) << "a trickled reply held the get";
+  EXPECT_NE(tier.counters().last_error.find("slower than 1024 KiB/s"), std::string::npos) << tier.counters().last_error;
 }
 
 }  // namespace

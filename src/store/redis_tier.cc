@@ -187,6 +187,10 @@ void RedisTier::io_failed_locked(ssize_t n, int err) {
 }
 
 bool RedisTier::connect_locked() {
+  // Each operation (or pipelined batch of one) starts here: its clock for
+  // the least rate a reply must keep (fill_locked()).
+  op_start_ = std::chrono::steady_clock::now();
+  op_bytes_ = 0;
   if (ctx_) return true;
   if (std::chrono::steady_clock::now() < down_until_) {
     ++counters_.skipped;
@@ -500,13 +504,29 @@ bool RedisTier::fill_locked() {
   for (;;) {
     const ssize_t n = ::recv(ctx_->fd, in_.data() + in_tail_, in_.size() - in_tail_, 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {  // 0: closed; EAGAIN: SO_RCVTIMEO expired
-      io_failed_locked(n, errno);
-      return false;
-    }
+    if (!received_locked(n)) return false;
     in_tail_ += static_cast<size_t>(n);
     return true;
   }
+}
+
+bool RedisTier::received_locked(ssize_t n) {
+  if (n <= 0) {  // 0: closed; EAGAIN: SO_RCVTIMEO expired
+    io_failed_locked(n, errno);
+    return false;
+  }
+  // A server that sends a byte now and then (within the command timeout
+  // each time) must not hold an operation for ever: past the command
+  // timeout, a reply slower than kMinReplyBytesPerSecond fails.
+  op_bytes_ += static_cast<uint64_t>(n);
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - op_start_).count();
+  if (elapsed * 1000 > static_cast<double>(options_.command_timeout.count()) &&
+      static_cast<double>(op_bytes_) < static_cast<double>(kMinReplyBytesPerSecond) * elapsed) {
+    io_error_ = "the reply came slower than " + std::to_string(kMinReplyBytesPerSecond >> 10) + " KiB/s (" +
+                std::to_string(op_bytes_) + " bytes in " + std::to_string(static_cast<int>(elapsed * 1000)) + " ms)";
+    return false;
+  }
+  return true;
 }
 
 bool RedisTier::read_line_locked(std::string_view* line) {
@@ -536,7 +556,7 @@ bool RedisTier::read_value_locked(size_t i, uint64_t bytes, GetSink& sink) {
       if (dst != nullptr && left >= kDirectBytes) {
         const ssize_t n = ::recv(ctx_->fd, dst + got, std::min(left, kChunkBytes), 0);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return false;
+        if (!received_locked(n)) return false;
         sink.received(i, got, static_cast<uint64_t>(n));
         got += static_cast<uint64_t>(n);
         continue;

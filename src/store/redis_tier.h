@@ -147,7 +147,15 @@ class RedisTier final : public SharedTier {
   redisContext* ctx_ = nullptr;
   std::chrono::steady_clock::time_point down_until_{};
   RedisCounters counters_;
+  // Requires mu_: `n` bytes (recv's result) of the operation's reply came;
+  // false (io_error_ says why) for a failed recv or a reply too slow.
+  bool received_locked(ssize_t n);
   std::string io_error_;  // why the last socket call failed; read by fail_locked()
+  // The least rate of a reply once an operation is older than the command
+  // timeout (a trickling server fails then).
+  static constexpr uint64_t kMinReplyBytesPerSecond = uint64_t{1} << 20;
+  std::chrono::steady_clock::time_point op_start_;  // of the operation under way (connect_locked())
+  uint64_t op_bytes_ = 0;                           // received since op_start_
   // get()'s read buffer: [in_head_, in_tail_) is unread.
   std::vector<uint8_t> in_;
   size_t in_head_ = 0, in_tail_ = 0;
