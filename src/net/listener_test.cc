@@ -289,6 +289,51 @@ TEST(ListenerTest, DialAndOpenTriesAgainWhenClosedUnanswered) {
   EXPECT_EQ(accepted.load(), 3);
   EXPECT_EQ(d->opened.payload, "welcome");
 
+  // With a secret the opening has rounds: a connection reset after the
+  // server's challenge (as a listener under churn does to one that got
+  // least far) is tried again too, and the third try opens.
+  const OpeningConfig keyed{Protocol::kControl, 2, "s3cret-for-the-test", kListenerLimits};
+  Result<Listening> l2 = listen_on(HostPort{"127.0.0.1", 0}, 16, "test server");
+  ASSERT_TRUE(l2.ok()) << l2.error().to_string();
+  std::atomic<int> challenged{0};
+  std::thread keyed_server([&] {
+    for (int i = 0; i < 3; ++i) {
+      pollfd p{l2->fd.get(), POLLIN, 0};
+      if (::poll(&p, 1, 5000) != 1) return;
+      Fd c(::accept4(l2->fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      const IoLimits lim{Clock::now() + 5s, nullptr, nullptr};
+      ServerOpening s(keyed);
+      for (;;) {
+        FrameReader reader(keyed.protocol, keyed.version, listener_limit);
+        while (!reader.ready()) {
+          std::string buf(reader.wanted(), '\0');
+          if (!recv_bytes(c.get(), buf.data(), buf.size(), lim, "server").ok() || !reader.feed(buf).ok()) return;
+        }
+        ServerOpening::Step st = s.on_frame(reader.header(), reader.raw_header(), reader.payload());
+        if (st.kind == ServerOpening::Step::Kind::kSend) {
+          (void)send_bytes(c.get(), st.bytes.data(), st.bytes.size(), lim, "server");
+          ++challenged;
+          if (i < 2) {
+            const linger hard{1, 0};  // a reset, not a close
+            ::setsockopt(c.get(), SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+            break;
+          }
+          continue;
+        }
+        if (st.kind != ServerOpening::Step::Kind::kOpened) return;
+        Session session = s.take_session();
+        std::string out;
+        append_frame(out, {Protocol::kControl, 16, 2, 0, false}, "welcome", session);
+        (void)send_bytes(c.get(), out.data(), out.size(), lim, "server");
+        break;
+      }
+    }
+  });
+  Result<Dialed> k = dial_and_open(l2->bound, keyed, "me", listener_limit, limits, "test client");
+  keyed_server.join();
+  ASSERT_TRUE(k.ok()) << k.error().to_string();
+  EXPECT_EQ(challenged.load(), 3);
+
   // A refusal is an answer: one try only.
   auto f = start("s3cret");
   const auto before = f->listener->stats().accepted;

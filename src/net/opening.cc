@@ -320,7 +320,10 @@ Status read_frame(int fd, FrameReader& reader, Session& session, const IoLimits&
 namespace {
 
 // open_client(), saying in `unanswered` whether it failed on an I/O error
-// before the peer's first frame.
+// (the connection closed or reset) before the opening completed: the
+// listener may close a connection still opening (for a newer one under a
+// flood) at any round of the exchange, and a new one, with fresh nonces,
+// is safe to try. A refusal or a failed proof is an answer.
 Result<Opened> open_client_once(int fd, const OpeningConfig& config, std::string body, const PayloadLimit& limit,
                                 const IoLimits& limits, std::string_view who, Refusal* refusal, bool* unanswered) {
   ClientOpening opening(config, std::move(body));
@@ -331,18 +334,23 @@ Result<Opened> open_client_once(int fd, const OpeningConfig& config, std::string
     return sent;
   }
   FrameReader reader(config.protocol, config.version, limit);
-  for (bool first = true;; first = false) {
+  for (;;) {
     Status s = read_raw(fd, reader, limits, who);
-    if (!s.ok() && s.code() == Code::kIoError) *unanswered = first;
+    if (!s.ok() && s.code() == Code::kIoError) *unanswered = true;
     if (!s.ok() && s.code() == Code::kIoError && s.message().find("closed by the peer") != std::string::npos) {
       return Status::io_error(std::string(who) + ": the peer closed the connection during the opening exchange");
     }
     KVB_RETURN_IF_ERROR(s);
     ClientOpening::Step step = opening.on_frame(reader.header(), reader.raw_header(), reader.payload(), reader.tag());
     switch (step.kind) {
-      case ClientOpening::Step::Kind::kSend:
-        KVB_RETURN_IF_ERROR(send_bytes(fd, step.bytes.data(), step.bytes.size(), limits, who));
+      case ClientOpening::Step::Kind::kSend: {
+        Status proof = send_bytes(fd, step.bytes.data(), step.bytes.size(), limits, who);
+        if (!proof.ok()) {
+          *unanswered = proof.code() == Code::kIoError;
+          return proof;
+        }
         break;
+      }
       case ClientOpening::Step::Kind::kFailed:
         if (refusal != nullptr && step.refused) *refusal = std::move(step.refusal);
         return Status(step.error.code(), std::string(who) + ": " + step.error.message());

@@ -161,10 +161,11 @@ struct Dialed {
 };
 
 // dial() and open_client(), tried again when the listener closed or reset
-// the connection before answering anything: what a listener does, under a
-// flood of idle connections, to a newcomer that has not yet written its
-// Open (listener.h). Up to 8 tries, 5 ms apart doubling to 160 ms, within
-// `limits`; the last try's error otherwise. A refusal or any answer is
+// the connection before the opening completed: what a listener does, under
+// a flood of idle connections, to a newcomer that has not yet written its
+// Open, or to a connection that got least far (listener.h), at any round
+// of the exchange. Up to 8 tries, 5 ms apart doubling to 160 ms, within
+// `limits`; the last try's error otherwise. A refusal or a failed proof is
 // never retried. `bulk` as for dial().
 Result<Dialed> dial_and_open(const HostPort& to, const OpeningConfig& config, std::string body,
                              const PayloadLimit& limit, const IoLimits& limits, std::string_view who,
