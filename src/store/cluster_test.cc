@@ -481,6 +481,39 @@ TEST(ClusterRedirectTest, AnOperationOverManySilentNodesEndsWithinItsDeadline) {
   EXPECT_GT(tier.counters().errors, 0u);
 }
 
+// A slot map of 25 MB (every slot its own range, each with 63 replicas):
+// read as it streams in and refused past 8 MiB, so no reply tree of it is
+// ever built; the keys are misses and the stats say the map was not read.
+TEST(ClusterRedirectTest, ASlotMapPastItsBoundIsRefusedWhileItIsRead) {
+  std::string big;
+  LyingNode liar(
+      [&](uint16_t self) {
+        if (big.empty()) {
+          std::string replica = "*2\r\n$9\r\n127.0.0.1\r\n:1\r\n";
+          std::string replicas;
+          for (int r = 0; r < 63; ++r) replicas += replica;
+          big = "*16384\r\n";
+          for (int slot = 0; slot < 16384; ++slot) {
+            big += "*66\r\n:" + std::to_string(slot) + "\r\n:" + std::to_string(slot) +
+                   "\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + std::to_string(self) + "\r\n" + replicas;
+          }
+        }
+        return big;
+      },
+      0);
+  RedisOptions o;
+  o.port = liar.port();
+  o.cluster = true;
+  o.retry_interval = 10s;
+  store_internal::ClusterTier tier(o);
+  for (uint8_t g : tier.exists(cluster_keys(4))) EXPECT_EQ(g, 0);
+  ASSERT_GT(big.size(), size_t{20} << 20);
+  const store_internal::RedisCounters c = tier.counters();
+  EXPECT_FALSE(c.up);
+  EXPECT_EQ(c.slot_map_updates, 0u);
+  EXPECT_GT(c.errors, 0u);
+}
+
 TEST(ClusterUnreachableTest, AClusterThatCannotBeReachedIsMissesAtOnce) {
   auto s = cluster_store(testing::free_loopback_port(), Assembly::kInProcess, kDefaultTimeouts);
   Instance inst(s, "llama3-8b", {1, 16}, 64);

@@ -690,43 +690,137 @@ Result<TierSize> RedisTier::size() {
   return t;
 }
 
+namespace {
+
+// CLUSTER SLOTS is read as it streams in, keeping only the ranges: a node
+// (lying, or a cluster of many small ranges) cannot make the reply's tree
+// take memory; it is bounded in bytes, entries and nesting.
+constexpr uint64_t kMaxSlotsReplyBytes = uint64_t{8} << 20;
+constexpr int64_t kMaxSlotRanges = 16384;
+constexpr int64_t kMaxSlotEntryItems = 64;
+constexpr int64_t kMaxNestedItems = 1024;
+constexpr int64_t kMaxBulkBytes = 1 << 20;
+
+bool parse_i64(std::string_view text, int64_t* out) {
+  if (text.empty() || text.size() > 19) return false;
+  bool negative = text[0] == '-';
+  if (negative) text.remove_prefix(1);
+  if (text.empty()) return false;
+  int64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  *out = negative ? -v : v;
+  return true;
+}
+
+}  // namespace
+
+bool RedisTier::read_bytes_locked(uint64_t n, std::string* out) {
+  while (n > 0) {
+    if (in_head_ == in_tail_ && !fill_locked()) return false;
+    const uint64_t take = std::min<uint64_t>(n, in_tail_ - in_head_);
+    if (out != nullptr) out->append(reinterpret_cast<const char*>(in_.data() + in_head_), take);
+    in_head_ += take;
+    n -= take;
+  }
+  return true;
+}
+
+// One RESP value of the slots reply, read and dropped (a node id, a
+// replica, metadata), at most `depth` levels deep.
+bool RedisTier::skip_value_locked(int depth) {
+  std::string_view line;
+  if (op_bytes_ > kMaxSlotsReplyBytes || !read_line_locked(&line) || line.empty()) return false;
+  int64_t n = 0;
+  switch (line[0]) {
+    case '+':
+    case '-':
+    case ':':
+      return true;
+    case '$':
+      if (!parse_i64(line.substr(1), &n) || n > kMaxBulkBytes) return false;
+      return n < 0 || read_bytes_locked(static_cast<uint64_t>(n) + 2, nullptr);
+    case '*':
+      if (depth == 0 || !parse_i64(line.substr(1), &n) || n > kMaxNestedItems) return false;
+      for (int64_t i = 0; i < n; ++i) {
+        if (!skip_value_locked(depth - 1)) return false;
+      }
+      return true;
+  }
+  return false;
+}
+
 Result<std::vector<SlotRange>> RedisTier::cluster_slots() {
   std::lock_guard<std::mutex> lock(mu_);
   SigpipeGuard guard;
   const std::string where = options_.host + ":" + std::to_string(options_.port);
   if (!connect_locked()) return Status::unavailable("redis " + where + " is unreachable");
-  void* r = redisCommand(ctx_, "CLUSTER SLOTS");
-  if (r == nullptr) {
-    const std::string err = ctx_->errstr;
+  if (!raw_ready_locked())
+    return Status::unavailable("redis " + where + ": CLUSTER SLOTS: the connection was not idle");
+  if (!send_all_locked("*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n")) {
     fail_locked("CLUSTER SLOTS");
-    return Status::unavailable("redis " + where + ": CLUSTER SLOTS: " + err);
+    return Status::unavailable("redis " + where + ": CLUSTER SLOTS: " + counters_.last_error);
   }
-  Reply reply(static_cast<redisReply*>(r));
-  if (reply->type == REDIS_REPLY_ERROR) {
-    return Status::incompatible("redis " + where + " is not a cluster node: " + std::string(reply->str, reply->len));
+  auto bad = [&](const std::string& what) -> Status {
+    fail_locked("CLUSTER SLOTS");  // the rest of the reply is not read: the connection goes
+    return Status::io_error("redis " + where + ": CLUSTER SLOTS: " + what);
+  };
+  auto integer = [&](int64_t* v) {
+    std::string_view line;
+    return op_bytes_ <= kMaxSlotsReplyBytes && read_line_locked(&line) && !line.empty() && line[0] == ':' &&
+           parse_i64(line.substr(1), v);
+  };
+  auto array = [&](int64_t* v) {
+    std::string_view line;
+    return op_bytes_ <= kMaxSlotsReplyBytes && read_line_locked(&line) && !line.empty() && line[0] == '*' &&
+           parse_i64(line.substr(1), v);
+  };
+  std::string_view line;
+  if (!read_line_locked(&line) || line.empty()) return bad("no reply");
+  if (line[0] == '-') {
+    const std::string error(line.substr(1));
+    return Status::incompatible("redis " + where + " is not a cluster node: " + error);
   }
-  if (reply->type != REDIS_REPLY_ARRAY) return Status::io_error("redis " + where + ": CLUSTER SLOTS: not an array");
+  int64_t entries = 0;
+  if (line[0] != '*' || !parse_i64(line.substr(1), &entries)) return bad("not an array");
+  if (entries < 0 || entries > kMaxSlotRanges) {
+    return bad(std::to_string(entries) + " ranges, more than the " + std::to_string(kMaxSlotRanges) + " slots");
+  }
   std::vector<SlotRange> out;
-  for (size_t i = 0; i < reply->elements; ++i) {
-    const redisReply* e = reply->element[i];
-    if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->type != REDIS_REPLY_INTEGER ||
-        e->element[1]->type != REDIS_REPLY_INTEGER || e->element[2]->type != REDIS_REPLY_ARRAY ||
-        e->element[2]->elements < 2 || e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
-        e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
-      return Status::io_error("redis " + where + ": CLUSTER SLOTS: entry " + std::to_string(i) + " is malformed");
+  for (int64_t i = 0; i < entries; ++i) {
+    const std::string entry = "entry " + std::to_string(i);
+    int64_t items = 0, first = 0, last = 0, parts = 0, port = 0;
+    if (!array(&items) || items < 3 || items > kMaxSlotEntryItems || !integer(&first) || !integer(&last) ||
+        !array(&parts) || parts < 2 || parts > kMaxSlotEntryItems) {
+      return bad(entry + " is malformed" + (op_bytes_ > kMaxSlotsReplyBytes ? " (past 8 MiB)" : ""));
     }
-    const long long first = e->element[0]->integer, last = e->element[1]->integer;
-    const long long port = e->element[2]->element[1]->integer;
+    std::string_view host_line;
+    int64_t host_bytes = 0;
+    if (!read_line_locked(&host_line) || host_line.empty() || host_line[0] != '$' ||
+        !parse_i64(host_line.substr(1), &host_bytes) || host_bytes < 0 || host_bytes > 255) {
+      return bad(entry + ": the master's host is not a string of at most 255 bytes");
+    }
+    SlotRange r;
+    if (!read_bytes_locked(static_cast<uint64_t>(host_bytes), &r.host) || !read_bytes_locked(2, nullptr) ||
+        !integer(&port)) {
+      return bad(entry + " is malformed");
+    }
+    for (int64_t k = 2; k < parts; ++k) {
+      if (!skip_value_locked(2)) return bad(entry + ": the master's node id or metadata is malformed");
+    }
+    for (int64_t k = 3; k < items; ++k) {
+      if (!skip_value_locked(3)) return bad(entry + ": a replica is malformed");
+    }
     if (first < 0 || last > 16383 || first > last || port <= 0 || port > 65535) {
-      return Status::io_error("redis " + where + ": CLUSTER SLOTS: entry " + std::to_string(i) + " is out of range");
+      return bad(entry + " is out of range");
     }
-    SlotRange s;
-    s.first = static_cast<uint16_t>(first);
-    s.last = static_cast<uint16_t>(last);
-    s.host = std::string(e->element[2]->element[0]->str, e->element[2]->element[0]->len);
-    if (s.host.empty()) s.host = options_.host;  // a node that does not know its address
-    s.port = static_cast<uint16_t>(port);
-    out.push_back(std::move(s));
+    r.first = static_cast<uint16_t>(first);
+    r.last = static_cast<uint16_t>(last);
+    if (r.host.empty()) r.host = options_.host;  // a node that does not know its address
+    r.port = static_cast<uint16_t>(port);
+    out.push_back(std::move(r));
   }
   return out;
 }

@@ -140,6 +140,10 @@ class RedisTier final : public SharedTier {
   bool send_iov_locked(::iovec* iov, int count);
   bool fill_locked();
   bool read_line_locked(std::string_view* line);
+  // Reads `n` bytes of the reply (appended to `out` unless null).
+  bool read_bytes_locked(uint64_t n, std::string* out);
+  // Reads one RESP value and drops it, at most `depth` arrays deep.
+  bool skip_value_locked(int depth);
   bool read_value_locked(size_t i, uint64_t bytes, GetSink& sink);
 
   RedisOptions options_;
