@@ -19,6 +19,7 @@
 #include "kvbridge/plan.h"
 #include "kvbridge/presets.h"
 #include "testing/fake_side_channel.h"
+#include "testing/ports.h"
 #include "transport/fault/fault.h"
 
 namespace kvbridge {
@@ -255,20 +256,13 @@ TEST(WorkerTest, HandshakeFailuresComeBackAsTheLoadsResultNamingTheCause) {
 // (wait_for_layer waits with it), an abort ends it at once, and a load left
 // queued fails when the handshake times out.
 TEST(WorkerTest, ASilentPeerNeverHoldsUpTheCaller) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(::listen(fd, 16), 0);  // never accepted: connects complete, nothing answers
-  socklen_t len = sizeof(a);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  auto silent = std::make_unique<testing::SilentListener>();
+  ASSERT_TRUE(silent->ok());
   InstanceOptions o = opts("decode", 1);
   o.worker.handshake_timeout = 2000ms;
   auto decode = instance(o);
   ConnectorWorker& d = *decode[0]->worker;
-  ASSERT_TRUE(d.add_remote("silent", {"127.0.0.1:" + std::to_string(ntohs(a.sin_port))}).ok());
+  ASSERT_TRUE(d.add_remote("silent", {silent->address()}).ok());
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(d.start_load("a", "silent", request()).ok());
   ASSERT_TRUE(d.start_load("b", "silent", request()).ok());
@@ -285,7 +279,7 @@ TEST(WorkerTest, ASilentPeerNeverHoldsUpTheCaller) {
   EXPECT_FALSE(r.error.ok());
   EXPECT_FALSE(r.aborted);
   EXPECT_EQ(d.wait_for_layer("a", "layers.0", 10ms).code(), r.error.code());
-  ::close(fd);
+  silent.reset();
 }
 
 // The attack: records (from etcd or params) naming instances at silent
@@ -294,20 +288,10 @@ TEST(WorkerTest, ASilentPeerNeverHoldsUpTheCaller) {
 // handshaken; and a load parked for a silent instance fails at its transfer
 // timeout, not after the handshake's.
 TEST(WorkerTest, SilentInstancesDelayOnlyTheirOwnLoadsAndParkedLoadsKeepTheirTimeout) {
-  std::vector<int> fds;
-  std::vector<std::string> silent;
+  std::vector<std::unique_ptr<testing::SilentListener>> silent;
   for (int i = 0; i < 3; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(fd, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    ASSERT_EQ(::listen(fd, 16), 0);  // never accepted: connects complete, nothing answers
-    socklen_t len = sizeof(a);
-    ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-    fds.push_back(fd);
-    silent.push_back("127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+    silent.push_back(std::make_unique<testing::SilentListener>());
+    ASSERT_TRUE(silent.back()->ok());
   }
   auto prefill = instance(opts("prefill", 2));
   for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
@@ -319,7 +303,7 @@ TEST(WorkerTest, SilentInstancesDelayOnlyTheirOwnLoadsAndParkedLoadsKeepTheirTim
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 3; ++i) {
     const std::string name = "bogus-" + std::to_string(i);
-    ASSERT_TRUE(d.add_remote(name, {silent[i]}).ok());
+    ASSERT_TRUE(d.add_remote(name, {silent[i]->address()}).ok());
     ASSERT_TRUE(d.start_load("s" + std::to_string(i), name, request()).ok());
   }
   ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
@@ -347,7 +331,7 @@ TEST(WorkerTest, SilentInstancesDelayOnlyTheirOwnLoadsAndParkedLoadsKeepTheirTim
   Result<ContentReport> c = check_request(decode[0]->layout, request(), RequestSide::kLocal, 0, 11, decode[0]->spans);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->bad_cells, 0u);
-  for (int fd : fds) ::close(fd);
+  silent.clear();  // the handshakes under way end now
 }
 
 // A load aborted before it started (queued behind its instance's

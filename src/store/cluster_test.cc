@@ -322,26 +322,6 @@ TEST(ClusterRefusalTest, KeysStillRefusedAfterTheRetriesAreErrorsThatSayWhy) {
       << st.redis_last_error;
 }
 
-// A listening socket on a loopback port; `accepting` false: connects
-// complete (the backlog) and nothing ever answers.
-struct Listening {
-  int fd = -1;
-  uint16_t port = 0;
-  Listening() {
-    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    EXPECT_EQ(::listen(fd, 64), 0);
-    socklen_t len = sizeof(a);
-    EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-    port = ntohs(a.sin_port);
-  }
-  ~Listening() { ::close(fd); }
-  bool accepted_any() const { return ::accept(fd, nullptr, nullptr) >= 0; }
-};
-
 // A cluster node that lies: CLUSTER SLOTS answers `slots` (RESP), PING
 // answers PONG, and every keyed command MOVED to 127.0.0.1:`moved_to`.
 class LyingNode {
@@ -352,14 +332,14 @@ class LyingNode {
     stop_.store(true);
     thread_.join();
   }
-  uint16_t port() const { return at_.port; }
+  uint16_t port() const { return at_.port(); }
 
  private:
   void serve() {
     while (!stop_.load()) {
-      pollfd p{at_.fd, POLLIN, 0};
+      pollfd p{at_.fd(), POLLIN, 0};
       if (::poll(&p, 1, 20) <= 0) continue;
-      const int c = ::accept(at_.fd, nullptr, nullptr);
+      const int c = ::accept(at_.fd(), nullptr, nullptr);
       if (c < 0) continue;
       std::string in;
       char buf[65536];
@@ -376,7 +356,7 @@ class LyingNode {
           if (!args.empty() && (args[0] == "PING" || args[0] == "ping")) {
             reply = "+PONG\r\n";
           } else if (args.size() >= 2 && (args[0] == "CLUSTER" || args[0] == "cluster")) {
-            reply = slots_(at_.port);
+            reply = slots_(at_.port());
           } else if (args.size() >= 2) {
             reply = "-MOVED " + std::to_string(redis_key_slot(args[1])) + " 127.0.0.1:" + std::to_string(moved_to_) +
                     "\r\n";
@@ -406,7 +386,7 @@ class LyingNode {
     in.erase(0, at);
     return true;
   }
-  Listening at_;
+  testing::SilentListener at_;
   std::function<std::string(uint16_t)> slots_;
   uint16_t moved_to_;
   std::atomic<bool> stop_{false};
@@ -429,8 +409,8 @@ std::vector<std::string> cluster_keys(int n) {
 // redirect to a node the map does not name: nothing connects to the trap,
 // and the keys are misses whose error says why.
 TEST(ClusterRedirectTest, ARedirectToANodeTheMapDoesNotNameIsNotFollowed) {
-  Listening trap;
-  LyingNode liar([](uint16_t self) { return "*1\r\n" + one_range(0, 16383, self); }, trap.port);
+  testing::SilentListener trap;
+  LyingNode liar([](uint16_t self) { return "*1\r\n" + one_range(0, 16383, self); }, trap.port());
   RedisOptions o;
   o.port = liar.port();
   o.cluster = true;
@@ -440,7 +420,7 @@ TEST(ClusterRedirectTest, ARedirectToANodeTheMapDoesNotNameIsNotFollowed) {
   EXPECT_FALSE(trap.accepted_any()) << "the tier connected to the host:port a node redirected it to";
   const store_internal::RedisCounters c = tier.counters();
   EXPECT_EQ(c.redirects, 0u);
-  EXPECT_NE(c.last_error.find("a redirect to 127.0.0.1:" + std::to_string(trap.port) +
+  EXPECT_NE(c.last_error.find("a redirect to 127.0.0.1:" + std::to_string(trap.port()) +
                               ", which the cluster's slot map does not name"),
             std::string::npos)
       << c.last_error;
@@ -450,13 +430,13 @@ TEST(ClusterRedirectTest, ARedirectToANodeTheMapDoesNotNameIsNotFollowed) {
 // ends within its deadline (twice a node's connect and command timeouts),
 // not after a timeout per node; the keys not tried are misses that say so.
 TEST(ClusterRedirectTest, AnOperationOverManySilentNodesEndsWithinItsDeadline) {
-  std::vector<std::unique_ptr<Listening>> silent(16);
-  for (auto& l : silent) l = std::make_unique<Listening>();
+  std::vector<std::unique_ptr<testing::SilentListener>> silent(16);
+  for (auto& l : silent) l = std::make_unique<testing::SilentListener>();
   LyingNode seed(
       [&](uint16_t) {
         std::string r = "*" + std::to_string(silent.size()) + "\r\n";
         for (size_t i = 0; i < silent.size(); ++i) {
-          r += one_range(static_cast<uint32_t>(i * 1024), static_cast<uint32_t>(i * 1024 + 1023), silent[i]->port);
+          r += one_range(static_cast<uint32_t>(i * 1024), static_cast<uint32_t>(i * 1024 + 1023), silent[i]->port());
         }
         return r;
       },

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -23,6 +24,7 @@
 #include "store/object.h"
 #include "store/redis_tier.h"
 #include "store/test_support.h"
+#include "testing/ports.h"
 #include "testing/redis_server.h"
 #include "testing/require.h"
 
@@ -429,18 +431,13 @@ TEST_F(RedisStoreTest, AnAssembledObjectCarriesTheChecksumRedisWroteAndACorruptO
 // byte within the command timeout: the get fails once the reply is older
 // than the command timeout and slower than the least rate, not after hours.
 TEST(RedisTrickleTest, AReplyTrickledByteByByteFailsSoonAfterTheCommandTimeout) {
-  const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(ls, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(::listen(ls, 4), 0);
-  socklen_t len = sizeof(a);
-  ASSERT_EQ(::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  testing::SilentListener ls;
+  ASSERT_TRUE(ls.ok());
   std::atomic<bool> stop{false};
   std::thread server([&] {
-    const int c = ::accept(ls, nullptr, nullptr);
+    pollfd p{ls.fd(), POLLIN, 0};
+    if (::poll(&p, 1, 5000) != 1) return;
+    const int c = ::accept(ls.fd(), nullptr, nullptr);
     if (c < 0) return;
     char buf[4096];
     (void)!::recv(c, buf, sizeof buf, 0);  // the GET
@@ -451,7 +448,7 @@ TEST(RedisTrickleTest, AReplyTrickledByteByByteFailsSoonAfterTheCommandTimeout) 
     ::close(c);
   });
   RedisOptions o;
-  o.port = ntohs(a.sin_port);
+  o.port = ls.port();
   o.command_timeout = std::chrono::milliseconds(500);
   store_internal::RedisTier tier(o);
   struct Sink : store_internal::GetSink {
@@ -470,7 +467,6 @@ TEST(RedisTrickleTest, AReplyTrickledByteByByteFailsSoonAfterTheCommandTimeout) 
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stop.store(true);
   server.join();
-  ::close(ls);
   EXPECT_EQ(sink.finished, 0);
   EXPECT_LT(s, 2.0) << "a trickled reply held the get";
   EXPECT_NE(tier.counters().last_error.find("slower than 1024 KiB/s"), std::string::npos) << tier.counters().last_error;
