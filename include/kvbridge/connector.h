@@ -24,9 +24,10 @@
 //
 // The schedulers are pure bookkeeping (time is passed in), so an engine can
 // drive them from its own loop; the worker runs on the engine's threads plus
-// four of its own: the side channel's server, a pump for completions,
-// heartbeats and done messages, a start thread that plans and submits
-// loads, and a connect thread for handshakes (docs/connector.md, "Threads").
+// its own: the side channel's server, a pump for completions, heartbeats and
+// done messages, a start thread that plans and submits loads, and four
+// connect threads for handshakes, one instance each at a time
+// (docs/connector.md, "Threads").
 //
 // Push mode (WorkerOptions::mode = kPush): the prefill ranks write instead.
 // Each plans, for each decode rank, the plan that rank would run, and writes
