@@ -70,17 +70,23 @@ def refused_port():
     return port
 
 
+def unreachable_peer(kind):
+    """(a socket to keep open, the peer's addresses) for a silent or dead peer; (None, None) for a
+    live one."""
+    if kind == "silent":
+        keep, port = silent_port()
+        return keep, [f"127.0.0.1:{port}"]
+    if kind == "dead":
+        return None, [f"127.0.0.1:{refused_port()}"]
+    return None, None
+
+
 def prefill_steps(kind, steps):
     """The prefill's hooks, each step streaming a new request to a decode instance of `kind`."""
     samples = {}
     p = Side("prefill", "prefill")
     d = Side("decode", "decode", stream=True) if kind in ("healthy", "restarting") else None
-    keep = None
-    if kind == "silent":
-        keep, port = silent_port()
-        addresses = [f"127.0.0.1:{port}"]
-    elif kind == "dead":
-        addresses = [f"127.0.0.1:{refused_port()}"]
+    keep, addresses = unreachable_peer(kind)
     try:
         for i in range(steps):
             if kind == "restarting" and i % 10 == 5:
@@ -131,12 +137,7 @@ def decode_steps(kind, steps):
     samples = {}
     d = Side("decode", "decode", block_size=32)
     p = Side("prefill", "prefill") if kind in ("healthy", "restarting") else None
-    keep = None
-    if kind == "silent":
-        keep, port = silent_port()
-        addresses = [f"127.0.0.1:{port}"]
-    elif kind == "dead":
-        addresses = [f"127.0.0.1:{refused_port()}"]
+    keep, addresses = unreachable_peer(kind)
     try:
         for i in range(steps):
             if kind == "restarting" and i % 10 == 5:

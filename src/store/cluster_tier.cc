@@ -108,7 +108,8 @@ void ClusterTier::run(size_t n, const std::function<uint16_t(size_t)>& slot_of, 
   // The operation as a whole ends within about two nodes' timeouts, however
   // many nodes the map names and however many of them are silent: keys of
   // nodes not tried by then are misses (or are not written).
-  const auto deadline = std::chrono::steady_clock::now() + 2 * (options_.connect_timeout + options_.command_timeout);
+  const std::chrono::milliseconds budget = 2 * (options_.connect_timeout + options_.command_timeout);
+  const auto deadline = std::chrono::steady_clock::now() + budget;
   bool late = false;
   for (int round = 0; round < kRounds && !pending.empty() && !late; ++round) {
     // Split by owner, in key order within each node.
@@ -198,13 +199,11 @@ void ClusterTier::run(size_t n, const std::function<uint16_t(size_t)>& slot_of, 
     unanswered_ += pending.size();
     std::string why = last_refusal.empty() ? std::string("MOVED or ASK") : last_refusal;
     if (!stranger.empty()) why = "a redirect to " + stranger + ", which the cluster's slot map does not name";
-    unanswered_error_ =
-        "redis cluster: " + std::to_string(pending.size()) + " of " + std::to_string(n) + " keys unanswered " +
-        (late ? "when the operation's " +
-                    std::to_string((2 * (options_.connect_timeout + options_.command_timeout)).count()) +
-                    " ms deadline passed"
-              : "after " + std::to_string(kRounds) + " rounds") +
-        "; last reply: " + why;
+    unanswered_error_ = "redis cluster: " + std::to_string(pending.size()) + " of " + std::to_string(n) +
+                        " keys unanswered " +
+                        (late ? "when the operation's " + std::to_string(budget.count()) + " ms deadline passed"
+                              : "after " + std::to_string(kRounds) + " rounds") +
+                        "; last reply: " + why;
   }
 }
 
