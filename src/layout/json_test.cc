@@ -456,6 +456,14 @@ INSTANTIATE_TEST_SUITE_P(
                     j["groups"][0]["context"] = {{"size", 2}, {"rank", 2}};
                   },
                   Code::kInvalidArgument, R"(group 'full': context.rank 2 must be below context.size 2)"},
+        // An unsharded context is never written, so an interleave there could not round-trip.
+        Rejection{"ContextInterleaveWithOneShard",
+                  [](OJson& j) {
+                    j["format"] = "kvbridge.layout/3";
+                    j["groups"][0]["context"] = {{"size", 1}, {"rank", 0}, {"interleave", 16}};
+                  },
+                  Code::kInvalidArgument, R"(group 'full': context.interleave 16 needs context.size above 1 (one shard holds every )"
+                  R"(position in order); leave the interleave at 1 or the context out)"},
         Rejection{"ContextUnknownField",
                   [](OJson& j) {
                     j["format"] = "kvbridge.layout/3";

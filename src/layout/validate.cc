@@ -255,6 +255,14 @@ Status validate_group(const Layout& layout, const Group& g) {
     return Status::invalid_argument("context.interleave " + std::to_string(g.context.interleave) + " must be in [1, " +
                                     std::to_string(kMaxBlockTokens) + "]");
   }
+  // One shard holds every position in order; an interleave there would mean
+  // nothing, and the JSON form (which leaves an unsharded context out) could
+  // not carry it.
+  if (!g.context.sharded() && g.context.interleave != 1) {
+    return Status::invalid_argument("context.interleave " + std::to_string(g.context.interleave) +
+                                    " needs context.size above 1 (one shard holds every position in order); "
+                                    "leave the interleave at 1 or the context out");
+  }
   if (g.context.sharded() && g.kind != GroupKind::kAttention && g.kind != GroupKind::kSlidingWindow) {
     return Status::invalid_argument("a " + std::string(group_kind_name(g.kind)) +
                                     " group cannot be context-sharded (only attention and sliding_window groups "

@@ -224,6 +224,8 @@ TEST(ValidateTest, RejectsABadContextShard) {
   expect_rejected(l, Code::kInvalidArgument, {"group 'full'", "context.size 0"});
   l.groups[0].context = {2, 0, 0};
   expect_rejected(l, Code::kInvalidArgument, {"group 'full'", "context.interleave 0"});
+  l.groups[0].context = {1, 0, 16};
+  expect_rejected(l, Code::kInvalidArgument, {"group 'full'", "context.interleave 16 needs context.size above 1"});
   // A state has no positions to deal.
   l.groups[0].context = {2, 0, 1};
   l.groups[0].kind = GroupKind::kScratch;
