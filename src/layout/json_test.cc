@@ -462,7 +462,8 @@ INSTANTIATE_TEST_SUITE_P(
                     j["format"] = "kvbridge.layout/3";
                     j["groups"][0]["context"] = {{"size", 1}, {"rank", 0}, {"interleave", 16}};
                   },
-                  Code::kInvalidArgument, R"(group 'full': context.interleave 16 needs context.size above 1 (one shard holds every )"
+                  Code::kInvalidArgument,
+                  R"(group 'full': context.interleave 16 needs context.size above 1 (one shard holds every )"
                   R"(position in order); leave the interleave at 1 or the context out)"},
         Rejection{"ContextUnknownField",
                   [](OJson& j) {
