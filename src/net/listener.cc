@@ -264,8 +264,10 @@ void Listener::step(Conn& c, short revents) {
       a.session = std::move(c.session);
       a.peer_address = c.peer;
       a.body = c.opening.body();
-      open_->fetch_add(1);
-      a.slot = std::shared_ptr<void>(nullptr, [open = open_](void*) { open->fetch_sub(1); });
+      a.slot = std::make_shared<Slot>(open_);
+      slots_.erase(std::remove_if(slots_.begin(), slots_.end(), [](const auto& w) { return w.expired(); }),
+                   slots_.end());
+      slots_.push_back(a.slot);
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.kept;
@@ -341,7 +343,7 @@ void Listener::answer(Conn& c) {
   c.session = c.opening.take_session();
   OpenRequest request{c.peer, c.opening.body(), c.session.keyed()};
   Answer a = options_.on_open(request);
-  if (a.kind == Answer::Kind::kKeep && open_->load() >= options_.max_open) {
+  if (a.kind == Answer::Kind::kKeep && open_->load() >= options_.max_open && !reclaim_idle()) {
     a = Answer::refuse(RefuseCode::kBusy, options_.name + " is busy: " + std::to_string(options_.max_open) +
                                               " connections are open; try again later");
   }
@@ -356,6 +358,44 @@ void Listener::answer(Conn& c) {
   }
   c.keep = a.kind == Answer::Kind::kKeep;
   send(c, std::move(out), a.kind == Answer::Kind::kReply);
+}
+
+bool Listener::reclaim_idle() {
+  // Oldest idle first; a slot that turned busy meanwhile is passed over.
+  std::vector<std::pair<int64_t, std::shared_ptr<Slot>>> idle;
+  for (const std::weak_ptr<Slot>& w : slots_) {
+    std::shared_ptr<Slot> slot = w.lock();
+    if (slot && slot->reapable_.load() && slot->state_.load() == Slot::kIdle) idle.emplace_back(slot->idle_since_ns_.load(), slot);
+  }
+  std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [since, slot] : idle) {
+    if (!slot->reclaim()) continue;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.reclaimed;
+    return true;
+  }
+  return false;
+}
+
+void Slot::idle() {
+  // Only this connection's thread turns a busy slot idle, so the time is
+  // written before anyone can read it (a slot already idle keeps its time).
+  if (state_.load() != kBusy) return;
+  idle_since_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+  int busy = kBusy;
+  state_.compare_exchange_strong(busy, kIdle);
+}
+
+bool Slot::busy() {
+  int idle = kIdle;
+  return state_.compare_exchange_strong(idle, kBusy) || idle == kBusy;
+}
+
+bool Slot::reclaim() {
+  int idle = kIdle;
+  if (!state_.compare_exchange_strong(idle, kReclaimed)) return false;
+  release();
+  return true;
 }
 
 }  // namespace kvbridge::net

@@ -27,8 +27,10 @@
 //     (the newer one is closed at once), so a client slow to write its Open
 //     after connect() (a loaded machine) still gets through a flood;
 //   - open_timeout from accept to the end of the opening (and of a reply);
-//   - max_open kept connections (their slots); past it a client is refused
-//     as busy;
+//   - max_open kept connections (their slots); past it the listener
+//     reclaims the place of the kept connection idle the longest, if its
+//     protocol lets it (Slot below), and otherwise refuses the client as
+//     busy: connections opened and left idle cannot keep a real client out;
 //   - accept errors that mean "out of descriptors or memory" (EMFILE, ENFILE,
 //     ENOBUFS, ENOMEM) pause accepting for kAcceptBackoff instead of
 //     retrying at once, so the thread never spins;
@@ -88,12 +90,57 @@ struct Answer {
   static Answer keep(uint8_t type, std::string payload) { return Answer{Kind::kKeep, {}, type, std::move(payload)}; }
 };
 
+// A kept connection's place against max_open (Accepted::slot); the place is
+// free when the last copy of the slot is destroyed, or when the listener
+// reclaims it. A protocol whose kept connections wait idle between requests
+// lets the listener reclaim them: it calls set_reapable() in on_keep, idle()
+// before each wait for the next request, busy() once one arrives, and looks
+// at reclaimed() at least once a second while it waits. When every place is
+// taken and a new client is to be kept, the listener reclaims the place idle
+// the longest: the slot turns from idle to reclaimed and the place counts as
+// free at once. The protocol then closes that connection without serving
+// another request: it sends its end (shutdown SHUT_WR), reads and drops what
+// the client still sends, and closes once the client closes, so the client
+// sees an orderly close, never a reset, and knows nothing of a request it
+// sent on the stream was served. A connection serving a request is never
+// reclaimed.
+//
+// Thread-safety: idle(), busy() and reclaimed() from the connection's
+// serving thread; set_reapable() before the first idle().
+class Slot {
+ public:
+  explicit Slot(std::shared_ptr<std::atomic<size_t>> open) : open_(std::move(open)) { open_->fetch_add(1); }
+  ~Slot() { release(); }
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+
+  void set_reapable() { reapable_.store(true); }
+  // Between requests; the time it turned idle is the one reclaiming goes by.
+  void idle();
+  // false when the listener reclaimed the place: close, serving nothing more.
+  bool busy();
+  bool reclaimed() const { return state_.load() == kReclaimed; }
+
+ private:
+  friend class Listener;
+  enum State : int { kBusy, kIdle, kReclaimed };
+  bool reclaim();  // idle -> reclaimed, and the place freed
+  void release() {
+    if (!released_.exchange(true)) open_->fetch_sub(1);
+  }
+  std::shared_ptr<std::atomic<size_t>> open_;
+  std::atomic<bool> reapable_{false};
+  std::atomic<int> state_{kBusy};
+  std::atomic<int64_t> idle_since_ns_{0};
+  std::atomic<bool> released_{false};
+};
+
 struct Accepted {
   Fd fd;            // non-blocking
   Session session;  // keyed when the client proved the secret
   std::string peer_address;
   std::string body;
-  std::shared_ptr<void> slot;  // counts against max_open while it lives
+  std::shared_ptr<Slot> slot;  // counts against max_open while it lives
 };
 
 struct ListenerOptions {
@@ -122,6 +169,7 @@ struct ListenerStats {
   uint64_t abandoned = 0;  // closed without an answer: deadline, client gone, evicted, errors
   uint64_t evicted = 0;    // of those, closed for a newer connection, or a new silent one closed at once (max_pending)
   uint64_t accept_pauses = 0;  // times accepting paused for kAcceptBackoff
+  uint64_t reclaimed = 0;      // idle kept connections closed to keep a new client
   size_t pending = 0;
   size_t open = 0;
   std::string last_failure;  // "client 127.0.0.1:40312: <why>" for the last refusal or abandon
@@ -151,6 +199,9 @@ class Listener {
   void refuse(Conn& c, const Refusal& refusal);
   void abandon(Conn& c, const std::string& why);
   void note_failure(const Conn& c, const std::string& why);
+  // Reclaims the place of the kept connection idle the longest; false when
+  // no kept connection is idle and reapable.
+  bool reclaim_idle();
 
   const ListenerOptions options_;
   HostPort address_;
@@ -163,6 +214,7 @@ class Listener {
   mutable std::mutex mu_;  // guards stats_
   ListenerStats stats_;
   std::vector<std::unique_ptr<Conn>> conns_;  // the listener thread's only
+  std::vector<std::weak_ptr<Slot>> slots_;    // kept connections' places; the listener thread's only
 };
 
 }  // namespace kvbridge::net

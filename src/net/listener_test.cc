@@ -138,6 +138,42 @@ TEST(ListenerTest, PastMaxOpenClientsAreRefusedAsBusyUntilASlotIsFreed) {
   EXPECT_TRUE(open(*f->listener, "d").ok());
 }
 
+// A protocol that lets its idle connections be reclaimed: with every place
+// taken, a new client gets the place idle the longest; a busy connection, or
+// one that is not reapable, keeps its place.
+TEST(ListenerTest, PastMaxOpenTheConnectionIdleTheLongestMakesRoom) {
+  auto f = start("", 8, 3);
+  ASSERT_TRUE(open(*f->listener, "a").ok());
+  ASSERT_TRUE(open(*f->listener, "b").ok());
+  ASSERT_TRUE(open(*f->listener, "c").ok());
+  for (int i = 0; i < 100 && f->kept.load() < 3; ++i) std::this_thread::sleep_for(10ms);
+  {
+    std::lock_guard<std::mutex> lock(f->mu);
+    ASSERT_EQ(f->held.size(), 3u);
+    // a: reapable, idle first; b: reapable, idle later; c: not reapable.
+    for (int i : {0, 1}) f->held[i].slot->set_reapable();
+    f->held[0].slot->idle();
+    std::this_thread::sleep_for(2ms);
+    f->held[1].slot->idle();
+    f->held[2].slot->idle();
+  }
+  Result<Opened> d = open(*f->listener, "d");
+  ASSERT_TRUE(d.ok()) << d.error().to_string();
+  EXPECT_EQ(f->listener->stats().reclaimed, 1u);
+  {
+    std::lock_guard<std::mutex> lock(f->mu);
+    EXPECT_TRUE(f->held[0].slot->reclaimed());
+    EXPECT_FALSE(f->held[0].slot->busy()) << "a was idle the longest: its place went to d";
+    EXPECT_TRUE(f->held[1].slot->busy()) << "b turns busy: a request arrived before any reclaim";
+  }
+  // Full again (b busy, c not reapable, d not reapable): busy.
+  for (int i = 0; i < 100 && f->kept.load() < 4; ++i) std::this_thread::sleep_for(10ms);
+  Result<Opened> e = open(*f->listener, "e");
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message().find("busy"), std::string::npos) << e.error().to_string();
+  EXPECT_EQ(f->listener->stats().reclaimed, 1u);
+}
+
 TEST(ListenerTest, IdleConnectionsNeverLockOutARealClient) {
   auto f = start("s3cret", 16, 64, 10s);
   const std::vector<Fd> idle = dial_idle(*f->listener, 400);

@@ -55,6 +55,12 @@ Status wait_fd(int fd, short events, const IoLimits& limits, std::string_view wh
   }
 }
 
+namespace {
+constexpr std::string_view kClosedByPeer = ": connection closed by the peer";
+}  // namespace
+
+bool closed_by_peer(const Status& s) { return s.code() == Code::kIoError && s.message().ends_with(kClosedByPeer); }
+
 Result<size_t> send_step(int fd, IovCursor& cursor, std::string_view who) {
   int count = 0;
   iovec* iov = cursor.current(&count);
@@ -84,7 +90,7 @@ Result<size_t> recv_step(int fd, IovCursor& cursor, std::string_view who) {
       cursor.advance(static_cast<size_t>(n));
       return static_cast<size_t>(n);
     }
-    if (n == 0) return Status::io_error(std::string(who) + ": connection closed by the peer");
+    if (n == 0) return Status::io_error(std::string(who) + std::string(kClosedByPeer));
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
     return Status::io_error(std::string(who) + ": receive: " + errno_text(errno));

@@ -54,6 +54,9 @@ using IovCursor = ::kvbridge::IovCursor;  // common/iov.h
 // kIoError naming `who` on error or (for recv) on EOF.
 Result<size_t> send_step(int fd, IovCursor& cursor, std::string_view who);
 Result<size_t> recv_step(int fd, IovCursor& cursor, std::string_view who);
+// Whether `s` is recv_step's (or recv_bytes') error for an orderly close by
+// the peer: its end of the stream arrived (no reset, no other error).
+bool closed_by_peer(const Status& s);
 
 // Moves every byte, waiting within `limits`.
 Status send_all(int fd, IovCursor& cursor, const IoLimits& limits, std::string_view who);

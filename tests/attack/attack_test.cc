@@ -205,7 +205,10 @@ size_t threads_of_this_process() {
 
 // Finding 3: one thread per connection with no cap; 400 idle connections
 // under a process limit aborted the server. Idle connections now get no
-// thread, and opened streams at most kMaxStreams.
+// thread, and opened streams at most kMaxStreams. A later review held all
+// kMaxStreams opened and idle (under two claimed labels): every real client
+// was refused as busy. The place of the stream idle the longest now goes to
+// a new client, so the real load below runs while the attacker holds on.
 TEST(AttackTest, IdleAndOpenedStreamsNeverTakeTheTcpServerDown) {
   auto prefill = make_rank("prefill/r0", "prefill", "tcp", "", RemoteAccess::kRead);
   const engine_internal::EngineMetadata pm = metadata_of(*prefill->engine);
@@ -234,9 +237,8 @@ TEST(AttackTest, IdleAndOpenedStreamsNeverTakeTheTcpServerDown) {
   std::this_thread::sleep_for(200ms);
   EXPECT_LE(opened, 256) << "more streams than the cap were served";
   EXPECT_LE(threads_of_this_process(), threads_before + 256 + 8);
-  // The server still serves a real peer... once a slot is free.
-  held.resize(350);
-  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(opened, 256) << "the attacker could not fill every place, so this test proves nothing";
+  // The server still serves a real peer, every place taken by an idle stream.
   auto decode = make_rank("decode/r0", "decode", "tcp", "", RemoteAccess::kNone);
   ASSERT_TRUE(fill_request(prefill->layout, request(), RequestSide::kRemote, 0, 11, prefill->spans).ok());
   ASSERT_TRUE(decode->worker->add_remote("prefill", {prefill->worker->side_channel_address()}).ok());

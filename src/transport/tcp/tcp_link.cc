@@ -242,10 +242,30 @@ Status TcpLink::run(TransferOp op, std::span<const Copy> copies, RunControl& con
 Status TcpLink::run_stream(Stream& stream, TransferOp op, std::span<const Copy> pieces, RunControl& control,
                            const std::atomic<bool>& abort) {
   if (pieces.empty()) return Status();
+  const net::IoLimits limits{control.deadline, &control.cancel, &abort};
+  // A pooled stream has nothing to read between runs: readable or hung up
+  // means the peer closed it (its server reclaimed an idle stream).
+  if (stream.fd) {
+    pollfd p{stream.fd.get(), POLLIN | POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) != 0) close(stream);
+  }
+  const bool pooled = static_cast<bool>(stream.fd);
+  if (!pooled) KVB_RETURN_IF_ERROR(open(stream, limits));
+  bool answered = false;
+  Status s = run_frames(stream, op, pieces, control, abort, &answered);
+  // Closed in order before any reply: the server reclaimed the pooled
+  // stream and served nothing of this run. (A server that failed resets the
+  // stream, or its process is gone and the new dial is refused.)
+  if (!net::closed_by_peer(s) || !pooled || answered || control.cancel.load() || abort.load()) return s;
+  KVB_RETURN_IF_ERROR(open(stream, limits));
+  return run_frames(stream, op, pieces, control, abort, &answered);
+}
+
+Status TcpLink::run_frames(Stream& stream, TransferOp op, std::span<const Copy> pieces, RunControl& control,
+                           const std::atomic<bool>& abort, bool* answered) {
   net::IoLimits limits{control.deadline, &control.cancel, &abort};
   const bool reading = op == TransferOp::kRead;
   const char* verb = reading ? "read" : "write";
-  if (!stream.fd) KVB_RETURN_IF_ERROR(open(stream, limits));
   // A write stopped by cancel (or a sibling stream's failure) drains: the
   // frame being sent is finished and every frame sent is acknowledged
   // before this returns, so nothing of the run lands at the peer after it
@@ -310,6 +330,7 @@ Status TcpLink::run_stream(Stream& stream, TransferOp op, std::span<const Copy> 
         break;
       }
       progressed |= *n > 0;
+      *answered |= *n > 0;
       if (recv_state == RecvState::kData && *n > 0) control.bytes_done.fetch_add(*n, std::memory_order_relaxed);
       if (recv_cursor.done()) {
         const Frame& f = frames[next_recv];

@@ -86,8 +86,16 @@ class TcpLink : public Link {
   // Takes between 1 and `wanted` idle streams, waiting within `limits`.
   Result<std::vector<Stream*>> acquire(size_t wanted, const net::IoLimits& limits);
   void release(const std::vector<Stream*>& streams);
+  // Sends the pieces on `stream`, opening it first when it is closed, or
+  // was closed by the peer while pooled. A pooled stream the peer closed in
+  // order before any reply (its server reclaimed the idle stream for another
+  // client and served nothing of the run, net::Slot) is opened again and the
+  // run sent once more.
   Status run_stream(Stream& stream, TransferOp op, std::span<const Copy> copies, RunControl& control,
                     const std::atomic<bool>& abort);
+  // One attempt on an open stream; `answered`: a reply byte arrived.
+  Status run_frames(Stream& stream, TransferOp op, std::span<const Copy> copies, RunControl& control,
+                    const std::atomic<bool>& abort, bool* answered);
 
   struct Job {
     TransferOp op;

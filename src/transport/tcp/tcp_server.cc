@@ -22,8 +22,26 @@ namespace {
 using net::Clock;
 
 // A peer that starts a frame must finish it within this time; an idle stream
-// between frames may stay open for as long as both sides live.
+// between frames may stay open for as long as both sides live, or until the
+// listener gives its place to a new client.
 constexpr std::chrono::seconds kFrameTimeout{30};
+// How often an idle stream looks whether its place was reclaimed, and how
+// long a reclaimed one waits for its client to close.
+constexpr std::chrono::seconds kReclaimCheck{1};
+constexpr std::chrono::seconds kReclaimLinger{2};
+
+// Closes a reclaimed stream in order: this end first, then what the client
+// still sends (a request sent before it saw the close) is read and dropped
+// until it closes too, so it sees an orderly close and not a reset.
+void close_reclaimed(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  char sink[4096];
+  const net::IoLimits limits{Clock::now() + kReclaimLinger};
+  while (net::wait_fd(fd, POLLIN, limits, "reclaimed tcp stream").ok()) {
+    const ssize_t n = ::recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
+  }
+}
 
 // Server waits poll no flag: the destructor's shutdown() of every stream
 // wakes them, so they need not wake up every few milliseconds to look.
@@ -109,6 +127,7 @@ void TcpServer::adopt(net::Accepted a) {
   net::tune_socket(a.fd.get(), true);
   conn->fd = std::move(a.fd);
   conn->slot = std::move(a.slot);
+  conn->slot->set_reapable();
   Conn* raw = conn.get();
   std::lock_guard lock(conns_mutex_);
   if (stop_.load()) return;
@@ -146,9 +165,18 @@ void TcpServer::serve(Conn* conn, net::Session session) {
   const std::string peer = "'" + printable(conn->peer) + "'";
   net::FrameReader reader(net::Protocol::kTcp, kVersion, payload_limit);
   while (!stop_.load()) {
-    // Idle between frames: wait without a deadline and without polling a
-    // flag; the destructor's shutdown() wakes this wait.
-    if (!net::wait_fd(fd, POLLIN, net::IoLimits{}, "tcp request").ok()) break;
+    // Idle between frames: the destructor's shutdown() wakes this wait.
+    // Once a second it looks whether the listener reclaimed this idle
+    // stream's place for a new client; then, or when a frame arrives after
+    // that, the stream closes in order without reading it (net::Slot).
+    conn->slot->idle();
+    const Status waited = net::wait_fd(fd, POLLIN, net::IoLimits{Clock::now() + kReclaimCheck}, "tcp request");
+    if (waited.code() == Code::kTimeout && !conn->slot->reclaimed()) continue;
+    if (waited.code() != Code::kTimeout && !waited.ok()) break;
+    if (!conn->slot->busy()) {
+      close_reclaimed(fd);
+      break;
+    }
     Status s = net::read_frame(fd, reader, session, frame_limits(), "tcp serving " + peer);
     if (!s.ok()) break;  // the client sees the close and reports it
     const uint8_t type = reader.header().type;

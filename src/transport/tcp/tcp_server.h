@@ -8,9 +8,11 @@
 // every range must lie inside one registered segment that grants the access
 // the request needs, or the peer gets an Error frame and nothing is touched.
 // Each accepted stream is served by a thread of its own, at most
-// kMaxStreams of them (and kMaxStreamsPerPeer per client label); past that a
-// client is refused as busy, and a thread that cannot start closes its
-// stream instead of taking the process down.
+// kMaxStreams of them (and kMaxStreamsPerPeer per client label). When all
+// are taken, a new client gets the place of the stream idle the longest (the
+// listener reclaims it, net::Slot; its client's link opens another stream
+// when it next needs one); with none idle it is refused as busy. A thread
+// that cannot start closes its stream instead of taking the process down.
 //
 // Memory safety against deregistration: the server touches segment memory
 // only inside non-blocking syscalls made under a shared lock, after checking
@@ -60,7 +62,7 @@ class TcpServer {
   struct Conn {
     net::Fd fd;
     std::string peer;  // the client's label
-    std::shared_ptr<void> slot;
+    std::shared_ptr<net::Slot> slot;  // reapable: an idle stream's place goes to a new client when all are taken
     std::thread thread;
     std::atomic<bool> finished{false};
   };

@@ -4,6 +4,7 @@
 // What every Link must do (sizes, batches, concurrency, cancel, deadlines,
 // a killed peer) is the Link conformance suite's (tests/conformance/link/).
 #include <arpa/inet.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include "testing/link_run.h"
 #include "transport/tcp/tcp_link.h"
 #include "transport/tcp/tcp_protocol.h"
+#include "transport/tcp/tcp_server.h"
 #include "transport/transport.h"
 
 namespace kvbridge::transport {
@@ -111,21 +113,21 @@ TEST_F(TcpTest, RemovedSegmentIsNoLongerServed) {
   EXPECT_EQ(run(TransferOp::kRead, {copy(0, 0, 10)}).code(), Code::kOutOfRange);
 }
 
-// Once a run has found its stream closed by a server that is gone, the next
-// dials afresh and is refused at once: an error, not a wait until the
-// deadline. (A peer killed mid-run is the Link suite's.)
+// A run whose pooled stream a server that is gone closed dials afresh and is
+// refused at once: an error, not a wait until the deadline. (A peer killed
+// mid-run is the Link suite's.)
 TEST_F(TcpTest, AfterTheServerIsGoneTheNextDialIsRefusedAtOnce) {
   link_ = single_stream_link();
   ASSERT_TRUE(run(TransferOp::kRead, {copy(0, 0, 4096)}).ok());
   server_.reset();  // closes every stream and the listener
-  Status broken = run(TransferOp::kRead, {copy(0, 0, 10)}, 2s);
-  EXPECT_EQ(broken.code(), Code::kIoError) << broken.to_string();
-  EXPECT_NE(broken.message().find("'server'"), std::string::npos) << broken.message();
-  auto start = Clock::now();
-  Status again = run(TransferOp::kRead, {copy(0, 0, 10)}, 2s);
-  EXPECT_EQ(again.code(), Code::kUnavailable) << again.to_string();
-  EXPECT_NE(again.message().find("Connection refused"), std::string::npos) << again.to_string();
-  EXPECT_LT(Clock::now() - start, 1s);
+  for (int i = 0; i < 2; ++i) {
+    auto start = Clock::now();
+    Status again = run(TransferOp::kRead, {copy(0, 0, 10)}, 2s);
+    EXPECT_EQ(again.code(), Code::kUnavailable) << again.to_string();
+    EXPECT_NE(again.message().find("'server'"), std::string::npos) << again.message();
+    EXPECT_NE(again.message().find("Connection refused"), std::string::npos) << again.to_string();
+    EXPECT_LT(Clock::now() - start, 1s);
+  }
 }
 
 // Stronger than the Link contract (nothing leaves local memory after the
@@ -179,35 +181,40 @@ std::string frame(uint8_t type, std::string_view payload) {
   return out;
 }
 
-// A hand-written server: accepts one stream, runs the opening exchange,
-// answers Accept, then does `after`.
+// A hand-written server: accepts `streams` streams one after the other,
+// runs the opening exchange on each, answers Accept, then does after(i, fd)
+// for the i-th.
 class FakeServer {
  public:
-  explicit FakeServer(std::function<void(int fd)> after) {
+  explicit FakeServer(std::function<void(int fd)> after)
+      : FakeServer(1, [after = std::move(after)](int, int fd) { after(fd); }) {}
+  FakeServer(int streams, std::function<void(int i, int fd)> after) {
     Result<n::Listening> l = n::listen_on({"127.0.0.1", 0}, 16, "fake");
     listening_ = std::move(l->fd);
     address_ = tcp::format_address(l->bound, 0x42);
-    thread_ = std::thread([this, after = std::move(after)] {
-      int fd = -1;
-      while (fd < 0 && !stop_) {
-        fd = ::accept(listening_.get(), nullptr, nullptr);
-        if (fd < 0) std::this_thread::sleep_for(1ms);
+    thread_ = std::thread([this, streams, after = std::move(after)] {
+      for (int i = 0; i < streams; ++i) {
+        int fd = -1;
+        while (fd < 0 && !stop_) {
+          fd = ::accept(listening_.get(), nullptr, nullptr);
+          if (fd < 0) std::this_thread::sleep_for(1ms);
+        }
+        if (fd < 0) return;
+        n::Fd owned(fd);
+        n::IoLimits limits{Clock::now() + 5s};
+        n::FrameReader reader(n::Protocol::kTcp, tcp::kVersion, tcp::payload_limit);
+        n::Session none;
+        if (!n::read_frame(fd, reader, none, limits, "fake").ok()) return;
+        n::ServerOpening opening(kOpening);
+        if (opening.on_frame(reader.header(), reader.raw_header(), reader.payload()).kind !=
+            n::ServerOpening::Step::Kind::kOpened)
+          return;
+        n::WireWriter label;
+        label.str("fake");
+        const std::string out = frame(tcp::kAccept, label.out());
+        (void)n::send_bytes(fd, out.data(), out.size(), limits, "fake");
+        after(i, fd);
       }
-      if (fd < 0) return;
-      n::Fd owned(fd);
-      n::IoLimits limits{Clock::now() + 5s};
-      n::FrameReader reader(n::Protocol::kTcp, tcp::kVersion, tcp::payload_limit);
-      n::Session none;
-      if (!n::read_frame(fd, reader, none, limits, "fake").ok()) return;
-      n::ServerOpening opening(kOpening);
-      if (opening.on_frame(reader.header(), reader.raw_header(), reader.payload()).kind !=
-          n::ServerOpening::Step::Kind::kOpened)
-        return;
-      n::WireWriter label;
-      label.str("fake");
-      const std::string out = frame(tcp::kAccept, label.out());
-      (void)n::send_bytes(fd, out.data(), out.size(), limits, "fake");
-      after(fd);
     });
   }
   ~FakeServer() {
@@ -275,6 +282,88 @@ TEST(TcpFakePeerTest, ReplyForTheWrongRequestIsAnIoError) {
   EXPECT_EQ(s.code(), Code::kIoError) << s.to_string();
 }
 
+// Reads one Read request on `fd` and answers it with `fill` bytes.
+bool answer_read(int fd, char fill) {
+  n::FrameReader reader(n::Protocol::kTcp, tcp::kVersion, tcp::payload_limit);
+  n::Session none;
+  if (!n::read_frame(fd, reader, none, {Clock::now() + 5s}, "fake").ok()) return false;
+  uint64_t bytes = 0;
+  const std::string_view p = reader.payload();
+  for (size_t r = 0; r < p.size() / tcp::kRangeBytes; ++r) {
+    uint64_t len = 0;
+    for (int b = 7; b >= 0; --b) len = (len << 8) | static_cast<uint8_t>(p[r * tcp::kRangeBytes + 16 + b]);
+    bytes += len;
+  }
+  std::string out = frame(tcp::kReadData, tcp::encode_count(static_cast<uint32_t>(p.size() / tcp::kRangeBytes)));
+  out.append(bytes, fill);
+  return n::send_bytes(fd, out.data(), out.size(), {Clock::now() + 5s}, "fake").ok();
+}
+
+// A server may close a pooled idle stream (its listener reclaims the place
+// for another client) just as a run sends on it, before reading a byte of
+// it. The run opens another stream and sends again: nothing of the first
+// try was served.
+TEST(TcpFakePeerTest, APooledStreamClosedBeforeItsRequestWasReadIsOpenedAgain) {
+  FakeServer fake(2, [](int i, int fd) {
+    if (i == 0) {
+      answer_read(fd, 'a');
+      // The next request arrives; the stream closes in order without
+      // serving it, as a server whose listener reclaimed it: its end first,
+      // then what the client sends is dropped until the client closes.
+      pollfd p{fd, POLLIN, 0};
+      (void)::poll(&p, 1, 5000);
+      ::shutdown(fd, SHUT_WR);
+      char sink[4096];
+      while (::poll(&p, 1, 2000) == 1 && ::recv(fd, sink, sizeof sink, 0) > 0) {
+      }
+      return;
+    }
+    answer_read(fd, 'b');
+    std::this_thread::sleep_for(100ms);
+  });
+  auto client = make_tcp_transport("127.0.0.1", 1, "");
+  auto link = (*client)->connect(fake.peer());
+  ASSERT_TRUE(link.ok()) << link.error().to_string();
+  std::vector<uint8_t> buf(1 << 16, 0);
+  for (char fill : {'a', 'b'}) {
+    RunControl control;
+    control.deadline = Clock::now() + 5s;
+    Status s = (*link)->run(TransferOp::kRead, std::vector<Copy>{{buf.data(), 0x1000, buf.size(), 1}}, control);
+    ASSERT_TRUE(s.ok()) << "run " << fill << ": " << s.to_string();
+    EXPECT_TRUE(std::all_of(buf.begin(), buf.end(), [&](uint8_t c) { return c == static_cast<uint8_t>(fill); }));
+  }
+}
+
+// A peer that resets a pooled stream without a reply did not close it in
+// order: the run fails (its bytes may have been served), and is not sent again.
+TEST(TcpFakePeerTest, APooledStreamResetWithoutAReplyFailsTheRun) {
+  std::atomic<int> served{0};
+  FakeServer fake(2, [&](int i, int fd) {
+    ++served;
+    if (i == 0) {
+      answer_read(fd, 'a');
+      pollfd p{fd, POLLIN, 0};
+      (void)::poll(&p, 1, 5000);
+      linger reset{1, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);  // close() resets
+      return;
+    }
+    answer_read(fd, 'b');
+  });
+  auto client = make_tcp_transport("127.0.0.1", 1, "");
+  auto link = (*client)->connect(fake.peer());
+  ASSERT_TRUE(link.ok()) << link.error().to_string();
+  std::vector<uint8_t> buf(1 << 16, 0);
+  RunControl control;
+  control.deadline = Clock::now() + 5s;
+  ASSERT_TRUE((*link)->run(TransferOp::kRead, std::vector<Copy>{{buf.data(), 0x1000, buf.size(), 1}}, control).ok());
+  RunControl again;
+  again.deadline = Clock::now() + 5s;
+  Status s = (*link)->run(TransferOp::kRead, std::vector<Copy>{{buf.data(), 0x1000, buf.size(), 1}}, again);
+  EXPECT_EQ(s.code(), Code::kIoError) << s.to_string();
+  EXPECT_EQ(served.load(), 1) << "the run was sent again on a new stream";
+}
+
 // A hand-written client against the real server.
 class RawClient {
  public:
@@ -286,10 +375,10 @@ class RawClient {
   void send(const std::string& bytes) {
     ASSERT_TRUE(n::send_bytes(fd_.get(), bytes.data(), bytes.size(), {Clock::now() + 5s}, "raw").ok());
   }
-  Status open(uint64_t instance = 0) {
+  Status open(uint64_t instance = 0, const std::string& label = "raw") {
     n::OpeningConfig c = kOpening;
     c.secret = secret_;
-    Result<n::Opened> o = n::open_client(fd_.get(), c, tcp::encode_open_body(instance ? instance : instance_, "raw"),
+    Result<n::Opened> o = n::open_client(fd_.get(), c, tcp::encode_open_body(instance ? instance : instance_, label),
                                          tcp::payload_limit, {Clock::now() + 5s}, "raw");
     if (!o.ok()) return o.error();
     session_ = std::move(o->session);
@@ -407,6 +496,31 @@ TEST(TcpSecretTest, StreamsWithoutTheSecretAreRefusedAndTaggedOnesServed) {
   EXPECT_EQ(local[4095], 9);
   auto plain = make_tcp_transport("127.0.0.1", 1, "");
   EXPECT_FALSE((*plain)->connect(p).ok()) << "a client without the secret connected";
+}
+
+// Every place of the server taken by idle streams: a new client gets the
+// place of the one idle the longest (here the link's pooled stream), and the
+// link, finding its stream closed, opens another the same way.
+TEST_F(TcpTest, AllPlacesTakenByIdleStreamsANewClientTakesTheOldestOnesPlace) {
+  link_ = single_stream_link();
+  ASSERT_TRUE(run(TransferOp::kRead, {copy(0, 0, 4096)}).ok());  // its stream is now pooled and idle
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (size_t i = 0; i + 1 < tcp::kMaxStreams; ++i) {
+    idle.push_back(std::make_unique<RawClient>(server_->address()));
+    ASSERT_TRUE(idle.back()->open(0, "idle " + std::to_string(i)).ok()) << i;
+    if (i == 0) std::this_thread::sleep_for(50ms);  // the oldest idle raw stream: its thread waits first
+  }
+  std::this_thread::sleep_for(100ms);  // every stream adopted and waiting
+  RawClient late(server_->address());
+  ASSERT_TRUE(late.open(0, "late").ok()) << "a new client was refused while every stream was idle";
+  ASSERT_TRUE(run(TransferOp::kRead, {copy(0, 100, 4096)}).ok()) << "the link did not open another stream";
+  EXPECT_TRUE(std::equal(local_.begin(), local_.begin() + 4096, remote_.begin() + 100));
+  EXPECT_TRUE(idle[0]->closed_by_peer()) << "the oldest idle raw stream gave its place to the link";
+  late.request(tcp::kRead, {tcp::Range{7, reinterpret_cast<uint64_t>(remote_.data()), 16}});
+  std::string payload;
+  Result<uint8_t> t = late.reply(&payload);
+  ASSERT_TRUE(t.ok()) << t.error().to_string();
+  EXPECT_EQ(*t, tcp::kReadData);
 }
 
 }  // namespace
