@@ -365,7 +365,8 @@ bool Listener::reclaim_idle() {
   std::vector<std::pair<int64_t, std::shared_ptr<Slot>>> idle;
   for (const std::weak_ptr<Slot>& w : slots_) {
     std::shared_ptr<Slot> slot = w.lock();
-    if (slot && slot->reapable_.load() && slot->state_.load() == Slot::kIdle) idle.emplace_back(slot->idle_since_ns_.load(), slot);
+    if (slot && slot->reapable_.load() && slot->state_.load() == Slot::kIdle)
+      idle.emplace_back(slot->idle_since_ns_.load(), slot);
   }
   std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [since, slot] : idle) {

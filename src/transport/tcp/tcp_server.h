@@ -61,7 +61,7 @@ class TcpServer {
  private:
   struct Conn {
     net::Fd fd;
-    std::string peer;  // the client's label
+    std::string peer;                 // the client's label
     std::shared_ptr<net::Slot> slot;  // reapable: an idle stream's place goes to a new client when all are taken
     std::thread thread;
     std::atomic<bool> finished{false};

@@ -4,8 +4,8 @@
 // What every Link must do (sizes, batches, concurrency, cancel, deadlines,
 // a killed peer) is the Link conformance suite's (tests/conformance/link/).
 #include <arpa/inet.h>
-#include <poll.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
