@@ -24,7 +24,7 @@ $(BUILD)/build.ninja: CMakeLists.txt | deps
 	cmake -G Ninja -S . -B $(BUILD) $(OPT_FLAGS) $(CMAKE_FLAGS)
 
 build: deps $(BUILD)/build.ninja
-	cmake --build $(BUILD) -j $(JOBS)
+	scripts/timed.sh build cmake --build $(BUILD) -j $(JOBS)
 
 # The main job: builds only the CLI (the demo's ranks are the same binary).
 demo: deps $(BUILD)/build.ninja
@@ -53,13 +53,16 @@ engine-matrix: deps $(BUILD)/build.ninja
 # build compiles and links the CUDA code (when the toolkit is there); the
 # sanitizer builds test everything above the device seam on the host fake
 # without it (the CUDA runtime is not instrumented).
-test: check test-asan test-tsan
+test:
+	@scripts/timed.sh check $(MAKE) --no-print-directory check
+	@scripts/timed.sh test-asan $(MAKE) --no-print-directory test-asan
+	@scripts/timed.sh test-tsan $(MAKE) --no-print-directory test-tsan
 
 # The tests of the main build: unit, property, matrix, conformance, attack,
 # CLI, demo, Python, and a short run of every fuzz target.
 check: build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
-	$(MAKE) --no-print-directory fuzz-short
+	scripts/timed.sh "check: tests" ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	scripts/timed.sh "check: fuzz-short" $(MAKE) --no-print-directory fuzz-short
 
 $(BUILD_ASAN)/build.ninja: CMakeLists.txt | deps
 	cmake -G Ninja -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DKVB_SANITIZE=address,undefined -DKVB_BENCH=OFF -DKVB_PYTHON=OFF -DKVB_CUDA=OFF
@@ -73,7 +76,7 @@ $(BUILD_ASAN)/build.ninja: CMakeLists.txt | deps
 ASAN_EXCLUDE ?= ^demo_(matrix|pipeline|flood)$$
 
 test-asan: deps $(BUILD_ASAN)/build.ninja
-	cmake --build $(BUILD_ASAN) -j $(JOBS)
+	scripts/timed.sh "test-asan: build" cmake --build $(BUILD_ASAN) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS) \
 	  -E '$(ASAN_EXCLUDE)'
 
@@ -88,7 +91,7 @@ $(BUILD_TSAN)/build.ninja: CMakeLists.txt | deps
 	cmake -G Ninja -S . -B $(BUILD_TSAN) $(OPT_FLAGS) -DKVB_SANITIZE=thread -DKVB_UCX=OFF -DKVB_BENCH=OFF -DKVB_PYTHON=OFF -DKVB_CUDA=OFF
 
 test-tsan: deps $(BUILD_TSAN)/build.ninja
-	cmake --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TESTS) kvb_conformance_peer link_peer kvb_attack_peer
+	scripts/timed.sh "test-tsan: build" cmake --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TESTS) kvb_conformance_peer link_peer kvb_attack_peer
 	KVB_REQUIRE="$(subst ucx,,$(KVB_REQUIRE))" TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir $(BUILD_TSAN) --output-on-failure -j $(JOBS) \
 	  -R '^($(subst $(space),|,$(strip $(TSAN_TESTS))))$$'
 
