@@ -118,8 +118,7 @@ class Rank {
     if (c_.prefill) {
       w.remote_access = RemoteAccess::kRead;
     } else {
-      // Push: each prefill rank may write only the blocks of a load in flight.
-      w.remote_access = push_ ? RemoteAccess::kGrantedWrite : RemoteAccess::kNone;
+      w.remote_access = push_ ? RemoteAccess::kWrite : RemoteAccess::kNone;
     }
     if (c_.prefill) {
       if (a.inject == Inject::kWrongSecret || a.inject == Inject::kMissingSecret) w.secret = "prefill-secret";
