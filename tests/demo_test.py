@@ -341,8 +341,12 @@ def _(name):
     check(name, r["streamed_requests"] == 4 and r["baselines"] == 4,
           f"streamed {r['streamed_requests']}, baselines {r['baselines']}")
     check(name, r["ttft_ms"] > 0 and r["ttft_no_stream_ms"] > 0 and r["ttft_paired_ratio"] > 0, "no TTFT figures")
-    check(name, r["exposed_transfer_ms"] < 0.5 * r["exposed_transfer_no_stream_ms"],
-          f"exposed transfer {r['exposed_transfer_ms']} ms streamed vs {r['exposed_transfer_no_stream_ms']} ms not")
+    # Under a sanitizer the reads are 5-10x slower while the prefill's
+    # compute per layer is not, so less of the transfer hides behind it.
+    hidden = 0.75 if SANITIZED else 0.5
+    check(name, r["exposed_transfer_ms"] < hidden * r["exposed_transfer_no_stream_ms"],
+          f"exposed transfer {r['exposed_transfer_ms']} ms streamed vs {r['exposed_transfer_no_stream_ms']} ms not "
+          f"(must be under {hidden} of it)")
     check(name, 0 < r["last_stage_ms"] < r["exposed_transfer_no_stream_ms"] and r["exposed_per_last_stage"] > 0,
           f"last stage {r['last_stage_ms']} ms, exposed / last stage {r['exposed_per_last_stage']}")
     # Every layer of every request and of its rerun was computed, each
