@@ -132,7 +132,8 @@ Result<double> lookup_seconds(const StoreArgs& a, std::optional<RedisOptions> re
   o.extra_keys = {"bench-lookup"};
   KVB_ASSIGN_OR_RETURN(auto store, Store::create(o));
   const uint64_t H = a.hash_block_tokens;
-  RankMem m(lookup_layout(H, n / H + 1));
+  KVB_ASSIGN_OR_RETURN(std::unique_ptr<RankMem> mem, RankMem::create(lookup_layout(H, n / H + 1)));
+  RankMem& m = *mem;
   KVB_ASSIGN_OR_RETURN(RankStore rs, RankStore::create(store, m.layout));
   Request r;
   r.num_tokens = n;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kvbridge/host_memory.h"
 #include "kvbridge/layout_json.h"
 #include "kvbridge/store.h"
 
@@ -37,11 +38,14 @@ struct StoreArgs {
   uint64_t lookup_tokens = 131072;
 };
 
+// A rank's tensors in HostMemory: zero until touched, so a request that
+// uses a few blocks of tensors of hundreds of MiB (qwen3-next's states)
+// does not pay to zero the rest.
 struct RankMem {
   Layout layout;
-  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<HostMemory> bytes;
   std::vector<std::span<uint8_t>> spans;
-  explicit RankMem(Layout l);
+  static Result<std::unique_ptr<RankMem>> create(Layout l);
   TensorMemory memory() { return TensorMemory(spans); }
 };
 

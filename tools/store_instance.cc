@@ -25,9 +25,15 @@ Request make_request(const Layout& l, uint64_t num_tokens, int64_t first, int64_
 
 }  // namespace
 
-RankMem::RankMem(Layout l) : layout(std::move(l)) {
-  for (const Tensor& t : layout.tensors) bytes.emplace_back(t.bytes, uint8_t{0});
-  for (auto& b : bytes) spans.emplace_back(b);
+Result<std::unique_ptr<RankMem>> RankMem::create(Layout l) {
+  auto m = std::make_unique<RankMem>();
+  m->layout = std::move(l);
+  for (const Tensor& t : m->layout.tensors) {
+    KVB_ASSIGN_OR_RETURN(HostMemory bytes, HostMemory::allocate(t.bytes));
+    m->spans.push_back(bytes.span());
+    m->bytes.push_back(std::move(bytes));
+  }
+  return m;
 }
 
 std::vector<uint32_t> synthetic_tokens(uint64_t seed, uint64_t n) {
@@ -66,7 +72,8 @@ Result<SyntheticInstance> SyntheticInstance::create(std::shared_ptr<Store> store
     o.tp_rank = r;
     KVB_ASSIGN_OR_RETURN(Layout l, make_preset(o));
     KVB_ASSIGN_OR_RETURN(RankStore rs, RankStore::create(store, l));
-    inst.ranks.push_back(std::make_unique<RankMem>(std::move(l)));
+    KVB_ASSIGN_OR_RETURN(std::unique_ptr<RankMem> mem, RankMem::create(std::move(l)));
+    inst.ranks.push_back(std::move(mem));
     inst.stores.push_back(std::move(rs));
   }
   return inst;

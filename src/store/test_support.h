@@ -12,19 +12,27 @@
 #include <gtest/gtest.h>
 
 #include "kvbridge/content.h"
+#include "kvbridge/host_memory.h"
 #include "kvbridge/presets.h"
 #include "kvbridge/store.h"
 #include "store/canonical.h"
 
 namespace kvbridge::testing {
 
+// Zero at start without a pass over it (HostMemory maps it): a request
+// touches a few blocks of tensors of hundreds of MiB (qwen3-next's states),
+// and zeroing them all took most of a store test's time.
 struct RankMemory {
   Layout layout;
-  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<HostMemory> bytes;
   std::vector<std::span<uint8_t>> spans;
   explicit RankMemory(Layout l) : layout(std::move(l)) {
-    for (const Tensor& t : layout.tensors) bytes.emplace_back(t.bytes, uint8_t{0});
-    for (auto& b : bytes) spans.emplace_back(b);
+    for (const Tensor& t : layout.tensors) {
+      Result<HostMemory> m = HostMemory::allocate(t.bytes);
+      EXPECT_TRUE(m.ok()) << m.status().to_string();
+      bytes.push_back(m.ok() ? std::move(*m) : HostMemory());
+      spans.push_back(bytes.back().span());
+    }
   }
   TensorMemory memory() { return TensorMemory(spans); }
 };

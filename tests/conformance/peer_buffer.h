@@ -1,15 +1,19 @@
 // tests/conformance/peer_buffer.h: a conformance peer's buffer: host memory,
 // or device memory of the host fake (device.h), which the test reads and
 // writes directly since the fake's device memory is host memory.
+//
+// Host memory is HostMemory's (host_memory.h): zero from the start without
+// a pass over it. (Under ThreadSanitizer, zeroing 72 MiB with memset took
+// 2 s, a third of each Link conformance case.)
 // Header-only, for tests.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "device/device.h"
+#include "kvbridge/host_memory.h"
 #include "kvbridge/status.h"
 
 namespace kvbridge::conformance {
@@ -22,7 +26,7 @@ class PeerBuffer {
     PeerBuffer b;
     b.bytes_ = bytes;
     if (memory == "host") {
-      b.host_.assign(bytes, 0);
+      KVB_ASSIGN_OR_RETURN(b.host_, HostMemory::allocate(bytes));
       b.data_ = b.host_.data();
       return b;
     }
@@ -41,8 +45,6 @@ class PeerBuffer {
     std::swap(data_, o.data_);
     std::swap(bytes_, o.bytes_);
     std::swap(device_, o.device_);
-    if (!device_) data_ = host_.data();
-    if (!o.device_) o.data_ = o.host_.data();
     return *this;
   }
   ~PeerBuffer() {
@@ -52,7 +54,7 @@ class PeerBuffer {
   size_t size() const { return bytes_; }
 
  private:
-  std::vector<uint8_t> host_;
+  HostMemory host_;
   uint8_t* data_ = nullptr;
   uint64_t bytes_ = 0;
   bool device_ = false;

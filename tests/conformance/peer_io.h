@@ -16,13 +16,15 @@
 // run, bytes already sent may still arrive: the Link suite checks which
 // bytes can, not that none do). ThreadSanitizer cannot see that edge, so
 // these loops are left uninstrumented: plain loops over computed bytes, not
-// memcpy or memset, which TSan intercepts anyway. (So no command stores one
-// constant byte: the compiler would make that loop a memset. "fill" with
-// seed 0 writes zeros.)
+// memcpy or memset of a range, which TSan intercepts anyway. (So no command
+// stores one constant byte: the compiler would make that loop a memset.
+// "fill" with seed 0 writes zeros.) The peers fill their buffer at start
+// with fill_buffer too: uninstrumented, 72 MiB take a tenth of the time.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <sstream>
@@ -39,9 +41,15 @@ inline void say(const std::string& line) {
   std::fflush(stdout);
 }
 
-// Writes pattern `seed` bytes [from, from + len) to p.
+// Writes pattern `seed` bytes [from, from + len) to p, a word at a time (an
+// 8-byte memcpy compiles to one store, which TSan does not intercept).
 __attribute__((no_sanitize_thread)) inline void fill_buffer(uint8_t* p, uint64_t len, uint32_t seed, uint64_t from) {
-  for (uint64_t k = 0; k < len; ++k) p[k] = pattern_byte(from + k, seed);
+  uint64_t k = 0;
+  for (; k + 8 <= len; k += 8) {
+    const uint64_t w = pattern_word(from + k, seed);
+    std::memcpy(p + k, &w, 8);
+  }
+  for (; k < len; ++k) p[k] = pattern_byte(from + k, seed);
 }
 
 // The index of the first byte of p that differs from pattern `seed` bytes

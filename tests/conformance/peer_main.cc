@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   PeerBuffer buffer = std::move(*made);
-  fill_pattern(buffer.data(), bytes, seed, 0);
+  fill_buffer(buffer.data(), bytes, seed, 0);
   Result<RegionId> region = engine->register_memory(buffer.data(), bytes, memory);
   RegionId current = region.ok() ? *region : 0;
   if (!region.ok()) {
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
         Result<PeerBuffer> fresh = PeerBuffer::create(bytes, memory);
         if (fresh.ok()) {
           buffer = std::move(*fresh);
-          fill_pattern(buffer.data(), bytes, again, 0);
+          fill_buffer(buffer.data(), bytes, again, 0);
           Result<RegionId> r = engine->register_memory(buffer.data(), bytes, memory);
           if (r.ok()) current = *r;
           s = r.status();

@@ -159,7 +159,10 @@ void LinkConformance::SetUp() {
     KVB_SKIP_UNLESS_REQUIRED(p.transport, peer.error().to_string());
   ASSERT_TRUE(peer.ok()) << peer.error().to_string();
   peer_ = std::move(*peer);
-  local_.assign(kBytes, 0);
+  Result<PeerBuffer> local = PeerBuffer::create(kBytes, "host");
+  ASSERT_TRUE(local.ok()) << local.error().to_string();
+  local_memory_ = std::move(*local);
+  local_ = std::span<uint8_t>(local_memory_.data(), kBytes);
   Result<std::unique_ptr<transport::Link>> link = transport_->connect(peer_->info(peer_name()));
   // cma's permission is known only per pair of processes (the kernel's
   // ptrace check, cma.cc): a refused probe is this machine, not the link.
@@ -279,7 +282,7 @@ std::vector<Copy> LinkConformance::long_copies() {
 ::testing::AssertionResult LinkConformance::nothing_lands_after(uint64_t bytes, uint8_t value) {
   std::fill(local_.begin(), local_.begin() + static_cast<ptrdiff_t>(bytes), value);
   std::this_thread::sleep_for(100ms);
-  const OtherBytes changed = other_bytes(std::span<const uint8_t>(local_).first(bytes), value);
+  const OtherBytes changed = other_bytes(std::span<const uint8_t>(local_.first(bytes)), value);
   if (changed.count == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "local byte " << changed.first
                                        << " changed within 100 ms after the run ended: a byte landed late";

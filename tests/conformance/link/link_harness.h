@@ -36,6 +36,7 @@
 
 #include "common/child_process.h"
 #include "conformance/link/link_transport.h"
+#include "conformance/peer_buffer.h"
 #include "transport/transport.h"
 
 namespace kvbridge::conformance {
@@ -177,7 +178,8 @@ class LinkConformance : public ::testing::TestWithParam<LinkParam> {
 
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<LinkPeer> peer_;
-  std::vector<uint8_t> local_;  // kBytes, zero at start; outlives link_
+  PeerBuffer local_memory_;   // host memory, zero at start (an anonymous mapping); outlives link_
+  std::span<uint8_t> local_;  // local_memory_, kBytes
   std::unique_ptr<transport::Link> link_;
   std::mutex outcomes_mu_;
   std::vector<std::shared_ptr<Outcome>> outcomes_;  // every start()'s, checked at TearDown

@@ -19,10 +19,10 @@
 #include <cstdio>
 #include <sstream>
 #include <string>
-#include <vector>
 
 #include "conformance/link/link_transport.h"
 #include "conformance/pattern.h"
+#include "conformance/peer_buffer.h"
 #include "conformance/peer_io.h"
 #include "device/device.h"
 
@@ -60,25 +60,19 @@ int main(int argc, char** argv) {
 
   // The buffer first: it outlives the transport, whose threads may still be
   // finishing a frame when the process exits.
-  std::vector<uint8_t> host;
-  uint8_t* buffer = nullptr;
   const std::string memory = link_memory(transport_name);
-  if (memory == "host") {
-    host.resize(bytes);
-    buffer = host.data();
-  } else {
-    if (device::current().name() != "fake") {
-      say("error link_peer moves device memory on the host fake only (KVB_DEVICE=fake)");
-      return 1;
-    }
-    Result<void*> p = device::current().allocate(0, bytes);
-    if (!p.ok()) {
-      say("error " + p.error().to_string());
-      return 1;
-    }
-    buffer = static_cast<uint8_t*>(*p);
+  if (memory != "host" && device::current().name() != "fake") {
+    say("error link_peer moves device memory on the host fake only (KVB_DEVICE=fake)");
+    return 1;
   }
-  fill_pattern(buffer, bytes, seed, 0);
+  Result<PeerBuffer> made_buffer = PeerBuffer::create(bytes, memory);
+  if (!made_buffer.ok()) {
+    say("error " + made_buffer.error().to_string());
+    return 1;
+  }
+  PeerBuffer peer_buffer = std::move(*made_buffer);
+  uint8_t* buffer = peer_buffer.data();
+  fill_buffer(buffer, bytes, seed, 0);
   Result<std::unique_ptr<transport::Transport>> made = make_link_transport(transport_name);
   if (!made.ok()) {
     say("error " + made.error().to_string());
