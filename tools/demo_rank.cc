@@ -118,7 +118,8 @@ class Rank {
     if (c_.prefill) {
       w.remote_access = RemoteAccess::kRead;
     } else {
-      w.remote_access = push_ ? RemoteAccess::kWrite : RemoteAccess::kNone;
+      // Push: each prefill rank may write only the blocks of a load in flight.
+      w.remote_access = push_ ? RemoteAccess::kGrantedWrite : RemoteAccess::kNone;
     }
     if (c_.prefill) {
       if (a.inject == Inject::kWrongSecret || a.inject == Inject::kMissingSecret) w.secret = "prefill-secret";

@@ -295,8 +295,11 @@ struct WorkerOptions {
   TransferMode mode = TransferMode::kPull;
   // What peers may do to this rank's tensors: kRead for a pull-mode
   // prefill rank (the default: decode ranks read it), kNone for a rank that
-  // only reads from others (a pull-mode decode rank); in push mode kWrite
-  // for a decode rank and kNone for a prefill rank.
+  // only reads from others (a pull-mode decode rank); in push mode
+  // kGrantedWrite for a decode rank (each load grants its sources exactly
+  // its blocks while it lasts, Engine::grant_writes; enforced where the
+  // transport serves the writes, tcp) or kWrite, and kNone for a prefill
+  // rank.
   RemoteAccess remote_access = RemoteAccess::kRead;
   // Loads are cut into token-ordered chunks of about this many tokens
   // (plan_chunks(), plan.h: rounded up to whole blocks of both sides), one

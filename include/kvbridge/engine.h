@@ -113,9 +113,31 @@ struct Notification {
 // what the peer advertised before posting, and the tcp transport's server
 // refuses what a segment does not grant. (cma cannot enforce it: a process
 // that may ptrace this one reads and writes all of its memory.)
-enum class RemoteAccess : uint8_t { kNone = 0, kRead = 1, kWrite = 2, kReadWrite = 3 };
-std::string_view remote_access_name(RemoteAccess access);  // "none", "read", "write", "read_write"
+// kGrantedWrite (and kReadGrantedWrite): peers may write only the ranges
+// this engine granted them (Engine::grant_writes), as long as the grant
+// lasts; peers see it as write access. Enforced where this engine serves
+// peers' writes itself (tcp: a write outside every grant to its writer is
+// refused and nothing of it lands); a peer that writes this process's memory
+// directly (local, cma, ucx, cuda_ipc) is bound only by its own engine.
+enum class RemoteAccess : uint8_t {
+  kNone = 0,
+  kRead = 1,
+  kWrite = 2,
+  kReadWrite = 3,
+  kGrantedWrite = 6,
+  kReadGrantedWrite = 7,
+};
+// "none", "read", "write", "read_write", "granted_write", "read_granted_write"
+std::string_view remote_access_name(RemoteAccess access);
 Result<RemoteAccess> parse_remote_access(std::string_view name);
+
+// A range of a registration that a peer may write (Engine::grant_writes).
+struct WriteGrant {
+  RegionId region = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+using GrantId = uint64_t;
 
 struct EngineOptions {
   // Shown to peers and in errors. Empty: a name of this engine's own,
@@ -226,6 +248,18 @@ class Engine {
   // Drops one reference. kUnavailable while a transfer uses it (nothing
   // changes); kNotFound for an unknown id.
   virtual Status deregister_memory(RegionId id) = 0;
+
+  // Lets the connected engine `peer` (that instance, as its streams open:
+  // with a secret, proven to hold it) write `ranges` of registrations made
+  // with kGrantedWrite until revoke_writes(); other registrations are not
+  // affected. Each range must lie inside its registration. A write that a
+  // revoke overtakes is stopped: when revoke_writes() returns, no byte of a
+  // peer's write lands in a range that no grant covers any more.
+  // kNotFound for an unknown peer or region, kOutOfRange outside a
+  // registration, kInvalidArgument for an empty range.
+  virtual Result<GrantId> grant_writes(PeerId peer, std::span<const WriteGrant> ranges) = 0;
+  // Ends a grant; unknown ids are ignored.
+  virtual void revoke_writes(GrantId grant) = 0;
 
   // The bytes a peer passes to connect(): versioned, bounded (at most
   // kMaxEngineMetadataBytes), listing transports and registrations.

@@ -346,7 +346,9 @@ void bind_worker(py::module_& m) {
            "the address remote ranks are given for the side channel when not side_channel_host\n"
            "(required when that is a wildcard such as '0.0.0.0'). mode: 'pull' (decode ranks read)\n"
            "or 'push' (prefill ranks write into the decode ranks' blocks: push(); decode ranks then\n"
-           "grant remote_access='write'); the same on every rank of both instances.")
+           "grant remote_access='granted_write': each prefill rank may write only the blocks of a\n"
+           "load in flight, where the transport serves the writes (tcp), or 'write'); the same on\n"
+           "every rank of both instances.")
       .def_property_readonly(
           "side_channel_address", [](PyWorker& w) { return w.get().side_channel_address(); },
           "host:port of this rank's side channel: give it to the other instance's add_remote().")

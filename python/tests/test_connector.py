@@ -130,7 +130,7 @@ def test_push_mode_the_prefill_writes_layer_by_layer_and_the_decode_reads_nothin
     layers = kvbridge.layer_order(ld)
     with kvbridge.Engine(name="prefill/r0") as ep, kvbridge.Engine(name="decode/r0") as ed:
         with kvbridge.ConnectorWorker(ep, lp, p, instance_id="prefill", mode="push", remote_access="none") as wp, \
-                kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode", mode="push", remote_access="write") as wd:
+                kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode", mode="push", remote_access="granted_write") as wd:
             wd.add_remote("prefill", [wp.side_channel_address])
             wp.add_remote("decode", [wd.side_channel_address])
             wp.add_remote("prefill", [wp.side_channel_address])  # it plans over its own instance's ranks

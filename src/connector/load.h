@@ -52,6 +52,11 @@ struct Load {
   // Every source rank this load would read from (source_ranks()), read or
   // not (a request that moves nothing): each hears its heartbeats and done.
   std::vector<PeerId> told;
+  // Push: per source written from, the grant that lets it write exactly the
+  // places this load's plan names (Engine::grant_writes), revoked when the
+  // load ends, so a late or misdirected write is refused where the
+  // transport serves writes itself.
+  std::vector<GrantId> grants;
   std::vector<std::vector<uint8_t>> announced;   // streaming: per source, per layer ordinal
   std::vector<std::vector<std::string>> events;  // streaming: per source, per layer: the producer's event handle
   Readiness ready;                               // the consumer's pending work (LoadOptions::ready)

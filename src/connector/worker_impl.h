@@ -280,6 +280,8 @@ class WorkerImpl final : public ConnectorWorker {
 
   // Requires mu_: nothing of `load` is in flight.
   void finish(Load& load);
+  // Ends the load's write grants (push); any thread, any lock.
+  void revoke_grants(Load& load);
 
   // Requires mu_: every stage of a pull load landed. Asks each source read
   // whether the blocks were held ("done", answered by its engine, asked

@@ -389,8 +389,14 @@ void WorkerImpl::report(LoadResult result) {
   results_cv_.notify_all();
 }
 
+void WorkerImpl::revoke_grants(Load& load) {
+  for (GrantId g : load.grants) engine_.revoke_writes(g);
+  load.grants.clear();
+}
+
 // Requires mu_: nothing of `load` is in flight.
 void WorkerImpl::finish(Load& load) {
+  revoke_grants(load);
   std::vector<TransferStatus> statuses;
   for (const LoadTransfer& t : load.transfers) {
     statuses.push_back(engine_.status(t.id));

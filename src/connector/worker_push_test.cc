@@ -115,6 +115,44 @@ TEST(WorkerPushTest, AStageWrittenToOtherBlocksThanTheLoadNamedFailsIt) {
   EXPECT_NE(r.error.message().find("prefill rank"), std::string::npos) << r.error.to_string();
 }
 
+// The same attack where the decode's transport serves the writes itself
+// (tcp) and the decode registers its KV kGrantedWrite: each source may write
+// only the places of the load's plan while it lasts. Writes into other blocks
+// (another request's) are refused whole and land nowhere; the load fails.
+// Pushed where the load named, over the same grant, the bytes land.
+TEST(WorkerPushTest, OverTcpAWriteOutsideTheLoadsGrantIsRefusedAndLandsNowhere) {
+  InstanceOptions d = push_opts("decode", 1, RemoteAccess::kGrantedWrite);
+  InstanceOptions p = push_opts("prefill", 2, RemoteAccess::kNone);
+  d.transport = p.transport = "tcp";
+  Pushing s(1, d, p);
+  s.fill_all();
+  Rank& decode = *s.decode[0];
+  ASSERT_TRUE(decode.worker->start_load("1", "prefill", request()).ok());
+  std::vector<std::vector<uint8_t>> before;
+  for (auto span : decode.spans) before.emplace_back(span.begin(), span.end());
+  Request elsewhere = request();
+  elsewhere.blocks["full"].local = {5, 6, 7};  // not this load's blocks: another request's
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->push("1", "decode", elsewhere, LoadOptions()).ok());
+  LoadResult r = wait_one(*decode.worker);
+  ASSERT_FALSE(r.error.ok()) << "a load whose blocks were written elsewhere reported ok";
+  for (auto& pr : s.prefill) {
+    Status saved = pr->worker->wait_for_save("1", 5s);
+    EXPECT_EQ(saved.code(), Code::kPermissionDenied) << saved.to_string();
+    EXPECT_NE(saved.message().find("not inside a write grant"), std::string::npos) << saved.to_string();
+  }
+  for (size_t t = 0; t < decode.spans.size(); ++t) {
+    EXPECT_TRUE(std::equal(before[t].begin(), before[t].end(), decode.spans[t].begin()))
+        << "tensor " << t << " changed: a write outside the grant landed";
+  }
+  // The grant ended with the load: the same places, pushed for a load that
+  // names them, land.
+  ASSERT_TRUE(decode.worker->start_load("2", "prefill", request()).ok());
+  s.push_all("2");
+  LoadResult ok = wait_one(*decode.worker);
+  ASSERT_TRUE(ok.error.ok()) << ok.error.to_string();
+  EXPECT_EQ(bad_cells(decode, request(), {s.layers.begin(), s.layers.end()}, 11), 0u);
+}
+
 TEST(WorkerPushTest, StreamedEachLayerIsWrittenOnceSavedAndNothingLaterMoves) {
   Pushing s;
   ConnectorWorker& d = *s.decode[0]->worker;

@@ -161,10 +161,32 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     load.peers.push_back(*p);
     load.result.sources.push_back(static_cast<uint32_t>(s));
   }
+  if (load.push) {
+    for (size_t s = 0, k = 0; s < load.used.size(); ++s) {
+      if (!load.used[s]) continue;
+      std::vector<WriteGrant> places;
+      for (const LoadStage& st : load.stages) {
+        for (const TransferItem& it : st.items[s]) places.push_back({it.local, it.local_offset, it.bytes});
+      }
+      Result<GrantId> g = engine_.grant_writes(load.peers[k++], places);
+      if (!g.ok()) {
+        revoke_grants(load);
+        return g.error().with_context("request " + q(request) + ": granting " + name + " rank " + std::to_string(s) +
+                                      " its writes");
+      }
+      load.grants.push_back(*g);
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   auto queued = queued_.find(request);
-  if (queued == queued_.end() || queued->second.gen != gen) return Status();  // aborted meanwhile
-  if (loads_.count(request) != 0) return Status::already_exists("request " + q(request) + " is loading");
+  if (queued == queued_.end() || queued->second.gen != gen) {
+    revoke_grants(load);
+    return Status();  // aborted meanwhile
+  }
+  if (loads_.count(request) != 0) {
+    revoke_grants(load);
+    return Status::already_exists("request " + q(request) + " is loading");
+  }
   ended_.erase(request);
   // A pull load's clock starts when its first read can (after planning);
   // a push load's at start_load(): the sources may be writing already.
@@ -199,6 +221,7 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
       (void)engine_.release(t.id);
       by_transfer_.erase(t.id);
     }
+    revoke_grants(load);
     return started;
   }
   ++stats_.loads_started;

@@ -48,8 +48,9 @@ struct InstanceOptions {
   WorkerOptions worker;
   std::shared_ptr<transport::Faults> faults;  // wraps the local transport when set
   uint64_t inline_bytes = EngineOptions{}.inline_bytes;
-  bool device = false;        // tensors in device memory (cuda:0 of the host fake: KVB_DEVICE=fake)
-  std::string engine_faults;  // testing::create_engine_with_faults's spec (host memory only)
+  bool device = false;              // tensors in device memory (cuda:0 of the host fake: KVB_DEVICE=fake)
+  std::string engine_faults;        // testing::create_engine_with_faults's spec (host memory only)
+  std::string transport = "local";  // or "tcp" (no faults)
 };
 
 inline InstanceOptions opts(std::string id, uint32_t tp) {
@@ -85,12 +86,14 @@ inline std::vector<std::unique_ptr<Rank>> instance(const InstanceOptions& o) {
     }
     EngineOptions e;
     e.name = o.id + "/r" + std::to_string(r);
-    e.transports = {"local"};
+    e.transports = {o.transport};
     e.default_timeout = 2s;
     e.inline_bytes = o.inline_bytes;
     e.secret = o.worker.secret;  // one trust for the side channel and the engine
     std::vector<std::unique_ptr<transport::Transport>> ts;
-    std::unique_ptr<transport::Transport> local = *transport::make_local_transport();
+    std::unique_ptr<transport::Transport> local = o.transport == "tcp"
+                                                      ? *transport::make_tcp_transport("127.0.0.1", 2, e.secret)
+                                                      : *transport::make_local_transport();
     ts.push_back(o.faults ? transport::make_fault_transport(std::move(local), o.faults) : std::move(local));
     Result<std::unique_ptr<Engine>> engine = o.engine_faults.empty()
                                                  ? engine_internal::create_engine(e, std::move(ts))

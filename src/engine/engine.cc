@@ -127,7 +127,10 @@ Status EngineImpl::init() {
   pid_ = static_cast<uint64_t>(::getpid());
   instance_ = random_nonzero_u64();
   std::vector<transport::Transport*> raw;
-  for (const auto& t : transports_) raw.push_back(t.get());
+  for (const auto& t : transports_) {
+    t->set_local_identity(options_.name, instance_);
+    raw.push_back(t.get());
+  }
   registry_ = std::make_unique<Registry>(std::move(raw));
   ControlOptions control;
   control.host = options_.host;
@@ -184,6 +187,29 @@ Result<RegionId> EngineImpl::register_memory(void* base, uint64_t bytes, std::st
 Status EngineImpl::deregister_memory(RegionId id) {
   std::lock_guard<std::mutex> lock(mu_);
   return registry_->remove(id);
+}
+
+Result<GrantId> EngineImpl::grant_writes(PeerId peer, std::span<const WriteGrant> ranges) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto p = peers_.find(peer);
+  if (p == peers_.end()) return Status::not_found("grant_writes: unknown peer " + std::to_string(peer));
+  std::vector<transport::GrantSpan> spans;
+  spans.reserve(ranges.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const WriteGrant& g = ranges[i];
+    const std::string what = "grant_writes: range " + std::to_string(i);
+    if (g.bytes == 0) return Status::invalid_argument(what + " is empty");
+    KVB_ASSIGN_OR_RETURN(uint8_t * at, registry_->resolve(g.region, g.offset, g.bytes, what));
+    spans.push_back({registry_->find(g.region)->segment, reinterpret_cast<uint64_t>(at), g.bytes});
+  }
+  const GrantId id = next_grant_++;
+  const std::string label = transport::engine_label(p->second->metadata.name, p->second->metadata.instance);
+  for (const auto& t : transports_) t->grant_writes(id, label, spans);
+  return id;
+}
+
+void EngineImpl::revoke_writes(GrantId grant) {
+  for (const auto& t : transports_) t->revoke_writes(grant);
 }
 
 EngineMetadata EngineImpl::describe_locked() const {

@@ -70,6 +70,8 @@ class EngineImpl final : public Engine {
   std::vector<TransportReport> transports() const override { return reports_; }
   Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory, RemoteAccess access) override;
   Status deregister_memory(RegionId id) override;
+  Result<GrantId> grant_writes(PeerId peer, std::span<const WriteGrant> ranges) override;
+  void revoke_writes(GrantId grant) override;
   std::string metadata() const override;
   Result<PeerId> connect(std::string_view metadata) override;
   Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
@@ -181,6 +183,7 @@ class EngineImpl final : public Engine {
   std::map<PreparedId, std::shared_ptr<PreparedList>> prepared_;
   PreparedId next_prepared_ = 1;
   PeerId next_peer_ = 1;
+  GrantId next_grant_ = 1;
   std::atomic<uint64_t> next_connection_{1};
 
   std::unique_ptr<Control> control_;

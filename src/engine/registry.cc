@@ -32,16 +32,21 @@ std::string_view remote_access_name(RemoteAccess access) {
       return "write";
     case RemoteAccess::kReadWrite:
       return "read_write";
+    case RemoteAccess::kGrantedWrite:
+      return "granted_write";
+    case RemoteAccess::kReadGrantedWrite:
+      return "read_granted_write";
   }
   return "unknown";
 }
 
 Result<RemoteAccess> parse_remote_access(std::string_view name) {
-  for (RemoteAccess a : {RemoteAccess::kNone, RemoteAccess::kRead, RemoteAccess::kWrite, RemoteAccess::kReadWrite}) {
+  for (RemoteAccess a : {RemoteAccess::kNone, RemoteAccess::kRead, RemoteAccess::kWrite, RemoteAccess::kReadWrite,
+                         RemoteAccess::kGrantedWrite, RemoteAccess::kReadGrantedWrite}) {
     if (remote_access_name(a) == name) return a;
   }
   return Status::invalid_argument("unknown remote access '" + std::string(name) +
-                                  "' (expected none, read, write or read_write)");
+                                  "' (expected none, read, write, read_write, granted_write or read_granted_write)");
 }
 
 }  // namespace kvbridge
@@ -159,7 +164,10 @@ Result<RegionId> Registry::add(void* base_ptr, uint64_t bytes, std::string_view 
       }
     }
   }
-  if (access > 3) return Status::invalid_argument("register_memory: access " + std::to_string(access) + " is not 0..3");
+  if (access > 7 || access == 4 || access == 5) {
+    return Status::invalid_argument("register_memory: access " + std::to_string(access) +
+                                    " is not a RemoteAccess (0, 1, 2, 3, 6 or 7)");
+  }
   for (auto& [id, r] : regions_) {
     if (r.base == base && r.bytes == bytes && r.memory == memory && r.access == access) {
       ++r.refs;
@@ -286,8 +294,9 @@ const Region* Registry::find(RegionId id) const {
 void Registry::describe(EngineMetadata* m) const {
   for (const auto& [id, s] : segments_) {
     if (s.segment.access == 0) continue;
+    // Peers see read and write; whether writes need a grant is this side's.
     m->segments.push_back(MetadataSegment{id, reinterpret_cast<uint64_t>(s.segment.base), s.segment.bytes,
-                                          s.segment.memory, s.segment.access, s.keys});
+                                          s.segment.memory, static_cast<uint8_t>(s.segment.access & 3), s.keys});
   }
   for (const auto& [id, r] : regions_) {
     if (r.access == 0) continue;

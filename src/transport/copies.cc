@@ -2,10 +2,17 @@
 #include "transport/copies.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <system_error>
 #include <thread>
 
 namespace kvbridge::transport {
+
+std::string engine_label(std::string_view name, uint64_t instance) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(instance));
+  return std::string(name) + " " + hex;
+}
 
 std::vector<std::vector<Copy>> split_by_bytes(std::span<const Copy> copies, size_t parts, uint64_t max_piece) {
   uint64_t total = 0;

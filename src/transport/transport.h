@@ -44,12 +44,25 @@ struct Segment {
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
   std::string memory = "host";
-  // What peers may do to it (RemoteAccess bits: 1 read, 2 write; 0 none: the
-  // engine does not advertise it, and transports that serve requests
-  // themselves, like tcp, refuse any). cma cannot enforce it: a process
-  // allowed to ptrace this one can read and write all its memory.
+  // What peers may do to it (RemoteAccess bits: 1 read, 2 write, 4 writes
+  // only where granted (grant_writes); 0 none: the engine does not
+  // advertise it, and transports that serve requests themselves, like tcp,
+  // refuse any). cma cannot enforce it: a process allowed to ptrace this one
+  // can read and write all its memory.
   uint8_t access = 3;
 };
+
+// A range a grant lets one peer write: [address, address + bytes) of local
+// segment `segment`.
+struct GrantSpan {
+  uint32_t segment = 0;
+  uint64_t address = 0;
+  uint64_t bytes = 0;
+};
+
+// How an engine names itself to the peers its links open streams to, and how
+// a grant names the peer it is for: its name and instance.
+std::string engine_label(std::string_view name, uint64_t instance);
 
 // What a peer advertised for one transport: its address blob and, per
 // segment, the key blob the transport returned from add_segment on that peer.
@@ -147,6 +160,18 @@ class Transport {
   virtual Result<std::string> add_segment(const Segment& segment) = 0;
   virtual Status remove_segment(uint32_t id) = 0;
   virtual Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) = 0;
+  // The engine's name and instance, before any connect(): transports whose
+  // links name their engine when they open (tcp) use engine_label().
+  virtual void set_local_identity(std::string_view name, uint64_t instance) { (void)name, (void)instance; }
+  // Writes from the peer whose links open as `label` may land in `spans` of
+  // segments with access bit 4, until revoke_writes(grant); when that
+  // returns, no byte of a write outside every remaining grant lands. Only a
+  // transport that serves peers' writes itself (tcp) keeps grants: the
+  // others' peers write this process's memory without it.
+  virtual void grant_writes(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans) {
+    (void)grant, (void)label, (void)spans;
+  }
+  virtual void revoke_writes(uint64_t grant) { (void)grant; }
 };
 
 // Factories. Each returns kUnavailable, saying why, when it cannot run here.

@@ -216,6 +216,13 @@ class FaultTransport final : public Transport {
   Status can_reach(const PeerInfo& peer) const override { return inner_->can_reach(peer); }
   Result<std::string> add_segment(const Segment& segment) override { return inner_->add_segment(segment); }
   Status remove_segment(uint32_t id) override { return inner_->remove_segment(id); }
+  void set_local_identity(std::string_view name, uint64_t instance) override {
+    inner_->set_local_identity(name, instance);
+  }
+  void grant_writes(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans) override {
+    inner_->grant_writes(grant, label, std::move(spans));
+  }
+  void revoke_writes(uint64_t grant) override { inner_->revoke_writes(grant); }
   Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) override {
     KVB_ASSIGN_OR_RETURN(std::unique_ptr<Link> link, inner_->connect(peer));
     return std::unique_ptr<Link>(std::make_unique<FaultLink>(std::move(link), faults_));

@@ -52,6 +52,12 @@ class TcpTransport final : public Transport {
     return Status();
   }
 
+  void set_local_identity(std::string_view name, uint64_t instance) override { label_ = engine_label(name, instance); }
+  void grant_writes(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans) override {
+    server_->grant(grant, label, spans);
+  }
+  void revoke_writes(uint64_t grant) override { server_->revoke(grant); }
+
   Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) override {
     KVB_ASSIGN_OR_RETURN(tcp::TcpPeer target, tcp::parse_address(peer.address, peer.name));
     target.local_label = label_;

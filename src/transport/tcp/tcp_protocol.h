@@ -35,7 +35,7 @@ namespace kvbridge::transport::tcp {
 
 inline constexpr uint16_t kVersion = 2;
 inline constexpr size_t kRangeBytes = 24;
-inline constexpr size_t kMaxLabelBytes = 256;
+inline constexpr size_t kMaxLabelBytes = 512;  // an engine name (256) and its instance
 inline constexpr size_t kMaxErrorText = 1024;
 // Bounds a peer may not exceed (the decoder rejects larger numbers).
 inline constexpr uint32_t kMaxRangesPerFrame = 65536;
@@ -57,6 +57,8 @@ struct Range {
 
 // Remote access bits a segment grants (RemoteAccess in engine.h).
 inline constexpr uint8_t kAccessRead = 1, kAccessWrite = 2;
+// Writes land only inside a grant to the writing stream's label.
+inline constexpr uint8_t kAccessByGrant = 4;
 
 // The segment's [base, base + bytes) and access when `id` is registered.
 struct SegmentSpan {

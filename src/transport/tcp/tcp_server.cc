@@ -153,6 +153,69 @@ void TcpServer::remove_segment(uint32_t id) {
   epoch_.fetch_add(1);
 }
 
+void TcpServer::grant(uint64_t grant, std::string label, const std::vector<GrantSpan>& spans) {
+  std::vector<Interval> intervals;
+  intervals.reserve(spans.size());
+  for (const GrantSpan& s : spans) {
+    if (s.bytes > 0 && s.address + s.bytes > s.address)
+      intervals.push_back({s.segment, s.address, s.address + s.bytes});
+  }
+  std::sort(intervals.begin(), intervals.end());
+  // Merged, so a range that spans two adjacent granted blocks is inside one.
+  std::vector<Interval> merged;
+  for (const Interval& i : intervals) {
+    if (!merged.empty() && merged.back().segment == i.segment && i.start <= merged.back().end) {
+      merged.back().end = std::max(merged.back().end, i.end);
+    } else {
+      merged.push_back(i);
+    }
+  }
+  std::unique_lock lock(segments_mutex_);
+  grant_labels_[grant] = label;
+  grants_[std::move(label)][grant] = std::move(merged);
+}
+
+void TcpServer::revoke(uint64_t grant) {
+  std::unique_lock lock(segments_mutex_);
+  auto it = grant_labels_.find(grant);
+  if (it == grant_labels_.end()) return;
+  auto by_label = grants_.find(it->second);
+  if (by_label != grants_.end()) {
+    by_label->second.erase(grant);
+    if (by_label->second.empty()) grants_.erase(by_label);
+  }
+  grant_labels_.erase(it);
+  epoch_.fetch_add(1);
+}
+
+Status TcpServer::check_granted_locked(const std::vector<Range>& ranges, const std::string& label) const {
+  auto by_label = grants_.find(label);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const Range& r = ranges[i];
+    auto seg = segments_.find(r.segment);
+    if (seg == segments_.end() || (seg->second.access & kAccessByGrant) == 0) continue;
+    bool inside = false;
+    if (by_label != grants_.end()) {
+      for (const auto& [id, intervals] : by_label->second) {
+        auto it = std::upper_bound(intervals.begin(), intervals.end(), Interval{r.segment, r.address, 0});
+        if (it == intervals.begin()) continue;
+        --it;
+        if (it->segment == r.segment && it->start <= r.address && r.address + r.bytes <= it->end) {
+          inside = true;
+          break;
+        }
+      }
+    }
+    if (!inside) {
+      return Status::permission_denied("tcp request: range " + std::to_string(i) + " [" + std::to_string(r.address) +
+                                       ", +" + std::to_string(r.bytes) + ") of segment " + std::to_string(r.segment) +
+                                       " is not inside a write grant to " + q(printable(label)) +
+                                       " (it takes writes only where granted)");
+    }
+  }
+  return Status();
+}
+
 std::optional<SegmentSpan> TcpServer::lookup_locked(uint32_t id) const {
   auto it = segments_.find(id);
   if (it == segments_.end()) return std::nullopt;
@@ -189,7 +252,7 @@ void TcpServer::serve(Conn* conn, net::Session session) {
       (void)net::send_bytes(fd, out.data(), out.size(), frame_limits(), "tcp reply");
       break;
     }
-    if (!serve_request(fd, session, type, reader.payload(), peer).ok()) break;
+    if (!serve_request(fd, session, type, reader.payload(), *conn, peer).ok()) break;
   }
   std::lock_guard lock(conns_mutex_);
   auto it = per_peer_.find(conn->peer);
@@ -199,7 +262,7 @@ void TcpServer::serve(Conn* conn, net::Session session) {
   conn->finished.store(true);
 }
 
-Status TcpServer::serve_request(int fd, net::Session& session, uint8_t type, std::string_view payload,
+Status TcpServer::serve_request(int fd, net::Session& session, uint8_t type, std::string_view payload, const Conn& conn,
                                 const std::string& peer) {
   std::vector<Range> ranges;
   uint64_t total = 0;
@@ -209,6 +272,7 @@ Status TcpServer::serve_request(int fd, net::Session& session, uint8_t type, std
     std::shared_lock lock(segments_mutex_);
     valid = decode_ranges(
         payload, [this](uint32_t id) { return lookup_locked(id); }, is_write, &ranges, &total);
+    if (valid.ok() && is_write) valid = check_granted_locked(ranges, conn.peer);
   }
   std::string out;
   const uint32_t count = static_cast<uint32_t>(payload.size() / kRangeBytes);
@@ -235,16 +299,16 @@ Status TcpServer::serve_request(int fd, net::Session& session, uint8_t type, std
     return net::send_bytes(fd, out.data(), out.size(), frame_limits(), "tcp reply");
   }
   if (is_write) {
-    KVB_RETURN_IF_ERROR(move_data(fd, false, ranges, {}, peer));
+    KVB_RETURN_IF_ERROR(move_data(fd, false, ranges, {}, conn.peer, peer));
     net::append_frame(out, {net::Protocol::kTcp, kWriteAck, kVersion, 0, false}, encode_count(count), session);
     return net::send_bytes(fd, out.data(), out.size(), frame_limits(), "tcp reply");
   }
   net::append_frame(out, {net::Protocol::kTcp, kReadData, kVersion, 0, false}, encode_count(count), session);
-  return move_data(fd, true, ranges, out, peer);
+  return move_data(fd, true, ranges, out, conn.peer, peer);
 }
 
 Status TcpServer::move_data(int fd, bool to_socket, const std::vector<Range>& ranges, const std::string& prefix,
-                            const std::string& peer) {
+                            const std::string& label, const std::string& peer) {
   net::IovCursor cursor;
   if (!prefix.empty()) cursor.push(const_cast<char*>(prefix.data()), prefix.size());
   for (const Range& r : ranges) cursor.push(reinterpret_cast<void*>(r.address), r.bytes);
@@ -256,12 +320,17 @@ Status TcpServer::move_data(int fd, bool to_socket, const std::vector<Range>& ra
     {
       std::shared_lock lock(segments_mutex_);
       if (epoch_.load() != validated_epoch) {
-        // A segment was removed: the frame's ranges must still be registered.
+        // A segment was removed or a grant revoked: the frame's ranges must
+        // still be registered, and a write's still granted.
         for (const Range& r : ranges) {
           std::optional<SegmentSpan> seg = lookup_locked(r.segment);
           if (!seg || r.address < seg->base || r.address + r.bytes > seg->base + seg->bytes)
             return Status::unavailable(who + ": segment " + std::to_string(r.segment) +
                                        " was removed during a transfer");
+        }
+        if (!to_socket) {
+          Status granted = check_granted_locked(ranges, label);
+          if (!granted.ok()) return Status::unavailable(who + ": a write grant was revoked during the write");
         }
         validated_epoch = epoch_.load();
       }

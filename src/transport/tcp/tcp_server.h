@@ -34,10 +34,13 @@
 #include <shared_mutex>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "kvbridge/status.h"
 #include "net/listener.h"
 #include "transport/tcp/tcp_protocol.h"
+#include "transport/transport.h"
 
 namespace kvbridge::transport::tcp {
 
@@ -57,6 +60,14 @@ class TcpServer {
   void add_segment(uint32_t id, uint64_t base, uint64_t bytes, uint8_t access);
   // When it returns, no stream touches [base, base + bytes) of `id` again.
   void remove_segment(uint32_t id);
+  // Writes of streams that opened as `label` may land in `spans` of
+  // segments with kAccessByGrant until revoke(grant); a write with a range
+  // outside every grant to its label is refused whole (Error
+  // permission_denied), its bytes read and dropped. When revoke() returns,
+  // no byte of a write lands in a range no remaining grant covers: a frame
+  // that was writing there is abandoned and its stream closed.
+  void grant(uint64_t grant, std::string label, const std::vector<GrantSpan>& spans);
+  void revoke(uint64_t grant);
 
  private:
   struct Conn {
@@ -71,11 +82,15 @@ class TcpServer {
   net::Answer answer(const net::OpenRequest& request);
   void adopt(net::Accepted accepted);
   void serve(Conn* conn, net::Session session);
-  Status serve_request(int fd, net::Session& session, uint8_t type, std::string_view payload, const std::string& peer);
+  Status serve_request(int fd, net::Session& session, uint8_t type, std::string_view payload, const Conn& conn,
+                       const std::string& peer);
   // Moves the ranges' bytes between the socket and memory, re-validating
-  // them whenever a segment was removed meanwhile.
+  // them whenever a segment was removed or a grant revoked meanwhile.
   Status move_data(int fd, bool to_socket, const std::vector<Range>& ranges, const std::string& prefix,
-                   const std::string& peer);
+                   const std::string& label, const std::string& peer);
+  // Requires segments_mutex_: OK when every write range that needs a grant
+  // lies inside one to `label`.
+  Status check_granted_locked(const std::vector<Range>& ranges, const std::string& label) const;
   Status drain(int fd, uint64_t bytes, const std::string& peer);
   std::optional<SegmentSpan> lookup_locked(uint32_t id) const;
   void reap_finished();
@@ -86,7 +101,16 @@ class TcpServer {
 
   mutable std::shared_mutex segments_mutex_;
   std::map<uint32_t, SegmentSpan> segments_;
-  std::atomic<uint64_t> epoch_{0};  // bumped by every remove_segment
+  std::atomic<uint64_t> epoch_{0};  // bumped by every remove_segment and revoke
+  // Grants, guarded by segments_mutex_: per label, per grant, the granted
+  // (segment, start, end) intervals, sorted.
+  struct Interval {
+    uint32_t segment;
+    uint64_t start, end;
+    bool operator<(const Interval& o) const { return std::tie(segment, start) < std::tie(o.segment, o.start); }
+  };
+  std::map<std::string, std::map<uint64_t, std::vector<Interval>>> grants_;
+  std::map<uint64_t, std::string> grant_labels_;
 
   std::mutex conns_mutex_;
   std::list<std::unique_ptr<Conn>> conns_;

@@ -364,6 +364,52 @@ TEST(TcpFakePeerTest, APooledStreamResetWithoutAReplyFailsTheRun) {
   EXPECT_EQ(served.load(), 1) << "the run was sent again on a new stream";
 }
 
+// A segment that takes writes only where granted: the server refuses a
+// write with any range outside every grant to its writer's label (nothing of
+// it lands, the stream stays in step), lets one inside land, and refuses it
+// again once the grant is revoked. Reads are not affected.
+TEST(TcpGrantTest, WritesLandOnlyInsideAGrantToTheWriterWhileItLasts) {
+  std::vector<uint8_t> mem(1 << 16, 7);
+  auto server = make_tcp_transport("127.0.0.1", 1, "");
+  ASSERT_TRUE(server.ok());
+  ASSERT_TRUE((*server)->add_segment(Segment{1, mem.data(), mem.size(), "host", 2 | 4 | 1}).ok());
+  auto client = make_tcp_transport("127.0.0.1", 1, "");
+  (*client)->set_local_identity("prefill/r0", 0x1234);
+  PeerInfo p{"server", 0, "", (*server)->address(), {}};
+  auto link = (*client)->connect(p);
+  ASSERT_TRUE(link.ok()) << link.error().to_string();
+  std::vector<uint8_t> local(4096, 9);
+  const uint64_t base = reinterpret_cast<uint64_t>(mem.data());
+  auto write = [&](uint64_t offset, uint64_t bytes) {
+    RunControl control;
+    control.deadline = Clock::now() + 5s;
+    return (*link)->run(TransferOp::kWrite, std::vector<Copy>{{local.data(), base + offset, bytes, 1}}, control);
+  };
+  auto untouched = [&] { return std::count(mem.begin(), mem.end(), 7) == static_cast<long>(mem.size()); };
+  Status none = write(0, 4096);
+  EXPECT_EQ(none.code(), Code::kPermissionDenied) << none.to_string();
+  EXPECT_NE(none.message().find("not inside a write grant to 'prefill/r0 0000000000001234'"), std::string::npos)
+      << none.to_string();
+  EXPECT_TRUE(untouched());
+  // Granted to another engine, or to this name under another instance: refused.
+  (*server)->grant_writes(1, engine_label("prefill/r1", 0x1234), {{1, base, 8192}});
+  (*server)->grant_writes(2, engine_label("prefill/r0", 0x9999), {{1, base, 8192}});
+  EXPECT_EQ(write(0, 4096).code(), Code::kPermissionDenied);
+  EXPECT_TRUE(untouched());
+  // Two adjacent grants of this writer: a write across both lands; one past them is refused whole.
+  (*server)->grant_writes(3, engine_label("prefill/r0", 0x1234), {{1, base + 1024, 1024}, {1, base + 2048, 1024}});
+  EXPECT_EQ(write(1024, 4096).code(), Code::kPermissionDenied);
+  EXPECT_TRUE(untouched());
+  ASSERT_TRUE(write(1024, 2048).ok());
+  EXPECT_EQ(std::count(mem.begin(), mem.end(), 9), 2048);
+  (*server)->revoke_writes(3);
+  EXPECT_EQ(write(1024, 2048).code(), Code::kPermissionDenied);
+  // Reads need no grant.
+  RunControl control;
+  control.deadline = Clock::now() + 5s;
+  EXPECT_TRUE((*link)->run(TransferOp::kRead, std::vector<Copy>{{local.data(), base, 4096, 1}}, control).ok());
+}
+
 // A hand-written client against the real server.
 class RawClient {
  public:
