@@ -13,11 +13,15 @@ namespace kvbridge::connector {
 using Clock = std::chrono::steady_clock;
 namespace {
 constexpr size_t kEarlyCancelsKept = 65536;
+// The longest wait between two tries of a write refused as not granted.
+constexpr std::chrono::milliseconds kMaxGrantBackoff{20};
+// A try of such a write is made only with at least this long left for it.
+constexpr std::chrono::milliseconds kMinGrantTry{10};
 }  // namespace
 
 Pusher::Pusher(Engine& engine, Remotes& remotes, const Layout& local, std::vector<RegionId> regions,
                std::vector<std::string> layers, std::vector<uint8_t> device, const WorkerOptions& options,
-               std::shared_ptr<SendFailures> failures)
+               std::shared_ptr<SendFailures> failures, std::function<void()> wake)
     : engine_(engine),
       remotes_(remotes),
       local_(local),
@@ -25,7 +29,13 @@ Pusher::Pusher(Engine& engine, Remotes& remotes, const Layout& local, std::vecto
       layers_(std::move(layers)),
       device_(std::move(device)),
       options_(options),
-      failures_(std::move(failures)) {}
+      failures_(std::move(failures)),
+      shared_(std::make_shared<Shared>()) {
+  shared_->engine = &engine_;
+  shared_->failures = failures_;
+  shared_->timeout = options_.transfer_timeout;
+  shared_->wake = std::move(wake);
+}
 
 Status Pusher::push(RequestId request, const std::string& instance, const Request& blocks, const LoadOptions& options) {
   {
@@ -213,36 +223,116 @@ void Pusher::submit_ready(const RequestId& request, Pushed& p) {
       m.stage = k;
       m.stages = t.stages;
       m.where = write_places(st.items, /*items_are_reads=*/false);
-      SubmitOptions o;
-      o.timeout = options_.transfer_timeout;
-      o.notification = format_message(m);
+      Write w;
+      w.peer = t.peer;
+      w.options.timeout = options_.transfer_timeout;
+      w.options.notification = format_message(m);
       m.kind = Message::Kind::kUnwritten;
-      const std::string unwritten = format_message(m);
-      // Runs with no lock of ours held (or inside submit(), under mu_: it
-      // takes only the acks' lock). A failed write tells the decode rank at
-      // once; a cancelled one was asked for.
-      // It may outlive this Pusher (a write still in flight when the worker
-      // goes): it holds only the engine, which outlives the worker, and
-      // shared state.
-      o.on_end = [engine = &engine_, acks = p.acks, failures = failures_, peer = t.peer, unwritten,
-                  timeout = options_.transfer_timeout](TransferId id, const TransferStatus& ts) {
-        (void)engine->release(id);
-        ended(*engine, *acks, failures, peer, unwritten, timeout,
-              ts.state == TransferState::kFailed ? ts.error : Status());
-      };
-      Status events = ready_events(p, st, saved, &o);
-      Result<TransferId> id =
-          events.ok() ? engine_.submit(t.peer, TransferOp::kWrite, st.items, std::move(o)) : Result<TransferId>(events);
+      w.unwritten = format_message(m);
+      w.give_up = Clock::now() + options_.transfer_timeout;
+      w.flight = st.flight;
+      w.acks = p.acks;
+      w.items = std::move(st.items);
       st.items = {};
-      if (id.ok()) {
-        st.id = *id;
+      Status events = ready_events(p, st, saved, &w.options);
+      if (!events.ok()) {
+        ended(engine_, *p.acks, failures_, t.peer, w.unwritten, options_.transfer_timeout,
+              events.with_context("request " + q(request) + ": writing to " + p.instance + " rank " +
+                                  std::to_string(t.rank)));
         continue;
       }
-      ended(engine_, *p.acks, failures_, t.peer, unwritten, options_.transfer_timeout,
-            id.error().with_context("request " + q(request) + ": writing to " + p.instance + " rank " +
-                                    std::to_string(t.rank)));
+      start_write(shared_, std::move(w));
     }
   }
+}
+
+// Runs with no lock of ours held (or inside submit(), under mu_: its
+// on_end takes only the acks' and the shared state's locks). A failed write
+// tells the decode rank at once; a cancelled one was asked for. The
+// callbacks hold only the engine, which outlives the worker, and shared
+// state: a write may still be in flight when the worker goes.
+void Pusher::start_write(const std::shared_ptr<Shared>& shared, Write w) {
+  {
+    std::lock_guard<std::mutex> lock(w.flight->mu);
+    if (w.flight->cancelled) {
+      ended(*shared->engine, *w.acks, shared->failures, w.peer, w.unwritten, shared->timeout, Status());
+      return;
+    }
+  }
+  SubmitOptions o = w.options;
+  o.timeout = std::max(std::chrono::milliseconds(1),
+                       std::chrono::duration_cast<std::chrono::milliseconds>(w.give_up - Clock::now()));
+  const PeerId peer = w.peer;
+  const std::vector<TransferItem> items = w.items;
+  const std::shared_ptr<Flight> flight = w.flight;
+  const std::shared_ptr<Acks> acks = w.acks;
+  const std::string unwritten = w.unwritten;
+  o.on_end = [shared, w = std::move(w)](TransferId id, const TransferStatus& ts) mutable {
+    (void)shared->engine->release(id);
+    if (ts.state == TransferState::kFailed && ts.error.code() == Code::kPermissionDenied) {
+      // Refused as not granted: the decode rank may not have planned the
+      // load yet. Again after a while, unless it cancelled or time is up.
+      const Clock::time_point now = Clock::now();
+      bool cancelled = false;
+      {
+        std::lock_guard<std::mutex> lock(w.flight->mu);
+        cancelled = w.flight->cancelled;
+      }
+      w.refused = ts.error;
+      if (!cancelled && now + w.backoff + kMinGrantTry < w.give_up) {
+        const Clock::time_point at = now + w.backoff;
+        w.backoff = std::min(2 * w.backoff, kMaxGrantBackoff);
+        {
+          std::lock_guard<std::mutex> lock(shared->mu);
+          shared->due.emplace_back(at, std::move(w));
+        }
+        shared->wake();
+        return;
+      }
+    }
+    Status error = ts.state == TransferState::kFailed ? ts.error : Status();
+    // A last try that ran out of time after refusals fails for the refusal.
+    if (error.code() == Code::kTimeout && !w.refused.ok()) error = w.refused;
+    ended(*shared->engine, *w.acks, shared->failures, w.peer, w.unwritten, shared->timeout, error);
+  };
+  Result<TransferId> id = shared->engine->submit(peer, TransferOp::kWrite, items, std::move(o));
+  if (!id.ok()) {
+    ended(*shared->engine, *acks, shared->failures, peer, unwritten, shared->timeout, id.error());
+    return;
+  }
+  bool cancelled = false;
+  {
+    std::lock_guard<std::mutex> lock(flight->mu);
+    // A try that ended inside submit() may have been submitted again already.
+    flight->id = std::max(flight->id, *id);
+    cancelled = flight->cancelled;
+  }
+  // Cancelled between the check above and now: cancel() may have missed it.
+  if (cancelled) (void)shared->engine->cancel(*id);
+}
+
+void Pusher::retry_due() {
+  std::vector<Write> now_due;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    const Clock::time_point now = Clock::now();
+    for (auto it = shared_->due.begin(); it != shared_->due.end();) {
+      if (it->first <= now) {
+        now_due.push_back(std::move(it->second));
+        it = shared_->due.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (Write& w : now_due) start_write(shared_, std::move(w));
+}
+
+Clock::time_point Pusher::next_retry() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  Clock::time_point next = Clock::time_point::max();
+  for (const auto& [at, w] : shared_->due) next = std::min(next, at);
+  return next;
 }
 
 void Pusher::ended(Engine& engine, Acks& acks, const std::shared_ptr<SendFailures>& failures, PeerId peer,
@@ -310,7 +400,9 @@ void Pusher::cancel(const RequestId& request, const EngineKey& engine) {
       uint64_t never = 0;
       for (auto& [k, st] : target->mine) {
         if (st.submitted) {
-          ids.push_back(st.id);
+          std::lock_guard<std::mutex> flight_lock(st.flight->mu);
+          st.flight->cancelled = true;  // a refused try is not submitted again
+          if (st.flight->id != 0) ids.push_back(st.flight->id);
         } else {
           st.submitted = true;
           ++never;

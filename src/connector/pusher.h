@@ -17,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,9 +39,11 @@ class Pusher {
   // (in layout order); `layers` is layer_order(local) and `device` says
   // which of them are device memory (by ordinal). The engine, `local` and
   // `remotes` must outlive this.
+  // `wake` asks the worker's pump for a call of retry_due() (it must not
+  // block or call back into this).
   Pusher(Engine& engine, Remotes& remotes, const Layout& local, std::vector<RegionId> regions,
          std::vector<std::string> layers, std::vector<uint8_t> device, const WorkerOptions& options,
-         std::shared_ptr<SendFailures> failures);
+         std::shared_ptr<SendFailures> failures, std::function<void()> wake);
 
   // As ConnectorWorker's. options.ready is the producer's readiness for the
   // whole request (the KV is computed, or will be once it completes) when
@@ -63,6 +66,15 @@ class Pusher {
   // Forgets requests untouched since `before` (never waited for).
   void forget_older_than(std::chrono::steady_clock::time_point before);
 
+  // A write the decode rank refused as not granted (kPermissionDenied: a
+  // decode grants a push's places when its start_load() plans them, which
+  // may come after the prefill's push) is submitted again, after 1, 2, 4 ..
+  // up to 20 ms, until the write's timeout from its first try; then it
+  // fails with the refusal. The pump calls retry_due() after `wake` and by
+  // next_retry() (time_point::max(): none).
+  void retry_due();
+  std::chrono::steady_clock::time_point next_retry() const;
+
  private:
   struct Acks {
     std::mutex mu;
@@ -70,13 +82,46 @@ class Pusher {
     uint64_t outstanding = 0;  // writes not ended
     Status first_error;
   };
+  // The transfer now carrying a stage's write (a refused write is
+  // submitted again) and whether the decode rank cancelled it. Shared with
+  // the write's callbacks.
+  struct Flight {
+    std::mutex mu;
+    TransferId id = 0;  // the latest submitted
+    bool cancelled = false;
+  };
   struct Stage {
     uint32_t first_layer = 0, end_layer = 0;
     bool device = false;              // a write of device memory (either side): it waits on the producer's events
     std::vector<TransferItem> items;  // from this rank; emptied once submitted
-    TransferId id = 0;                // once submitted
+    std::shared_ptr<Flight> flight = std::make_shared<Flight>();
     bool submitted = false;
   };
+  // One stage's write to one decode rank, as submitted and submitted again.
+  struct Write {
+    PeerId peer = 0;
+    std::vector<TransferItem> items;
+    SubmitOptions options;  // without on_end
+    std::string unwritten;  // the message that tells the decode rank it failed
+    std::chrono::steady_clock::time_point give_up;
+    std::chrono::milliseconds backoff{1};
+    Status refused;  // the last refusal, if any: what the write fails with when time runs out
+    std::shared_ptr<Flight> flight;
+    std::shared_ptr<Acks> acks;
+  };
+  // What a write's callbacks hold (they may outlive this Pusher): the
+  // engine, which outlives the worker, and the writes due again.
+  struct Shared {
+    Engine* engine = nullptr;
+    std::shared_ptr<SendFailures> failures;
+    std::chrono::milliseconds timeout{0};
+    std::function<void()> wake;
+    mutable std::mutex mu;
+    std::vector<std::pair<std::chrono::steady_clock::time_point, Write>> due;
+  };
+  // Submits `w` (or ends it, when cancelled meanwhile); its on_end queues it
+  // again when refused as not granted, else ends it.
+  static void start_write(const std::shared_ptr<Shared>& shared, Write w);
   struct Target {  // one decode rank
     uint32_t rank = 0;
     PeerId peer = 0;
@@ -125,6 +170,7 @@ class Pusher {
   const std::vector<uint8_t> device_;
   const WorkerOptions options_;
   const std::shared_ptr<SendFailures> failures_;
+  const std::shared_ptr<Shared> shared_;
   mutable std::mutex mu_;
   std::map<RequestId, Pushed> pushed_;
   // Layers saved per request (by ordinal), also before push().

@@ -99,20 +99,21 @@ Status WorkerImpl::init(std::span<const std::span<uint8_t>> tensors) {
   remotes_ = std::make_unique<Remotes>(engine_, layout_, sc, identity, hash);
   // Messages that must arrive (dones, announcements) are sent again when a
   // try's acknowledgement does not come within a couple of heartbeats.
-  resender_ =
-      std::make_unique<Resender>(engine_, std::max(2 * options_.heartbeat_interval, kMinAskTimeout), [wake = wake_] {
-        {
-          std::lock_guard<std::mutex> lock(wake->mu);
-          wake->poke = true;
-        }
-        wake->cv.notify_one();
-      });
+  auto poke_pump = [wake = wake_] {
+    {
+      std::lock_guard<std::mutex> lock(wake->mu);
+      wake->poke = true;
+    }
+    wake->cv.notify_one();
+  };
+  resender_ = std::make_unique<Resender>(engine_, std::max(2 * options_.heartbeat_interval, kMinAskTimeout), poke_pump);
   announcer_ = std::make_unique<Announcer>(*remotes_, *resender_, order_, layer_device_, options_.transfer_timeout,
                                            sent_, [this](const std::string& instance) {
                                              std::lock_guard<std::mutex> lock(mu_);
                                              request_connect(instance);
                                            });
-  pusher_ = std::make_unique<Pusher>(engine_, *remotes_, layout_, regions_, order_, layer_device_, options_, sent_);
+  pusher_ = std::make_unique<Pusher>(engine_, *remotes_, layout_, regions_, order_, layer_device_, options_, sent_,
+                                     poke_pump);
   KVB_ASSIGN_OR_RETURN(server_, SideChannelServer::start(sc, identity, hash, std::move(info)));
   // A reader's done is answered with whether the request's blocks were
   // still held when it came (blocks_released()): its reads ended before it

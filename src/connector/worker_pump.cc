@@ -15,7 +15,7 @@ namespace kvbridge::connector {
 void WorkerImpl::pump() {
   Clock::time_point next_beat = Clock::now() + options_.heartbeat_interval;
   while (true) {
-    Clock::time_point wake_at = next_beat;
+    Clock::time_point wake_at = std::min(next_beat, pusher_->next_retry());
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
@@ -43,6 +43,7 @@ void WorkerImpl::pump() {
     }
     if (notes) drain_notifications();
     resender_->retry_due();  // dones and announcements to send again (none most of the time)
+    pusher_->retry_due();    // pushed writes refused as not granted yet, to try again
     std::vector<std::pair<PeerId, std::string>> messages;
     std::vector<std::pair<PeerId, RequestId>> dones;
     {

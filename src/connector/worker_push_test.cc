@@ -120,10 +120,13 @@ TEST(WorkerPushTest, AStageWrittenToOtherBlocksThanTheLoadNamedFailsIt) {
 // only the places of the load's plan while it lasts. Writes into other blocks
 // (another request's) are refused whole and land nowhere; the load fails.
 // Pushed where the load named, over the same grant, the bytes land.
+// (A refused write is tried again until the write's timeout: the decode
+// rank may plan the load after the push, below.)
 TEST(WorkerPushTest, OverTcpAWriteOutsideTheLoadsGrantIsRefusedAndLandsNowhere) {
   InstanceOptions d = push_opts("decode", 1, RemoteAccess::kGrantedWrite);
   InstanceOptions p = push_opts("prefill", 2, RemoteAccess::kNone);
   d.transport = p.transport = "tcp";
+  d.worker.transfer_timeout = p.worker.transfer_timeout = 1s;
   Pushing s(1, d, p);
   s.fill_all();
   Rank& decode = *s.decode[0];
@@ -151,6 +154,29 @@ TEST(WorkerPushTest, OverTcpAWriteOutsideTheLoadsGrantIsRefusedAndLandsNowhere) 
   LoadResult ok = wait_one(*decode.worker);
   ASSERT_TRUE(ok.error.ok()) << ok.error.to_string();
   EXPECT_EQ(bad_cells(decode, request(), {s.layers.begin(), s.layers.end()}, 11), 0u);
+}
+
+// Push mode lets the prefill push before the decode rank's start_load(),
+// which grants the places: over tcp the first tries are refused as not
+// granted, and the pushers try again until the grant comes; every byte lands
+// and the load is ok.
+TEST(WorkerPushTest, OverTcpAPushBeforeTheLoadIsGrantedLandsOnceItIs) {
+  InstanceOptions d = push_opts("decode", 1, RemoteAccess::kGrantedWrite);
+  InstanceOptions p = push_opts("prefill", 2, RemoteAccess::kNone);
+  d.transport = p.transport = "tcp";
+  Pushing s(1, d, p);
+  s.fill_all();
+  Rank& decode = *s.decode[0];
+  s.push_all("1");
+  std::this_thread::sleep_for(100ms);  // several tries refused meanwhile
+  for (auto& r : s.prefill) {
+    EXPECT_EQ(r->worker->wait_for_save("1", 0ms).code(), Code::kTimeout) << "a push ended before it was granted";
+  }
+  ASSERT_TRUE(decode.worker->start_load("1", "prefill", request()).ok());
+  LoadResult r = wait_one(*decode.worker);
+  ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+  EXPECT_EQ(bad_cells(decode, request(), {s.layers.begin(), s.layers.end()}, 11), 0u);
+  for (auto& pr : s.prefill) EXPECT_TRUE(pr->worker->wait_for_save("1", 5s).ok());
 }
 
 TEST(WorkerPushTest, StreamedEachLayerIsWrittenOnceSavedAndNothingLaterMoves) {
