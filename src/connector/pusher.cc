@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <utility>
 
 #include "common/text.h"
 #include "connector/messages.h"
@@ -232,13 +233,11 @@ void Pusher::submit_ready(const RequestId& request, Pushed& p) {
       w.give_up = Clock::now() + options_.transfer_timeout;
       w.flight = st.flight;
       w.acks = p.acks;
-      w.items = std::move(st.items);
-      st.items = {};
+      w.items = std::make_shared<const std::vector<TransferItem>>(std::exchange(st.items, {}));
+      w.what = "request " + q(request) + ": writing to " + p.instance + " rank " + std::to_string(t.rank);
       Status events = ready_events(p, st, saved, &w.options);
       if (!events.ok()) {
-        ended(engine_, *p.acks, failures_, t.peer, w.unwritten, options_.transfer_timeout,
-              events.with_context("request " + q(request) + ": writing to " + p.instance + " rank " +
-                                  std::to_string(t.rank)));
+        ended(engine_, *p.acks, failures_, t.peer, w.unwritten, options_.transfer_timeout, events.with_context(w.what));
         continue;
       }
       start_write(shared_, std::move(w));
@@ -262,11 +261,12 @@ void Pusher::start_write(const std::shared_ptr<Shared>& shared, Write w) {
   SubmitOptions o = w.options;
   o.timeout = std::max(std::chrono::milliseconds(1),
                        std::chrono::duration_cast<std::chrono::milliseconds>(w.give_up - Clock::now()));
+  // What the lines after submit() need: `w` moves into the callback.
   const PeerId peer = w.peer;
-  const std::vector<TransferItem> items = w.items;
+  const std::shared_ptr<const std::vector<TransferItem>> items = w.items;
   const std::shared_ptr<Flight> flight = w.flight;
   const std::shared_ptr<Acks> acks = w.acks;
-  const std::string unwritten = w.unwritten;
+  const std::string unwritten = w.unwritten, what = w.what;
   o.on_end = [shared, w = std::move(w)](TransferId id, const TransferStatus& ts) mutable {
     (void)shared->engine->release(id);
     if (ts.state == TransferState::kFailed && ts.error.code() == Code::kPermissionDenied) {
@@ -295,9 +295,9 @@ void Pusher::start_write(const std::shared_ptr<Shared>& shared, Write w) {
     if (error.code() == Code::kTimeout && !w.refused.ok()) error = w.refused;
     ended(*shared->engine, *w.acks, shared->failures, w.peer, w.unwritten, shared->timeout, error);
   };
-  Result<TransferId> id = shared->engine->submit(peer, TransferOp::kWrite, items, std::move(o));
+  Result<TransferId> id = shared->engine->submit(peer, TransferOp::kWrite, *items, std::move(o));
   if (!id.ok()) {
-    ended(*shared->engine, *acks, shared->failures, peer, unwritten, shared->timeout, id.error());
+    ended(*shared->engine, *acks, shared->failures, peer, unwritten, shared->timeout, id.error().with_context(what));
     return;
   }
   bool cancelled = false;

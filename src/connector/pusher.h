@@ -100,9 +100,10 @@ class Pusher {
   // One stage's write to one decode rank, as submitted and submitted again.
   struct Write {
     PeerId peer = 0;
-    std::vector<TransferItem> items;
-    SubmitOptions options;  // without on_end
-    std::string unwritten;  // the message that tells the decode rank it failed
+    std::shared_ptr<const std::vector<TransferItem>> items;  // shared by its tries, never copied
+    std::string what;                                        // "request R: writing to I rank N", for a submit's error
+    SubmitOptions options;                                   // without on_end
+    std::string unwritten;                                   // the message that tells the decode rank it failed
     std::chrono::steady_clock::time_point give_up;
     std::chrono::milliseconds backoff{1};
     Status refused;  // the last refusal, if any: what the write fails with when time runs out
