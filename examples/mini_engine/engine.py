@@ -49,7 +49,7 @@ class InstanceSpec:
     load_timeout_s: float = 10.0
     secret: str = "mini-engine"
     layout_model: Optional[str] = None  # the model name in the layout (None: the model's): a mismatch is refused
-    engine_faults: str = ""   # fault injection into the ranks' engines (Engine(faults=))
+    engine_faults: str = ""   # fault injection into the ranks' engines (kvbridge.testing.engine_with_faults)
 
 
 # ---------------------------------------------------------------------------- one rank

@@ -302,7 +302,7 @@ Ready = Any
 
 class Engine:
     def __init__(self, name: str = "", transports: Optional[List[str]] = None, host: str = "127.0.0.1",
-                 tcp_streams: int = 4, threads: int = 2, default_timeout: Seconds = 30.0, faults: str = "",
+                 tcp_streams: int = 4, threads: int = 2, default_timeout: Seconds = 30.0,
                  inline_bytes: int = 262144, secret: str = "", advertise_host: str = "",
                  device_copy: str = "copy_engine", device_copy_blocks: int = 0,
                  ucx_trusted_network: bool = False) -> None: ...
@@ -416,6 +416,12 @@ class _Testing:
         tensor_bases: List[int]
     @staticmethod
     def remote_ranks(worker: ConnectorWorker, instance: str) -> List["_Testing.RemoteRankView"]: ...
+    @staticmethod
+    def engine_with_faults(faults: str, name: str = "", transports: Optional[List[str]] = None,
+                           host: str = "127.0.0.1", tcp_streams: int = 4, threads: int = 2,
+                           default_timeout: Seconds = 30.0, inline_bytes: int = 262144, secret: str = "",
+                           advertise_host: str = "", device_copy: str = "copy_engine", device_copy_blocks: int = 0,
+                           ucx_trusted_network: bool = False) -> Engine: ...
 
 # Hooks for tests and tools; not part of the API.
 testing: _Testing

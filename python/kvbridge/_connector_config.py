@@ -49,7 +49,8 @@ class ConnectorConfig:
     host, advertise_host, secret, handshake_timeout_s, verify_plans, load_chunk_tokens:
       passed to each rank's Engine and ConnectorWorker; transports: the Engine's (None: every
       one available, the closest first).
-    engine_faults: fault injection into each rank's Engine, for tests only (Engine(faults=)).
+    engine_faults: for tests only: fault injection into each rank's Engine, which is then made by
+      kvbridge.testing.engine_with_faults(engine_faults, ...) ("": a plain kvbridge.Engine).
     """
 
     instance_id: str

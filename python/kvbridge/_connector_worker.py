@@ -63,9 +63,13 @@ class WorkerConnector:
         tensors = dict(spec["tensors"]) if isinstance(spec["tensors"], Mapping) else None
         memory = [tensors[n] for n in names] if tensors is not None else spec["tensors"]
         c = self.config
-        self.engine = _kvb.Engine(name=f"{c.instance_id}/r{self.rank}", host=c.host, secret=c.secret,
-                                  advertise_host=c.advertise_host, faults=c.engine_faults,
-                                  transports=list(c.transports) if c.transports else None)
+        engine_kwargs: Dict[str, Any] = dict(name=f"{c.instance_id}/r{self.rank}", host=c.host, secret=c.secret,
+                                             advertise_host=c.advertise_host,
+                                             transports=list(c.transports) if c.transports else None)
+        if c.engine_faults:  # tests only: an engine whose transports misbehave as engine_faults says
+            self.engine = _kvb.testing.engine_with_faults(c.engine_faults, **engine_kwargs)
+        else:
+            self.engine = _kvb.Engine(**engine_kwargs)
         try:
             self.worker = _kvb.ConnectorWorker(
                 self.engine, self._layout, memory, instance_id=c.instance_id, side_channel_host=c.host,

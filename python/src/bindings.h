@@ -99,8 +99,9 @@ void bind_host_memory(py::module_& m);  // memory.cc
 void bind_schedulers(py::module_& m);   // schedulers.cc; called by bind_connector
 void bind_connector(py::module_& m);
 void bind_store(py::module_& m);
-// kvbridge.testing's device hooks (device.cc); after bind_connector, which
-// makes the submodule.
+// kvbridge.testing's device hooks (device.cc) and its engine with faults
+// (engine.cc); after bind_connector, which makes the submodule.
 void bind_device_testing(py::module_& m);
+void bind_engine_testing(py::module_& m);
 
 }  // namespace kvbridge::python

@@ -195,72 +195,95 @@ void bind_values(py::module_& m) {
       });
 }
 
+// An engine with `faults` armed (testing/engine_faults.h; "" = none): what
+// kvbridge.Engine(...) starts without faults and kvbridge.testing.engine_with_faults
+// with them.
+std::unique_ptr<PyEngine> start_engine(const std::string& faults, const std::string& name,
+                                       std::optional<std::vector<std::string>> transports, const std::string& host,
+                                       uint32_t tcp_streams, uint32_t threads, py::object default_timeout,
+                                       uint64_t inline_bytes, const std::string& secret,
+                                       const std::string& advertise_host, const std::string& device_copy,
+                                       uint32_t device_copy_blocks, bool ucx_trusted_network) {
+  EngineOptions o;
+  o.name = name;
+  if (transports) o.transports = *transports;
+  o.host = host;
+  o.advertise_host = advertise_host;
+  o.tcp_streams = tcp_streams;
+  o.threads = threads;
+  o.default_timeout = to_millis(default_timeout, o.default_timeout);
+  o.inline_bytes = inline_bytes;
+  o.secret = secret;
+  o.ucx_trusted_network = ucx_trusted_network;
+  o.device_copy = device_copy;
+  o.device_copy_blocks = device_copy_blocks;
+  Result<std::unique_ptr<Engine>> e = [&] {
+    py::gil_scoped_release nogil;
+    return testing::create_engine_with_faults(o, faults);
+  }();
+  return std::make_unique<PyEngine>(unwrap(std::move(e)));
+}
+
+// Calls bind(args...) with kvbridge.Engine's arguments and their defaults, in
+// start_engine's order (after `faults`): Engine(...) and
+// testing.engine_with_faults(faults, ...) take the same.
+template <typename Bind>
+void with_engine_args(Bind&& bind) {
+  bind(py::arg("name") = "", py::arg("transports") = py::none(), py::arg("host") = "127.0.0.1",
+       py::arg("tcp_streams") = 4, py::arg("threads") = 2, py::arg("default_timeout") = 30.0,
+       py::arg("inline_bytes") = EngineOptions{}.inline_bytes, py::arg("secret") = "", py::arg("advertise_host") = "",
+       py::arg("device_copy") = "copy_engine", py::arg("device_copy_blocks") = 0,
+       py::arg("ucx_trusted_network") = false);
+}
+
 }  // namespace
 
 void bind_engine(py::module_& m) {
   bind_values(m);
-  py::class_<PyEngine>(m, "Engine",
-                       "Registered memory, peers and asynchronous transfers: one per process.\n\n"
-                       "An Engine registers memory (torch CPU tensors, numpy arrays, any writable buffer; CUDA\n"
-                       "tensors in a build with CUDA), publishes metadata() that a peer passes to connect(),\n"
-                       "and runs batches of copies as reads (peer -> local) or writes (local -> peer), each\n"
-                       "ending exactly once as DONE, FAILED or CANCELLED, with an optional notification to\n"
-                       "the peer after the last byte. Transports (local, cma, tcp, ucx) are chosen per peer.\n\n"
-                       "The engine keeps a reference to every registered object until deregister_memory()\n"
-                       "or close(), so its memory cannot be freed under a transfer. Blocking calls release\n"
-                       "the GIL; every method may be called from any thread. Use it as a context manager,\n"
-                       "or call close(), to stop its threads deterministically.\n\n"
-                       "    with kvbridge.Engine(name='prefill/r0', transports=['cma']) as engine:\n"
-                       "        region = engine.register_memory(kv_cache)  # a torch tensor\n"
-                       "        blob = engine.metadata()                  # send to the peer")
-      .def(py::init([](const std::string& name, std::optional<std::vector<std::string>> transports,
-                       const std::string& host, uint32_t tcp_streams, uint32_t threads, py::object default_timeout,
-                       const std::string& faults, uint64_t inline_bytes, const std::string& secret,
-                       const std::string& advertise_host, const std::string& device_copy, uint32_t device_copy_blocks,
-                       bool ucx_trusted_network) {
-             EngineOptions o;
-             o.name = name;
-             if (transports) o.transports = *transports;
-             o.host = host;
-             o.advertise_host = advertise_host;
-             o.tcp_streams = tcp_streams;
-             o.threads = threads;
-             o.default_timeout = to_millis(default_timeout, o.default_timeout);
-             o.inline_bytes = inline_bytes;
-             o.secret = secret;
-             o.ucx_trusted_network = ucx_trusted_network;
-             o.device_copy = device_copy;
-             o.device_copy_blocks = device_copy_blocks;
-             Result<std::unique_ptr<Engine>> e = [&] {
-               py::gil_scoped_release nogil;
-               return testing::create_engine_with_faults(o, faults);
-             }();
-             return std::make_unique<PyEngine>(unwrap(std::move(e)));
-           }),
-           py::arg("name") = "", py::arg("transports") = py::none(), py::arg("host") = "127.0.0.1",
-           py::arg("tcp_streams") = 4, py::arg("threads") = 2, py::arg("default_timeout") = 30.0,
-           py::arg("faults") = "", py::arg("inline_bytes") = EngineOptions{}.inline_bytes, py::arg("secret") = "",
-           py::arg("advertise_host") = "", py::arg("device_copy") = "copy_engine", py::arg("device_copy_blocks") = 0,
-           py::arg("ucx_trusted_network") = false,
-           "Starts the engine's threads and listeners.\n\n"
-           "name: shown to peers and in errors; '' = a name of this engine's own (kvbridge-<host>-<pid>-<hex>).\n"
-           "Peers are told apart by name and a random instance id, so names need not be unique. transports: preference "
-           "order, e.g.\n"
-           "['cma', 'tcp']; None = every available one. host: address the tcp and control listeners\n"
-           "bind. advertise_host: the address peers are told to dial, when not host (required when\n"
-           "host is a wildcard such as '0.0.0.0'). default_timeout: seconds (or a timedelta) for transfers submitted "
-           "without one.\n"
-           "faults: fault injection, for tests only ('delay=MS', 'drop-notifications=N').\n"
-           "secret: shared secret of every control connection and tcp stream ('' = none); peers\n"
-           "must hold the same (docs/security.md). UCX's own listener cannot check it: with a secret,\n"
-           "ucx is left out of the default transports, and transports=['ucx'] raises InvalidArgument\n"
-           "unless ucx_trusted_network=True (every host that can reach UCX's interface is trusted).\n"
-           "inline_bytes: a transfer of at most this many bytes without a notification, over local or\n"
-           "cma, runs inside submit() (it has ended when submit returns); 0 = always on engine threads.\n"
-           "device_copy: how device memory is copied, 'copy_engine' (one cudaMemcpyBatchAsync per transfer)\n"
-           "or 'kernel' (a gather/scatter kernel on at most device_copy_blocks blocks, 0 = 32); docs/gpu.md.\n"
-           "Raises Unavailable when a named transport cannot run here (the message says why).")
-      .def_property_readonly("name", [](PyEngine& e) { return e.get().name(); })
+  py::class_<PyEngine> engine(m, "Engine",
+                              "Registered memory, peers and asynchronous transfers: one per process.\n\n"
+                              "An Engine registers memory (torch CPU tensors, numpy arrays, any writable buffer; CUDA\n"
+                              "tensors in a build with CUDA), publishes metadata() that a peer passes to connect(),\n"
+                              "and runs batches of copies as reads (peer -> local) or writes (local -> peer), each\n"
+                              "ending exactly once as DONE, FAILED or CANCELLED, with an optional notification to\n"
+                              "the peer after the last byte. Transports (local, cma, tcp, ucx) are chosen per peer.\n\n"
+                              "The engine keeps a reference to every registered object until deregister_memory()\n"
+                              "or close(), so its memory cannot be freed under a transfer. Blocking calls release\n"
+                              "the GIL; every method may be called from any thread. Use it as a context manager,\n"
+                              "or call close(), to stop its threads deterministically.\n\n"
+                              "    with kvbridge.Engine(name='prefill/r0', transports=['cma']) as engine:\n"
+                              "        region = engine.register_memory(kv_cache)  # a torch tensor\n"
+                              "        blob = engine.metadata()                  # send to the peer");
+  with_engine_args([&](auto... args) {
+    engine.def(
+        py::init([](const std::string& name, std::optional<std::vector<std::string>> transports,
+                    const std::string& host, uint32_t tcp_streams, uint32_t threads, py::object default_timeout,
+                    uint64_t inline_bytes, const std::string& secret, const std::string& advertise_host,
+                    const std::string& device_copy, uint32_t device_copy_blocks, bool ucx_trusted_network) {
+          return start_engine("", name, std::move(transports), host, tcp_streams, threads, std::move(default_timeout),
+                              inline_bytes, secret, advertise_host, device_copy, device_copy_blocks,
+                              ucx_trusted_network);
+        }),
+        args...,
+        "Starts the engine's threads and listeners.\n\n"
+        "name: shown to peers and in errors; '' = a name of this engine's own (kvbridge-<host>-<pid>-<hex>).\n"
+        "Peers are told apart by name and a random instance id, so names need not be unique. transports: "
+        "preference order, e.g.\n"
+        "['cma', 'tcp']; None = every available one. host: address the tcp and control listeners\n"
+        "bind. advertise_host: the address peers are told to dial, when not host (required when\n"
+        "host is a wildcard such as '0.0.0.0'). default_timeout: seconds (or a timedelta) for transfers submitted "
+        "without one.\n"
+        "secret: shared secret of every control connection and tcp stream ('' = none); peers\n"
+        "must hold the same (docs/security.md). UCX's own listener cannot check it: with a secret,\n"
+        "ucx is left out of the default transports, and transports=['ucx'] raises InvalidArgument\n"
+        "unless ucx_trusted_network=True (every host that can reach UCX's interface is trusted).\n"
+        "inline_bytes: a transfer of at most this many bytes without a notification, over local or\n"
+        "cma, runs inside submit() (it has ended when submit returns); 0 = always on engine threads.\n"
+        "device_copy: how device memory is copied, 'copy_engine' (one cudaMemcpyBatchAsync per transfer)\n"
+        "or 'kernel' (a gather/scatter kernel on at most device_copy_blocks blocks, 0 = 32); docs/gpu.md.\n"
+        "Raises Unavailable when a named transport cannot run here (the message says why).");
+  });
+  engine.def_property_readonly("name", [](PyEngine& e) { return e.get().name(); })
       .def(
           "transports", [](PyEngine& e) { return e.get().transports(); },
           "Every transport with whether this engine can use it, and why not.")
@@ -435,6 +458,19 @@ Readiness readiness_of(py::handle h) {
         std::string(py::str(h.get_type().attr("__name__")))));
   }
   return r;
+}
+
+void bind_engine_testing(py::module_& m) {
+  py::module_ t = m.attr("testing");
+  with_engine_args([&](auto... args) {
+    t.def("engine_with_faults", &start_engine, py::arg("faults"), args...,
+          "A kvbridge.Engine (the same arguments after `faults`) whose transports misbehave on\n"
+          "purpose, for tests only. faults, comma-separated: 'delay=MS' (every copy sleeps MS first),\n"
+          "'drop-notifications=N' (the next N notifications it sends are lost), 'drop-done=N' (the\n"
+          "same for the next N connector done messages only), 'drop-rate=P', 'duplicate-rate=P',\n"
+          "'seed=S' (each notification is lost, or sent twice, with probability P per mille, drawn\n"
+          "from a generator seeded with S); '' = none. Raises InvalidArgument naming an unknown fault.");
+  });
 }
 
 }  // namespace kvbridge::python

@@ -32,4 +32,5 @@ PYBIND11_MODULE(_kvbridge, m) {
   kvbridge::python::bind_connector(m);
   kvbridge::python::bind_store(m);
   kvbridge::python::bind_device_testing(m);
+  kvbridge::python::bind_engine_testing(m);
 }

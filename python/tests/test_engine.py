@@ -108,7 +108,7 @@ def test_notify_on_its_own(pair):
 def test_wait_releases_the_gil():
     a_mem = np.zeros(4096, np.uint8)
     b_mem = np.ones(4096, np.uint8)
-    with kvbridge.Engine(name="gil-a", faults="delay=400") as a, kvbridge.Engine(name="gil-b") as b:
+    with kvbridge.testing.engine_with_faults("delay=400", name="gil-a") as a, kvbridge.Engine(name="gil-b") as b:
         ra, rb = a.register_memory(a_mem), b.register_memory(b_mem)
         peer = a.connect(b.metadata())
         ticks = []
@@ -185,6 +185,16 @@ def test_close_is_idempotent_and_later_calls_raise():
     with pytest.raises(kvbridge.Unavailable, match="closed"):
         e.metadata()
 
+
+def test_fault_injection_is_a_testing_hook_not_an_engine_argument():
+    with pytest.raises(TypeError):
+        kvbridge.Engine(name="faulty", faults="delay=1")
+    assert "faults" not in kvbridge.Engine.__init__.__doc__
+    with kvbridge.testing.engine_with_faults("delay=1", name="faulty") as e:
+        assert isinstance(e, kvbridge.Engine) and e.name == "faulty"
+        assert [t.name for t in e.transports()]
+    with pytest.raises(kvbridge.InvalidArgument):
+        kvbridge.testing.engine_with_faults("no-such-fault=1")
 
 def test_a_wildcard_bind_needs_an_address_to_advertise():
     with pytest.raises(kvbridge.InvalidArgument, match="give advertise_host"):

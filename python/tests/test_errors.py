@@ -73,7 +73,7 @@ def slow_pair():
     """Two engines; the reader's copies are delayed by 300 ms."""
     a = np.zeros(1 << 16, np.uint8)
     b = np.arange(1 << 16, dtype=np.uint32).astype(np.uint8)
-    with kvbridge.Engine(name="slow-a", faults="delay=300") as ea, kvbridge.Engine(name="slow-b") as eb:
+    with kvbridge.testing.engine_with_faults("delay=300", name="slow-a") as ea, kvbridge.Engine(name="slow-b") as eb:
         ra, rb = ea.register_memory(a), eb.register_memory(b)
         yield ea, ea.connect(eb.metadata()), ra, rb
 
