@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "connector/worker_internal.h"
+#include "kvbridge/host_memory.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/status.h"
 
@@ -58,7 +59,7 @@ class CacheEvictor {
   void evict();
 
  private:
-  std::vector<uint8_t> buffer_;
+  HostMemory buffer_;
   uint8_t round_ = 0;
 };
 

@@ -95,7 +95,11 @@ class Rank {
       // its requests only (a pool sized for the longest request, or by
       // --num-blocks, can be far larger than what the requests use), each
       // request's blocks made resident before it is admitted (make_resident).
-      if (!c_.prefill) std::memset(m, kSentinel, t.bytes);
+      // Populated first: the sentinel's memset then faults no page.
+      if (!c_.prefill) {
+        KVB_RETURN_IF_ERROR(memory_.back().populate());
+        std::memset(m, kSentinel, t.bytes);
+      }
       spans_.emplace_back(m, t.bytes);
     }
     host_ = spans_;
@@ -394,12 +398,23 @@ class Rank {
   // first, outside its TTFT, and the forward pass does not count page
   // faults as compute. The bytes are left as they are: the pass writes
   // every one.
+  // Adjacent cells of a tensor are populated in one call.
   Status make_resident(const Request& q) {
-    return for_each_cell(layout_, q, RequestSide::kRemote, 0, [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
-      constexpr uint64_t kPage = 4096;
-      volatile uint8_t* base = host_[t].data();
-      for (uint64_t at = off; at < off + n; at = (at / kPage + 1) * kPage) base[at] = base[at];
-    });
+    std::vector<std::pair<uint64_t, uint64_t>> open(memory_.size(), {0, 0});  // [begin, end) per tensor
+    Status s;
+    auto flush = [&](size_t t) {
+      if (s.ok() && open[t].second > open[t].first)
+        s = memory_[t].populate(open[t].first, open[t].second - open[t].first);
+      open[t] = {0, 0};
+    };
+    KVB_RETURN_IF_ERROR(
+        for_each_cell(layout_, q, RequestSide::kRemote, 0, [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
+          if (open[t].second != off) flush(t);
+          if (open[t].second == 0) open[t].first = off;
+          open[t].second = off + n;
+        }));
+    for (size_t t = 0; t < open.size(); ++t) flush(t);
+    return s;
   }
 
   // The prefill's forward pass, layer by layer in the model's order: write

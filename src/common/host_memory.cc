@@ -1,7 +1,9 @@
 #include "kvbridge/host_memory.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -44,6 +46,31 @@ Result<HostMemory> HostMemory::allocate(uint64_t bytes) {
   h.note_ = "this platform has no MADV_HUGEPAGE";
 #endif
   return h;
+}
+
+Status HostMemory::populate(uint64_t offset, uint64_t bytes) {
+  if (offset > size_ || bytes > size_ - offset) {
+    return Status::out_of_range("HostMemory::populate: [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
+                                ") is past the " + std::to_string(size_) + " bytes allocated");
+  }
+  if (bytes == 0) return Status();
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = offset / page * page;
+  const uint64_t end = std::min(mapped_, (offset + bytes + page - 1) / page * page);
+#ifndef MADV_POPULATE_WRITE
+  constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older headers lack it
+#endif
+  if (::madvise(data_ + begin, end - begin, MADV_POPULATE_WRITE) == 0) return Status();
+  if (errno == ENOMEM || errno == EFAULT) {
+    return Status::resource_exhausted("HostMemory::populate: " + std::to_string(end - begin) +
+                                      " bytes: " + std::strerror(errno));
+  }
+  // An older kernel (EINVAL): touch each page, keeping its bytes.
+  for (uint64_t at = begin; at < end; at += page) {
+    volatile uint8_t* p = data_ + at;
+    *p = *p;
+  }
+  return Status();
 }
 
 HostMemory::HostMemory(HostMemory&& other) noexcept { *this = std::move(other); }

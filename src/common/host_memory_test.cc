@@ -87,6 +87,36 @@ TEST(HostMemoryTest, IsAlignedWritableAndBackedByHugePagesWhereTheKernelHasThem)
   }
 }
 
+long rss_kb(const void* start) {
+  const std::string kb = smaps_field(start, "Rss:");
+  return kb.empty() ? -1 : std::stol(kb);
+}
+
+TEST(HostMemoryTest, PopulateMakesTheRangeResidentAndKeepsItsBytes) {
+  const uint64_t bytes = 4 * HostMemory::kHugePageBytes;
+  Result<HostMemory> m = HostMemory::allocate(bytes);
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_EQ(rss_kb(m->data()), 0);  // mapped, nothing touched
+  m->data()[100] = 0x11;
+  // Part of it, from an offset that is not page-aligned: whole pages around it.
+  ASSERT_TRUE(m->populate(HostMemory::kHugePageBytes + 5, 10000).ok());
+  const long part = rss_kb(m->data());
+  EXPECT_GE(part, 4 + 12) << "the first page and the range's three pages";
+  EXPECT_LT(part, static_cast<long>(bytes / 1024));
+  ASSERT_TRUE(m->populate().ok());
+  EXPECT_GE(rss_kb(m->data()), static_cast<long>(bytes / 1024));
+  EXPECT_EQ(m->data()[100], 0x11);
+  EXPECT_EQ(m->data()[101], 0);
+  EXPECT_EQ(m->data()[bytes - 1], 0);
+  // A range past the bytes asked for is refused, naming it.
+  Status past = m->populate(bytes - 10, 11);
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.code(), Code::kOutOfRange);
+  EXPECT_NE(past.message().find("past the " + std::to_string(bytes) + " bytes"), std::string::npos) << past.to_string();
+  EXPECT_FALSE(m->populate(UINT64_MAX, 2).ok());
+  EXPECT_TRUE(m->populate(bytes, 0).ok());
+}
+
 TEST(HostMemoryTest, MovesOwnershipAndUnmapsOnce) {
   Result<HostMemory> m = HostMemory::allocate(4096);
   ASSERT_TRUE(m.ok());
