@@ -95,7 +95,7 @@ Result<std::vector<GroupSpec>> mla_with_draft(const Options& o) {
   return groups;
 }
 
-// Rounds `bytes / per_block` up to a block size that is a multiple of `step`.
+// Rounds `bytes / per_token` up to a block size that is a multiple of `step`.
 uint64_t min_block_tokens(uint64_t bytes, uint64_t per_token, uint64_t step) {
   const uint64_t tokens = (bytes + per_token - 1) / per_token;
   return (tokens + step - 1) / step * step;

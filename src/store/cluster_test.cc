@@ -494,6 +494,27 @@ TEST(ClusterRedirectTest, ASlotMapPastItsBoundIsRefusedWhileItIsRead) {
   EXPECT_GT(c.errors, 0u);
 }
 
+// Integers past int64 in a slot map (a slot, a port, an array's length):
+// refused as a bad map, never computed with (UBSan stops the test on a
+// signed overflow).
+TEST(ClusterRedirectTest, ASlotMapWithIntegersPastInt64IsRefused) {
+  for (const std::string& map :
+       {std::string("*1\r\n*3\r\n:9999999999999999999\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:1\r\n"),
+        std::string("*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:-9999999999999999999\r\n"),
+        std::string("*9999999999999999999\r\n")}) {
+    LyingNode liar([&](uint16_t) { return map; }, 0);
+    RedisOptions o;
+    o.port = liar.port();
+    o.cluster = true;
+    o.retry_interval = 10s;
+    store_internal::ClusterTier tier(o);
+    for (uint8_t g : tier.exists(cluster_keys(4))) EXPECT_EQ(g, 0);
+    const store_internal::RedisCounters c = tier.counters();
+    EXPECT_EQ(c.slot_map_updates, 0u) << map;
+    EXPECT_GT(c.errors, 0u) << map;
+  }
+}
+
 TEST(ClusterUnreachableTest, AClusterThatCannotBeReachedIsMissesAtOnce) {
   auto s = cluster_store(testing::free_loopback_port(), Assembly::kInProcess, kDefaultTimeouts);
   Instance inst(s, "llama3-8b", {1, 16}, 64);

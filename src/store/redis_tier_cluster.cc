@@ -1,6 +1,8 @@
 // The Redis tier as a node of a Redis Cluster: parse_redirect() of MOVED, ASK,
 // CLUSTERDOWN and TRYAGAIN replies, and cluster_slots(), which reads CLUSTER
 // SLOTS as it streams in (see redis_tier.h and cluster_tier.h).
+#include <charconv>
+
 #include "store/redis_tier.h"
 #include "store/redis_tier_io.h"
 
@@ -46,16 +48,10 @@ constexpr int64_t kMaxNestedItems = 1024;
 constexpr int64_t kMaxBulkBytes = 1 << 20;
 
 bool parse_i64(std::string_view text, int64_t* out) {
-  if (text.empty() || text.size() > 19) return false;
-  bool negative = text[0] == '-';
-  if (negative) text.remove_prefix(1);
-  if (text.empty()) return false;
   int64_t v = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return false;
-    v = v * 10 + (c - '0');
-  }
-  *out = negative ? -v : v;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return false;  // past int64 too
+  *out = v;
   return true;
 }
 
