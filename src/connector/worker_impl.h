@@ -1,6 +1,7 @@
 // connector/worker_impl.h: the ConnectorWorker made by ConnectorWorker::create
-// (connector.h), in one class whose parts live in four files:
-//  - worker.cc: registration, the side channel, and the public methods;
+// (connector.h), in one class whose parts live in five files:
+//  - worker.cc: the public methods, aborts, and poke(), send(), send_done();
+//  - worker_init.cc: registration and teardown (init(), the destructor);
 //  - worker_start.cc: the start thread, which plans queued loads and submits
 //    their stages;
 //  - worker_pump.cc: the pump and its inbox (Wakeups): transfer ends,
