@@ -1,11 +1,12 @@
 // connector/worker_impl.h: the ConnectorWorker made by ConnectorWorker::create
-// (connector.h), in one class whose parts live in five files:
+// (connector.h), in one class whose parts live in six files:
 //  - worker.cc: the public methods, aborts, and poke(), send(), send_done();
 //  - worker_init.cc: registration and teardown (init(), the destructor);
 //  - worker_start.cc: the start thread, which plans queued loads and submits
 //    their stages;
 //  - worker_pump.cc: the pump and its inbox (Wakeups): transfer ends,
-//    notifications, heartbeats, done messages, and how a load ends;
+//    notifications, heartbeats, done messages;
+//  - worker_end.cc: how a load ends (landed stages, reports, settling);
 //  - worker_connect.cc: the connect thread (handshakes, engine connections).
 //
 // Bookkeeping is under mu_. Loads are engine transfers whose completions
