@@ -376,4 +376,16 @@ class Engine {
 inline constexpr size_t kMaxEngineMetadataBytes = size_t{1} << 20;
 inline constexpr size_t kMaxNotificationAnswerBytes = 256;
 
+// The engine that metadata() bytes describe: its name and instance, as its
+// notifications (Notification::peer, peer_instance) and its peers' grants
+// name it. The rest of the metadata is the engine's own. The bytes are
+// checked as connect() checks them: kInvalidArgument when malformed (the
+// message names the field), kIncompatible for another version,
+// kResourceExhausted past kMaxEngineMetadataBytes.
+struct EngineLabel {
+  std::string name;
+  uint64_t instance = 0;
+};
+Result<EngineLabel> describe_metadata(std::string_view metadata);
+
 }  // namespace kvbridge

@@ -1,7 +1,6 @@
 #include "connector/remotes.h"
 
 #include "common/text.h"
-#include "engine/metadata.h"
 #include "kvbridge/layout_json.h"
 #include "net/address.h"
 
@@ -232,7 +231,7 @@ Result<std::shared_ptr<const Fetched>> Remotes::fetch_once(const std::string& in
                                   std::to_string(l.rank()) + " of " + std::to_string(l.tp_size * l.pp_size) + " with " +
                                   std::to_string(info.tensors.size()) + " tensor regions");
     }
-    Result<engine_internal::EngineMetadata> m = engine_internal::decode_metadata(info.engine_metadata);
+    Result<EngineLabel> m = describe_metadata(info.engine_metadata);
     if (!m.ok()) return m.error().with_context(who + " engine metadata");
     fetched->engines.emplace_back(m->name, m->instance);
     fetched->infos.push_back(std::move(info));

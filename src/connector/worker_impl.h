@@ -47,10 +47,10 @@
 namespace kvbridge::connector {
 
 constexpr size_t kEndedKept = 4096;  // outcomes kept for wait_for_layer()
+// Announcements (and push's "wrote") kept for loads not started yet.
 constexpr size_t kEarlyKept = 65536;
 // The least a done waits for its answer before it is asked again.
-constexpr std::chrono::milliseconds kMinAskTimeout{
-    200};  // announcements (and push's "wrote") kept for loads not started yet
+constexpr std::chrono::milliseconds kMinAskTimeout{200};
 // A push-mode worker's side channel identity: the layout's, and this line;
 // its hash the layout's xor this constant ("push"). A pull-mode worker's is
 // the layout's alone, so a mismatch names the mode.

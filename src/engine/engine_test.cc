@@ -122,6 +122,27 @@ TEST(EngineTest, WithASecretUcxIsLeftOutUnlessItsNetworkIsTrusted) {
   EXPECT_EQ(Engine::create(o).ok(), ucx_runs);
 }
 
+TEST(EngineTest, DescribeMetadataNamesTheEngineAndRefusesWhatIsNotMetadata) {
+  std::unique_ptr<Engine> a = make("a");
+  std::unique_ptr<Engine> b = make("a");  // the same name, another engine
+  Result<EngineLabel> la = describe_metadata(a->metadata());
+  Result<EngineLabel> lb = describe_metadata(b->metadata());
+  ASSERT_TRUE(la.ok()) << la.error().to_string();
+  ASSERT_TRUE(lb.ok()) << lb.error().to_string();
+  EXPECT_EQ(la->name, "a");
+  EXPECT_EQ(la->instance, a->instance());
+  EXPECT_EQ(lb->instance, b->instance());
+  EXPECT_NE(la->instance, lb->instance);
+  Result<EngineLabel> bad = describe_metadata("not metadata");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code(), Code::kInvalidArgument) << bad.error().to_string();
+  const std::string cut = a->metadata().substr(0, 10);
+  Result<EngineLabel> short_one = describe_metadata(cut);
+  ASSERT_FALSE(short_one.ok());
+  EXPECT_NE(short_one.error().message().find("metadata"), std::string::npos) << short_one.error().to_string();
+  EXPECT_EQ(describe_metadata(std::string(kMaxEngineMetadataBytes + 1, 'x')).error().code(), Code::kResourceExhausted);
+}
+
 TEST(EngineTest, MetadataDescribesMergedSegmentsAndEveryRegion) {
   std::unique_ptr<Engine> e = make("a");
   std::vector<uint8_t> memory(1 << 16);

@@ -232,3 +232,13 @@ Result<EngineMetadata> decode_metadata(std::string_view bytes) {
 }
 
 }  // namespace kvbridge::engine_internal
+
+namespace kvbridge {
+
+Result<EngineLabel> describe_metadata(std::string_view metadata) {
+  Result<engine_internal::EngineMetadata> m = engine_internal::decode_metadata(metadata);
+  if (!m.ok()) return m.error();
+  return EngineLabel{std::move(m->name), m->instance};
+}
+
+}  // namespace kvbridge
