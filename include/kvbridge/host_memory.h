@@ -58,8 +58,7 @@ class HostMemory {
   // touch; where the kernel lacks it (before Linux 5.14) each page is
   // touched instead. The range is widened to whole pages; the bytes are
   // left as they are. On a virtual machine a fault costs far more than the
-  // page's zeroing: filling 256 MiB took 1.9 s page by page and 47 ms
-  // populated first on the machine these tests run on. Errors:
+  // page's zeroing. Errors:
   // out_of_range for a range past size(), resource_exhausted naming the
   // size when the kernel has no memory for it.
   Status populate(uint64_t offset, uint64_t bytes);
