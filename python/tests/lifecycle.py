@@ -23,7 +23,7 @@ Invariants, checked with the deterministic content (kvbridge.fill_request / chec
 A failure prints its seed, and `lifecycle.py --seed S --lifecycles N` replays it.
 
 Usage: PYTHONPATH=<build>/python KVB_DEVICE=fake /usr/bin/python3 python/tests/lifecycle.py
-         [--seed S] [--lifecycles N] [--minutes M] [--worlds W]
+         [--seed S] [--lifecycles N] [--minutes M] [--worlds W [--jobs J]]
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import random
 import sys
 import time
 import types
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -622,46 +622,80 @@ class World:
         return self.stats
 
 
+def run_world(seed: int, lifecycles: int, verbose: bool, device_ok: bool) -> Tuple[Optional[Dict[str, int]], List[str]]:
+    """One world: its stats (None when an invariant broke or it failed) and the lines to print."""
+    cfg = WorldConfig.draw(seed, device_ok)
+    log = (lambda *m: print(f"  [{seed}]", *m, flush=True)) if verbose else None
+    w = World(cfg, log)
+    lines: List[str] = []
+    try:
+        stats = w.run(lifecycles, deadline=time.monotonic() + 600)
+    except Exception as e:
+        lines.append(f"lifecycle: world seed {seed} ({cfg}) failed: {type(e).__name__}: {e}")
+        lines.append(f"lifecycle: replay with --seed {seed} --lifecycles {lifecycles} --worlds 1")
+        return None, lines
+    finally:
+        w.close()
+    if verbose:
+        for why, n in sorted(w.errors.items(), key=lambda e: -e[1])[:6]:
+            lines.append(f"  [{seed}] {n} x {why}")
+    lines.append(f"lifecycle: world {seed}: {stats} ({cfg.prefill_tp}->{cfg.decode_tp}, "
+                 f"{'device' if cfg.device else cfg.transport}, drop {cfg.drop}, dup {cfg.duplicate}, "
+                 f"lease {cfg.lease_s})")
+    return stats, lines
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=1, help="the first world's seed (worlds count up from it)")
     ap.add_argument("--lifecycles", type=int, default=300, help="requests per world")
     ap.add_argument("--worlds", type=int, default=1)
     ap.add_argument("--minutes", type=float, default=0.0, help="run worlds until this many minutes passed")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="with --worlds: run this many worlds at once, each in a process of its own (a world "
+                         "mostly waits on its engines, so several share a core)")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args(argv)
     start = time.monotonic()
     total: Dict[str, int] = {}
-    seed = a.seed
     worlds = 0
     device_ok = device_fake()
-    while True:
-        if a.minutes > 0:
-            if time.monotonic() - start > a.minutes * 60:
-                break
-        elif worlds >= a.worlds:
-            break
-        cfg = WorldConfig.draw(seed, device_ok)
-        log = (lambda *m: print(f"  [{seed}]", *m, flush=True)) if a.verbose else None
-        w = World(cfg, log)
-        try:
-            stats = w.run(a.lifecycles, deadline=time.monotonic() + 600)
-        except Exception as e:
-            print(f"lifecycle: world seed {seed} ({cfg}) failed: {type(e).__name__}: {e}", flush=True)
-            print(f"lifecycle: replay with --seed {seed} --lifecycles {a.lifecycles} --worlds 1", flush=True)
-            return 1
-        finally:
-            w.close()
+
+    def add(stats: Dict[str, int]) -> None:
         for k, v in stats.items():
             total[k] = total.get(k, 0) + v
-        if a.verbose:
-            for why, n in sorted(w.errors.items(), key=lambda e: -e[1])[:6]:
-                print(f"  [{seed}] {n} x {why}")
-        print(f"lifecycle: world {seed}: {stats} ({cfg.prefill_tp}->{cfg.decode_tp}, "
-              f"{'device' if cfg.device else cfg.transport}, drop {cfg.drop}, dup {cfg.duplicate}, "
-              f"lease {cfg.lease_s})", flush=True)
-        seed += 1
-        worlds += 1
+
+    if a.jobs > 1 and a.minutes <= 0:
+        import concurrent.futures
+        import multiprocessing
+        with concurrent.futures.ProcessPoolExecutor(max_workers=a.jobs,
+                                                    mp_context=multiprocessing.get_context("spawn")) as pool:
+            runs = [pool.submit(run_world, a.seed + i, a.lifecycles, a.verbose, device_ok) for i in range(a.worlds)]
+            for run in runs:  # reported in seed order
+                stats, lines = run.result()
+                for line in lines:
+                    print(line, flush=True)
+                if stats is None:
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    return 1
+                add(stats)
+                worlds += 1
+    else:
+        seed = a.seed
+        while True:
+            if a.minutes > 0:
+                if time.monotonic() - start > a.minutes * 60:
+                    break
+            elif worlds >= a.worlds:
+                break
+            stats, lines = run_world(seed, a.lifecycles, a.verbose, device_ok)
+            for line in lines:
+                print(line, flush=True)
+            if stats is None:
+                return 1
+            add(stats)
+            seed += 1
+            worlds += 1
     print(f"lifecycle: {worlds} worlds, {total.get('started', 0)} lifecycles in "
           f"{time.monotonic() - start:.0f} s: {total}", flush=True)
     return 0
