@@ -33,7 +33,7 @@ bool id_char(char c) {
          c == ':' || c == '-';
 }
 
-bool printable(std::string_view s, bool space_ok) {
+bool printable_ascii(std::string_view s, bool space_ok) {
   for (char c : s) {
     if (c < ' ' || c > '~' || (c == ' ' && !space_ok)) return false;
   }
@@ -64,7 +64,7 @@ Status check_instance_record(const InstanceRecord& r) {
   }
   for (size_t i = 0; i < r.ranks.size(); ++i) {
     const std::string& a = r.ranks[i];
-    if (a.empty() || a.size() > kMaxAddressBytes || !printable(a, false) || a.find(':') == std::string::npos) {
+    if (a.empty() || a.size() > kMaxAddressBytes || !printable_ascii(a, false) || a.find(':') == std::string::npos) {
       return bad("ranks[" + std::to_string(i) + "]", shown(a) + " is not host:port (at most 256 bytes)");
     }
   }
@@ -81,7 +81,7 @@ Status check_instance_record(const InstanceRecord& r) {
             std::string::npos) {
       return bad("labels", "key " + shown(k) + " is not 1 to 63 bytes of [A-Za-z0-9._/-]");
     }
-    if (v.size() > kMaxLabelValueBytes || !printable(v, true)) {
+    if (v.size() > kMaxLabelValueBytes || !printable_ascii(v, true)) {
       return bad("labels", "the value of " + shown(k) + " is not at most 256 bytes of printable ASCII");
     }
   }

@@ -14,6 +14,7 @@
 #include "kvbridge/layout.h"
 #include "kvbridge/layout_json.h"
 #include "layout/json_io.h"
+#include "layout/memory_name.h"
 
 namespace kvbridge {
 namespace {
@@ -27,15 +28,7 @@ using json_io::quote_text;
 // At most one block axis, one head axis and kMaxPositionAxes position axes.
 constexpr size_t kMaxAxes = 2 + kMaxPositionAxes;
 
-// Same rule as validate(): "host", or "cuda:" and one to five decimal digits.
-bool valid_memory(const std::string& memory) {
-  if (memory == "host") return true;
-  if (memory.rfind("cuda:", 0) != 0 || memory.size() < 6 || memory.size() > 10) return false;
-  for (size_t i = 5; i < memory.size(); ++i) {
-    if (memory[i] < '0' || memory[i] > '9') return false;
-  }
-  return true;
-}
+using layout_internal::valid_memory;
 
 Result<Axis> read_axis(const Json& value, const std::string& path) {
   KVB_RETURN_IF_ERROR(json_io::expect_object(value, path));

@@ -8,9 +8,19 @@
 #include "common/checked.h"
 #include "common/text.h"
 #include "kvbridge/layout.h"
+#include "layout/memory_name.h"
 
 namespace kvbridge {
+
+bool layout_internal::valid_memory(const std::string& m) {
+  if (m == "host") return true;
+  if (m.rfind("cuda:", 0) != 0 || m.size() == 5 || m.size() > 10) return false;
+  return std::all_of(m.begin() + 5, m.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 namespace {
+
+using layout_internal::valid_memory;
 
 // Cells of one component are enumerated exactly only up to this many, when
 // the cheap nesting proof below fails.
@@ -57,12 +67,6 @@ Status check_name(std::string_view what, const std::string& name) {
                                       " bytes");
   }
   return Status();
-}
-
-bool valid_memory(const std::string& m) {
-  if (m == "host") return true;
-  if (m.rfind("cuda:", 0) != 0 || m.size() == 5 || m.size() > 10) return false;
-  return std::all_of(m.begin() + 5, m.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 // Proves that no two cells overlap. Cheap case: sorted by stride, every axis

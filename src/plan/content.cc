@@ -24,7 +24,7 @@ uint64_t name_hash(std::string_view s) {  // FNV-1a: stable, no per-process seed
   return h;
 }
 
-constexpr uint64_t kFinalState = ~uint64_t{0};
+using plan_internal::kFinalState;
 
 // Writes the pattern of one cell into `out` (`streaming`: bypassing the
 // caches where it can; the caller fences): a Weyl sequence of words from

@@ -15,6 +15,10 @@
 
 namespace kvbridge::plan_internal {
 
+// The semantic position of a state group's final state (the one position a
+// state group moves), in the patterns and the verifier's messages.
+inline constexpr uint64_t kFinalState = ~uint64_t{0};
+
 // splitmix64's finaliser: the patterns' mixing function.
 inline uint64_t mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;

@@ -25,7 +25,7 @@ using plan_internal::Moving;
 using plan_internal::moving_positions;
 
 constexpr uint64_t kPage = 4096;
-constexpr uint64_t kFinalState = ~uint64_t{0};
+using plan_internal::kFinalState;
 
 // The pattern of a cell: a function of its semantic coordinate only.
 struct Coordinate {
