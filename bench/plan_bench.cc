@@ -28,6 +28,20 @@
 //   create_ms       PlanTemplate::create() of the shape, once
 //   pieces          pieces the template holds
 //
+// BM_Stages rows plan a load as the connector does, cut into stages
+// (plan_stages(): one stage for a whole load, one per layer streamed),
+// afresh and from a stage template (StageTemplate, plan.h), the template a
+// decode rank keeps per (remote instance, request shape):
+//   stages          stages of the load
+//   plan_stages_ms  mean wall time of one plan_stages()
+//   instantiate_ms  mean wall time of one StageTemplate::instantiate()
+//   speedup_x       plan_stages_ms / instantiate_ms
+//   create_ms       StageTemplate::create() of the shape, once
+//   memcpy_ms       one memcpy of the load's bytes, measured in this run
+//   instantiate_pct instantiate_ms / memcpy_ms in percent
+//   hbm_pct         instantiate_ms against the load's bytes at 1.5 TB/s (a
+//                   GPU's copy rate, computed, not measured), in percent
+//
 // Scenarios (decode pulls; local = decode rank 0, remotes = every prefill
 // rank); the TP sizes, orders and block ids are in each name.
 #include <benchmark/benchmark.h>
@@ -275,6 +289,64 @@ void BM_Instantiate(benchmark::State& state, Scenario s) {
   state.counters["instantiate_pct"] = memcpy_ms > 0 ? 100.0 * ms / memcpy_ms : 0;
 }
 
+// A load planned into stages afresh and from its stage template.
+void BM_Stages(benchmark::State& state, Scenario s, uint32_t layers_per_stage) {
+  const Inputs in = inputs(s);
+  const StageOptions o{layers_per_stage, 0};
+  const auto c0 = std::chrono::steady_clock::now();
+  Result<StageTemplate> t = StageTemplate::create(in.local(), in.prefill, shape_of(in.request), o);
+  const double create_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+  if (!t) {
+    state.SkipWithError(t.error().to_string().c_str());
+    return;
+  }
+  double seconds = 0;
+  uint64_t calls = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    Result<std::vector<PlanStage>> st = t->instantiate(in.request);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++calls;
+    benchmark::DoNotOptimize(st);
+  }
+  // plan_stages() a few times, and the instance checked against it.
+  double planned_seconds = 0;
+  Result<std::vector<PlanStage>> planned = Status::internal("not planned");
+  for (int i = 0; i < 3; ++i) {
+    const auto p0 = std::chrono::steady_clock::now();
+    planned = plan_stages(in.local(), in.prefill, in.request, o);
+    planned_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+  }
+  Result<std::vector<PlanStage>> instance = t->instantiate(in.request);
+  if (!planned || !instance || planned->size() != instance->size()) {
+    state.SkipWithError("the instance differs from plan_stages()");
+    return;
+  }
+  uint64_t bytes = 0, descriptors = 0;
+  for (size_t k = 0; k < planned->size(); ++k) {
+    if ((*planned)[k].plan.descriptors != (*instance)[k].plan.descriptors) {
+      state.SkipWithError("the instance differs from plan_stages()");
+      return;
+    }
+    bytes += (*planned)[k].plan.bytes;
+    descriptors += (*planned)[k].plan.descriptors.size();
+  }
+  const double ms = 1e3 * seconds / static_cast<double>(std::max<uint64_t>(calls, 1));
+  const double plan_ms = 1e3 * planned_seconds / 3;
+  const double memcpy_ms = 1e3 * memcpy_seconds(bytes);
+  const double hbm_ms = 1e3 * static_cast<double>(bytes) / 1.5e12;
+  state.counters["stages"] = static_cast<double>(planned->size());
+  state.counters["descriptors"] = static_cast<double>(descriptors);
+  state.counters["bytes"] = static_cast<double>(bytes);
+  state.counters["create_ms"] = 1e3 * create_seconds;
+  state.counters["plan_stages_ms"] = plan_ms;
+  state.counters["instantiate_ms"] = ms;
+  state.counters["speedup_x"] = ms > 0 ? plan_ms / ms : 0;
+  state.counters["memcpy_ms"] = memcpy_ms;
+  state.counters["instantiate_pct"] = memcpy_ms > 0 ? 100.0 * ms / memcpy_ms : 0;
+  state.counters["hbm_pct"] = hbm_ms > 0 ? 100.0 * ms / hbm_ms : 0;
+}
+
 // Writing and checking a request's deterministic content (content.h), what
 // the demo's prefill ranks do for every layer and its decode ranks for every
 // load, against memcpy of the same bytes:
@@ -382,6 +454,14 @@ BENCHMARK_CAPTURE(BM_Instantiate, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/consecu
                   Scenario{"qwen3-next", 4, 2, kN, kN, 64, kSeq})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Instantiate, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/shuffled,
                   Scenario{"qwen3-next", 4, 2, kN, kN, 64, kShuf})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Stages, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/shuffled/whole,
+                  Scenario{"llama3-70b", 8, 8, kL, kL, 16, kShuf}, 0)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Stages, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/shuffled/per_layer,
+                  Scenario{"llama3-70b", 8, 8, kL, kL, 16, kShuf}, 1)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Stages, llama3_70b/P_TP8_LBHNC/D_TP2_LBHNC/b16/shuffled/whole,
+                  Scenario{"llama3-70b", 8, 2, kL, kL, 16, kShuf}, 0)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Stages, llama3_70b/P_TP8_LBHNC/D_TP2_LBHNC/b16/shuffled/per_layer,
+                  Scenario{"llama3-70b", 8, 2, kL, kL, 16, kShuf}, 1)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Content, llama3_8b/TP1_LBHNC/4096_tokens, "llama3-8b", 4096, kL)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Content, llama3_8b/TP1_BLHNC/4096_tokens, "llama3-8b", 4096, kB)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Content, llama3_8b/TP1_LBNHC/4096_tokens, "llama3-8b", 4096, kN)->Unit(benchmark::kMillisecond);

@@ -1,6 +1,7 @@
 // The preset matrix: every preset x prefill TP {1,2,4,8} x decode TP {1,2,4,8}
 // x physical orders x block sizes, planned for every decode rank (decode
-// pulls from all prefill ranks) and checked by the verifier; a plan template
+// pulls from all prefill ranks) and checked by the verifier; a stage
+// template gives plan_stages()' stages; a plan template
 // of each request's shape, instantiated with random ids, must give plan()'s
 // plan, which the verifier checks too.
 //
@@ -373,6 +374,23 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
         }
         Result<VerifyReport> vi = verify(*instance, local, *prefill, other, /*check_minimal=*/true);
         ASSERT_TRUE(vi.has_value()) << where << " (other ids): " << vi.error().to_string();
+        // A stage template of the finest cut gives plan_stages()' stages for
+        // the other ids: the same cuts, the same descriptors.
+        Result<StageTemplate> st = StageTemplate::create(local, *prefill, shape_of(request), StageOptions{1, 1});
+        ASSERT_TRUE(st.has_value()) << where << ": " << st.error().to_string();
+        ASSERT_TRUE(st->uniform() || sharded) << where << ": " << st->fallback_reason();
+        Result<std::vector<PlanStage>> st_instance = st->instantiate(other);
+        Result<std::vector<PlanStage>> st_planned = plan_stages(local, *prefill, other, StageOptions{1, 1});
+        ASSERT_TRUE(st_instance.has_value() && st_planned.has_value()) << where << " (stage template)";
+        ASSERT_EQ(st_instance->size(), st_planned->size()) << where << " (stage template)";
+        for (size_t k = 0; k < st_planned->size(); ++k) {
+          const PlanStage& a = (*st_instance)[k];
+          const PlanStage& b = (*st_planned)[k];
+          ASSERT_TRUE(a.first_layer == b.first_layer && a.end_layer == b.end_layer && a.first_token == b.first_token &&
+                      a.end_token == b.end_token && a.resume_token == b.resume_token)
+              << where << " (stage template, stage " << k << ")";
+          ASSERT_EQ(a.plan.descriptors, b.plan.descriptors) << where << " (stage template, stage " << k << ")";
+        }
         template_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
         t.instances += 1;
         t.plans += 1;

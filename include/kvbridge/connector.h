@@ -382,6 +382,13 @@ struct WorkerStats {
   uint64_t loads_started = 0, loads_ok = 0, loads_failed = 0, loads_aborted = 0;
   uint64_t loads_queued = 0;                        // waited for their instance's handshake (it was not connected yet)
   uint64_t plans_verified = 0, plans_rejected = 0;  // with WorkerOptions::verify_plans
+  // Loads are planned from stage templates (StageTemplate, plan.h), one per
+  // (remote instance, request shape, streaming or not), built by the first
+  // load of its kind (a push-mode prefill rank plans its readers' loads so
+  // too): templates built, loads planned from one, and loads planned afresh
+  // because their template cannot serve, with the last reason why.
+  uint64_t plan_templates = 0, plans_from_templates = 0, plans_not_templated = 0;
+  std::string plan_template_fallback;
   uint64_t notifications_failed = 0;
   std::string last_notification_error;
 };

@@ -286,6 +286,42 @@ class PlanTemplate {
   std::shared_ptr<const Impl> impl_;
 };
 
+// Stage templates: plan_stages() planned once for a request shape, as a
+// PlanTemplate plans plan() once. Each stage of the shape is a template of
+// its own (the stage's tokens and layers), instantiated from a request's
+// block ids; the stages, their tokens and layers are the shape's.
+//
+// Invariant (tested over generated layouts and the preset matrix): for a
+// request of the shape, instantiate() returns what plan_stages() returns
+// for the same layouts, request and options: the same stages with the same
+// descriptors in the same order, or the same error. Where the stages'
+// templates are not uniform (a context-sharded group), instantiate() calls
+// plan_stages(): fallback_reason() says why, once, for the template.
+//
+// Thread-safety and ownership: as PlanTemplate's.
+class StageTemplate {
+ public:
+  // Errors: PlanTemplate::create()'s.
+  static Result<StageTemplate> create(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
+                                      const StageOptions& options);
+
+  const RequestShape& shape() const;
+  const StageOptions& options() const;
+  bool uniform() const;
+  const std::string& fallback_reason() const;
+  size_t stages() const;  // of a request of the shape; 0 when it falls back
+
+  // The stages of `request`: exactly plan_stages(local, remotes, request,
+  // options) for the arguments of create(), errors included.
+  Result<std::vector<PlanStage>> instantiate(const Request& request) const;
+
+  struct Impl;
+
+ private:
+  explicit StageTemplate(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
 // Writes a plan as `kvbridge.plan/1` JSON (docs/formats/plan.md). With
 // `items`, includes the descriptor list as [tp_rank, local_tensor,
 // local_offset, remote_tensor, remote_offset, bytes] with tensor names.

@@ -406,6 +406,10 @@ class WorkerStats:
     loads_aborted: int
     plans_verified: int
     plans_rejected: int
+    plan_templates: int
+    plans_from_templates: int
+    plans_not_templated: int
+    plan_template_fallback: str
     notifications_failed: int
     last_notification_error: str
 

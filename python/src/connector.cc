@@ -254,6 +254,10 @@ void bind_worker_values(py::module_& m) {
       .def_readonly("loads_aborted", &WorkerStats::loads_aborted)
       .def_readonly("plans_verified", &WorkerStats::plans_verified)
       .def_readonly("plans_rejected", &WorkerStats::plans_rejected)
+      .def_readonly("plan_templates", &WorkerStats::plan_templates)
+      .def_readonly("plans_from_templates", &WorkerStats::plans_from_templates)
+      .def_readonly("plans_not_templated", &WorkerStats::plans_not_templated)
+      .def_readonly("plan_template_fallback", &WorkerStats::plan_template_fallback)
       .def_readonly("notifications_failed", &WorkerStats::notifications_failed)
       .def_readonly("last_notification_error", &WorkerStats::last_notification_error);
 

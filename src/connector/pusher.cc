@@ -16,11 +16,12 @@ namespace {
 constexpr size_t kEarlyCancelsKept = 65536;
 }  // namespace
 
-Pusher::Pusher(Engine& engine, Remotes& remotes, const Layout& local, std::vector<RegionId> regions,
+Pusher::Pusher(Engine& engine, Remotes& remotes, StageCache& stages, const Layout& local, std::vector<RegionId> regions,
                std::vector<std::string> layers, std::vector<uint8_t> device, const WorkerOptions& options,
                std::shared_ptr<SendFailures> failures, std::function<void()> wake)
     : engine_(engine),
       remotes_(remotes),
+      stages_(stages),
       local_(local),
       regions_(std::move(regions)),
       layers_(std::move(layers)),
@@ -68,7 +69,7 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
                                           std::to_string(d));
     }
     if (std::find(sources->begin(), sources->end(), me) == sources->end()) continue;
-    Result<std::vector<PlanStage>> stages = plan_stages(reader, own->layouts, blocks, so);
+    Result<std::vector<PlanStage>> stages = stages_.stages(reader, decode, own->layouts, own, blocks, so);
     if (!stages.ok()) {
       return stages.error().with_context("request " + q(request) + ": planning " + instance + " rank " +
                                          std::to_string(d));

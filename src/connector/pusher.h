@@ -29,6 +29,7 @@
 
 #include "connector/announcer.h"
 #include "connector/remotes.h"
+#include "connector/stage_cache.h"
 #include "kvbridge/connector.h"
 
 namespace kvbridge::connector {
@@ -41,7 +42,8 @@ class Pusher {
   // `remotes` must outlive this.
   // `wake` asks the worker's pump for a call of retry_due() (it must not
   // block or call back into this).
-  Pusher(Engine& engine, Remotes& remotes, const Layout& local, std::vector<RegionId> regions,
+  // `stages` plans what each decode rank reads (it must outlive this).
+  Pusher(Engine& engine, Remotes& remotes, StageCache& stages, const Layout& local, std::vector<RegionId> regions,
          std::vector<std::string> layers, std::vector<uint8_t> device, const WorkerOptions& options,
          std::shared_ptr<SendFailures> failures, std::function<void()> wake);
 
@@ -165,6 +167,7 @@ class Pusher {
 
   Engine& engine_;
   Remotes& remotes_;
+  StageCache& stages_;
   const Layout& local_;
   const std::vector<RegionId> regions_;
   const std::vector<std::string> layers_;

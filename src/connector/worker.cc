@@ -288,6 +288,11 @@ WorkerStats WorkerImpl::stats() const {
     s.notifications_failed = sent_->failed;
     s.last_notification_error = sent_->last_error;
   }
+  const StageCache::Stats planned = stage_cache_.stats();
+  s.plan_templates = planned.built;
+  s.plans_from_templates = planned.instantiated;
+  s.plans_not_templated = planned.fallbacks;
+  s.plan_template_fallback = planned.fallback_reason;
   s.handshakes = remotes_->handshakes();
   s.handshakes_served = server_->served();
   s.handshakes_rejected = server_->rejected();

@@ -363,6 +363,7 @@ class WorkerImpl final : public ConnectorWorker {
   const std::shared_ptr<Released> released_ = std::make_shared<Released>();
   std::unique_ptr<Resender> resender_;    // dones and announcements, sent again when lost
   std::unique_ptr<Announcer> announcer_;  // prefill side of streaming
+  StageCache stage_cache_;                // the stages of loads (and, pushing, of the readers' loads)
   std::unique_ptr<Pusher> pusher_;        // prefill side of push mode
   std::thread pump_;
 };

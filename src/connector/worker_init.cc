@@ -96,8 +96,8 @@ Status WorkerImpl::init(std::span<const std::span<uint8_t>> tensors) {
                                              std::lock_guard<std::mutex> lock(mu_);
                                              request_connect(instance);
                                            });
-  pusher_ = std::make_unique<Pusher>(engine_, *remotes_, layout_, regions_, order_, layer_device_, options_, sent_,
-                                     poke_pump);
+  pusher_ = std::make_unique<Pusher>(engine_, *remotes_, stage_cache_, layout_, regions_, order_, layer_device_,
+                                     options_, sent_, poke_pump);
   KVB_ASSIGN_OR_RETURN(server_, SideChannelServer::start(sc, identity, hash, std::move(info)));
   // A reader's done is answered with whether the request's blocks were
   // still held when it came (blocks_released()): its reads ended before it

@@ -88,7 +88,8 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   StageOptions so;
   so.layers_per_stage = options.stream ? options_.stream_layers_per_stage : 0;
   so.chunk_tokens = options_.load_chunk_tokens;
-  KVB_ASSIGN_OR_RETURN(std::vector<PlanStage> stages, plan_stages(layout_, layouts, blocks, so));
+  KVB_ASSIGN_OR_RETURN(std::vector<PlanStage> stages,
+                       stage_cache_.stages(layout_, nullptr, layouts, fetched, blocks, so));
   if (options_.verify_plans) {
     // The verifier's independent rules on simulated memory: a plan that
     // would move one wrong byte is refused before anything moves. The

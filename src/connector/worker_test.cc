@@ -108,6 +108,34 @@ TEST(WorkerTest, PullsTwoPrefillRanksIntoOneDecodeRankByteExactWithOneHandshakeP
   }
 }
 
+// Loads of one shape (token counts, list lengths, -1 entries) are planned
+// from one stage template, whatever their ids; another shape gets its own.
+TEST(WorkerTest, LoadsOfOneShapeArePlannedFromOneTemplateWhateverTheirIds) {
+  auto prefill = instance(opts("prefill", 2));
+  auto decode = instance(opts("decode", 1));
+  ConnectorWorker& d = *decode[0]->worker;
+  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+  Request other = request();
+  other.blocks["full"] = {{7, 0, 5}, {2, 6, 0}};
+  const std::vector<std::pair<RequestId, Request>> loads = {{"a", request()}, {"b", other}, {"c", request(16)}};
+  uint64_t pattern = 20;
+  for (const auto& [id, q] : loads) {
+    for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, q, RequestSide::kRemote, 0, pattern, r->spans).ok());
+    ASSERT_TRUE(d.start_load(id, "prefill", q).ok());
+    LoadResult r = wait_one(d);
+    ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+    Result<ContentReport> c =
+        check_request(decode[0]->layout, q, RequestSide::kLocal, q.skip_tokens, pattern++, decode[0]->spans);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c->bad_cells, 0u) << id << ": " << c->first_error;
+  }
+  const WorkerStats s = d.stats();
+  EXPECT_EQ(s.plan_templates, 2u);  // a and b share one; c skips 16 tokens
+  EXPECT_EQ(s.plans_from_templates, 3u);
+  EXPECT_EQ(s.plans_not_templated, 0u);
+  EXPECT_EQ(s.plan_template_fallback, "");
+}
+
 TEST(WorkerTest, VerifiesEveryPlanBeforeItRunsWhenAsked) {
   auto prefill = instance(opts("prefill", 2));
   InstanceOptions o = opts("decode", 1);

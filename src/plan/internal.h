@@ -114,6 +114,30 @@ Result<std::vector<uint16_t>> choose_sources(const Layout& local, std::span<cons
 // ranks spread over remote ranks and one rank's bytes spread over its
 // sources. Returns kIncompatible
 // naming the component and the global head when no given rank holds it.
+// One stage of plan_stages() (plan.h): the tokens of its chunk (every
+// position when `whole`) and its layers of layer_order(), flagged per move
+// and local group layer.
+struct StageCut {
+  uint64_t first = 0, end = 0;
+  bool whole = true;
+  size_t begin_layer = 0, end_layer = 0;
+  std::vector<std::vector<uint8_t>> masks;  // per move (group_moves() order), per layer of its local group
+};
+// The stages plan_stages() cuts `request` into, empty ones included, in
+// its order.
+std::vector<StageCut> stage_cuts(const Layout& local, std::span<const Layout> remotes, std::span<const GroupMove> moves,
+                                 const Request& request, const StageOptions& options);
+// Narrows `m` to the positions of tokens [cut.first, cut.end), as a stage
+// of a chunk does (nothing when `cut.whole` or the group is not token
+// indexed).
+void narrow_to_cut(const Layout& local, const Request& request, const StageCut& cut, GroupMove& m);
+// A stage of `cut` with every field but its plan set, as plan_stages() sets
+// it; `sources` holds one empty entry per remote layout.
+PlanStage stage_header(const Layout& local, std::span<const Layout> remotes, const Request& request,
+                       const StageCut& cut);
+// plan_stages()'s one empty stage of a request that moves nothing.
+PlanStage empty_stage(const Layout& local, std::span<const Layout> remotes, const Request& request);
+
 Result<std::vector<HeadRun>> head_runs(const Layout& local, std::span<const Layout> remotes,
                                        std::span<const uint16_t> by_rank, const GroupMove& move, size_t layer,
                                        size_t component);

@@ -335,12 +335,11 @@ Cuts cut_tokens(const Layout& local, std::span<const Layout> remotes, std::span<
   return cuts;
 }
 
-// The plan of the positions of tokens [first, end) (every position when
-// `whole`), of the layers `layers` flags (per move, per local group layer;
-// empty: all).
+// The plan of `cut`: the positions of its tokens (every position when
+// whole), of the layers its masks flag (no masks: every layer).
 Result<Plan> plan_part(const Layout& local, std::span<const Layout> remotes, std::span<const uint16_t> by_rank,
-                       std::span<plan_internal::GroupMove> moves, const Request& request, uint64_t first, uint64_t end,
-                       bool whole, std::span<const std::vector<uint8_t>> layers) {
+                       std::span<plan_internal::GroupMove> moves, const Request& request,
+                       const plan_internal::StageCut& cut) {
   using namespace plan_internal;
   Plan p;
   p.sources.resize(remotes.size());
@@ -349,14 +348,10 @@ Result<Plan> plan_part(const Layout& local, std::span<const Layout> remotes, std
   Emitter e(local.tensors.size(), &p.descriptors, &p.sources);
   for (size_t k = 0; k < moves.size(); ++k) {
     GroupMove& m = moves[k];
-    const Group& g = local.groups[m.local_group];
     const uint64_t begin = m.begin, stop = m.end;
-    if (!whole && token_indexed(g.kind)) {
-      const uint64_t tps = g.tokens_per_state;
-      if (first > request.skip_tokens) m.begin = std::max(m.begin, first / tps + (first % tps != 0));
-      if (end < request.num_tokens) m.end = std::min(m.end, end / tps + (end % tps != 0));
-    }
-    const Status s = emit_group(e, local, remotes, by_rank, m, layers.empty() ? std::span<const uint8_t>() : layers[k]);
+    narrow_to_cut(local, request, cut, m);
+    const Status s =
+        emit_group(e, local, remotes, by_rank, m, cut.masks.empty() ? std::span<const uint8_t>() : cut.masks[k]);
     m.begin = begin;
     m.end = stop;
     KVB_RETURN_IF_ERROR(s);
@@ -375,7 +370,8 @@ Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const 
   const Cuts cuts = cut_tokens(local, remotes, moves, request, chunk_tokens);
   std::vector<PlanChunk> out;
   for (const auto& [first, end] : cuts.ranges) {
-    KVB_ASSIGN_OR_RETURN(Plan p, plan_part(local, remotes, by_rank, moves, request, first, end, cuts.whole, {}));
+    const StageCut cut{first, end, cuts.whole, 0, 0, {}};
+    KVB_ASSIGN_OR_RETURN(Plan p, plan_part(local, remotes, by_rank, moves, request, cut));
     if (!p.descriptors.empty() || out.empty()) {
       out.push_back(PlanChunk{first, end, cuts.whole ? request.skip_tokens : first, std::move(p)});
     } else {
@@ -385,54 +381,88 @@ Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const 
   return out;
 }
 
+namespace plan_internal {
+
+std::vector<StageCut> stage_cuts(const Layout& local, std::span<const Layout> remotes, std::span<const GroupMove> moves,
+                                 const Request& request, const StageOptions& options) {
+  const std::vector<std::string> order = layer_order(local);
+  const size_t layers = std::max<size_t>(order.size(), 1);
+  const size_t per = options.layers_per_stage == 0 ? layers : options.layers_per_stage;
+  std::map<std::string_view, size_t> ordinal;
+  for (size_t i = 0; i < order.size(); ++i) ordinal.emplace(order[i], i);
+  const Cuts cuts = cut_tokens(local, remotes, moves, request, options.chunk_tokens);
+  std::vector<StageCut> out;
+  for (const auto& [first, end] : cuts.ranges) {
+    for (size_t begin_layer = 0; begin_layer < layers; begin_layer += per) {
+      StageCut c{first, end, cuts.whole, begin_layer, std::min(order.size(), begin_layer + per), {}};
+      c.masks.resize(moves.size());
+      for (size_t k = 0; k < moves.size(); ++k) {
+        const Group& g = local.groups[moves[k].local_group];
+        c.masks[k].assign(g.layers.size(), 0);
+        for (size_t l = 0; l < g.layers.size(); ++l) {
+          const size_t o = ordinal.at(g.layers[l].name);
+          c.masks[k][l] = o >= c.begin_layer && o < c.end_layer;
+        }
+      }
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+void narrow_to_cut(const Layout& local, const Request& request, const StageCut& cut, GroupMove& m) {
+  const Group& g = local.groups[m.local_group];
+  if (cut.whole || !token_indexed(g.kind)) return;
+  const uint64_t tps = g.tokens_per_state;
+  if (cut.first > request.skip_tokens) m.begin = std::max(m.begin, cut.first / tps + (cut.first % tps != 0));
+  if (cut.end < request.num_tokens) m.end = std::min(m.end, cut.end / tps + (cut.end % tps != 0));
+}
+
+PlanStage stage_header(const Layout& local, std::span<const Layout> remotes, const Request& request,
+                       const StageCut& cut) {
+  const std::vector<std::string> order = layer_order(local);
+  PlanStage s;
+  s.first_layer = static_cast<uint32_t>(cut.begin_layer);
+  s.end_layer = static_cast<uint32_t>(cut.end_layer);
+  s.layers.assign(order.begin() + static_cast<std::ptrdiff_t>(cut.begin_layer),
+                  order.begin() + static_cast<std::ptrdiff_t>(cut.end_layer));
+  s.first_token = cut.first;
+  s.end_token = cut.end;
+  s.resume_token = cut.whole ? request.skip_tokens : cut.first;
+  s.plan.sources.resize(remotes.size());
+  for (size_t r = 0; r < remotes.size(); ++r)
+    s.plan.sources[r].tp_rank = remotes[r].tp_rank, s.plan.sources[r].pp_rank = remotes[r].pp_rank;
+  return s;
+}
+
+PlanStage empty_stage(const Layout& local, std::span<const Layout> remotes, const Request& request) {
+  PlanStage s;
+  s.layers = layer_order(local);
+  s.end_layer = static_cast<uint32_t>(s.layers.size());
+  s.first_token = s.resume_token = request.skip_tokens;
+  s.end_token = std::max(request.skip_tokens, request.num_tokens);
+  s.plan.sources.resize(remotes.size());
+  for (size_t r = 0; r < remotes.size(); ++r)
+    s.plan.sources[r].tp_rank = remotes[r].tp_rank, s.plan.sources[r].pp_rank = remotes[r].pp_rank;
+  return s;
+}
+
+}  // namespace plan_internal
+
 Result<std::vector<PlanStage>> plan_stages(const Layout& local, std::span<const Layout> remotes, const Request& request,
                                            const StageOptions& options) {
   using namespace plan_internal;
   KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
   KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, request));
-  const std::vector<std::string> order = layer_order(local);
-  const size_t per = options.layers_per_stage == 0 ? std::max<size_t>(order.size(), 1) : options.layers_per_stage;
-  std::map<std::string_view, size_t> ordinal;
-  for (size_t i = 0; i < order.size(); ++i) ordinal.emplace(order[i], i);
-  const Cuts cuts = cut_tokens(local, remotes, moves, request, options.chunk_tokens);
   std::vector<PlanStage> out;
-  std::vector<std::vector<uint8_t>> masks(moves.size());
-  for (const auto& [first, end] : cuts.ranges) {
-    for (size_t begin_layer = 0; begin_layer < std::max<size_t>(order.size(), 1); begin_layer += per) {
-      const size_t end_layer = std::min(order.size(), begin_layer + per);
-      for (size_t k = 0; k < moves.size(); ++k) {
-        const Group& g = local.groups[moves[k].local_group];
-        masks[k].assign(g.layers.size(), 0);
-        for (size_t l = 0; l < g.layers.size(); ++l) {
-          const size_t o = ordinal.at(g.layers[l].name);
-          masks[k][l] = o >= begin_layer && o < end_layer;
-        }
-      }
-      KVB_ASSIGN_OR_RETURN(Plan p, plan_part(local, remotes, by_rank, moves, request, first, end, cuts.whole, masks));
-      if (p.descriptors.empty()) continue;
-      PlanStage s;
-      s.first_layer = static_cast<uint32_t>(begin_layer);
-      s.end_layer = static_cast<uint32_t>(end_layer);
-      s.layers.assign(order.begin() + static_cast<std::ptrdiff_t>(begin_layer),
-                      order.begin() + static_cast<std::ptrdiff_t>(end_layer));
-      s.first_token = first;
-      s.end_token = end;
-      s.resume_token = cuts.whole ? request.skip_tokens : first;
-      s.plan = std::move(p);
-      out.push_back(std::move(s));
-    }
-  }
-  if (out.empty()) {
-    PlanStage s;
-    s.end_layer = static_cast<uint32_t>(order.size());
-    s.layers = order;
-    s.first_token = s.resume_token = request.skip_tokens;
-    s.end_token = std::max(request.skip_tokens, request.num_tokens);
-    s.plan.sources.resize(remotes.size());
-    for (size_t r = 0; r < remotes.size(); ++r)
-      s.plan.sources[r].tp_rank = remotes[r].tp_rank, s.plan.sources[r].pp_rank = remotes[r].pp_rank;
+  for (const StageCut& cut : stage_cuts(local, remotes, moves, request, options)) {
+    KVB_ASSIGN_OR_RETURN(Plan p, plan_part(local, remotes, by_rank, moves, request, cut));
+    if (p.descriptors.empty()) continue;
+    PlanStage s = stage_header(local, remotes, request, cut);
+    s.plan = std::move(p);
     out.push_back(std::move(s));
   }
+  if (out.empty()) out.push_back(empty_stage(local, remotes, request));
   return out;
 }
 

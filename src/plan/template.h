@@ -90,8 +90,17 @@ struct TemplateAccess {
   static PlanTemplate not_uniform(const PlanTemplate& t, std::string reason);
 };
 
-// PlanTemplate::create().
-Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape);
+struct StageCut;  // plan/internal.h
+
+// The request of `shape` whose listed entries name blocks 0, 1, 2, ... in
+// list order, as create() plans it. kInvalidArgument when a list lists more
+// blocks than its group has.
+Result<Request> probe_request(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape);
+
+// PlanTemplate::create(); with `cut`, the template of that stage of the
+// shape (StageTemplate): its moves narrowed to the cut's tokens and layers.
+Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
+                                    const StageCut* cut = nullptr);
 
 }  // namespace plan_internal
 

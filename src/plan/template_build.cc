@@ -83,34 +83,6 @@ class Recorder {
   bool out_of_reach_ = false;
 };
 
-// The request of `shape` whose listed entries name blocks 0, 1, 2, ... in
-// list order; kInvalidArgument when a list lists more blocks than its group
-// has.
-Result<Request> probe_request(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape) {
-  Request r;
-  r.num_tokens = shape.num_tokens;
-  r.skip_tokens = shape.skip_tokens;
-  for (const auto& [name, gs] : shape.groups) {
-    GroupBlocks& b = r.blocks[name];
-    const Group* lg = local.find_group(name);
-    const Group* rg = remotes.empty() ? nullptr : remotes.front().find_group(name);
-    for (int side = 0; side < 2; ++side) {
-      const std::vector<bool>& listed = side == 0 ? gs.local : gs.remote;
-      const Group* g = side == 0 ? lg : rg;
-      std::vector<int64_t>& ids = side == 0 ? b.local : b.remote;
-      int64_t next = 0;
-      for (bool l : listed) ids.push_back(l ? next++ : -1);
-      if (g != nullptr && static_cast<uint64_t>(next) > g->num_blocks) {
-        return Status::invalid_argument("group " + q(name) + " " + (side == 0 ? "local" : "remote") +
-                                        " block list of the shape lists " + std::to_string(next) +
-                                        " blocks but the group has num_blocks " + std::to_string(g->num_blocks) +
-                                        "; no request of this shape is valid");
-      }
-    }
-  }
-  return r;
-}
-
 // The shape of a loop up to where it is: its classes and, per piece, what
 // does not move when the loop is moved by fixed offsets (TemplateLoop::
 // copy_of). Empty when its pieces read more than one remote tensor.
@@ -298,7 +270,33 @@ bool build_move(const GroupMove& m, std::span<const Unit> units, const std::stri
 
 }  // namespace
 
-Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape) {
+Result<Request> probe_request(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape) {
+  Request r;
+  r.num_tokens = shape.num_tokens;
+  r.skip_tokens = shape.skip_tokens;
+  for (const auto& [name, gs] : shape.groups) {
+    GroupBlocks& b = r.blocks[name];
+    const Group* lg = local.find_group(name);
+    const Group* rg = remotes.empty() ? nullptr : remotes.front().find_group(name);
+    for (int side = 0; side < 2; ++side) {
+      const std::vector<bool>& listed = side == 0 ? gs.local : gs.remote;
+      const Group* g = side == 0 ? lg : rg;
+      std::vector<int64_t>& ids = side == 0 ? b.local : b.remote;
+      int64_t next = 0;
+      for (bool l : listed) ids.push_back(l ? next++ : -1);
+      if (g != nullptr && static_cast<uint64_t>(next) > g->num_blocks) {
+        return Status::invalid_argument("group " + q(name) + " " + (side == 0 ? "local" : "remote") +
+                                        " block list of the shape lists " + std::to_string(next) +
+                                        " blocks but the group has num_blocks " + std::to_string(g->num_blocks) +
+                                        "; no request of this shape is valid");
+      }
+    }
+  }
+  return r;
+}
+
+Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
+                                    const StageCut* cut) {
   KVB_ASSIGN_OR_RETURN(Request probe, probe_request(local, remotes, shape));
   KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
   KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, probe));
@@ -318,7 +316,8 @@ Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout>
     g.remote_blocks = remotes.front().find_group(g.name)->num_blocks;
     t->groups.push_back(g);
   }
-  for (const GroupMove& m : moves) {
+  for (size_t k = 0; k < moves.size(); ++k) {
+    GroupMove& m = moves[k];
     const Group& g = local.groups[m.local_group];
     const size_t gi = static_cast<size_t>(std::distance(t->shape.groups.begin(), t->shape.groups.find(g.name)));
     if (g.kind == GroupKind::kState && m.end > m.begin) {
@@ -327,6 +326,7 @@ Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout>
       t->groups[gi].local_entry0 = gs.local.size() - 1;
       t->groups[gi].remote_entry0 = gs.remote.size() - 1;
     }
+    if (cut != nullptr) narrow_to_cut(local, probe, *cut, m);
     if (m.end <= m.begin) continue;
     if (m.context_sharded()) {
       // An entry's pieces depend on which shard holds each of its positions,
@@ -341,6 +341,10 @@ Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout>
       return Status::resource_exhausted("group " + q(g.name) + ": more than 2^32 list entries move");
     }
     KVB_ASSIGN_OR_RETURN(std::vector<Unit> units, make_units(local, remotes, by_rank, m));
+    if (cut != nullptr && !cut->masks.empty()) {
+      std::erase_if(units, [&](const Unit& u) { return cut->masks[k][u.layer] == 0; });
+      if (units.empty()) continue;  // none of the stage's layers is this group's
+    }
     TemplateMove tm;
     tm.group = gi;
     if (!build_move(m, units, g.name, *t, tm)) {

@@ -1,0 +1,81 @@
+#include "connector/stage_cache.h"
+
+#include <cstring>
+
+namespace kvbridge::connector {
+
+std::string StageCache::key(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
+                            const StageOptions& options) {
+  // The layouts' addresses, the options, the token counts, and per group its
+  // name and the flags of both lists, each list as its length and its bits.
+  std::string k;
+  auto put = [&k](uint64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(reinterpret_cast<uintptr_t>(&local));
+  put(reinterpret_cast<uintptr_t>(remotes.data()));
+  put(remotes.size());
+  put(options.layers_per_stage);
+  put(options.chunk_tokens);
+  put(shape.num_tokens);
+  put(shape.skip_tokens);
+  for (const auto& [name, g] : shape.groups) {
+    put(name.size());
+    k += name;
+    for (const std::vector<bool>* flags : {&g.local, &g.remote}) {
+      put(flags->size());
+      uint64_t word = 0;
+      for (size_t i = 0; i < flags->size(); ++i) {
+        word |= uint64_t{(*flags)[i]} << (i % 64);
+        if (i % 64 == 63 || i + 1 == flags->size()) {
+          put(word);
+          word = 0;
+        }
+      }
+    }
+  }
+  return k;
+}
+
+Result<std::vector<PlanStage>> StageCache::stages(const Layout& local, std::shared_ptr<const void> local_owner,
+                                                  std::span<const Layout> remotes,
+                                                  std::shared_ptr<const void> remotes_owner, const Request& request,
+                                                  const StageOptions& options) {
+  const RequestShape shape = shape_of(request);
+  const std::string k = key(local, remotes, shape, options);
+  std::optional<StageTemplate> t;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = entries_.find(k); it != entries_.end()) {
+      ages_.splice(ages_.begin(), ages_, it->second.age);
+      t = it->second.stages;
+    }
+  }
+  if (!t) {
+    Result<StageTemplate> built = StageTemplate::create(local, remotes, shape, options);
+    // A shape no request can have: plan_stages() words the request's error.
+    if (!built.ok()) return plan_stages(local, remotes, request, options);
+    t = std::move(*built);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.built;
+    if (!t->uniform()) stats_.fallback_reason = t->fallback_reason();
+    if (!entries_.contains(k)) {
+      if (entries_.size() >= capacity_ && !ages_.empty()) {
+        entries_.erase(ages_.back());
+        ages_.pop_back();
+      }
+      ages_.push_front(k);
+      entries_.emplace(k, Entry{std::move(local_owner), std::move(remotes_owner), *t, ages_.begin()});
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++(t->uniform() ? stats_.instantiated : stats_.fallbacks);
+  }
+  return t->instantiate(request);
+}
+
+StageCache::Stats StageCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace kvbridge::connector

@@ -1,0 +1,67 @@
+// The stage templates (StageTemplate, kvbridge/plan.h) of the loads a rank
+// plans: one per (remote instance snapshot, request shape, stage options),
+// built by the first load of its kind and instantiated from each later
+// load's block ids. A decode rank plans its loads with one; a push-mode
+// prefill rank plans what its readers would read with another.
+//
+// Thread-safety: every method may be called from any thread; a template is
+// built outside the lock (two loads of a new kind may both build it; one
+// is kept).
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvbridge/plan.h"
+
+namespace kvbridge::connector {
+
+class StageCache {
+ public:
+  struct Stats {
+    uint64_t built = 0;           // templates built (a load of a new kind)
+    uint64_t instantiated = 0;    // loads planned from a template
+    uint64_t fallbacks = 0;       // loads planned by plan_stages() (the template cannot serve)
+    std::string fallback_reason;  // why, for the last template that cannot serve
+  };
+
+  // At most `capacity` templates; the least recently used goes first.
+  explicit StageCache(size_t capacity = 64) : capacity_(capacity) {}
+
+  // The stages of `request`: plan_stages(local, remotes, request, options).
+  // Templates are kept per address of `local` and of `remotes`: each must
+  // hold the same layouts at that address as long as its owner lives
+  // (`local_owner`, `remotes_owner`: a remote instance's fetched metadata,
+  // which a refetch replaces with another object; null for a layout that
+  // lives as long as the cache). A cached template keeps both owners alive,
+  // so an address is not reused while a template names it.
+  Result<std::vector<PlanStage>> stages(const Layout& local, std::shared_ptr<const void> local_owner,
+                                        std::span<const Layout> remotes, std::shared_ptr<const void> remotes_owner,
+                                        const Request& request, const StageOptions& options);
+
+  Stats stats() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<const void> local_owner, remotes_owner;
+    StageTemplate stages;
+    std::list<std::string>::iterator age;
+  };
+  static std::string key(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
+                         const StageOptions& options);
+
+  const size_t capacity_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Entry> entries_;
+  std::list<std::string> ages_;  // keys, most recently used first
+  Stats stats_;
+};
+
+}  // namespace kvbridge::connector

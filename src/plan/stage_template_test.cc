@@ -1,0 +1,139 @@
+// Stage templates (StageTemplate, plan.h) against plan_stages() over random
+// layouts (random_layout.h) and a preset: a template of each case's request
+// shape and random stage options, instantiated with the case's ids, with
+// other ids of the same shape and with one id broken, returns exactly what
+// plan_stages() returns (the same stages, descriptors and totals, or the
+// same error), and says once why it falls back where it cannot serve.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "plan/preset_instances.h"
+#include "plan/property_support.h"
+
+namespace kvbridge {
+namespace {
+
+using namespace ::kvbridge::property;
+
+// Empty when `a` (the template's) is `b` (plan_stages()').
+std::string stages_diff(const Result<std::vector<PlanStage>>& a, const Result<std::vector<PlanStage>>& b) {
+  if (a.has_value() != b.has_value()) {
+    return std::string("the template ") + (a ? "returned stages" : "failed: " + a.error().to_string()) +
+           ", plan_stages() " + (b ? "returned stages" : "failed: " + b.error().to_string());
+  }
+  if (!a) {
+    return a.error().code() == b.error().code() && a.error().message() == b.error().message()
+               ? ""
+               : "errors differ: template " + a.error().to_string() + ", plan_stages() " + b.error().to_string();
+  }
+  if (a->size() != b->size()) {
+    return "the template made " + std::to_string(a->size()) + " stages, plan_stages() " + std::to_string(b->size());
+  }
+  for (size_t k = 0; k < a->size(); ++k) {
+    const PlanStage& x = (*a)[k];
+    const PlanStage& y = (*b)[k];
+    const std::string which = "stage " + std::to_string(k);
+    if (x.first_layer != y.first_layer || x.end_layer != y.end_layer || x.layers != y.layers) {
+      return which + ": other layers";
+    }
+    if (x.first_token != y.first_token || x.end_token != y.end_token || x.resume_token != y.resume_token) {
+      return which + ": other tokens";
+    }
+    if (std::string d = plan_diff(x.plan, y.plan); !d.empty()) return which + ": " + d;
+  }
+  return "";
+}
+
+TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t passed = 0, failures = 0, stages = 0, fallbacks = 0, broken = 0;
+  for (uint64_t i : case_indices(std::max<uint64_t>(num_cases() / 4, 1))) {
+    if (failures >= 3) break;
+    gen::Rng rng(gen::case_seed(base_seed() ^ 0x57a7e, i));
+    const Case c = make_case(base_seed(), i, rng);
+    uint64_t largest = 1;
+    for (const Group& g : c.local.groups) largest = std::max(largest, g.block_tokens);
+    StageOptions o;
+    o.layers_per_stage = static_cast<uint32_t>(gen::chance(rng, 10) ? 0 : gen::draw(rng, 1, 3));
+    o.chunk_tokens = gen::chance(rng, 50) ? 0 : gen::draw(rng, 1, 3 * largest);
+    auto failed = [&](const Request& r, const std::string& what) {
+      const std::string dir = dump(c, {c.local, c.remotes, r}, what);
+      ADD_FAILURE() << c.describe() << " (stage template, layers_per_stage " << o.layers_per_stage << ", chunk_tokens "
+                    << o.chunk_tokens << "): " << what << "\n  written to " << dir;
+      ++failures;
+    };
+    Result<StageTemplate> t = StageTemplate::create(c.local, c.remotes, shape_of(c.request), o);
+    if (!t) {
+      // create() fails where plan_stages() fails for every request of the shape.
+      if (plan_stages(c.local, c.remotes, c.request, o).ok())
+        failed(c.request, "create() failed: " + t.error().to_string());
+      continue;
+    }
+    if (!t->uniform()) {
+      ++fallbacks;
+      if (t->fallback_reason().empty()) failed(c.request, "a template that falls back says no reason");
+    }
+    const Result<std::vector<PlanStage>> own = t->instantiate(c.request);
+    if (std::string d = stages_diff(own, plan_stages(c.local, c.remotes, c.request, o)); !d.empty()) {
+      failed(c.request, "the case's own ids: " + d);
+      continue;
+    }
+    if (own && t->uniform() && own->size() != t->stages()) failed(c.request, "stages() is not the number of stages");
+    gen::Rng ids_rng(gen::case_seed(base_seed() ^ 0x7e4, i));
+    const Request other = gen::with_other_ids(ids_rng, c.request, c.local, c.remotes, random_ids(ids_rng));
+    if (std::string d = stages_diff(t->instantiate(other), plan_stages(c.local, c.remotes, other, o)); !d.empty()) {
+      failed(other, "other ids of the shape: " + d);
+      continue;
+    }
+    // One id past its group's blocks: plan_stages()' error, word for word.
+    Request bad = other;
+    for (auto& [name, blocks] : bad.blocks) {
+      for (int64_t& id : blocks.local) {
+        if (id >= 0) {
+          id = static_cast<int64_t>(c.local.find_group(name)->num_blocks);
+          ++broken;
+          break;
+        }
+      }
+      break;
+    }
+    if (std::string d = stages_diff(t->instantiate(bad), plan_stages(c.local, c.remotes, bad, o)); !d.empty()) {
+      failed(bad, "a broken id: " + d);
+      continue;
+    }
+    stages += own ? own->size() : 0;
+    ++passed;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "[ stage tmpl ] %llu templates: instances equal plan_stages() (%llu stages, %llu broken requests, %llu "
+      "through plan_stages()) in %.2f s, seed %llu\n",
+      (unsigned long long)passed, (unsigned long long)stages, (unsigned long long)broken, (unsigned long long)fallbacks,
+      seconds, (unsigned long long)base_seed());
+  if (std::getenv("KVB_PROPERTY_CASE") == nullptr && passed >= 100) {
+    EXPECT_GT(stages, passed) << "the generator reaches requests cut in several stages";
+  }
+}
+
+// A context-parallel decode falls back, saying why, and still plans exactly.
+TEST(StageTemplateTest, AContextShardedGroupFallsBackSayingWhy) {
+  using testing::preset;
+  const std::vector<Layout> remotes = {preset("llama3-8b", 1, 0, 16, Order::kBLHNC, 40)};
+  Layout local = preset("llama3-8b", 1, 0, 16, Order::kBLHNC, 40);
+  local.groups[0].context = ContextShard{2, 0};
+  Request q;
+  q.num_tokens = 100;
+  for (int64_t i = 0; i < 4; ++i) q.blocks["full"].local.push_back(3 - i);
+  for (int64_t i = 0; i < 7; ++i) q.blocks["full"].remote.push_back(i);
+  const StageOptions o{4, 0};
+  Result<StageTemplate> t = StageTemplate::create(local, remotes, shape_of(q), o);
+  ASSERT_TRUE(t.ok()) << t.error().to_string();
+  EXPECT_FALSE(t->uniform());
+  EXPECT_NE(t->fallback_reason().find("context-sharded"), std::string::npos) << t->fallback_reason();
+  EXPECT_EQ(stages_diff(t->instantiate(q), plan_stages(local, remotes, q, o)), "");
+}
+
+}  // namespace
+}  // namespace kvbridge
