@@ -19,21 +19,18 @@
 #include "kvbridge/content.h"
 #include "kvbridge/presets.h"
 #include "kvbridge/store.h"
+#include "net/address.h"
 #include "store_bench.h"
 
 namespace kvbridge::cli {
 
 Result<RedisOptions> parse_redis(const std::string& spec, const std::string& option) {
   RedisOptions r;
-  const size_t colon = spec.rfind(':');
-  r.host = colon == std::string::npos ? spec : spec.substr(0, colon);
-  if (r.host.empty()) return Status::invalid_argument(option + ": no host in '" + spec + "'");
-  if (colon != std::string::npos) {
-    char* end = nullptr;
-    const unsigned long p = std::strtoul(spec.c_str() + colon + 1, &end, 10);
-    if (*end != '\0' || p == 0 || p > 65535) return Status::invalid_argument(option + ": bad port in '" + spec + "'");
-    r.port = static_cast<uint16_t>(p);
-  }
+  // "host", "host:port", "[v6]" or "[v6]:port", as every address kvbridge reads.
+  KVB_ASSIGN_OR_RETURN(net::HostPort hp, net::parse_host(spec, option, r.port));
+  if (hp.port == 0) return Status::invalid_argument(option + " '" + spec + "': port 0 cannot be dialled");
+  r.host = hp.host;
+  r.port = hp.port;
   r.cluster = option == "--redis-cluster";
   return r;
 }

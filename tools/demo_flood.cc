@@ -1,6 +1,7 @@
 // The demo's flood and pauser processes (see demo_flood.h).
 #include "demo_flood.h"
 
+#include "net/address.h"
 #include "proc_info.h"
 
 #include <arpa/inet.h>
@@ -36,11 +37,8 @@ void become_helper() {
 }  // namespace
 
 Result<Helper> start_flood(const std::string& address, uint32_t n) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return Status::invalid_argument("flood: '" + address + "' is not host:port");
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  const std::string port = address.substr(colon + 1);
+  KVB_ASSIGN_OR_RETURN(const net::HostPort to, net::parse_host_port(address, "flood address"));
+  const std::string host = to.host, port = std::to_string(to.port);
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;

@@ -29,4 +29,12 @@ std::string hex16(uint64_t v);
 std::string to_hex(std::string_view bytes);
 std::optional<std::string> from_hex(std::string_view text);
 
+// The offset of the first '[' or '{' of the JSON `text` that opens a level
+// deeper than `max_depth`, counting brackets outside strings (not matching
+// them: the parser reports unbalanced ones); nullopt when there is none.
+// Every reader of outside JSON bounds the depth so before parsing:
+// nlohmann's parser is iterative, but the DOM it builds is walked
+// recursively (copies, comparisons, dump()).
+std::optional<size_t> json_nesting_past(std::string_view text, size_t max_depth);
+
 }  // namespace kvbridge

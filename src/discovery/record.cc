@@ -19,7 +19,7 @@ namespace {
 using Json = nlohmann::json;
 
 // A record nests two levels (the object, then "ranks" or "labels").
-constexpr int kMaxDepth = 4;
+constexpr size_t kMaxDepth = 4;
 constexpr size_t kMaxAddressBytes = 256;
 constexpr size_t kMaxLabelKeyBytes = 63;
 constexpr size_t kMaxLabelValueBytes = 256;
@@ -117,27 +117,10 @@ Result<std::string> instance_record_to_json(const InstanceRecord& r, std::string
 
 namespace {
 
-// Rejects nesting deeper than kMaxDepth, counting brackets outside strings.
+// Rejects nesting deeper than kMaxDepth (common/text.h).
 Status check_depth(std::string_view text) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxDepth) return Status::invalid_argument("instance record nests deeper than a record can");
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
+  if (json_nesting_past(text, kMaxDepth))
+    return Status::invalid_argument("instance record nests deeper than a record can");
   return Status();
 }
 

@@ -6,45 +6,22 @@
 #include "layout/json_io.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <vector>
 
+#include "common/text.h"
 #include "kvbridge/layout.h"
 #include "kvbridge/layout_json.h"
 
 namespace kvbridge::json_io {
 namespace {
 
-// Rejects nesting deeper than kMaxJsonDepth by counting '[' and '{' outside
-// strings. nlohmann's parser itself is iterative, but the DOM it builds is
-// walked recursively (copies, comparisons, dump), so depth is bounded first.
-// Brackets are not matched here; nlohmann reports unbalanced ones.
+// Rejects nesting deeper than kMaxJsonDepth (common/text.h).
 Status check_depth(std::string_view text) {
-  size_t depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) {
-        return Status::resource_exhausted("JSON nests deeper than " + std::to_string(kMaxJsonDepth) +
-                                          " levels (at byte " + std::to_string(i) + ")");
-      }
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
+  if (const std::optional<size_t> at = json_nesting_past(text, kMaxJsonDepth)) {
+    return Status::resource_exhausted("JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels (at byte " +
+                                      std::to_string(*at) + ")");
   }
   return Status();
 }

@@ -91,6 +91,29 @@ Status decode_ranges(std::string_view payload, const SegmentLookup& lookup, bool
   return Status();
 }
 
+Result<uint64_t> announced_bytes(std::string_view payload) {
+  if (payload.size() % kRangeBytes != 0 || payload.size() / kRangeBytes > kMaxRangesPerFrame) {
+    return Status::invalid_argument("tcp request: a range table of " + std::to_string(payload.size()) +
+                                    " bytes is not up to " + std::to_string(kMaxRangesPerFrame) +
+                                    " ranges of 24 bytes");
+  }
+  net::WireReader r(payload, "tcp range table");
+  uint64_t total = 0;
+  while (r.left() > 0) {
+    uint32_t segment = 0, reserved = 0;
+    uint64_t address = 0, bytes = 0;
+    KVB_RETURN_IF_ERROR(r.u32("segment", &segment));
+    KVB_RETURN_IF_ERROR(r.u32("reserved", &reserved));
+    KVB_RETURN_IF_ERROR(r.u64("address", &address));
+    KVB_RETURN_IF_ERROR(r.u64("bytes", &bytes));
+    if (!checked_add(total, bytes, &total) || total > kMaxFrameDataBytes) {
+      return Status::resource_exhausted("tcp request: more than " + std::to_string(kMaxFrameDataBytes) +
+                                        " bytes in one frame");
+    }
+  }
+  return total;
+}
+
 std::string encode_count(uint32_t count) {
   net::WireWriter w;
   w.u32(count);

@@ -84,6 +84,12 @@ std::string encode_ranges(std::span<const Range> ranges);
 Status decode_ranges(std::string_view payload, const SegmentLookup& lookup, bool write, std::vector<Range>* ranges,
                      uint64_t* total_bytes);
 
+// The data bytes a range table announces (the sum of its ranges' lengths),
+// whatever its segments: what follows a Write that is refused, which the
+// server reads and drops to keep the stream in step. kInvalidArgument for a
+// malformed table, kResourceExhausted past kMaxFrameDataBytes.
+Result<uint64_t> announced_bytes(std::string_view payload);
+
 // ReadData / WriteAck payloads: the count of ranges answered.
 std::string encode_count(uint32_t count);
 Result<uint32_t> decode_count(std::string_view payload);

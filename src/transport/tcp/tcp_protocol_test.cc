@@ -92,6 +92,18 @@ TEST(TcpProtocolTest, MalformedTablesAndFramesCarryingTooManyBytesAreRejected) {
   EXPECT_EQ(decode_ranges(reserved, seg, false, &ranges, &total).code(), Code::kInvalidArgument);
 }
 
+// What a refused write's table announces, whatever its segments: the bytes
+// the server drops to keep the stream in step, bounded as a frame is.
+TEST(TcpProtocolTest, AnnouncedBytesSumAnyTableAndRefuseMalformedOrTooMany) {
+  EXPECT_EQ(*announced_bytes(encode_ranges(std::vector<Range>{{7, 0, 10}, {9, 1ull << 60, 32}})), 42u);
+  EXPECT_EQ(*announced_bytes(""), 0u);
+  EXPECT_EQ(announced_bytes(std::string(25, '\0')).error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(announced_bytes(encode_ranges(std::vector<Range>{{1, 0, kMaxFrameDataBytes}, {1, 0, 1}})).error().code(),
+            Code::kResourceExhausted);
+  EXPECT_EQ(announced_bytes(encode_ranges(std::vector<Range>{{1, 0, ~0ull}, {1, 0, 2}})).error().code(),
+            Code::kResourceExhausted);
+}
+
 TEST(TcpProtocolTest, ErrorFramesCarryTheirCodeAndNeverOk) {
   std::string out = encode_error(Status::out_of_range("range 2 outside"));
   Status s = decode_error(out);

@@ -280,19 +280,13 @@ Status TcpServer::serve_request(int fd, net::Session& session, uint8_t type, std
     if (is_write) {
       // Keep the stream in step: the bulk data that follows is read and
       // dropped, when its announced size is sane; else the stream closes.
-      uint64_t announced = 0;
-      bool sane = payload.size() % kRangeBytes == 0;
-      for (size_t i = 0; sane && i < payload.size() / kRangeBytes; ++i) {
-        uint64_t len = 0;
-        for (int b = 7; b >= 0; --b) len = (len << 8) | static_cast<uint8_t>(payload[i * kRangeBytes + 16 + b]);
-        sane = checked_add(announced, len, &announced) && announced <= kMaxFrameDataBytes;
-      }
+      const Result<uint64_t> announced = announced_bytes(payload);
       net::append_frame(out, {net::Protocol::kTcp, kError, kVersion, 0, false}, encode_error(valid), session);
-      if (!sane) {
+      if (!announced.ok()) {
         (void)net::send_bytes(fd, out.data(), out.size(), frame_limits(), "tcp reply");
         return valid;
       }
-      KVB_RETURN_IF_ERROR(drain(fd, announced, peer));
+      KVB_RETURN_IF_ERROR(drain(fd, *announced, peer));
       return net::send_bytes(fd, out.data(), out.size(), frame_limits(), "tcp reply");
     }
     net::append_frame(out, {net::Protocol::kTcp, kError, kVersion, 0, false}, encode_error(valid), session);

@@ -287,15 +287,11 @@ bool answer_read(int fd, char fill) {
   n::FrameReader reader(n::Protocol::kTcp, tcp::kVersion, tcp::payload_limit);
   n::Session none;
   if (!n::read_frame(fd, reader, none, {Clock::now() + 5s}, "fake").ok()) return false;
-  uint64_t bytes = 0;
   const std::string_view p = reader.payload();
-  for (size_t r = 0; r < p.size() / tcp::kRangeBytes; ++r) {
-    uint64_t len = 0;
-    for (int b = 7; b >= 0; --b) len = (len << 8) | static_cast<uint8_t>(p[r * tcp::kRangeBytes + 16 + b]);
-    bytes += len;
-  }
+  const Result<uint64_t> bytes = tcp::announced_bytes(p);
+  if (!bytes.ok()) return false;
   std::string out = frame(tcp::kReadData, tcp::encode_count(static_cast<uint32_t>(p.size() / tcp::kRangeBytes)));
-  out.append(bytes, fill);
+  out.append(*bytes, fill);
   return n::send_bytes(fd, out.data(), out.size(), {Clock::now() + 5s}, "fake").ok();
 }
 
