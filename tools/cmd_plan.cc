@@ -43,6 +43,7 @@ int run_plan(const PlanArgs& args) {
   if (!text) return fail(text.error());
   Result<Request> request = parse_request(*text);
   if (!request) return fail(request.error().with_context(args.request));
+  // One request, planned once: a template would plan its shape just as once.
   Result<Plan> p = plan(*local, remotes, *request);
   if (!p) return fail(p.error());
   int verified = -1;

@@ -14,6 +14,8 @@ Result<std::vector<PeerCopies>> reads_of(const Layout& mine, std::span<const std
                                          const Request& q) {
   std::vector<Layout> layouts;
   for (const auto& r : sources) layouts.push_back(r.layout);
+  // The baseline copies what the planner says and nothing of the connector's
+  // machinery, its templates included: plan() is that, once per request.
   KVB_ASSIGN_OR_RETURN(Plan p, plan(mine, layouts, q));
   std::vector<PeerCopies> out(sources.size());
   for (size_t k = 0; k < sources.size(); ++k) out[k].pid = sources[k].pid;

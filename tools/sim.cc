@@ -383,7 +383,9 @@ Result<SimReport> run_sim(const SimOptions& o) {
       }
     }
 
-    // Planning: plan() on sampled requests, timed, into decode rank i % TP.
+    // Planning: plan() on sampled requests, timed, into decode rank i % TP:
+    // the cost of a load of a shape not seen before (its template's
+    // create() plans as plan() does); loads of a known shape cost less.
     std::mt19937_64 rng(sim_seed(o.seed, 7 + point_index));
     std::vector<double> us;
     double descriptors = 0;

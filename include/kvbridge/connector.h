@@ -383,10 +383,11 @@ struct WorkerStats {
   uint64_t loads_queued = 0;                        // waited for their instance's handshake (it was not connected yet)
   uint64_t plans_verified = 0, plans_rejected = 0;  // with WorkerOptions::verify_plans
   // Loads are planned from stage templates (StageTemplate, plan.h), one per
-  // (remote instance, request shape, streaming or not), built by the first
-  // load of its kind (a push-mode prefill rank plans its readers' loads so
-  // too): templates built, loads planned from one, and loads planned afresh
-  // because their template cannot serve, with the last reason why.
+  // (remote instance, request shape, streaming or not), built by the second
+  // load of its shape (a push-mode prefill rank plans its readers' loads so
+  // too; a shape is exact, token counts included): templates built, loads
+  // planned from one, and loads planned afresh (the first of their shape, or
+  // one whose template cannot serve, with the last reason why).
   uint64_t plan_templates = 0, plans_from_templates = 0, plans_not_templated = 0;
   std::string plan_template_fallback;
   uint64_t notifications_failed = 0;

@@ -41,34 +41,47 @@ Result<std::vector<PlanStage>> StageCache::stages(const Layout& local, std::shar
                                                   const StageOptions& options) {
   const RequestShape shape = shape_of(request);
   const std::string k = key(local, remotes, shape, options);
+  bool seen = false;
   std::optional<StageTemplate> t;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = entries_.find(k); it != entries_.end()) {
       ages_.splice(ages_.begin(), ages_, it->second.age);
+      seen = true;
       t = it->second.stages;
-    }
-  }
-  if (!t) {
-    Result<StageTemplate> built = StageTemplate::create(local, remotes, shape, options);
-    // A shape no request can have: plan_stages() words the request's error.
-    if (!built.ok()) return plan_stages(local, remotes, request, options);
-    t = std::move(*built);
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.built;
-    if (!t->uniform()) stats_.fallback_reason = t->fallback_reason();
-    if (!entries_.contains(k)) {
+    } else {
       if (entries_.size() >= capacity_ && !ages_.empty()) {
         entries_.erase(ages_.back());
         ages_.pop_back();
       }
       ages_.push_front(k);
-      entries_.emplace(k, Entry{std::move(local_owner), std::move(remotes_owner), *t, ages_.begin()});
+      entries_.emplace(k, Entry{std::move(local_owner), std::move(remotes_owner), std::nullopt, ages_.begin()});
     }
   }
+  auto fresh = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.fresh;
+    }
+    return plan_stages(local, remotes, request, options);
+  };
+  // The first load of a shape is planned as it comes: a template pays for
+  // itself only from the second load of its shape on.
+  if (!seen) return fresh();
+  if (!t) {
+    Result<StageTemplate> built = StageTemplate::create(local, remotes, shape, options);
+    // A shape no request can have: plan_stages() words the request's error.
+    if (!built.ok()) return fresh();
+    t = std::move(*built);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.built;
+    if (!t->uniform()) stats_.fallback_reason = t->fallback_reason();
+    if (auto it = entries_.find(k); it != entries_.end() && !it->second.stages) it->second.stages = *t;
+  }
+  if (!t->uniform()) return fresh();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ++(t->uniform() ? stats_.instantiated : stats_.fallbacks);
+    ++stats_.instantiated;
   }
   return t->instantiate(request);
 }

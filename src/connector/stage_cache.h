@@ -1,7 +1,8 @@
 // The stage templates (StageTemplate, kvbridge/plan.h) of the loads a rank
 // plans: one per (remote instance snapshot, request shape, stage options),
-// built by the first load of its kind and instantiated from each later
-// load's block ids. A decode rank plans its loads with one; a push-mode
+// built by the second load of its kind (the first is planned as it comes,
+// and only noted: a shape is exact, token counts included, and many are
+// seen once) and instantiated from each later load's block ids. A decode rank plans its loads with one; a push-mode
 // prefill rank plans what its readers would read with another.
 //
 // Thread-safety: every method may be called from any thread; a template is
@@ -26,9 +27,9 @@ namespace kvbridge::connector {
 class StageCache {
  public:
   struct Stats {
-    uint64_t built = 0;           // templates built (a load of a new kind)
+    uint64_t built = 0;           // templates built (the second load of a shape)
     uint64_t instantiated = 0;    // loads planned from a template
-    uint64_t fallbacks = 0;       // loads planned by plan_stages() (the template cannot serve)
+    uint64_t fresh = 0;           // loads planned by plan_stages(): a shape's first, or its template cannot serve
     std::string fallback_reason;  // why, for the last template that cannot serve
   };
 
@@ -51,7 +52,7 @@ class StageCache {
  private:
   struct Entry {
     std::shared_ptr<const void> local_owner, remotes_owner;
-    StageTemplate stages;
+    std::optional<StageTemplate> stages;  // none until the shape's second load
     std::list<std::string>::iterator age;
   };
   static std::string key(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,

@@ -291,7 +291,7 @@ WorkerStats WorkerImpl::stats() const {
   const StageCache::Stats planned = stage_cache_.stats();
   s.plan_templates = planned.built;
   s.plans_from_templates = planned.instantiated;
-  s.plans_not_templated = planned.fallbacks;
+  s.plans_not_templated = planned.fresh;
   s.plan_template_fallback = planned.fallback_reason;
   s.handshakes = remotes_->handshakes();
   s.handshakes_served = server_->served();
