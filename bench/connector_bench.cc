@@ -9,23 +9,45 @@
 // machine with fewer cores than busy threads the wall time of the connected
 // case includes the caller waiting for a CPU while the worker's start and
 // engine threads run the previous and the new load.
+//
+// BM_LoadHostCost: a load's cost to the host, without its copies:
+// llama3-70b at 128k tokens (5.4 GB per TP 8 rank), a TP 8 prefill instance
+// to decode rank 0 of TP 8 or TP 2, shuffled block ids, the worker's
+// default cut (chunks of load_chunk_tokens). Every tensor is virtual memory
+// that nothing touches, and the decode engine's runs report their bytes
+// without copying them (testing fault skip-copies: maxrss_mb shows nothing
+// was copied), so what is measured is the host's work: planning, the
+// engine's resolve and submit, completion and the done messages. Counters:
+//   first_ms   start_load() to its result, the first load of the shape
+//              (planned afresh, as every load was before stage templates)
+//   load_ms    the same for later loads of the shape (from its template)
+//   cpu_ms     the process's CPU time (every thread) of one later load
+//   hbm_ms     the load's bytes at 1.5 TB/s (a GPU's copy rate, computed)
+//   cpu_pct    cpu_ms / hbm_ms in percent
+//   descriptors, bytes: the load's
 #include <arpa/inet.h>
 #include <benchmark/benchmark.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "kvbridge/connector.h"
 #include "kvbridge/presets.h"
+#include "testing/engine_faults.h"
 
 namespace kvbridge {
 namespace {
@@ -118,6 +140,112 @@ void BM_StartLoadConnected(benchmark::State& state) {
   }
 }
 
+// A rank of llama3-70b whose tensors are untouched virtual memory.
+struct BigRank {
+  Layout layout;
+  std::vector<std::span<uint8_t>> spans;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<ConnectorWorker> worker;
+  ~BigRank() {
+    worker.reset();
+    engine.reset();
+    for (std::span<uint8_t> s : spans) ::munmap(s.data(), s.size());
+  }
+};
+
+Result<std::unique_ptr<BigRank>> big_rank(const std::string& id, uint32_t tp, uint32_t rank, uint64_t num_blocks,
+                                          std::string_view faults) {
+  auto r = std::make_unique<BigRank>();
+  KVB_ASSIGN_OR_RETURN(
+      r->layout,
+      make_preset(PresetOptions{
+          .name = "llama3-70b", .tp_size = tp, .tp_rank = rank, .block_tokens = 16, .num_blocks = num_blocks}));
+  for (const Tensor& t : r->layout.tensors) {
+    void* m = ::mmap(nullptr, t.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return Status::resource_exhausted("mmap of " + std::to_string(t.bytes) + " bytes failed");
+    r->spans.emplace_back(static_cast<uint8_t*>(m), t.bytes);
+  }
+  EngineOptions e;
+  e.name = id + "/r" + std::to_string(rank);
+  e.transports = {"local"};
+  KVB_ASSIGN_OR_RETURN(r->engine, testing::create_engine_with_faults(e, faults));
+  WorkerOptions w;
+  w.instance_id = id;
+  w.handshake_timeout = 60s;
+  KVB_ASSIGN_OR_RETURN(r->worker, ConnectorWorker::create(*r->engine, r->layout, r->spans, w));
+  return r;
+}
+
+double process_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp) {
+  constexpr uint64_t kTokens = 128 * 1024, kBlocks = kTokens / 16, kNumBlocks = kBlocks + 64;
+  std::vector<std::unique_ptr<BigRank>> prefill;
+  std::vector<std::string> addresses;
+  for (uint32_t r = 0; r < 8; ++r) {
+    Result<std::unique_ptr<BigRank>> p = big_rank("prefill", 8, r, kNumBlocks, "");
+    if (!p.ok()) return state.SkipWithError(p.error().to_string().c_str());
+    addresses.push_back((*p)->worker->side_channel_address());
+    prefill.push_back(std::move(*p));
+  }
+  Result<std::unique_ptr<BigRank>> d = big_rank("decode", decode_tp, 0, kNumBlocks, "skip-copies=1");
+  if (!d.ok()) return state.SkipWithError(d.error().to_string().c_str());
+  ConnectorWorker& w = *(*d)->worker;
+  if (!w.add_remote("prefill", addresses).ok() || !w.wait_connected("prefill", 60s).ok()) {
+    return state.SkipWithError("cannot connect to the prefill instance");
+  }
+  // Shuffled ids on both sides, one shape for every load.
+  Request q;
+  q.num_tokens = kTokens;
+  GroupBlocks& b = q.blocks["full"];
+  for (uint64_t i = 0; i < kBlocks; ++i) b.local.push_back(static_cast<int64_t>(i));
+  b.remote = b.local;
+  std::mt19937_64 rng(0x6b7662);
+  std::shuffle(b.local.begin(), b.local.end(), rng);
+  std::shuffle(b.remote.begin(), b.remote.end(), rng);
+  uint64_t n = 0, later = 0;
+  double first_ms = 0, wall = 0, cpu = 0;
+  LoadResult last;
+  for (auto _ : state) {
+    const std::string id = "req-" + std::to_string(n);
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = process_cpu_seconds();
+    if (!w.start_load(id, "prefill", q).ok()) return state.SkipWithError("start_load failed");
+    std::vector<LoadResult> r;
+    while (r.empty()) {
+      w.wait_results(100ms);
+      r = w.take_results();
+    }
+    const double c1 = process_cpu_seconds();
+    const double ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!r.front().error.ok()) return state.SkipWithError(r.front().error.to_string().c_str());
+    last = r.front();
+    if (n++ == 0) {
+      first_ms = ms;
+    } else {
+      wall += ms;
+      cpu += 1e3 * (c1 - c0);
+      ++later;
+    }
+  }
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  const double hbm_ms = 1e3 * static_cast<double>(last.bytes) / 1.5e12;
+  const double cpu_ms = later > 0 ? cpu / static_cast<double>(later) : 0;
+  state.counters["first_ms"] = first_ms;
+  state.counters["load_ms"] = later > 0 ? wall / static_cast<double>(later) : 0;
+  state.counters["cpu_ms"] = cpu_ms;
+  state.counters["hbm_ms"] = hbm_ms;
+  state.counters["cpu_pct"] = hbm_ms > 0 ? 100.0 * cpu_ms / hbm_ms : 0;
+  state.counters["descriptors"] = static_cast<double>(last.descriptors);
+  state.counters["bytes"] = static_cast<double>(last.bytes);
+  state.counters["maxrss_mb"] = static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
 // The baseline: hand one item to a thread waiting on a condition variable.
 void BM_BaselineHandOff(benchmark::State& state) {
   std::mutex mu;
@@ -150,6 +278,12 @@ void BM_BaselineHandOff(benchmark::State& state) {
 BENCHMARK(BM_BaselineHandOff)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_StartLoadSilentPeer)->Unit(benchmark::kMicrosecond)->Iterations(2000);
 BENCHMARK(BM_StartLoadConnected)->Unit(benchmark::kMicrosecond)->Iterations(200);
+BENCHMARK_CAPTURE(BM_LoadHostCost, llama3_70b_128k / P_TP8 / D_TP8 / shuffled, 8)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(6);
+BENCHMARK_CAPTURE(BM_LoadHostCost, llama3_70b_128k / P_TP8 / D_TP2 / shuffled, 2)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(4);
 
 }  // namespace
 }  // namespace kvbridge

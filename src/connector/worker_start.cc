@@ -119,6 +119,14 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   load.result.stages = static_cast<uint32_t>(stages.size());
   load.used.assign(layouts.size(), false);
   load.layer_left.assign(order_.size(), 0);
+  // Which tensors are device memory, looked up per descriptor below: per
+  // local tensor, and per source rank and remote tensor.
+  std::vector<uint8_t> local_device(layout_.tensors.size());
+  for (size_t t = 0; t < layout_.tensors.size(); ++t) local_device[t] = layout_.tensors[t].memory != "host";
+  std::vector<std::vector<uint8_t>> remote_device(layouts.size());
+  for (size_t r = 0; r < layouts.size(); ++r) {
+    for (const Tensor& t : layouts[r].tensors) remote_device[r].push_back(t.memory != "host");
+  }
   // Per stage, one batch per source rank, in the plan's (local address) order.
   for (const PlanStage& s : stages) {
     LoadStage ls;
@@ -131,14 +139,14 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     ls.device.assign(layouts.size(), 0);
     load.result.bytes += s.plan.bytes;
     load.result.descriptors += s.plan.descriptors.size();
+    for (size_t r = 0; r < s.plan.sources.size() && r < layouts.size(); ++r) {
+      ls.items[r].reserve(s.plan.sources[r].descriptors);
+    }
     for (const Descriptor& d : s.plan.descriptors) {
       ls.items[d.source].push_back(TransferItem{regions_[d.local_tensor], d.local_offset,
                                                 fetched->infos[d.source].tensors[d.remote_tensor].region,
                                                 d.remote_offset, d.bytes});
-      if (layout_.tensors[d.local_tensor].memory != "host" ||
-          layouts[d.source].tensors[d.remote_tensor].memory != "host") {
-        ls.device[d.source] = 1;
-      }
+      ls.device[d.source] |= local_device[d.local_tensor] | remote_device[d.source][d.remote_tensor];
       load.used[d.source] = true;
     }
     if (!s.plan.descriptors.empty()) {

@@ -37,10 +37,12 @@ Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec) {
       (key == "drop-rate" ? drop_rate : duplicate_rate) = n;
     } else if (key == "seed") {
       seed = n;
+    } else if (key == "skip-copies") {
+      faults->set_skip_copies(n != 0);
     } else {
       return Status::invalid_argument("engine faults: unknown fault '" + std::string(key) +
                                       "' (known: delay, drop-notifications, drop-done, drop-rate, duplicate-rate, "
-                                      "seed)");
+                                      "seed, skip-copies)");
     }
   }
   if (drop_rate > 0 || duplicate_rate > 0) {

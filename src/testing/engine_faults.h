@@ -19,6 +19,8 @@ namespace kvbridge::testing {
 //   "drop-rate=P", "duplicate-rate=P", "seed=S"
 //                           each notification is lost, or sent twice, with probability P per mille,
 //                           drawn from a generator seeded with S (default 1).
+//   "skip-copies=1"         every run reports its bytes moved without moving them: for measuring a
+//                           load's host cost without its copies (benchmarks only: the bytes are wrong).
 // Empty: exactly Engine::create. kInvalidArgument naming an unknown fault
 // or a missing number.
 Result<std::unique_ptr<Engine>> create_engine_with_faults(const EngineOptions& options, std::string_view faults);

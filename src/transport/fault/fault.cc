@@ -11,6 +11,11 @@ void Faults::fail_run(uint64_t nth, Status error) {
   fail_.emplace(started_ + std::max<uint64_t>(nth, 1), std::move(error));
 }
 
+void Faults::set_skip_copies(bool skip) {
+  std::lock_guard<std::mutex> lock(mu_);
+  skip_copies_ = skip;
+}
+
 void Faults::truncate_run(uint64_t nth, uint64_t bytes, Status error) {
   std::lock_guard<std::mutex> lock(mu_);
   truncate_at_ = started_ + std::max<uint64_t>(nth, 1);
@@ -47,6 +52,7 @@ void Faults::clear() {
   fail_.reset();
   truncate_at_.reset();
   delay_ = linger_ = std::chrono::milliseconds(0);
+  skip_copies_ = false;
   drops_ = 0;
   chaos_drop_ = chaos_duplicate_ = 0;
 }
@@ -81,7 +87,7 @@ bool Faults::slows_runs() const {
 
 bool Faults::arms_runs() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return fail_ || truncate_at_ || delay_.count() > 0 || linger_.count() > 0;
+  return fail_ || truncate_at_ || delay_.count() > 0 || linger_.count() > 0 || skip_copies_;
 }
 
 uint64_t Faults::runs_started() const {
@@ -111,6 +117,7 @@ Faults::Plan Faults::begin_run() {
   p.delay = delay_;
   p.delay_piece = delay_piece_;
   p.linger = linger_;
+  p.skip_copies = skip_copies_;
   return p;
 }
 
@@ -160,6 +167,12 @@ class FaultLink final : public Link {
   Status execute(const Faults::Plan& plan, TransferOp op, std::span<const Copy> copies, RunControl& control) {
     if (plan.fail) return *plan.fail;
     if (!plan.any()) return inner_->run(op, copies, control);
+    if (plan.skip_copies) {
+      uint64_t bytes = 0;
+      for (const Copy& c : copies) bytes += c.bytes;
+      control.bytes_done.fetch_add(bytes, std::memory_order_release);
+      return Status();
+    }
     // Copy by copy, through a private RunControl, so this wrapper decides
     // when the inner link stops (the linger) and can cut a copy short.
     uint64_t budget = plan.truncate_bytes.value_or(UINT64_MAX);

@@ -23,6 +23,10 @@
 //    probability duplicate/1000, drawn from a generator seeded with `seed`
 //    (one sequence per Faults object: a run replays from its seed when the
 //    messages come in the same order).
+//  - set_skip_copies(true): every run reports its copies' bytes done
+//    without copying them: for measuring the host's cost of a load without
+//    its copies (bench/connector_bench.cc). A load so run reports bytes it
+//    never moved; nothing that checks bytes may arm it.
 // It also counts runs, so a test can check that none is executing.
 //
 // Thread-safety: Faults is safe from any thread; the wrapper is as the inner
@@ -49,6 +53,7 @@ class Faults {
   void set_cancel_linger(std::chrono::milliseconds linger);
   void drop_notifications(uint64_t count, std::string prefix = {});
   void set_notification_chaos(uint32_t drop_per_mille, uint32_t duplicate_per_mille, uint64_t seed);
+  void set_skip_copies(bool skip);
   // Disarms everything (counters stay).
   void clear();
 
@@ -61,7 +66,7 @@ class Faults {
   // Whether a delay or a cancel linger is armed: runs are then slow, and
   // the engine must not run them on a submitting thread.
   bool slows_runs() const;
-  // Whether any fault of a run (fail, truncate, delay, linger) is armed.
+  // Whether any fault of a run (fail, truncate, delay, linger, skip) is armed.
   bool arms_runs() const;
   uint64_t runs_started() const;
   uint64_t runs_active() const;  // runs that started and have not returned
@@ -74,8 +79,9 @@ class Faults {
     std::chrono::milliseconds delay{0};
     uint64_t delay_piece = kDefaultDelayPiece;
     std::chrono::milliseconds linger{0};
+    bool skip_copies = false;
     // Whether the run has any fault to play.
-    bool any() const { return fail || truncate_bytes || delay.count() > 0 || linger.count() > 0; }
+    bool any() const { return fail || truncate_bytes || delay.count() > 0 || linger.count() > 0 || skip_copies; }
   };
   Plan begin_run();
   void end_run();
@@ -88,6 +94,7 @@ class Faults {
   uint64_t truncate_bytes_ = 0;
   Status truncate_error_;
   std::chrono::milliseconds delay_{0}, linger_{0};
+  bool skip_copies_ = false;
   uint64_t delay_piece_ = kDefaultDelayPiece;
   uint64_t drops_ = 0;
   std::string drop_prefix_;
