@@ -85,6 +85,10 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
                                       " failed verification");
       }
     }
+    // Which tensors are device memory, on each side, looked up per tensor.
+    std::vector<uint8_t> own_device, reader_device;
+    for (const Tensor& x : local_.tensors) own_device.push_back(x.memory != "host");
+    for (const Tensor& x : reader.tensors) reader_device.push_back(x.memory != "host");
     Target t;
     t.rank = d;
     t.engine = decode->engines[d];
@@ -96,10 +100,10 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
       st.end_layer = s.end_layer;
       // The plan is the reader's: its local side is the decode rank's, its
       // remote side this instance's ranks.
+      if (me < s.plan.sources.size()) st.items.reserve(s.plan.sources[me].descriptors);
       for (const Descriptor& desc : s.plan.descriptors) {
         if (desc.source != me) continue;
-        st.device = st.device || local_.tensors[desc.remote_tensor].memory != "host" ||
-                    reader.tensors[desc.local_tensor].memory != "host";
+        st.device = st.device || own_device[desc.remote_tensor] || reader_device[desc.local_tensor];
         st.items.push_back(TransferItem{regions_[desc.remote_tensor], desc.remote_offset,
                                         decode->infos[d].tensors[desc.local_tensor].region, desc.local_offset,
                                         desc.bytes});
