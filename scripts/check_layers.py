@@ -21,7 +21,7 @@ BELOW = {
     "transport": {"common", "net", "device"},
     "engine": {"common", "net", "device", "transport"},
     "connector": {"common", "net", "layout", "plan", "device", "transport", "engine"},
-    "store": {"common", "layout", "plan"},
+    "store": {"common", "net", "layout", "plan"},
     "discovery": {"common", "net"},
     "discovery_sync": {"common", "net", "layout", "plan", "device", "transport", "engine", "connector", "discovery"},
     "testing": {"common", "net", "layout", "plan", "device", "transport", "engine", "connector", "store"},
