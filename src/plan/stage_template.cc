@@ -28,23 +28,16 @@ struct StageTemplate::Impl {
 Result<StageTemplate> StageTemplate::create(const Layout& local, std::span<const Layout> remotes,
                                             const RequestShape& shape, const StageOptions& options) {
   using namespace plan_internal;
-  // The whole shape's template first: it checks the shape (plan()'s errors
-  // for a request of it) and finds whether every stage can be uniform.
-  KVB_ASSIGN_OR_RETURN(PlanTemplate whole, PlanTemplate::create(local, remotes, shape));
   auto t = std::make_shared<Impl>();
   t->local = local;
   t->remotes.assign(remotes.begin(), remotes.end());
   t->shape = shape;
   t->options = options;
-  t->whole = whole;
-  if (!whole.uniform()) {
-    t->uniform = false;
-    t->fallback_reason = whole.fallback_reason();
-    return StageTemplate(std::move(t));
-  }
   // The cuts are the shape's: the probe (blocks 0, 1, 2, ... where the shape
-  // lists blocks) cuts as every request of the shape does.
+  // lists blocks) cuts as every request of the shape does. Its errors are
+  // plan()'s for the shape, as PlanTemplate::create()'s.
   KVB_ASSIGN_OR_RETURN(Request probe, probe_request(local, remotes, shape));
+  KVB_RETURN_IF_ERROR(check_remotes(local, remotes).status());
   KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, probe));
   for (const StageCut& cut : stage_cuts(local, remotes, moves, probe, options)) {
     KVB_ASSIGN_OR_RETURN(PlanTemplate stage, build_template(local, remotes, shape, &cut));
@@ -53,7 +46,7 @@ Result<StageTemplate> StageTemplate::create(const Layout& local, std::span<const
       t->fallback_reason = stage.fallback_reason();
       t->headers.clear();
       t->templates.clear();
-      break;
+      return StageTemplate(std::move(t));
     }
     // A stage that holds no piece moves nothing for any request of the
     // shape: plan_stages() leaves it out. (The probe itself may not be a
@@ -61,6 +54,12 @@ Result<StageTemplate> StageTemplate::create(const Layout& local, std::span<const
     if (stage.pieces() == 0) continue;
     t->headers.push_back(stage_header(local, remotes, probe, cut));
     t->templates.push_back(std::move(stage));
+  }
+  // A shape that moves nothing: the whole shape's template checks a
+  // request's ids before plan_stages()' one empty stage is returned.
+  if (t->templates.empty()) {
+    KVB_ASSIGN_OR_RETURN(PlanTemplate whole, PlanTemplate::create(local, remotes, shape));
+    t->whole = std::move(whole);
   }
   return StageTemplate(std::move(t));
 }
@@ -75,21 +74,18 @@ Result<std::vector<PlanStage>> StageTemplate::instantiate(const Request& request
   const Impl& t = *impl_;
   auto planned = [&] { return plan_stages(t.local, t.remotes, request, t.options); };
   if (!t.uniform) return planned();
-  std::vector<PlanStage> out;
-  out.reserve(t.headers.size());
-  for (size_t i = 0; i < t.templates.size(); ++i) {
-    PlanStage s = t.headers[i];
-    // A request off the shape, or one plan_stages() refuses: its error, as
-    // plan_stages() words it.
-    if (!t.templates[i].instantiate(request, &s.plan).ok()) return planned();
-    out.push_back(std::move(s));
-  }
-  if (out.empty()) {
+  if (t.templates.empty()) {
     // Moving nothing: plan_stages()' one empty stage, after the checks a
     // request of the shape must pass.
     if (!t.whole->instantiate(request).ok()) return planned();
-    out.push_back(plan_internal::empty_stage(t.local, t.remotes, request));
+    return std::vector<PlanStage>{plan_internal::empty_stage(t.local, t.remotes, request)};
   }
+  // The request checked once for every stage; one that does not fit, or
+  // that plan_stages() refuses, gets plan_stages()' answer, word for word.
+  std::vector<Plan> plans(t.templates.size());
+  if (!plan_internal::instantiate_all(t.templates, request, plans)) return planned();
+  std::vector<PlanStage> out(t.headers);
+  for (size_t i = 0; i < out.size(); ++i) out[i].plan = std::move(plans[i]);
   return out;
 }
 

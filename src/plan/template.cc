@@ -365,14 +365,10 @@ void emit_move(const TemplateMove& tm, std::span<const int64_t> local_ids, std::
   }
 }
 
-Status instantiate(const PlanTemplate::Impl& t, const Request& r, Plan& out) {
-  std::vector<std::span<const int64_t>> lists;
-  Scratch scratch;
-  if (!fits(t, r, lists, scratch.bits_or_order)) return request_error(t, r);
-  if (!t.uniform) {
-    KVB_ASSIGN_OR_RETURN(out, plan(t.local, t.remotes, r));
-    return Status();
-  }
+// The plan of a uniform template for a request that fits() its shape
+// (`lists`: fits()' spans). False when bytes would be written twice.
+bool emit_fitted(const PlanTemplate::Impl& t, std::span<const std::span<const int64_t>> lists, Scratch& scratch,
+                 Plan& out) {
   out.descriptors.clear();
   out.descriptors.reserve(t.max_pieces);
   out.sources = t.totals;
@@ -383,13 +379,36 @@ Status instantiate(const PlanTemplate::Impl& t, const Request& r, Plan& out) {
     emit_move(tm, lists[2 * tm.group].subspan(g.local_entry0), lists[2 * tm.group + 1].subspan(g.remote_entry0),
               g.local_blocks, scratch, last, out, order);
   }
+  return finish_plan(t.local, order, out).ok();
+}
+
+Status instantiate(const PlanTemplate::Impl& t, const Request& r, Plan& out) {
+  std::vector<std::span<const int64_t>> lists;
+  Scratch scratch;
+  if (!fits(t, r, lists, scratch.bits_or_order)) return request_error(t, r);
+  if (!t.uniform) {
+    KVB_ASSIGN_OR_RETURN(out, plan(t.local, t.remotes, r));
+    return Status();
+  }
   // Bytes written twice (overlaid groups given one id) fail as in plan(),
   // whose message names the first overlap of its own descriptors: ask it.
-  if (!finish_plan(t.local, order, out).ok()) return request_error(t, r);
+  if (!emit_fitted(t, lists, scratch, out)) return request_error(t, r);
   return Status();
 }
 
 }  // namespace
+
+bool instantiate_all(std::span<const PlanTemplate> templates, const Request& r, std::span<Plan> out) {
+  if (templates.empty()) return true;
+  std::vector<std::span<const int64_t>> lists;
+  Scratch scratch;
+  if (!fits(TemplateAccess::impl(templates[0]), r, lists, scratch.bits_or_order)) return false;
+  for (size_t i = 0; i < templates.size(); ++i) {
+    const PlanTemplate::Impl& t = TemplateAccess::impl(templates[i]);
+    if (!t.uniform || !emit_fitted(t, lists, scratch, out[i])) return false;
+  }
+  return true;
+}
 
 PlanTemplate TemplateAccess::not_uniform(const PlanTemplate& t, std::string reason) {
   auto copy = std::make_shared<PlanTemplate::Impl>(*t.impl_);

@@ -102,6 +102,13 @@ Result<Request> probe_request(const Layout& local, std::span<const Layout> remot
 Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
                                     const StageCut* cut = nullptr);
 
+// Instantiates `templates` (the stages of one shape: StageTemplate) for
+// `request` into out[i] (out.size() >= templates.size()), checking the
+// request against the shape once and reusing one set of buffers. False when
+// the request does not fit the shape, a template is not uniform, or bytes
+// would be written twice: the caller asks plan_stages() for the answer.
+bool instantiate_all(std::span<const PlanTemplate> templates, const Request& request, std::span<Plan> out);
+
 }  // namespace plan_internal
 
 struct PlanTemplate::Impl {
