@@ -1,7 +1,7 @@
 // libFuzzer target for the tcp transport's frames (docs/formats/tcp-protocol.md):
 // a frame's header and payload as the server decodes a request
 // (decode_request, against two fake segments of different access) and as
-// the client decodes a reply, must never crash, read out of bounds or loop
+// the client decodes a reply (a digest's hashes included), must never crash, read out of bounds or loop
 // on any input. Whatever decode_request() accepts must lie inside the fake
 // server's segments and grant the access the request needs; anything else
 // traps, so the fuzzer reports it as a crash.
@@ -49,6 +49,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The client-side decoders on the same payload.
   if (h->type == tcp::kError && tcp::decode_error(payload).ok()) __builtin_trap();
   (void)tcp::decode_count(payload);
+  // A digest reply, expecting as many hashes as the payload could hold.
+  std::vector<uint64_t> hashes;
+  const uint32_t expected = payload.size() >= 4 ? static_cast<uint32_t>((payload.size() - 4) / 8) : 0;
+  if (tcp::decode_hashes(payload, expected, &hashes).ok() && hashes.size() != expected) __builtin_trap();
   uint64_t instance = 0;
   std::string label;
   (void)tcp::decode_open_body(payload, &instance, &label);

@@ -176,9 +176,13 @@ def _(name):
 
 @case("tcp")
 def _(name):
-    r = demo("--transport", "tcp", "--requests", "3")
+    # With the content check: the prefill ranks' tcp servers hash what each read took.
+    r = demo("--transport", "tcp", "--requests", "3", "--verify-content")
     clean(name, r)
     check(name, r["ok"] == 3, f"ok {r['ok']}")
+    check(name, r["content_checked_bytes"] >= r["bytes"] > 0 and r["content_check_failures"] == 0,
+          f"content checked {r['content_checked_bytes']} of {r['bytes']} bytes, "
+          f"{r['content_check_failures']} runs differed")
 
 
 def start_etcd():
@@ -392,9 +396,12 @@ def _(name):
 # mid-transfer, whole and streamed: clean as in pull mode.
 @case("push")
 def _(name):
-    r = demo("--mode", "push", "--requests", "4")
+    r = demo("--mode", "push", "--requests", "4", "--verify-content")
     clean(name, r)
     check(name, r["ok"] == 4 and r["mode"] == "push", f"ok {r['ok']}, mode {r.get('mode')}: {r['errors']}")
+    # The prefill ranks checked what they wrote (read back over cma).
+    check(name, r["content_checked_bytes"] >= r["bytes"] > 0 and r["content_check_failures"] == 0,
+          f"content checked {r['content_checked_bytes']} of {r['bytes']} bytes")
     # The hand-off (the last prefill rank done to every decode rank holding
     # its KV) is measured for every finished request, in either mode.
     check(name, r["handoff_gbps"] > 0 and r["handoff_p50_ms"] > 0, f"hand-off {r['handoff_gbps']} GB/s")

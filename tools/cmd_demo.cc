@@ -118,6 +118,9 @@ Command add_demo_command(CLI::App& root) {
                 "Pin each rank process to its own core (round-robin over this process's cores), as each rank of a "
                 "deployment has its own GPU and NIC: an idle rank's core then does not speed up another's transfer");
   app->add_flag("--verify-plans", args->verify_plans, "Decode ranks check every plan with the verifier before it runs");
+  app->add_flag("--verify-content", args->verify_content,
+                "Every byte moved is hashed (xxh3) at its source and where it landed; a load whose bytes differ "
+                "fails (host memory)");
   app->add_flag("--json", args->json, "Print one JSON object instead of the table");
   app->add_flag("!--no-progress", args->progress, "No progress bar");
   return {

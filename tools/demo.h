@@ -87,8 +87,9 @@ struct DemoArgs {
   std::chrono::milliseconds lease{30000};
   std::chrono::milliseconds inject_after{40};  // kill-prefill, kill-decode, abort: after the load starts
   std::chrono::milliseconds transfer_timeout{20000};
-  bool verify_plans = false;  // each decode rank checks every plan with verify() first
-  bool pin_cores = false;     // each rank process on its own core (round-robin over the allowed ones)
+  bool verify_plans = false;    // each decode rank checks every plan with verify() first
+  bool verify_content = false;  // every byte moved is hashed at its source and where it landed
+  bool pin_cores = false;       // each rank process on its own core (round-robin over the allowed ones)
   uint64_t chunk_tokens = WorkerOptions{}.load_chunk_tokens;  // WorkerOptions::load_chunk_tokens
   // Layer-wise streaming: "off", "layer" (every request streams) or "auto"
   // (requests of at least stream_min_tokens stream). With it on and no

@@ -626,6 +626,8 @@ class Driver {
       if (!f.value("last_rejection", "").empty()) sum_.last_rejection = f.value("last_rejection", "");
       sum_.notifications_failed += f.value("notifications_failed", uint64_t{0});
       sum_.plans_verified += f.value("plans_verified", uint64_t{0});
+      sum_.content_checked += f.value("content_checked", uint64_t{0});
+      sum_.content_check_failures += f.value("content_check_failures", uint64_t{0});
       if (!f.value("last_notification_error", "").empty()) {
         sum_.last_notification_error = f.value("last_notification_error", "");
       }

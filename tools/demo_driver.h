@@ -45,6 +45,7 @@ struct Summary {
   uint64_t leaked_blocks = 0, double_frees = 0, stray_bytes = 0;
   std::string first_stray;
   uint64_t handshakes = 0, handshakes_rejected = 0, notifications_failed = 0, plans_verified = 0;
+  uint64_t content_checked = 0, content_check_failures = 0;  // the engines' content check (verify_content)
   std::string last_rejection, last_notification_error;
   std::map<std::string, uint64_t> releases;  // by ReleaseReason name
   std::vector<std::string> rank_errors;      // fatal errors and abnormal exits

@@ -110,6 +110,7 @@ class Rank {
     w.secret = a.secret;
     w.transfer_timeout = a.transfer_timeout;
     w.verify_plans = a.verify_plans;
+    w.verify_content = a.verify_content;
     w.load_chunk_tokens = a.chunk_tokens;
     w.stream_layers_per_stage = a.layers_per_stage;
     w.heartbeat_interval = std::clamp<std::chrono::milliseconds>(a.lease / 4, std::chrono::milliseconds(50),
@@ -632,6 +633,8 @@ class Rank {
                      {"last_rejection", s.last_rejection},
                      {"notifications_failed", s.notifications_failed},
                      {"plans_verified", s.plans_verified},
+                     {"content_checked", m.bytes_content_checked},
+                     {"content_check_failures", m.content_check_failures},
                      {"last_notification_error", s.last_notification_error},
                      {"transfers_failed", m.transfers_failed},
                      {"transfers_cancelled", m.transfers_cancelled}});

@@ -279,6 +279,8 @@ void print_report(const Summary& s) {
               {"last_rejection", s.last_rejection},
               {"notifications_failed", s.notifications_failed},
               {"plans_verified", s.plans_verified},
+              {"content_checked_bytes", s.content_checked},
+              {"content_check_failures", s.content_check_failures},
               {"pin_cores", a.pin_cores},
               {"last_notification_error", s.last_notification_error},
               {"releases", s.releases},
@@ -442,6 +444,11 @@ void print_report(const Summary& s) {
               static_cast<unsigned long long>(s.handshakes),
               a.stream != "off" ? ", and per streaming prefill rank" : "",
               static_cast<unsigned long long>(s.handshakes_rejected));
+  if (a.verify_content) {
+    std::printf("  content check     %.1f MB hashed at their source and where they landed, %llu runs differed\n",
+                static_cast<double>(s.content_checked) / 1e6,
+                static_cast<unsigned long long>(s.content_check_failures));
+  }
   if (a.verify_plans) {
     std::printf("  plans verified    %llu (verify() before each load)\n",
                 static_cast<unsigned long long>(s.plans_verified));

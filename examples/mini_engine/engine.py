@@ -72,6 +72,7 @@ class Rank:
             instance_id=spec.role, role=spec.role, tp_size=spec.tp, model=cfg.name,
             num_kv_heads=cfg.kv_heads if cfg.kind == "llama" else None, failure_policy=spec.policy,
             lease_s=spec.lease_s, load_timeout_s=spec.load_timeout_s, handshake_timeout_s=3.0, verify_plans=True,
+            verify_content=True,
             store_hash_block_tokens=16 if spec.store_redis else 0, store_redis=spec.store_redis,
             store_memory_bytes=64 << 20, secret=spec.secret, engine_faults=spec.engine_faults)
         self.worker = connector_v1.WorkerConnector(self.config, rank)

@@ -291,6 +291,15 @@ struct WorkerOptions {
   // (kInternal, naming the first wrong byte) instead of moving a wrong byte.
   // Costs a simulated execution per request; for tests and debugging.
   bool verify_plans = false;
+  // End-to-end integrity (SubmitOptions::verify_content): every read of a
+  // load and every write of a push is hashed (xxh3-64) where it landed and
+  // at its source after the source's readiness, and a load whose bytes
+  // differ anywhere fails naming the piece, instead of ending done. It moves
+  // no byte differently; it hashes every byte on both sides, and over
+  // transports without a hashing server (local, cma, ucx) reads it once more
+  // (bench/engine_bench, BM_VerifyContent). Host memory only: create()
+  // refuses it for a rank with device tensors.
+  bool verify_content = false;
   // Pull or push (TransferMode); the same on every rank of both instances.
   TransferMode mode = TransferMode::kPull;
   // What peers may do to this rank's tensors: kRead for a pull-mode

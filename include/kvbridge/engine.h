@@ -94,6 +94,18 @@ struct SubmitOptions {
   // no device memory, or more than kMaxReadyEvents handles.
   std::vector<std::string> ready_event_handles;
   uintptr_t ready_event = 0;
+  // The content check, end to end: once each run of the transfer returned
+  // OK, the xxh3-64 of every copy's bytes here is compared with the same
+  // bytes on the peer as they are then (after the producer's readiness, and
+  // after they landed): hashed by the peer's own server where the transport
+  // has one (tcp), else read back into scratch memory and hashed here. A
+  // difference fails the transfer (kIoError "content check failed", naming
+  // the copy's bytes, the peer's address and segment, and both hashes), so a
+  // transport or peer that reports bytes it never moved, or bytes the source
+  // changed under the read, is never reported done. Host memory only
+  // (kInvalidArgument for a transfer of device memory). It reads every byte
+  // once more: measured by bench/engine_bench (BM_VerifyContent).
+  bool verify_content = false;
 };
 
 inline constexpr size_t kMaxReadyEvents = 16;
@@ -206,6 +218,9 @@ struct EngineMetrics {
   uint64_t transfers_submitted = 0, transfers_done = 0, transfers_failed = 0, transfers_cancelled = 0;
   uint64_t descriptors = 0, bytes_read = 0, bytes_written = 0;
   uint64_t notifications_sent = 0, notifications_received = 0;
+  // The content check (SubmitOptions::verify_content): bytes whose hashes
+  // matched on both sides, and runs whose bytes differed.
+  uint64_t bytes_content_checked = 0, content_check_failures = 0;
   std::array<uint64_t, kLatencyBuckets> latency_us_buckets{};  // completed transfers by latency
 };
 

@@ -291,6 +291,8 @@ class EngineMetrics:
     bytes_written: int
     notifications_sent: int
     notifications_received: int
+    bytes_content_checked: int
+    content_check_failures: int
     latency_us_buckets: List[int]
     def to_dict(self) -> Dict[str, Any]: ...
 
@@ -436,7 +438,7 @@ class ConnectorWorker:
                  transfer_timeout: Seconds = 30.0, heartbeat_interval: Seconds = 1.0, verify_plans: bool = False,
                  remote_access: str = "read", load_chunk_tokens: int = 2048,
                  stream_layers_per_stage: int = 1, side_channel_advertise_host: str = "",
-                 mode: str = "pull") -> None: ...
+                 mode: str = "pull", verify_content: bool = False) -> None: ...
     @property
     def side_channel_address(self) -> str: ...
     @property

@@ -46,6 +46,8 @@ class ConnectorConfig:
       (the engine needs its logits).
     stream: decode: load layer by layer, as the prefill saves each (the prefill must stream
       to this instance: kv_transfer_params "stream_to").
+    verify_content: check every byte moved end to end (xxh3 at the source and where it landed):
+      a load whose bytes differ fails naming the piece. Host memory; reads every byte again.
     host, advertise_host, secret, handshake_timeout_s, verify_plans, load_chunk_tokens:
       passed to each rank's Engine and ConnectorWorker; transports: the Engine's (None: every
       one available, the closest first).
@@ -76,6 +78,7 @@ class ConnectorConfig:
     secret: str = ""
     handshake_timeout_s: float = 5.0
     verify_plans: bool = False
+    verify_content: bool = False
     load_chunk_tokens: int = 2048
     transports: Optional[Tuple[str, ...]] = None
     engine_faults: str = ""

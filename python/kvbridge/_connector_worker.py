@@ -76,7 +76,8 @@ class WorkerConnector:
                 side_channel_advertise_host=c.advertise_host, secret=c.secret,
                 handshake_timeout=c.handshake_timeout_s, transfer_timeout=c.load_timeout_s,
                 heartbeat_interval=c.heartbeat_s,
-                verify_plans=c.verify_plans, remote_access="read" if c.produces else "none",
+                verify_plans=c.verify_plans, verify_content=c.verify_content,
+                remote_access="read" if c.produces else "none",
                 load_chunk_tokens=c.load_chunk_tokens)
             if c.has_store:
                 self.store = _kvb.RankStore(_store_for(c), self._layout, memory)

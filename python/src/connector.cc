@@ -292,7 +292,7 @@ void bind_worker(py::module_& m) {
                        const std::string& side_channel_host, const std::string& secret, py::object handshake_timeout,
                        py::object transfer_timeout, py::object heartbeat_interval, bool verify_plans,
                        const std::string& remote_access, uint64_t load_chunk_tokens, uint32_t stream_layers_per_stage,
-                       const std::string& side_channel_advertise_host, const std::string& mode) {
+                       const std::string& side_channel_advertise_host, const std::string& mode, bool verify_content) {
              PyEngine& pe = engine.cast<PyEngine&>();
              std::vector<std::string> names;
              for (const Tensor& t : layout.tensors) names.push_back(t.name);
@@ -318,6 +318,7 @@ void bind_worker(py::module_& m) {
              o.transfer_timeout = to_millis(transfer_timeout, o.transfer_timeout);
              o.heartbeat_interval = to_millis(heartbeat_interval, o.heartbeat_interval);
              o.verify_plans = verify_plans;
+             o.verify_content = verify_content;
              o.remote_access = unwrap(parse_remote_access(remote_access));
              o.load_chunk_tokens = load_chunk_tokens;
              o.stream_layers_per_stage = stream_layers_per_stage;
@@ -334,14 +335,16 @@ void bind_worker(py::module_& m) {
            py::arg("transfer_timeout") = 30.0, py::arg("heartbeat_interval") = 1.0, py::arg("verify_plans") = false,
            py::arg("remote_access") = "read", py::arg("load_chunk_tokens") = WorkerOptions{}.load_chunk_tokens,
            py::arg("stream_layers_per_stage") = WorkerOptions{}.stream_layers_per_stage,
-           py::arg("side_channel_advertise_host") = "", py::arg("mode") = "pull",
+           py::arg("side_channel_advertise_host") = "", py::arg("mode") = "pull", py::arg("verify_content") = false,
            "Registers each tensor of `layout` with `engine` and starts the side channel.\n\n"
            "tensors: one object per layout tensor (list in layout order, or dict by tensor name), each\n"
            "exactly the tensor's bytes and of its memory kind: torch tensors, numpy arrays, buffers.\n"
            "instance_id: e.g. 'prefill-0'. secret: shared secret of the side channel ('' = none); it\n"
            "must be the engine's own (Engine(secret=...)), or InvalidArgument. Timeouts and the\n"
            "heartbeat interval are seconds. verify_plans: check every plan with verify() before it\n"
-           "runs. remote_access: what peers may do to this rank's tensors: 'read' (a pull-mode\n"
+           "runs. verify_content: hash every byte moved at its source and where it landed (xxh3), and\n"
+           "fail a load whose bytes differ, naming the piece (host memory; reads every byte again). remote_access: "
+           "what peers may do to this rank's tensors: 'read' (a pull-mode\n"
            "prefill rank, the default) or 'none' (a rank that only reads from others).\n"
            "load_chunk_tokens: loads move in token-ordered chunks of about this many tokens, so that\n"
            "a failed load's first_bad_token is its first chunk not whole (0: one chunk per load).\n"

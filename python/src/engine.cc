@@ -177,6 +177,8 @@ void bind_values(py::module_& m) {
       .def_readonly("bytes_written", &EngineMetrics::bytes_written)
       .def_readonly("notifications_sent", &EngineMetrics::notifications_sent)
       .def_readonly("notifications_received", &EngineMetrics::notifications_received)
+      .def_readonly("bytes_content_checked", &EngineMetrics::bytes_content_checked)
+      .def_readonly("content_check_failures", &EngineMetrics::content_check_failures)
       .def_readonly("latency_us_buckets", &EngineMetrics::latency_us_buckets,
                     "Completed transfers by latency: bucket k counts < 2^k us (the last: the rest).")
       .def("to_dict", [](const EngineMetrics& e) {
@@ -190,6 +192,8 @@ void bind_values(py::module_& m) {
         d["bytes_written"] = e.bytes_written;
         d["notifications_sent"] = e.notifications_sent;
         d["notifications_received"] = e.notifications_received;
+        d["bytes_content_checked"] = e.bytes_content_checked;
+        d["content_check_failures"] = e.content_check_failures;
         d["latency_us_buckets"] = e.latency_us_buckets;
         return d;
       });

@@ -93,6 +93,7 @@ class WorldConfig:
     load_timeout_s: float
     producer_delay_s: float
     concurrency: int
+    verify_content: bool  # every load's bytes hashed at the source and where they landed (host memory)
 
     @staticmethod
     def draw(seed: int, device_ok: bool) -> "WorldConfig":
@@ -107,7 +108,7 @@ class WorldConfig:
             read_delay_ms=0 if device else (r.choice([5, 10]) if short_lease else r.choice([0, 0, 0, 2])),
             lease_s=0.3 if short_lease else 3.0, heartbeat_s=0.1,
             load_timeout_s=2.0, producer_delay_s=r.choice([0.002, 0.01]) if device else 0.0,
-            concurrency=r.choice([4, 6, 8]))
+            concurrency=r.choice([4, 6, 8]), verify_content=not device)
 
 
 class Rank:
@@ -160,7 +161,8 @@ class Instance:
         self.config = c1.ConnectorConfig(
             instance_id=role, role=role, tp_size=tp, model="toy", num_kv_heads=HEADS, lease_s=cfg.lease_s,
             heartbeat_s=cfg.heartbeat_s, load_timeout_s=cfg.load_timeout_s, handshake_timeout_s=1.0,
-            stream=cfg.device, transports=(cfg.transport,), engine_faults=",".join(faults), load_chunk_tokens=32)
+            stream=cfg.device, transports=(cfg.transport,), engine_faults=",".join(faults), load_chunk_tokens=32,
+            verify_content=cfg.verify_content)
         self.block_size = block_size
         self.blocks = blocks
         self.ranks = [Rank(self.config, r, blocks, block_size, cfg.device) for r in range(tp)]
@@ -641,7 +643,7 @@ def run_world(seed: int, lifecycles: int, verbose: bool, device_ok: bool) -> Tup
             lines.append(f"  [{seed}] {n} x {why}")
     lines.append(f"lifecycle: world {seed}: {stats} ({cfg.prefill_tp}->{cfg.decode_tp}, "
                  f"{'device' if cfg.device else cfg.transport}, drop {cfg.drop}, dup {cfg.duplicate}, "
-                 f"lease {cfg.lease_s})")
+                 f"lease {cfg.lease_s}{', content checked' if cfg.verify_content else ''})")
     return stats, lines
 
 

@@ -198,6 +198,21 @@ def test_verify_plans_checks_each_plan_before_it_runs():
             assert (wd.stats().plan_templates, wd.stats().plans_not_templated) == (0, 1)
 
 
+def test_verify_content_hashes_every_byte_a_load_moves_over_tcp():
+    p, d = torch_caches(fill_seed=4), torch_caches()
+    lp, ld = kvbridge.layout_from_tensors(torch_spec(p)), kvbridge.layout_from_tensors(torch_spec(d))
+    with kvbridge.Engine(name="prefill/r0", transports=["tcp"]) as ep, \
+            kvbridge.Engine(name="decode/r0", transports=["tcp"]) as ed:
+        with kvbridge.ConnectorWorker(ep, lp, p, instance_id="prefill") as wp, \
+                kvbridge.ConnectorWorker(ed, ld, d, instance_id="decode", verify_content=True) as wd:
+            wd.add_remote("prefill", [wp.side_channel_address])
+            wd.start_load("req-7", "prefill", kvbridge.Request(24, {"full": ([2, 3], [6, 1])}))
+            assert wd.collect(["req-7"], timeout=20)["req-7"].ok
+            m = ed.metrics()
+            # Every byte read was hashed by the prefill's server and here, and matched.
+            assert m.bytes_content_checked == m.bytes_read > 0 and m.content_check_failures == 0
+
+
 def test_add_remote_refuses_an_address_that_is_not_host_port(workers):
     _, _, _, wd = workers
     with pytest.raises(kvbridge.InvalidArgument, match="side channel address of instance 'other' rank 0"):

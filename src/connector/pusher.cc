@@ -228,6 +228,7 @@ void Pusher::submit_ready(const RequestId& request, Pushed& p) {
       Write w;
       w.peer = t.peer;
       w.options.timeout = options_.transfer_timeout;
+      w.options.verify_content = options_.verify_content;
       w.options.notification = format_message(m);
       m.kind = Message::Kind::kUnwritten;
       w.unwritten = format_message(m);

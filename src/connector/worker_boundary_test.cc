@@ -182,6 +182,64 @@ TEST(WorkerFinalityTest, AReadOfBlocksReleasedUnderItFailsNamingWhy) {
   EXPECT_TRUE(r.error.ok()) << r.error.to_string();
 }
 
+// End-to-end integrity: a decode engine whose link reports reads it never
+// made ends the load ok with wrong bytes; with verify_content the same load
+// fails, naming the bytes that differ, and another request of the same
+// prefill through an honest engine passes the check.
+TEST(WorkerIntegrityTest, ALoadWhoseBytesNeverLandedFailsTheContentCheck) {
+  auto prefill = instance(opts("prefill", 1));
+  for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
+  for (bool verify : {false, true}) {
+    InstanceOptions o = opts("decode", 1);
+    o.engine_faults = "skip-copies=1";
+    o.worker.verify_content = verify;
+    auto decode = instance(o);
+    ConnectorWorker& d = *decode[0]->worker;
+    ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+    ASSERT_TRUE(d.start_load(verify ? "2" : "1", "prefill", request()).ok());
+    LoadResult r = wait_one(d);
+    Result<ContentReport> c = check_request(decode[0]->layout, request(), RequestSide::kLocal, 0, 11, decode[0]->spans);
+    ASSERT_TRUE(c.ok());
+    EXPECT_GT(c->bad_cells, 0u) << "the lying link moved bytes";
+    if (!verify) {
+      EXPECT_TRUE(r.error.ok()) << "without the check, the load reports ok: " << r.error.to_string();
+      continue;
+    }
+    ASSERT_FALSE(r.error.ok()) << "a load of bytes that never landed reported ok under verify_content";
+    EXPECT_EQ(r.error.code(), Code::kIoError);
+    EXPECT_NE(r.error.message().find("content check failed"), std::string::npos) << r.error.to_string();
+  }
+  InstanceOptions o = opts("decode", 1);
+  o.worker.verify_content = true;
+  auto decode = instance(o);
+  ASSERT_TRUE(decode[0]->worker->add_remote("prefill", addresses(prefill)).ok());
+  ASSERT_TRUE(decode[0]->worker->start_load("3", "prefill", request()).ok());
+  LoadResult r = wait_one(*decode[0]->worker);
+  ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+  Result<ContentReport> c = check_request(decode[0]->layout, request(), RequestSide::kLocal, 0, 11, decode[0]->spans);
+  EXPECT_EQ(c->bad_cells, 0u) << c->first_error;
+  EXPECT_GT(decode[0]->engine->metrics().bytes_content_checked, 0u);
+}
+
+// Device memory has no hash kernel: a worker over it refuses the check by
+// name rather than run without it.
+TEST(WorkerIntegrityTest, AWorkerOverDeviceMemoryRefusesTheContentCheckNamingTheTensor) {
+  InstanceOptions o = opts("decode", 1);
+  o.device = true;
+  auto decode = instance(o);
+  WorkerOptions w;
+  w.instance_id = "decode-checked";
+  w.verify_content = true;
+  Rank& r = *decode[0];
+  Result<std::unique_ptr<ConnectorWorker>> checked = ConnectorWorker::create(*r.engine, r.layout, r.spans, w);
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.error().code(), Code::kInvalidArgument);
+  EXPECT_NE(checked.error().message().find("verify_content hashes host memory, and tensor '" +
+                                           r.layout.tensors[0].name + "' is cuda:0 memory"),
+            std::string::npos)
+      << checked.error().to_string();
+}
+
 // A done lost on the way is asked again: the load ends ok, and the prefill
 // hears the reader once.
 TEST(WorkerFinalityTest, ALostDoneIsAskedAgainAndTheReaderCountedOnce) {

@@ -159,11 +159,13 @@ TEST(WorkerPushTest, OverTcpAWriteOutsideTheLoadsGrantIsRefusedAndLandsNowhere) 
 // Push mode lets the prefill push before the decode rank's start_load(),
 // which grants the places: over tcp the first tries are refused as not
 // granted, and the pushers try again until the grant comes; every byte lands
-// and the load is ok.
+// and the load is ok. The pushers check what they wrote (verify_content):
+// the decode's server hashes it inside their grant.
 TEST(WorkerPushTest, OverTcpAPushBeforeTheLoadIsGrantedLandsOnceItIs) {
   InstanceOptions d = push_opts("decode", 1, RemoteAccess::kGrantedWrite);
   InstanceOptions p = push_opts("prefill", 2, RemoteAccess::kNone);
   d.transport = p.transport = "tcp";
+  p.worker.verify_content = true;
   Pushing s(1, d, p);
   s.fill_all();
   Rank& decode = *s.decode[0];
@@ -176,7 +178,10 @@ TEST(WorkerPushTest, OverTcpAPushBeforeTheLoadIsGrantedLandsOnceItIs) {
   LoadResult r = wait_one(*decode.worker);
   ASSERT_TRUE(r.error.ok()) << r.error.to_string();
   EXPECT_EQ(bad_cells(decode, request(), {s.layers.begin(), s.layers.end()}, 11), 0u);
-  for (auto& pr : s.prefill) EXPECT_TRUE(pr->worker->wait_for_save("1", 5s).ok());
+  for (auto& pr : s.prefill) {
+    EXPECT_TRUE(pr->worker->wait_for_save("1", 5s).ok());
+    EXPECT_GT(pr->engine->metrics().bytes_content_checked, 0u) << "the pusher's writes were not checked";
+  }
 }
 
 TEST(WorkerPushTest, StreamedEachLayerIsWrittenOnceSavedAndNothingLaterMoves) {

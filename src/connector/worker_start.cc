@@ -298,6 +298,7 @@ Status WorkerImpl::start_ready_stages(Load& load) {
     if (!ready) continue;
     SubmitOptions o;
     o.timeout = options_.transfer_timeout;
+    o.verify_content = options_.verify_content;
     o.on_end = [wake = wake_](TransferId id, const TransferStatus& ts) {
       {
         std::lock_guard<std::mutex> wl(wake->mu);

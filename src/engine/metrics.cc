@@ -43,6 +43,8 @@ EngineMetrics Metrics::snapshot() const {
   m.bytes_written = bytes_written_.load(std::memory_order_relaxed);
   m.notifications_sent = notifications_sent_.load(std::memory_order_relaxed);
   m.notifications_received = notifications_received_.load(std::memory_order_relaxed);
+  m.bytes_content_checked = bytes_content_checked_.load(std::memory_order_relaxed);
+  m.content_check_failures = content_check_failures_.load(std::memory_order_relaxed);
   for (size_t k = 0; k < kLatencyBuckets; ++k)
     m.latency_us_buckets[k] = latency_buckets_[k].load(std::memory_order_relaxed);
   return m;
@@ -72,6 +74,10 @@ std::string to_prometheus(const EngineMetrics& m, double latency_sum_seconds) {
   out += "kvbridge_bytes_total{op=\"write\"} " + std::to_string(m.bytes_written) + "\n";
   counter("notifications_sent_total", "Notifications acknowledged by peers.", m.notifications_sent);
   counter("notifications_received_total", "Notifications received from peers.", m.notifications_received);
+  counter("content_checked_bytes_total", "Bytes whose content check (verify_content) matched on both sides.",
+          m.bytes_content_checked);
+  counter("content_check_failures_total", "Runs whose bytes differed from the peer's under the content check.",
+          m.content_check_failures);
   out += "# HELP kvbridge_transfer_latency_seconds Time from submit to the end of a transfer.\n";
   out += "# TYPE kvbridge_transfer_latency_seconds histogram\n";
   uint64_t cumulative = 0;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 
 #include "common/thread_name.h"
 
@@ -25,6 +26,34 @@ std::string transfer_name(const Transfer& t) {
 }
 
 }  // namespace
+
+Status check_content(transport::Link& link, TransferOp op, std::span<const transport::Copy> copies,
+                     transport::RunControl& control, bool* differ) {
+  *differ = false;
+  std::vector<uint64_t> remote;
+  KVB_RETURN_IF_ERROR(link.digest(copies, control, &remote));
+  if (remote.size() != copies.size()) {
+    return Status::internal("content check: the link hashed " + std::to_string(remote.size()) + " copies of " +
+                            std::to_string(copies.size()));
+  }
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const transport::Copy& c = copies[i];
+    const uint64_t here = transport::content_hash(c.local, c.bytes);
+    if (here == remote[i]) continue;
+    const bool read = op == TransferOp::kRead;
+    char text[200];
+    std::snprintf(text, sizeof text,
+                  "content check failed: the %llu bytes at address 0x%llx of the peer's segment %u %s "
+                  "(source hash %016llx, landed %016llx)",
+                  static_cast<unsigned long long>(c.bytes), static_cast<unsigned long long>(c.remote), c.segment,
+                  read ? "differ from what landed here" : "differ from what was written there",
+                  static_cast<unsigned long long>(read ? remote[i] : here),
+                  static_cast<unsigned long long>(read ? here : remote[i]));
+    *differ = true;
+    return Status::io_error(text);
+  }
+  return Status();
+}
 
 void WakeTokens::release(uint32_t n) {
   if (n == 0) return;
@@ -79,7 +108,9 @@ std::shared_ptr<Transfer> Transfers::find(TransferId id) const {
 Result<TransferId> Transfers::start(std::shared_ptr<Transfer> t, bool here) {
   TransferId id = 0;
   const size_t chunks = t->chunks.size();
-  const bool async = !here && t->link->runs_async();
+  // A content check hashes on the engine thread after the run: such a
+  // transfer's chunks run there, not on the link's own thread.
+  const bool async = !here && t->link->runs_async() && !t->verify_content;
   bool earliest = false;
   std::shared_ptr<Transfer> keep = t;
   t->run_here = here;
@@ -223,7 +254,19 @@ void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
   // deadline is its timeout away, and the Link watches it from here.
   if (!begin_chunk(tp, index, !t.run_here)) return;
   Chunk& chunk = t.chunks[index];
-  end_chunk(tp, t.link->run(t.op, chunk.copies, chunk.control));
+  Status s = t.link->run(t.op, chunk.copies, chunk.control);
+  if (s.ok() && t.verify_content) {
+    bool differ = false;
+    s = check_content(*t.link, t.op, chunk.copies, chunk.control, &differ);
+    if (s.ok()) {
+      uint64_t bytes = 0;
+      for (const transport::Copy& c : chunk.copies) bytes += c.bytes;
+      metrics_->content_checked(bytes);
+    } else if (differ) {
+      metrics_->content_check_failed();
+    }
+  }
+  end_chunk(tp, std::move(s));
 }
 
 void Transfers::start_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {

@@ -98,7 +98,8 @@ struct Transfer {
   Clock::time_point deadline;
   std::chrono::milliseconds timeout{0};
   ChunkArray chunks;
-  bool run_here = false;  // runs on the submitting thread: never queued, no deadline entry
+  bool run_here = false;        // runs on the submitting thread: never queued, no deadline entry
+  bool verify_content = false;  // SubmitOptions::verify_content: each run's copies are hashed on both sides
 
   // Guarded by mu.
   mutable std::mutex mu;
@@ -138,6 +139,14 @@ class WakeTokens {
 // Splits `copies` into at most `parts` chunks of about equal bytes, cutting a
 // copy where needed; small batches stay one chunk.
 std::vector<std::vector<transport::Copy>> split_copies(std::vector<transport::Copy> copies, size_t parts);
+
+// The content check of one run that returned OK: the xxh3-64 of each
+// copy's local side against the link's digest of its remote side
+// (Link::digest). kIoError naming the first copy that differs (its bytes,
+// the peer's address and segment, both hashes; `*differ` set), or the
+// digest's error.
+Status check_content(transport::Link& link, TransferOp op, std::span<const transport::Copy> copies,
+                     transport::RunControl& control, bool* differ);
 
 class Transfers {
  public:

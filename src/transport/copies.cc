@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <system_error>
 #include <thread>
+
+#include <xxhash.h>
 
 namespace kvbridge::transport {
 
@@ -65,6 +68,70 @@ Status run_shares(const std::vector<std::vector<Copy>>& shares, const ShareRun& 
     if (!s.ok() && (first.ok() || (first.code() == Code::kCancelled && s.code() != Code::kCancelled))) first = s;
   }
   return first;
+}
+
+uint64_t content_hash(const void* data, uint64_t bytes) { return XXH3_64bits(data, bytes); }
+
+Status read_digests(Link& link, std::span<const Copy> copies, RunControl& control, std::vector<uint64_t>* hashes,
+                    uint64_t piece_bytes) {
+  hashes->assign(copies.size(), content_hash(nullptr, 0));
+  uint64_t total = 0;
+  for (const Copy& c : copies) total += c.bytes;
+  if (total == 0) return Status();
+  piece_bytes = std::max<uint64_t>(piece_bytes, 1);
+  std::vector<uint8_t> scratch(std::min(piece_bytes, total));
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
+  if (!state) return Status::resource_exhausted("content check: no memory for a hash state");
+  // Copies (or their pieces) are read in batches that fill the scratch
+  // memory: one run per batch, not one per copy.
+  struct Piece {
+    size_t copy;
+    uint64_t offset;  // within the copy
+    uint64_t bytes;
+    uint64_t at;  // within the scratch memory
+  };
+  std::vector<Copy> batch;
+  std::vector<Piece> pieces;
+  size_t next = 0;
+  uint64_t next_offset = 0;
+  while (next < copies.size()) {
+    batch.clear();
+    pieces.clear();
+    uint64_t used = 0;
+    while (next < copies.size() && used < scratch.size()) {
+      const Copy& c = copies[next];
+      const uint64_t take = std::min(c.bytes - next_offset, scratch.size() - used);
+      if (take > 0) {
+        batch.push_back(Copy{scratch.data() + used, c.remote + next_offset, take, c.segment});
+        pieces.push_back(Piece{next, next_offset, take, used});
+      }
+      used += take;
+      next_offset += take;
+      if (next_offset == c.bytes) {
+        ++next;
+        next_offset = 0;
+      }
+    }
+    if (control.cancel.load(std::memory_order_acquire)) return Status::cancelled("content check cancelled");
+    RunControl reread;
+    reread.deadline = control.deadline;
+    KVB_RETURN_IF_ERROR(link.run(TransferOp::kRead, batch, reread).with_context("content check: reading back"));
+    for (const Piece& p : pieces) {
+      const uint8_t* data = scratch.data() + p.at;
+      if (p.offset == 0 && p.bytes == copies[p.copy].bytes) {
+        (*hashes)[p.copy] = content_hash(data, p.bytes);
+        continue;
+      }
+      if (p.offset == 0) XXH3_64bits_reset(state.get());
+      XXH3_64bits_update(state.get(), data, p.bytes);
+      if (p.offset + p.bytes == copies[p.copy].bytes) (*hashes)[p.copy] = XXH3_64bits_digest(state.get());
+    }
+  }
+  return Status();
+}
+
+Status Link::digest(std::span<const Copy> copies, RunControl& control, std::vector<uint64_t>* hashes) {
+  return read_digests(*this, copies, control, hashes);
 }
 
 }  // namespace kvbridge::transport

@@ -30,4 +30,14 @@ std::vector<std::vector<Copy>> split_by_bytes(std::span<const Copy> copies, size
 using ShareRun = std::function<Status(size_t index, std::span<const Copy> share, const std::atomic<bool>& abort)>;
 Status run_shares(const std::vector<std::vector<Copy>>& shares, const ShareRun& run);
 
+// The xxh3-64 of `bytes` at `data`: the content check's hash, one function
+// for every side that computes it.
+uint64_t content_hash(const void* data, uint64_t bytes);
+
+// Link::digest's default: reads the remote side of each copy again with
+// `link.run()` into scratch memory, in pieces of at most `piece_bytes`, and
+// hashes it. OK, or the run's error.
+Status read_digests(Link& link, std::span<const Copy> copies, RunControl& control, std::vector<uint64_t>* hashes,
+                    uint64_t piece_bytes = uint64_t{4} << 20);
+
 }  // namespace kvbridge::transport

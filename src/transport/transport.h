@@ -136,6 +136,14 @@ class Link {
   // cma). The engine may then execute small transfers on the submitting
   // thread (EngineOptions::inline_bytes). False by default.
   virtual bool runs_inline() const { return false; }
+  // The content check (SubmitOptions::verify_content): sets (*hashes)[i] to
+  // the xxh3-64 of the peer's bytes of copies[i] (its `remote` side) as
+  // they are now, after the run that moved them returned OK. The default
+  // reads them again into this process's scratch memory with run(), piece
+  // by piece, and hashes them here; a link whose peer can hash its own
+  // memory overrides it. Honours control's cancel and deadline; never
+  // changes control.bytes_done.
+  virtual Status digest(std::span<const Copy> copies, RunControl& control, std::vector<uint64_t>* hashes);
 };
 
 class Transport {

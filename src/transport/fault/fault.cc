@@ -141,6 +141,11 @@ class FaultLink final : public Link {
   }
 
   Status refresh(const PeerInfo& peer) override { return inner_->refresh(peer); }
+  // The inner link's, never faulted: a content check sees the bytes as
+  // they are, so a run that lied about its copies is caught by it.
+  Status digest(std::span<const Copy> copies, RunControl& control, std::vector<uint64_t>* hashes) override {
+    return inner_->digest(copies, control, hashes);
+  }
   // As the inner link, unless runs are armed to be slow: a test's slow
   // transfer must stay on the engine's threads, where it can be cancelled.
   bool runs_inline() const override { return inner_->runs_inline() && !faults_->slows_runs(); }

@@ -25,6 +25,7 @@
 
 #include "common/host.h"
 #include "device/device.h"
+#include "transport/copies.h"
 #include "transport/device_run.h"
 #include "transport/transport.h"
 
@@ -96,6 +97,29 @@ class LocalLink final : public Link {
   }
 
   bool runs_inline() const override { return true; }
+
+  // The peer is this process: its bytes are hashed where they are, after
+  // the same bounds check a run makes (host memory only: the engine refuses
+  // the check for device memory).
+  Status digest(std::span<const Copy> copies, RunControl& control, std::vector<uint64_t>* hashes) override {
+    (void)control;
+    {
+      std::shared_lock<std::shared_mutex> lock(mu_);
+      for (const Copy& c : copies) {
+        auto s = segments_.find(c.segment);
+        if (s == segments_.end() || s->second.device >= 0 || c.remote < s->second.base || c.bytes > s->second.bytes ||
+            c.remote - s->second.base > s->second.bytes - c.bytes) {
+          return Status::out_of_range("local: digest of peer '" + peer_ + "' address " + std::to_string(c.remote) +
+                                      " outside its host segment " + std::to_string(c.segment));
+        }
+      }
+    }
+    hashes->resize(copies.size());
+    for (size_t i = 0; i < copies.size(); ++i) {
+      (*hashes)[i] = content_hash(reinterpret_cast<const void*>(copies[i].remote), copies[i].bytes);
+    }
+    return Status();
+  }
 
   Status refresh(const PeerInfo& peer) override {
     std::unique_lock<std::shared_mutex> lock(mu_);

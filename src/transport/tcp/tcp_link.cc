@@ -400,4 +400,64 @@ Status TcpLink::run_frames(Stream& stream, TransferOp op, std::span<const Copy> 
   return failure;
 }
 
+Status TcpLink::digest_frame(Stream& stream, std::span<const Copy> copies, const net::IoLimits& limits,
+                             std::vector<uint64_t>* hashes, bool* answered) {
+  std::vector<Range> ranges;
+  ranges.reserve(copies.size());
+  for (const Copy& c : copies) ranges.push_back(Range{c.segment, c.remote, c.bytes});
+  std::string out;
+  net::append_frame(out, {net::Protocol::kTcp, kDigest, kVersion, 0, false}, encode_ranges(ranges), stream.session);
+  KVB_RETURN_IF_ERROR(net::send_bytes(stream.fd.get(), out.data(), out.size(), limits, who_ + ": digest"));
+  net::FrameReader reader(net::Protocol::kTcp, kVersion, payload_limit);
+  KVB_RETURN_IF_ERROR(net::read_frame(stream.fd.get(), reader, stream.session, limits, who_ + ": digest"));
+  *answered = true;
+  if (reader.header().type == kError) return decode_error(reader.payload()).with_context(who_ + " refused a digest");
+  if (reader.header().type != kDigestData) {
+    return Status::io_error(who_ + ": a digest was answered with frame type " + std::to_string(reader.header().type));
+  }
+  return decode_hashes(reader.payload(), static_cast<uint32_t>(copies.size()), hashes).with_context(who_);
+}
+
+Status TcpLink::digest(std::span<const Copy> copies, RunControl& control, std::vector<uint64_t>* hashes) {
+  hashes->clear();
+  hashes->reserve(copies.size());
+  if (copies.empty()) return Status();
+  const net::IoLimits limits{control.deadline, &control.cancel, nullptr};
+  KVB_ASSIGN_OR_RETURN(std::vector<Stream*> streams, acquire(1, limits));
+  Stream& stream = *streams[0];
+  // Frames of at most kDigestRanges ranges and kMaxFrameDataBytes bytes.
+  constexpr size_t kDigestRanges = 4096;
+  Status s;
+  std::vector<uint64_t> part;
+  for (size_t first = 0; s.ok() && first < copies.size();) {
+    size_t n = 0;
+    uint64_t bytes = 0;
+    while (first + n < copies.size() && n < kDigestRanges && bytes + copies[first + n].bytes <= kMaxFrameDataBytes) {
+      bytes += copies[first + n].bytes;
+      ++n;
+    }
+    if (n == 0) n = 1;  // one copy past the frame's bytes: the server refuses it by name
+    if (stream.fd) {
+      pollfd p{stream.fd.get(), POLLIN | POLLRDHUP, 0};
+      if (::poll(&p, 1, 0) != 0) close(stream);
+    }
+    const bool pooled = static_cast<bool>(stream.fd);
+    if (!pooled) s = open(stream, limits);
+    bool answered = false;
+    if (s.ok()) s = digest_frame(stream, copies.subspan(first, n), limits, &part, &answered);
+    // A pooled stream the server reclaimed, closed before any answer: once more on a fresh one.
+    if (net::closed_by_peer(s) && pooled && !answered && !control.cancel.load()) {
+      close(stream);
+      s = open(stream, limits);
+      if (s.ok()) s = digest_frame(stream, copies.subspan(first, n), limits, &part, &answered);
+    }
+    if (s.ok()) hashes->insert(hashes->end(), part.begin(), part.end());
+    first += n;
+  }
+  // A stream that failed mid-frame is closed, so nothing of it is read later.
+  if (!s.ok() && stream.fd) close(stream);
+  release(streams);
+  return s;
+}
+
 }  // namespace kvbridge::transport::tcp

@@ -73,6 +73,9 @@ class TcpLink : public Link {
              std::function<void(Status)> done) override;
   // The server checks ranges against its own registrations, so nothing to do.
   Status refresh(const PeerInfo& peer) override;
+  // The peer's server hashes the ranges itself (Digest frames): no byte
+  // crosses the network again.
+  Status digest(std::span<const Copy> copies, RunControl& control, std::vector<uint64_t>* hashes) override;
 
  private:
   struct Stream {
@@ -96,6 +99,10 @@ class TcpLink : public Link {
   // One attempt on an open stream; `answered`: a reply byte arrived.
   Status run_frames(Stream& stream, TransferOp op, std::span<const Copy> copies, RunControl& control,
                     const std::atomic<bool>& abort, bool* answered);
+
+  // One Digest frame and its answer on an open stream.
+  Status digest_frame(Stream& stream, std::span<const Copy> copies, const net::IoLimits& limits,
+                      std::vector<uint64_t>* hashes, bool* answered);
 
   struct Job {
     TransferOp op;

@@ -13,7 +13,10 @@ size_t payload_limit(uint8_t type) {
       return 4 + kMaxLabelBytes;
     case kRead:
     case kWrite:
+    case kDigest:
       return size_t{kMaxRangesPerFrame} * kRangeBytes;
+    case kDigestData:
+      return 4 + size_t{kMaxRangesPerFrame} * 8;
     case kReadData:
     case kWriteAck:
       return 4;
@@ -118,6 +121,26 @@ std::string encode_count(uint32_t count) {
   net::WireWriter w;
   w.u32(count);
   return w.take();
+}
+
+std::string encode_hashes(std::span<const uint64_t> hashes) {
+  net::WireWriter w;
+  w.u32(static_cast<uint32_t>(hashes.size()));
+  for (uint64_t h : hashes) w.u64(h);
+  return w.take();
+}
+
+Status decode_hashes(std::string_view payload, uint32_t expected, std::vector<uint64_t>* hashes) {
+  net::WireReader r(payload, "tcp digest reply");
+  uint32_t count = 0;
+  KVB_RETURN_IF_ERROR(r.u32("count", &count));
+  if (count != expected) {
+    return Status::io_error("tcp digest reply: " + std::to_string(count) + " hashes for " + std::to_string(expected) +
+                            " ranges");
+  }
+  hashes->resize(count);
+  for (uint32_t i = 0; i < count; ++i) KVB_RETURN_IF_ERROR(r.u64("hash", &(*hashes)[i]));
+  return r.finish();
 }
 
 Result<uint32_t> decode_count(std::string_view payload) {

@@ -43,6 +43,12 @@ inline constexpr uint64_t kMaxFrameDataBytes = uint64_t{1} << 30;
 
 // The tcp protocol's frame types (after the shared opening types).
 inline constexpr uint8_t kAccept = 16, kRead = 17, kWrite = 18, kReadData = 19, kWriteAck = 20, kError = 21;
+// The content check (Link::digest): Digest carries a range table like Read;
+// the server answers DigestData, the xxh3-64 of each range's bytes as they
+// are, in order (a u32 count, then a u64 per range), or Error. A range may
+// be hashed where the client may read it, or write it (inside a grant to
+// its label, for a segment that takes writes only by grant).
+inline constexpr uint8_t kDigest = 22, kDigestData = 23;
 
 // The largest payload of a frame type; 0 for an unknown type.
 size_t payload_limit(uint8_t type);
@@ -93,6 +99,11 @@ Result<uint64_t> announced_bytes(std::string_view payload);
 // ReadData / WriteAck payloads: the count of ranges answered.
 std::string encode_count(uint32_t count);
 Result<uint32_t> decode_count(std::string_view payload);
+
+// DigestData payloads: the hashes of a Digest's ranges, in order.
+std::string encode_hashes(std::span<const uint64_t> hashes);
+// kIoError unless the payload holds exactly `expected` hashes.
+Status decode_hashes(std::string_view payload, uint32_t expected, std::vector<uint64_t>* hashes);
 
 // Error payloads carry a Status (unknown codes become kIoError; never OK).
 std::string encode_error(const Status& status);

@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <memory>
+
+#include <xxhash.h>
 
 #include "common/checked.h"
 #include "common/random.h"
@@ -243,7 +246,7 @@ void TcpServer::serve(Conn* conn, net::Session session) {
     Status s = net::read_frame(fd, reader, session, frame_limits(), "tcp serving " + peer);
     if (!s.ok()) break;  // the client sees the close and reports it
     const uint8_t type = reader.header().type;
-    if (type != kRead && type != kWrite) {
+    if (type != kRead && type != kWrite && type != kDigest) {
       // A stream that sent something else cannot be resynchronised: answer and close.
       std::string out;
       net::append_frame(out, {net::Protocol::kTcp, kError, kVersion, 0, false},
@@ -252,7 +255,9 @@ void TcpServer::serve(Conn* conn, net::Session session) {
       (void)net::send_bytes(fd, out.data(), out.size(), frame_limits(), "tcp reply");
       break;
     }
-    if (!serve_request(fd, session, type, reader.payload(), *conn, peer).ok()) break;
+    const Status served = type == kDigest ? serve_digest(fd, session, reader.payload(), *conn, peer)
+                                          : serve_request(fd, session, type, reader.payload(), *conn, peer);
+    if (!served.ok()) break;
   }
   std::lock_guard lock(conns_mutex_);
   auto it = per_peer_.find(conn->peer);
@@ -299,6 +304,55 @@ Status TcpServer::serve_request(int fd, net::Session& session, uint8_t type, std
   }
   net::append_frame(out, {net::Protocol::kTcp, kReadData, kVersion, 0, false}, encode_count(count), session);
   return move_data(fd, true, ranges, out, conn.peer, peer);
+}
+
+Status TcpServer::serve_digest(int fd, net::Session& session, std::string_view payload, const Conn& conn,
+                               const std::string& peer) {
+  std::vector<Range> ranges;
+  uint64_t total = 0;
+  Status valid;
+  {
+    std::shared_lock lock(segments_mutex_);
+    auto lookup = [this](uint32_t id) { return lookup_locked(id); };
+    valid = decode_ranges(payload, lookup, false, &ranges, &total);
+    // Not readable: a writer may still check what it wrote, where it may write.
+    if (valid.code() == Code::kPermissionDenied) {
+      ranges.clear();
+      valid = decode_ranges(payload, lookup, true, &ranges, &total);
+      if (valid.ok()) valid = check_granted_locked(ranges, conn.peer);
+    }
+  }
+  std::string out;
+  if (!valid.ok()) {
+    net::append_frame(out, {net::Protocol::kTcp, kError, kVersion, 0, false}, encode_error(valid), session);
+    return net::send_bytes(fd, out.data(), out.size(), frame_limits(), "tcp reply");
+  }
+  // Hashed in pieces under the segments' shared lock, each after checking
+  // that no segment was removed meanwhile (as move_data does).
+  constexpr uint64_t kPiece = uint64_t{1} << 20;
+  std::vector<uint64_t> hashes(ranges.size());
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
+  if (!state) return Status::resource_exhausted("tcp serving " + peer + ": no memory for a hash state");
+  const uint64_t validated_epoch = epoch_.load();
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const Range& r = ranges[i];
+    XXH3_64bits_reset(state.get());
+    for (uint64_t at = 0; at < r.bytes; at += kPiece) {
+      if (stop_.load()) return Status::cancelled("tcp serving " + peer + ": the server is stopping");
+      std::shared_lock lock(segments_mutex_);
+      if (epoch_.load() != validated_epoch) {
+        std::optional<SegmentSpan> seg = lookup_locked(r.segment);
+        if (!seg || r.address < seg->base || r.address + r.bytes > seg->base + seg->bytes) {
+          return Status::unavailable("tcp serving " + peer + ": segment " + std::to_string(r.segment) +
+                                     " was removed during a digest");
+        }
+      }
+      XXH3_64bits_update(state.get(), reinterpret_cast<const void*>(r.address + at), std::min(kPiece, r.bytes - at));
+    }
+    hashes[i] = XXH3_64bits_digest(state.get());
+  }
+  net::append_frame(out, {net::Protocol::kTcp, kDigestData, kVersion, 0, false}, encode_hashes(hashes), session);
+  return net::send_bytes(fd, out.data(), out.size(), frame_limits(), "tcp reply");
 }
 
 Status TcpServer::move_data(int fd, bool to_socket, const std::vector<Range>& ranges, const std::string& prefix,

@@ -84,6 +84,10 @@ class TcpServer {
   void serve(Conn* conn, net::Session session);
   Status serve_request(int fd, net::Session& session, uint8_t type, std::string_view payload, const Conn& conn,
                        const std::string& peer);
+  // Answers a Digest frame: the hashes of ranges the client may read, or
+  // write by grant.
+  Status serve_digest(int fd, net::Session& session, std::string_view payload, const Conn& conn,
+                      const std::string& peer);
   // Moves the ranges' bytes between the socket and memory, re-validating
   // them whenever a segment was removed or a grant revoked meanwhile.
   Status move_data(int fd, bool to_socket, const std::vector<Range>& ranges, const std::string& prefix,

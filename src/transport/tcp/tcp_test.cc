@@ -18,6 +18,7 @@
 #include "net/socket.h"
 #include "net/wire.h"
 #include "testing/link_run.h"
+#include "transport/copies.h"
 #include "transport/tcp/tcp_link.h"
 #include "transport/tcp/tcp_protocol.h"
 #include "transport/tcp/tcp_server.h"
@@ -404,6 +405,38 @@ TEST(TcpGrantTest, WritesLandOnlyInsideAGrantToTheWriterWhileItLasts) {
   RunControl control;
   control.deadline = Clock::now() + 5s;
   EXPECT_TRUE((*link)->run(TransferOp::kRead, std::vector<Copy>{{local.data(), base, 4096, 1}}, control).ok());
+}
+
+// Digest frames (the content check): the server hashes ranges the client
+// may read, or write inside a grant to its label, and refuses the rest.
+TEST(TcpGrantTest, TheServerHashesWhatTheClientMayReadOrWriteByGrantAndNothingElse) {
+  std::vector<uint8_t> granted(1 << 16), readable(1 << 16);
+  for (size_t i = 0; i < granted.size(); ++i) granted[i] = pattern(i), readable[i] = pattern(i + 3);
+  auto server = make_tcp_transport("127.0.0.1", 1, "");
+  ASSERT_TRUE(server.ok());
+  ASSERT_TRUE((*server)->add_segment(Segment{1, granted.data(), granted.size(), "host", 2 | 4}).ok());
+  ASSERT_TRUE((*server)->add_segment(Segment{2, readable.data(), readable.size(), "host", 1}).ok());
+  auto client = make_tcp_transport("127.0.0.1", 1, "");
+  (*client)->set_local_identity("prefill/r0", 0x1234);
+  auto link = (*client)->connect(PeerInfo{"server", 0, "", (*server)->address(), {}});
+  ASSERT_TRUE(link.ok()) << link.error().to_string();
+  const uint64_t g = reinterpret_cast<uint64_t>(granted.data()), r = reinterpret_cast<uint64_t>(readable.data());
+  auto digest = [&](std::vector<Copy> copies, std::vector<uint64_t>* hashes) {
+    RunControl control;
+    control.deadline = Clock::now() + 5s;
+    return (*link)->digest(copies, control, hashes);
+  };
+  std::vector<uint64_t> hashes;
+  ASSERT_TRUE(digest({{nullptr, r + 100, 5000, 2}, {nullptr, r, 1 << 16, 2}}, &hashes).ok());
+  EXPECT_EQ(hashes, (std::vector<uint64_t>{content_hash(readable.data() + 100, 5000),
+                                           content_hash(readable.data(), readable.size())}));
+  Status refused = digest({{nullptr, g, 4096, 1}}, &hashes);
+  EXPECT_EQ(refused.code(), Code::kPermissionDenied) << refused.to_string();
+  (*server)->grant_writes(1, engine_label("prefill/r0", 0x1234), {{1, g, 8192}});
+  ASSERT_TRUE(digest({{nullptr, g + 10, 8000, 1}}, &hashes).ok());
+  EXPECT_EQ(hashes, std::vector<uint64_t>{content_hash(granted.data() + 10, 8000)});
+  EXPECT_EQ(digest({{nullptr, g, 8193, 1}}, &hashes).code(), Code::kPermissionDenied) << "past the grant";
+  EXPECT_EQ(digest({{nullptr, r + 1, 1 << 16, 2}}, &hashes).code(), Code::kOutOfRange) << "past the segment";
 }
 
 // A hand-written client against the real server.
