@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -44,10 +45,12 @@ struct Listener::Conn {
   uint32_t frames = 0;    // whole frames received: how far the opening got
   uint64_t received = 0;  // bytes received
   Clock::time_point accepted_at;
+  std::shared_ptr<std::atomic<size_t>> source_open;  // a kept connection's source count
   Conn(const ListenerOptions& o) : reader(o.opening.protocol, o.opening.version, o.limit), opening(o.opening) {}
 };
 
-Listener::Listener(ListenerOptions options) : options_(std::move(options)) {}
+Listener::Listener(ListenerOptions options)
+    : options_(std::move(options)), own_source_("uid " + std::to_string(::geteuid()) + " on this host") {}
 
 Result<std::unique_ptr<Listener>> Listener::start(ListenerOptions options) {
   if (!options.on_open || !options.limit)
@@ -264,7 +267,7 @@ void Listener::step(Conn& c, short revents) {
       a.session = std::move(c.session);
       a.peer_address = c.peer;
       a.body = c.opening.body();
-      a.slot = std::make_shared<Slot>(open_);
+      a.slot = std::make_shared<Slot>(open_, std::move(c.source_open));
       slots_.erase(std::remove_if(slots_.begin(), slots_.end(), [](const auto& w) { return w.expired(); }),
                    slots_.end());
       slots_.push_back(a.slot);
@@ -343,9 +346,31 @@ void Listener::answer(Conn& c) {
   c.session = c.opening.take_session();
   OpenRequest request{c.peer, c.opening.body(), c.session.keyed()};
   Answer a = options_.on_open(request);
-  if (a.kind == Answer::Kind::kKeep && open_->load() >= options_.max_open && !reclaim_idle()) {
-    a = Answer::refuse(RefuseCode::kBusy, options_.name + " is busy: " + std::to_string(options_.max_open) +
-                                              " connections are open; try again later");
+  if (a.kind == Answer::Kind::kKeep) {
+    // One source's share first (its own idle connection makes room), then
+    // the listener's bound.
+    const std::string source = connection_source(c.fd.get());
+    if (sources_.size() > 1024) {
+      for (auto it = sources_.begin(); it != sources_.end();) {
+        it = it->second->load() == 0 && it->second.use_count() == 1 ? sources_.erase(it) : std::next(it);
+      }
+    }
+    std::shared_ptr<std::atomic<size_t>>& counter = sources_[source];
+    if (!counter) counter = std::make_shared<std::atomic<size_t>>(0);
+    const size_t share = max_open_per_source();
+    if (source != own_source_ && counter->load() >= share && !reclaim_idle(counter.get())) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.refused_source;
+      }
+      a = Answer::refuse(RefuseCode::kBusy, options_.name + " is busy: " + source + " holds " + std::to_string(share) +
+                                                " connections, the most one source may; try again later");
+    } else if (open_->load() >= options_.max_open && !reclaim_idle()) {
+      a = Answer::refuse(RefuseCode::kBusy, options_.name + " is busy: " + std::to_string(options_.max_open) +
+                                                " connections are open; try again later");
+    } else {
+      c.source_open = counter;
+    }
   }
   if (a.kind == Answer::Kind::kRefuse) return refuse(c, a.refusal);
   std::string out;
@@ -360,12 +385,17 @@ void Listener::answer(Conn& c) {
   send(c, std::move(out), a.kind == Answer::Kind::kReply);
 }
 
-bool Listener::reclaim_idle() {
+size_t Listener::max_open_per_source() const {
+  return options_.max_open_per_source > 0 ? options_.max_open_per_source : std::max<size_t>(1, options_.max_open / 2);
+}
+
+bool Listener::reclaim_idle(const std::atomic<size_t>* source) {
   // Oldest idle first; a slot that turned busy meanwhile is passed over.
   std::vector<std::pair<int64_t, std::shared_ptr<Slot>>> idle;
   for (const std::weak_ptr<Slot>& w : slots_) {
     std::shared_ptr<Slot> slot = w.lock();
-    if (slot && slot->reapable_.load() && slot->state_.load() == Slot::kIdle)
+    if (slot && (source == nullptr || slot->source_open_.get() == source) && slot->reapable_.load() &&
+        slot->state_.load() == Slot::kIdle)
       idle.emplace_back(slot->idle_since_ns_.load(), slot);
   }
   std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.first < b.first; });

@@ -31,6 +31,14 @@
 //     reclaims the place of the kept connection idle the longest, if its
 //     protocol lets it (Slot below), and otherwise refuses the client as
 //     busy: connections opened and left idle cannot keep a real client out;
+//   - max_open_per_source kept connections from one source
+//     (connection_source(): a host, or a user of this host, which a client
+//     cannot claim to be another of, secret or not); past it the source's own
+//     connection idle the longest makes room, or the client is refused as
+//     busy, so one source, whatever names it claims, leaves the rest of
+//     max_open to the others. The user this process runs as is not bounded
+//     so: its processes are this one's own peers, and could read and write
+//     this process's memory anyway (ptrace);
 //   - accept errors that mean "out of descriptors or memory" (EMFILE, ENFILE,
 //     ENOBUFS, ENOMEM) pause accepting for kAcceptBackoff instead of
 //     retrying at once, so the thread never spins;
@@ -50,6 +58,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -109,7 +118,12 @@ struct Answer {
 // serving thread; set_reapable() before the first idle().
 class Slot {
  public:
-  explicit Slot(std::shared_ptr<std::atomic<size_t>> open) : open_(std::move(open)) { open_->fetch_add(1); }
+  // Counts against `open` (and `source_open`, its source's count, when given).
+  explicit Slot(std::shared_ptr<std::atomic<size_t>> open, std::shared_ptr<std::atomic<size_t>> source_open = nullptr)
+      : open_(std::move(open)), source_open_(std::move(source_open)) {
+    open_->fetch_add(1);
+    if (source_open_) source_open_->fetch_add(1);
+  }
   ~Slot() { release(); }
   Slot(const Slot&) = delete;
   Slot& operator=(const Slot&) = delete;
@@ -126,9 +140,12 @@ class Slot {
   enum State : int { kBusy, kIdle, kReclaimed };
   bool reclaim();  // idle -> reclaimed, and the place freed
   void release() {
-    if (!released_.exchange(true)) open_->fetch_sub(1);
+    if (released_.exchange(true)) return;
+    open_->fetch_sub(1);
+    if (source_open_) source_open_->fetch_sub(1);
   }
   std::shared_ptr<std::atomic<size_t>> open_;
+  std::shared_ptr<std::atomic<size_t>> source_open_;
   std::atomic<bool> reapable_{false};
   std::atomic<int> state_{kBusy};
   std::atomic<int64_t> idle_since_ns_{0};
@@ -151,6 +168,7 @@ struct ListenerOptions {
   PayloadLimit limit;  // the protocol's limits; must cover the opening types
   size_t max_pending = 64;
   size_t max_open = 256;
+  size_t max_open_per_source = 0;  // 0: half of max_open
   std::chrono::milliseconds open_timeout{3000};
   // Time a connection that has sent nothing is kept against newer silent
   // ones (at most half of open_timeout).
@@ -172,7 +190,8 @@ struct ListenerStats {
   uint64_t reclaimed = 0;      // idle kept connections closed to keep a new client
   size_t pending = 0;
   size_t open = 0;
-  std::string last_failure;  // "client 127.0.0.1:40312: <why>" for the last refusal or abandon
+  uint64_t refused_source = 0;  // of the refusals, busy because the client's source held its share
+  std::string last_failure;     // "client 127.0.0.1:40312: <why>" for the last refusal or abandon
 };
 
 class Listener {
@@ -199,9 +218,11 @@ class Listener {
   void refuse(Conn& c, const Refusal& refusal);
   void abandon(Conn& c, const std::string& why);
   void note_failure(const Conn& c, const std::string& why);
-  // Reclaims the place of the kept connection idle the longest; false when
-  // no kept connection is idle and reapable.
-  bool reclaim_idle();
+  // Reclaims the place of the kept connection idle the longest (of the
+  // source counted by `source`, when given); false when no such kept
+  // connection is idle and reapable.
+  bool reclaim_idle(const std::atomic<size_t>* source = nullptr);
+  size_t max_open_per_source() const;
 
   const ListenerOptions options_;
   HostPort address_;
@@ -215,6 +236,9 @@ class Listener {
   ListenerStats stats_;
   std::vector<std::unique_ptr<Conn>> conns_;  // the listener thread's only
   std::vector<std::weak_ptr<Slot>> slots_;    // kept connections' places; the listener thread's only
+  // Kept connections per source (connection_source()); the listener thread's only.
+  std::map<std::string, std::shared_ptr<std::atomic<size_t>>> sources_;
+  std::string own_source_;  // connection_source() of this process's own user
 };
 
 }  // namespace kvbridge::net

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -120,6 +121,19 @@ TEST(ListenerTest, TheSecretIsRequiredAndKeptConnectionsAreTagged) {
   std::lock_guard<std::mutex> lock(f->mu);
   ASSERT_EQ(f->held.size(), 1u);
   EXPECT_TRUE(f->held[0].session.keyed());
+}
+
+// A client on this host is counted by the user owning its socket, as the
+// kernel says (never by what it claims); this process's own user is not
+// bounded per source, so its clients reach max_open as before.
+TEST(ListenerTest, AClientOnThisHostIsCountedByItsUser) {
+  auto f = start("", 8, 4);
+  for (const char* who : {"a", "b", "c"}) ASSERT_TRUE(open(*f->listener, who).ok()) << who;
+  for (int i = 0; i < 100 && f->kept.load() < 3; ++i) std::this_thread::sleep_for(10ms);
+  std::lock_guard<std::mutex> lock(f->mu);
+  ASSERT_EQ(f->held.size(), 3u);
+  EXPECT_EQ(connection_source(f->held[0].fd.get()), "uid " + std::to_string(::geteuid()) + " on this host");
+  EXPECT_EQ(f->listener->stats().refused_source, 0u) << "more than half of max_open from this process's own user";
 }
 
 TEST(ListenerTest, PastMaxOpenClientsAreRefusedAsBusyUntilASlotIsFreed) {

@@ -1,17 +1,24 @@
 // Non-blocking sockets with deadlines (see socket.h).
 #include "net/socket.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <fstream>
+#include <optional>
 
 #include "common/text.h"
 
@@ -247,5 +254,95 @@ Result<Fd> dial(const HostPort& to, const IoLimits& limits, std::string_view who
 }
 
 bool is_resource_errno(int err) { return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM; }
+
+namespace {
+
+bool is_loopback(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    return (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    if (IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr) && v6->sin6_addr.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+// The uid owning the socket whose source is `peer` and destination `local`
+// (the client's end of an accepted loopback connection), from the kernel's
+// sock_diag: an exact lookup of one TCP socket.
+std::optional<uint32_t> socket_owner(const sockaddr_storage& peer, const sockaddr_storage& local) {
+  struct {
+    nlmsghdr header;
+    inet_diag_req_v2 request;
+  } ask{};
+  ask.header.nlmsg_len = sizeof ask;
+  ask.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  ask.header.nlmsg_flags = NLM_F_REQUEST;
+  ask.request.sdiag_family = static_cast<uint8_t>(peer.ss_family);
+  ask.request.sdiag_protocol = IPPROTO_TCP;
+  ask.request.idiag_states = ~0u;
+  inet_diag_sockid& id = ask.request.id;
+  if (peer.ss_family == AF_INET) {
+    const auto* p = reinterpret_cast<const sockaddr_in*>(&peer);
+    const auto* l = reinterpret_cast<const sockaddr_in*>(&local);
+    id.idiag_sport = p->sin_port;
+    id.idiag_dport = l->sin_port;
+    std::memcpy(id.idiag_src, &p->sin_addr, 4);
+    std::memcpy(id.idiag_dst, &l->sin_addr, 4);
+  } else {
+    const auto* p = reinterpret_cast<const sockaddr_in6*>(&peer);
+    const auto* l = reinterpret_cast<const sockaddr_in6*>(&local);
+    id.idiag_sport = p->sin6_port;
+    id.idiag_dport = l->sin6_port;
+    std::memcpy(id.idiag_src, &p->sin6_addr, 16);
+    std::memcpy(id.idiag_dst, &l->sin6_addr, 16);
+  }
+  id.idiag_cookie[0] = id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+  Fd nl(::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
+  if (!nl) return std::nullopt;
+  timeval wait{0, 200000};  // the kernel answers at once; never hang on it
+  ::setsockopt(nl.get(), SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  if (::sendto(nl.get(), &ask, sizeof ask, 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel) !=
+      static_cast<ssize_t>(sizeof ask)) {
+    return std::nullopt;
+  }
+  alignas(nlmsghdr) char buf[4096];
+  const ssize_t n = ::recv(nl.get(), buf, sizeof buf, 0);
+  if (n < static_cast<ssize_t>(sizeof(nlmsghdr))) return std::nullopt;
+  const auto* h = reinterpret_cast<const nlmsghdr*>(buf);
+  if (!NLMSG_OK(h, static_cast<size_t>(n)) || h->nlmsg_type != SOCK_DIAG_BY_FAMILY ||
+      h->nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg))) {
+    return std::nullopt;
+  }
+  return static_cast<const inet_diag_msg*>(NLMSG_DATA(h))->idiag_uid;
+}
+
+}  // namespace
+
+std::string connection_source(int fd) {
+  sockaddr_storage peer{}, local{};
+  socklen_t pl = sizeof peer, ll = sizeof local;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) {
+    return "unknown";
+  }
+  if (peer.ss_family != AF_INET && peer.ss_family != AF_INET6) return "unknown";
+  if (is_loopback(peer)) {
+    if (peer.ss_family != local.ss_family) return "loopback";
+    const std::optional<uint32_t> uid = socket_owner(peer, local);
+    return uid ? "uid " + std::to_string(*uid) + " on this host" : "loopback";
+  }
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* addr = peer.ss_family == AF_INET
+                         ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(&peer)->sin_addr)
+                         : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_addr);
+  ::inet_ntop(peer.ss_family, addr, text, sizeof text);
+  return std::string("host ") + text;
+}
 
 }  // namespace kvbridge::net

@@ -68,6 +68,14 @@ Status recv_bytes(int fd, void* data, size_t len, const IoLimits& limits, std::s
 // the system allows them (see socket.cc).
 void tune_socket(int fd, bool bulk);
 
+// Who is on the other end of accepted connection `fd`, as a bound on
+// connections can count it whatever the client claims: for a client on this
+// host (a loopback address), the user that owns its socket, asked of the
+// kernel (sock_diag): "uid 1000 on this host"; for any other, its address:
+// "host 10.0.0.7". A loopback client whose owner the kernel does not say is
+// "loopback". Costs one netlink round trip for a loopback client.
+std::string connection_source(int fd);
+
 struct Listening {
   Fd fd;           // non-blocking
   HostPort bound;  // the host as given, the port the kernel chose for port 0

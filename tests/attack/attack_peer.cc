@@ -7,26 +7,78 @@
 //
 // Prints "ready SIDE_CHANNEL" once serving, then serves until killed (or
 // until stdin closes).
+//
+//   attack_peer --control-flood HOST:PORT --target HEX --count N [--uid U]
+//
+// The other role: a hostile local user. Runs as user U (from root), opens N
+// control connections to HOST:PORT under claimed identities, 16 each (the
+// most one identity may hold), aimed at engine instance HEX, prints
+// "flooded K" (K: the connections the listener kept), and holds them until
+// stdin closes.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "attack_util.h"
 
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
 #include "kvbridge/presets.h"
+#include "net/address.h"
+#include "net/socket.h"
 
 using namespace kvbridge;
 
+namespace {
+
+int control_flood(const std::string& address, uint64_t target, int count, long uid) {
+  if (uid >= 0 && ::setuid(static_cast<uid_t>(uid)) != 0) {
+    std::fprintf(stderr, "attack_peer: setuid(%ld) failed\n", uid);
+    return 6;
+  }
+  Result<net::HostPort> at = net::parse_host_port(address, "control address");
+  if (!at.ok()) return 7;
+  std::vector<net::Fd> held;
+  int kept = 0;
+  for (int i = 0; i < count; ++i) {
+    const auto limits = net::IoLimits{std::chrono::steady_clock::now() + std::chrono::seconds(5)};
+    Result<net::Fd> fd = net::dial(*at, limits, "flood");
+    if (!fd.ok()) continue;
+    Result<net::Opened> o = net::open_client(fd->get(), attack::control_config(""),
+                                             attack::control_body("mallory-" + std::to_string(i / 16), target),
+                                             attack::control_limit, limits, "flood");
+    if (o.ok()) ++kept;
+    held.push_back(std::move(*fd));
+  }
+  std::printf("flooded %d\n", kept);
+  std::fflush(stdout);
+  char c;
+  while (::read(0, &c, 1) > 0) {
+  }
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  std::string transport = "tcp", secret_file, instance = "prefill";
+  std::string transport = "tcp", secret_file, instance = "prefill", flood, target;
+  int count = 0;
+  long uid = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--transport") transport = argv[i + 1];
     if (flag == "--secret-file") secret_file = argv[i + 1];
     if (flag == "--instance") instance = argv[i + 1];
+    if (flag == "--control-flood") flood = argv[i + 1];
+    if (flag == "--target") target = argv[i + 1];
+    if (flag == "--count") count = std::atoi(argv[i + 1]);
+    if (flag == "--uid") uid = std::atol(argv[i + 1]);
   }
+  if (!flood.empty()) return control_flood(flood, std::stoull(target, nullptr, 16), count, uid);
   std::string secret;
   if (!secret_file.empty()) {
     FILE* f = std::fopen(secret_file.c_str(), "r");

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "attack_util.h"
 #include "connector/side_channel.h"
 #include "engine/control.h"
 #include "engine/metadata.h"
@@ -93,22 +94,9 @@ net::Fd raw_connect(const std::string& address) {
   return fd.ok() ? std::move(*fd) : net::Fd();
 }
 
-// The control channel's Open body for a claimed identity.
-std::string control_body(const std::string& name, uint64_t target) {
-  net::WireWriter w;
-  w.str(name);
-  w.u64(0x6d616c6c);  // any instance
-  w.u64(1);
-  w.u64(target);
-  return w.take();
-}
-
-net::OpeningConfig control_config(std::string secret) {
-  return net::OpeningConfig{net::Protocol::kControl, engine_internal::kControlVersion, std::move(secret),
-                            net::OpeningLimits{4 + 256 + 24, 0}};
-}
-
-size_t control_limit(uint8_t type) { return type >= 16 ? (1u << 20) + 8 : net::opening_limit(type, {284, 0}); }
+using attack::control_body;
+using attack::control_config;
+using attack::control_limit;
 
 void pump_events(ConnectorWorker& w, PrefillScheduler& s) {
   for (const ReaderEvent& e : w.take_reader_events()) {
@@ -345,6 +333,59 @@ std::unique_ptr<Child> start_child(const std::string& transport, const std::stri
   if (s.rfind("ready ", 0) != 0) return nullptr;
   c->side_channel = s.substr(6, s.find_last_not_of("\n") - 5);
   return c;
+}
+
+// A later review, without a secret: one local process held every control
+// place, 16 under each of 64 claimed identities (the most one identity may
+// hold), and a real reader was refused as busy. A client's source (a host,
+// or a user of this host: what it cannot claim to be) now keeps at most half
+// of the places, so another user's flood leaves room for the rank's peers.
+TEST(AttackTest, AnotherUsersOpenedControlConnectionsLeaveRoomForARealReader) {
+  if (::geteuid() != 0) KVB_SKIP_UNLESS_REQUIRED("root", "its attacker runs as another user, which needs root");
+  rlimit r{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &r), 0);
+  const rlimit old = r;
+  r.rlim_cur = r.rlim_max;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &r), 0);
+  if (r.rlim_cur < 4096) {
+    KVB_SKIP_UNLESS_REQUIRED("fds", "needs 4096 descriptors, the hard limit is " + std::to_string(r.rlim_cur));
+  }
+  auto prefill = make_rank("prefill/r0", "prefill", "local", "", RemoteAccess::kRead);
+  const engine_internal::EngineMetadata pm = metadata_of(*prefill->engine);
+  char target[17];
+  std::snprintf(target, sizeof target, "%016llx", static_cast<unsigned long long>(pm.instance));
+  const std::string count = std::to_string(engine_internal::kMaxInbound);
+  int in[2], out[2];
+  ASSERT_TRUE(::pipe(in) == 0 && ::pipe(out) == 0);
+  Child attacker;
+  attacker.pid = ::fork();
+  if (attacker.pid == 0) {
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    ::execl(KVB_ATTACK_PEER, KVB_ATTACK_PEER, "--control-flood", pm.control_address.c_str(), "--target", target,
+            "--count", count.c_str(), "--uid", "65534", nullptr);
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  attacker.stdin_fd = in[1];
+  FILE* f = ::fdopen(out[0], "r");
+  char line[128] = {};
+  const bool said = std::fgets(line, sizeof line, f) != nullptr;
+  std::fclose(f);
+  ASSERT_TRUE(said) << "the attacker said nothing";
+  int kept = -1;
+  ASSERT_EQ(std::sscanf(line, "flooded %d", &kept), 1) << line;
+  EXPECT_EQ(kept, static_cast<int>(engine_internal::kMaxInbound / 2))
+      << "another user kept more than its half of the control places";
+  // The rank's own peer connects and is heard at once.
+  auto decode = make_rank("decode/r0", "decode", "local", "", RemoteAccess::kNone);
+  const auto t0 = Clock::now();
+  Result<PeerId> peer = decode->engine->connect(prefill->engine->metadata());
+  ASSERT_TRUE(peer.ok()) << peer.error().to_string();
+  ASSERT_TRUE(decode->engine->notify(*peer, "kvb/1 done 9").ok());
+  EXPECT_LT(Clock::now() - t0, 2s);
+  ::setrlimit(RLIMIT_NOFILE, &old);
 }
 
 // The result of `id`, keeping the others that arrive meanwhile in `other`.
