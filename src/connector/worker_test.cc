@@ -108,57 +108,6 @@ TEST(WorkerTest, PullsTwoPrefillRanksIntoOneDecodeRankByteExactWithOneHandshakeP
   }
 }
 
-// Loads of one shape (token counts, list lengths, -1 entries) are planned
-// from one stage template from the second on, whatever their ids.
-TEST(WorkerTest, LoadsOfOneShapeArePlannedFromOneTemplateWhateverTheirIds) {
-  auto prefill = instance(opts("prefill", 2));
-  auto decode = instance(opts("decode", 1));
-  ConnectorWorker& d = *decode[0]->worker;
-  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
-  Request other = request();
-  other.blocks["full"] = {{7, 0, 5}, {2, 6, 0}};
-  Request third = request();
-  third.blocks["full"] = {{3, 4, 6}, {5, 1, 7}};
-  const std::vector<std::pair<RequestId, Request>> loads = {
-      {"a", request()}, {"b", other}, {"c", request(16)}, {"d", third}};
-  uint64_t pattern = 20;
-  for (const auto& [id, q] : loads) {
-    for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, q, RequestSide::kRemote, 0, pattern, r->spans).ok());
-    ASSERT_TRUE(d.start_load(id, "prefill", q).ok());
-    LoadResult r = wait_one(d);
-    ASSERT_TRUE(r.error.ok()) << r.error.to_string();
-    Result<ContentReport> c =
-        check_request(decode[0]->layout, q, RequestSide::kLocal, q.skip_tokens, pattern++, decode[0]->spans);
-    ASSERT_TRUE(c.ok());
-    EXPECT_EQ(c->bad_cells, 0u) << id << ": " << c->first_error;
-  }
-  const WorkerStats s = d.stats();
-  // a, the first of its shape, is planned as it comes; b, the second, builds
-  // the template, and b and d are its instances; c (16 tokens skipped) is
-  // another shape, seen once.
-  EXPECT_EQ(s.plan_templates, 1u);
-  EXPECT_EQ(s.plans_from_templates, 2u);
-  EXPECT_EQ(s.plans_not_templated, 2u);
-  EXPECT_EQ(s.plan_template_fallback, "");
-}
-
-TEST(WorkerTest, VerifiesEveryPlanBeforeItRunsWhenAsked) {
-  auto prefill = instance(opts("prefill", 2));
-  InstanceOptions o = opts("decode", 1);
-  o.worker.verify_plans = true;
-  auto decode = instance(o);
-  for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 5, r->spans).ok());
-  ConnectorWorker& d = *decode[0]->worker;
-  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
-  ASSERT_TRUE(d.start_load("1", "prefill", request()).ok());
-  LoadResult r = wait_one(d);
-  ASSERT_TRUE(r.error.ok()) << r.error.to_string();
-  EXPECT_EQ(d.stats().plans_verified, 1u);
-  EXPECT_EQ(d.stats().plans_rejected, 0u);
-  Result<ContentReport> c = check_request(decode[0]->layout, request(), RequestSide::kLocal, 0, 5, decode[0]->spans);
-  EXPECT_EQ(c->bad_cells, 0u) << c->first_error;
-}
-
 TEST(WorkerTest, AbortStopsEveryByteAndReportsTheLoadAsAborted) {
   auto prefill = instance(opts("prefill", 1));
   auto faults = std::make_shared<transport::Faults>();

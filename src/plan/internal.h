@@ -124,17 +124,20 @@ struct StageCut {
   std::vector<std::vector<uint8_t>> masks;  // per move (group_moves() order), per layer of its local group
 };
 // The stages plan_stages() cuts `request` into, empty ones included, in
-// its order.
+// its order; `order` is layer_order(local), which the caller computes once
+// for the cuts and their headers.
 std::vector<StageCut> stage_cuts(const Layout& local, std::span<const Layout> remotes, std::span<const GroupMove> moves,
-                                 const Request& request, const StageOptions& options);
+                                 const Request& request, const StageOptions& options,
+                                 const std::vector<std::string>& order);
 // Narrows `m` to the positions of tokens [cut.first, cut.end), as a stage
 // of a chunk does (nothing when `cut.whole` or the group is not token
 // indexed).
 void narrow_to_cut(const Layout& local, const Request& request, const StageCut& cut, GroupMove& m);
 // A stage of `cut` with every field but its plan set, as plan_stages() sets
-// it; `sources` holds one empty entry per remote layout.
-PlanStage stage_header(const Layout& local, std::span<const Layout> remotes, const Request& request,
-                       const StageCut& cut);
+// it; `sources` holds one empty entry per remote layout. `order` is
+// layer_order(local).
+PlanStage stage_header(std::span<const Layout> remotes, const Request& request, const StageCut& cut,
+                       const std::vector<std::string>& order);
 // plan_stages()'s one empty stage of a request that moves nothing.
 PlanStage empty_stage(const Layout& local, std::span<const Layout> remotes, const Request& request);
 

@@ -384,8 +384,8 @@ Result<std::vector<PlanChunk>> plan_chunks(const Layout& local, std::span<const 
 namespace plan_internal {
 
 std::vector<StageCut> stage_cuts(const Layout& local, std::span<const Layout> remotes, std::span<const GroupMove> moves,
-                                 const Request& request, const StageOptions& options) {
-  const std::vector<std::string> order = layer_order(local);
+                                 const Request& request, const StageOptions& options,
+                                 const std::vector<std::string>& order) {
   const size_t layers = std::max<size_t>(order.size(), 1);
   const size_t per = options.layers_per_stage == 0 ? layers : options.layers_per_stage;
   std::map<std::string_view, size_t> ordinal;
@@ -418,9 +418,8 @@ void narrow_to_cut(const Layout& local, const Request& request, const StageCut& 
   if (cut.end < request.num_tokens) m.end = std::min(m.end, cut.end / tps + (cut.end % tps != 0));
 }
 
-PlanStage stage_header(const Layout& local, std::span<const Layout> remotes, const Request& request,
-                       const StageCut& cut) {
-  const std::vector<std::string> order = layer_order(local);
+PlanStage stage_header(std::span<const Layout> remotes, const Request& request, const StageCut& cut,
+                       const std::vector<std::string>& order) {
   PlanStage s;
   s.first_layer = static_cast<uint32_t>(cut.begin_layer);
   s.end_layer = static_cast<uint32_t>(cut.end_layer);
@@ -455,10 +454,11 @@ Result<std::vector<PlanStage>> plan_stages(const Layout& local, std::span<const 
   KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
   KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, request));
   std::vector<PlanStage> out;
-  for (const StageCut& cut : stage_cuts(local, remotes, moves, request, options)) {
+  const std::vector<std::string> order = layer_order(local);
+  for (const StageCut& cut : stage_cuts(local, remotes, moves, request, options, order)) {
     KVB_ASSIGN_OR_RETURN(Plan p, plan_part(local, remotes, by_rank, moves, request, cut));
     if (p.descriptors.empty()) continue;
-    PlanStage s = stage_header(local, remotes, request, cut);
+    PlanStage s = stage_header(remotes, request, cut, order);
     s.plan = std::move(p);
     out.push_back(std::move(s));
   }

@@ -223,6 +223,18 @@ inline Case make_case(uint64_t seed, uint64_t index, gen::Rng& rng) {
   return c;
 }
 
+// Stage options for a case over `local`: one to three layers per stage (all
+// of them one time in ten), chunks of up to three of its largest blocks
+// (none half the time).
+inline StageOptions random_stage_options(gen::Rng& rng, const Layout& local) {
+  uint64_t largest = 1;
+  for (const Group& g : local.groups) largest = std::max(largest, g.block_tokens);
+  StageOptions o;
+  o.layers_per_stage = static_cast<uint32_t>(gen::chance(rng, 10) ? 0 : gen::draw(rng, 1, 3));
+  o.chunk_tokens = gen::chance(rng, 50) ? 0 : gen::draw(rng, 1, 3 * largest);
+  return o;
+}
+
 inline std::string plan_diff(const Plan& a, const Plan& b) {
   if (a.bytes != b.bytes) return "bytes differ: " + std::to_string(a.bytes) + " vs " + std::to_string(b.bytes);
   if (a.descriptors != b.descriptors) return "descriptors differ";

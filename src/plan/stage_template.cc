@@ -39,7 +39,8 @@ Result<StageTemplate> StageTemplate::create(const Layout& local, std::span<const
   KVB_ASSIGN_OR_RETURN(Request probe, probe_request(local, remotes, shape));
   KVB_RETURN_IF_ERROR(check_remotes(local, remotes).status());
   KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, probe));
-  for (const StageCut& cut : stage_cuts(local, remotes, moves, probe, options)) {
+  const std::vector<std::string> order = layer_order(local);
+  for (const StageCut& cut : stage_cuts(local, remotes, moves, probe, options, order)) {
     KVB_ASSIGN_OR_RETURN(PlanTemplate stage, build_template(local, remotes, shape, &cut));
     if (!stage.uniform()) {
       t->uniform = false;
@@ -52,7 +53,7 @@ Result<StageTemplate> StageTemplate::create(const Layout& local, std::span<const
     // shape: plan_stages() leaves it out. (The probe itself may not be a
     // valid request: overlaid groups given the same ids.)
     if (stage.pieces() == 0) continue;
-    t->headers.push_back(stage_header(local, remotes, probe, cut));
+    t->headers.push_back(stage_header(remotes, probe, cut, order));
     t->templates.push_back(std::move(stage));
   }
   // A shape that moves nothing: the whole shape's template checks a

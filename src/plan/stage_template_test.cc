@@ -53,11 +53,7 @@ TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
     if (failures >= 3) break;
     gen::Rng rng(gen::case_seed(base_seed() ^ 0x57a7e, i));
     const Case c = make_case(base_seed(), i, rng);
-    uint64_t largest = 1;
-    for (const Group& g : c.local.groups) largest = std::max(largest, g.block_tokens);
-    StageOptions o;
-    o.layers_per_stage = static_cast<uint32_t>(gen::chance(rng, 10) ? 0 : gen::draw(rng, 1, 3));
-    o.chunk_tokens = gen::chance(rng, 50) ? 0 : gen::draw(rng, 1, 3 * largest);
+    const StageOptions o = random_stage_options(rng, c.local);
     auto failed = [&](const Request& r, const std::string& what) {
       const std::string dir = dump(c, {c.local, c.remotes, r}, what);
       ADD_FAILURE() << c.describe() << " (stage template, layers_per_stage " << o.layers_per_stage << ", chunk_tokens "

@@ -104,11 +104,7 @@ TEST(PlanStagesTest, StagesAreExactlyTheirLayersAndChunksAndTogetherThePlan) {
     if (failures >= 3) break;
     gen::Rng rng(gen::case_seed(base_seed() ^ 0x57a6e, i));
     const Case c = make_case(base_seed(), i, rng);
-    uint64_t largest = 1;
-    for (const Group& g : c.local.groups) largest = std::max(largest, g.block_tokens);
-    StageOptions o;
-    o.layers_per_stage = static_cast<uint32_t>(gen::chance(rng, 10) ? 0 : gen::draw(rng, 1, 3));
-    o.chunk_tokens = gen::chance(rng, 50) ? 0 : gen::draw(rng, 1, 3 * largest);
+    const StageOptions o = random_stage_options(rng, c.local);
     uint64_t seen = 0;
     const std::string d = check_stages(c.local, c.remotes, c.request, o, &seen);
     if (!d.empty()) {

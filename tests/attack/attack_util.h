@@ -27,8 +27,6 @@ inline net::OpeningConfig control_config(std::string secret) {
                             net::OpeningLimits{4 + 256 + 24, 0}};
 }
 
-inline size_t control_limit(uint8_t type) {
-  return type >= 16 ? (1u << 20) + 8 : net::opening_limit(type, {284, 0});
-}
+inline size_t control_limit(uint8_t type) { return type >= 16 ? (1u << 20) + 8 : net::opening_limit(type, {284, 0}); }
 
 }  // namespace kvbridge::attack
