@@ -189,6 +189,10 @@ class Instance:
     def handshakes(self) -> List[c1.HandshakeMetadata]:
         return [r.worker.get_handshake_metadata() for r in self.ranks]
 
+    def content_checked(self) -> int:
+        """Bytes its engines' content check (verify_content) found equal on both sides."""
+        return sum(r.worker.engine.metrics().bytes_content_checked for r in self.ranks if r.worker.engine)
+
     def close(self) -> None:
         for r in self.ranks:
             r.close()
@@ -235,6 +239,7 @@ class World:
         self.keep: List[Any] = []  # host staging of queued device copies, alive until they ran
         self.next_id = 0
         self.restart_due: Optional[str] = None
+        self.content_checked = 0  # by decode instances that restarted since
         self.prefill_freed: List[int] = []  # freed, given out after the next step's hooks
         self.errors: Dict[str, int] = {}  # failed loads' errors (their tails), for --verbose
         self.stats = {"started": 0, "finished": 0, "failed": 0, "aborted": 0, "lost": 0, "restarts": 0,
@@ -265,6 +270,7 @@ class World:
 
     def restart_decode(self) -> None:
         self.log("restart decode")
+        self.content_checked += self.decode.content_checked()
         self.decode.close()
         self.restarts += 1
         self.stats["restarts"] += 1
@@ -621,6 +627,11 @@ class World:
         # Quiet: every freed decode block is still the poison.
         for b in self.decode.free:
             self.check_poison(b)
+        # With the content check on, the loads that finished were checked by it.
+        checked = self.content_checked + self.decode.content_checked()
+        if self.cfg.verify_content and self.stats["finished"] > 0 and checked == 0:
+            raise Violation(f"{self.stats['finished']} loads finished and the content check hashed no byte")
+        self.stats["content_checked"] = checked
         return self.stats
 
 
