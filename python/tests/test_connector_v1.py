@@ -234,11 +234,13 @@ def test_a_load_past_its_deadline_is_reported_only_once_no_rank_can_write_any_mo
         d.scheduler.update_state_after_alloc("req-t", [3], 16)
         t0 = time.monotonic()
         seen = d.run_until(lambda f: "req-t" in f.outcomes, timeout=10)
-        # Failed at the deadline (not at the 20 s handshake timeout), once both ranks aborted the load.
+        # Failed at the deadline (not at the 20 s handshake timeout), once both ranks ended the load: each
+        # aborted it, or (on a loaded machine) saw its own transfer timeout, equal to the deadline, first.
         assert time.monotonic() - t0 < 5
         o = seen.outcomes["req-t"]
         assert o.outcome == "failed" and o.error.code == "timeout", o
-        assert all(w.worker.stats().loads_aborted == 1 for w in d.workers)
+        ended = [(w.worker.stats().loads_aborted, w.worker.stats().loads_failed) for w in d.workers]
+        assert all(a + f == 1 for a, f in ended), ended
     finally:
         silent.close()
 

@@ -98,6 +98,28 @@ using attack::control_body;
 using attack::control_config;
 using attack::control_limit;
 
+// This process's descriptor limit raised to its hard limit while it lives
+// (a flood needs thousands), and put back after.
+class FdLimit {
+ public:
+  explicit FdLimit(rlim_t needed) : needed_(needed) {
+    ::getrlimit(RLIMIT_NOFILE, &old_);
+    rlimit raised = old_;
+    raised.rlim_cur = raised.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &raised);
+    ::getrlimit(RLIMIT_NOFILE, &now_);
+  }
+  ~FdLimit() { ::setrlimit(RLIMIT_NOFILE, &old_); }
+  bool enough() const { return now_.rlim_cur >= needed_; }
+  std::string shortfall() const {
+    return "needs " + std::to_string(needed_) + " descriptors, the hard limit is " + std::to_string(now_.rlim_cur);
+  }
+
+ private:
+  rlim_t needed_;
+  rlimit old_{}, now_{};
+};
+
 void pump_events(ConnectorWorker& w, PrefillScheduler& s) {
   for (const ReaderEvent& e : w.take_reader_events()) {
     if (e.kind == ReaderEvent::Kind::kDone) {
@@ -241,14 +263,8 @@ TEST(AttackTest, IdleAndOpenedStreamsNeverTakeTheTcpServerDown) {
 // Finding 4: 4,200 idle connections to the control port locked a real
 // reader out (its done failed and blocks waited for the lease).
 TEST(AttackTest, AFloodOfIdleControlConnectionsDoesNotLockOutARealReader) {
-  rlimit r{};
-  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &r), 0);
-  const rlimit old = r;
-  r.rlim_cur = r.rlim_max;
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &r), 0);
-  if (r.rlim_cur < 9000) {
-    KVB_SKIP_UNLESS_REQUIRED("fds", "needs 9000 descriptors, the hard limit is " + std::to_string(r.rlim_cur));
-  }
+  const FdLimit fds(9000);
+  if (!fds.enough()) KVB_SKIP_UNLESS_REQUIRED("fds", fds.shortfall());
   auto prefill = make_rank("prefill/r0", "prefill", "local", "", RemoteAccess::kRead);
   const engine_internal::EngineMetadata pm = metadata_of(*prefill->engine);
   std::vector<net::Fd> idle;
@@ -272,7 +288,6 @@ TEST(AttackTest, AFloodOfIdleControlConnectionsDoesNotLockOutARealReader) {
   ASSERT_TRUE(decode->engine->notify(*peer, "kvb/1 done 9").ok());
   EXPECT_LT(Clock::now() - t0, 2s);
   idle.clear();
-  ::setrlimit(RLIMIT_NOFILE, &old);
 }
 
 // Whether every thread of `pid` is stopped (kill() returns once the signal
@@ -342,14 +357,8 @@ std::unique_ptr<Child> start_child(const std::string& transport, const std::stri
 // of the places, so another user's flood leaves room for the rank's peers.
 TEST(AttackTest, AnotherUsersOpenedControlConnectionsLeaveRoomForARealReader) {
   if (::geteuid() != 0) KVB_SKIP_UNLESS_REQUIRED("root", "its attacker runs as another user, which needs root");
-  rlimit r{};
-  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &r), 0);
-  const rlimit old = r;
-  r.rlim_cur = r.rlim_max;
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &r), 0);
-  if (r.rlim_cur < 4096) {
-    KVB_SKIP_UNLESS_REQUIRED("fds", "needs 4096 descriptors, the hard limit is " + std::to_string(r.rlim_cur));
-  }
+  const FdLimit fds(4096);
+  if (!fds.enough()) KVB_SKIP_UNLESS_REQUIRED("fds", fds.shortfall());
   auto prefill = make_rank("prefill/r0", "prefill", "local", "", RemoteAccess::kRead);
   const engine_internal::EngineMetadata pm = metadata_of(*prefill->engine);
   char target[17];
@@ -385,7 +394,6 @@ TEST(AttackTest, AnotherUsersOpenedControlConnectionsLeaveRoomForARealReader) {
   ASSERT_TRUE(peer.ok()) << peer.error().to_string();
   ASSERT_TRUE(decode->engine->notify(*peer, "kvb/1 done 9").ok());
   EXPECT_LT(Clock::now() - t0, 2s);
-  ::setrlimit(RLIMIT_NOFILE, &old);
 }
 
 // The result of `id`, keeping the others that arrive meanwhile in `other`.
