@@ -98,6 +98,17 @@ using attack::control_body;
 using attack::control_config;
 using attack::control_limit;
 
+// A real decode rank connects to `prefill`'s engine and its done is
+// acknowledged within 2 s, whatever holds the prefill's listeners.
+void expect_a_reader_is_heard(Rank& prefill) {
+  auto decode = make_rank("decode/r0", "decode", "local", "", RemoteAccess::kNone);
+  const auto t0 = Clock::now();
+  Result<PeerId> peer = decode->engine->connect(prefill.engine->metadata());
+  ASSERT_TRUE(peer.ok()) << peer.error().to_string();
+  ASSERT_TRUE(decode->engine->notify(*peer, "kvb/1 done 9").ok());
+  EXPECT_LT(Clock::now() - t0, 2s);
+}
+
 // This process's descriptor limit raised to its hard limit while it lives
 // (a flood needs thousands), and put back after.
 class FdLimit {
@@ -281,12 +292,7 @@ TEST(AttackTest, AFloodOfIdleControlConnectionsDoesNotLockOutARealReader) {
       after.ru_utime.tv_usec - before.ru_utime.tv_usec + after.ru_stime.tv_usec - before.ru_stime.tv_usec;
   EXPECT_LT(cpu_us, 50000) << "the listeners spent " << cpu_us / 1000
                            << " ms of CPU in 1 s while idle connections waited";
-  auto decode = make_rank("decode/r0", "decode", "local", "", RemoteAccess::kNone);
-  const auto t0 = Clock::now();
-  Result<PeerId> peer = decode->engine->connect(prefill->engine->metadata());
-  ASSERT_TRUE(peer.ok()) << peer.error().to_string();
-  ASSERT_TRUE(decode->engine->notify(*peer, "kvb/1 done 9").ok());
-  EXPECT_LT(Clock::now() - t0, 2s);
+  expect_a_reader_is_heard(*prefill);
   idle.clear();
 }
 
@@ -388,12 +394,7 @@ TEST(AttackTest, AnotherUsersOpenedControlConnectionsLeaveRoomForARealReader) {
   EXPECT_EQ(kept, static_cast<int>(engine_internal::kMaxInbound / 2))
       << "another user kept more than its half of the control places";
   // The rank's own peer connects and is heard at once.
-  auto decode = make_rank("decode/r0", "decode", "local", "", RemoteAccess::kNone);
-  const auto t0 = Clock::now();
-  Result<PeerId> peer = decode->engine->connect(prefill->engine->metadata());
-  ASSERT_TRUE(peer.ok()) << peer.error().to_string();
-  ASSERT_TRUE(decode->engine->notify(*peer, "kvb/1 done 9").ok());
-  EXPECT_LT(Clock::now() - t0, 2s);
+  expect_a_reader_is_heard(*prefill);
 }
 
 // The result of `id`, keeping the others that arrive meanwhile in `other`.
