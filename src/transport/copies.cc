@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <new>
 #include <system_error>
 #include <thread>
 
@@ -72,6 +73,17 @@ Status run_shares(const std::vector<std::vector<Copy>>& shares, const ShareRun& 
 
 uint64_t content_hash(const void* data, uint64_t bytes) { return XXH3_64bits(data, bytes); }
 
+ContentHasher::ContentHasher() : state_(XXH3_createState()) {
+  if (state_ == nullptr) throw std::bad_alloc();
+  reset();
+}
+ContentHasher::~ContentHasher() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void ContentHasher::reset() { XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_)); }
+void ContentHasher::update(const void* data, uint64_t bytes) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
+}
+uint64_t ContentHasher::digest() const { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)); }
+
 Status read_digests(Link& link, std::span<const Copy> copies, RunControl& control, std::vector<uint64_t>* hashes,
                     uint64_t piece_bytes) {
   hashes->assign(copies.size(), content_hash(nullptr, 0));
@@ -80,8 +92,7 @@ Status read_digests(Link& link, std::span<const Copy> copies, RunControl& contro
   if (total == 0) return Status();
   piece_bytes = std::max<uint64_t>(piece_bytes, 1);
   std::vector<uint8_t> scratch(std::min(piece_bytes, total));
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
-  if (!state) return Status::resource_exhausted("content check: no memory for a hash state");
+  ContentHasher hasher;
   // Copies (or their pieces) are read in batches that fill the scratch
   // memory: one run per batch, not one per copy.
   struct Piece {
@@ -122,9 +133,9 @@ Status read_digests(Link& link, std::span<const Copy> copies, RunControl& contro
         (*hashes)[p.copy] = content_hash(data, p.bytes);
         continue;
       }
-      if (p.offset == 0) XXH3_64bits_reset(state.get());
-      XXH3_64bits_update(state.get(), data, p.bytes);
-      if (p.offset + p.bytes == copies[p.copy].bytes) (*hashes)[p.copy] = XXH3_64bits_digest(state.get());
+      if (p.offset == 0) hasher.reset();
+      hasher.update(data, p.bytes);
+      if (p.offset + p.bytes == copies[p.copy].bytes) (*hashes)[p.copy] = hasher.digest();
     }
   }
   return Status();

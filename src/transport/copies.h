@@ -34,6 +34,22 @@ Status run_shares(const std::vector<std::vector<Copy>>& shares, const ShareRun& 
 // for every side that computes it.
 uint64_t content_hash(const void* data, uint64_t bytes);
 
+// content_hash() of bytes given in pieces, in order: reset(), update()
+// per piece, digest(). Not copyable.
+class ContentHasher {
+ public:
+  ContentHasher();
+  ~ContentHasher();
+  ContentHasher(const ContentHasher&) = delete;
+  ContentHasher& operator=(const ContentHasher&) = delete;
+  void reset();
+  void update(const void* data, uint64_t bytes);
+  uint64_t digest() const;
+
+ private:
+  void* state_;  // an XXH3_state_t
+};
+
 // Link::digest's default: reads the remote side of each copy again with
 // `link.run()` into scratch memory, in pieces of at most `piece_bytes`, and
 // hashes it. OK, or the run's error.

@@ -46,15 +46,12 @@ class LocalLink final : public Link {
     {
       std::shared_lock<std::shared_mutex> lock(mu_);
       for (const Copy& c : copies) {
-        auto s = segments_.find(c.segment);
-        if (s == segments_.end() || c.remote < s->second.base || c.bytes > s->second.bytes ||
-            c.remote - s->second.base > s->second.bytes - c.bytes) {
+        const Remote* s = remote_of_locked(c);
+        if (s == nullptr) {
           return Status::out_of_range("local: copy to peer '" + peer_ + "' address " + std::to_string(c.remote) +
                                       " is outside its segment " + std::to_string(c.segment));
         }
-        if (device < 0) {
-          device = s->second.device >= 0 ? s->second.device : local_device ? device_->local_device(c.local) : -1;
-        }
+        if (device < 0) device = s->device >= 0 ? s->device : local_device ? device_->local_device(c.local) : -1;
       }
     }
     if (device >= 0) return run_on_device(op, copies, control, device);
@@ -106,9 +103,8 @@ class LocalLink final : public Link {
     {
       std::shared_lock<std::shared_mutex> lock(mu_);
       for (const Copy& c : copies) {
-        auto s = segments_.find(c.segment);
-        if (s == segments_.end() || s->second.device >= 0 || c.remote < s->second.base || c.bytes > s->second.bytes ||
-            c.remote - s->second.base > s->second.bytes - c.bytes) {
+        const Remote* s = remote_of_locked(c);
+        if (s == nullptr || s->device >= 0) {
           return Status::out_of_range("local: digest of peer '" + peer_ + "' address " + std::to_string(c.remote) +
                                       " outside its host segment " + std::to_string(c.segment));
         }
@@ -153,6 +149,15 @@ class LocalLink final : public Link {
     uint64_t base = 0, bytes = 0;
     int device = -1;  // cuda:N segments: N
   };
+  // Requires mu_: the peer's segment that holds all of `c`'s remote side, or null.
+  const Remote* remote_of_locked(const Copy& c) const {
+    auto s = segments_.find(c.segment);
+    if (s == segments_.end() || c.remote < s->second.base || c.bytes > s->second.bytes ||
+        c.remote - s->second.base > s->second.bytes - c.bytes) {
+      return nullptr;
+    }
+    return &s->second;
+  }
   std::shared_ptr<DeviceSide> device_;  // null: no device in this process
   std::shared_mutex mu_;
   std::string peer_;

@@ -9,8 +9,6 @@
 #include <cerrno>
 #include <memory>
 
-#include <xxhash.h>
-
 #include "common/checked.h"
 #include "common/random.h"
 #include "common/text.h"
@@ -18,6 +16,7 @@
 #include "net/opening.h"
 #include "net/socket.h"
 #include "net/wire.h"
+#include "transport/copies.h"
 
 namespace kvbridge::transport::tcp {
 namespace {
@@ -331,12 +330,11 @@ Status TcpServer::serve_digest(int fd, net::Session& session, std::string_view p
   // that no segment was removed meanwhile (as move_data does).
   constexpr uint64_t kPiece = uint64_t{1} << 20;
   std::vector<uint64_t> hashes(ranges.size());
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
-  if (!state) return Status::resource_exhausted("tcp serving " + peer + ": no memory for a hash state");
+  ContentHasher hasher;
   const uint64_t validated_epoch = epoch_.load();
   for (size_t i = 0; i < ranges.size(); ++i) {
     const Range& r = ranges[i];
-    XXH3_64bits_reset(state.get());
+    hasher.reset();
     for (uint64_t at = 0; at < r.bytes; at += kPiece) {
       if (stop_.load()) return Status::cancelled("tcp serving " + peer + ": the server is stopping");
       std::shared_lock lock(segments_mutex_);
@@ -347,9 +345,9 @@ Status TcpServer::serve_digest(int fd, net::Session& session, std::string_view p
                                      " was removed during a digest");
         }
       }
-      XXH3_64bits_update(state.get(), reinterpret_cast<const void*>(r.address + at), std::min(kPiece, r.bytes - at));
+      hasher.update(reinterpret_cast<const void*>(r.address + at), std::min(kPiece, r.bytes - at));
     }
-    hashes[i] = XXH3_64bits_digest(state.get());
+    hashes[i] = hasher.digest();
   }
   net::append_frame(out, {net::Protocol::kTcp, kDigestData, kVersion, 0, false}, encode_hashes(hashes), session);
   return net::send_bytes(fd, out.data(), out.size(), frame_limits(), "tcp reply");
