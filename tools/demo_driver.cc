@@ -260,6 +260,10 @@ class Driver {
       ++sum_.releases[std::string(release_reason_name(r.reason))];
       auto it = prefill_blocks_.find(r.request);
       if (it != prefill_blocks_.end()) {
+        // The prefill ranks hear it before the blocks go to another request.
+        for (Proc* p : ranks_of(true, 0)) {
+          if (p->alive) (void)p->ch.send({{"cmd", "released"}, {"req", r.request}});
+        }
         it->second.release_to(*ppool_);
         prefill_blocks_.erase(it);
       }

@@ -121,7 +121,9 @@ class Rank {
     push_ = a.mode == "push";
     w.mode = push_ ? TransferMode::kPush : TransferMode::kPull;
     if (c_.prefill) {
-      w.remote_access = RemoteAccess::kRead;
+      // Pull: a reader may read only the blocks handed off for the requests
+      // it loads (enforced over tcp). Push: the raw baseline reads them.
+      w.remote_access = push_ ? RemoteAccess::kRead : RemoteAccess::kGrantedRead;
     } else {
       // Push: each prefill rank may write only the blocks of a load in flight.
       w.remote_access = push_ ? RemoteAccess::kGrantedWrite : RemoteAccess::kNone;
@@ -311,6 +313,10 @@ class Rank {
                        {"error", s.ok() ? "" : s.to_string()},
                        {"us", std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count()}});
     }
+    if (cmd == "released") {
+      worker_->blocks_released(id);  // no reply: the driver frees the blocks after telling every prefill rank
+      return Status();
+    }
     if (cmd == "recompute") return recompute(id, m.at("from").get<uint64_t>());
     if (cmd == "raw") return raw(id, m.at("instance").get<std::string>());
     if (cmd == "check") return check(id, m.value("corrupt", "") == engine_name_);
@@ -431,6 +437,11 @@ class Rank {
   // announcement's time comes out of the next layer's budget, not on top.
   Status prefill(RequestId id, const Request& q, const json& m) {
     const bool stream = m.value("stream", false);
+    if (!push_) {
+      std::map<std::string, std::vector<int64_t>> blocks;
+      for (const auto& [group, ids] : q.blocks) blocks[group] = ids.remote;
+      KVB_RETURN_IF_ERROR(worker_->hand_off(id, blocks));
+    }
     const auto compute = std::chrono::microseconds(c_.args->compute_us_per_layer);
     if (stream && push_) {
       KVB_RETURN_IF_ERROR(worker_->push(id, m.at("to").get<std::string>(), q, LoadOptions::streaming(true)));

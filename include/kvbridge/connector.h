@@ -303,7 +303,10 @@ struct WorkerOptions {
   // Pull or push (TransferMode); the same on every rank of both instances.
   TransferMode mode = TransferMode::kPull;
   // What peers may do to this rank's tensors: kRead for a pull-mode
-  // prefill rank (the default: decode ranks read it), kNone for a rank that
+  // prefill rank (the default: decode ranks read it), or kGrantedRead (a
+  // reader may read only the blocks of the requests handed off to it,
+  // hand_off(), while they are held; enforced where the transport serves
+  // the reads, tcp), kNone for a rank that
   // only reads from others (a pull-mode decode rank); in push mode
   // kGrantedWrite for a decode rank (each load grants its sources exactly
   // its blocks while it lasts, Engine::grant_writes; enforced where the
@@ -400,6 +403,10 @@ struct WorkerStats {
   uint64_t plan_templates = 0, plans_from_templates = 0, plans_not_templated = 0;
   std::string plan_template_fallback;
   uint64_t notifications_failed = 0;
+  // Pull: reads a source refused as not granted (WorkerOptions::remote_access
+  // kGrantedRead there: the read overtook the hand-off or this rank's
+  // heartbeat), each tried again until the load's deadline.
+  uint64_t reads_refused = 0;
   std::string last_notification_error;
 };
 
@@ -487,6 +494,20 @@ class ConnectorWorker {
   // before the forward pass of the step whose scheduler freed them). The
   // last 65,536 released requests are remembered.
   virtual void blocks_released(RequestId request) = 0;
+  // Prefill side, pull mode: `request`'s KV is in this rank's blocks
+  // `blocks` (by group name, as the hand-off names them; ids below 0
+  // skipped), and is handed off to a reader. With WorkerOptions::
+  // remote_access kGrantedRead, a reader's engine may read exactly those
+  // blocks' bytes from its first heartbeat for the request (before or after
+  // this call) until blocks_released(), and nothing else of this rank's KV
+  // that another hand-off does not grant it: a read of blocks not handed off
+  // for a request it reads is refused where the transport serves reads
+  // itself (tcp; a reader retries a refused read until its transfer
+  // timeout, so a heartbeat that overtakes the hand-off costs a retry).
+  // Otherwise it only checks its arguments. kInvalidArgument naming an
+  // unknown group or a bad id, kOutOfRange a block past its group,
+  // kAlreadyExists for a request handed off and not released.
+  virtual Status hand_off(RequestId request, const std::map<std::string, std::vector<int64_t>>& blocks) = 0;
 
   // Prefill side, layer-wise streaming (the hooks engines already call):
   // stream_to() names the decode instance (known by add_remote()) whose

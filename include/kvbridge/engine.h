@@ -131,6 +131,11 @@ struct Notification {
 // peers' writes itself (tcp: a write outside every grant to its writer is
 // refused and nothing of it lands); a peer that writes this process's memory
 // directly (local, cma, ucx, cuda_ipc) is bound only by its own engine.
+// kGrantedRead: peers may read only the ranges this engine granted them
+// (Engine::grant_reads), as long as the grant lasts; peers see it as read
+// access. Enforced the same way, where this engine serves reads itself
+// (tcp): a read outside every grant to its reader is refused, and one a
+// revoke overtakes stops.
 enum class RemoteAccess : uint8_t {
   kNone = 0,
   kRead = 1,
@@ -138,12 +143,15 @@ enum class RemoteAccess : uint8_t {
   kReadWrite = 3,
   kGrantedWrite = 6,
   kReadGrantedWrite = 7,
+  kGrantedRead = 9,
 };
-// "none", "read", "write", "read_write", "granted_write", "read_granted_write"
+// "none", "read", "write", "read_write", "granted_write", "read_granted_write",
+// "granted_read"
 std::string_view remote_access_name(RemoteAccess access);
 Result<RemoteAccess> parse_remote_access(std::string_view name);
 
-// A range of a registration that a peer may write (Engine::grant_writes).
+// A range of a registration that a peer may write (Engine::grant_writes)
+// or read (Engine::grant_reads).
 struct WriteGrant {
   RegionId region = 0;
   uint64_t offset = 0;
@@ -275,6 +283,17 @@ class Engine {
   virtual Result<GrantId> grant_writes(PeerId peer, std::span<const WriteGrant> ranges) = 0;
   // Ends a grant; unknown ids are ignored.
   virtual void revoke_writes(GrantId grant) = 0;
+
+  // Lets the engine named `peer_name` with instance `peer_instance` (as its
+  // streams open: with a secret, proven to hold it; a Notification names
+  // both) read `ranges` of registrations made with kGrantedRead until
+  // revoke_reads(). No connection to it is needed. When revoke_reads()
+  // returns, no byte outside every remaining grant to that reader is sent
+  // to it. kNotFound for an unknown region, kOutOfRange outside a
+  // registration, kInvalidArgument for an empty range or name.
+  virtual Result<GrantId> grant_reads(std::string_view peer_name, uint64_t peer_instance,
+                                      std::span<const WriteGrant> ranges) = 0;
+  virtual void revoke_reads(GrantId grant) = 0;
 
   // The bytes a peer passes to connect(): versioned, bounded (at most
   // kMaxEngineMetadataBytes), listing transports and registrations.

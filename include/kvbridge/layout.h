@@ -304,6 +304,24 @@ struct CellIndex {
 // axis when an index is past its size. Requires a valid layout.
 Result<uint64_t> cell_offset(const Component& component, const CellIndex& cell);
 
+// Bytes of one tensor: [offset, offset + bytes) of layout.tensors[tensor].
+struct TensorSpan {
+  uint32_t tensor = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  bool operator==(const TensorSpan&) const = default;
+};
+
+// Exactly the bytes of blocks `blocks` of `group` (ids below 0 skipped):
+// every cell of those blocks, in every held layer and component, and no
+// other byte, as spans sorted by (tensor, offset) and merged where they
+// touch. What a reader of those blocks may need, whatever its own layout
+// (a prefill grants it to its readers). A component's axes that are dense
+// below its cell (each stride the bytes of the axes inside it) make one
+// span per block; the others are walked. kOutOfRange naming the group for
+// an id not below num_blocks. Requires a valid layout and a group of it.
+Result<std::vector<TensorSpan>> block_spans(const Layout& layout, const Group& group, std::span<const int64_t> blocks);
+
 // The stride of the first axis of `kind` in `component`, or nullopt.
 std::optional<uint64_t> axis_stride(const Component& component, AxisKind kind);
 

@@ -46,6 +46,10 @@ class ConnectorConfig:
       (the engine needs its logits).
     stream: decode: load layer by layer, as the prefill saves each (the prefill must stream
       to this instance: kv_transfer_params "stream_to").
+    read_grants: prefill: a decode rank may read only the blocks of the requests handed off to
+      it (kv_transfer_params), from its first heartbeat for the request until the blocks are
+      freed; a read of anything else is refused. Enforced where the prefill serves the reads
+      itself (tcp); over local, cma and ucx the reader reaches the memory directly.
     verify_content: check every byte moved end to end (xxh3 at the source and where it landed):
       a load whose bytes differ fails naming the piece. Host memory; reads every byte again.
     host, advertise_host, secret, handshake_timeout_s, verify_plans, load_chunk_tokens:
@@ -79,6 +83,7 @@ class ConnectorConfig:
     handshake_timeout_s: float = 5.0
     verify_plans: bool = False
     verify_content: bool = False
+    read_grants: bool = True
     load_chunk_tokens: int = 2048
     transports: Optional[Tuple[str, ...]] = None
     engine_faults: str = ""

@@ -70,6 +70,9 @@ class ConnectorMetadata:
     saves: List[SaveSpec] = dataclasses.field(default_factory=list)
     streams: List[StreamSpec] = dataclasses.field(default_factory=list)
     aborts: List[str] = dataclasses.field(default_factory=list)
+    # Prefill: requests handed off (their blocks, by request id): each rank lets the readers that
+    # heartbeat for one read its blocks, and nothing else, until they are released.
+    hand_offs: Dict[str, Any] = dataclasses.field(default_factory=dict)
     # Prefill: requests whose held blocks the engine frees now: each rank says so to its readers
     # before anything can write those blocks again (a read that may have seen the next owner fails).
     released: List[str] = dataclasses.field(default_factory=list)
@@ -87,6 +90,7 @@ class WorkerOutput:
     saved: List[str] = dataclasses.field(default_factory=list)
     save_errors: Dict[str, str] = dataclasses.field(default_factory=dict)
     stream_errors: Dict[str, str] = dataclasses.field(default_factory=dict)  # prefill: announcements that failed
+    hand_off_errors: Dict[str, str] = dataclasses.field(default_factory=dict)  # prefill: hand-offs refused
 
 
 @dataclasses.dataclass

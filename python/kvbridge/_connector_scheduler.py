@@ -149,6 +149,7 @@ class SchedulerConnector:
             self._streaming[request_id] = spec
             self._meta.streams.append(spec)
             self._early_params[request_id] = self._params_for(request_id, blocks, len(p.tokens), params)
+            self._meta.hand_offs[request_id] = blocks
         # Keep what request_finished needs.
         self._pending[request_id] = p
 
@@ -245,6 +246,8 @@ class SchedulerConnector:
             for event in early_events:
                 self._prefill.on_reader_event(event, now)
             params_out = self._params_for(request_id, blocks, n, params)
+            if not streamed:  # a streamed request was handed off when its blocks were allocated
+                self._meta.hand_offs[request_id] = blocks
             delay = True
         if self.config.has_store and self.config.store_save and n >= self.config.store_hash_block_tokens:
             self._meta.saves.append(SaveSpec(request_id, p.tokens, n, blocks))

@@ -77,7 +77,7 @@ class WorkerConnector:
                 handshake_timeout=c.handshake_timeout_s, transfer_timeout=c.load_timeout_s,
                 heartbeat_interval=c.heartbeat_s,
                 verify_plans=c.verify_plans, verify_content=c.verify_content,
-                remote_access="read" if c.produces else "none",
+                remote_access=("granted_read" if c.read_grants else "read") if c.produces else "none",
                 load_chunk_tokens=c.load_chunk_tokens)
             if c.has_store:
                 self.store = _kvb.RankStore(_store_for(c), self._layout, memory)
@@ -117,6 +117,12 @@ class WorkerConnector:
         has queued (the blocks' previous owner)."""
         w = self._require()
         meta = self._meta
+        for rid, blocks in meta.hand_offs.items():
+            try:
+                w.hand_off(rid, self._group_blocks(blocks, f"request '{rid}' handed-off blocks"))
+            except Exception as e:  # its readers' reads are refused, and their loads fail naming why
+                with self._lock:
+                    self._out.hand_off_errors.setdefault(rid, str(e))
         for rid in meta.released:
             w.blocks_released(rid)
         aborting = set(meta.aborts)

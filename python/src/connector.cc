@@ -259,6 +259,7 @@ void bind_worker_values(py::module_& m) {
       .def_readonly("plans_not_templated", &WorkerStats::plans_not_templated)
       .def_readonly("plan_template_fallback", &WorkerStats::plan_template_fallback)
       .def_readonly("notifications_failed", &WorkerStats::notifications_failed)
+      .def_readonly("reads_refused", &WorkerStats::reads_refused)
       .def_readonly("last_notification_error", &WorkerStats::last_notification_error);
 
   // Test hooks, out of the API: kvbridge.testing.
@@ -345,7 +346,8 @@ void bind_worker(py::module_& m) {
            "runs. verify_content: hash every byte moved at its source and where it landed (xxh3), and\n"
            "fail a load whose bytes differ, naming the piece (host memory; reads every byte again). remote_access: "
            "what peers may do to this rank's tensors: 'read' (a pull-mode\n"
-           "prefill rank, the default) or 'none' (a rank that only reads from others).\n"
+           "prefill rank, the default), 'granted_read' (a reader may read only the blocks handed off\n"
+           "to it: hand_off()) or 'none' (a rank that only reads from others).\n"
            "load_chunk_tokens: loads move in token-ordered chunks of about this many tokens, so that\n"
            "a failed load's first_bad_token is its first chunk not whole (0: one chunk per load).\n"
            "stream_layers_per_stage: a streamed load (start_load(stream=True)) reads this many\n"
@@ -381,6 +383,17 @@ void bind_worker(py::module_& m) {
           "Prefill side: the engine frees the request's blocks now. A reader's done that comes later is\n"
           "answered 'released', so a read that may have seen the blocks' next owner fails. Call it before\n"
           "anything can write to those blocks again.")
+      .def(
+          "hand_off",
+          [](PyWorker& w, Rid request, const std::map<std::string, std::vector<int64_t>>& blocks) {
+            check(w.get().hand_off(request, blocks));
+          },
+          py::arg("request"), py::arg("blocks"),
+          "Prefill side, pull mode: the request's KV is in these blocks of this rank ({group: [ids]}),\n"
+          "handed off. With remote_access='granted_read', a reader may read exactly those blocks from\n"
+          "its first heartbeat for the request until blocks_released(), and nothing else not handed\n"
+          "off to it (enforced where this rank serves reads itself: tcp). InvalidArgument naming an\n"
+          "unknown group, OutOfRange a block past its group, AlreadyExists if handed off already.")
       .def(
           "connect", [](PyWorker& w, const std::string& instance) { check(w.get().connect(instance)); },
           py::arg("instance"),

@@ -4,6 +4,7 @@ ids, token count), so params changed on the way steer nothing; a hand-off is loa
 request only; and values out of range are kvbridge errors, never other exceptions."""
 import copy
 import pickle
+import time
 
 import pytest
 
@@ -17,9 +18,9 @@ SECRET = "one-deployment-secret-0123456789"
 def signed():
     made = []
 
-    def make(secret=SECRET):
-        p = Instance("prefill", "prefill", 1, 16, secret=secret)
-        d = Instance("decode", "decode", 2, 32, secret=secret)
+    def make(secret=SECRET, **extra):
+        p = Instance("prefill", "prefill", 1, 16, secret=secret, **extra)
+        d = Instance("decode", "decode", 2, 32, secret=secret, **extra)
         made.extend([p, d])
         return p, d
 
@@ -91,6 +92,44 @@ def test_without_a_secret_params_are_taken_as_given(signed):
     params = prefill_request(p, "req-1", prompt, [3, 4, 5], seed=5)
     assert "remote_mac" not in params
     assert d.scheduler.get_num_new_matched_tokens("req-1", prompt, 0, params) == (40, True)
+
+
+def step_both_until(p, d, pred, timeout=20.0):
+    """Both instances step (the prefill's steps hand its requests off to its ranks)."""
+    seen = kvbridge.connector_v1.FinishedRequests()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        p.step()
+        f = d.step()
+        seen.finished_recving |= f.finished_recving
+        seen.outcomes.update(f.outcomes)
+        if pred(seen):
+            return seen
+        time.sleep(0.01)
+    raise AssertionError(f"not reached within {timeout} s: {seen}")
+
+
+def test_without_a_secret_a_reader_is_served_only_the_blocks_handed_off_for_its_request(signed):
+    """No secret, params taken as given: a crafted request that names another request's blocks
+    under its own hand-off reads nothing of them over tcp, where the prefill serves a reader
+    only the blocks handed off for the request it heartbeats (read grants). The crafted load
+    fails naming why; the victim's own load then lands byte-exact."""
+    p, d = signed(secret="", transports=("tcp",), load_timeout_s=1.5)
+    prompt = list(range(100, 140))
+    victim = prefill_request(p, "victim", prompt, [3, 4, 5], seed=11)
+    other = prefill_request(p, "other", prompt, [6, 7, 8], seed=22)
+    crafted = dict(other, remote_block_ids=victim["remote_block_ids"])
+    assert d.scheduler.get_num_new_matched_tokens("crafted", prompt, 0, crafted) == (40, True)
+    d.scheduler.update_state_after_alloc("crafted", [0, 1], 40)
+    seen = step_both_until(p, d, lambda f: "crafted" in f.finished_recving)
+    outcome = seen.outcomes["crafted"]
+    assert outcome.outcome == "failed", "a read of blocks not handed off for the request was served"
+    assert "not inside a read grant" in str(outcome.error), outcome.error
+    assert d.scheduler.get_num_new_matched_tokens("victim", prompt, 0, victim) == (40, True)
+    d.scheduler.update_state_after_alloc("victim", [6, 2], 40)
+    seen = step_both_until(p, d, lambda f: "victim" in f.finished_recving)
+    assert seen.outcomes["victim"].outcome == "finished", seen.outcomes["victim"].error
+    d.check([6, 2], 40, seed=11)
 
 
 @pytest.mark.parametrize("change", [

@@ -26,12 +26,21 @@ struct LoadTransfer {
   uint32_t source = 0;  // tp_rank
   uint32_t stage = 0;   // index into Load::stages
   TransferId id = 0;
+  uint32_t refusals = 0;  // times the source refused it as not granted (it was submitted again)
+};
+
+// A read the source refused as not granted, to submit again at `at`: the
+// source grants a reader its blocks when it hears the reader (its first
+// heartbeat) and the hand-off came, and the read may overtake either.
+struct Refused {
+  size_t transfer = 0;  // index into Load::transfers
+  std::chrono::steady_clock::time_point at;
 };
 
 struct LoadStage {
   uint64_t first_token = 0, end_token = 0, resume_token = 0;  // PlanStage's
   uint32_t first_layer = 0, end_layer = 0;
-  std::vector<std::vector<TransferItem>> items;  // per source; emptied once submitted (push: once written)
+  std::vector<std::vector<TransferItem>> items;  // per source; emptied once landed (push: once written)
   std::vector<uint8_t> device;                   // per source: its items touch device memory (on either side)
   uint32_t pending = 0;                          // transfers submitted and not ended
   bool submitted = false, failed = false, landed = false;
@@ -47,6 +56,7 @@ struct Load {
   bool push = false;                    // push mode: the sources write; a stage lands when each said "wrote"
   std::vector<LoadStage> stages;        // chunk by chunk, layer by layer
   std::vector<LoadTransfer> transfers;  // in submission order
+  std::vector<Refused> refused;         // pull: reads to submit again (still counted pending)
   std::vector<bool> used;               // per source rank: read from
   std::vector<PeerId> peers;            // the source ranks read from
   // Every source rank this load would read from (source_ranks()), read or

@@ -55,7 +55,15 @@ Status WorkerImpl::remove_remote(const std::string& instance) {
   return Status();
 }
 
-void WorkerImpl::blocks_released(RequestId request) { released_->add(std::move(request)); }
+void WorkerImpl::blocks_released(RequestId request) {
+  read_grants_->released(request);
+  released_->add(std::move(request));
+}
+
+Status WorkerImpl::hand_off(RequestId request, const std::map<std::string, std::vector<int64_t>>& blocks) {
+  KVB_RETURN_IF_ERROR(check_request_id(request));
+  return read_grants_->hand_off(request, blocks);
+}
 
 Result<std::vector<connector_internal::RemoteRankView>> WorkerImpl::remote_ranks(const std::string& instance) const {
   std::shared_ptr<const Fetched> f = remotes_->fetched(instance);

@@ -8,6 +8,7 @@ namespace kvbridge::connector {
 // Requires mu_: every transfer of `st` ended done.
 void WorkerImpl::land(Load& load, LoadStage& st) {
   st.landed = true;
+  st.items = {};
   for (uint32_t l = st.first_layer; l < st.end_layer; ++l) --load.layer_left[l];
   results_cv_.notify_all();
 }

@@ -38,6 +38,7 @@
 #include "connector/load.h"
 #include "connector/messages.h"
 #include "connector/pusher.h"
+#include "connector/read_grants.h"
 #include "connector/remotes.h"
 #include "connector/resend.h"
 #include "connector/side_channel.h"
@@ -111,6 +112,7 @@ struct Wakeups {
     TransferId id;
     Clock::time_point at;
     bool done;
+    bool refused;  // failed as not granted by the source (kPermissionDenied)
   };
   std::vector<Ended> ended;
   bool notes = false;  // a notification arrived
@@ -188,6 +190,7 @@ class WorkerImpl final : public ConnectorWorker {
   std::vector<ReaderEvent> take_reader_events() override;
 
   void blocks_released(RequestId request) override;
+  Status hand_off(RequestId request, const std::map<std::string, std::vector<int64_t>>& blocks) override;
 
   Status stream_to(RequestId request, const std::string& instance) override;
 
@@ -244,6 +247,11 @@ class WorkerImpl final : public ConnectorWorker {
 
   // Requires mu_: the load is over (nothing in flight); reports it.
   void end_load(std::map<RequestId, Load>::iterator it);
+  // The options of a load's reads: their ends land in the pump's inbox.
+  SubmitOptions read_options() const;
+  // Requires mu_: submits again the refused reads whose time came (or ends
+  // them, for a load that is over).
+  void submit_refused(Load& load, Clock::time_point now);
 
   // Requires mu_: a queued load that never started ended with `error`
   // (aborted, or its handshake, plan or submit failed); reports it.
@@ -361,10 +369,11 @@ class WorkerImpl final : public ConnectorWorker {
   WorkerStats stats_;
   const std::shared_ptr<SendFailures> sent_ = std::make_shared<SendFailures>();
   const std::shared_ptr<Released> released_ = std::make_shared<Released>();
-  std::unique_ptr<Resender> resender_;    // dones and announcements, sent again when lost
-  std::unique_ptr<Announcer> announcer_;  // prefill side of streaming
-  StageCache stage_cache_;                // the stages of loads (and, pushing, of the readers' loads)
-  std::unique_ptr<Pusher> pusher_;        // prefill side of push mode
+  std::unique_ptr<Resender> resender_;       // dones and announcements, sent again when lost
+  std::unique_ptr<Announcer> announcer_;     // prefill side of streaming
+  StageCache stage_cache_;                   // the stages of loads (and, pushing, of the readers' loads)
+  std::unique_ptr<Pusher> pusher_;           // prefill side of push mode
+  std::unique_ptr<ReadGrants> read_grants_;  // prefill side of pull mode: what each reader may read
   std::thread pump_;
 };
 

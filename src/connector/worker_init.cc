@@ -38,6 +38,7 @@ WorkerImpl::~WorkerImpl() {
     }
   }
   server_.reset();
+  read_grants_.reset();
   for (RegionId r : regions_) (void)engine_.deregister_memory(r);
 }
 
@@ -64,6 +65,8 @@ Status WorkerImpl::init(std::span<const std::span<uint8_t>> tensors) {
   }
   info.engine_metadata = engine_.metadata();
   incarnation_ = hex16(engine_.instance());
+  read_grants_ =
+      std::make_unique<ReadGrants>(engine_, layout_, regions_, options_.remote_access == RemoteAccess::kGrantedRead);
   // Which layers a producer writes on a device: their announcements and
   // pushes wait on its events.
   layer_device_.assign(order_.size(), 0);

@@ -21,6 +21,7 @@ void WorkerImpl::pump() {
       if (stop_) return;
       for (const auto& [id, load] : loads_) {
         if ((load.unsubmitted > 0 || load.confirming) && !load.expired) wake_at = std::min(wake_at, load.deadline);
+        for (const Refused& r : load.refused) wake_at = std::min(wake_at, r.at);
       }
       for (const auto& [instance, jobs] : parked_) {
         for (const Job& job : jobs) wake_at = std::min(wake_at, job.called + options_.transfer_timeout);
@@ -58,6 +59,22 @@ void WorkerImpl::pump() {
         if (it == loads_.end()) continue;
         Load& load = it->second;
         LoadStage& st = load.stages[k];
+        if (e.refused && !load.aborted && !load.expired) {
+          // Not granted yet: the source grants this reader the request's
+          // blocks once it has heard it and the hand-off; tried again
+          // (1, 2, 4, ... 64 ms later) until the load's deadline.
+          auto t = std::find_if(load.transfers.begin(), load.transfers.end(),
+                                [&](const LoadTransfer& x) { return x.id == e.id; });
+          const Clock::time_point at = t == load.transfers.end()
+                                           ? load.deadline
+                                           : Clock::now() + std::chrono::milliseconds(1u << std::min(t->refusals, 6u));
+          ++stats_.reads_refused;
+          if (at < load.deadline) {
+            ++t->refusals;
+            load.refused.push_back({static_cast<size_t>(t - load.transfers.begin()), at});
+            continue;
+          }
+        }
         load.last_byte = std::max(load.last_byte, e.at);
         st.landed_at = std::max(st.landed_at, e.at);
         --load.pending;
@@ -75,6 +92,7 @@ void WorkerImpl::pump() {
       expire_parked(now);
       for (auto it = loads_.begin(); it != loads_.end();) {
         Load& load = (it++)->second;
+        if (!load.refused.empty()) submit_refused(load, now);
         if (load.confirming && !load.unconfirmed.empty() && load.confirm_error.ok() && now >= load.deadline) {
           load.confirm_error =
               Status::timeout("request " + q(load.request) + ": " + load.instance + " did not say within " +
@@ -123,6 +141,7 @@ void WorkerImpl::drain_notifications() {
   std::vector<Notification> got = engine_.take_notifications();
   if (got.empty()) return;
   std::vector<std::pair<RequestId, EngineKey>> cancels;  // push, prefill side: handled outside the lock
+  std::vector<std::pair<RequestId, EngineKey>> heard;    // pull, prefill side: readers that may read
   bool wake_pump = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -132,6 +151,7 @@ void WorkerImpl::drain_notifications() {
       using Kind = Message::Kind;
       EngineKey engine{std::move(n.peer), n.peer_instance};
       if (m->kind == Kind::kHeartbeat || m->kind == Kind::kDone) {
+        if (m->kind == Kind::kHeartbeat) heard.emplace_back(m->request, engine);
         ReaderEvent e;
         e.kind = m->kind == Kind::kDone ? ReaderEvent::Kind::kDone : ReaderEvent::Kind::kHeartbeat;
         e.request = m->request;
@@ -180,6 +200,7 @@ void WorkerImpl::drain_notifications() {
     }
   }
   if (wake_pump) poke();  // the pump ends the load
+  for (const auto& [request, engine] : heard) read_grants_->heard(request, engine);
   for (const auto& [request, engine] : cancels) pusher_->cancel(request, engine);
   if (!cancels.empty() && pusher_->unanswered()) {
     // A cancel from a rank of an instance not fetched yet: fetch them, then answer.

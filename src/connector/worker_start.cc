@@ -222,6 +222,10 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     early_count_ -= early->second.size();
     early_.erase(early);
   }
+  // The sources hear of the reader before its first read (a heartbeat
+  // renews the hold at once, and a source that grants reads by hand-off
+  // grants this reader the request's blocks).
+  for (PeerId p : load.told) send(p, reader_message(Message::Kind::kHeartbeat, request));
   if (Status started = start_ready_stages(load); !started.ok()) {
     // An error before the load is under way comes back here, with nothing
     // left in flight; the caller reports the load as failed.
@@ -240,9 +244,6 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
       it->second.told.empty()) {
     end_load(it);  // nothing read, nobody to tell
   } else {
-    // The sources hear of the reader as it starts (a heartbeat renews the
-    // hold at once), not only at the first periodic one.
-    for (PeerId p : it->second.told) send(p, reader_message(Message::Kind::kHeartbeat, request));
     // The pump ends a load that is over already (push: every stage was
     // written before it started) and tells its sources it is done, or
     // wakes at its deadline.
@@ -281,6 +282,57 @@ Result<TransferId> WorkerImpl::submit_read(const Load& load, uint32_t k, size_t 
   return engine_.submit(peer, TransferOp::kRead, st.items[s], std::move(o));
 }
 
+// The options of a load's reads: their ends land in the pump's inbox.
+SubmitOptions WorkerImpl::read_options() const {
+  SubmitOptions o;
+  o.timeout = options_.transfer_timeout;
+  o.verify_content = options_.verify_content;
+  o.on_end = [wake = wake_](TransferId id, const TransferStatus& ts) {
+    {
+      std::lock_guard<std::mutex> wl(wake->mu);
+      wake->ended.push_back({id, ts.ended_at, ts.state == TransferState::kDone,
+                             ts.state == TransferState::kFailed && ts.error.code() == Code::kPermissionDenied});
+    }
+    wake->cv.notify_one();
+  };
+  return o;
+}
+
+// Requires mu_: submits again the reads whose time came that a source
+// refused as not granted; those of a load that is over (aborted, past its
+// deadline) end as refused.
+void WorkerImpl::submit_refused(Load& load, Clock::time_point now) {
+  for (auto r = load.refused.begin(); r != load.refused.end();) {
+    const bool over = load.aborted || load.expired || now >= load.deadline;
+    if (!over && now < r->at) {
+      ++r;
+      continue;
+    }
+    LoadTransfer& t = load.transfers[r->transfer];
+    LoadStage& st = load.stages[t.stage];
+    r = load.refused.erase(r);
+    Status failed;
+    if (!over) {
+      const PeerId peer = load.peers[std::find(load.result.sources.begin(), load.result.sources.end(), t.source) -
+                                     load.result.sources.begin()];
+      Result<TransferId> id = submit_read(load, t.stage, t.source, peer, read_options());
+      if (id.ok()) {
+        (void)engine_.release(t.id);
+        t.id = *id;
+        by_transfer_[*id] = {load.request, t.stage};
+        continue;
+      }
+      failed = id.error().with_context("request " + q(load.request) + ": reading from " + load.instance + " rank " +
+                                       std::to_string(t.source) + " again");
+    }
+    // The refused transfer's status stays the read's outcome.
+    if (!failed.ok() && load.start_error.ok()) load.start_error = failed;
+    st.failed = true;
+    --st.pending;
+    --load.pending;
+  }
+}
+
 // Requires mu_: submits every stage not submitted whose layers every
 // source it reads from announced (all of them, when not streaming). The
 // first submit error stops the load from starting more.
@@ -296,16 +348,7 @@ Status WorkerImpl::start_ready_stages(Load& load) {
       for (uint32_t l = st.first_layer; ready && l < st.end_layer; ++l) ready = load.announced[s][l] != 0;
     }
     if (!ready) continue;
-    SubmitOptions o;
-    o.timeout = options_.transfer_timeout;
-    o.verify_content = options_.verify_content;
-    o.on_end = [wake = wake_](TransferId id, const TransferStatus& ts) {
-      {
-        std::lock_guard<std::mutex> wl(wake->mu);
-        wake->ended.push_back({id, ts.ended_at, ts.state == TransferState::kDone});
-      }
-      wake->cv.notify_one();
-    };
+    const SubmitOptions o = read_options();
     st.submitted = true;
     st.submitted_at = Clock::now();
     --load.unsubmitted;
@@ -325,7 +368,6 @@ Status WorkerImpl::start_ready_stages(Load& load) {
       ++st.pending;
       ++load.pending;
     }
-    st.items = {};
     if (st.pending == 0) {
       st.landed_at = st.submitted_at;
       land(load, st);

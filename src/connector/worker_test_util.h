@@ -136,18 +136,25 @@ inline LoadResult wait_one(ConnectorWorker& w) {
   return {};
 }
 
-// Bad cells of `layers` of the request at the decode rank (0: all arrived).
+// Every layer of the layout (what bad_cells() checks to check them all).
+inline std::set<std::string, std::less<>> layer_set(const Layout& layout) {
+  const std::vector<std::string> order = layer_order(layout);
+  return {order.begin(), order.end()};
+}
+
+// Bad cells of `layers` (none named: every layer) of the request at the
+// decode rank (0: all arrived).
 inline uint64_t bad_cells(const Rank& r, const Request& q, const std::set<std::string, std::less<>>& layers,
                           uint64_t seed) {
-  Result<ContentReport> c =
-      check_request(keep_layers(r.layout, layers), q, RequestSide::kLocal, q.skip_tokens, seed, r.spans);
+  Result<ContentReport> c = check_request(layers.empty() ? r.layout : keep_layers(r.layout, layers), q,
+                                          RequestSide::kLocal, q.skip_tokens, seed, r.spans);
   EXPECT_TRUE(c.ok()) << c.error().to_string();
   return c.ok() ? c->bad_cells : ~uint64_t{0};
 }
 
 inline uint64_t cells(const Rank& r, const Request& q, const std::set<std::string, std::less<>>& layers) {
-  Result<ContentReport> c =
-      check_request(keep_layers(r.layout, layers), q, RequestSide::kLocal, q.skip_tokens, 1, r.spans);
+  Result<ContentReport> c = check_request(layers.empty() ? r.layout : keep_layers(r.layout, layers), q,
+                                          RequestSide::kLocal, q.skip_tokens, 1, r.spans);
   return c.ok() ? c->cells : 0;
 }
 

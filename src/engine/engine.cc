@@ -189,28 +189,42 @@ Status EngineImpl::deregister_memory(RegionId id) {
   return registry_->remove(id);
 }
 
-Result<GrantId> EngineImpl::grant_writes(PeerId peer, std::span<const WriteGrant> ranges) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto p = peers_.find(peer);
-  if (p == peers_.end()) return Status::not_found("grant_writes: unknown peer " + std::to_string(peer));
+// Requires mu_: the grant of `ranges` to the engine labelled `label`.
+Result<GrantId> EngineImpl::grant_locked(const std::string& label, std::span<const WriteGrant> ranges, bool read) {
+  const char* op = read ? "grant_reads" : "grant_writes";
   std::vector<transport::GrantSpan> spans;
   spans.reserve(ranges.size());
   for (size_t i = 0; i < ranges.size(); ++i) {
     const WriteGrant& g = ranges[i];
-    const std::string what = "grant_writes: range " + std::to_string(i);
+    const std::string what = std::string(op) + ": range " + std::to_string(i);
     if (g.bytes == 0) return Status::invalid_argument(what + " is empty");
     KVB_ASSIGN_OR_RETURN(uint8_t * at, registry_->resolve(g.region, g.offset, g.bytes, what));
     spans.push_back({registry_->find(g.region)->segment, reinterpret_cast<uint64_t>(at), g.bytes});
   }
   const GrantId id = next_grant_++;
-  const std::string label = transport::engine_label(p->second->metadata.name, p->second->metadata.instance);
-  for (const auto& t : transports_) t->grant_writes(id, label, spans);
+  for (const auto& t : transports_) t->grant(id, label, spans, read);
   return id;
 }
 
-void EngineImpl::revoke_writes(GrantId grant) {
-  for (const auto& t : transports_) t->revoke_writes(grant);
+Result<GrantId> EngineImpl::grant_writes(PeerId peer, std::span<const WriteGrant> ranges) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto p = peers_.find(peer);
+  if (p == peers_.end()) return Status::not_found("grant_writes: unknown peer " + std::to_string(peer));
+  return grant_locked(transport::engine_label(p->second->metadata.name, p->second->metadata.instance), ranges, false);
 }
+
+void EngineImpl::revoke_writes(GrantId grant) {
+  for (const auto& t : transports_) t->revoke(grant);
+}
+
+Result<GrantId> EngineImpl::grant_reads(std::string_view peer_name, uint64_t peer_instance,
+                                        std::span<const WriteGrant> ranges) {
+  if (peer_name.empty()) return Status::invalid_argument("grant_reads: the reader's name is empty");
+  std::lock_guard<std::mutex> lock(mu_);
+  return grant_locked(transport::engine_label(peer_name, peer_instance), ranges, true);
+}
+
+void EngineImpl::revoke_reads(GrantId grant) { revoke_writes(grant); }
 
 EngineMetadata EngineImpl::describe_locked() const {
   EngineMetadata m;

@@ -72,6 +72,9 @@ class EngineImpl final : public Engine {
   Status deregister_memory(RegionId id) override;
   Result<GrantId> grant_writes(PeerId peer, std::span<const WriteGrant> ranges) override;
   void revoke_writes(GrantId grant) override;
+  Result<GrantId> grant_reads(std::string_view peer_name, uint64_t peer_instance,
+                              std::span<const WriteGrant> ranges) override;
+  void revoke_reads(GrantId grant) override;
   std::string metadata() const override;
   Result<PeerId> connect(std::string_view metadata) override;
   Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
@@ -158,6 +161,7 @@ class EngineImpl final : public Engine {
                                     size_t items, SubmitOptions options);
   // Requires mu_. The metadata of this engine as it stands.
   EngineMetadata describe_locked() const;
+  Result<GrantId> grant_locked(const std::string& label, std::span<const WriteGrant> ranges, bool read);
   // Picks the transport and opens a link and a channel (without mu_: it
   // waits on the peer).
   Status open_peer(Peer& peer);

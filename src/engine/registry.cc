@@ -36,17 +36,20 @@ std::string_view remote_access_name(RemoteAccess access) {
       return "granted_write";
     case RemoteAccess::kReadGrantedWrite:
       return "read_granted_write";
+    case RemoteAccess::kGrantedRead:
+      return "granted_read";
   }
   return "unknown";
 }
 
 Result<RemoteAccess> parse_remote_access(std::string_view name) {
   for (RemoteAccess a : {RemoteAccess::kNone, RemoteAccess::kRead, RemoteAccess::kWrite, RemoteAccess::kReadWrite,
-                         RemoteAccess::kGrantedWrite, RemoteAccess::kReadGrantedWrite}) {
+                         RemoteAccess::kGrantedWrite, RemoteAccess::kReadGrantedWrite, RemoteAccess::kGrantedRead}) {
     if (remote_access_name(a) == name) return a;
   }
-  return Status::invalid_argument("unknown remote access '" + std::string(name) +
-                                  "' (expected none, read, write, read_write, granted_write or read_granted_write)");
+  return Status::invalid_argument(
+      "unknown remote access '" + std::string(name) +
+      "' (expected none, read, write, read_write, granted_write, read_granted_write or granted_read)");
 }
 
 }  // namespace kvbridge
@@ -164,9 +167,9 @@ Result<RegionId> Registry::add(void* base_ptr, uint64_t bytes, std::string_view 
       }
     }
   }
-  if (access > 7 || access == 4 || access == 5) {
+  if ((access > 7 && access != 9) || access == 4 || access == 5) {
     return Status::invalid_argument("register_memory: access " + std::to_string(access) +
-                                    " is not a RemoteAccess (0, 1, 2, 3, 6 or 7)");
+                                    " is not a RemoteAccess (0, 1, 2, 3, 6, 7 or 9)");
   }
   for (auto& [id, r] : regions_) {
     if (r.base == base && r.bytes == bytes && r.memory == memory && r.access == access) {

@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 
 namespace kvbridge {
 
@@ -200,6 +201,66 @@ std::optional<uint64_t> axis_stride(const Component& component, AxisKind kind) {
     if (a.kind == kind) return a.stride;
   }
   return std::nullopt;
+}
+
+Result<std::vector<TensorSpan>> block_spans(const Layout& layout, const Group& group, std::span<const int64_t> blocks) {
+  for (int64_t b : blocks) {
+    if (b >= 0 && static_cast<uint64_t>(b) >= group.num_blocks) {
+      return Status::out_of_range("group '" + group.name + "': block " + std::to_string(b) + " is not below " +
+                                  std::to_string(group.num_blocks) + " blocks");
+    }
+  }
+  std::vector<TensorSpan> out;
+  for (const Layer& layer : group.layers) {
+    if (!layer.held) continue;
+    for (const Component& c : layer.components) {
+      if (c.empty()) continue;
+      uint32_t tensor = 0;
+      while (tensor < layout.tensors.size() && layout.tensors[tensor].name != c.tensor) ++tensor;
+      // One run of `run` bytes per block and per index of the walked axes:
+      // the axes that continue the cell densely, innermost first, join the
+      // run; the rest (and any after a gap) are walked.
+      uint64_t block_stride = 0, run = c.cell_bytes;
+      std::vector<Axis> rest;
+      for (const Axis& a : c.axes) {
+        if (a.kind == AxisKind::kBlock) {
+          block_stride = a.stride;
+        } else if (a.size > 1) {
+          rest.push_back(a);
+        }
+      }
+      std::sort(rest.begin(), rest.end(), [](const Axis& x, const Axis& y) { return x.stride < y.stride; });
+      size_t joined = 0;
+      while (joined < rest.size() && rest[joined].stride == run) run *= rest[joined++].size;
+      rest.erase(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(joined));
+      std::vector<uint64_t> index(rest.size(), 0);
+      for (int64_t b : blocks) {
+        if (b < 0) continue;
+        const uint64_t base = c.offset + static_cast<uint64_t>(b) * block_stride;
+        std::fill(index.begin(), index.end(), 0);
+        while (true) {
+          uint64_t at = base;
+          for (size_t i = 0; i < rest.size(); ++i) at += index[i] * rest[i].stride;
+          out.push_back({tensor, at, run});
+          size_t i = 0;
+          while (i < rest.size() && ++index[i] == rest[i].size) index[i++] = 0;
+          if (i == rest.size()) break;
+        }
+      }
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const TensorSpan& x, const TensorSpan& y) {
+    return std::tie(x.tensor, x.offset) < std::tie(y.tensor, y.offset);
+  });
+  std::vector<TensorSpan> merged;
+  for (const TensorSpan& s : out) {
+    if (!merged.empty() && merged.back().tensor == s.tensor && s.offset <= merged.back().offset + merged.back().bytes) {
+      merged.back().bytes = std::max(merged.back().bytes, s.offset + s.bytes - merged.back().offset);
+    } else {
+      merged.push_back(s);
+    }
+  }
+  return merged;
 }
 
 PositionAxes position_axes(const Component& component) {

@@ -45,7 +45,7 @@ struct Segment {
   uint64_t bytes = 0;
   std::string memory = "host";
   // What peers may do to it (RemoteAccess bits: 1 read, 2 write, 4 writes
-  // only where granted (grant_writes); 0 none: the engine does not
+  // only where granted, 8 reads only where granted (grant()); 0 none: the engine does not
   // advertise it, and transports that serve requests themselves, like tcp,
   // refuse any). cma cannot enforce it: a process allowed to ptrace this one
   // can read and write all its memory.
@@ -172,14 +172,16 @@ class Transport {
   // links name their engine when they open (tcp) use engine_label().
   virtual void set_local_identity(std::string_view name, uint64_t instance) { (void)name, (void)instance; }
   // Writes from the peer whose links open as `label` may land in `spans` of
-  // segments with access bit 4, until revoke_writes(grant); when that
-  // returns, no byte of a write outside every remaining grant lands. Only a
-  // transport that serves peers' writes itself (tcp) keeps grants: the
-  // others' peers write this process's memory without it.
-  virtual void grant_writes(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans) {
-    (void)grant, (void)label, (void)spans;
+  // segments with access bit 4 (`read`: reads by it may be served from
+  // `spans` of segments with access bit 8), until revoke(grant); when that
+  // returns, no byte of a write outside every remaining write grant lands,
+  // and no byte outside every remaining read grant is sent. Only a
+  // transport that serves peers' requests itself (tcp) keeps grants: the
+  // others' peers reach this process's memory without it.
+  virtual void grant(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans, bool read) {
+    (void)grant, (void)label, (void)spans, (void)read;
   }
-  virtual void revoke_writes(uint64_t grant) { (void)grant; }
+  virtual void revoke(uint64_t grant) { (void)grant; }
 };
 
 // Factories. Each returns kUnavailable, saying why, when it cannot run here.

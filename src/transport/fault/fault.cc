@@ -237,10 +237,10 @@ class FaultTransport final : public Transport {
   void set_local_identity(std::string_view name, uint64_t instance) override {
     inner_->set_local_identity(name, instance);
   }
-  void grant_writes(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans) override {
-    inner_->grant_writes(grant, label, std::move(spans));
+  void grant(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans, bool read) override {
+    inner_->grant(grant, label, std::move(spans), read);
   }
-  void revoke_writes(uint64_t grant) override { inner_->revoke_writes(grant); }
+  void revoke(uint64_t grant) override { inner_->revoke(grant); }
   Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) override {
     KVB_ASSIGN_OR_RETURN(std::unique_ptr<Link> link, inner_->connect(peer));
     return std::unique_ptr<Link>(std::make_unique<FaultLink>(std::move(link), faults_));

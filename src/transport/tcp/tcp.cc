@@ -53,10 +53,10 @@ class TcpTransport final : public Transport {
   }
 
   void set_local_identity(std::string_view name, uint64_t instance) override { label_ = engine_label(name, instance); }
-  void grant_writes(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans) override {
-    server_->grant(grant, label, spans);
+  void grant(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans, bool read) override {
+    server_->grant(grant, label, spans, read);
   }
-  void revoke_writes(uint64_t grant) override { server_->revoke(grant); }
+  void revoke(uint64_t grant) override { server_->revoke(grant); }
 
   Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) override {
     KVB_ASSIGN_OR_RETURN(tcp::TcpPeer target, tcp::parse_address(peer.address, peer.name));

@@ -63,8 +63,10 @@ struct Range {
 
 // Remote access bits a segment grants (RemoteAccess in engine.h).
 inline constexpr uint8_t kAccessRead = 1, kAccessWrite = 2;
-// Writes land only inside a grant to the writing stream's label.
+// Writes land only inside a write grant to the writing stream's label.
 inline constexpr uint8_t kAccessByGrant = 4;
+// Reads are served only inside a read grant to the reading stream's label.
+inline constexpr uint8_t kAccessReadByGrant = 8;
 
 // The segment's [base, base + bytes) and access when `id` is registered.
 struct SegmentSpan {

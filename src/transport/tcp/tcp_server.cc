@@ -155,7 +155,7 @@ void TcpServer::remove_segment(uint32_t id) {
   epoch_.fetch_add(1);
 }
 
-void TcpServer::grant(uint64_t grant, std::string label, const std::vector<GrantSpan>& spans) {
+void TcpServer::grant(uint64_t grant, std::string label, const std::vector<GrantSpan>& spans, bool read) {
   std::vector<Interval> intervals;
   intervals.reserve(spans.size());
   for (const GrantSpan& s : spans) {
@@ -173,31 +173,34 @@ void TcpServer::grant(uint64_t grant, std::string label, const std::vector<Grant
     }
   }
   std::unique_lock lock(segments_mutex_);
-  grant_labels_[grant] = label;
-  grants_[std::move(label)][grant] = std::move(merged);
+  grant_labels_[grant] = {read, label};
+  grants_[read ? 1 : 0][std::move(label)][grant] = std::move(merged);
 }
 
 void TcpServer::revoke(uint64_t grant) {
   std::unique_lock lock(segments_mutex_);
   auto it = grant_labels_.find(grant);
   if (it == grant_labels_.end()) return;
-  auto by_label = grants_.find(it->second);
-  if (by_label != grants_.end()) {
+  auto& grants = grants_[it->second.first ? 1 : 0];
+  auto by_label = grants.find(it->second.second);
+  if (by_label != grants.end()) {
     by_label->second.erase(grant);
-    if (by_label->second.empty()) grants_.erase(by_label);
+    if (by_label->second.empty()) grants.erase(by_label);
   }
   grant_labels_.erase(it);
   epoch_.fetch_add(1);
 }
 
-Status TcpServer::check_granted_locked(const std::vector<Range>& ranges, const std::string& label) const {
-  auto by_label = grants_.find(label);
+Status TcpServer::check_granted_locked(const std::vector<Range>& ranges, const std::string& label, bool write) const {
+  const auto& grants = grants_[write ? 0 : 1];
+  const uint8_t by_grant = write ? kAccessByGrant : kAccessReadByGrant;
+  auto by_label = grants.find(label);
   for (size_t i = 0; i < ranges.size(); ++i) {
     const Range& r = ranges[i];
     auto seg = segments_.find(r.segment);
-    if (seg == segments_.end() || (seg->second.access & kAccessByGrant) == 0) continue;
+    if (seg == segments_.end() || (seg->second.access & by_grant) == 0) continue;
     bool inside = false;
-    if (by_label != grants_.end()) {
+    if (by_label != grants.end()) {
       for (const auto& [id, intervals] : by_label->second) {
         auto it = std::upper_bound(intervals.begin(), intervals.end(), Interval{r.segment, r.address, 0});
         if (it == intervals.begin()) continue;
@@ -211,8 +214,9 @@ Status TcpServer::check_granted_locked(const std::vector<Range>& ranges, const s
     if (!inside) {
       return Status::permission_denied("tcp request: range " + std::to_string(i) + " [" + std::to_string(r.address) +
                                        ", +" + std::to_string(r.bytes) + ") of segment " + std::to_string(r.segment) +
-                                       " is not inside a write grant to " + q(printable(label)) +
-                                       " (it takes writes only where granted)");
+                                       " is not inside a " + (write ? "write" : "read") + " grant to " +
+                                       q(printable(label)) + " (it serves " + (write ? "writes" : "reads") +
+                                       " only where granted)");
     }
   }
   return Status();
@@ -276,7 +280,7 @@ Status TcpServer::serve_request(int fd, net::Session& session, uint8_t type, std
     std::shared_lock lock(segments_mutex_);
     valid = decode_ranges(
         payload, [this](uint32_t id) { return lookup_locked(id); }, is_write, &ranges, &total);
-    if (valid.ok() && is_write) valid = check_granted_locked(ranges, conn.peer);
+    if (valid.ok()) valid = check_granted_locked(ranges, conn.peer, is_write);
   }
   std::string out;
   const uint32_t count = static_cast<uint32_t>(payload.size() / kRangeBytes);
@@ -314,11 +318,12 @@ Status TcpServer::serve_digest(int fd, net::Session& session, std::string_view p
     std::shared_lock lock(segments_mutex_);
     auto lookup = [this](uint32_t id) { return lookup_locked(id); };
     valid = decode_ranges(payload, lookup, false, &ranges, &total);
+    if (valid.ok()) valid = check_granted_locked(ranges, conn.peer, false);
     // Not readable: a writer may still check what it wrote, where it may write.
     if (valid.code() == Code::kPermissionDenied) {
       ranges.clear();
       valid = decode_ranges(payload, lookup, true, &ranges, &total);
-      if (valid.ok()) valid = check_granted_locked(ranges, conn.peer);
+      if (valid.ok()) valid = check_granted_locked(ranges, conn.peer, true);
     }
   }
   std::string out;
@@ -367,16 +372,17 @@ Status TcpServer::move_data(int fd, bool to_socket, const std::vector<Range>& ra
       std::shared_lock lock(segments_mutex_);
       if (epoch_.load() != validated_epoch) {
         // A segment was removed or a grant revoked: the frame's ranges must
-        // still be registered, and a write's still granted.
+        // still be registered, and still granted where their segment asks.
         for (const Range& r : ranges) {
           std::optional<SegmentSpan> seg = lookup_locked(r.segment);
           if (!seg || r.address < seg->base || r.address + r.bytes > seg->base + seg->bytes)
             return Status::unavailable(who + ": segment " + std::to_string(r.segment) +
                                        " was removed during a transfer");
         }
-        if (!to_socket) {
-          Status granted = check_granted_locked(ranges, label);
-          if (!granted.ok()) return Status::unavailable(who + ": a write grant was revoked during the write");
+        Status granted = check_granted_locked(ranges, label, !to_socket);
+        if (!granted.ok()) {
+          return Status::unavailable(who + (to_socket ? ": a read grant was revoked during the read"
+                                                      : ": a write grant was revoked during the write"));
         }
         validated_epoch = epoch_.load();
       }

@@ -62,11 +62,14 @@ class TcpServer {
   void remove_segment(uint32_t id);
   // Writes of streams that opened as `label` may land in `spans` of
   // segments with kAccessByGrant until revoke(grant); a write with a range
-  // outside every grant to its label is refused whole (Error
+  // outside every write grant to its label is refused whole (Error
   // permission_denied), its bytes read and dropped. When revoke() returns,
   // no byte of a write lands in a range no remaining grant covers: a frame
-  // that was writing there is abandoned and its stream closed.
-  void grant(uint64_t grant, std::string label, const std::vector<GrantSpan>& spans);
+  // that was writing there is abandoned and its stream closed. A read
+  // grant (`read`) does the same for reads of segments with
+  // kAccessReadByGrant: a read outside every read grant to its label is
+  // refused whole, and one that a revoke overtakes stops sending.
+  void grant(uint64_t grant, std::string label, const std::vector<GrantSpan>& spans, bool read = false);
   void revoke(uint64_t grant);
 
  private:
@@ -92,9 +95,9 @@ class TcpServer {
   // them whenever a segment was removed or a grant revoked meanwhile.
   Status move_data(int fd, bool to_socket, const std::vector<Range>& ranges, const std::string& prefix,
                    const std::string& label, const std::string& peer);
-  // Requires segments_mutex_: OK when every write range that needs a grant
-  // lies inside one to `label`.
-  Status check_granted_locked(const std::vector<Range>& ranges, const std::string& label) const;
+  // Requires segments_mutex_: OK when every range of a write (or read)
+  // that needs a grant lies inside a write (read) grant to `label`.
+  Status check_granted_locked(const std::vector<Range>& ranges, const std::string& label, bool write) const;
   Status drain(int fd, uint64_t bytes, const std::string& peer);
   std::optional<SegmentSpan> lookup_locked(uint32_t id) const;
   void reap_finished();
@@ -106,15 +109,15 @@ class TcpServer {
   mutable std::shared_mutex segments_mutex_;
   std::map<uint32_t, SegmentSpan> segments_;
   std::atomic<uint64_t> epoch_{0};  // bumped by every remove_segment and revoke
-  // Grants, guarded by segments_mutex_: per label, per grant, the granted
-  // (segment, start, end) intervals, sorted.
+  // Grants, guarded by segments_mutex_: writes' ([0]) and reads' ([1]), per
+  // label, per grant, the granted (segment, start, end) intervals, sorted.
   struct Interval {
     uint32_t segment;
     uint64_t start, end;
     bool operator<(const Interval& o) const { return std::tie(segment, start) < std::tie(o.segment, o.start); }
   };
-  std::map<std::string, std::map<uint64_t, std::vector<Interval>>> grants_;
-  std::map<uint64_t, std::string> grant_labels_;
+  std::map<std::string, std::map<uint64_t, std::vector<Interval>>> grants_[2];
+  std::map<uint64_t, std::pair<bool, std::string>> grant_labels_;  // grant -> (read, label)
 
   std::mutex conns_mutex_;
   std::list<std::unique_ptr<Conn>> conns_;
