@@ -292,13 +292,13 @@ struct WorkerOptions {
   // Costs a simulated execution per request; for tests and debugging.
   bool verify_plans = false;
   // End-to-end integrity (SubmitOptions::verify_content): every read of a
-  // load and every write of a push is hashed (xxh3-64) where it landed and
+  // load and every write of a push is hashed (XXH3-64 of each 64 KiB, then
+  // of those; device memory on its device) where it landed and
   // at its source after the source's readiness, and a load whose bytes
   // differ anywhere fails naming the piece, instead of ending done. It moves
   // no byte differently; it hashes every byte on both sides, and over
   // transports without a hashing server (local, cma, ucx) reads it once more
-  // (bench/engine_bench, BM_VerifyContent). Host memory only: create()
-  // refuses it for a rank with device tensors.
+  // (bench/engine_bench, BM_VerifyContent).
   bool verify_content = false;
   // Pull or push (TransferMode); the same on every rank of both instances.
   TransferMode mode = TransferMode::kPull;

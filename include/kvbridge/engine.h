@@ -95,16 +95,18 @@ struct SubmitOptions {
   std::vector<std::string> ready_event_handles;
   uintptr_t ready_event = 0;
   // The content check, end to end: once each run of the transfer returned
-  // OK, the xxh3-64 of every copy's bytes here is compared with the same
-  // bytes on the peer as they are then (after the producer's readiness, and
-  // after they landed): hashed by the peer's own server where the transport
-  // has one (tcp), else read back into scratch memory and hashed here. A
-  // difference fails the transfer (kIoError "content check failed", naming
-  // the copy's bytes, the peer's address and segment, and both hashes), so a
-  // transport or peer that reports bytes it never moved, or bytes the source
-  // changed under the read, is never reported done. Host memory only
-  // (kInvalidArgument for a transfer of device memory). It reads every byte
-  // once more: measured by bench/engine_bench (BM_VerifyContent).
+  // OK, the content hash (XXH3-64 of each 64 KiB leaf, then of the leaves'
+  // hashes) of every copy's bytes here is compared with the same bytes on
+  // the peer as they are then (after the producer's readiness, and after
+  // they landed): hashed by the peer's own server where the transport has
+  // one (tcp), in place where the peer is this process (local), else read
+  // back into scratch memory and hashed here; device memory is hashed on
+  // its device (a kernel, a thread per leaf). A difference fails the
+  // transfer (kIoError "content check failed", naming the copy's bytes, the
+  // peer's address and segment, and both hashes), so a transport or peer
+  // that reports bytes it never moved, or bytes the source changed under
+  // the read, is never reported done. It reads every byte once more:
+  // measured by bench/engine_bench (BM_VerifyContent).
   bool verify_content = false;
 };
 

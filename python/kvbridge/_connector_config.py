@@ -51,7 +51,8 @@ class ConnectorConfig:
       freed; a read of anything else is refused. Enforced where the prefill serves the reads
       itself (tcp); over local, cma and ucx the reader reaches the memory directly.
     verify_content: check every byte moved end to end (xxh3 at the source and where it landed):
-      a load whose bytes differ fails naming the piece. Host memory; reads every byte again.
+      a load whose bytes differ fails naming the piece. Reads every byte again (device memory
+      on the device).
     host, advertise_host, secret, handshake_timeout_s, verify_plans, load_chunk_tokens:
       passed to each rank's Engine and ConnectorWorker; transports: the Engine's (None: every
       one available, the closest first).

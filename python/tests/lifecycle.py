@@ -93,7 +93,7 @@ class WorldConfig:
     load_timeout_s: float
     producer_delay_s: float
     concurrency: int
-    verify_content: bool  # every load's bytes hashed at the source and where they landed (host memory)
+    verify_content: bool  # every load's bytes hashed at the source and where they landed (device memory on the device)
 
     @staticmethod
     def draw(seed: int, device_ok: bool) -> "WorldConfig":
@@ -108,7 +108,7 @@ class WorldConfig:
             read_delay_ms=0 if device else (r.choice([5, 10]) if short_lease else r.choice([0, 0, 0, 2])),
             lease_s=0.3 if short_lease else 3.0, heartbeat_s=0.1,
             load_timeout_s=2.0, producer_delay_s=r.choice([0.002, 0.01]) if device else 0.0,
-            concurrency=r.choice([4, 6, 8]), verify_content=not device)
+            concurrency=r.choice([4, 6, 8]), verify_content=True)
 
 
 class Rank:

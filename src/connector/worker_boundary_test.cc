@@ -221,23 +221,45 @@ TEST(WorkerIntegrityTest, ALoadWhoseBytesNeverLandedFailsTheContentCheck) {
   EXPECT_GT(decode[0]->engine->metrics().bytes_content_checked, 0u);
 }
 
-// Device memory has no hash kernel: a worker over it refuses the check by
-// name rather than run without it.
-TEST(WorkerIntegrityTest, AWorkerOverDeviceMemoryRefusesTheContentCheckNamingTheTensor) {
+// Device memory is hashed where it is, by the device's kernel (the fake
+// runs the kernel's leaf code): a decode engine whose link reports copies
+// into device memory it never made ends the load ok without the check and
+// fails it with; an honest load of device memory passes and counts its
+// bytes.
+TEST(WorkerIntegrityTest, OverDeviceMemoryTheContentCheckHashesOnTheDevice) {
+  InstanceOptions po = opts("prefill", 1);
+  po.device = true;
+  auto prefill = instance(po);
+  for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, request(), RequestSide::kRemote, 0, 11, r->spans).ok());
+  for (bool verify : {false, true}) {
+    InstanceOptions o = opts("decode", 1);
+    o.device = true;
+    o.engine_faults = "skip-copies=1";
+    o.worker.verify_content = verify;
+    auto decode = instance(o);
+    ConnectorWorker& d = *decode[0]->worker;
+    ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+    ASSERT_TRUE(d.start_load(verify ? "2" : "1", "prefill", request()).ok());
+    LoadResult r = wait_one(d);
+    EXPECT_GT(bad_cells(*decode[0], request(), layer_set(decode[0]->layout), 11), 0u) << "the lying link moved bytes";
+    if (!verify) {
+      EXPECT_TRUE(r.error.ok()) << "without the check, the load reports ok: " << r.error.to_string();
+      continue;
+    }
+    ASSERT_FALSE(r.error.ok()) << "a load of device memory whose bytes never landed reported ok under verify_content";
+    EXPECT_EQ(r.error.code(), Code::kIoError);
+    EXPECT_NE(r.error.message().find("content check failed"), std::string::npos) << r.error.to_string();
+  }
   InstanceOptions o = opts("decode", 1);
   o.device = true;
+  o.worker.verify_content = true;
   auto decode = instance(o);
-  WorkerOptions w;
-  w.instance_id = "decode-checked";
-  w.verify_content = true;
-  Rank& r = *decode[0];
-  Result<std::unique_ptr<ConnectorWorker>> checked = ConnectorWorker::create(*r.engine, r.layout, r.spans, w);
-  ASSERT_FALSE(checked.ok());
-  EXPECT_EQ(checked.error().code(), Code::kInvalidArgument);
-  EXPECT_NE(checked.error().message().find("verify_content hashes host memory, and tensor '" +
-                                           r.layout.tensors[0].name + "' is cuda:0 memory"),
-            std::string::npos)
-      << checked.error().to_string();
+  ASSERT_TRUE(decode[0]->worker->add_remote("prefill", addresses(prefill)).ok());
+  ASSERT_TRUE(decode[0]->worker->start_load("3", "prefill", request()).ok());
+  LoadResult r = wait_one(*decode[0]->worker);
+  ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+  EXPECT_EQ(bad_cells(*decode[0], request(), layer_set(decode[0]->layout), 11), 0u);
+  EXPECT_GT(decode[0]->engine->metrics().bytes_content_checked, 0u);
 }
 
 // A done lost on the way is asked again: the load ends ok, and the prefill
@@ -256,7 +278,7 @@ TEST(WorkerFinalityTest, ALostDoneIsAskedAgainAndTheReaderCountedOnce) {
   ASSERT_TRUE(d.start_load("1", "prefill", request()).ok());
   LoadResult r = wait_one(d);
   ASSERT_TRUE(r.error.ok()) << r.error.to_string();
-  EXPECT_EQ(bad_cells(*decode[0], request(), {}, 11), 0u);
+  EXPECT_EQ(bad_cells(*decode[0], request(), layer_set(decode[0]->layout), 11), 0u);
   std::vector<Release> released;
   for (int i = 0; i < 200 && released.empty(); ++i) {
     for (const ReaderEvent& e : prefill[0]->worker->take_reader_events()) {

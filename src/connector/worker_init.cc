@@ -44,12 +44,6 @@ WorkerImpl::~WorkerImpl() {
 
 Status WorkerImpl::init(std::span<const std::span<uint8_t>> tensors) {
   KVB_RETURN_IF_ERROR(check_memory(layout_, tensors));
-  for (const Tensor& t : layout_.tensors) {
-    if (options_.verify_content && t.memory != "host") {
-      return Status::invalid_argument("verify_content hashes host memory, and tensor '" + t.name + "' is " + t.memory +
-                                      " memory (a device hash kernel is not built yet)");
-    }
-  }
   RankInfo info;
   info.instance_id = options_.instance_id;
   info.rank = layout_.rank();  // pp_rank * tp_size + tp_rank

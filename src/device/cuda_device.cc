@@ -30,6 +30,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/xxh3.h"
 #include "device/device.h"
 #include "device/kernels.h"
 
@@ -293,6 +294,61 @@ class CudaDevice final : public Device {
     auto* s = static_cast<RealStream*>(stream);
     KVB_CUDA_TRY(launch_fill_after(p, bytes, value, static_cast<uint64_t>(delay.count()) * 1000, s->stream),
                  "the fill kernel");
+    return Status();
+  }
+
+  // One kernel over every leaf of the ranges, on a stream of its own (the
+  // caller waited for the ranges' producers), with its table and output in
+  // stream-ordered memory; the leaves' hashes come back for the roots.
+  Status content_hashes(int device, std::span<const DeviceRange> ranges, std::vector<uint64_t>* hashes) override {
+    KVB_RETURN_IF_ERROR(ready());
+    hashes->clear();
+    std::vector<KernelRange> table;
+    uint64_t leaves = 0;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const DeviceRange& r = ranges[i];
+      KVB_ASSIGN_OR_RETURN(PointerInfo info, pointer_info(r.p));
+      const uint64_t at = reinterpret_cast<uint64_t>(r.p);
+      if (info.type != MemoryType::kDevice || info.device != device || at + r.bytes > info.base + info.bytes) {
+        return Status::invalid_argument("content_hashes: range " + std::to_string(i) + " (" + std::to_string(r.bytes) +
+                                        " bytes) is not device memory of cuda:" + std::to_string(device) +
+                                        " inside one allocation");
+      }
+      if (r.bytes == 0) continue;
+      table.push_back({at, r.bytes, leaves});
+      leaves += xxh3::content_leaves(r.bytes);
+    }
+    std::vector<uint64_t> out(leaves);
+    if (leaves > 0) {
+      KVB_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+      cudaStream_t stream = nullptr;
+      KVB_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      const size_t table_bytes = table.size() * sizeof(KernelRange);
+      void* d = nullptr;
+      auto run = [&]() -> Status {
+        KVB_CUDA_TRY(cudaMallocAsync(&d, table_bytes + leaves * sizeof(uint64_t), stream), "cudaMallocAsync");
+        auto* out_d = reinterpret_cast<uint64_t*>(static_cast<char*>(d) + table_bytes);
+        KVB_CUDA_TRY(cudaMemcpyAsync(d, table.data(), table_bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+        KVB_CUDA_TRY(launch_content_leaves(static_cast<const KernelRange*>(d), static_cast<uint32_t>(table.size()),
+                                           leaves, out_d, stream),
+                     "the content hash kernel");
+        KVB_CUDA_TRY(cudaMemcpyAsync(out.data(), out_d, leaves * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream),
+                     "cudaMemcpyAsync");
+        KVB_CUDA_TRY(cudaStreamSynchronize(stream), "the content hash kernel");
+        return Status();
+      };
+      const Status s = run();
+      if (d != nullptr) (void)cudaFreeAsync(d, stream);
+      (void)cudaStreamSynchronize(stream);
+      (void)cudaStreamDestroy(stream);
+      KVB_RETURN_IF_ERROR(s);
+    }
+    size_t k = 0;
+    for (const DeviceRange& r : ranges) {
+      const uint64_t n = xxh3::content_leaves(r.bytes);
+      hashes->push_back(xxh3::content_root(out.data() + k, n));
+      k += n;
+    }
     return Status();
   }
 

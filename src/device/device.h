@@ -34,6 +34,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvbridge/status.h"
 
@@ -68,6 +69,12 @@ using Event = void*;
 struct DeviceCopy {
   void* dst = nullptr;
   const void* src = nullptr;
+  uint64_t bytes = 0;
+};
+
+// A range of device memory to hash (Device::content_hashes).
+struct DeviceRange {
+  const void* p = nullptr;
   uint64_t bytes = 0;
 };
 
@@ -133,6 +140,15 @@ class Device {
   // Queues one copy per element of `copies` (one cudaMemcpyAsync each), as
   // connectors do without a batched copy: the bench's baseline.
   virtual Status copy_each(Stream stream, std::span<const DeviceCopy> copies) = 0;
+
+  // The content check's hash (common/xxh3.h: XXH3-64 of each 64 KiB leaf,
+  // then of the leaves' hashes) of each range, all device memory of
+  // `device` (this process's, or another's opened with open_memory),
+  // computed on the device (a kernel, one thread per leaf), the leaves'
+  // hash on the host; returns once done. The ranges' producers must be done
+  // (the caller waited for them). kInvalidArgument naming a range that is
+  // not device memory of `device` inside one allocation.
+  virtual Status content_hashes(int device, std::span<const DeviceRange> ranges, std::vector<uint64_t>* hashes) = 0;
 
   // Helpers for tests, the demo and the bench.
   // Device memory of `device` (managed: unified memory, to test refusals).

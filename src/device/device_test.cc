@@ -5,7 +5,9 @@
 #include "device/device.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -25,6 +27,48 @@ bool await(Device& d, Event event, std::chrono::milliseconds within = 5000ms) {
     std::this_thread::sleep_for(1ms);
   }
   return false;
+}
+
+// The content check's hash on the device: what the kernel computes (the
+// fake runs the kernel's leaf code on the host) equals libxxhash's tree of
+// the same bytes, for ranges of no byte, less than a leaf, and several
+// leaves at odd offsets; a range that is not device memory of the device,
+// or runs past its allocation, is refused naming it, as CUDA would fault.
+TEST(FakeDeviceTest, HashesDeviceMemoryAsTheHostHashesTheSameBytes) {
+  Device& d = fake();
+  const uint64_t bytes = 3 * (uint64_t{1} << 16) + 4099;
+  Result<void*> p = d.allocate(1, bytes);
+  ASSERT_TRUE(p.ok()) << p.error().to_string();
+  auto* mem = static_cast<uint8_t*>(*p);
+  for (uint64_t i = 0; i < bytes; ++i) mem[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  auto tree = [](const uint8_t* data, uint64_t n) {
+    std::vector<uint64_t> leaves;
+    for (uint64_t at = 0; at < n; at += uint64_t{1} << 16) {
+      leaves.push_back(XXH3_64bits(data + at, std::min<uint64_t>(uint64_t{1} << 16, n - at)));
+    }
+    return XXH3_64bits(leaves.data(), leaves.size() * sizeof(uint64_t));
+  };
+  const std::vector<DeviceRange> ranges{{mem, 0}, {mem + 1, 100}, {mem + 3, bytes - 3}, {mem, bytes}};
+  std::vector<uint64_t> hashes;
+  ASSERT_TRUE(d.content_hashes(1, ranges, &hashes).ok());
+  ASSERT_EQ(hashes.size(), ranges.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    EXPECT_EQ(hashes[i], tree(static_cast<const uint8_t*>(ranges[i].p), ranges[i].bytes)) << "range " << i;
+  }
+  const uint64_t before = hashes[3];
+  mem[bytes - 1] ^= 1;
+  ASSERT_TRUE(d.content_hashes(1, std::vector<DeviceRange>{{mem, bytes}}, &hashes).ok());
+  EXPECT_NE(hashes[0], before) << "a changed byte changes the hash";
+  EXPECT_EQ(hashes[0], tree(mem, bytes));
+  std::vector<uint8_t> host(64);
+  Status s = d.content_hashes(1, std::vector<DeviceRange>{{mem, 8}, {host.data(), 8}}, &hashes);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("range 1 (8 bytes at 0x"), std::string::npos) << s.to_string();
+  EXPECT_EQ(d.content_hashes(0, std::vector<DeviceRange>{{mem, 8}}, &hashes).code(), Code::kInvalidArgument)
+      << "memory of device 1 hashed on device 0";
+  EXPECT_EQ(d.content_hashes(1, std::vector<DeviceRange>{{mem + 8, bytes}}, &hashes).code(), Code::kInvalidArgument)
+      << "past the allocation";
+  EXPECT_TRUE(d.free(*p).ok());
 }
 
 TEST(FakeDeviceTest, TellsDeviceMemoryFromHostAndManagedMemory) {

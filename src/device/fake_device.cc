@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "common/thread_name.h"
+#include "common/xxh3.h"
 #include "device/device.h"
 
 namespace kvbridge::device {
@@ -373,6 +374,30 @@ class FakeDevice final : public Device {
 
   Status copy_sync(void* dst, const void* src, uint64_t bytes) override {
     std::memcpy(dst, src, bytes);
+    return Status();
+  }
+
+  // What the kernel computes, leaf by leaf with the same code, on the host;
+  // a range that is not device memory of `device` inside one allocation
+  // fails as the kernel's launch would (an illegal address on a real one).
+  Status content_hashes(int device, std::span<const DeviceRange> ranges, std::vector<uint64_t>* hashes) override {
+    KVB_RETURN_IF_ERROR(check_device(device));
+    hashes->clear();
+    std::vector<uint64_t> leaves;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const DeviceRange& r = ranges[i];
+      KVB_ASSIGN_OR_RETURN(PointerInfo info, pointer_info(r.p));
+      const uint64_t at = reinterpret_cast<uint64_t>(r.p);
+      if (info.type != MemoryType::kDevice || info.device != device || at + r.bytes > info.base + info.bytes) {
+        std::ostringstream m;
+        m << "fake device: content_hashes: range " << i << " (" << r.bytes << " bytes at 0x" << std::hex << at
+          << ") is not device memory of device " << std::dec << device << " inside one allocation";
+        return Status::invalid_argument(m.str());
+      }
+      leaves.resize(xxh3::content_leaves(r.bytes));
+      for (uint64_t l = 0; l < leaves.size(); ++l) leaves[l] = xxh3::content_leaf(r.p, r.bytes, l);
+      hashes->push_back(xxh3::content_root(leaves.data(), leaves.size()));
+    }
     return Status();
   }
 

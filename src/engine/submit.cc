@@ -138,14 +138,10 @@ Result<TransferId> EngineImpl::start_transfer(const Peer& p, const Route& route,
     return refuse(Status::invalid_argument("submit: " + std::to_string(options.ready_event_handles.size()) +
                                            " ready event handles, more than " + std::to_string(kMaxReadyEvents)));
   }
-  if (options.verify_content && route.device) {
-    return refuse(Status::invalid_argument(
-        "submit: verify_content hashes host memory, and this transfer moves device memory (a device hash "
-        "kernel is not built yet)"));
-  }
   if (options.timeout.count() <= 0) options.timeout = options_.default_timeout;
   auto t = std::make_shared<Transfer>();
   t->verify_content = options.verify_content;
+  t->device = route.device;
   t->op = op;
   t->notification = std::move(options.notification);
   t->timeout = options.timeout;

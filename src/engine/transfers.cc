@@ -27,18 +27,23 @@ std::string transfer_name(const Transfer& t) {
 
 }  // namespace
 
-Status check_content(transport::Link& link, TransferOp op, std::span<const transport::Copy> copies,
+Status check_content(transport::Link& link, TransferOp op, std::span<const transport::Copy> copies, bool device,
                      transport::RunControl& control, bool* differ) {
   *differ = false;
-  std::vector<uint64_t> remote;
+  std::vector<uint64_t> remote, local;
   KVB_RETURN_IF_ERROR(link.digest(copies, control, &remote));
   if (remote.size() != copies.size()) {
     return Status::internal("content check: the link hashed " + std::to_string(remote.size()) + " copies of " +
                             std::to_string(copies.size()));
   }
+  std::vector<device::DeviceRange> ranges;
+  ranges.reserve(copies.size());
+  for (const transport::Copy& c : copies) ranges.push_back({c.local, c.bytes});
+  KVB_RETURN_IF_ERROR(
+      transport::content_hashes_in_place(ranges, device, &local).with_context("content check: hashing here"));
   for (size_t i = 0; i < copies.size(); ++i) {
     const transport::Copy& c = copies[i];
-    const uint64_t here = transport::content_hash(c.local, c.bytes);
+    const uint64_t here = local[i];
     if (here == remote[i]) continue;
     const bool read = op == TransferOp::kRead;
     char text[200];
@@ -257,7 +262,7 @@ void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
   Status s = t.link->run(t.op, chunk.copies, chunk.control);
   if (s.ok() && t.verify_content) {
     bool differ = false;
-    s = check_content(*t.link, t.op, chunk.copies, chunk.control, &differ);
+    s = check_content(*t.link, t.op, chunk.copies, t.device, chunk.control, &differ);
     if (s.ok()) {
       uint64_t bytes = 0;
       for (const transport::Copy& c : chunk.copies) bytes += c.bytes;

@@ -100,6 +100,7 @@ struct Transfer {
   ChunkArray chunks;
   bool run_here = false;        // runs on the submitting thread: never queued, no deadline entry
   bool verify_content = false;  // SubmitOptions::verify_content: each run's copies are hashed on both sides
+  bool device = false;          // some copy touches device memory (here or on the peer)
 
   // Guarded by mu.
   mutable std::mutex mu;
@@ -140,12 +141,13 @@ class WakeTokens {
 // copy where needed; small batches stay one chunk.
 std::vector<std::vector<transport::Copy>> split_copies(std::vector<transport::Copy> copies, size_t parts);
 
-// The content check of one run that returned OK: the xxh3-64 of each
-// copy's local side against the link's digest of its remote side
-// (Link::digest). kIoError naming the first copy that differs (its bytes,
-// the peer's address and segment, both hashes; `*differ` set), or the
-// digest's error.
-Status check_content(transport::Link& link, TransferOp op, std::span<const transport::Copy> copies,
+// The content check of one run that returned OK: the content hash
+// (transport::content_hash) of each copy's local side (`device`: device
+// memory among them is hashed by the device's kernel) against the link's
+// digest of its remote side (Link::digest). kIoError naming the first copy
+// that differs (its bytes, the peer's address and segment, both hashes;
+// `*differ` set), or the digest's or the device's error.
+Status check_content(transport::Link& link, TransferOp op, std::span<const transport::Copy> copies, bool device,
                      transport::RunControl& control, bool* differ);
 
 class Transfers {

@@ -2,13 +2,18 @@
 #include "transport/copies.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <new>
 #include <system_error>
 #include <thread>
 
 #include <xxhash.h>
+
+#include "common/xxh3.h"
 
 namespace kvbridge::transport {
 
@@ -71,18 +76,102 @@ Status run_shares(const std::vector<std::vector<Copy>>& shares, const ShareRun& 
   return first;
 }
 
-uint64_t content_hash(const void* data, uint64_t bytes) { return XXH3_64bits(data, bytes); }
+static_assert(std::endian::native == std::endian::little, "the content hash's leaves are little-endian u64s");
+
+uint64_t content_hash(const void* data, uint64_t bytes) {
+  // XXH3_64bits equals xxh3::hash64 (common_test): libxxhash is the fast one.
+  const uint64_t n = xxh3::content_leaves(bytes);
+  uint64_t small[16];
+  std::vector<uint64_t> large;
+  uint64_t* leaves = small;
+  if (n > std::size(small)) {
+    large.resize(n);
+    leaves = large.data();
+  }
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t at = i * xxh3::kContentLeafBytes;
+    leaves[i] = XXH3_64bits(p + at, std::min(xxh3::kContentLeafBytes, bytes - at));
+  }
+  return XXH3_64bits(leaves, n * sizeof(uint64_t));
+}
 
 ContentHasher::ContentHasher() : state_(XXH3_createState()) {
   if (state_ == nullptr) throw std::bad_alloc();
   reset();
 }
 ContentHasher::~ContentHasher() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
-void ContentHasher::reset() { XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_)); }
-void ContentHasher::update(const void* data, uint64_t bytes) {
-  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
+void ContentHasher::reset() {
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+  in_leaf_ = 0;
+  leaves_.clear();
 }
-uint64_t ContentHasher::digest() const { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)); }
+void ContentHasher::update(const void* data, uint64_t bytes) {
+  auto* state = static_cast<XXH3_state_t*>(state_);
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (bytes > 0) {
+    const uint64_t take = std::min(bytes, xxh3::kContentLeafBytes - in_leaf_);
+    XXH3_64bits_update(state, p, take);
+    p += take;
+    bytes -= take;
+    in_leaf_ += take;
+    if (in_leaf_ == xxh3::kContentLeafBytes) {
+      leaves_.push_back(XXH3_64bits_digest(state));
+      XXH3_64bits_reset(state);
+      in_leaf_ = 0;
+    }
+  }
+}
+uint64_t ContentHasher::digest() const {
+  std::vector<uint64_t> leaves = leaves_;
+  if (in_leaf_ > 0) leaves.push_back(XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)));
+  return XXH3_64bits(leaves.data(), leaves.size() * sizeof(uint64_t));
+}
+
+Status content_hashes_in_place(std::span<const device::DeviceRange> ranges, bool maybe_device,
+                               std::vector<uint64_t>* hashes) {
+  hashes->assign(ranges.size(), 0);
+  if (!maybe_device) {
+    for (size_t i = 0; i < ranges.size(); ++i) (*hashes)[i] = content_hash(ranges[i].p, ranges[i].bytes);
+    return Status();
+  }
+  device::Device& dev = device::current();
+  // Device ranges inside one allocation, by device: one kernel each.
+  std::map<int, std::pair<std::vector<device::DeviceRange>, std::vector<size_t>>> on;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const device::DeviceRange& r = ranges[i];
+    KVB_ASSIGN_OR_RETURN(device::PointerInfo info, dev.pointer_info(r.p));
+    const uint64_t at = reinterpret_cast<uint64_t>(r.p);
+    if (info.type != device::MemoryType::kDevice) {
+      (*hashes)[i] = content_hash(r.p, r.bytes);
+    } else if (at + r.bytes <= info.base + info.bytes) {
+      on[info.device].first.push_back(r);
+      on[info.device].second.push_back(i);
+    } else {
+      // Across allocations: copied to the host piece by piece (each inside one).
+      ContentHasher hasher;
+      std::vector<uint8_t> scratch;
+      for (uint64_t done = 0; done < r.bytes;) {
+        const auto* p = static_cast<const uint8_t*>(r.p) + done;
+        KVB_ASSIGN_OR_RETURN(device::PointerInfo piece, dev.pointer_info(p));
+        const uint64_t here = reinterpret_cast<uint64_t>(p);
+        const uint64_t end = piece.type == device::MemoryType::kDevice ? piece.base + piece.bytes : here + 1;
+        const uint64_t n = std::min({r.bytes - done, end - here, uint64_t{4} << 20});
+        scratch.resize(n);
+        KVB_RETURN_IF_ERROR(dev.copy_sync(scratch.data(), p, n));
+        hasher.update(scratch.data(), n);
+        done += n;
+      }
+      (*hashes)[i] = hasher.digest();
+    }
+  }
+  for (auto& [device, batch] : on) {
+    std::vector<uint64_t> got;
+    KVB_RETURN_IF_ERROR(dev.content_hashes(device, batch.first, &got));
+    for (size_t k = 0; k < got.size(); ++k) (*hashes)[batch.second[k]] = got[k];
+  }
+  return Status();
+}
 
 Status read_digests(Link& link, std::span<const Copy> copies, RunControl& control, std::vector<uint64_t>* hashes,
                     uint64_t piece_bytes) {

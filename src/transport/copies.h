@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "device/device.h"
 #include "kvbridge/status.h"
 #include "transport/transport.h"
 
@@ -30,8 +31,10 @@ std::vector<std::vector<Copy>> split_by_bytes(std::span<const Copy> copies, size
 using ShareRun = std::function<Status(size_t index, std::span<const Copy> share, const std::atomic<bool>& abort)>;
 Status run_shares(const std::vector<std::vector<Copy>>& shares, const ShareRun& run);
 
-// The xxh3-64 of `bytes` at `data`: the content check's hash, one function
-// for every side that computes it.
+// The content check's hash of `bytes` at `data` (host memory), one function
+// for every side that computes it: XXH3-64 of each 64 KiB leaf, then of the
+// leaves' hashes (common/xxh3.h), so that a device hashes leaves in
+// parallel and gets the same value.
 uint64_t content_hash(const void* data, uint64_t bytes);
 
 // content_hash() of bytes given in pieces, in order: reset(), update()
@@ -47,8 +50,18 @@ class ContentHasher {
   uint64_t digest() const;
 
  private:
-  void* state_;  // an XXH3_state_t
+  void* state_;                   // an XXH3_state_t: the leaf under way
+  uint64_t in_leaf_ = 0;          // its bytes so far
+  std::vector<uint64_t> leaves_;  // the hashes of the whole leaves before it
 };
+
+// content_hash() of each range of this process's memory, where it is: host
+// memory on this thread; with `maybe_device`, device memory (this
+// process's, or opened from another) by the device's kernel
+// (device::Device::content_hashes), one per device, and a range across
+// device allocations through the host. The device's error otherwise.
+Status content_hashes_in_place(std::span<const device::DeviceRange> ranges, bool maybe_device,
+                               std::vector<uint64_t>* hashes);
 
 // Link::digest's default: reads the remote side of each copy again with
 // `link.run()` into scratch memory, in pieces of at most `piece_bytes`, and

@@ -24,6 +24,7 @@
 #include "conformance/pattern.h"
 #include "device/device.h"
 #include "kvbridge/engine.h"
+#include "transport/copies.h"
 
 namespace kvbridge {
 namespace {
@@ -142,6 +143,42 @@ TEST(GpuTest, ManyBlocksMoveExactlyWithBothCopyMethods) {
     ASSERT_EQ(a->wait(*t, 30s).state, TransferState::kDone);
     EXPECT_EQ(find_mismatch(host.data(), kBytes, 5, 0), -1) << method << ": device -> host";
   }
+}
+
+// The content hash kernel: device memory hashed on the device equals the
+// host's hash of the same bytes (ranges of no byte, less than a leaf, many
+// leaves, odd offsets); a content-checked transfer of device memory ends
+// done and counts its bytes.
+TEST(GpuTest, TheContentHashKernelHashesAsTheHostDoes) {
+  REQUIRE_DEVICE();
+  constexpr uint64_t kBytes = (uint64_t{5} << 20) + 12345;
+  DeviceBuffer d(0, kBytes);
+  const std::vector<uint8_t> host = pattern(kBytes, 9);
+  d.write(host);
+  const std::vector<std::pair<uint64_t, uint64_t>> spans{{0, 0}, {1, 100}, {7, 65536}, {3, kBytes - 3}, {0, kBytes}};
+  std::vector<device::DeviceRange> ranges;
+  for (auto [at, n] : spans) ranges.push_back({d.p + at, n});
+  std::vector<uint64_t> hashes;
+  ASSERT_TRUE(dev().content_hashes(0, ranges, &hashes).ok());
+  ASSERT_EQ(hashes.size(), spans.size());
+  for (size_t i = 0; i < spans.size(); ++i) {
+    EXPECT_EQ(hashes[i], transport::content_hash(host.data() + spans[i].first, spans[i].second)) << "range " << i;
+  }
+  auto a = engine("a", {"local"});
+  auto b = engine("b", {"local"});
+  DeviceBuffer dst(0, kBytes);
+  const RegionId rs = *b->register_memory(d.p, kBytes, "cuda:0");
+  const RegionId rd = *a->register_memory(dst.p, kBytes, "cuda:0");
+  const PeerId peer = *a->connect(b->metadata());
+  const TransferItem all{rd, 0, rs, 0, kBytes};
+  SubmitOptions o;
+  o.verify_content = true;
+  Result<TransferId> t = a->submit(peer, TransferOp::kRead, {&all, 1}, o);
+  ASSERT_TRUE(t.ok()) << t.error().to_string();
+  TransferStatus st = a->wait(*t, 30s);
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
+  EXPECT_EQ(a->metrics().bytes_content_checked, kBytes);
+  EXPECT_EQ(find_mismatch(dst.read().data(), kBytes, 9, 0), -1);
 }
 
 // A slow producer kernel: the transfer, submitted at once with the

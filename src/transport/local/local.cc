@@ -95,26 +95,25 @@ class LocalLink final : public Link {
 
   bool runs_inline() const override { return true; }
 
-  // The peer is this process: its bytes are hashed where they are, after
-  // the same bounds check a run makes (host memory only: the engine refuses
-  // the check for device memory).
+  // The peer is this process: its bytes are hashed where they are (device
+  // memory by the device's kernel), after the same bounds check a run makes.
   Status digest(std::span<const Copy> copies, RunControl& control, std::vector<uint64_t>* hashes) override {
     (void)control;
+    std::vector<device::DeviceRange> ranges;
+    bool device = false;
     {
       std::shared_lock<std::shared_mutex> lock(mu_);
       for (const Copy& c : copies) {
         const Remote* s = remote_of_locked(c);
-        if (s == nullptr || s->device >= 0) {
+        if (s == nullptr) {
           return Status::out_of_range("local: digest of peer '" + peer_ + "' address " + std::to_string(c.remote) +
-                                      " outside its host segment " + std::to_string(c.segment));
+                                      " outside its segment " + std::to_string(c.segment));
         }
+        device = device || s->device >= 0;
+        ranges.push_back({reinterpret_cast<const void*>(c.remote), c.bytes});
       }
     }
-    hashes->resize(copies.size());
-    for (size_t i = 0; i < copies.size(); ++i) {
-      (*hashes)[i] = content_hash(reinterpret_cast<const void*>(copies[i].remote), copies[i].bytes);
-    }
-    return Status();
+    return content_hashes_in_place(ranges, device, hashes);
   }
 
   Status refresh(const PeerInfo& peer) override {

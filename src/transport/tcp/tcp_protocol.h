@@ -44,7 +44,7 @@ inline constexpr uint64_t kMaxFrameDataBytes = uint64_t{1} << 30;
 // The tcp protocol's frame types (after the shared opening types).
 inline constexpr uint8_t kAccept = 16, kRead = 17, kWrite = 18, kReadData = 19, kWriteAck = 20, kError = 21;
 // The content check (Link::digest): Digest carries a range table like Read;
-// the server answers DigestData, the xxh3-64 of each range's bytes as they
+// the server answers DigestData, the content hash (copies.h) of each range's bytes as they
 // are, in order (a u32 count, then a u64 per range), or Error. A range may
 // be hashed where the client may read it, or write it (inside a grant to
 // its label, for a segment that takes writes only by grant).
