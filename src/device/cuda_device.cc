@@ -238,7 +238,9 @@ class CudaDevice final : public Device {
     if (copies.empty()) return Status();
     auto* s = static_cast<RealStream*>(stream);
     if (method == CopyMethod::kKernel) return copy_by_kernel(*s, copies, max_blocks);
-#if CUDART_VERSION >= 12080
+#if CUDART_VERSION < 12080
+#error "the cuda device needs CUDA 12.8 or later (cudaMemcpyBatchAsync); CMakeLists.txt says so at configure"
+#endif
     std::vector<void*> dsts(copies.size());
     std::vector<const void*> srcs(copies.size());
     std::vector<size_t> sizes(copies.size());
@@ -254,14 +256,19 @@ class CudaDevice final : public Device {
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     size_t first = 0;
-    KVB_CUDA_TRY(
-        cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), copies.size(), &attr, &first, 1, s->stream),
-        "cudaMemcpyBatchAsync of " + std::to_string(copies.size()) + " copies");
+#if CUDART_VERSION >= 13000
+    // CUDA 13: const arrays, no failure index.
+    const cudaError_t e =
+        cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), copies.size(), &attr, &first, 1, s->stream);
+    const std::string failed;
 #else
-    for (const DeviceCopy& c : copies) {
-      KVB_CUDA_TRY(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, s->stream), "cudaMemcpyAsync");
-    }
+    // CUDA 12.8 and 12.9: mutable arrays, and the index of the copy that failed.
+    size_t fail = SIZE_MAX;
+    const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), const_cast<void**>(srcs.data()), sizes.data(),
+                                               copies.size(), &attr, &first, 1, &fail, s->stream);
+    const std::string failed = fail < copies.size() ? " (copy " + std::to_string(fail) + " failed)" : "";
 #endif
+    KVB_CUDA_TRY(e, "cudaMemcpyBatchAsync of " + std::to_string(copies.size()) + " copies" + failed);
     return Status();
   }
 
