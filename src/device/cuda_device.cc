@@ -31,31 +31,25 @@
 #include <vector>
 
 #include "common/xxh3.h"
+#include "device/cuda_errors.h"
 #include "device/device.h"
 #include "device/kernels.h"
 
 namespace kvbridge::device {
 namespace {
 
-Status cuda_error(cudaError_t e, const std::string& what) {
-  const std::string text = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-  switch (e) {
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInitializationError:
-      return Status::unavailable("CUDA: " + what + ": " + text);
-    case cudaErrorMemoryAllocation:
-      return Status::resource_exhausted("CUDA: " + what + ": " + text);
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidDevice:
-      return Status::invalid_argument("CUDA: " + what + ": " + text);
-    case cudaErrorInvalidResourceHandle:
-    case cudaErrorMapBufferObjectFailed:
-      return Status::not_found("CUDA: " + what + ": " + text);
-    default:
-      return Status::io_error("CUDA: " + what + ": " + text);
-  }
+// cuda_errors.cc maps these by number.
+static_assert(cudaErrorInvalidValue == 1 && cudaErrorMemoryAllocation == 2 && cudaErrorInitializationError == 3 &&
+              cudaErrorInvalidDevicePointer == 17 && cudaErrorInsufficientDriver == 35 && cudaErrorNoDevice == 100 &&
+              cudaErrorInvalidDevice == 101 && cudaErrorMapBufferObjectFailed == 205 &&
+              cudaErrorInvalidResourceHandle == 400);
+static_assert(cudaErrorIllegalAddress == 700 && cudaErrorLaunchTimeout == 702 && cudaErrorAssert == 710 &&
+              cudaErrorHardwareStackError == 714 && cudaErrorIllegalInstruction == 715 &&
+              cudaErrorMisalignedAddress == 716 && cudaErrorInvalidAddressSpace == 717 && cudaErrorInvalidPc == 718 &&
+              cudaErrorLaunchFailure == 719 && cudaErrorTensorMemoryLeak == 721 && cudaErrorMpsClientTerminated == 810);
+
+Status cuda_error(cudaError_t e, const std::string& what, bool opening = false) {
+  return cuda_status(static_cast<int>(e), cudaGetErrorName(e), cudaGetErrorString(e), what, opening);
 }
 
 #define KVB_CUDA_TRY(expr, what)                                \
@@ -155,7 +149,7 @@ class CudaDevice final : public Device {
       (void)cudaGetLastError();
       return Status::already_exists("CUDA: cudaIpcOpenMemHandle: this handle is already open in this process");
     }
-    KVB_CUDA_TRY(e, "cudaIpcOpenMemHandle");
+    if (e != cudaSuccess) return cuda_error(e, "cudaIpcOpenMemHandle", true);
     return p;
   }
 
@@ -211,7 +205,9 @@ class CudaDevice final : public Device {
     if (handle.size() != sizeof(h)) return Status::invalid_argument("CUDA: open_event: not a cudaIpcEventHandle_t");
     std::memcpy(&h, handle.data(), sizeof(h));
     cudaEvent_t e = nullptr;
-    KVB_CUDA_TRY(cudaIpcOpenEventHandle(&e, h), "cudaIpcOpenEventHandle");
+    if (const cudaError_t opened = cudaIpcOpenEventHandle(&e, h); opened != cudaSuccess) {
+      return cuda_error(opened, "cudaIpcOpenEventHandle", true);
+    }
     return static_cast<Event>(e);
   }
 

@@ -4,6 +4,8 @@
 // real device's answer on a machine without one.
 #include "device/device.h"
 
+#include "device/cuda_errors.h"
+
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
@@ -27,6 +29,36 @@ bool await(Device& d, Event event, std::chrono::milliseconds within = 5000ms) {
     std::this_thread::sleep_for(1ms);
   }
   return false;
+}
+
+// What a CUDA error means (cuda_errors.h), by number as the runtime gives
+// it: a sticky error says the process's context is unusable and it must
+// restart; an invalid handle is "gone" only when opening another process's
+// memory or event, and a caller's mistake (another device's stream, a
+// destroyed event) otherwise.
+TEST(CudaErrorsTest, StickyErrorsSayToRestartAndAnInvalidHandleSaysWhatItMeans) {
+  Status s =
+      cuda_status(700, "cudaErrorIllegalAddress", "an illegal memory access was encountered", "the gather kernel");
+  EXPECT_EQ(s.code(), Code::kUnavailable);
+  EXPECT_EQ(s.message(),
+            "CUDA: the gather kernel: cudaErrorIllegalAddress: an illegal memory access was encountered (a sticky "
+            "error: this process's CUDA context is unusable, every later CUDA call fails the same way; restart the "
+            "process)");
+  for (int sticky : {700, 702, 710, 714, 715, 716, 717, 718, 719, 721, 810}) EXPECT_TRUE(cuda_sticky(sticky)) << sticky;
+  for (int not_sticky : {1, 2, 100, 400, 701, 999}) EXPECT_FALSE(cuda_sticky(not_sticky)) << not_sticky;
+  s = cuda_status(400, "cudaErrorInvalidResourceHandle", "invalid resource handle", "cudaEventRecord");
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("of another device, or one already destroyed"), std::string::npos) << s.to_string();
+  s = cuda_status(400, "cudaErrorInvalidResourceHandle", "invalid resource handle", "cudaIpcOpenMemHandle", true);
+  EXPECT_EQ(s.code(), Code::kNotFound);
+  EXPECT_NE(s.message().find("its exporter freed it, or exited"), std::string::npos) << s.to_string();
+  EXPECT_EQ(cuda_status(2, "cudaErrorMemoryAllocation", "out of memory", "cudaMalloc").code(),
+            Code::kResourceExhausted);
+  EXPECT_EQ(cuda_status(100, "cudaErrorNoDevice", "no CUDA-capable device", "cudaGetDeviceCount").code(),
+            Code::kUnavailable);
+  EXPECT_EQ(cuda_status(101, "cudaErrorInvalidDevice", "invalid device ordinal", "cudaSetDevice").code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(cuda_status(999, "cudaErrorUnknown", "unknown error", "x").code(), Code::kIoError);
 }
 
 // The content check's hash on the device: what the kernel computes (the
