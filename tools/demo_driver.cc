@@ -262,7 +262,7 @@ class Driver {
       if (it != prefill_blocks_.end()) {
         // The prefill ranks hear it before the blocks go to another request.
         for (Proc* p : ranks_of(true, 0)) {
-          if (p->alive) (void)p->ch.send({{"cmd", "released"}, {"req", r.request}});
+          if (p->alive) (void)p->ch.send({{"cmd", "released"}, {"req", r.request}, {"readers", r.readers_done}});
         }
         it->second.release_to(*ppool_);
         prefill_blocks_.erase(it);

@@ -314,7 +314,8 @@ class Rank {
                        {"us", std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count()}});
     }
     if (cmd == "released") {
-      worker_->blocks_released(id);  // no reply: the driver frees the blocks after telling every prefill rank
+      // No reply: the driver frees the blocks after telling every prefill rank.
+      worker_->blocks_released(id, m.value("readers", std::vector<std::string>{}));
       return Status();
     }
     if (cmd == "recompute") return recompute(id, m.at("from").get<uint64_t>());

@@ -127,6 +127,11 @@ struct Release {
   // "readers disagree on how many they are: 'd/r0' says 2, 'd/r1' says 4"
   // (the hold waited for the largest). Empty when they agreed.
   std::string disagreement;
+  // Readers that reported done before the release: their reads had ended
+  // while the blocks were held, so their dones that reach other ranks of
+  // this instance later are answered "held"
+  // (ConnectorWorker::blocks_released(request, readers_done)).
+  std::vector<std::string> readers_done;
 };
 
 class PrefillScheduler {
@@ -180,7 +185,7 @@ class PrefillScheduler {
     uint32_t count = 0;                    // by count: readers still to report done
     bool derived = false;                  // by derived count: `count` is what the readers said (0: nobody yet)
     std::map<std::string, uint32_t> said;  // derived: each reader heard and the count it said
-    std::set<std::string> done;            // by count: who did
+    std::set<std::string> done;            // who reported done
     bool heard = false;                    // any heartbeat or done
     bool aborted = false;
     SteadyTime expires;
@@ -489,11 +494,16 @@ class ConnectorWorker {
   // Prefill side: the engine frees the request's blocks now (its hold ended:
   // read, lease expired, or aborted). A reader's done that comes later is
   // answered "released", so a load whose reads may have seen the blocks'
-  // next owner fails instead of passing those bytes as the request's. Call
-  // it before anything can write to those blocks again (an engine's step:
-  // before the forward pass of the step whose scheduler freed them). The
-  // last 65,536 released requests are remembered.
-  virtual void blocks_released(RequestId request) = 0;
+  // next owner fails instead of passing those bytes as the request's;
+  // except from the engines named in `readers_done` (Release::readers_done:
+  // readers whose done some rank of this instance heard before the release,
+  // so whose reads ended while the blocks were held; a reader of several
+  // ranks sends each its done, and one may arrive after another made the
+  // hold end). Call it before anything can write to those blocks again (an
+  // engine's step: before the forward pass of the step whose scheduler freed
+  // them). The last 65,536 released requests are remembered.
+  virtual void blocks_released(RequestId request, const std::vector<std::string>& readers_done) = 0;
+  void blocks_released(RequestId request) { blocks_released(std::move(request), {}); }
   // Prefill side, pull mode: `request`'s KV is in this rank's blocks
   // `blocks` (by group name, as the hand-off names them; ids below 0
   // skipped), and is handed off to a reader. With WorkerOptions::

@@ -76,6 +76,9 @@ class ConnectorMetadata:
     # Prefill: requests whose held blocks the engine frees now: each rank says so to its readers
     # before anything can write those blocks again (a read that may have seen the next owner fails).
     released: List[str] = dataclasses.field(default_factory=list)
+    # The readers whose done came before each release: their dones that reach a rank later are
+    # answered "held" (their reads ended while the blocks were the request's).
+    released_readers: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
     # Requests the step's batch computes whose KV streams in (build_connector_meta(scheduled=)):
     # wait_for_layer_load() waits for these only, never for loads the batch does not compute.
     computes: List[str] = dataclasses.field(default_factory=list)

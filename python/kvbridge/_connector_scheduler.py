@@ -318,6 +318,7 @@ class SchedulerConnector:
             # Every rank says so to its readers in the next step, before the engine can give the
             # blocks to another request: a read that may see the next owner's bytes then fails.
             self._meta.released.append(release.request)
+            self._meta.released_readers[release.request] = list(release.readers_done)
             if release.request not in self._saving:
                 self._done.finished_sending.add(release.request)
         for outcome in self._decode.take_outcomes(now):

@@ -124,7 +124,7 @@ class WorkerConnector:
                 with self._lock:
                     self._out.hand_off_errors.setdefault(rid, str(e))
         for rid in meta.released:
-            w.blocks_released(rid)
+            w.blocks_released(rid, meta.released_readers.get(rid, []))
         aborting = set(meta.aborts)
         ready = self._consumer_ready()
         for load in meta.loads:

@@ -380,10 +380,15 @@ void bind_worker(py::module_& m) {
           py::arg("instance"),
           "Forgets a remote instance (it left); loads queued for it fail naming it. NotFound if unknown.")
       .def(
-          "blocks_released", [](PyWorker& w, Rid request) { w.get().blocks_released(request); }, py::arg("request"),
+          "blocks_released",
+          [](PyWorker& w, Rid request, const std::vector<std::string>& readers_done) {
+            w.get().blocks_released(request, readers_done);
+          },
+          py::arg("request"), py::arg("readers_done") = std::vector<std::string>{},
           "Prefill side: the engine frees the request's blocks now. A reader's done that comes later is\n"
-          "answered 'released', so a read that may have seen the blocks' next owner fails. Call it before\n"
-          "anything can write to those blocks again.")
+          "answered 'released', so a read that may have seen the blocks' next owner fails; except from\n"
+          "the readers named in readers_done (Release.readers_done: their reads ended while the blocks\n"
+          "were held). Call it before anything can write to those blocks again.")
       .def(
           "hand_off",
           [](PyWorker& w, Rid request, const std::map<std::string, std::vector<int64_t>>& blocks) {

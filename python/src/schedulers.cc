@@ -22,20 +22,25 @@ void bind_schedulers(py::module_& m) {
       .def_readonly("disagreement", &Release::disagreement,
                     "Held by the readers' own count: the readers that said different counts, named (empty when\n"
                     "they agreed).")
+      .def_readonly("readers_done", &Release::readers_done,
+                    "Readers that reported done before the release: pass them to blocks_released(), so that\n"
+                    "their dones that reach another rank later are answered 'held'.")
       .def("__eq__",
            [](const Release& a, const Release& b) {
              return a.request == b.request && a.reason == b.reason && a.readers_missing == b.readers_missing &&
-                    a.missing_count == b.missing_count && a.disagreement == b.disagreement;
+                    a.missing_count == b.missing_count && a.disagreement == b.disagreement &&
+                    a.readers_done == b.readers_done;
            })
       .def(py::pickle(
           [](const Release& r) {
             return py::make_tuple(r.request, static_cast<int>(r.reason), r.readers_missing, r.missing_count,
-                                  r.disagreement);
+                                  r.disagreement, r.readers_done);
           },
           [](const py::tuple& t) {
-            if (t.size() != 5) {
+            if (t.size() != 6) {
               throw py::value_error(
-                  "Release: a pickled state is (request, reason, readers_missing, missing_count, disagreement)");
+                  "Release: a pickled state is (request, reason, readers_missing, missing_count, disagreement, "
+                  "readers_done)");
             }
             Release r;
             r.request = t[0].cast<Rid>();
@@ -47,6 +52,7 @@ void bind_schedulers(py::module_& m) {
             r.readers_missing = t[2].cast<std::vector<std::string>>();
             r.missing_count = t[3].cast<uint32_t>();
             r.disagreement = t[4].cast<std::string>();
+            r.readers_done = t[5].cast<std::vector<std::string>>();
             return r;
           }))
       .def("__repr__", [](const Release& r) {

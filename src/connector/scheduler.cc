@@ -144,7 +144,12 @@ bool PrefillScheduler::settle_if_done(std::map<RequestId, Held>::iterator it, St
     complete = h.waiting.empty() && h.count == 0;
   }
   if (!complete) return false;
-  Release r{it->first, h.aborted ? ReleaseReason::kAborted : ReleaseReason::kRead, {}, 0, disagreement(h)};
+  Release r{it->first,
+            h.aborted ? ReleaseReason::kAborted : ReleaseReason::kRead,
+            {},
+            0,
+            disagreement(h),
+            {h.done.begin(), h.done.end()}};
   if (h.derived && h.count > h.done.size()) r.missing_count = h.count - static_cast<uint32_t>(h.done.size());
   ready_.push_back(std::move(r));
   held_.erase(it);
@@ -193,6 +198,8 @@ void PrefillScheduler::reader_done(RequestId request, const std::string& reader,
     --h.count;
   } else if (h.waiting.erase(reader) == 0) {
     return;
+  } else {
+    h.done.insert(reader);
   }
   h.heard = true;
   h.expires = std::max(h.expires, now + lease_);
@@ -221,7 +228,8 @@ std::vector<Release> PrefillScheduler::take_releases(SteadyTime now) {
               h.aborted ? ReleaseReason::kAborted : ReleaseReason::kLeaseExpired,
               {h.waiting.begin(), h.waiting.end()},
               h.count,
-              disagreement(h)};
+              disagreement(h),
+              {h.done.begin(), h.done.end()}};
     if (h.derived) r.missing_count = h.count > h.done.size() ? h.count - static_cast<uint32_t>(h.done.size()) : 0;
     ready_.push_back(std::move(r));
     held_.erase(here);

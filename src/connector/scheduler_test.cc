@@ -23,6 +23,7 @@ TEST(PrefillSchedulerTest, ReleasesWhenEveryReaderIsDoneOnce) {
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].request, "7");
   EXPECT_EQ(r[0].reason, ReleaseReason::kRead);
+  EXPECT_EQ(r[0].readers_done, (std::vector<std::string>{"d/r0", "d/r1"}));
   s.reader_done("7", "d/r1", t0);  // late: nothing more
   EXPECT_TRUE(s.take_releases(t0 + milliseconds(5000)).empty());
   EXPECT_EQ(s.held(), 0u);
@@ -128,12 +129,16 @@ TEST(PrefillSchedulerTest, ADerivedHoldWaitsForAsManyReadersAsTheySay) {
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].reason, ReleaseReason::kRead);
   EXPECT_EQ(r[0].disagreement, "");
+  // Both readers' reads ended before their first done: their dones that
+  // reach other prefill ranks later are answered held.
+  EXPECT_EQ(r[0].readers_done, (std::vector<std::string>{"decode/r0", "decode/r1"}));
   // Nobody heard: it waits for the lease, and says nobody came.
   ASSERT_TRUE(s.hold("q", t0).ok());
   EXPECT_TRUE(s.take_releases(t0 + milliseconds(999)).empty());
   r = s.take_releases(t0 + milliseconds(1000));
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].reason, ReleaseReason::kLeaseExpired);
+  EXPECT_TRUE(r[0].readers_done.empty());
 }
 
 // Readers that disagree (a misconfigured or hostile one) never shorten the

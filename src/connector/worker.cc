@@ -10,9 +10,11 @@
 namespace kvbridge {
 namespace connector {
 
-void Released::add(RequestId request) {
+void Released::add(RequestId request, const std::vector<std::string>& readers_done) {
   std::lock_guard<std::mutex> lock(mu);
-  if (!ids.insert(request).second) return;
+  auto [it, added] = ids.try_emplace(request);
+  it->second.insert(readers_done.begin(), readers_done.end());
+  if (!added) return;
   order.push_back(std::move(request));
   if (order.size() > kKept) {
     ids.erase(order.front());
@@ -20,9 +22,10 @@ void Released::add(RequestId request) {
   }
 }
 
-bool Released::contains(const RequestId& request) {
+bool Released::released_for(const RequestId& request, const std::string& reader) {
   std::lock_guard<std::mutex> lock(mu);
-  return ids.count(request) != 0;
+  auto it = ids.find(request);
+  return it != ids.end() && it->second.count(reader) == 0;
 }
 
 Status WorkerImpl::add_remote(const std::string& instance, std::vector<std::string> rank_addresses) {
@@ -55,9 +58,9 @@ Status WorkerImpl::remove_remote(const std::string& instance) {
   return Status();
 }
 
-void WorkerImpl::blocks_released(RequestId request) {
+void WorkerImpl::blocks_released(RequestId request, const std::vector<std::string>& readers_done) {
   read_grants_->released(request);
-  released_->add(std::move(request));
+  released_->add(std::move(request), readers_done);
 }
 
 Status WorkerImpl::hand_off(RequestId request, const std::map<std::string, std::vector<int64_t>>& blocks) {

@@ -76,10 +76,11 @@ struct Early {
 struct Released {
   static constexpr size_t kKept = 65536;
   std::mutex mu;
-  std::set<RequestId> ids;
-  std::deque<RequestId> order;  // first released first, for the bound
-  void add(RequestId request);
-  bool contains(const RequestId& request);
+  std::map<RequestId, std::set<std::string>> ids;  // -> the readers whose dones came before (blocks_released())
+  std::deque<RequestId> order;                     // first released first, for the bound
+  void add(RequestId request, const std::vector<std::string>& readers_done);
+  // Whether a done from the engine named `reader` is answered "released".
+  bool released_for(const RequestId& request, const std::string& reader);
 };
 
 // The answers a source gave to a load's done ("held" or "released"), or
@@ -189,7 +190,8 @@ class WorkerImpl final : public ConnectorWorker {
 
   std::vector<ReaderEvent> take_reader_events() override;
 
-  void blocks_released(RequestId request) override;
+  void blocks_released(RequestId request, const std::vector<std::string>& readers_done) override;
+  using ConnectorWorker::blocks_released;
   Status hand_off(RequestId request, const std::map<std::string, std::vector<int64_t>>& blocks) override;
 
   Status stream_to(RequestId request, const std::string& instance) override;

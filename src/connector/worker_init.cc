@@ -109,7 +109,8 @@ Status WorkerImpl::init(std::span<const std::span<uint8_t>> tensors) {
   engine_.set_notification_answerer([released = released_](const Notification& n) -> std::string {
     std::optional<Message> m = parse_message(n.message);
     if (!m || m->kind != Message::Kind::kDone) return {};
-    return format_message(released->contains(m->request) ? Message::Kind::kReleased : Message::Kind::kHeld, m->request);
+    return format_message(released->released_for(m->request, n.peer) ? Message::Kind::kReleased : Message::Kind::kHeld,
+                          m->request);
   });
   engine_.set_notification_listener([wake = wake_] {
     {
