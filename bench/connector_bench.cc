@@ -154,7 +154,8 @@ struct BigRank {
 };
 
 Result<std::unique_ptr<BigRank>> big_rank(const std::string& id, uint32_t tp, uint32_t rank, uint64_t num_blocks,
-                                          std::string_view faults) {
+                                          std::string_view faults, std::string transport = "local",
+                                          RemoteAccess access = RemoteAccess::kRead) {
   auto r = std::make_unique<BigRank>();
   KVB_ASSIGN_OR_RETURN(
       r->layout,
@@ -167,10 +168,11 @@ Result<std::unique_ptr<BigRank>> big_rank(const std::string& id, uint32_t tp, ui
   }
   EngineOptions e;
   e.name = id + "/r" + std::to_string(rank);
-  e.transports = {"local"};
+  e.transports = {std::move(transport)};
   KVB_ASSIGN_OR_RETURN(r->engine, testing::create_engine_with_faults(e, faults));
   WorkerOptions w;
   w.instance_id = id;
+  w.remote_access = access;
   w.handshake_timeout = 60s;
   KVB_ASSIGN_OR_RETURN(r->worker, ConnectorWorker::create(*r->engine, r->layout, r->spans, w));
   return r;
@@ -246,6 +248,73 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp) {
   state.counters["maxrss_mb"] = static_cast<double>(u.ru_maxrss) / 1024.0;
 }
 
+// What read grants cost a prefill rank (llama3-70b, TP 8, a request of
+// 128k tokens in 8,192 shuffled blocks, every other block of the cache, so
+// that no two are adjacent: 655,360 spans, the most; over tcp): hand_off() on the
+// engine's step (it only checks), the request's spans (block_spans(), once
+// per hand-off, on the worker's pump), the engine's grant of them to the
+// first reader, their share with each other reader (a decode instance's
+// ranks), and the revokes (at blocks_released()). The copies themselves are
+// not part of it.
+void BM_ReadGrants(benchmark::State& state) {
+  constexpr uint64_t kTokens = 128 * 1024, kBlocks = kTokens / 16, kNumBlocks = 2 * kBlocks + 64;
+  Result<std::unique_ptr<BigRank>> p = big_rank("prefill", 8, 0, kNumBlocks, "", "tcp", RemoteAccess::kGrantedRead);
+  if (!p.ok()) return state.SkipWithError(p.error().to_string().c_str());
+  BigRank& r = **p;
+  std::vector<int64_t> ids;
+  for (uint64_t i = 0; i < kBlocks; ++i) ids.push_back(static_cast<int64_t>(2 * i));
+  std::shuffle(ids.begin(), ids.end(), std::mt19937_64(0x6b7662));
+  std::vector<RegionId> regions;  // the worker's registrations: the same ranges again
+  for (std::span<uint8_t> s : r.spans) {
+    Result<RegionId> id = r.engine->register_memory(s.data(), s.size(), "host", RemoteAccess::kGrantedRead);
+    if (!id.ok()) return state.SkipWithError(id.error().to_string().c_str());
+    regions.push_back(*id);
+  }
+  const Group& g = *r.layout.find_group("full");
+  double hand_off_us = 0, spans_ms = 0, grant_ms = 0, share_us = 0, revoke_ms = 0;
+  uint64_t n = 0, spans = 0;
+  auto ms_since = [](std::chrono::steady_clock::time_point t0) {
+    return 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (auto _ : state) {
+    const std::string id = "req-" + std::to_string(n++);
+    auto t0 = std::chrono::steady_clock::now();
+    if (!r.worker->hand_off(id, {{"full", ids}}).ok()) return state.SkipWithError("hand_off failed");
+    hand_off_us += 1e3 * ms_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    Result<std::vector<TensorSpan>> s = block_spans(r.layout, g, ids);
+    if (!s.ok()) return state.SkipWithError(s.error().to_string().c_str());
+    std::vector<WriteGrant> ranges;
+    ranges.reserve(s->size());
+    for (const TensorSpan& t : *s) ranges.push_back({regions[t.tensor], t.offset, t.bytes});
+    spans_ms += ms_since(t0);
+    spans = s->size();
+    t0 = std::chrono::steady_clock::now();
+    Result<GrantId> grant = r.engine->grant_reads("decode/r0", 0x1234, ranges);
+    if (!grant.ok()) return state.SkipWithError(grant.error().to_string().c_str());
+    grant_ms += ms_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    Result<GrantId> shared = r.engine->share_reads(*grant, "decode/r1", 0x1234);
+    if (!shared.ok()) return state.SkipWithError(shared.error().to_string().c_str());
+    share_us += 1e3 * ms_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    r.engine->revoke_reads(*grant);
+    r.engine->revoke_reads(*shared);
+    revoke_ms += ms_since(t0);
+    r.worker->blocks_released(id);
+  }
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  const double k = static_cast<double>(n);
+  state.counters["spans"] = static_cast<double>(spans);
+  state.counters["hand_off_us"] = hand_off_us / k;
+  state.counters["spans_ms"] = spans_ms / k;
+  state.counters["grant_ms"] = grant_ms / k;
+  state.counters["share_us"] = share_us / k;
+  state.counters["revoke_ms"] = revoke_ms / k;
+  state.counters["maxrss_mb"] = static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
 // The baseline: hand one item to a thread waiting on a condition variable.
 void BM_BaselineHandOff(benchmark::State& state) {
   std::mutex mu;
@@ -278,6 +347,7 @@ void BM_BaselineHandOff(benchmark::State& state) {
 BENCHMARK(BM_BaselineHandOff)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_StartLoadSilentPeer)->Unit(benchmark::kMicrosecond)->Iterations(2000);
 BENCHMARK(BM_StartLoadConnected)->Unit(benchmark::kMicrosecond)->Iterations(200);
+BENCHMARK(BM_ReadGrants)->Unit(benchmark::kMillisecond)->Iterations(5);
 BENCHMARK_CAPTURE(BM_LoadHostCost, llama3_70b_128k / P_TP8 / D_TP8 / shuffled, 8)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(6);

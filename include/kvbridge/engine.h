@@ -295,6 +295,10 @@ class Engine {
   // registration, kInvalidArgument for an empty range or name.
   virtual Result<GrantId> grant_reads(std::string_view peer_name, uint64_t peer_instance,
                                       std::span<const WriteGrant> ranges) = 0;
+  // The ranges of the live read grant `like` granted to another reader too,
+  // as a grant of its own (revoked by itself): one copy of a hand-off's
+  // ranges for every reader. kInvalidArgument for an empty name.
+  virtual Result<GrantId> share_reads(GrantId like, std::string_view peer_name, uint64_t peer_instance) = 0;
   virtual void revoke_reads(GrantId grant) = 0;
 
   // The bytes a peer passes to connect(): versioned, bounded (at most

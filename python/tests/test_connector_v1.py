@@ -51,10 +51,14 @@ class Instance:
         self.scheduler.update_connector_output(outputs)
         return self.scheduler.take_finished()
 
-    def run_until(self, pred, timeout=20.0):
+    def run_until(self, pred, timeout=20.0, also=()):
+        """Steps until pred(what finished so far) holds; each instance of `also` steps first
+        (a prefill whose steps hand its requests off to its ranks)."""
         seen = c1.FinishedRequests()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            for other in also:
+                other.step()
             f = self.step()
             seen.finished_sending |= f.finished_sending
             seen.finished_recving |= f.finished_recving

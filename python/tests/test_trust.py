@@ -4,7 +4,6 @@ ids, token count), so params changed on the way steer nothing; a hand-off is loa
 request only; and values out of range are kvbridge errors, never other exceptions."""
 import copy
 import pickle
-import time
 
 import pytest
 
@@ -94,21 +93,6 @@ def test_without_a_secret_params_are_taken_as_given(signed):
     assert d.scheduler.get_num_new_matched_tokens("req-1", prompt, 0, params) == (40, True)
 
 
-def step_both_until(p, d, pred, timeout=20.0):
-    """Both instances step (the prefill's steps hand its requests off to its ranks)."""
-    seen = kvbridge.connector_v1.FinishedRequests()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        p.step()
-        f = d.step()
-        seen.finished_recving |= f.finished_recving
-        seen.outcomes.update(f.outcomes)
-        if pred(seen):
-            return seen
-        time.sleep(0.01)
-    raise AssertionError(f"not reached within {timeout} s: {seen}")
-
-
 def test_without_a_secret_a_reader_is_served_only_the_blocks_handed_off_for_its_request(signed):
     """No secret, params taken as given: a crafted request that names another request's blocks
     under its own hand-off reads nothing of them over tcp, where the prefill serves a reader
@@ -121,13 +105,13 @@ def test_without_a_secret_a_reader_is_served_only_the_blocks_handed_off_for_its_
     crafted = dict(other, remote_block_ids=victim["remote_block_ids"])
     assert d.scheduler.get_num_new_matched_tokens("crafted", prompt, 0, crafted) == (40, True)
     d.scheduler.update_state_after_alloc("crafted", [0, 1], 40)
-    seen = step_both_until(p, d, lambda f: "crafted" in f.finished_recving)
+    seen = d.run_until(lambda f: "crafted" in f.finished_recving, also=[p])
     outcome = seen.outcomes["crafted"]
     assert outcome.outcome == "failed", "a read of blocks not handed off for the request was served"
     assert "not inside a read grant" in str(outcome.error), outcome.error
     assert d.scheduler.get_num_new_matched_tokens("victim", prompt, 0, victim) == (40, True)
     d.scheduler.update_state_after_alloc("victim", [6, 2], 40)
-    seen = step_both_until(p, d, lambda f: "victim" in f.finished_recving)
+    seen = d.run_until(lambda f: "victim" in f.finished_recving, also=[p])
     assert seen.outcomes["victim"].outcome == "finished", seen.outcomes["victim"].error
     d.check([6, 2], 40, seed=11)
 

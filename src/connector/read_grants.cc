@@ -8,43 +8,69 @@ ReadGrants::~ReadGrants() {
   for (auto& [request, h] : held_) revoke_locked(h);
 }
 
-Status ReadGrants::hand_off(const std::string& request, const std::map<std::string, std::vector<int64_t>>& blocks) {
-  HandOff h;
+Result<std::vector<WriteGrant>> ReadGrants::ranges_of(const Blocks& blocks) const {
+  std::vector<WriteGrant> out;
+  for (const auto& [name, ids] : blocks) {
+    KVB_ASSIGN_OR_RETURN(std::vector<TensorSpan> spans, block_spans(layout_, *layout_.find_group(name), ids));
+    out.reserve(out.size() + spans.size());
+    for (const TensorSpan& s : spans) out.push_back({regions_[s.tensor], s.offset, s.bytes});
+  }
+  return out;
+}
+
+Result<bool> ReadGrants::hand_off(const std::string& request, Blocks blocks) {
+  // Checked here, cheaply; the spans are made by the first grant.
   for (const auto& [name, ids] : blocks) {
     const Group* g = layout_.find_group(name);
     if (g == nullptr) {
       return Status::invalid_argument("hand_off of request '" + request + "': the layout has no group '" + name + "'");
     }
-    Result<std::vector<TensorSpan>> spans = block_spans(layout_, *g, ids);
-    if (!spans.ok()) return spans.error().with_context("hand_off of request '" + request + "'");
-    for (const TensorSpan& s : *spans) h.ranges.push_back({regions_[s.tensor], s.offset, s.bytes});
+    for (int64_t b : ids) {
+      if (b >= 0 && static_cast<uint64_t>(b) >= g->num_blocks) {
+        return Status::out_of_range("hand_off of request '" + request + "': group '" + name + "': block " +
+                                    std::to_string(b) + " is not below " + std::to_string(g->num_blocks) + " blocks");
+      }
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (held_.count(request) != 0) {
     return Status::already_exists("hand_off: request '" + request + "' is handed off already (not released)");
   }
-  if (!enabled_) return Status();
+  if (!enabled_) return false;
   while (held_.size() >= kMaxHeld) {
     auto first = held_.find(held_order_.begin()->second);
+    if (first->second.granting) break;  // the pump finishes it; the bound is passed by one meanwhile
     held_order_.erase(held_order_.begin());
     revoke_locked(first->second);
+    pending_.erase(first->first);
     held_.erase(first);
   }
+  HandOff h;
   h.seq = next_seq_++;
-  held_order_.emplace(h.seq, request);
-  HandOff& kept = held_.emplace(request, std::move(h)).first->second;
+  h.blocks = std::make_shared<const Blocks>(std::move(blocks));
   if (auto e = early_.find(request); e != early_.end()) {
-    for (const Reader& r : e->second.readers) grant_locked(kept, r);
+    h.waiting = std::move(e->second.readers);
     early_order_.erase(e->second.seq);
     early_.erase(e);
   }
-  return Status();
+  held_order_.emplace(h.seq, request);
+  const bool waiting = !h.waiting.empty();
+  if (waiting) pending_.insert(request);
+  held_.emplace(request, std::move(h));
+  return waiting;
 }
 
 void ReadGrants::heard(const std::string& request, const Reader& reader) {
   if (!enabled_) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto h = held_.find(request); h != held_.end()) return grant_locked(h->second, reader);
+  if (auto it = held_.find(request); it != held_.end()) {
+    HandOff& h = it->second;
+    if (h.grants.count(reader) == 0 && h.grants.size() + h.waiting.size() < kMaxReaders &&
+        h.waiting.insert(reader).second) {
+      pending_.insert(request);
+    }
+    return;
+  }
   auto e = early_.find(request);
   if (e == early_.end()) {
     while (early_.size() >= kMaxEarly) {
@@ -57,10 +83,50 @@ void ReadGrants::heard(const std::string& request, const Reader& reader) {
   if (e->second.readers.size() < kMaxReaders) e->second.readers.insert(reader);
 }
 
-void ReadGrants::grant_locked(HandOff& h, const Reader& reader) {
-  if (h.ranges.empty() || h.grants.count(reader) != 0 || h.grants.size() >= kMaxReaders) return;
-  Result<GrantId> g = engine_.grant_reads(reader.first, reader.second, h.ranges);
-  if (g.ok()) h.grants.emplace(reader, *g);  // else a region is gone: the worker is closing
+void ReadGrants::grant_waiting() {
+  while (true) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (pending_.empty()) return;
+    const std::string request = *pending_.begin();
+    pending_.erase(pending_.begin());
+    auto it = held_.find(request);
+    if (it == held_.end() || it->second.waiting.empty()) continue;
+    HandOff& h = it->second;
+    h.granting = true;
+    const uint64_t seq = h.seq;
+    std::shared_ptr<const Blocks> blocks = h.blocks;
+    std::shared_ptr<const std::vector<WriteGrant>> ranges = h.ranges;
+    const std::set<Reader> readers = std::exchange(h.waiting, {});
+    const GrantId h_like = h.grants.empty() ? 0 : h.grants.begin()->second;
+    lock.unlock();
+    // Outside the lock: the spans (once per hand-off) and the engine's grants.
+    if (!ranges) {
+      Result<std::vector<WriteGrant>> made = ranges_of(*blocks);
+      ranges =
+          std::make_shared<const std::vector<WriteGrant>>(made.ok() ? std::move(*made) : std::vector<WriteGrant>{});
+    }
+    // The first reader's grant holds the ranges; the others share them.
+    std::vector<std::pair<Reader, GrantId>> made;
+    GrantId like = h_like;
+    for (const Reader& r : readers) {
+      if (ranges->empty()) break;  // nothing to read
+      Result<GrantId> g =
+          like != 0 ? engine_.share_reads(like, r.first, r.second) : engine_.grant_reads(r.first, r.second, *ranges);
+      if (!g.ok()) continue;  // a region is gone: the worker is closing
+      made.emplace_back(r, *g);
+      if (like == 0) like = *g;
+    }
+    lock.lock();
+    it = held_.find(request);
+    if (it == held_.end() || it->second.seq != seq) {
+      for (const auto& [r, g] : made) engine_.revoke_reads(g);  // not reached: released() waits for us
+    } else {
+      it->second.ranges = std::move(ranges);
+      for (const auto& [r, g] : made) it->second.grants.emplace(r, g);
+      it->second.granting = false;
+    }
+    granted_.notify_all();
+  }
 }
 
 void ReadGrants::revoke_locked(HandOff& h) {
@@ -69,14 +135,19 @@ void ReadGrants::revoke_locked(HandOff& h) {
 }
 
 void ReadGrants::released(const std::string& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (auto e = early_.find(request); e != early_.end()) {
     early_order_.erase(e->second.seq);
     early_.erase(e);
   }
+  granted_.wait(lock, [&] {
+    auto it = held_.find(request);
+    return it == held_.end() || !it->second.granting;
+  });
   auto it = held_.find(request);
   if (it == held_.end()) return;
   revoke_locked(it->second);
+  pending_.erase(request);
   held_order_.erase(it->second.seq);
   held_.erase(it);
 }

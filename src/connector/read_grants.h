@@ -5,16 +5,23 @@
 // engine frees them (blocks_released()). A heartbeat that comes before the
 // hand-off is kept until it does. Only a registration made with
 // RemoteAccess::kGrantedRead is bound by it, and only where the transport
-// serves reads itself (tcp); without kGrantedRead the hand-off is checked
-// and kept nowhere.
+// serves reads itself (tcp); without kGrantedRead a hand-off is checked and
+// kept nowhere.
 //
-// Thread-safety: every method may be called from any thread. Grants are
-// made and revoked under the lock that guards the bookkeeping, so that a
-// release cannot pass a grant under way (the engine never calls back).
+// The costly part, a hand-off's spans (a request of 8,192 blocks of an
+// 80-layer model is 1.3 M of them) and the engine's grant, runs on the
+// worker's pump (grant_waiting()), never on the caller of hand_off() or
+// released(), which only record: released() waits only for a grant of
+// that same request under way, so that when it returns no reader is sent a
+// byte of the request's blocks under its grant.
+//
+// Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -37,6 +44,7 @@ class ReadGrants {
   static constexpr size_t kMaxReaders = 1024;
 
   using Reader = std::pair<std::string, uint64_t>;  // engine name and instance
+  using Blocks = std::map<std::string, std::vector<int64_t>>;
 
   // `regions` are the layout's tensors' registrations, in layout order.
   // `enabled`: they were made with kGrantedRead.
@@ -44,12 +52,17 @@ class ReadGrants {
       : engine_(engine), layout_(layout), regions_(std::move(regions)), enabled_(enabled) {}
   ~ReadGrants();
 
-  // The request's blocks (by group name) are handed off. kInvalidArgument
-  // naming an unknown group, kOutOfRange a block past its group,
-  // kAlreadyExists for a request handed off and not released.
-  Status hand_off(const std::string& request, const std::map<std::string, std::vector<int64_t>>& blocks);
-  // `reader` heartbeat for `request`: it may read the request's blocks.
+  // The request's blocks (by group name) are handed off. True when readers
+  // heard before it now wait for grant_waiting(). kInvalidArgument naming
+  // an unknown group, kOutOfRange a block past its group, kAlreadyExists for
+  // a request handed off and not released.
+  Result<bool> hand_off(const std::string& request, Blocks blocks);
+  // `reader` heartbeat for `request`: it may read the request's blocks (once
+  // grant_waiting() ran).
   void heard(const std::string& request, const Reader& reader);
+  // Grants every reader heard for a hand-off that has not got its grant.
+  // Runs on one thread (the worker's pump).
+  void grant_waiting();
   // The request's blocks are freed: when it returns, no reader is sent a
   // byte of them under its grant.
   void released(const std::string& request);
@@ -58,16 +71,19 @@ class ReadGrants {
 
  private:
   struct HandOff {
-    uint64_t seq = 0;  // its key in order_
-    std::vector<WriteGrant> ranges;
+    uint64_t seq = 0;  // its key in held_order_
+    std::shared_ptr<const Blocks> blocks;
+    std::shared_ptr<const std::vector<WriteGrant>> ranges;  // made by the first grant
     std::map<Reader, GrantId> grants;
+    std::set<Reader> waiting;  // heard, not granted yet
+    bool granting = false;     // grant_waiting() works on it outside the lock
   };
   struct Early {
     uint64_t seq = 0;
     std::set<Reader> readers;
   };
-  // Requires mu_: grants `reader` the hand-off's ranges, once.
-  void grant_locked(HandOff& h, const Reader& reader);
+  // The engine ranges of `blocks` (block_spans(), group by group).
+  Result<std::vector<WriteGrant>> ranges_of(const Blocks& blocks) const;
   // Requires mu_: ends the hand-off's grants.
   void revoke_locked(HandOff& h);
 
@@ -76,9 +92,11 @@ class ReadGrants {
   const std::vector<RegionId> regions_;
   const bool enabled_;
   mutable std::mutex mu_;
+  std::condition_variable granted_;  // a hand-off's `granting` ended
   uint64_t next_seq_ = 0;
   std::map<std::string, HandOff> held_;
   std::map<uint64_t, std::string> held_order_;  // by seq: the oldest first
+  std::set<std::string> pending_;               // hand-offs with waiting readers
   std::map<std::string, Early> early_;
   std::map<uint64_t, std::string> early_order_;
 };

@@ -65,7 +65,9 @@ void WorkerImpl::blocks_released(RequestId request, const std::vector<std::strin
 
 Status WorkerImpl::hand_off(RequestId request, const std::map<std::string, std::vector<int64_t>>& blocks) {
   KVB_RETURN_IF_ERROR(check_request_id(request));
-  return read_grants_->hand_off(request, blocks);
+  KVB_ASSIGN_OR_RETURN(bool waiting, read_grants_->hand_off(request, blocks));
+  if (waiting) poke();  // readers heard before it: the pump grants them
+  return Status();
 }
 
 Result<std::vector<connector_internal::RemoteRankView>> WorkerImpl::remote_ranks(const std::string& instance) const {

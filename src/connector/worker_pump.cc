@@ -43,8 +43,9 @@ void WorkerImpl::pump() {
       wake_->poke = false;
     }
     if (notes) drain_notifications();
-    resender_->retry_due();  // dones and announcements to send again (none most of the time)
-    pusher_->retry_due();    // pushed writes refused as not granted yet, to try again
+    read_grants_->grant_waiting();  // pull prefill: readers heard for a hand-off, to grant (none most of the time)
+    resender_->retry_due();         // dones and announcements to send again (none most of the time)
+    pusher_->retry_due();           // pushed writes refused as not granted yet, to try again
     std::vector<std::pair<PeerId, std::string>> messages;
     std::vector<std::pair<PeerId, RequestId>> dones;
     {
@@ -201,6 +202,7 @@ void WorkerImpl::drain_notifications() {
   }
   if (wake_pump) poke();  // the pump ends the load
   for (const auto& [request, engine] : heard) read_grants_->heard(request, engine);
+  if (!heard.empty()) poke();  // the pump grants them (this may be an engine's thread: take_reader_events)
   for (const auto& [request, engine] : cancels) pusher_->cancel(request, engine);
   if (!cancels.empty() && pusher_->unanswered()) {
     // A cancel from a rank of an instance not fetched yet: fetch them, then answer.

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdio>
 
+#include "common/checked.h"
 #include "common/host.h"
 #include "common/random.h"
 #include "device/device.h"
@@ -194,12 +195,20 @@ Result<GrantId> EngineImpl::grant_locked(const std::string& label, std::span<con
   const char* op = read ? "grant_reads" : "grant_writes";
   std::vector<transport::GrantSpan> spans;
   spans.reserve(ranges.size());
+  // Ranges come grouped by region (a request's blocks, tensor by tensor):
+  // each region is looked up once per group, and a message is made only
+  // for a range that is wrong.
+  const Region* region = nullptr;
   for (size_t i = 0; i < ranges.size(); ++i) {
     const WriteGrant& g = ranges[i];
-    const std::string what = std::string(op) + ": range " + std::to_string(i);
-    if (g.bytes == 0) return Status::invalid_argument(what + " is empty");
-    KVB_ASSIGN_OR_RETURN(uint8_t * at, registry_->resolve(g.region, g.offset, g.bytes, what));
-    spans.push_back({registry_->find(g.region)->segment, reinterpret_cast<uint64_t>(at), g.bytes});
+    if (region == nullptr || region->id != g.region) region = registry_->find(g.region);
+    uint64_t end = 0;
+    if (g.bytes == 0 || region == nullptr || !checked_add(g.offset, g.bytes, &end) || end > region->bytes) {
+      const std::string what = std::string(op) + ": range " + std::to_string(i);
+      if (g.bytes == 0) return Status::invalid_argument(what + " is empty");
+      return registry_->resolve(g.region, g.offset, g.bytes, what).status();
+    }
+    spans.push_back({region->segment, reinterpret_cast<uint64_t>(region->base + g.offset), g.bytes});
   }
   const GrantId id = next_grant_++;
   for (const auto& t : transports_) t->grant(id, label, spans, read);
@@ -222,6 +231,15 @@ Result<GrantId> EngineImpl::grant_reads(std::string_view peer_name, uint64_t pee
   if (peer_name.empty()) return Status::invalid_argument("grant_reads: the reader's name is empty");
   std::lock_guard<std::mutex> lock(mu_);
   return grant_locked(transport::engine_label(peer_name, peer_instance), ranges, true);
+}
+
+Result<GrantId> EngineImpl::share_reads(GrantId like, std::string_view peer_name, uint64_t peer_instance) {
+  if (peer_name.empty()) return Status::invalid_argument("share_reads: the reader's name is empty");
+  std::lock_guard<std::mutex> lock(mu_);
+  const GrantId id = next_grant_++;
+  const std::string label = transport::engine_label(peer_name, peer_instance);
+  for (const auto& t : transports_) t->share(id, label, like);
+  return id;
 }
 
 void EngineImpl::revoke_reads(GrantId grant) { revoke_writes(grant); }

@@ -74,6 +74,7 @@ class EngineImpl final : public Engine {
   void revoke_writes(GrantId grant) override;
   Result<GrantId> grant_reads(std::string_view peer_name, uint64_t peer_instance,
                               std::span<const WriteGrant> ranges) override;
+  Result<GrantId> share_reads(GrantId like, std::string_view peer_name, uint64_t peer_instance) override;
   void revoke_reads(GrantId grant) override;
   std::string metadata() const override;
   Result<PeerId> connect(std::string_view metadata) override;

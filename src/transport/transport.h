@@ -181,6 +181,8 @@ class Transport {
   virtual void grant(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans, bool read) {
     (void)grant, (void)label, (void)spans, (void)read;
   }
+  // The spans of the live grant `like` granted to `label` too, as `grant`.
+  virtual void share(uint64_t grant, const std::string& label, uint64_t like) { (void)grant, (void)label, (void)like; }
   virtual void revoke(uint64_t grant) { (void)grant; }
 };
 

@@ -240,6 +240,7 @@ class FaultTransport final : public Transport {
   void grant(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans, bool read) override {
     inner_->grant(grant, label, std::move(spans), read);
   }
+  void share(uint64_t grant, const std::string& label, uint64_t like) override { inner_->share(grant, label, like); }
   void revoke(uint64_t grant) override { inner_->revoke(grant); }
   Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) override {
     KVB_ASSIGN_OR_RETURN(std::unique_ptr<Link> link, inner_->connect(peer));

@@ -56,6 +56,7 @@ class TcpTransport final : public Transport {
   void grant(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans, bool read) override {
     server_->grant(grant, label, spans, read);
   }
+  void share(uint64_t grant, const std::string& label, uint64_t like) override { server_->share(grant, label, like); }
   void revoke(uint64_t grant) override { server_->revoke(grant); }
 
   Result<std::unique_ptr<Link>> connect(const PeerInfo& peer) override {

@@ -162,7 +162,7 @@ void TcpServer::grant(uint64_t grant, std::string label, const std::vector<Grant
     if (s.bytes > 0 && s.address + s.bytes > s.address)
       intervals.push_back({s.segment, s.address, s.address + s.bytes});
   }
-  std::sort(intervals.begin(), intervals.end());
+  if (!std::is_sorted(intervals.begin(), intervals.end())) std::sort(intervals.begin(), intervals.end());
   // Merged, so a range that spans two adjacent granted blocks is inside one.
   std::vector<Interval> merged;
   for (const Interval& i : intervals) {
@@ -172,9 +172,20 @@ void TcpServer::grant(uint64_t grant, std::string label, const std::vector<Grant
       merged.push_back(i);
     }
   }
+  auto shared = std::make_shared<const std::vector<Interval>>(std::move(merged));
   std::unique_lock lock(segments_mutex_);
   grant_labels_[grant] = {read, label};
-  grants_[read ? 1 : 0][std::move(label)][grant] = std::move(merged);
+  grants_[read ? 1 : 0][std::move(label)][grant] = std::move(shared);
+}
+
+void TcpServer::share(uint64_t grant, std::string label, uint64_t like) {
+  std::unique_lock lock(segments_mutex_);
+  auto of = grant_labels_.find(like);
+  if (of == grant_labels_.end()) return;
+  const bool read = of->second.first;
+  std::shared_ptr<const std::vector<Interval>> intervals = grants_[read ? 1 : 0][of->second.second][like];
+  grant_labels_[grant] = {read, label};
+  grants_[read ? 1 : 0][std::move(label)][grant] = std::move(intervals);
 }
 
 void TcpServer::revoke(uint64_t grant) {
@@ -201,7 +212,8 @@ Status TcpServer::check_granted_locked(const std::vector<Range>& ranges, const s
     if (seg == segments_.end() || (seg->second.access & by_grant) == 0) continue;
     bool inside = false;
     if (by_label != grants.end()) {
-      for (const auto& [id, intervals] : by_label->second) {
+      for (const auto& [id, shared] : by_label->second) {
+        const std::vector<Interval>& intervals = *shared;
         auto it = std::upper_bound(intervals.begin(), intervals.end(), Interval{r.segment, r.address, 0});
         if (it == intervals.begin()) continue;
         --it;

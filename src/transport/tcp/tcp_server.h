@@ -70,6 +70,9 @@ class TcpServer {
   // kAccessReadByGrant: a read outside every read grant to its label is
   // refused whole, and one that a revoke overtakes stops sending.
   void grant(uint64_t grant, std::string label, const std::vector<GrantSpan>& spans, bool read = false);
+  // The spans of grant `like` (alive) granted to `label` too, as `grant`:
+  // one copy of them for every reader of one hand-off.
+  void share(uint64_t grant, std::string label, uint64_t like);
   void revoke(uint64_t grant);
 
  private:
@@ -116,7 +119,7 @@ class TcpServer {
     uint64_t start, end;
     bool operator<(const Interval& o) const { return std::tie(segment, start) < std::tie(o.segment, o.start); }
   };
-  std::map<std::string, std::map<uint64_t, std::vector<Interval>>> grants_[2];
+  std::map<std::string, std::map<uint64_t, std::shared_ptr<const std::vector<Interval>>>> grants_[2];
   std::map<uint64_t, std::pair<bool, std::string>> grant_labels_;  // grant -> (read, label)
 
   std::mutex conns_mutex_;

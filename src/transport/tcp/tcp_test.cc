@@ -458,7 +458,14 @@ TEST(TcpGrantTest, ReadsAreServedOnlyInsideAReadGrantToTheReaderWhileItLasts) {
   EXPECT_EQ((*link)->digest(std::vector<Copy>{{nullptr, base, 2048, 1}}, control, &hashes).code(),
             Code::kPermissionDenied)
       << "a digest of bytes it may not read";
+  // A grant shared with another reader (one copy of a hand-off's spans for
+  // a decode instance's ranks) lasts until its own revoke.
+  (*server)->share(5, me, 1);
   (*server)->revoke(4);
+  (*server)->revoke(1);
+  ASSERT_TRUE(read(0, 4096).ok()) << "shared from grant 1, to decode/r0 as grant 5";
+  EXPECT_TRUE(std::equal(local.begin(), local.end(), mem.begin()));
+  (*server)->revoke(5);
   EXPECT_EQ(read(1024, 2048).code(), Code::kPermissionDenied);
   EXPECT_TRUE(nothing_came());
 }
