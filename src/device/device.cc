@@ -35,6 +35,7 @@ class NoCuda final : public Device {
   Status free(void*) override { return none(); }
   Status fill_after(Stream, void*, uint64_t, uint8_t, std::chrono::microseconds) override { return none(); }
   Status copy_sync(void*, const void*, uint64_t) override { return none(); }
+  Status content_hashes(int, std::span<const DeviceRange>, std::vector<uint64_t>*) override { return none(); }
 
  private:
   static Status none() {
