@@ -48,7 +48,7 @@ TEST(WorkerReadGrantTest, AReaderReadsTheBlocksHandedOffWhetherItsHeartbeatOrThe
   ASSERT_TRUE(g.d().start_load("1", "prefill", request()).ok());
   LoadResult r = wait_one(g.d());
   ASSERT_TRUE(r.error.ok()) << r.error.to_string();
-  EXPECT_EQ(bad_cells(*g.decode[0], request(), layer_set(g.decode[0]->layout), 11), 0u);
+  EXPECT_EQ(bad_cells(*g.decode[0], request(), {}, 11), 0u);
   g.p().blocks_released("1");
   // The reader first: its reads are refused until the hand-off comes, then land.
   for (auto& m : g.decode[0]->mem) std::fill(m.begin(), m.end(), 0xa5);
@@ -57,7 +57,7 @@ TEST(WorkerReadGrantTest, AReaderReadsTheBlocksHandedOffWhetherItsHeartbeatOrThe
   ASSERT_TRUE(g.p().hand_off("2", kHandedOff).ok());
   r = wait_one(g.d());
   ASSERT_TRUE(r.error.ok()) << r.error.to_string();
-  EXPECT_EQ(bad_cells(*g.decode[0], request(), layer_set(g.decode[0]->layout), 11), 0u);
+  EXPECT_EQ(bad_cells(*g.decode[0], request(), {}, 11), 0u);
   EXPECT_GT(g.d().stats().reads_refused, 0u) << "the reads came before the hand-off";
   EXPECT_EQ(g.p().hand_off("2", kHandedOff).code(), Code::kAlreadyExists);
 }

@@ -282,6 +282,12 @@ Result<TransferId> WorkerImpl::submit_read(const Load& load, uint32_t k, size_t 
   return engine_.submit(peer, TransferOp::kRead, st.items[s], std::move(o));
 }
 
+// The connection to source rank `source` of the load (one it reads from).
+static PeerId peer_of(const Load& load, uint32_t source) {
+  const auto& sources = load.result.sources;
+  return load.peers[std::find(sources.begin(), sources.end(), source) - sources.begin()];
+}
+
 // The options of a load's reads: their ends land in the pump's inbox.
 SubmitOptions WorkerImpl::read_options() const {
   SubmitOptions o;
@@ -313,9 +319,7 @@ void WorkerImpl::submit_refused(Load& load, Clock::time_point now) {
     r = load.refused.erase(r);
     Status failed;
     if (!over) {
-      const PeerId peer = load.peers[std::find(load.result.sources.begin(), load.result.sources.end(), t.source) -
-                                     load.result.sources.begin()];
-      Result<TransferId> id = submit_read(load, t.stage, t.source, peer, read_options());
+      Result<TransferId> id = submit_read(load, t.stage, t.source, peer_of(load, t.source), read_options());
       if (id.ok()) {
         (void)engine_.release(t.id);
         t.id = *id;
@@ -354,9 +358,7 @@ Status WorkerImpl::start_ready_stages(Load& load) {
     --load.unsubmitted;
     for (size_t s = 0; s < st.items.size(); ++s) {
       if (st.items[s].empty()) continue;
-      PeerId peer = load.peers[std::find(load.result.sources.begin(), load.result.sources.end(), s) -
-                               load.result.sources.begin()];
-      Result<TransferId> id = submit_read(load, k, s, peer, o);
+      Result<TransferId> id = submit_read(load, k, s, peer_of(load, static_cast<uint32_t>(s)), o);
       if (!id.ok()) {
         st.failed = true;
         load.start_error = id.error().with_context("request " + q(load.request) + ": reading from " + load.instance +

@@ -136,12 +136,6 @@ inline LoadResult wait_one(ConnectorWorker& w) {
   return {};
 }
 
-// Every layer of the layout (what bad_cells() checks to check them all).
-inline std::set<std::string, std::less<>> layer_set(const Layout& layout) {
-  const std::vector<std::string> order = layer_order(layout);
-  return {order.begin(), order.end()};
-}
-
 // Bad cells of `layers` (none named: every layer) of the request at the
 // decode rank (0: all arrived).
 inline uint64_t bad_cells(const Rank& r, const Request& q, const std::set<std::string, std::less<>>& layers,
