@@ -213,6 +213,13 @@ struct EngineOptions {
   // docs/gpu.md says how they compare.
   std::string device_copy = "copy_engine";
   uint32_t device_copy_blocks = 0;
+  // Pin registered host memory for copies to and from devices
+  // (cudaHostRegister at registration, undone at deregistration), when
+  // this engine has a transport that moves device memory (local,
+  // cuda_ipc) and the process has a device: a copy engine then moves it
+  // directly instead of staging it through the driver, and device-to-host
+  // copies do not block. Memory CUDA cannot pin stays registered unpinned.
+  bool pin_host_memory = true;
 };
 
 // A transport this engine can or cannot use, and why.

@@ -445,16 +445,36 @@ Readiness readiness_of(py::handle h) {
   } else if (py::isinstance<py::int_>(h) && !py::isinstance<py::bool_>(h)) {
     r.event = h.cast<uintptr_t>();
   } else if (py::hasattr(h, "ipc_handle") && py::hasattr(h, "cuda_event")) {
+    // torch makes an Event's CUDA event at its first record: none yet is
+    // an event never recorded, which CUDA would call complete.
+    const uintptr_t raw = h.attr("cuda_event").cast<uintptr_t>();
+    if (raw == 0) {
+      throw_status(Status::invalid_argument(
+          "ready: this torch.cuda.Event was never recorded: record it on the stream that writes the KV, after "
+          "that work, before handing it over"));
+    }
+    // Whether it is interprocess is asked once per event (ipc_handle()
+    // raises for one that is not) and kept on the event.
+    static constexpr const char* kKept = "_kvbridge_ipc_handle";
     py::object handle;
-    try {
-      handle = h.attr("ipc_handle")();
-    } catch (py::error_already_set&) {
-      handle = py::none();  // not an interprocess event: this process's own
+    if (py::hasattr(h, kKept)) {
+      handle = h.attr(kKept);
+    } else {
+      try {
+        handle = h.attr("ipc_handle")();
+      } catch (py::error_already_set&) {
+        handle = py::none();  // not an interprocess event: this process's own
+      }
+      try {
+        h.attr(kKept) = handle;
+      } catch (py::error_already_set&) {
+        // an event type without attributes of its own: asked again next time
+      }
     }
     if (!handle.is_none()) {
       r.event_handle = handle.cast<std::string>();
     } else {
-      r.event = h.attr("cuda_event").cast<uintptr_t>();
+      r.event = raw;
     }
   } else {
     throw_status(Status::invalid_argument(

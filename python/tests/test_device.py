@@ -125,6 +125,43 @@ def test_host_and_device_memory_move_both_ways_after_the_producers_event():
     ''')
 
 
+def test_a_torch_event_never_recorded_is_refused_and_asked_once_whether_it_is_interprocess():
+    run_fake('''
+        a = kvbridge.Engine(name="a", transports=["local"])
+        b = kvbridge.Engine(name="b", transports=["local"])
+        dev, ptr = cuda_empty((4096,), dtype=torch.uint8, index=1)
+        host = np.zeros(4096, dtype=np.uint8)
+        rd = b.register_memory(dev)
+        rh = a.register_memory(host)
+        peer = a.connect(b.metadata())
+        items = [kvbridge.TransferItem(rh, 0, rd, 0, 4096)]
+
+        class TorchLikeEvent:
+            # What kvbridge reads of a torch.cuda.Event: cuda_event (0 until
+            # its first record) and ipc_handle().
+            def __init__(self, raw, handle):
+                self.cuda_event, self.handle, self.asked = raw, handle, 0
+            def ipc_handle(self):
+                self.asked += 1
+                if self.handle is None:
+                    raise RuntimeError("not an interprocess event")
+                return self.handle
+
+        try:
+            a.submit(peer, "read", items, ready=TorchLikeEvent(0, None))
+            raise SystemExit("an event never recorded was accepted")
+        except kvbridge.InvalidArgument as err:
+            assert "never recorded" in str(err), err
+        handle = testing.device_fill_later(1, ptr, 4096, 0x33, 0.05)
+        event = TorchLikeEvent(12345, handle)
+        for _ in range(3):
+            t = a.submit(peer, "read", items, ready=event)
+            assert a.wait(t, timeout=10).state == kvbridge.TransferState.DONE
+        assert event.asked == 1, event.asked
+        assert (host == 0x33).all()
+    ''')
+
+
 CACHES = '''
 LAYERS, NUM_BLOCKS, BLOCK, HEADS, HEAD = 2, 8, 16, 4, 32
 def caches(seed=None):

@@ -1,39 +1,36 @@
-// The gather/scatter kernel (kernels.h): one batched copy of many
-// descriptors on the SMs, the alternative to the copy engines'
-// cudaMemcpyBatchAsync. Each block takes descriptors in turn (block b takes
-// b, b + gridDim.x, ...) and its threads copy 16-byte vectors when both
-// addresses and the length are multiples of 16 (KV cells are), bytes
-// otherwise. The grid is capped so a transfer never takes every SM from the
-// model's kernels.
+// The gather/scatter kernel (kernels.h): one batched copy of many pieces on
+// the SMs, the alternative to the copy engines' cudaMemcpyBatchAsync. Each
+// warp takes pieces in turn (warp w of the grid takes w, w + warps, ...)
+// and its lanes copy a piece as gather.h says (the same code the fake runs
+// on the host). The grid is capped so a transfer never takes every SM from
+// the model's kernels.
+#include "device/gather.h"
 #include "device/kernels.h"
 
 namespace kvbridge::device {
 namespace {
 
-__global__ void gather_scatter(const KernelCopy* descriptors, uint32_t count) {
-  for (uint32_t i = blockIdx.x; i < count; i += gridDim.x) {
-    const KernelCopy d = descriptors[i];
-    if (((d.dst | d.src | d.bytes) & 15) == 0) {
-      uint4* dst = reinterpret_cast<uint4*>(d.dst);
-      const uint4* src = reinterpret_cast<const uint4*>(d.src);
-      const uint64_t n = d.bytes / 16;
-      for (uint64_t k = threadIdx.x; k < n; k += blockDim.x) dst[k] = src[k];
-    } else {
-      uint8_t* dst = reinterpret_cast<uint8_t*>(d.dst);
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(d.src);
-      for (uint64_t k = threadIdx.x; k < d.bytes; k += blockDim.x) dst[k] = src[k];
-    }
+constexpr unsigned kThreads = 512;
+constexpr unsigned kWarpsPerBlock = kThreads / gather::kWarpLanes;
+
+__global__ void __launch_bounds__(kThreads) gather_scatter(const gather::Piece* pieces, uint32_t count) {
+  const unsigned lane = threadIdx.x % gather::kWarpLanes;
+  const uint64_t warps = uint64_t{gridDim.x} * kWarpsPerBlock;
+  for (uint64_t i = uint64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / gather::kWarpLanes; i < count; i += warps) {
+    const gather::Piece p = pieces[i];
+    gather::copy_piece(p, lane, gather::kWarpLanes);
   }
 }
 
 }  // namespace
 
-cudaError_t launch_gather_scatter(const KernelCopy* descriptors, uint32_t count, uint32_t max_blocks,
+cudaError_t launch_gather_scatter(const gather::Piece* pieces, uint32_t count, uint32_t max_blocks,
                                   cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   const uint32_t cap = max_blocks == 0 ? kDefaultCopyBlocks : max_blocks;
-  const uint32_t blocks = count < cap ? count : cap;
-  gather_scatter<<<blocks, 512, 0, stream>>>(descriptors, count);
+  const uint32_t wanted = (count + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const uint32_t blocks = wanted < cap ? wanted : cap;
+  gather_scatter<<<blocks, kThreads, 0, stream>>>(pieces, count);
   return cudaGetLastError();
 }
 

@@ -17,22 +17,37 @@
 //    mapping is closed with cudaIpcCloseMemHandle.
 //  - cudaMemcpyBatchAsync (CUDA 12.8+) cannot run on the legacy default
 //    stream: every stream here is cudaStreamNonBlocking.
-//  - The kernel path reads a descriptor array from device memory: each
-//    stream keeps a pinned staging buffer and a device buffer for it, and
-//    an event that says when the last kernel stopped reading them.
+//  - Every call runs with its device current (DeviceScope) and puts the
+//    thread's context back as it found it (the driver's cuCtxGetCurrent and
+//    cuCtxSetCurrent: cudaSetDevice back to device 0 would start a context
+//    there, ~500 MiB on a GPU the process may never use).
+//  - cudaIpcOpenMemHandle maps into the current device's context: a
+//    mapping is opened on the device whose kernels will use it.
+//  - cudaEventRecord fails for an event and a stream of different
+//    devices; cudaEventQuery calls an event never recorded complete, so
+//    this file remembers which of its events were recorded.
+//  - The kernel path reads its pieces from device memory: each stream has
+//    a ring of them (pinned staging and device memory, made with the
+//    stream), a region of which a launch takes and an event of its own
+//    gives back; a batch the ring has no room for goes to the copy
+//    engines, so no copy waits on the host or allocates.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <mutex>
 #include <vector>
 
 #include "common/xxh3.h"
 #include "device/cuda_errors.h"
 #include "device/device.h"
+#include "device/gather.h"
 #include "device/kernels.h"
 
 namespace kvbridge::device {
@@ -60,17 +75,96 @@ Status cuda_error(cudaError_t e, const std::string& what, bool opening = false) 
 
 using MemGetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 using PointerGetAttributeFn = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+using CtxGetCurrentFn = CUresult (*)(CUcontext*);
+using CtxSetCurrentFn = CUresult (*)(CUcontext);
+
+// The driver entry points this file looks up (cuda_device.cc's header).
+struct Driver {
+  MemGetAddressRangeFn range = nullptr;
+  PointerGetAttributeFn attribute = nullptr;
+  CtxGetCurrentFn get_ctx = nullptr;
+  CtxSetCurrentFn set_ctx = nullptr;
+};
+
+// Makes `device` current for a scope, then puts the thread's context back
+// (none, if it had none).
+class DeviceScope {
+ public:
+  DeviceScope(const Driver& driver, int device) : driver_(driver) {
+    int now = -1;
+    if (driver_.get_ctx != nullptr && driver_.get_ctx(&saved_) == CUDA_SUCCESS && saved_ != nullptr &&
+        cudaGetDevice(&now) == cudaSuccess && now == device) {
+      return;  // already current
+    }
+    status_ = cudaSetDevice(device);
+    restore_ = driver_.set_ctx != nullptr;
+  }
+  ~DeviceScope() {
+    if (restore_) (void)driver_.set_ctx(saved_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  cudaError_t status() const { return status_; }
+
+ private:
+  const Driver& driver_;
+  CUcontext saved_ = nullptr;
+  bool restore_ = false;
+  cudaError_t status_ = cudaSuccess;
+};
+
+#define KVB_CUDA_SCOPE(device)                                                                                \
+  DeviceScope kvb_scope(driver_, (device));                                                                   \
+  if (kvb_scope.status() != cudaSuccess) {                                                                    \
+    return cuda_error(kvb_scope.status(), "cudaSetDevice(" + std::to_string(static_cast<int>(device)) + ")"); \
+  }
+
+// The kernel path's ring of pieces (see the file's header).
+struct PieceRing {
+  static constexpr size_t kPieces = size_t{1} << 16;  // 1.5 MiB pinned and 1.5 MiB device memory per stream
+  static constexpr size_t kLaunches = 16;             // launches in flight on the stream
+  gather::Piece* staging = nullptr;                   // pinned host
+  gather::Piece* pieces = nullptr;                    // device
+  size_t head = 0;
+  struct Busy {
+    cudaEvent_t event;
+    size_t begin, end;
+  };
+  std::deque<Busy> busy;
+  std::vector<cudaEvent_t> spare;
+
+  // Gives back the regions of launches that ended; then the first of `n`
+  // free slots, or SIZE_MAX when there is no room (or no spare event).
+  size_t reserve(size_t n) {
+    while (!busy.empty() && cudaEventQuery(busy.front().event) == cudaSuccess) {
+      spare.push_back(busy.front().event);
+      busy.pop_front();
+    }
+    (void)cudaGetLastError();
+    if (n > kPieces || spare.empty()) return SIZE_MAX;
+    if (busy.empty()) return head = 0;
+    // In flight: [tail, head), wrapped when head < tail; full when equal.
+    const size_t tail = busy.front().begin;
+    if (head == tail) return SIZE_MAX;
+    if (head > tail) {
+      if (kPieces - head >= n) return head;
+      return tail >= n ? 0 : SIZE_MAX;  // wrap
+    }
+    return tail - head >= n ? head : SIZE_MAX;
+  }
+};
 
 struct RealStream {
   cudaStream_t stream = nullptr;
   int device = 0;
-  // The kernel path's descriptor buffers, and when the last kernel that read
-  // them ended.
-  std::mutex mu;
-  KernelCopy* staging = nullptr;      // pinned host
-  KernelCopy* descriptors = nullptr;  // device
-  size_t capacity = 0;
-  cudaEvent_t buffers_free = nullptr;
+  std::mutex mu;  // the ring
+  PieceRing ring;
+};
+
+// What this file knows of an event it made.
+struct EventInfo {
+  int device = 0;
+  bool recorded = false;
 };
 
 class CudaDevice final : public Device {
@@ -90,6 +184,13 @@ class CudaDevice final : public Device {
     }
     if (n == 0) return Status::unavailable("no CUDA device here (the driver reports none)");
     return n;
+  }
+
+  Result<std::string> uuid(int device) override {
+    KVB_RETURN_IF_ERROR(ready());
+    cudaDeviceProp prop{};
+    KVB_CUDA_TRY(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties(" + std::to_string(device) + ")");
+    return std::string(prop.uuid.bytes, sizeof(prop.uuid.bytes));
   }
 
   Result<PointerInfo> pointer_info(const void* p) override {
@@ -112,15 +213,15 @@ class CudaDevice final : public Device {
     info.device = a.device;
     CUdeviceptr base = 0;
     size_t bytes = 0;
-    if (range_ == nullptr || range_(&base, &bytes, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) {
+    if (driver_.range == nullptr || driver_.range(&base, &bytes, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) {
       return Status::unavailable("CUDA: cuMemGetAddressRange failed for a device pointer");
     }
     info.base = base;
     info.bytes = bytes;
     int capable = 0;
-    if (attribute_ != nullptr &&
-        attribute_(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, reinterpret_cast<CUdeviceptr>(p)) ==
-            CUDA_SUCCESS &&
+    if (driver_.attribute != nullptr &&
+        driver_.attribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                          reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
         capable != 0) {
       info.exportable = true;
     } else {
@@ -132,66 +233,99 @@ class CudaDevice final : public Device {
   }
 
   Result<std::string> export_memory(const void* base) override {
-    KVB_RETURN_IF_ERROR(ready());
+    KVB_ASSIGN_OR_RETURN(PointerInfo info, pointer_info(base));
+    if (info.type != MemoryType::kDevice) {
+      return Status::invalid_argument("CUDA: export_memory: not device memory");
+    }
+    KVB_CUDA_SCOPE(info.device);
     cudaIpcMemHandle_t h{};
     KVB_CUDA_TRY(cudaIpcGetMemHandle(&h, const_cast<void*>(base)), "cudaIpcGetMemHandle");
     return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
   }
 
-  Result<void*> open_memory(std::string_view handle) override {
+  Result<void*> open_memory(std::string_view handle, int device) override {
     KVB_RETURN_IF_ERROR(ready());
     cudaIpcMemHandle_t h{};
     if (handle.size() != sizeof(h)) return Status::invalid_argument("CUDA: open_memory: not a cudaIpcMemHandle_t");
     std::memcpy(&h, handle.data(), sizeof(h));
+    KVB_CUDA_SCOPE(device);
     void* p = nullptr;
     const cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
     if (e == cudaErrorAlreadyMapped) {
       (void)cudaGetLastError();
-      return Status::already_exists("CUDA: cudaIpcOpenMemHandle: this handle is already open in this process");
+      return Status::already_exists("CUDA: cudaIpcOpenMemHandle: this handle is already open on cuda:" +
+                                    std::to_string(device) + " in this process");
     }
-    if (e != cudaSuccess) return cuda_error(e, "cudaIpcOpenMemHandle", true);
+    if (e != cudaSuccess) return cuda_error(e, "cudaIpcOpenMemHandle on cuda:" + std::to_string(device), true);
     return p;
   }
 
   Status close_memory(void* opened) override {
+    KVB_ASSIGN_OR_RETURN(PointerInfo info, pointer_info(opened));
+    KVB_CUDA_SCOPE(info.device >= 0 ? info.device : 0);
     KVB_CUDA_TRY(cudaIpcCloseMemHandle(opened), "cudaIpcCloseMemHandle");
     return Status();
   }
 
   Result<Stream> create_stream(int device) override {
     KVB_RETURN_IF_ERROR(ready());
-    KVB_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+    KVB_CUDA_SCOPE(device);
     auto* s = new RealStream();
     s->device = device;
     cudaError_t e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->buffers_free, cudaEventDisableTiming);
+    const char* what = "cudaStreamCreateWithFlags";
+    if (e == cudaSuccess) {
+      what = "cudaMallocHost of the stream's pieces";
+      e = cudaMallocHost(reinterpret_cast<void**>(&s->ring.staging), PieceRing::kPieces * sizeof(gather::Piece));
+    }
+    if (e == cudaSuccess) {
+      what = "cudaMalloc of the stream's pieces";
+      e = cudaMalloc(reinterpret_cast<void**>(&s->ring.pieces), PieceRing::kPieces * sizeof(gather::Piece));
+    }
+    for (size_t i = 0; e == cudaSuccess && i < PieceRing::kLaunches; ++i) {
+      what = "cudaEventCreateWithFlags";
+      cudaEvent_t ev = nullptr;
+      e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+      if (e == cudaSuccess) s->ring.spare.push_back(ev);
+    }
     if (e != cudaSuccess) {
+      (void)cudaGetLastError();
       destroy_stream(s);
-      return cuda_error(e, "cudaStreamCreateWithFlags");
+      return cuda_error(e, what);
     }
     return static_cast<Stream>(s);
   }
 
   void destroy_stream(Stream stream) override {
     auto* s = static_cast<RealStream*>(stream);
+    DeviceScope scope(driver_, s->device);
     if (s->stream != nullptr) (void)cudaStreamSynchronize(s->stream);
-    if (s->staging != nullptr) (void)cudaFreeHost(s->staging);
-    if (s->descriptors != nullptr) (void)cudaFree(s->descriptors);
-    if (s->buffers_free != nullptr) (void)cudaEventDestroy(s->buffers_free);
+    if (s->ring.staging != nullptr) (void)cudaFreeHost(s->ring.staging);
+    if (s->ring.pieces != nullptr) (void)cudaFree(s->ring.pieces);
+    for (const PieceRing::Busy& b : s->ring.busy) (void)cudaEventDestroy(b.event);
+    for (cudaEvent_t e : s->ring.spare) (void)cudaEventDestroy(e);
     if (s->stream != nullptr) (void)cudaStreamDestroy(s->stream);
     delete s;
   }
 
   Result<Event> create_event(int device, bool interprocess) override {
     KVB_RETURN_IF_ERROR(ready());
-    KVB_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+    KVB_CUDA_SCOPE(device);
     cudaEvent_t e = nullptr;
     KVB_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | (interprocess ? cudaEventInterprocess : 0)),
                  "cudaEventCreateWithFlags");
+    std::lock_guard<std::mutex> lock(events_mu_);
+    events_[e] = EventInfo{device, false};
     return static_cast<Event>(e);
   }
 
-  void destroy_event(Event event) override { (void)cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+  void destroy_event(Event event) override {
+    {
+      std::lock_guard<std::mutex> lock(events_mu_);
+      events_.erase(static_cast<cudaEvent_t>(event));
+    }
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
 
   Result<std::string> export_event(Event event) override {
     cudaIpcEventHandle_t h{};
@@ -212,28 +346,77 @@ class CudaDevice final : public Device {
   }
 
   Status record(Event event, Stream stream) override {
-    KVB_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<RealStream*>(stream)->stream),
-                 "cudaEventRecord");
+    auto* s = static_cast<RealStream*>(stream);
+    {
+      std::lock_guard<std::mutex> lock(events_mu_);
+      auto it = events_.find(static_cast<cudaEvent_t>(event));
+      if (it != events_.end() && it->second.device != s->device) {
+        return Status::invalid_argument("CUDA: cudaEventRecord: an event of cuda:" + std::to_string(it->second.device) +
+                                        " cannot be recorded on a stream of cuda:" + std::to_string(s->device));
+      }
+    }
+    KVB_CUDA_SCOPE(s->device);
+    KVB_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(event), s->stream), "cudaEventRecord");
+    std::lock_guard<std::mutex> lock(events_mu_);
+    if (auto it = events_.find(static_cast<cudaEvent_t>(event)); it != events_.end()) it->second.recorded = true;
     return Status();
   }
 
   Status wait_event(Stream stream, Event event) override {
-    KVB_CUDA_TRY(cudaStreamWaitEvent(static_cast<RealStream*>(stream)->stream, static_cast<cudaEvent_t>(event), 0),
-                 "cudaStreamWaitEvent");
+    auto* s = static_cast<RealStream*>(stream);
+    KVB_CUDA_SCOPE(s->device);
+    KVB_CUDA_TRY(cudaStreamWaitEvent(s->stream, static_cast<cudaEvent_t>(event), 0), "cudaStreamWaitEvent");
     return Status();
   }
 
   Result<bool> done(Event event) override {
+    {
+      std::lock_guard<std::mutex> lock(events_mu_);
+      auto it = events_.find(static_cast<cudaEvent_t>(event));
+      if (it != events_.end() && !it->second.recorded) {
+        return Status::invalid_argument("CUDA: the event (of cuda:" + std::to_string(it->second.device) +
+                                        ") was never recorded: CUDA would call it complete before its work was "
+                                        "queued");
+      }
+    }
     const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
     if (e == cudaSuccess) return true;
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
     return cuda_error(e, "cudaEventQuery");
+  }
+
+  Status enable_peer_access(int device, int peer) override {
+    KVB_RETURN_IF_ERROR(ready());
+    if (device == peer) return Status();
+    int can = 0;
+    KVB_CUDA_TRY(cudaDeviceCanAccessPeer(&can, device, peer), "cudaDeviceCanAccessPeer");
+    if (can == 0) {
+      return Status::unavailable("CUDA: cuda:" + std::to_string(device) + " cannot access cuda:" +
+                                 std::to_string(peer) + "'s memory directly (no peer access between them)");
+    }
+    KVB_CUDA_SCOPE(device);
+    const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();
+      return Status();
+    }
+    KVB_CUDA_TRY(
+        e, "cudaDeviceEnablePeerAccess(cuda:" + std::to_string(device) + " -> cuda:" + std::to_string(peer) + ")");
+    return Status();
   }
 
   Status copy(Stream stream, std::span<const DeviceCopy> copies, CopyMethod method, uint32_t max_blocks) override {
     if (copies.empty()) return Status();
     auto* s = static_cast<RealStream*>(stream);
-    if (method == CopyMethod::kKernel) return copy_by_kernel(*s, copies, max_blocks);
+    KVB_CUDA_SCOPE(s->device);
+    if (method == CopyMethod::kKernel) {
+      Result<bool> launched = copy_by_kernel(*s, copies, max_blocks);
+      if (!launched.ok() || *launched) return launched.ok() ? Status() : launched.error();
+      // The ring had no room: the copy engines take this batch.
+    }
 #if CUDART_VERSION < 12080
 #error "the cuda device needs CUDA 12.8 or later (cudaMemcpyBatchAsync); CMakeLists.txt says so at configure"
 #endif
@@ -256,29 +439,34 @@ class CudaDevice final : public Device {
     // CUDA 13: const arrays, no failure index.
     const cudaError_t e =
         cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), copies.size(), &attr, &first, 1, s->stream);
-    const std::string failed;
+    size_t fail = SIZE_MAX;
 #else
     // CUDA 12.8 and 12.9: mutable arrays, and the index of the copy that failed.
     size_t fail = SIZE_MAX;
     const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), const_cast<void**>(srcs.data()), sizes.data(),
                                                copies.size(), &attr, &first, 1, &fail, s->stream);
-    const std::string failed = fail < copies.size() ? " (copy " + std::to_string(fail) + " failed)" : "";
 #endif
-    KVB_CUDA_TRY(e, "cudaMemcpyBatchAsync of " + std::to_string(copies.size()) + " copies" + failed);
+    if (e != cudaSuccess) {
+      return cuda_error(e, "cudaMemcpyBatchAsync of " + std::to_string(copies.size()) +
+                               " copies on cuda:" + std::to_string(s->device) + describe_failed(copies, fail));
+    }
     return Status();
   }
 
   Status copy_each(Stream stream, std::span<const DeviceCopy> copies) override {
     auto* s = static_cast<RealStream*>(stream);
-    for (const DeviceCopy& c : copies) {
-      KVB_CUDA_TRY(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, s->stream), "cudaMemcpyAsync");
+    KVB_CUDA_SCOPE(s->device);
+    for (size_t i = 0; i < copies.size(); ++i) {
+      const DeviceCopy& c = copies[i];
+      KVB_CUDA_TRY(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, s->stream),
+                   "cudaMemcpyAsync" + describe_failed(copies, i));
     }
     return Status();
   }
 
   Result<void*> allocate(int device, uint64_t bytes, bool managed) override {
     KVB_RETURN_IF_ERROR(ready());
-    KVB_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+    KVB_CUDA_SCOPE(device);
     void* p = nullptr;
     if (managed) {
       KVB_CUDA_TRY(cudaMallocManaged(&p, bytes), "cudaMallocManaged");
@@ -289,12 +477,15 @@ class CudaDevice final : public Device {
   }
 
   Status free(void* p) override {
+    KVB_ASSIGN_OR_RETURN(PointerInfo info, pointer_info(p));
+    KVB_CUDA_SCOPE(info.device >= 0 ? info.device : 0);
     KVB_CUDA_TRY(cudaFree(p), "cudaFree");
     return Status();
   }
 
   Status fill_after(Stream stream, void* p, uint64_t bytes, uint8_t value, std::chrono::microseconds delay) override {
     auto* s = static_cast<RealStream*>(stream);
+    KVB_CUDA_SCOPE(s->device);
     KVB_CUDA_TRY(launch_fill_after(p, bytes, value, static_cast<uint64_t>(delay.count()) * 1000, s->stream),
                  "the fill kernel");
     return Status();
@@ -323,7 +514,7 @@ class CudaDevice final : public Device {
     }
     std::vector<uint64_t> out(leaves);
     if (leaves > 0) {
-      KVB_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+      KVB_CUDA_SCOPE(device);
       cudaStream_t stream = nullptr;
       KVB_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       const size_t table_bytes = table.size() * sizeof(KernelRange);
@@ -355,6 +546,35 @@ class CudaDevice final : public Device {
     return Status();
   }
 
+  // Portable: pinned for every device's context. CUDA needs a context to
+  // pin in: the thread's current one, or device 0's when it has none.
+  Status register_host(void* p, uint64_t bytes) override {
+    KVB_RETURN_IF_ERROR(ready());
+    CUcontext now = nullptr;
+    int device = 0;
+    if (driver_.get_ctx != nullptr && driver_.get_ctx(&now) == CUDA_SUCCESS && now != nullptr) {
+      (void)cudaGetDevice(&device);
+    }
+    KVB_CUDA_SCOPE(device);
+    const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (e == cudaErrorHostMemoryAlreadyRegistered) {
+      (void)cudaGetLastError();
+      return Status::already_exists("CUDA: cudaHostRegister: the range overlaps host memory already pinned");
+    }
+    KVB_CUDA_TRY(e, "cudaHostRegister of " + std::to_string(bytes) + " bytes");
+    return Status();
+  }
+
+  Status unregister_host(void* p) override {
+    const cudaError_t e = cudaHostUnregister(p);
+    if (e == cudaErrorHostMemoryNotRegistered) {
+      (void)cudaGetLastError();
+      return Status::invalid_argument("CUDA: cudaHostUnregister: no pinned range starts there");
+    }
+    KVB_CUDA_TRY(e, "cudaHostUnregister");
+    return Status();
+  }
+
   Status copy_sync(void* dst, const void* src, uint64_t bytes) override {
     KVB_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
     return Status();
@@ -369,50 +589,64 @@ class CudaDevice final : public Device {
         ready_ = n.error();
         return;
       }
-      void* fn = nullptr;
-      cudaDriverEntryPointQueryResult q{};
-      if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess)
-        range_ = reinterpret_cast<MemGetAddressRangeFn>(fn);
-      if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess)
-        attribute_ = reinterpret_cast<PointerGetAttributeFn>(fn);
+      auto find = [](const char* name) -> void* {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        return cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) == cudaSuccess ? fn : nullptr;
+      };
+      driver_.range = reinterpret_cast<MemGetAddressRangeFn>(find("cuMemGetAddressRange"));
+      driver_.attribute = reinterpret_cast<PointerGetAttributeFn>(find("cuPointerGetAttribute"));
+      driver_.get_ctx = reinterpret_cast<CtxGetCurrentFn>(find("cuCtxGetCurrent"));
+      driver_.set_ctx = reinterpret_cast<CtxSetCurrentFn>(find("cuCtxSetCurrent"));
     });
     return ready_;
   }
 
-  Status copy_by_kernel(RealStream& s, std::span<const DeviceCopy> copies, uint32_t max_blocks) {
+  // " (copy i of n: B bytes from 0x.. to 0x..)" for a failed copy, when
+  // CUDA said which.
+  static std::string describe_failed(std::span<const DeviceCopy> copies, size_t i) {
+    if (i >= copies.size()) return "";
+    char text[160];
+    std::snprintf(text, sizeof text, " (copy %zu of %zu: %llu bytes from %p to %p)", i, copies.size(),
+                  static_cast<unsigned long long>(copies[i].bytes), copies[i].src, copies[i].dst);
+    return text;
+  }
+
+  // Queues the batch as one kernel over its pieces; false (nothing queued)
+  // when the stream's ring has no room for them.
+  Result<bool> copy_by_kernel(RealStream& s, std::span<const DeviceCopy> copies, uint32_t max_blocks) {
     std::lock_guard<std::mutex> lock(s.mu);
-    // The previous kernel must have read its descriptors before they are
-    // overwritten.
-    KVB_CUDA_TRY(cudaEventSynchronize(s.buffers_free), "cudaEventSynchronize");
-    if (s.capacity < copies.size()) {
-      if (s.staging != nullptr) (void)cudaFreeHost(s.staging);
-      if (s.descriptors != nullptr) (void)cudaFree(s.descriptors);
-      s.staging = nullptr;
-      s.descriptors = nullptr;
-      s.capacity = 0;
-      const size_t want = std::max<size_t>(copies.size(), 1024);
-      KVB_CUDA_TRY(cudaSetDevice(s.device), "cudaSetDevice");
-      KVB_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&s.staging), want * sizeof(KernelCopy)), "cudaMallocHost");
-      KVB_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&s.descriptors), want * sizeof(KernelCopy)), "cudaMalloc");
-      s.capacity = want;
+    uint64_t n = 0;
+    for (const DeviceCopy& c : copies) n += gather::pieces_of(c.bytes);
+    if (n == 0) return true;
+    const size_t at = s.ring.reserve(static_cast<size_t>(n));
+    if (at == SIZE_MAX) return false;
+    gather::Piece* out = s.ring.staging + at;
+    for (const DeviceCopy& c : copies) {
+      const auto dst = reinterpret_cast<uint64_t>(c.dst), src = reinterpret_cast<uint64_t>(c.src);
+      for (uint64_t off = 0; off < c.bytes; off += gather::kPieceBytes) {
+        *out++ = gather::Piece{dst + off, src + off, std::min(gather::kPieceBytes, c.bytes - off)};
+      }
     }
-    for (size_t i = 0; i < copies.size(); ++i) {
-      s.staging[i] = KernelCopy{reinterpret_cast<uint64_t>(copies[i].dst), reinterpret_cast<uint64_t>(copies[i].src),
-                                copies[i].bytes};
-    }
-    KVB_CUDA_TRY(
-        cudaMemcpyAsync(s.descriptors, s.staging, copies.size() * sizeof(KernelCopy), cudaMemcpyHostToDevice, s.stream),
-        "cudaMemcpyAsync of the descriptors");
-    KVB_CUDA_TRY(launch_gather_scatter(s.descriptors, static_cast<uint32_t>(copies.size()), max_blocks, s.stream),
-                 "the gather/scatter kernel");
-    KVB_CUDA_TRY(cudaEventRecord(s.buffers_free, s.stream), "cudaEventRecord");
-    return Status();
+    KVB_CUDA_TRY(cudaMemcpyAsync(s.ring.pieces + at, s.ring.staging + at, n * sizeof(gather::Piece),
+                                 cudaMemcpyHostToDevice, s.stream),
+                 "cudaMemcpyAsync of the kernel's pieces");
+    KVB_CUDA_TRY(launch_gather_scatter(s.ring.pieces + at, static_cast<uint32_t>(n), max_blocks, s.stream),
+                 "the gather/scatter kernel over " + std::to_string(copies.size()) +
+                     " copies on cuda:" + std::to_string(s.device));
+    cudaEvent_t ev = s.ring.spare.back();
+    KVB_CUDA_TRY(cudaEventRecord(ev, s.stream), "cudaEventRecord");
+    s.ring.spare.pop_back();
+    s.ring.busy.push_back(PieceRing::Busy{ev, at, at + static_cast<size_t>(n)});
+    s.ring.head = at + static_cast<size_t>(n);
+    return true;
   }
 
   std::once_flag once_;
   Status ready_;
-  MemGetAddressRangeFn range_ = nullptr;
-  PointerGetAttributeFn attribute_ = nullptr;
+  Driver driver_;
+  std::mutex events_mu_;
+  std::map<cudaEvent_t, EventInfo> events_;  // the events this process made here
 };
 
 }  // namespace

@@ -16,9 +16,10 @@ class NoCuda final : public Device {
  public:
   std::string_view name() const override { return "cuda"; }
   Result<int> count() override { return none(); }
+  Result<std::string> uuid(int) override { return none(); }
   Result<PointerInfo> pointer_info(const void*) override { return none(); }
   Result<std::string> export_memory(const void*) override { return none(); }
-  Result<void*> open_memory(std::string_view) override { return none(); }
+  Result<void*> open_memory(std::string_view, int) override { return none(); }
   Status close_memory(void*) override { return none(); }
   Result<Stream> create_stream(int) override { return none(); }
   void destroy_stream(Stream) override {}
@@ -29,6 +30,9 @@ class NoCuda final : public Device {
   Status record(Event, Stream) override { return none(); }
   Status wait_event(Stream, Event) override { return none(); }
   Result<bool> done(Event) override { return none(); }
+  Status enable_peer_access(int, int) override { return none(); }
+  Status register_host(void*, uint64_t) override { return none(); }
+  Status unregister_host(void*) override { return none(); }
   Status copy(Stream, std::span<const DeviceCopy>, CopyMethod, uint32_t) override { return none(); }
   Status copy_each(Stream, std::span<const DeviceCopy>) override { return none(); }
   Result<void*> allocate(int, uint64_t, bool) override { return none(); }
@@ -62,6 +66,15 @@ Device& current() {
     return real();
   }();
   return chosen;
+}
+
+Result<int> ordinal_of(Device& device, std::string_view uuid) {
+  KVB_ASSIGN_OR_RETURN(int n, device.count());
+  for (int i = 0; i < n; ++i) {
+    KVB_ASSIGN_OR_RETURN(std::string u, device.uuid(i));
+    if (u == uuid) return i;
+  }
+  return -1;
 }
 
 std::string_view copy_method_name(CopyMethod method) {

@@ -21,6 +21,24 @@
 // no longer opens, copies land only when their stream reaches them, and a
 // stream that waits on an event waits for the event's latest record.
 //
+// Devices as CUDA has them: every call that touches a device makes that
+// device current for itself (a stream's, an event's, a mapping's, the
+// `device` argument) and leaves the calling thread's current device as it
+// found it, so no call makes a context on a device it was not asked about
+// (a TP worker of GPU 5 never starts one on GPU 0). A handle opens on the
+// importer's device, once per (handle, device). Devices are named across
+// processes by UUID (uuid()), since an ordinal depends on each process's
+// CUDA_VISIBLE_DEVICES.
+//
+// The fake fails where CUDA fails: several devices per process
+// (KVB_FAKE_DEVICES, default 2; KVB_FAKE_VISIBLE_DEVICES reorders them as
+// CUDA_VISIBLE_DEVICES does), an event recorded on another device's stream
+// refused, a kernel (the gather/scatter copy, the fill, the content hash)
+// that touches memory its device cannot reach (another device's without
+// peer access, a mapping opened on another device, pageable host memory)
+// refused as CUDA's illegal address would be, and an event never recorded
+// refused when asked whether it is done.
+//
 // current() is the process's device: the fake when the environment says
 // KVB_DEVICE=fake (tests, and the demo's CPU-only runs), else the real one.
 //
@@ -94,6 +112,10 @@ class Device {
   // in this build, no driver, no device).
   virtual Result<int> count() = 0;
 
+  // The device's UUID (16 bytes): the same device has the same UUID in
+  // every process of the host, whatever its ordinal there.
+  virtual Result<std::string> uuid(int device) = 0;
+
   // What `p` points into. kUnavailable when the device cannot be asked.
   virtual Result<PointerInfo> pointer_info(const void* p) = 0;
 
@@ -101,12 +123,14 @@ class Device {
   // first byte is `base`. kInvalidArgument when `base` does not start a
   // device allocation, kUnavailable when it cannot be exported (why).
   virtual Result<std::string> export_memory(const void* base) = 0;
-  // Maps another process's allocation into this one; the pointer is the
-  // allocation's first byte. A handle opens once per process: opening it
-  // again while open fails (kAlreadyExists). kNotFound when the allocation
-  // is gone (freed, or its process exited), kInvalidArgument for bytes that
-  // are not a handle.
-  virtual Result<void*> open_memory(std::string_view handle) = 0;
+  // Maps another process's allocation into this one on `device` (this
+  // process's ordinal): kernels on `device` may use the mapping, kernels of
+  // other devices may not (pointer_info says the mapping is of `device`).
+  // The pointer is the allocation's first byte. A handle opens once per
+  // (handle, device): opening it again there while open fails
+  // (kAlreadyExists). kNotFound when the allocation is gone (freed, or its
+  // process exited), kInvalidArgument for bytes that are not a handle.
+  virtual Result<void*> open_memory(std::string_view handle, int device) = 0;
   virtual Status close_memory(void* opened) = 0;
 
   // A non-blocking stream on `device` (never the legacy default stream:
@@ -127,9 +151,15 @@ class Device {
   virtual Status record(Event event, Stream stream) = 0;
   // Work queued on `stream` after this waits for `event`'s latest record.
   virtual Status wait_event(Stream stream, Event event) = 0;
-  // Whether the event's latest record completed (true also when never
-  // recorded).
+  // Whether the event's latest record completed. An event never recorded
+  // is refused (kInvalidArgument, "never recorded"): CUDA would call it
+  // complete, and a copy behind it would read what its producer has not
+  // written yet. (CUDA cannot tell of an event opened from another
+  // process's handle, nor of one this process did not make here.)
   virtual Result<bool> done(Event event) = 0;
+  // Lets kernels on `device` use memory of `peer` (cudaDeviceEnablePeerAccess;
+  // enabling twice is no error). kUnavailable when the pair cannot.
+  virtual Status enable_peer_access(int device, int peer) = 0;
 
   // Queues one batch of copies on `stream` (in stream order; copies within
   // the batch in any order, so they must not overlap). `max_blocks` caps the
@@ -149,6 +179,16 @@ class Device {
   // (the caller waited for them). kInvalidArgument naming a range that is
   // not device memory of `device` inside one allocation.
   virtual Status content_hashes(int device, std::span<const DeviceRange> ranges, std::vector<uint64_t>* hashes) = 0;
+
+  // Pins `bytes` of host memory at `p` for copies to and from devices
+  // (cudaHostRegister, portable to every device): a copy engine then moves
+  // it directly, without staging through the driver's bounce buffers, and
+  // a kernel may read and write it. Once per range: a range overlapping one
+  // already pinned is refused (kAlreadyExists), as CUDA refuses it.
+  virtual Status register_host(void* p, uint64_t bytes) = 0;
+  // Unpins what register_host(p, ...) pinned; kInvalidArgument when `p`
+  // starts no pinned range.
+  virtual Status unregister_host(void* p) = 0;
 
   // Helpers for tests, the demo and the bench.
   // Device memory of `device` (managed: unified memory, to test refusals).
@@ -170,6 +210,17 @@ Device& fake();
 // How many allocations of other processes the fake has open in this one
 // (tests: that an importer closes what it opened).
 size_t fake_opened_count();
+
+// The ordinal in this process of the device whose uuid() is `uuid`, or -1
+// when this process does not see it.
+Result<int> ordinal_of(Device& device, std::string_view uuid);
+// Whether the fake made a context on `device` in this process (tests:
+// nothing touches a device it was not asked about).
+bool fake_context_on(int device);
+// How many host ranges the fake has pinned (register_host) in this process.
+size_t fake_pinned_count();
+// How many batches the fake has copied by its gather/scatter kernel.
+size_t fake_kernel_copies();
 
 // "cuda:N" -> N; kInvalidArgument naming the text otherwise.
 Result<int> parse_cuda_memory(std::string_view memory);

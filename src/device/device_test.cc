@@ -144,7 +144,7 @@ TEST(FakeDeviceTest, AHandleOpensOnceAndNotAfterItsAllocationWasFreed) {
   ASSERT_TRUE(h.ok()) << h.error().to_string();
   EXPECT_EQ(d.export_memory(static_cast<uint8_t*>(*p) + 1).error().code(), Code::kInvalidArgument)
       << "only an allocation's first byte exports";
-  Result<void*> opened = d.open_memory(*h);
+  Result<void*> opened = d.open_memory(*h, 0);
   ASSERT_TRUE(opened.ok()) << opened.error().to_string();
   EXPECT_NE(*opened, *p);
   EXPECT_EQ(static_cast<uint8_t*>(*opened)[100], 0x5a);
@@ -153,21 +153,21 @@ TEST(FakeDeviceTest, AHandleOpensOnceAndNotAfterItsAllocationWasFreed) {
   Result<PointerInfo> info = d.pointer_info(*opened);
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->type, MemoryType::kDevice) << "an opened allocation is device memory too";
-  EXPECT_EQ(d.open_memory(*h).error().code(), Code::kAlreadyExists) << "a handle opens once per process";
+  EXPECT_EQ(d.open_memory(*h, 0).error().code(), Code::kAlreadyExists) << "a handle opens once per device";
   EXPECT_TRUE(d.close_memory(*opened).ok());
-  Result<void*> again = d.open_memory(*h);
+  Result<void*> again = d.open_memory(*h, 0);
   ASSERT_TRUE(again.ok()) << "closed, it opens again";
   EXPECT_TRUE(d.close_memory(*again).ok());
   EXPECT_TRUE(d.free(*p).ok());
-  Result<void*> gone = d.open_memory(*h);
+  Result<void*> gone = d.open_memory(*h, 0);
   EXPECT_EQ(gone.error().code(), Code::kNotFound) << "a freed allocation's handle does not open";
 
   // A later allocation may reuse the descriptor number: the old handle
   // still does not open it.
   Result<void*> q = d.allocate(0, 8192);
   ASSERT_TRUE(q.ok());
-  EXPECT_EQ(d.open_memory(*h).error().code(), Code::kNotFound);
-  EXPECT_EQ(d.open_memory("garbage").error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(d.open_memory(*h, 0).error().code(), Code::kNotFound);
+  EXPECT_EQ(d.open_memory("garbage", 0).error().code(), Code::kInvalidArgument);
   EXPECT_TRUE(d.free(*q).ok());
 }
 
@@ -207,7 +207,9 @@ TEST(FakeDeviceTest, AStreamWaitsForAnotherStreamsEventOpenedByItsHandle) {
   Result<Event> ready = d.create_event(0, true);
   Result<Event> copied = d.create_event(1, false);
   ASSERT_TRUE(producer.ok() && consumer.ok() && ready.ok() && copied.ok());
-  EXPECT_TRUE(*d.done(*ready)) << "an event never recorded counts as done";
+  Result<bool> never = d.done(*ready);
+  ASSERT_FALSE(never.ok()) << "an event never recorded is refused, not called done";
+  EXPECT_NE(never.error().message().find("never recorded"), std::string::npos) << never.error().to_string();
   ASSERT_TRUE(d.fill_after(*producer, *src, 4096, 9, 150ms).ok());
   ASSERT_TRUE(d.record(*ready, *producer).ok());
   Result<std::string> handle = d.export_event(*ready);
@@ -217,6 +219,7 @@ TEST(FakeDeviceTest, AStreamWaitsForAnotherStreamsEventOpenedByItsHandle) {
   EXPECT_FALSE(*d.done(*opened)) << "the opened event sees the record";
   ASSERT_TRUE(d.wait_event(*consumer, *opened).ok());
   const DeviceCopy c{*dst, *src, 4096};
+  ASSERT_TRUE(d.enable_peer_access(1, 0).ok()) << "the kernel on device 1 reads device 0's memory";
   ASSERT_TRUE(d.copy(*consumer, {&c, 1}, CopyMethod::kKernel).ok());
   ASSERT_TRUE(d.record(*copied, *consumer).ok());
   ASSERT_TRUE(await(d, *copied));

@@ -12,22 +12,16 @@
 
 #include <cstdint>
 
+#include "device/gather.h"
+
 namespace kvbridge::device {
 
-// One descriptor of the gather/scatter kernel, as it sits in device memory.
-struct KernelCopy {
-  uint64_t dst = 0;
-  uint64_t src = 0;
-  uint64_t bytes = 0;
-};
-
-// Copies every descriptor of `descriptors` (device memory, `count` of
-// them) on `stream`, one thread block per descriptor at a time, on a grid
-// of at most `max_blocks` blocks (0: kDefaultCopyBlocks), so the copy
-// leaves most SMs to the model. 16-byte vectors where both sides and the
-// length allow, bytes otherwise.
+// Copies every piece of `pieces` (device memory, `count` of them, as
+// gather::cut() makes them) on `stream`, a warp per piece at a time
+// (gather.h), on a grid of at most `max_blocks` blocks of 512 threads (0:
+// kDefaultCopyBlocks), so the copy leaves most SMs to the model.
 inline constexpr uint32_t kDefaultCopyBlocks = 32;
-cudaError_t launch_gather_scatter(const KernelCopy* descriptors, uint32_t count, uint32_t max_blocks,
+cudaError_t launch_gather_scatter(const gather::Piece* pieces, uint32_t count, uint32_t max_blocks,
                                   cudaStream_t stream);
 
 // One range of the content hash kernel, as it sits in device memory: its

@@ -42,10 +42,11 @@ struct DeviceBuffer {
   uint64_t bytes;
 };
 
-std::unique_ptr<Engine> make(const std::string& name) {
+std::unique_ptr<Engine> make(const std::string& name, const std::string& device_copy = "copy_engine") {
   EngineOptions o;
   o.name = name;
   o.transports = {"local"};
+  o.device_copy = device_copy;
   Result<std::unique_ptr<Engine>> e = Engine::create(o);
   EXPECT_TRUE(e.ok()) << e.error().to_string();
   return e.ok() ? std::move(*e) : nullptr;
@@ -91,9 +92,17 @@ TEST_F(DeviceMemoryTest, RegistersOnlyWhatIsDeviceMemoryOfTheNamedDevice) {
   refused(d1.data + 100, 4096, "host", Code::kInvalidArgument, "is device memory of cuda:1");
 }
 
-TEST_F(DeviceMemoryTest, HostAndDeviceMemoryMoveBothWaysInOneProcess) {
-  auto a = make("a");
-  auto b = make("b");
+// By each copy method: the kernel (for device memory on both sides) on
+// device 0 reads device 1's memory once the local transport enabled peer
+// access (the fake refuses it otherwise, as CUDA faults), and host memory
+// goes through the copy engines.
+class DeviceCopyMethodTest : public DeviceMemoryTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(DeviceCopyMethodTest, HostAndDeviceMemoryMoveBothWaysInOneProcess) {
+  const bool kernel = std::string(GetParam()) == "kernel";
+  const size_t kernels_before = device::fake_kernel_copies();
+  auto a = make("a", GetParam());
+  auto b = make("b", GetParam());
   DeviceBuffer da(0, 1 << 20, 0), db(1, 1 << 20, 0);
   std::vector<uint8_t> host(1 << 20);
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 7 + 3);
@@ -119,7 +128,11 @@ TEST_F(DeviceMemoryTest, HostAndDeviceMemoryMoveBothWaysInOneProcess) {
   ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
   EXPECT_EQ(std::memcmp(da.data, db.data, da.bytes), 0);
   EXPECT_EQ(st.bytes_done, da.bytes);
+  EXPECT_EQ(device::fake_kernel_copies() - kernels_before, kernel ? 1u : 0u)
+      << "the device-to-device read, and only it, by the kernel when asked";
 }
+
+INSTANTIATE_TEST_SUITE_P(CopyMethods, DeviceCopyMethodTest, ::testing::Values("copy_engine", "kernel"));
 
 // Engine a reads device memory `src` (device `from`, registered by engine
 // b) into `dst` (device 0), and a producer writes `src` on its own stream,
@@ -207,6 +220,51 @@ TEST_F(DeviceMemoryTest, ACancelWhileWaitingForTheProducerLandsNothing) {
   EXPECT_EQ(st.error.code(), Code::kTimeout) << st.error.to_string();
   std::this_thread::sleep_for(800ms);
   EXPECT_EQ(count_of(dst.data, dst.bytes, 0), dst.bytes) << "a byte landed after the deadline";
+}
+
+// Host memory of an engine that moves device memory is pinned once per
+// segment at registration (a range that joins a segment re-pins the joined
+// span, after the old one is unpinned) and unpinned at deregistration or
+// with the engine; an engine without a device transport pins nothing.
+TEST_F(DeviceMemoryTest, HostMemoryIsPinnedWhileRegisteredWithAnEngineThatMovesDeviceMemory) {
+  std::vector<uint8_t> host(1 << 20);
+  const size_t before = device::fake_pinned_count();
+  {
+    auto a = make("a");
+    const RegionId r1 = *a->register_memory(host.data(), 4096, "host");
+    EXPECT_EQ(device::fake_pinned_count(), before + 1);
+    const RegionId r2 = *a->register_memory(host.data() + 2048, 8192, "host");
+    EXPECT_EQ(device::fake_pinned_count(), before + 1) << "the joined segment, pinned once";
+    const RegionId r3 = *a->register_memory(host.data() + 65536, 4096, "host");
+    EXPECT_EQ(device::fake_pinned_count(), before + 2);
+    ASSERT_TRUE(a->deregister_memory(r2).ok());
+    EXPECT_EQ(device::fake_pinned_count(), before + 2) << "r1 and r3, each its own segment again";
+    ASSERT_TRUE(a->deregister_memory(r1).ok());
+    EXPECT_EQ(device::fake_pinned_count(), before + 1);
+    (void)r3;  // unpinned with the engine
+  }
+  EXPECT_EQ(device::fake_pinned_count(), before) << "the engine's end unpins what it pinned";
+  EngineOptions o;
+  o.name = "host-only";
+  o.transports = {"cma"};
+  auto c = Engine::create(o);
+  ASSERT_TRUE(c.ok()) << c.error().to_string();
+  ASSERT_TRUE((*c)->register_memory(host.data(), 4096, "host").ok());
+  EXPECT_EQ(device::fake_pinned_count(), before) << "no transport of this engine moves device memory";
+}
+
+// A producer's event that was never recorded is refused by name: CUDA
+// would call it complete, and the read would take the stale bytes.
+TEST_F(DeviceMemoryTest, AReadyEventNeverRecordedIsRefusedNotTakenAsDone) {
+  Producer p(1, 4096);
+  SubmitOptions o;
+  o.ready_event_handles = {*fake().export_event(p.ready)};
+  Result<TransferId> id = p.read_all(o);
+  ASSERT_TRUE(id.ok()) << id.error().to_string();
+  const TransferStatus st = p.a->wait(*id, 10s);
+  EXPECT_EQ(st.state, TransferState::kFailed);
+  EXPECT_NE(st.error.message().find("never recorded"), std::string::npos) << st.error.to_string();
+  EXPECT_EQ(count_of(p.dst.data, p.dst.bytes, 0x11), 0u) << "the stale bytes were read";
 }
 
 TEST_F(DeviceMemoryTest, ReadyEventsOnAHostOnlyTransferAreRefused) {

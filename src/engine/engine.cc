@@ -46,7 +46,7 @@ namespace {
 const char* const kKnownTransports[] = {"local", "cuda_ipc", "cma", "tcp", "ucx"};
 
 Result<std::unique_ptr<transport::Transport>> make_one(const std::string& name, const EngineOptions& options) {
-  if (name == "local") return transport::make_local_transport();
+  if (name == "local") return transport::make_local_transport(options.device_copy, options.device_copy_blocks);
   if (name == "cma") return transport::make_cma_transport();
   if (name == "tcp") {
     return transport::make_tcp_transport(options.host, options.tcp_streams, options.secret, options.advertise_host);
@@ -133,6 +133,9 @@ Status EngineImpl::init() {
     raw.push_back(t.get());
   }
   registry_ = std::make_unique<Registry>(std::move(raw));
+  bool moves_device = false;
+  for (const auto& t : transports_) moves_device = moves_device || t->serves("cuda:0");
+  registry_->set_pin_host(options_.pin_host_memory && moves_device && device::current().count().ok());
   ControlOptions control;
   control.host = options_.host;
   control.advertise_host = options_.advertise_host;

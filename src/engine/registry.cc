@@ -131,10 +131,33 @@ Result<uint32_t> Registry::add_segment(uint8_t* begin, uint8_t* end, const std::
   return id;
 }
 
+Registry::~Registry() {
+  for (auto& [id, s] : segments_) {
+    if (s.pinned) (void)device::current().unregister_host(s.segment.base);
+  }
+}
+
+void Registry::pin(uint32_t id) {
+  SegmentEntry& s = segments_.at(id);
+  if (!pin_host_ || s.segment.memory != "host" || s.pinned) return;
+  const Status st = device::current().register_host(s.segment.base, s.segment.bytes);
+  if (st.ok()) {
+    s.pinned = true;
+    ++pinned_;
+  } else {
+    ++pin_failures_;
+    pin_error_ = st.to_string();
+  }
+}
+
 void Registry::drop_segment(uint32_t id) {
   // A transport that fails to forget a segment leaves it registered with
   // itself only; the engine no longer advertises it, so no peer can name it.
   auto it = segments_.find(id);
+  if (it != segments_.end() && it->second.pinned) {
+    (void)device::current().unregister_host(it->second.segment.base);
+    --pinned_;
+  }
   for (transport::Transport* t : transports_) {
     if (it == segments_.end() || t->serves(it->second.segment.memory)) (void)t->remove_segment(id);
   }
@@ -203,6 +226,7 @@ Result<RegionId> Registry::add(void* base_ptr, uint64_t bytes, std::string_view 
     if (std::find(merged.begin(), merged.end(), r.segment) != merged.end()) r.segment = segment;
   }
   for (uint32_t id : merged) drop_segment(id);
+  pin(segment);
   const RegionId id = next_region_++;
   Region region;
   region.id = id;
@@ -261,6 +285,7 @@ Status Registry::remove(RegionId id) {
       }
     }
     drop_segment(old);
+    for (uint32_t a : added) pin(a);
   }
   regions_.erase(it);
   return Status();

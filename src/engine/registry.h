@@ -54,6 +54,7 @@ using RegionHold = std::shared_ptr<std::atomic<uint32_t>>;
 class Registry {
  public:
   explicit Registry(std::vector<transport::Transport*> transports) : transports_(std::move(transports)) {}
+  ~Registry();
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
@@ -78,6 +79,17 @@ class Registry {
   // that grant peers some access; the others are this engine's business.
   void describe(EngineMetadata* m) const;
 
+  // Pins host segments for copies to and from devices (device.h
+  // register_host): each segment when it is made, after the segments it
+  // replaces were unpinned, and unpinned when dropped. A segment CUDA
+  // cannot pin (the memlock limit) stays registered, unpinned (its copies
+  // go through the driver's staging); pin_failures() counts them and
+  // pin_error() says the last why.
+  void set_pin_host(bool pin) { pin_host_ = pin; }
+  size_t pinned() const { return pinned_; }
+  size_t pin_failures() const { return pin_failures_; }
+  const std::string& pin_error() const { return pin_error_; }
+
   const Region* find(RegionId id) const;
   size_t num_regions() const { return regions_.size(); }
   size_t num_segments() const { return segments_.size(); }
@@ -86,7 +98,9 @@ class Registry {
   struct SegmentEntry {
     transport::Segment segment;
     std::vector<std::string> keys;  // per transport
+    bool pinned = false;            // register_host'ed
   };
+  void pin(uint32_t id);
   // Registers a new segment [begin, end) with every transport; on failure
   // unregisters it from those that took it.
   Result<uint32_t> add_segment(uint8_t* begin, uint8_t* end, const std::string& memory, uint8_t access);
@@ -98,6 +112,9 @@ class Registry {
   RegionId next_region_ = 1;
   uint32_t next_segment_ = 1;
   bool device_seen_ = false;  // a cuda:N range was registered
+  bool pin_host_ = false;
+  size_t pinned_ = 0, pin_failures_ = 0;
+  std::string pin_error_;
 };
 
 // Whether `memory` names a kind this build can register ("host"); the reason

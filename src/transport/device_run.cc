@@ -138,6 +138,14 @@ void DeviceSide::remove_local(uint32_t segment) {
   locals_.store(ids_.size(), std::memory_order_release);
 }
 
+bool DeviceSide::peer_access(int device, int peer) {
+  if (device == peer) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, fresh] = peers_.emplace(std::make_pair(device, peer), false);
+  if (fresh) it->second = device_.enable_peer_access(device, peer).ok();
+  return it->second;
+}
+
 int DeviceSide::local_device(const uint8_t* p) const {
   const auto at = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(mu_);

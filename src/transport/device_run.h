@@ -102,6 +102,9 @@ class DeviceSide {
   int local_device(const uint8_t* p) const;
   // Whether any local segment is device memory (no lock).
   bool has_local() const { return locals_.load(std::memory_order_acquire) > 0; }
+  // Whether kernels and copies on `device` reach `peer`'s memory directly:
+  // peer access enabled once per pair, the answer kept.
+  bool peer_access(int device, int peer);
 
  private:
   std::atomic<size_t> locals_{0};
@@ -111,6 +114,7 @@ class DeviceSide {
   mutable std::mutex mu_;
   std::map<uintptr_t, std::pair<uint64_t, int>> local_;  // base -> (bytes, device)
   std::map<uint32_t, uintptr_t> ids_;                    // segment id -> base
+  std::map<std::pair<int, int>, bool> peers_;            // (device, peer) -> access enabled
 };
 
 // Runs `copies` on a stream of `pool` for device `device` under the Link

@@ -187,7 +187,10 @@ class Transport {
 };
 
 // Factories. Each returns kUnavailable, saying why, when it cannot run here.
-Result<std::unique_ptr<Transport>> make_local_transport();
+// local: `method` ("copy_engine" or "kernel") and `max_blocks` say how its
+// runs over device memory copy (device_run.h).
+Result<std::unique_ptr<Transport>> make_local_transport(const std::string& method = "copy_engine",
+                                                        uint32_t max_blocks = 0);
 Result<std::unique_ptr<Transport>> make_cma_transport();
 // tcp: `host` is "host" or "host:port" (port 0 or none: ephemeral), the
 // listener binds it; `secret` (empty: none) opens every stream both ways.

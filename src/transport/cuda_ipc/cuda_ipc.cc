@@ -11,12 +11,19 @@
 // fails with that reason.
 //
 // Importing: a Link opens an allocation on the first run that touches it
-// and keeps it open; the transport keeps one mapping per handle for the
-// process (a handle opens once per process), shared by every link and held
-// by each run that uses it, so a refresh() that drops a segment (the peer
+// and keeps it open; the transport keeps one mapping per (handle, device)
+// for the process (a handle opens once per device, on the device whose
+// stream and kernels will use it), shared by every link and held by each
+// run that uses it, so a refresh() that drops a segment (the peer
 // deregistered it) closes the mapping only after the last run using it
 // returned. A new registration has a new segment id and generation: a stale
 // mapping is never used for it.
+//
+// A run's device is that of its local device memory; for a run into host
+// memory, the exporter's device when this process sees it (its UUID in the
+// key names it whatever either process's CUDA_VISIBLE_DEVICES), else this
+// process's device 0. The kernel copies only runs whose local memory is all
+// on that one device; the copy engines move the rest.
 //
 // A run translates its copies to (local pointer, mapped pointer) pairs and
 // hands them to run_device_copies (device_run.h): one batched copy per
@@ -56,6 +63,7 @@ namespace {
 // (the transport's table, links, runs) lets go.
 struct Mapping {
   device::Device* device = nullptr;
+  int on = 0;  // the device it is opened on
   void* base = nullptr;
   ~Mapping() {
     if (base != nullptr) (void)device->close_memory(base);
@@ -158,33 +166,49 @@ struct Shared : DeviceSide {
   explicit Shared(device::Device& d) : DeviceSide(d) {}
   DeviceRunOptions options;
 
-  // The mapping of `handle`, opened on first use; one per handle for the
-  // process.
-  Result<std::shared_ptr<Mapping>> open(const std::string& handle) {
+  // The mapping of `handle` on `on`, opened on first use; one per (handle,
+  // device) for the process.
+  Result<std::shared_ptr<Mapping>> open(const std::string& handle, int on) {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = mappings.find(handle);
+    const auto key = std::make_pair(handle, on);
+    auto it = mappings.find(key);
     if (it != mappings.end()) {
       if (auto m = it->second.lock()) return m;
       mappings.erase(it);
     }
-    Result<void*> opened = device().open_memory(handle);
+    Result<void*> opened = device().open_memory(handle, on);
     // A mapping whose last holder just let go may still be closing on that
     // holder's thread: the handle opens again once it has.
     for (int i = 0; i < 200 && !opened.ok() && opened.error().code() == Code::kAlreadyExists; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      opened = device().open_memory(handle);
+      opened = device().open_memory(handle, on);
     }
     KVB_ASSIGN_OR_RETURN(void* base, std::move(opened));
     if (mappings.size() >= 1024) std::erase_if(mappings, [](const auto& e) { return e.second.expired(); });
     auto m = std::make_shared<Mapping>();
     m->device = &device();
+    m->on = on;
     m->base = base;
-    mappings[handle] = m;
+    mappings[key] = m;
     return m;
   }
 
+  // This process's ordinal of the device `uuid` names, -1 when it does not
+  // see it; asked once per UUID.
+  int ordinal(const std::string& uuid) {
+    if (uuid.empty()) return -1;
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = ordinals.find(uuid);
+    if (it == ordinals.end()) {
+      const Result<int> n = device::ordinal_of(device(), uuid);
+      it = ordinals.emplace(uuid, n.ok() ? *n : -1).first;
+    }
+    return it->second;
+  }
+
   std::mutex mu;
-  std::map<std::string, std::weak_ptr<Mapping>> mappings;
+  std::map<std::pair<std::string, int>, std::weak_ptr<Mapping>> mappings;
+  std::map<std::string, int> ordinals;
   ExitWatcher exits;
 };
 
@@ -213,11 +237,29 @@ class CudaIpcLink final : public Link {
     std::vector<device::DeviceCopy> batch;
     std::vector<std::shared_ptr<Mapping>> holds;  // what this run reads or writes stays mapped
     int stream_device = -1;
-    bool all_device = true;
+    bool one_device = true;                           // every local pointer is device memory of stream_device
     const bool local_devices = shared_->has_local();  // else every local pointer is host memory
     {
       std::lock_guard<std::mutex> lock(mu_);
       batch.reserve(copies.size());
+      // The run's device: its first local device memory's, else (host
+      // memory only) the exporter's when this process sees it.
+      for (const Copy& c : copies) {
+        const int d = local_devices && c.bytes > 0 ? shared_->local_device(c.local) : -1;
+        if (d >= 0) {
+          stream_device = d;
+          break;
+        }
+      }
+      if (stream_device < 0) {
+        for (const Copy& c : copies) {
+          auto s = segments_.find(c.segment);
+          if (c.bytes > 0 && s != segments_.end()) {
+            stream_device = std::max(shared_->ordinal(s->second.key.uuid), 0);
+            break;
+          }
+        }
+      }
       for (const Copy& c : copies) {
         if (c.bytes == 0) continue;
         auto s = segments_.find(c.segment);
@@ -234,13 +276,12 @@ class CudaIpcLink final : public Link {
                                       " is outside its segment " + std::to_string(c.segment));
         }
         const int local_device = local_devices ? shared_->local_device(c.local) : -1;
-        if (local_device < 0) all_device = false;
-        if (stream_device < 0) stream_device = local_device >= 0 ? local_device : static_cast<int>(seg.key.device);
+        if (local_device != stream_device) one_device = false;
         // The copy may cross from one allocation of the segment into the next.
         uint64_t at = c.remote, left = c.bytes;
         uint8_t* local = c.local;
         while (left > 0) {
-          KVB_ASSIGN_OR_RETURN(auto piece, map_locked(seg, c.segment, at, &holds));
+          KVB_ASSIGN_OR_RETURN(auto piece, map_locked(seg, c.segment, at, stream_device, &holds));
           const uint64_t n = std::min(left, piece.second);
           if (op == TransferOp::kRead) {
             batch.push_back({local, piece.first, n});
@@ -254,8 +295,8 @@ class CudaIpcLink final : public Link {
       }
     }
     DeviceRunOptions options = shared_->options;
-    // The kernel reads and writes device memory only.
-    if (!all_device) options.method = device::CopyMethod::kCopyEngine;
+    // The kernel reads and writes device memory of its own device only.
+    if (!one_device) options.method = device::CopyMethod::kCopyEngine;
     return run_device_copies(
         shared_->pool(), shared_->ready(), std::max(stream_device, 0), batch, options, control,
         [this] { return alive(); }, who_);
@@ -287,27 +328,31 @@ class CudaIpcLink final : public Link {
   struct Remote {
     uint64_t base = 0, bytes = 0;
     CudaIpcKey key;
-    std::vector<std::shared_ptr<Mapping>> mapped;  // per allocation of key, opened on first use
+    // (allocation of key, device) -> its mapping there, opened on first use
+    std::map<std::pair<size_t, int>, std::shared_ptr<Mapping>> mapped;
   };
 
-  // Requires mu_. The local pointer of the peer's address `at` in `seg`,
-  // and the bytes from there to the end of its allocation.
-  Result<std::pair<uint8_t*, uint64_t>> map_locked(Remote& seg, uint32_t id, uint64_t at,
+  // Requires mu_. The local pointer, in its mapping on device `on`, of the
+  // peer's address `at` in `seg`, and the bytes from there to the end of
+  // its allocation.
+  Result<std::pair<uint8_t*, uint64_t>> map_locked(Remote& seg, uint32_t id, uint64_t at, int on,
                                                    std::vector<std::shared_ptr<Mapping>>* holds) {
-    if (seg.mapped.size() != seg.key.allocations.size()) seg.mapped.resize(seg.key.allocations.size());
     for (size_t i = 0; i < seg.key.allocations.size(); ++i) {
       const CudaIpcAllocation& a = seg.key.allocations[i];
       if (at < a.base || at - a.base >= a.bytes) continue;
-      if (!seg.mapped[i]) {
-        Result<std::shared_ptr<Mapping>> m = shared_->open(a.handle);
+      std::shared_ptr<Mapping>& mapping = seg.mapped[{i, on}];
+      if (!mapping) {
+        Result<std::shared_ptr<Mapping>> m = shared_->open(a.handle, on);
         if (!m.ok()) {
+          seg.mapped.erase({i, on});
           return Status(m.error().code(), who_ + ": opening segment " + std::to_string(id) + " allocation " +
-                                              std::to_string(i) + ": " + m.error().message());
+                                              std::to_string(i) + " on cuda:" + std::to_string(on) + ": " +
+                                              m.error().message());
         }
-        seg.mapped[i] = std::move(*m);
+        mapping = std::move(*m);
       }
-      if (holds->empty() || holds->back() != seg.mapped[i]) holds->push_back(seg.mapped[i]);
-      return std::make_pair(static_cast<uint8_t*>(seg.mapped[i]->base) + (at - a.base), a.bytes - (at - a.base));
+      if (holds->empty() || holds->back() != mapping) holds->push_back(mapping);
+      return std::make_pair(static_cast<uint8_t*>(mapping->base) + (at - a.base), a.bytes - (at - a.base));
     }
     return Status::out_of_range(who_ + ": address " + std::to_string(at) + " of segment " + std::to_string(id) +
                                 " is in none of its allocations");
@@ -373,6 +418,7 @@ class CudaIpcTransport final : public Transport {
     KVB_ASSIGN_OR_RETURN(int want, device::parse_cuda_memory(segment.memory));
     CudaIpcKey key;
     key.device = static_cast<uint32_t>(want);
+    if (Result<std::string> uuid = shared_->device().uuid(want); uuid.ok()) key.uuid = *uuid;
     key.generation = next_generation_.fetch_add(1);
     const uint64_t begin = reinterpret_cast<uint64_t>(segment.base), end = begin + segment.bytes;
     for (uint64_t at = begin; at < end && key.why_not.empty();) {

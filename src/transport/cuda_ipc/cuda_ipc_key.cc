@@ -10,8 +10,9 @@ namespace kvbridge::transport {
 
 std::string encode_cuda_ipc_key(const CudaIpcKey& key) {
   net::WireWriter w;
-  w.u8(1);
+  w.u8(2);
   w.u32(key.device);
+  w.str(key.uuid);
   w.u64(key.generation);
   w.str(key.why_not);
   w.u32(static_cast<uint32_t>(key.allocations.size()));
@@ -27,9 +28,10 @@ Result<CudaIpcKey> decode_cuda_ipc_key(std::string_view bytes) {
   net::WireReader r(bytes, "cuda_ipc key");
   uint8_t version = 0;
   KVB_RETURN_IF_ERROR(r.u8("version", &version));
-  if (version != 1) return r.error("version " + std::to_string(version) + " is not 1");
+  if (version != 2) return r.error("version " + std::to_string(version) + " is not 2");
   CudaIpcKey key;
   KVB_RETURN_IF_ERROR(r.u32("device", &key.device));
+  KVB_RETURN_IF_ERROR(r.str("uuid", kMaxCudaIpcUuidBytes, &key.uuid));
   KVB_RETURN_IF_ERROR(r.u64("generation", &key.generation));
   KVB_RETURN_IF_ERROR(r.str("why_not", kMaxCudaIpcWhyNotBytes, &key.why_not));
   uint32_t n = 0;

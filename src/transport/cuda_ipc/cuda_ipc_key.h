@@ -3,8 +3,12 @@
 // and its bounded decoder: a peer's bytes, so the decoder is fuzzed
 // (fuzz/cuda_ipc_key_fuzz.cc).
 //
-//   u8  version (1)
+//   u8  version (2)
 //   u32 device            the exporter's device ordinal (cuda:N)
+//   str uuid              the exporter's device UUID (0..16 bytes: empty
+//                         when the exporter could not ask), which names
+//                         the device in the importer, whose ordinals may
+//                         differ (CUDA_VISIBLE_DEVICES)
 //   u64 generation        the exporter's registration number, never reused
 //   str why_not           empty, or why the memory cannot be exported
 //   u32 count             allocations (0 when why_not is set), at most 32
@@ -27,6 +31,7 @@ namespace kvbridge::transport {
 inline constexpr size_t kMaxCudaIpcAllocations = 32;
 inline constexpr size_t kMaxCudaIpcHandleBytes = 128;
 inline constexpr size_t kMaxCudaIpcWhyNotBytes = 512;
+inline constexpr size_t kMaxCudaIpcUuidBytes = 16;
 
 struct CudaIpcAllocation {
   uint64_t base = 0;  // in the exporter's address space
@@ -36,6 +41,7 @@ struct CudaIpcAllocation {
 
 struct CudaIpcKey {
   uint32_t device = 0;
+  std::string uuid;
   uint64_t generation = 0;
   std::string why_not;
   std::vector<CudaIpcAllocation> allocations;

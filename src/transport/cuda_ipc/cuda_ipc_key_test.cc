@@ -12,6 +12,7 @@ namespace {
 CudaIpcKey two() {
   CudaIpcKey k;
   k.device = 1;
+  k.uuid = std::string(16, 'u');
   k.generation = 42;
   k.allocations = {{0x10000, 0x1000, std::string(64, 'a')}, {0x11000, 0x2000, std::string(64, 'b')}};
   return k;
@@ -22,6 +23,7 @@ TEST(CudaIpcKeyTest, RoundTripsAndEveryTruncationNamesAField) {
   Result<CudaIpcKey> back = decode_cuda_ipc_key(bytes);
   ASSERT_TRUE(back.ok()) << back.error().to_string();
   EXPECT_EQ(back->device, 1u);
+  EXPECT_EQ(back->uuid, std::string(16, 'u'));
   EXPECT_EQ(back->generation, 42u);
   ASSERT_EQ(back->allocations.size(), 2u);
   EXPECT_EQ(back->allocations[1].handle, std::string(64, 'b'));

@@ -36,12 +36,14 @@ constexpr uint64_t kSliceBytes = uint64_t{1} << 20;
 
 class LocalLink final : public Link {
  public:
-  LocalLink(const PeerInfo& peer, std::shared_ptr<DeviceSide> device) : device_(std::move(device)) {
+  LocalLink(const PeerInfo& peer, std::shared_ptr<DeviceSide> device, DeviceRunOptions options)
+      : device_(std::move(device)), options_(options) {
     (void)refresh(peer);
   }
 
   Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) override {
-    int device = -1;  // the first device memory the run touches, if any
+    std::vector<int> devices;  // the devices whose memory the run touches, the first first
+    bool host = false;         // whether it touches host memory
     const bool local_device = device_ && device_->has_local();
     {
       std::shared_lock<std::shared_mutex> lock(mu_);
@@ -51,10 +53,16 @@ class LocalLink final : public Link {
           return Status::out_of_range("local: copy to peer '" + peer_ + "' address " + std::to_string(c.remote) +
                                       " is outside its segment " + std::to_string(c.segment));
         }
-        if (device < 0) device = s->device >= 0 ? s->device : local_device ? device_->local_device(c.local) : -1;
+        for (int d : {s->device, local_device ? device_->local_device(c.local) : -1}) {
+          if (d < 0) {
+            host = true;
+          } else if (std::find(devices.begin(), devices.end(), d) == devices.end()) {
+            devices.push_back(d);
+          }
+        }
       }
     }
-    if (device >= 0) return run_on_device(op, copies, control, device);
+    if (!devices.empty()) return run_on_device(op, copies, control, devices, host);
     if (control.ready_event != 0 || !control.ready_events.empty()) {
       return Status::invalid_argument("local: ready events apply to runs that touch device memory");
     }
@@ -128,7 +136,17 @@ class LocalLink final : public Link {
   }
 
  private:
-  Status run_on_device(TransferOp op, std::span<const Copy> copies, RunControl& control, int device) {
+  // On a stream of the first device the run touches. Between two devices
+  // peer access is enabled first (the copy engines then copy directly, and
+  // a kernel may reach the other device's memory); the kernel moves only
+  // device memory of devices its own reaches, the copy engines the rest.
+  Status run_on_device(TransferOp op, std::span<const Copy> copies, RunControl& control,
+                       const std::vector<int>& devices, bool host) {
+    DeviceRunOptions options = options_;
+    if (host) options.method = device::CopyMethod::kCopyEngine;
+    for (size_t i = 1; i < devices.size(); ++i) {
+      if (!device_->peer_access(devices[0], devices[i])) options.method = device::CopyMethod::kCopyEngine;
+    }
     std::vector<device::DeviceCopy> batch;
     batch.reserve(copies.size());
     for (const Copy& c : copies) {
@@ -140,7 +158,7 @@ class LocalLink final : public Link {
         batch.push_back({remote, c.local, c.bytes});
       }
     }
-    return run_device_copies(device_->pool(), device_->ready(), device, batch, DeviceRunOptions{}, control, nullptr,
+    return run_device_copies(device_->pool(), device_->ready(), devices[0], batch, options, control, nullptr,
                              "local: run to peer '" + peer_ + "'");
   }
 
@@ -158,6 +176,7 @@ class LocalLink final : public Link {
     return &s->second;
   }
   std::shared_ptr<DeviceSide> device_;  // null: no device in this process
+  const DeviceRunOptions options_;
   std::shared_mutex mu_;
   std::string peer_;
   std::map<uint32_t, Remote> segments_;
@@ -165,6 +184,7 @@ class LocalLink final : public Link {
 
 class LocalTransport final : public Transport {
  public:
+  explicit LocalTransport(DeviceRunOptions options) : options_(options) {}
   std::string_view name() const override { return "local"; }
   bool serves(std::string_view memory) const override { return memory == "host" || memory.substr(0, 5) == "cuda:"; }
   bool moves(bool, bool) const override { return true; }
@@ -196,10 +216,11 @@ class LocalTransport final : public Transport {
     // A peer in this process shares this engine's device: the links need the
     // device side even before this engine registers device memory.
     if (!device_) device_ = std::make_shared<DeviceSide>(device::current());
-    return std::unique_ptr<Link>(std::make_unique<LocalLink>(peer, device_));
+    return std::unique_ptr<Link>(std::make_unique<LocalLink>(peer, device_, options_));
   }
 
  private:
+  const DeviceRunOptions options_;
   std::mutex mu_;
   std::shared_ptr<DeviceSide> device_;
   const uint64_t pid_ = static_cast<uint64_t>(::getpid());
@@ -208,8 +229,11 @@ class LocalTransport final : public Transport {
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> make_local_transport() {
-  return std::unique_ptr<Transport>(std::make_unique<LocalTransport>());
+Result<std::unique_ptr<Transport>> make_local_transport(const std::string& method, uint32_t max_blocks) {
+  DeviceRunOptions options;
+  KVB_ASSIGN_OR_RETURN(options.method, device::parse_copy_method(method));
+  options.max_blocks = max_blocks;
+  return std::unique_ptr<Transport>(std::make_unique<LocalTransport>(options));
 }
 
 }  // namespace kvbridge::transport
