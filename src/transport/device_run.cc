@@ -97,13 +97,23 @@ void StreamPool::release(Slot* slot) {
   idle_.emplace(slot->device, slot);
 }
 
-Result<std::vector<std::shared_ptr<void>>> ReadyEvents::resolve(const RunControl& control) {
+void ReadyEvents::forget(uint64_t owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(opened_, [owner](const auto& e) { return e.first.first == owner; });
+}
+
+size_t ReadyEvents::cached() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return opened_.size();
+}
+
+Result<std::vector<std::shared_ptr<void>>> ReadyEvents::resolve(const RunControl& control, uint64_t owner) {
   std::vector<std::shared_ptr<void>> out;
   // This process's own event: the caller's, never closed here.
   if (control.ready_event != 0) out.emplace_back(reinterpret_cast<void*>(control.ready_event), [](void*) {});
   std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& h : control.ready_events) {
-    auto it = opened_.find(h);
+    auto it = opened_.find({owner, h});
     if (it == opened_.end()) {
       Result<device::Event> e = device_.open_event(h);
       if (!e.ok()) return e.error().with_context("opening a ready event");
@@ -114,7 +124,7 @@ Result<std::vector<std::shared_ptr<void>>> ReadyEvents::resolve(const RunControl
       }
       device::Device* d = &device_;
       std::shared_ptr<void> event(*e, [d](void* p) { d->destroy_event(p); });
-      it = opened_.emplace(h, std::make_pair(std::move(event), uint64_t{0})).first;
+      it = opened_.emplace(std::make_pair(owner, h), std::make_pair(std::move(event), uint64_t{0})).first;
     }
     it->second.second = ++tick_;
     out.push_back(it->second.first);
@@ -157,7 +167,7 @@ int DeviceSide::local_device(const uint8_t* p) const {
 
 Status run_device_copies(StreamPool& pool, ReadyEvents& ready, int device, std::span<const device::DeviceCopy> copies,
                          const DeviceRunOptions& options, RunControl& control, const std::function<Status()>& alive,
-                         const std::string& who) {
+                         const std::string& who, uint64_t owner) {
   device::Device& dev = pool.device();
   // Why the run should stop queueing, if it should.
   auto stop_reason = [&]() -> Status {
@@ -173,7 +183,7 @@ Status run_device_copies(StreamPool& pool, ReadyEvents& ready, int device, std::
 
   // The producer's events, on the host: nothing is queued before they
   // completed, so a cancel or a dead producer leaves nothing behind.
-  KVB_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<void>> events, ready.resolve(control));
+  KVB_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<void>> events, ready.resolve(control, owner));
   Status stopped;
   for (const std::shared_ptr<void>& e : events) {
     Status s = await(dev, e.get(), [&] {

@@ -67,23 +67,30 @@ class StreamPool {
 
 // Events a run waits for before its first copy ("this KV is ready after
 // this"): opened from IPC handles, or this process's own. Opened handles are
-// cached, the most recent kMaxOpened of them (a producer that makes an event
-// per request would otherwise grow the cache without bound); each run holds
-// what it resolved, so an event evicted while a run waits on it stays open
-// until that run returns.
+// cached per owner (the peer whose run brought them, which exported them),
+// the most recent kMaxOpened of them (a producer that makes an event per
+// request would otherwise grow the cache without bound), and released with
+// their owner (forget(): a peer that exited destroyed its events, whose
+// handles must not be used again); each run holds what it resolved, so an
+// event evicted or forgotten while a run waits on it stays open until that
+// run returns.
 class ReadyEvents {
  public:
   static constexpr size_t kMaxOpened = 256;
   explicit ReadyEvents(device::Device& device) : device_(device) {}
   // The events of `control` (RunControl::ready_events and ready_event),
-  // held until the returned vector goes.
-  Result<std::vector<std::shared_ptr<void>>> resolve(const RunControl& control);
+  // held until the returned vector goes; handles opened for `owner`.
+  Result<std::vector<std::shared_ptr<void>>> resolve(const RunControl& control, uint64_t owner = 0);
+  // Closes the cached events of `owner` (once no run holds them).
+  void forget(uint64_t owner);
+  size_t cached() const;
 
  private:
   device::Device& device_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   uint64_t tick_ = 0;
-  std::map<std::string, std::pair<std::shared_ptr<void>, uint64_t>> opened_;  // handle -> (event, last use)
+  // (owner, handle) -> (event, last use)
+  std::map<std::pair<uint64_t, std::string>, std::pair<std::shared_ptr<void>, uint64_t>> opened_;
 };
 
 // What a transport that moves device memory keeps for its links: the
@@ -121,8 +128,9 @@ class DeviceSide {
 // contract. `alive` is asked between batches and while waiting (OK, or the
 // error that ends the run: the peer is gone); `who` names the link in
 // errors ("cuda_ipc peer 'x' (pid 7)").
+// The ready events' handles are opened for `owner` (ReadyEvents).
 Status run_device_copies(StreamPool& pool, ReadyEvents& ready, int device, std::span<const device::DeviceCopy> copies,
                          const DeviceRunOptions& options, RunControl& control, const std::function<Status()>& alive,
-                         const std::string& who);
+                         const std::string& who, uint64_t owner = 0);
 
 }  // namespace kvbridge::transport

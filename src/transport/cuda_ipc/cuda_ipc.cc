@@ -217,6 +217,7 @@ class CudaIpcLink final : public Link {
   // refresh(peer) must follow, before any run.
   CudaIpcLink(std::shared_ptr<Shared> shared, pid_t pid, int pidfd, const PeerInfo& peer)
       : shared_(std::move(shared)),
+        pid_(pid),
         pidfd_(pidfd),
         who_("cuda_ipc peer '" + peer.name + "' (pid " + std::to_string(pid) + ")") {
     // When the peer exits, its mappings close at once (each run using one
@@ -225,6 +226,7 @@ class CudaIpcLink final : public Link {
       std::lock_guard<std::mutex> lock(mu_);
       segments_.clear();
       gone_ = true;
+      shared_->ready().forget(static_cast<uint64_t>(pid_));
     });
   }
   ~CudaIpcLink() override {
@@ -299,7 +301,7 @@ class CudaIpcLink final : public Link {
     if (!one_device) options.method = device::CopyMethod::kCopyEngine;
     return run_device_copies(
         shared_->pool(), shared_->ready(), std::max(stream_device, 0), batch, options, control,
-        [this] { return alive(); }, who_);
+        [this] { return alive(); }, who_, static_cast<uint64_t>(pid_));
   }
 
   Status refresh(const PeerInfo& peer) override {
@@ -366,6 +368,7 @@ class CudaIpcLink final : public Link {
   }
 
   std::shared_ptr<Shared> shared_;
+  const pid_t pid_;
   const int pidfd_;
   const std::string who_;
   uint64_t watch_ = 0;  // in shared_->exits
