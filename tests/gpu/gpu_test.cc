@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <numeric>
@@ -39,11 +40,18 @@ std::string self_path;  // this binary, for the peer
 
 device::Device& dev() { return device::current(); }
 
-// Skips the test, saying why, when the process has no device.
-#define REQUIRE_DEVICE()                                                                     \
-  do {                                                                                       \
-    Result<int> n_ = dev().count();                                                          \
-    if (!n_.ok()) GTEST_SKIP() << "no device for the GPU tests: " << n_.error().to_string(); \
+// Skips the test, saying why, when the process has no device; fails it
+// instead with KVB_GPU_REQUIRED=1 (the device check: a skip there would
+// pass without testing anything).
+bool gpu_required() {
+  const char* v = std::getenv("KVB_GPU_REQUIRED");
+  return v != nullptr && std::string(v) == "1";
+}
+#define REQUIRE_DEVICE()                                                                                      \
+  do {                                                                                                        \
+    Result<int> n_ = dev().count();                                                                           \
+    if (!n_.ok() && gpu_required()) FAIL() << "KVB_GPU_REQUIRED=1 and no device: " << n_.error().to_string(); \
+    if (!n_.ok()) GTEST_SKIP() << "no device for the GPU tests: " << n_.error().to_string();                  \
   } while (0)
 
 struct DeviceBuffer {
