@@ -13,7 +13,7 @@ CMAKE_FLAGS ?=
 # the whole main build, about 3% faster.
 OPT_FLAGS   := '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG'
 
-.PHONY: all deps build demo demo-engine engine-matrix test check test-asan test-tsan fuzz fuzz-short bench clean install-python
+.PHONY: all deps build demo demo-engine engine-matrix test check test-asan test-tsan fuzz fuzz-short bench clean install-python gpu-bundle
 
 all: build
 
@@ -138,6 +138,11 @@ bench: build
 # "import kvbridge"` works from anywhere). PYTHON_PREFIX=/some/dir puts it
 # there instead (then add /some/dir to PYTHONPATH).
 PYTHON_PREFIX ?= $(shell /usr/bin/python3 -c 'import site; print(site.getusersitepackages())')
+
+# The device check's bundle (scripts/gpu-bundle.sh): the C++ parts built
+# here for a GPU machine, which runs scripts/gpu-check.sh with it.
+gpu-bundle: deps
+	scripts/gpu-bundle.sh
 
 install-python: build
 	mkdir -p $(PYTHON_PREFIX)

@@ -81,7 +81,7 @@ static_assert(std::endian::native == std::endian::little, "the content hash's le
 uint64_t content_hash(const void* data, uint64_t bytes) {
   // XXH3_64bits equals xxh3::hash64 (common_test): libxxhash is the fast one.
   const uint64_t n = xxh3::content_leaves(bytes);
-  uint64_t small[16];
+  uint64_t small[16] = {};
   std::vector<uint64_t> large;
   uint64_t* leaves = small;
   if (n > std::size(small)) {
