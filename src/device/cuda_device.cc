@@ -84,6 +84,15 @@ struct Driver {
   PointerGetAttributeFn attribute = nullptr;
   CtxGetCurrentFn get_ctx = nullptr;
   CtxSetCurrentFn set_ctx = nullptr;
+  // allocate_unexportable's
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
+  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
+  CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
 };
 
 // Makes `device` current for a scope, then puts the thread's context back
@@ -225,9 +234,7 @@ class CudaDevice final : public Device {
         capable != 0) {
       info.exportable = true;
     } else {
-      info.why_not =
-          "it was not allocated by cudaMalloc (memory from cuMemCreate, as PyTorch's expandable segments make, has "
-          "no legacy IPC handle: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False)";
+      info.why_not = kNotLegacyIpcCapable;
     }
     return info;
   }
@@ -476,7 +483,51 @@ class CudaDevice final : public Device {
     return p;
   }
 
+  // cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess (driver
+  // entry points), as PyTorch's expandable segments allocate.
+  Result<void*> allocate_unexportable(int device, uint64_t bytes) override {
+    KVB_RETURN_IF_ERROR(ready());
+    if (driver_.create == nullptr || driver_.reserve == nullptr || driver_.map == nullptr ||
+        driver_.access == nullptr || driver_.granularity == nullptr) {
+      return Status::unavailable("CUDA: the driver has no virtual memory management entry points");
+    }
+    KVB_CUDA_SCOPE(device);
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    size_t grain = 0;
+    if (driver_.granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || grain == 0) {
+      return Status::unavailable("CUDA: cuMemGetAllocationGranularity failed");
+    }
+    const uint64_t size = (bytes + grain - 1) / grain * grain;
+    CUmemGenericAllocationHandle h = 0;
+    if (driver_.create(&h, size, &prop, 0) != CUDA_SUCCESS) return Status::resource_exhausted("CUDA: cuMemCreate");
+    CUdeviceptr at = 0;
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (driver_.reserve(&at, size, 0, 0, 0) != CUDA_SUCCESS || driver_.map(at, size, 0, h, 0) != CUDA_SUCCESS ||
+        driver_.access(at, size, &access, 1) != CUDA_SUCCESS) {
+      return Status::unavailable("CUDA: cuMemAddressReserve/cuMemMap/cuMemSetAccess failed");
+    }
+    std::lock_guard<std::mutex> lock(vmm_mu_);
+    vmm_[at] = {h, size};
+    return reinterpret_cast<void*>(at);
+  }
+
   Status free(void* p) override {
+    {
+      std::lock_guard<std::mutex> lock(vmm_mu_);
+      auto it = vmm_.find(reinterpret_cast<CUdeviceptr>(p));
+      if (it != vmm_.end()) {
+        (void)driver_.unmap(it->first, it->second.second);
+        (void)driver_.release(it->second.first);
+        (void)driver_.address_free(it->first, it->second.second);
+        vmm_.erase(it);
+        return Status();
+      }
+    }
     KVB_ASSIGN_OR_RETURN(PointerInfo info, pointer_info(p));
     KVB_CUDA_SCOPE(info.device >= 0 ? info.device : 0);
     KVB_CUDA_TRY(cudaFree(p), "cudaFree");
@@ -598,6 +649,14 @@ class CudaDevice final : public Device {
       driver_.attribute = reinterpret_cast<PointerGetAttributeFn>(find("cuPointerGetAttribute"));
       driver_.get_ctx = reinterpret_cast<CtxGetCurrentFn>(find("cuCtxGetCurrent"));
       driver_.set_ctx = reinterpret_cast<CtxSetCurrentFn>(find("cuCtxSetCurrent"));
+      driver_.granularity = reinterpret_cast<decltype(driver_.granularity)>(find("cuMemGetAllocationGranularity"));
+      driver_.create = reinterpret_cast<decltype(driver_.create)>(find("cuMemCreate"));
+      driver_.reserve = reinterpret_cast<decltype(driver_.reserve)>(find("cuMemAddressReserve"));
+      driver_.map = reinterpret_cast<decltype(driver_.map)>(find("cuMemMap"));
+      driver_.access = reinterpret_cast<decltype(driver_.access)>(find("cuMemSetAccess"));
+      driver_.unmap = reinterpret_cast<decltype(driver_.unmap)>(find("cuMemUnmap"));
+      driver_.release = reinterpret_cast<decltype(driver_.release)>(find("cuMemRelease"));
+      driver_.address_free = reinterpret_cast<decltype(driver_.address_free)>(find("cuMemAddressFree"));
     });
     return ready_;
   }
@@ -647,6 +706,8 @@ class CudaDevice final : public Device {
   Driver driver_;
   std::mutex events_mu_;
   std::map<cudaEvent_t, EventInfo> events_;  // the events this process made here
+  std::mutex vmm_mu_;
+  std::map<CUdeviceptr, std::pair<CUmemGenericAllocationHandle, size_t>> vmm_;  // allocate_unexportable's
 };
 
 }  // namespace

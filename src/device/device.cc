@@ -36,6 +36,7 @@ class NoCuda final : public Device {
   Status copy(Stream, std::span<const DeviceCopy>, CopyMethod, uint32_t) override { return none(); }
   Status copy_each(Stream, std::span<const DeviceCopy>) override { return none(); }
   Result<void*> allocate(int, uint64_t, bool) override { return none(); }
+  Result<void*> allocate_unexportable(int, uint64_t) override { return none(); }
   Status free(void*) override { return none(); }
   Status fill_after(Stream, void*, uint64_t, uint8_t, std::chrono::microseconds) override { return none(); }
   Status copy_sync(void*, const void*, uint64_t) override { return none(); }
@@ -58,6 +59,10 @@ Device& real() {
 #endif
 
 bool cuda_compiled() { return KVB_HAVE_CUDA != 0; }
+
+const char* const kNotLegacyIpcCapable =
+    "it was not allocated by cudaMalloc (memory from cuMemCreate, as PyTorch's expandable segments make, has no "
+    "legacy IPC handle: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False)";
 
 Device& current() {
   static Device& chosen = []() -> Device& {

@@ -193,6 +193,10 @@ class Device {
   // Helpers for tests, the demo and the bench.
   // Device memory of `device` (managed: unified memory, to test refusals).
   virtual Result<void*> allocate(int device, uint64_t bytes, bool managed = false) = 0;
+  // Device memory of `device` that legacy CUDA IPC cannot export: mapped
+  // from cuMemCreate, as PyTorch's expandable segments make it (tests of its
+  // refusal). free() frees it.
+  virtual Result<void*> allocate_unexportable(int device, uint64_t bytes) = 0;
   virtual Status free(void* p) = 0;
   // Queues on `stream`: wait about `delay` on the device, then set `bytes`
   // at `p` to `value` (a slow producer kernel, to test ordering).
@@ -219,6 +223,8 @@ Result<int> ordinal_of(Device& device, std::string_view uuid);
 bool fake_context_on(int device);
 // How many host ranges the fake has pinned (register_host) in this process.
 size_t fake_pinned_count();
+// Why pointer_info() calls memory not from cudaMalloc unexportable.
+extern const char* const kNotLegacyIpcCapable;
 // How many batches the fake has copied by its gather/scatter kernel.
 size_t fake_kernel_copies();
 

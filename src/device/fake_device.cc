@@ -64,7 +64,8 @@ struct Alloc {
   int device = 0;  // this process's ordinal: where it was allocated, or opened
   int fd = -1;     // owned allocations; -1 for opened ones
   bool managed = false;
-  std::string opened_from;  // the handle, for opened ones
+  std::string opened_from;    // the handle, for opened ones
+  bool unexportable = false;  // allocate_unexportable (cuMemCreate on a GPU)
 };
 
 struct EventPage {
@@ -197,9 +198,11 @@ class FakeDevice final : public Device {
     info.device = it->second.device;
     info.base = it->first;
     info.bytes = it->second.bytes;
-    info.exportable = !it->second.managed && it->second.fd >= 0;
+    info.exportable = !it->second.managed && !it->second.unexportable && it->second.fd >= 0;
     if (!info.exportable) {
-      info.why_not = it->second.managed ? "managed memory has no IPC handle" : "it was opened from another process";
+      info.why_not = it->second.managed        ? "managed memory has no IPC handle"
+                     : it->second.unexportable ? kNotLegacyIpcCapable
+                                               : "it was opened from another process";
     }
     return info;
   }
@@ -208,7 +211,7 @@ class FakeDevice final : public Device {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = allocs_.find(reinterpret_cast<uintptr_t>(base));
     if (it == allocs_.end()) return Status::invalid_argument("fake device: export_memory: not an allocation's start");
-    if (it->second.fd < 0 || it->second.managed) {
+    if (it->second.fd < 0 || it->second.managed || it->second.unexportable) {
       return Status::unavailable("fake device: export_memory: this allocation cannot be exported");
     }
     std::ostringstream h;
@@ -243,7 +246,7 @@ class FakeDevice final : public Device {
     if (p == MAP_FAILED)
       return Status::io_error(std::string("fake device: open_memory: mmap: ") + std::strerror(errno));
     std::lock_guard<std::mutex> lock(mu_);
-    allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, device, -1, false, std::string(handle)};
+    allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, device, -1, false, std::string(handle), false};
     return p;
   }
 
@@ -464,8 +467,15 @@ class FakeDevice final : public Device {
       return Status::resource_exhausted(std::string("fake device: mmap: ") + std::strerror(errno));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, device, fd, managed, {}};
+    allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, device, fd, managed, {}, false};
     serial_of_[reinterpret_cast<uintptr_t>(p)] = serial;
+    return p;
+  }
+
+  Result<void*> allocate_unexportable(int device, uint64_t bytes) override {
+    KVB_ASSIGN_OR_RETURN(void* p, allocate(device, bytes, false));
+    std::lock_guard<std::mutex> lock(mu_);
+    allocs_.at(reinterpret_cast<uintptr_t>(p)).unexportable = true;
     return p;
   }
 

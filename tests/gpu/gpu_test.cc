@@ -239,7 +239,7 @@ TEST(GpuTest, TransfersWaitForTheProducersEventAndCancelWhileWaiting) {
 // The peer process: an engine with one device buffer of pattern 9,
 // registered as cuda:0; prints "ready REGION METADATA_HEX", then answers
 // "check SEED" (ok / bad at N) until "exit".
-int peer_main(uint64_t bytes) {
+int peer_main(uint64_t bytes, bool unexportable) {
   Result<int> n = dev().count();
   if (!n.ok()) {
     std::cout << "error " << n.error().to_string() << std::endl;
@@ -252,7 +252,7 @@ int peer_main(uint64_t bytes) {
     std::cout << "error " << e.error().to_string() << std::endl;
     return 1;
   }
-  Result<void*> p = dev().allocate(0, bytes);
+  Result<void*> p = unexportable ? dev().allocate_unexportable(0, bytes) : dev().allocate(0, bytes);
   if (!p.ok()) {
     std::cout << "error " << p.error().to_string() << std::endl;
     return 1;
@@ -325,12 +325,47 @@ TEST(GpuTest, CudaIpcReadsAndWritesAnotherProcesssDeviceMemory) {
   }
 }
 
+// Memory from cuMemCreate (PyTorch's expandable segments) has no legacy
+// IPC handle: a peer registers it, and a reader's transfer of it over
+// cuda_ipc is refused naming why and what to set, never a crash or a
+// wrong byte.
+TEST(GpuTest, MemoryFromCuMemCreateIsRefusedByName) {
+  REQUIRE_DEVICE();
+  constexpr uint64_t kBytes = 4 << 20;
+  SpawnOptions so;
+  so.pipe_stdin = so.pipe_stdout = so.inherit_stderr = true;
+  Result<std::unique_ptr<ChildProcess>> child =
+      ChildProcess::spawn({self_path, "--peer", std::to_string(kBytes), "unexportable"}, so);
+  ASSERT_TRUE(child.ok()) << child.error().to_string();
+  std::istringstream ready((*child)->read_line(60s));
+  std::string word, hex;
+  RegionId remote = 0;
+  ready >> word >> remote >> hex;
+  ASSERT_EQ(word, "ready");
+  auto a = engine("a", {"cuda_ipc"});
+  DeviceBuffer local(0, kBytes);
+  Result<RegionId> rl = a->register_memory(local.p, kBytes, "cuda:0");
+  ASSERT_TRUE(rl.ok()) << rl.error().to_string();
+  Result<PeerId> peer = a->connect(from_hex(hex));
+  ASSERT_TRUE(peer.ok()) << peer.error().to_string();
+  const TransferItem all{*rl, 0, remote, 0, kBytes};
+  Result<TransferId> t = a->submit(*peer, TransferOp::kRead, {&all, 1});
+  const std::string why = t.ok() ? a->wait(*t, 30s).error.to_string() : t.error().to_string();
+  EXPECT_NE(why.find("cuMemCreate"), std::string::npos) << why;
+  EXPECT_NE(why.find("expandable_segments:False"), std::string::npos) << why;
+  const std::string bye = "exit\n";
+  (void)::write((*child)->stdin_fd(), bye.data(), bye.size());
+  (*child)->wait(10s);
+}
+
 }  // namespace
 }  // namespace kvbridge
 
 int main(int argc, char** argv) {
   kvbridge::self_path = argv[0];
-  if (argc == 3 && std::string(argv[1]) == "--peer") return kvbridge::peer_main(std::stoull(argv[2]));
+  if (argc >= 3 && std::string(argv[1]) == "--peer") {
+    return kvbridge::peer_main(std::stoull(argv[2]), argc == 4 && std::string(argv[3]) == "unexportable");
+  }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
