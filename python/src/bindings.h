@@ -98,6 +98,7 @@ void bind_engine(py::module_& m);
 void bind_host_memory(py::module_& m);  // memory.cc
 void bind_schedulers(py::module_& m);   // schedulers.cc; called by bind_connector
 void bind_connector(py::module_& m);
+void bind_connector_values(py::module_& m);  // connector_values.cc; called by bind_connector
 void bind_store(py::module_& m);
 // kvbridge.testing's device hooks (device.cc) and its engine with faults
 // (engine.cc); after bind_connector, which makes the submodule.

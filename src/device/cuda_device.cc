@@ -45,7 +45,7 @@
 #include <vector>
 
 #include "common/xxh3.h"
-#include "device/cuda_errors.h"
+#include "device/cuda_internal.h"
 #include "device/device.h"
 #include "device/gather.h"
 #include "device/kernels.h"
@@ -53,115 +53,7 @@
 namespace kvbridge::device {
 namespace {
 
-// cuda_errors.cc maps these by number.
-static_assert(cudaErrorInvalidValue == 1 && cudaErrorMemoryAllocation == 2 && cudaErrorInitializationError == 3 &&
-              cudaErrorInvalidDevicePointer == 17 && cudaErrorInsufficientDriver == 35 && cudaErrorNoDevice == 100 &&
-              cudaErrorInvalidDevice == 101 && cudaErrorMapBufferObjectFailed == 205 &&
-              cudaErrorInvalidResourceHandle == 400);
-static_assert(cudaErrorIllegalAddress == 700 && cudaErrorLaunchTimeout == 702 && cudaErrorAssert == 710 &&
-              cudaErrorHardwareStackError == 714 && cudaErrorIllegalInstruction == 715 &&
-              cudaErrorMisalignedAddress == 716 && cudaErrorInvalidAddressSpace == 717 && cudaErrorInvalidPc == 718 &&
-              cudaErrorLaunchFailure == 719 && cudaErrorTensorMemoryLeak == 721 && cudaErrorMpsClientTerminated == 810);
-
-Status cuda_error(cudaError_t e, const std::string& what, bool opening = false) {
-  return cuda_status(static_cast<int>(e), cudaGetErrorName(e), cudaGetErrorString(e), what, opening);
-}
-
-#define KVB_CUDA_TRY(expr, what)                                \
-  do {                                                          \
-    const cudaError_t kvb_e = (expr);                           \
-    if (kvb_e != cudaSuccess) return cuda_error(kvb_e, (what)); \
-  } while (0)
-
-using MemGetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-using PointerGetAttributeFn = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
-using CtxGetCurrentFn = CUresult (*)(CUcontext*);
-using CtxSetCurrentFn = CUresult (*)(CUcontext);
-
-// The driver entry points this file looks up (cuda_device.cc's header).
-struct Driver {
-  MemGetAddressRangeFn range = nullptr;
-  PointerGetAttributeFn attribute = nullptr;
-  CtxGetCurrentFn get_ctx = nullptr;
-  CtxSetCurrentFn set_ctx = nullptr;
-  // allocate_unexportable's
-  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
-  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
-  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
-  CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
-  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
-};
-
-// Makes `device` current for a scope, then puts the thread's context back
-// (none, if it had none).
-class DeviceScope {
- public:
-  DeviceScope(const Driver& driver, int device) : driver_(driver) {
-    int now = -1;
-    if (driver_.get_ctx != nullptr && driver_.get_ctx(&saved_) == CUDA_SUCCESS && saved_ != nullptr &&
-        cudaGetDevice(&now) == cudaSuccess && now == device) {
-      return;  // already current
-    }
-    status_ = cudaSetDevice(device);
-    restore_ = driver_.set_ctx != nullptr;
-  }
-  ~DeviceScope() {
-    if (restore_) (void)driver_.set_ctx(saved_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-  cudaError_t status() const { return status_; }
-
- private:
-  const Driver& driver_;
-  CUcontext saved_ = nullptr;
-  bool restore_ = false;
-  cudaError_t status_ = cudaSuccess;
-};
-
-#define KVB_CUDA_SCOPE(device)                                                                                \
-  DeviceScope kvb_scope(driver_, (device));                                                                   \
-  if (kvb_scope.status() != cudaSuccess) {                                                                    \
-    return cuda_error(kvb_scope.status(), "cudaSetDevice(" + std::to_string(static_cast<int>(device)) + ")"); \
-  }
-
-// The kernel path's ring of pieces (see the file's header).
-struct PieceRing {
-  static constexpr size_t kPieces = size_t{1} << 16;  // 1.5 MiB pinned and 1.5 MiB device memory per stream
-  static constexpr size_t kLaunches = 16;             // launches in flight on the stream
-  gather::Piece* staging = nullptr;                   // pinned host
-  gather::Piece* pieces = nullptr;                    // device
-  size_t head = 0;
-  struct Busy {
-    cudaEvent_t event;
-    size_t begin, end;
-  };
-  std::deque<Busy> busy;
-  std::vector<cudaEvent_t> spare;
-
-  // Gives back the regions of launches that ended; then the first of `n`
-  // free slots, or SIZE_MAX when there is no room (or no spare event).
-  size_t reserve(size_t n) {
-    while (!busy.empty() && cudaEventQuery(busy.front().event) == cudaSuccess) {
-      spare.push_back(busy.front().event);
-      busy.pop_front();
-    }
-    (void)cudaGetLastError();
-    if (n > kPieces || spare.empty()) return SIZE_MAX;
-    if (busy.empty()) return head = 0;
-    // In flight: [tail, head), wrapped when head < tail; full when equal.
-    const size_t tail = busy.front().begin;
-    if (head == tail) return SIZE_MAX;
-    if (head > tail) {
-      if (kPieces - head >= n) return head;
-      return tail >= n ? 0 : SIZE_MAX;  // wrap
-    }
-    return tail - head >= n ? head : SIZE_MAX;
-  }
-};
+using namespace cuda_internal;
 
 struct RealStream {
   cudaStream_t stream = nullptr;
@@ -487,33 +379,11 @@ class CudaDevice final : public Device {
   // entry points), as PyTorch's expandable segments allocate.
   Result<void*> allocate_unexportable(int device, uint64_t bytes) override {
     KVB_RETURN_IF_ERROR(ready());
-    if (driver_.create == nullptr || driver_.reserve == nullptr || driver_.map == nullptr ||
-        driver_.access == nullptr || driver_.granularity == nullptr) {
-      return Status::unavailable("CUDA: the driver has no virtual memory management entry points");
-    }
     KVB_CUDA_SCOPE(device);
-    CUmemAllocationProp prop{};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = device;
-    size_t grain = 0;
-    if (driver_.granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || grain == 0) {
-      return Status::unavailable("CUDA: cuMemGetAllocationGranularity failed");
-    }
-    const uint64_t size = (bytes + grain - 1) / grain * grain;
-    CUmemGenericAllocationHandle h = 0;
-    if (driver_.create(&h, size, &prop, 0) != CUDA_SUCCESS) return Status::resource_exhausted("CUDA: cuMemCreate");
-    CUdeviceptr at = 0;
-    CUmemAccessDesc access{};
-    access.location = prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (driver_.reserve(&at, size, 0, 0, 0) != CUDA_SUCCESS || driver_.map(at, size, 0, h, 0) != CUDA_SUCCESS ||
-        driver_.access(at, size, &access, 1) != CUDA_SUCCESS) {
-      return Status::unavailable("CUDA: cuMemAddressReserve/cuMemMap/cuMemSetAccess failed");
-    }
+    KVB_ASSIGN_OR_RETURN(VmmAllocation a, vmm_allocate(driver_, device, bytes));
     std::lock_guard<std::mutex> lock(vmm_mu_);
-    vmm_[at] = {h, size};
-    return reinterpret_cast<void*>(at);
+    vmm_[a.at] = {a.handle, a.size};
+    return reinterpret_cast<void*>(a.at);
   }
 
   Status free(void* p) override {

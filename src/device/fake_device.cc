@@ -54,10 +54,13 @@
 #include "common/xxh3.h"
 #include "device/cuda_errors.h"
 #include "device/device.h"
+#include "device/fake_internal.h"
 #include "device/gather.h"
 
 namespace kvbridge::device {
 namespace {
+
+using namespace fake_internal;
 
 struct Alloc {
   uint64_t bytes = 0;
@@ -67,91 +70,6 @@ struct Alloc {
   std::string opened_from;    // the handle, for opened ones
   bool unexportable = false;  // allocate_unexportable (cuMemCreate on a GPU)
 };
-
-struct EventPage {
-  std::atomic<uint64_t> recorded{0};
-  std::atomic<uint64_t> completed{0};
-};
-
-// One mapping of an event's page, unmapped with its last user.
-struct PageMapping {
-  explicit PageMapping(void* p) : page(static_cast<EventPage*>(p)) {}
-  ~PageMapping() { ::munmap(page, 4096); }
-  EventPage* page;
-};
-
-struct FakeEvent {
-  std::shared_ptr<PageMapping> mapping;
-  EventPage* page = nullptr;
-  int fd = -1;  // the creator's; -1 when opened
-  uint64_t serial = 0;
-  int device = -1;  // the creator's device; -1 when opened
-};
-
-class FakeStream {
- public:
-  explicit FakeStream(int device) : device(device), thread_([this] { loop(); }) {}
-  const int device;
-  ~FakeStream() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void push(std::function<void(const std::atomic<bool>&)> op) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ops_.push_back(std::move(op));
-    }
-    cv_.notify_all();
-  }
-
- private:
-  void loop() {
-    set_thread_name("kvb-fake-strm");
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !ops_.empty(); });
-      if (ops_.empty()) return;  // stopped and drained
-      auto op = std::move(ops_.front());
-      ops_.pop_front();
-      lock.unlock();
-      op(stopping_);
-      lock.lock();
-      if (stop_) stopping_.store(true);
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void(const std::atomic<bool>&)>> ops_;
-  bool stop_ = false;
-  std::atomic<bool> stopping_{false};  // a waiting op gives up once the stream is destroyed
-  std::thread thread_;
-};
-
-std::string memfd_name(long pid, const char* what, uint64_t serial) {
-  return std::string("kvb-fake-") + what + "-" + std::to_string(pid) + "-" + std::to_string(serial);
-}
-
-// Opens /proc/PID/fd/FD when it still is memfd `name`.
-Result<int> open_peer_memfd(long pid, long fd, const std::string& name) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  char target[512] = {};
-  const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
-  const std::string want = "/memfd:" + name;
-  const std::string got(target, n > 0 ? static_cast<size_t>(n) : 0);
-  if (n <= 0 || got.compare(0, want.size(), want) != 0 || (got.size() > want.size() && got[want.size()] != ' ')) {
-    return Status::not_found("fake device: " + name + " is gone (freed, or its process " + std::to_string(pid) +
-                             " exited)");
-  }
-  const int opened = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (opened < 0) {
-    return Status::not_found("fake device: cannot open " + name + ": " + std::strerror(errno));
-  }
-  return opened;
-}
 
 class FakeDevice final : public Device {
  public:
