@@ -208,11 +208,17 @@ struct EngineOptions {
   std::chrono::milliseconds default_timeout{30000};
   // How device memory is copied (cuda_ipc, and local runs that touch device
   // memory): "copy_engine" (one cudaMemcpyBatchAsync per transfer; leaves
-  // the SMs to the model) or "kernel" (a gather/scatter kernel over the
-  // descriptors on a grid of at most `device_copy_blocks` blocks, 0: 32).
-  // docs/gpu.md says how they compare.
+  // the SMs to the model), "kernel" (a gather/scatter kernel over the
+  // descriptors on a grid of at most `device_copy_blocks` blocks, 0: 32), or
+  // "auto": the kernel for a transfer of at least `device_copy_kernel_min`
+  // copies of at most `device_copy_kernel_below` bytes on average, the copy
+  // engines otherwise. The crossover is the device's: gpu_bench measures
+  // and prints it; 0 (until measured) gives every transfer to the copy
+  // engines. docs/gpu.md says how they compare.
   std::string device_copy = "copy_engine";
   uint32_t device_copy_blocks = 0;
+  uint64_t device_copy_kernel_below = 0;
+  uint32_t device_copy_kernel_min = 64;
   // Pin registered host memory for copies to and from devices
   // (cudaHostRegister at registration, undone at deregistration), when
   // this engine has a transport that moves device memory (local,

@@ -284,7 +284,9 @@ void bind_engine(py::module_& m) {
         "inline_bytes: a transfer of at most this many bytes without a notification, over local or\n"
         "cma, runs inside submit() (it has ended when submit returns); 0 = always on engine threads.\n"
         "device_copy: how device memory is copied, 'copy_engine' (one cudaMemcpyBatchAsync per transfer)\n"
-        "or 'kernel' (a gather/scatter kernel on at most device_copy_blocks blocks, 0 = 32); docs/gpu.md.\n"
+        "or 'kernel' (a gather/scatter kernel on at most device_copy_blocks blocks, 0 = 32), or 'auto'\n"
+        "(the kernel for many small copies, at the crossover C++'s EngineOptions::device_copy_kernel_below\n"
+        "sets; from Python, until measured, the copy engines); docs/gpu.md.\n"
         "Raises Unavailable when a named transport cannot run here (the message says why).");
   });
   engine.def_property_readonly("name", [](PyEngine& e) { return e.get().name(); })

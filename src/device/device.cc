@@ -83,13 +83,15 @@ Result<int> ordinal_of(Device& device, std::string_view uuid) {
 }
 
 std::string_view copy_method_name(CopyMethod method) {
-  return method == CopyMethod::kKernel ? "kernel" : "copy_engine";
+  return method == CopyMethod::kKernel ? "kernel" : method == CopyMethod::kAuto ? "auto" : "copy_engine";
 }
 
 Result<CopyMethod> parse_copy_method(std::string_view name) {
   if (name == "copy_engine") return CopyMethod::kCopyEngine;
   if (name == "kernel") return CopyMethod::kKernel;
-  return Status::invalid_argument("unknown copy method '" + std::string(name) + "' (expected copy_engine or kernel)");
+  if (name == "auto") return CopyMethod::kAuto;
+  return Status::invalid_argument("unknown copy method '" + std::string(name) +
+                                  "' (expected copy_engine, kernel or auto)");
 }
 
 Result<int> parse_cuda_memory(std::string_view memory) {

@@ -98,8 +98,10 @@ struct DeviceRange {
 
 // How copy() moves a batch: the copy engines (one cudaMemcpyBatchAsync) or
 // a gather/scatter kernel over the descriptor array on a capped grid.
-enum class CopyMethod : uint8_t { kCopyEngine, kKernel };
-std::string_view copy_method_name(CopyMethod method);    // "copy_engine", "kernel"
+// kAuto is the transports' (device_run.h: they choose one of the two per
+// run); copy() takes it as kCopyEngine.
+enum class CopyMethod : uint8_t { kCopyEngine, kKernel, kAuto };
+std::string_view copy_method_name(CopyMethod method);    // "copy_engine", "kernel", "auto"
 Result<CopyMethod> parse_copy_method(std::string_view);  // kInvalidArgument naming the value
 
 class Device {

@@ -134,6 +134,43 @@ TEST_P(DeviceCopyMethodTest, HostAndDeviceMemoryMoveBothWaysInOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(CopyMethods, DeviceCopyMethodTest, ::testing::Values("copy_engine", "kernel"));
 
+// "auto" gives a transfer of many small copies to the kernel and one of a
+// few large ones to the copy engines, at the crossover configured.
+TEST_F(DeviceMemoryTest, AutoChoosesTheKernelForManySmallCopiesAndTheCopyEnginesOtherwise) {
+  EngineOptions o;
+  o.transports = {"local"};
+  o.device_copy = "auto";
+  o.device_copy_kernel_below = 4096;
+  o.device_copy_kernel_min = 16;
+  o.name = "a";
+  auto a = Engine::create(o);
+  o.name = "b";
+  auto b = Engine::create(o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  DeviceBuffer da(0, 1 << 20, 0), db(1, 1 << 20, 0x6b);
+  const RegionId ra = *(*a)->register_memory(da.data, da.bytes, "cuda:0");
+  const RegionId rb = *(*b)->register_memory(db.data, db.bytes, "cuda:1");
+  const PeerId peer = *(*a)->connect((*b)->metadata());
+  auto read = [&](const std::vector<TransferItem>& items) {
+    Result<TransferId> t = (*a)->submit(peer, TransferOp::kRead, items);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    ASSERT_EQ((*a)->wait(*t, 10s).state, TransferState::kDone);
+  };
+  size_t before = device::fake_kernel_copies();
+  std::vector<TransferItem> small;
+  for (uint64_t i = 0; i < 64; ++i) small.push_back({ra, i * 8192, rb, (63 - i) * 8192, 2048});
+  read(small);
+  EXPECT_EQ(device::fake_kernel_copies() - before, 1u) << "64 copies of 2 KiB: the kernel";
+  EXPECT_EQ(count_of(da.data, 2048, 0x6b), 2048u);
+  before = device::fake_kernel_copies();
+  read({{ra, 0, rb, 0, da.bytes}});
+  EXPECT_EQ(device::fake_kernel_copies(), before) << "one copy of 1 MiB: the copy engines";
+  std::vector<TransferItem> few(small.begin(), small.begin() + 8);
+  read(few);
+  EXPECT_EQ(device::fake_kernel_copies(), before) << "8 small copies, fewer than the minimum: the copy engines";
+  EXPECT_EQ(count_of(da.data, da.bytes, 0x6b), da.bytes);
+}
+
 // Engine a reads device memory `src` (device `from`, registered by engine
 // b) into `dst` (device 0), and a producer writes `src` on its own stream,
 // recording `ready` after it.

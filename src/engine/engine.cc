@@ -46,13 +46,15 @@ namespace {
 const char* const kKnownTransports[] = {"local", "cuda_ipc", "cma", "tcp", "ucx"};
 
 Result<std::unique_ptr<transport::Transport>> make_one(const std::string& name, const EngineOptions& options) {
-  if (name == "local") return transport::make_local_transport(options.device_copy, options.device_copy_blocks);
+  const transport::DeviceCopyConfig device_copy{options.device_copy, options.device_copy_blocks,
+                                                options.device_copy_kernel_below, options.device_copy_kernel_min};
+  if (name == "local") return transport::make_local_transport(device_copy);
   if (name == "cma") return transport::make_cma_transport();
   if (name == "tcp") {
     return transport::make_tcp_transport(options.host, options.tcp_streams, options.secret, options.advertise_host);
   }
   if (name == "ucx") return transport::make_ucx_transport(options.host);
-  if (name == "cuda_ipc") return transport::make_cuda_ipc_transport(options.device_copy, options.device_copy_blocks);
+  if (name == "cuda_ipc") return transport::make_cuda_ipc_transport(device_copy);
   return Status::invalid_argument("unknown transport '" + name + "' (known: local, cuda_ipc, cma, tcp, ucx)");
 }
 

@@ -53,6 +53,26 @@ std::vector<std::vector<device::DeviceCopy>> batches_of(std::span<const device::
 
 }  // namespace
 
+Result<DeviceRunOptions> device_run_options(const DeviceCopyConfig& config) {
+  DeviceRunOptions o;
+  KVB_ASSIGN_OR_RETURN(o.method, device::parse_copy_method(config.method));
+  o.max_blocks = config.max_blocks;
+  o.kernel_below = config.kernel_below;
+  o.kernel_min = config.kernel_min;
+  return o;
+}
+
+device::CopyMethod choose_method(const DeviceRunOptions& options, std::span<const device::DeviceCopy> copies) {
+  if (options.method != device::CopyMethod::kAuto) return options.method;
+  uint64_t total = 0, count = 0;
+  for (const device::DeviceCopy& c : copies) {
+    total += c.bytes;
+    count += c.bytes > 0;
+  }
+  const bool small = count > 0 && count >= options.kernel_min && total / count <= options.kernel_below;
+  return small ? device::CopyMethod::kKernel : device::CopyMethod::kCopyEngine;
+}
+
 StreamPool::~StreamPool() {
   for (Slot* s : all_) {
     for (device::Event e : s->events) {
@@ -202,6 +222,7 @@ Status run_device_copies(StreamPool& pool, ReadyEvents& ready, int device, std::
       return s.with_context(who);
     }
   }
+  const device::CopyMethod method = choose_method(options, copies);
   const std::vector<std::vector<device::DeviceCopy>> batches = batches_of(copies, options.slice_bytes);
   // Batch i uses event i % 2; at most two are in flight.
   uint64_t bytes_of[2] = {0, 0};
@@ -222,7 +243,7 @@ Status run_device_copies(StreamPool& pool, ReadyEvents& ready, int device, std::
     outcome = stop_reason();
     if (!outcome.ok()) break;
     const auto& b = batches[launched];
-    outcome = dev.copy(slot->stream, b, options.method, options.max_blocks);
+    outcome = dev.copy(slot->stream, b, method, options.max_blocks);
     if (outcome.ok()) outcome = dev.record(slot->events[launched % 2], slot->stream);
     if (!outcome.ok()) {
       outcome = outcome.with_context(who);

@@ -33,12 +33,23 @@
 
 namespace kvbridge::transport {
 
-// How device copies run.
+// How device copies run. kAuto chooses per run (choose_method()): the
+// kernel for many small copies (at least `kernel_min` of them, of at most
+// `kernel_below` bytes on average), the copy engines otherwise; the
+// crossover is the device's, measured by gpu_bench (which prints it), and
+// kernel_below 0 (the default until it is measured) leaves every run to
+// the copy engines.
 struct DeviceRunOptions {
   device::CopyMethod method = device::CopyMethod::kCopyEngine;
   uint32_t max_blocks = 0;                    // the kernel's grid cap (0: default)
   uint64_t slice_bytes = uint64_t{64} << 20;  // bytes per batch
+  uint64_t kernel_below = 0;
+  uint32_t kernel_min = 64;
 };
+// From the engine's configuration; kInvalidArgument naming a bad method.
+Result<DeviceRunOptions> device_run_options(const DeviceCopyConfig& config);
+// The method a run of `copies` uses: options.method unless kAuto.
+device::CopyMethod choose_method(const DeviceRunOptions& options, std::span<const device::DeviceCopy> copies);
 
 // Streams (each with two events) per device, created on first use and
 // reused; destroyed with the pool.

@@ -187,10 +187,16 @@ class Transport {
 };
 
 // Factories. Each returns kUnavailable, saying why, when it cannot run here.
-// local: `method` ("copy_engine" or "kernel") and `max_blocks` say how its
-// runs over device memory copy (device_run.h).
-Result<std::unique_ptr<Transport>> make_local_transport(const std::string& method = "copy_engine",
-                                                        uint32_t max_blocks = 0);
+// How the transports that move device memory (local, cuda_ipc) copy it:
+// EngineOptions' device_copy* (device_run.h says what each means).
+struct DeviceCopyConfig {
+  std::string method = "copy_engine";  // "copy_engine", "kernel" or "auto"
+  uint32_t max_blocks = 0;             // the kernel's grid cap (0: default)
+  uint64_t kernel_below = 0;           // auto: the kernel for copies of at most this many bytes on average...
+  uint32_t kernel_min = 64;            // ...and at least this many of them in the run
+};
+
+Result<std::unique_ptr<Transport>> make_local_transport(const DeviceCopyConfig& device_copy = {});
 Result<std::unique_ptr<Transport>> make_cma_transport();
 // tcp: `host` is "host" or "host:port" (port 0 or none: ephemeral), the
 // listener binds it; `secret` (empty: none) opens every stream both ways.
@@ -203,9 +209,7 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, u
 Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string& host);
 // cuda_ipc: device memory of another process on this host, through CUDA IPC
 // handles (cuda_ipc/cuda_ipc.cc). kUnavailable when the process's device
-// (device::current()) has no device. `method`: "copy_engine" or "kernel";
-// `max_blocks`: the kernel's grid cap (0: default).
-Result<std::unique_ptr<Transport>> make_cuda_ipc_transport(const std::string& method = "copy_engine",
-                                                           uint32_t max_blocks = 0);
+// (device::current()) has no device; `device_copy` says how it copies.
+Result<std::unique_ptr<Transport>> make_cuda_ipc_transport(const DeviceCopyConfig& device_copy = {});
 
 }  // namespace kvbridge::transport

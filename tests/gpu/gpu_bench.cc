@@ -19,8 +19,10 @@
 // Every row: median seconds of --reps runs, GB/s, ratios to the baselines of
 // the same case, wrong bytes, and PASS/FAIL: FAIL on any wrong byte, and
 // against the targets on a real device (the fake's figures are host
-// memory's, so only its bytes are judged). JSON of every row to --json FILE;
-// the last line is the verdict.
+// memory's, so only its bytes are judged). Then the crossover for
+// device_copy "auto" (the largest copy size at which the kernel beat the
+// copy engines). JSON of every row to --json FILE; the last line is the
+// verdict.
 #include <unistd.h>
 
 #include <algorithm>
@@ -479,9 +481,26 @@ int bench_main(int reps, const std::string& json, const std::string& self, bool 
                 static_cast<unsigned long long>(r.wrong), verdict.c_str());
     pass = pass && r.pass;
   }
+  // The crossover for device_copy "auto": the largest copy size (of the
+  // aligned cases of many copies) at which the kernel beat the copy engines.
+  uint64_t crossover = 0;
+  for (const Case& c : cases) {
+    if (c.misaligned || c.count < 2) continue;
+    double kernel = 0, batch = 0;
+    for (const Row& r : rows) {
+      if (r.case_name != c.name) continue;
+      if (r.method == "kernel") kernel = r.seconds;
+      if (r.method == "batch") batch = r.seconds;
+    }
+    if (kernel > 0 && batch > 0 && kernel < batch) crossover = std::max(crossover, c.bytes);
+  }
+  std::printf("crossover: device_copy_kernel_below=%llu (the kernel beat the copy engines up to %llu-byte copies%s)\n",
+              static_cast<unsigned long long>(crossover), static_cast<unsigned long long>(crossover),
+              Bench::real() ? "" : "; on the fake this says nothing of a GPU");
   if (!json.empty()) {
     std::ofstream out(json);
-    out << "{\"device\":\"" << (Bench::real() ? "cuda" : "fake") << "\",\"rows\":[";
+    out << "{\"device\":\"" << (Bench::real() ? "cuda" : "fake") << "\",\"crossover_bytes\":" << crossover
+        << ",\"rows\":[";
     for (size_t i = 0; i < rows.size(); ++i) out << (i ? "," : "") << json_row(rows[i]);
     out << "],\"error\":" << quoted(failed.ok() ? "" : failed.to_string()) << "}\n";
   }

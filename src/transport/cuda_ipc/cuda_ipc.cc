@@ -475,13 +475,11 @@ class CudaIpcTransport final : public Transport {
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> make_cuda_ipc_transport(const std::string& method, uint32_t max_blocks) {
+Result<std::unique_ptr<Transport>> make_cuda_ipc_transport(const DeviceCopyConfig& device_copy) {
   device::Device& device = device::current();
   KVB_ASSIGN_OR_RETURN(int n, device.count());
   (void)n;
-  DeviceRunOptions options;
-  KVB_ASSIGN_OR_RETURN(options.method, device::parse_copy_method(method));
-  options.max_blocks = max_blocks;
+  KVB_ASSIGN_OR_RETURN(DeviceRunOptions options, device_run_options(device_copy));
   return std::unique_ptr<Transport>(std::make_unique<CudaIpcTransport>(device, options));
 }
 

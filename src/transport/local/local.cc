@@ -229,10 +229,8 @@ class LocalTransport final : public Transport {
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> make_local_transport(const std::string& method, uint32_t max_blocks) {
-  DeviceRunOptions options;
-  KVB_ASSIGN_OR_RETURN(options.method, device::parse_copy_method(method));
-  options.max_blocks = max_blocks;
+Result<std::unique_ptr<Transport>> make_local_transport(const DeviceCopyConfig& device_copy) {
+  KVB_ASSIGN_OR_RETURN(DeviceRunOptions options, device_run_options(device_copy));
   return std::unique_ptr<Transport>(std::make_unique<LocalTransport>(options));
 }
 
