@@ -307,7 +307,8 @@ class Engine:
                  tcp_streams: int = 4, threads: int = 2, default_timeout: Seconds = 30.0,
                  inline_bytes: int = 262144, secret: str = "", advertise_host: str = "",
                  device_copy: str = "copy_engine", device_copy_blocks: int = 0,
-                 ucx_trusted_network: bool = False) -> None: ...
+                 ucx_trusted_network: bool = False, device_copy_kernel_below: int = 0,
+                 device_copy_kernel_min: int = 64, pin_host_memory: bool = True) -> None: ...
     @property
     def name(self) -> str: ...
     def transports(self) -> List[TransportReport]: ...
@@ -429,7 +430,8 @@ class _Testing:
                            host: str = "127.0.0.1", tcp_streams: int = 4, threads: int = 2,
                            default_timeout: Seconds = 30.0, inline_bytes: int = 262144, secret: str = "",
                            advertise_host: str = "", device_copy: str = "copy_engine", device_copy_blocks: int = 0,
-                           ucx_trusted_network: bool = False) -> Engine: ...
+                           ucx_trusted_network: bool = False, device_copy_kernel_below: int = 0,
+                           device_copy_kernel_min: int = 64, pin_host_memory: bool = True) -> Engine: ...
 
 # Hooks for tests and tools; not part of the API.
 testing: _Testing

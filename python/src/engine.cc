@@ -207,7 +207,9 @@ std::unique_ptr<PyEngine> start_engine(const std::string& faults, const std::str
                                        uint32_t tcp_streams, uint32_t threads, py::object default_timeout,
                                        uint64_t inline_bytes, const std::string& secret,
                                        const std::string& advertise_host, const std::string& device_copy,
-                                       uint32_t device_copy_blocks, bool ucx_trusted_network) {
+                                       uint32_t device_copy_blocks, bool ucx_trusted_network,
+                                       uint64_t device_copy_kernel_below, uint32_t device_copy_kernel_min,
+                                       bool pin_host_memory) {
   EngineOptions o;
   o.name = name;
   if (transports) o.transports = *transports;
@@ -221,6 +223,9 @@ std::unique_ptr<PyEngine> start_engine(const std::string& faults, const std::str
   o.ucx_trusted_network = ucx_trusted_network;
   o.device_copy = device_copy;
   o.device_copy_blocks = device_copy_blocks;
+  o.device_copy_kernel_below = device_copy_kernel_below;
+  o.device_copy_kernel_min = device_copy_kernel_min;
+  o.pin_host_memory = pin_host_memory;
   Result<std::unique_ptr<Engine>> e = [&] {
     py::gil_scoped_release nogil;
     return testing::create_engine_with_faults(o, faults);
@@ -237,7 +242,8 @@ void with_engine_args(Bind&& bind) {
        py::arg("tcp_streams") = 4, py::arg("threads") = 2, py::arg("default_timeout") = 30.0,
        py::arg("inline_bytes") = EngineOptions{}.inline_bytes, py::arg("secret") = "", py::arg("advertise_host") = "",
        py::arg("device_copy") = "copy_engine", py::arg("device_copy_blocks") = 0,
-       py::arg("ucx_trusted_network") = false);
+       py::arg("ucx_trusted_network") = false, py::arg("device_copy_kernel_below") = 0,
+       py::arg("device_copy_kernel_min") = EngineOptions{}.device_copy_kernel_min, py::arg("pin_host_memory") = true);
 }
 
 }  // namespace
@@ -263,10 +269,11 @@ void bind_engine(py::module_& m) {
         py::init([](const std::string& name, std::optional<std::vector<std::string>> transports,
                     const std::string& host, uint32_t tcp_streams, uint32_t threads, py::object default_timeout,
                     uint64_t inline_bytes, const std::string& secret, const std::string& advertise_host,
-                    const std::string& device_copy, uint32_t device_copy_blocks, bool ucx_trusted_network) {
+                    const std::string& device_copy, uint32_t device_copy_blocks, bool ucx_trusted_network,
+                    uint64_t device_copy_kernel_below, uint32_t device_copy_kernel_min, bool pin_host_memory) {
           return start_engine("", name, std::move(transports), host, tcp_streams, threads, std::move(default_timeout),
                               inline_bytes, secret, advertise_host, device_copy, device_copy_blocks,
-                              ucx_trusted_network);
+                              ucx_trusted_network, device_copy_kernel_below, device_copy_kernel_min, pin_host_memory);
         }),
         args...,
         "Starts the engine's threads and listeners.\n\n"
@@ -285,8 +292,10 @@ void bind_engine(py::module_& m) {
         "cma, runs inside submit() (it has ended when submit returns); 0 = always on engine threads.\n"
         "device_copy: how device memory is copied, 'copy_engine' (one cudaMemcpyBatchAsync per transfer)\n"
         "or 'kernel' (a gather/scatter kernel on at most device_copy_blocks blocks, 0 = 32), or 'auto'\n"
-        "(the kernel for many small copies, at the crossover C++'s EngineOptions::device_copy_kernel_below\n"
-        "sets; from Python, until measured, the copy engines); docs/gpu.md.\n"
+        "(the kernel for a transfer of at least device_copy_kernel_min copies of at most\n"
+        "device_copy_kernel_below bytes on average, the copy engines otherwise: the crossover gpu_bench\n"
+        "measures on the GPU; 0 until then); docs/gpu.md. pin_host_memory: pin registered host memory\n"
+        "for copies to and from the GPU, when the engine moves device memory and a GPU is present.\n"
         "Raises Unavailable when a named transport cannot run here (the message says why).");
   });
   engine.def_property_readonly("name", [](PyEngine& e) { return e.get().name(); })

@@ -127,7 +127,8 @@ def test_host_and_device_memory_move_both_ways_after_the_producers_event():
 
 def test_a_torch_event_never_recorded_is_refused_and_asked_once_whether_it_is_interprocess():
     run_fake('''
-        a = kvbridge.Engine(name="a", transports=["local"])
+        a = kvbridge.Engine(name="a", transports=["local"], device_copy="auto", device_copy_kernel_below=4096,
+                            device_copy_kernel_min=1, pin_host_memory=False)
         b = kvbridge.Engine(name="b", transports=["local"])
         dev, ptr = cuda_empty((4096,), dtype=torch.uint8, index=1)
         host = np.zeros(4096, dtype=np.uint8)

@@ -13,7 +13,7 @@
 //    from cuMemCreate (PyTorch's expandable_segments) is not "legacy IPC
 //    capable" (CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE) and is
 //    refused, naming the allocator setting that avoids it.
-//  - cudaIpcOpenMemHandle maps a whole allocation, once per process; the
+//  - cudaIpcOpenMemHandle maps a whole allocation, once per device context; the
 //    mapping is closed with cudaIpcCloseMemHandle.
 //  - cudaMemcpyBatchAsync (CUDA 12.8+) cannot run on the legacy default
 //    stream: every stream here is cudaStreamNonBlocking.

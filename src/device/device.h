@@ -16,7 +16,7 @@
 //    shared memory (so an IPC event handle works across processes too).
 //
 // The fake keeps the real one's rules where logic above the seam depends on
-// them: a handle opens once per process (callers cache what they opened), a
+// them: a handle opens once per device (callers cache what they opened), a
 // freed allocation's handle
 // no longer opens, copies land only when their stream reaches them, and a
 // stream that waits on an event waits for the event's latest record.

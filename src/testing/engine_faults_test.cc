@@ -49,13 +49,13 @@ TEST(EngineFaultsTest, DropDoneDropsOnlyDoneMessages) {
 TEST(EngineFaultsTest, SkipCopiesReportsBytesItNeverMoves) {
   EngineOptions o;
   o.transports = {"local"};
+  std::vector<uint8_t> mine(8192, 0), theirs(8192, 7);  // outlive the engines
   o.name = "skipping";
   Result<std::unique_ptr<Engine>> a = create_engine_with_faults(o, "skip-copies=1");
   ASSERT_TRUE(a.ok()) << a.error().to_string();
   o.name = "plain";
   Result<std::unique_ptr<Engine>> b = Engine::create(o);
   ASSERT_TRUE(b.ok());
-  std::vector<uint8_t> mine(8192, 0), theirs(8192, 7);
   Result<RegionId> rx = (*a)->register_memory(mine.data(), mine.size());
   Result<RegionId> ry = (*b)->register_memory(theirs.data(), theirs.size());
   ASSERT_TRUE(rx.ok() && ry.ok());
@@ -87,6 +87,10 @@ TEST(EngineFaultsTest, TheContentCheckFailsWhatALyingLinkReportsAndPassesWhatLan
     }
     for (TransferOp op : {TransferOp::kRead, TransferOp::kWrite}) {
       SCOPED_TRACE(std::string(transport) + (op == TransferOp::kRead ? " read" : " write"));
+      // Before the engines, so they outlive them: a peer's server may still
+      // be sending from its memory when a transfer that skipped its copies
+      // has ended (ASan saw the tcp server read freed memory).
+      std::vector<uint8_t> mine(kBytes), theirs(kBytes);
       o.name = "skipping";
       Result<std::unique_ptr<Engine>> a = create_engine_with_faults(o, "skip-copies=1");
       ASSERT_TRUE(a.ok()) << a.error().to_string();
@@ -94,7 +98,6 @@ TEST(EngineFaultsTest, TheContentCheckFailsWhatALyingLinkReportsAndPassesWhatLan
       Result<std::unique_ptr<Engine>> b = Engine::create(o);
       Result<std::unique_ptr<Engine>> c = Engine::create(o);
       ASSERT_TRUE(b.ok() && c.ok());
-      std::vector<uint8_t> mine(kBytes), theirs(kBytes);
       for (uint64_t i = 0; i < kBytes; ++i) {
         mine[i] = static_cast<uint8_t>(i * 7 + 1);
         theirs[i] = static_cast<uint8_t>(i * 13 + 5);
