@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Layer-wise streaming of device memory (scripts/gpu-check.sh's demo-stream
-# step): kvbridge demo --memory cuda --stream layer, TP 1 -> TP 1, each rank
+# Layer-wise streaming of device memory, run by hand on a GPU machine (the
+# device check, scripts/gpu-check.sh, leaves it out to stay short):
+# kvbridge demo --memory cuda --stream layer, TP 1 -> TP 1, each rank
 # process on its own core, for the request sizes whose TTFT the host's one
 # memory bus limits (docs/connector.md, "When streaming pays"): qwen3-next at
 # 16k and 32k tokens, llama3-70b at 8k. The prefill's KV goes to the device
