@@ -140,24 +140,14 @@ Registry::~Registry() {
 void Registry::pin(uint32_t id) {
   SegmentEntry& s = segments_.at(id);
   if (!pin_host_ || s.segment.memory != "host" || s.pinned) return;
-  const Status st = device::current().register_host(s.segment.base, s.segment.bytes);
-  if (st.ok()) {
-    s.pinned = true;
-    ++pinned_;
-  } else {
-    ++pin_failures_;
-    pin_error_ = st.to_string();
-  }
+  s.pinned = device::current().register_host(s.segment.base, s.segment.bytes).ok();
 }
 
 void Registry::drop_segment(uint32_t id) {
   // A transport that fails to forget a segment leaves it registered with
   // itself only; the engine no longer advertises it, so no peer can name it.
   auto it = segments_.find(id);
-  if (it != segments_.end() && it->second.pinned) {
-    (void)device::current().unregister_host(it->second.segment.base);
-    --pinned_;
-  }
+  if (it != segments_.end() && it->second.pinned) (void)device::current().unregister_host(it->second.segment.base);
   for (transport::Transport* t : transports_) {
     if (it == segments_.end() || t->serves(it->second.segment.memory)) (void)t->remove_segment(id);
   }

@@ -82,13 +82,9 @@ class Registry {
   // Pins host segments for copies to and from devices (device.h
   // register_host): each segment when it is made, after the segments it
   // replaces were unpinned, and unpinned when dropped. A segment CUDA
-  // cannot pin (the memlock limit) stays registered, unpinned (its copies
-  // go through the driver's staging); pin_failures() counts them and
-  // pin_error() says the last why.
+  // cannot pin (pinned already by its owner, as torch's pin_memory() does)
+  // stays registered as it is.
   void set_pin_host(bool pin) { pin_host_ = pin; }
-  size_t pinned() const { return pinned_; }
-  size_t pin_failures() const { return pin_failures_; }
-  const std::string& pin_error() const { return pin_error_; }
 
   const Region* find(RegionId id) const;
   size_t num_regions() const { return regions_.size(); }
@@ -113,8 +109,6 @@ class Registry {
   uint32_t next_segment_ = 1;
   bool device_seen_ = false;  // a cuda:N range was registered
   bool pin_host_ = false;
-  size_t pinned_ = 0, pin_failures_ = 0;
-  std::string pin_error_;
 };
 
 // Whether `memory` names a kind this build can register ("host"); the reason

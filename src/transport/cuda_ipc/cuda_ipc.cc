@@ -63,7 +63,6 @@ namespace {
 // (the transport's table, links, runs) lets go.
 struct Mapping {
   device::Device* device = nullptr;
-  int on = 0;  // the device it is opened on
   void* base = nullptr;
   ~Mapping() {
     if (base != nullptr) (void)device->close_memory(base);
@@ -187,7 +186,6 @@ struct Shared : DeviceSide {
     if (mappings.size() >= 1024) std::erase_if(mappings, [](const auto& e) { return e.second.expired(); });
     auto m = std::make_shared<Mapping>();
     m->device = &device();
-    m->on = on;
     m->base = base;
     mappings[key] = m;
     return m;
