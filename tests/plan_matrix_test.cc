@@ -395,6 +395,16 @@ TEST_P(PlanMatrixTest, EveryTpPairOrderAndBlockSizeVerifiesOnEveryDecodeRank) {
               << where << " (stage template, stage " << k << ")";
           ASSERT_EQ(a.plan.descriptors, b.plan.descriptors) << where << " (stage template, stage " << k << ")";
         }
+        // Its compact stages expand to the same descriptors.
+        Result<std::vector<CompactStage>> st_compact = st->instantiate_compact(other);
+        ASSERT_TRUE(st_compact.has_value()) << where << " (compact stages)";
+        ASSERT_EQ(st_compact->size(), st_planned->size()) << where << " (compact stages)";
+        for (size_t k = 0; k < st_planned->size(); ++k) {
+          const CompactStage& a = (*st_compact)[k];
+          ASSERT_EQ(a.first_layer, (*st_planned)[k].first_layer) << where << " (compact stage " << k << ")";
+          ASSERT_EQ(expand(a.plan).descriptors, (*st_planned)[k].plan.descriptors)
+              << where << " (compact stage " << k << ")";
+        }
 #endif
         template_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
         t.instances += 1;

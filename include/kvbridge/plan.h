@@ -286,6 +286,52 @@ class PlanTemplate {
   std::shared_ptr<const Impl> impl_;
 };
 
+// ---------------------------------------------------------------------------
+// Compact plans: a plan held as runs of descriptors, where a run may be an
+// earlier run moved to other tensors by fixed offsets. In a layer-major
+// cache every layer's descriptors are the first layer's moved, so a compact
+// plan grows with the blocks a request moves, not with layers x blocks, and
+// so does the work of everything that passes it on (the connector, the
+// engine's checks); the engine's threads expand it as they copy.
+//
+// Invariant (tested over generated layouts and the preset matrix): expand()
+// of a stage template's compact stages is what plan_stages() returns, stage
+// by stage, descriptor by descriptor.
+
+struct DescriptorRun {
+  uint64_t first = 0, count = 0;  // descriptors [first, first + count) of CompactPlan::literal
+  // False: those descriptors as they are. True: moved, each naming
+  // local_tensor and remote_tensor (its source unchanged) at its offsets
+  // plus the shifts. A moved run's range is exactly an earlier literal
+  // run's, all of whose descriptors name one local and one remote tensor.
+  bool moved = false;
+  uint16_t local_tensor = 0, remote_tensor = 0;
+  uint64_t local_shift = 0, remote_shift = 0;
+  bool operator==(const DescriptorRun&) const = default;
+};
+
+struct CompactPlan {
+  std::vector<Descriptor> literal;
+  std::vector<DescriptorRun> runs;    // the plan's descriptors: every run's, in order
+  std::vector<SourceTotals> sources;  // as Plan::sources, of the whole plan
+  uint64_t bytes = 0;                 // as Plan::bytes
+  uint64_t descriptors = 0;           // the plan's (runs expanded)
+};
+
+// The plan a compact plan holds.
+Plan expand(const CompactPlan& compact);
+// A plan as a compact plan of one literal run (none when it is empty).
+CompactPlan compact(Plan plan);
+
+// A stage (PlanStage) with a compact plan.
+struct CompactStage {
+  uint32_t first_layer = 0, end_layer = 0;
+  uint64_t first_token = 0, end_token = 0;
+  uint64_t resume_token = 0;
+  CompactPlan plan;
+};
+CompactStage compact(PlanStage stage);
+
 // Stage templates: plan_stages() planned once for a request shape, as a
 // PlanTemplate plans plan() once. Each stage of the shape is a template of
 // its own (the stage's tokens and layers), instantiated from a request's
@@ -314,6 +360,12 @@ class StageTemplate {
   // The stages of `request`: exactly plan_stages(local, remotes, request,
   // options) for the arguments of create(), errors included.
   Result<std::vector<PlanStage>> instantiate(const Request& request) const;
+  // The same stages as compact plans (expand() gives instantiate()'s):
+  // the layers that repeat a stage's first layer are moved runs. A stage
+  // whose descriptors cannot be held so (plan_stages() would reorder them,
+  // or a later piece merges into a moved run) is one literal run, as is
+  // every stage where the template falls back.
+  Result<std::vector<CompactStage>> instantiate_compact(const Request& request) const;
 
   struct Impl;
 

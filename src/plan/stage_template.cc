@@ -90,4 +90,26 @@ Result<std::vector<PlanStage>> StageTemplate::instantiate(const Request& request
   return out;
 }
 
+Result<std::vector<CompactStage>> StageTemplate::instantiate_compact(const Request& request) const {
+  const Impl& t = *impl_;
+  // Where the template falls back, moves nothing or cannot hold a stage
+  // compact: instantiate()'s stages, each one literal run.
+  auto whole = [&]() -> Result<std::vector<CompactStage>> {
+    KVB_ASSIGN_OR_RETURN(std::vector<PlanStage> stages, instantiate(request));
+    std::vector<CompactStage> out;
+    out.reserve(stages.size());
+    for (PlanStage& s : stages) out.push_back(compact(std::move(s)));
+    return out;
+  };
+  if (!t.uniform || t.templates.empty()) return whole();
+  std::vector<CompactPlan> plans(t.templates.size());
+  if (!plan_internal::instantiate_all_compact(t.templates, request, plans)) return whole();
+  std::vector<CompactStage> out(t.headers.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    const PlanStage& h = t.headers[i];
+    out[i] = {h.first_layer, h.end_layer, h.first_token, h.end_token, h.resume_token, std::move(plans[i])};
+  }
+  return out;
+}
+
 }  // namespace kvbridge

@@ -3,11 +3,13 @@
 // shape and random stage options, instantiated with the case's ids, with
 // other ids of the same shape and with one id broken, returns exactly what
 // plan_stages() returns (the same stages, descriptors and totals, or the
-// same error), and says once why it falls back where it cannot serve.
+// same error), and says once why it falls back where it cannot serve; its
+// compact stages expand to the same.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
+#include <set>
 
 #include "plan/preset_instances.h"
 #include "plan/property_support.h"
@@ -46,9 +48,51 @@ std::string stages_diff(const Result<std::vector<PlanStage>>& a, const Result<st
   return "";
 }
 
+// Empty when the compact stages `a` expand to the stages `b` and hold the
+// compact plans' invariants (plan.h): runs in range, a moved run repeating
+// exactly an earlier literal run of one local and one remote tensor, the
+// counts and totals the expanded plan's. Adds the moved runs to *moved.
+std::string compact_diff(const Result<std::vector<CompactStage>>& a, const Result<std::vector<PlanStage>>& b,
+                         uint64_t* moved) {
+  if (a.has_value() != b.has_value()) return "the compact stages and the stages differ in success";
+  if (!a) return a.error().message() == b.error().message() ? "" : "errors differ";
+  if (a->size() != b->size()) return "other number of compact stages";
+  for (size_t k = 0; k < a->size(); ++k) {
+    const CompactStage& x = (*a)[k];
+    const PlanStage& y = (*b)[k];
+    const std::string which = "compact stage " + std::to_string(k);
+    if (x.first_layer != y.first_layer || x.end_layer != y.end_layer || x.first_token != y.first_token ||
+        x.end_token != y.end_token || x.resume_token != y.resume_token) {
+      return which + ": other layers or tokens";
+    }
+    const CompactPlan& c = x.plan;
+    std::set<std::pair<uint64_t, uint64_t>> literal;
+    uint64_t count = 0;
+    for (const DescriptorRun& run : c.runs) {
+      count += run.count;
+      if (run.count == 0 || run.first + run.count > c.literal.size()) return which + ": a run out of range";
+      if (!run.moved) {
+        literal.insert({run.first, run.count});
+        continue;
+      }
+      *moved += 1;
+      if (!literal.contains({run.first, run.count})) return which + ": a moved run is no earlier literal run";
+      for (uint64_t i = run.first; i < run.first + run.count; ++i) {
+        if (c.literal[i].local_tensor != c.literal[run.first].local_tensor ||
+            c.literal[i].remote_tensor != c.literal[run.first].remote_tensor) {
+          return which + ": a moved run repeats descriptors of several tensors";
+        }
+      }
+    }
+    if (count != c.descriptors) return which + ": descriptors is not the runs' count";
+    if (std::string d = plan_diff(expand(c), y.plan); !d.empty()) return which + " expanded: " + d;
+  }
+  return "";
+}
+
 TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
   const auto start = std::chrono::steady_clock::now();
-  uint64_t passed = 0, failures = 0, stages = 0, fallbacks = 0, broken = 0;
+  uint64_t passed = 0, failures = 0, stages = 0, fallbacks = 0, broken = 0, moved = 0;
   for (uint64_t i : case_indices(std::max<uint64_t>(num_cases() / 4, 1))) {
     if (failures >= 3) break;
     gen::Rng rng(gen::case_seed(base_seed() ^ 0x57a7e, i));
@@ -77,9 +121,18 @@ TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
       continue;
     }
     if (own && t->uniform() && own->size() != t->stages()) failed(c.request, "stages() is not the number of stages");
+    if (std::string d = compact_diff(t->instantiate_compact(c.request), own, &moved); !d.empty()) {
+      failed(c.request, "the case's own ids: " + d);
+      continue;
+    }
     gen::Rng ids_rng(gen::case_seed(base_seed() ^ 0x7e4, i));
     const Request other = gen::with_other_ids(ids_rng, c.request, c.local, c.remotes, random_ids(ids_rng));
-    if (std::string d = stages_diff(t->instantiate(other), plan_stages(c.local, c.remotes, other, o)); !d.empty()) {
+    const Result<std::vector<PlanStage>> planned_other = plan_stages(c.local, c.remotes, other, o);
+    if (std::string d = stages_diff(t->instantiate(other), planned_other); !d.empty()) {
+      failed(other, "other ids of the shape: " + d);
+      continue;
+    }
+    if (std::string d = compact_diff(t->instantiate_compact(other), planned_other, &moved); !d.empty()) {
       failed(other, "other ids of the shape: " + d);
       continue;
     }
@@ -95,7 +148,12 @@ TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
       }
       break;
     }
-    if (std::string d = stages_diff(t->instantiate(bad), plan_stages(c.local, c.remotes, bad, o)); !d.empty()) {
+    const Result<std::vector<PlanStage>> planned_bad = plan_stages(c.local, c.remotes, bad, o);
+    if (std::string d = stages_diff(t->instantiate(bad), planned_bad); !d.empty()) {
+      failed(bad, "a broken id: " + d);
+      continue;
+    }
+    if (std::string d = compact_diff(t->instantiate_compact(bad), planned_bad, &moved); !d.empty()) {
       failed(bad, "a broken id: " + d);
       continue;
     }
@@ -104,12 +162,13 @@ TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf(
-      "[ stage tmpl ] %llu templates: instances equal plan_stages() (%llu stages, %llu broken requests, %llu "
-      "through plan_stages()) in %.2f s, seed %llu\n",
-      (unsigned long long)passed, (unsigned long long)stages, (unsigned long long)broken, (unsigned long long)fallbacks,
-      seconds, (unsigned long long)base_seed());
+      "[ stage tmpl ] %llu templates: instances and compact instances equal plan_stages() (%llu stages, %llu "
+      "moved runs, %llu broken requests, %llu through plan_stages()) in %.2f s, seed %llu\n",
+      (unsigned long long)passed, (unsigned long long)stages, (unsigned long long)moved, (unsigned long long)broken,
+      (unsigned long long)fallbacks, seconds, (unsigned long long)base_seed());
   if (std::getenv("KVB_PROPERTY_CASE") == nullptr && passed >= 100) {
     EXPECT_GT(stages, passed) << "the generator reaches requests cut in several stages";
+    EXPECT_GT(moved, passed / 10) << "the generator reaches plans held with moved runs";
   }
 }
 

@@ -152,7 +152,11 @@ struct Scratch {
   std::vector<uint64_t> by_id;
   std::vector<EntryIds> entries;
   std::vector<int64_t> remote_ids;
+  uint64_t repeated_end = 0;  // compact: one past the last descriptor a moved run repeats
 };
+
+// last[t] of a local tensor whose last descriptor is in a moved run.
+constexpr int64_t kInMovedRun = -2;
 
 // Emits one loop for `entries` (in emission order; `rids` holds `reads`
 // remote ids per entry), merging as plan()'s Emitter does. A loop writes one
@@ -265,6 +269,21 @@ template <bool kOnePiece, bool kOneSource, bool kRigid>
   return unordered;
 }
 
+// Counts the descriptors of a copy of loop `original` (emitted fresh at
+// `span`) in the plan's per-source totals.
+void count_copy(const TemplateLoop& original, LoopSpan& span, Plan& out) {
+  if (original.one_source) {
+    out.sources[original.pieces.front().source].descriptors += span.end - span.begin;
+    return;
+  }
+  // The original's count per source, once; then each copy adds it.
+  if (span.counts.empty()) {
+    span.counts.assign(out.sources.size(), 0);
+    for (size_t k = span.begin; k < span.end; ++k) ++span.counts[out.descriptors[k].source];
+  }
+  for (size_t src = 0; src < span.counts.size(); ++src) out.sources[src].descriptors += span.counts[src];
+}
+
 // Emits loop `copy` as the descriptors of the loop it copies (`original`,
 // emitted fresh at `span`) moved by its shifts.
 void copy_loop(const TemplateLoop& copy, const TemplateLoop& original, LoopSpan& span, std::vector<int64_t>& last,
@@ -281,16 +300,7 @@ void copy_loop(const TemplateLoop& copy, const TemplateLoop& original, LoopSpan&
   for (size_t k = 0; k < n; ++k) {
     to[k] = {from[k].source, lt, rt, 0, from[k].local_offset + dl, from[k].remote_offset + dr, from[k].bytes};
   }
-  if (original.one_source) {
-    out.sources[original.pieces.front().source].descriptors += n;
-  } else {
-    // The original's count per source, once; then each copy adds it.
-    if (span.counts.empty()) {
-      span.counts.assign(out.sources.size(), 0);
-      for (size_t k = span.begin; k < span.end; ++k) ++span.counts[ds[k].source];
-    }
-    for (size_t src = 0; src < span.counts.size(); ++src) out.sources[src].descriptors += span.counts[src];
-  }
+  count_copy(original, span, out);
   if (span.end > span.begin) {
     last[lt] = static_cast<int64_t>(ds.size() - 1);
     order.new_descriptor(lt);
@@ -301,8 +311,16 @@ void copy_loop(const TemplateLoop& copy, const TemplateLoop& original, LoopSpan&
 // Emits the loops of one move with the request's ids: entries in ascending
 // local block id (ids of moving entries are distinct), with the remote ids
 // each reads gathered in that order.
-void emit_move(const TemplateMove& tm, std::span<const int64_t> local_ids, std::span<const int64_t> remote_ids,
-               uint64_t num_blocks, Scratch& scratch, std::vector<int64_t>& last, Plan& out, EmitOrder& order_out) {
+//
+// With `runs` (a compact plan: Plan::descriptors holds its literal ones),
+// a copied loop is a moved run of its original's descriptors instead of
+// their copies, and each loop emitted is a literal run. False when the
+// plan cannot be held so: a later loop would merge into a descriptor a
+// moved run repeats (the run would repeat the merged one) or into a moved
+// run's last (which is not in the list).
+bool emit_move(const TemplateMove& tm, std::span<const int64_t> local_ids, std::span<const int64_t> remote_ids,
+               uint64_t num_blocks, Scratch& scratch, std::vector<int64_t>& last, Plan& out, EmitOrder& order_out,
+               std::vector<DescriptorRun>* runs) {
   const std::span<const int64_t> lids = local_ids.subspan(tm.first_entry, tm.entry_class.size());
   std::vector<uint64_t>& order = scratch.bits_or_order;
   order.resize(lids.size());
@@ -342,12 +360,29 @@ void emit_move(const TemplateMove& tm, std::span<const int64_t> local_ids, std::
   for (size_t i = 0; i < tm.loops.size(); ++i) {
     const TemplateLoop& loop = tm.loops[i];
     LoopSpan& span = spans[i];
-    span.fresh = last[loop.local_tensor] < 0;
+    int64_t& held = last[loop.local_tensor];
+    if (runs != nullptr && (held == kInMovedRun || (held >= 0 && static_cast<uint64_t>(held) < scratch.repeated_end))) {
+      return false;
+    }
+    span.fresh = held < 0;
     span.begin = out.descriptors.size();
     if (loop.copy_of >= 0 && span.fresh && spans[static_cast<size_t>(loop.copy_of)].fresh) {
       LoopSpan& original = spans[static_cast<size_t>(loop.copy_of)];
-      copy_loop(loop, tm.loops[static_cast<size_t>(loop.copy_of)], original, last, out, order_out);
+      const TemplateLoop& from = tm.loops[static_cast<size_t>(loop.copy_of)];
+      if (runs == nullptr) {
+        copy_loop(loop, from, original, last, out, order_out);
+      } else if (original.end > original.begin) {
+        runs->push_back({original.begin, original.end - original.begin, true, loop.local_tensor, loop.remote_tensor,
+                         loop.local_shift, loop.remote_shift});
+        count_copy(from, original, out);
+        scratch.repeated_end = std::max<uint64_t>(scratch.repeated_end, original.end);
+        held = kInMovedRun;
+        order_out.new_descriptor(loop.local_tensor);
+        order_out.unordered = order_out.unordered || original.unordered;
+      }
       span.unordered = original.unordered;
+      span.end = span.begin;
+      continue;
     } else if (loop.one_piece && loop.one_source) {
       span.unordered = emit_loop<true, true, false>(loop, scratch.entries, rids, reads, last, out, order_out);
     } else if (loop.one_piece) {
@@ -362,23 +397,34 @@ void emit_move(const TemplateMove& tm, std::span<const int64_t> local_ids, std::
       span.unordered = emit_loop<false, false, false>(loop, scratch.entries, rids, reads, last, out, order_out);
     }
     span.end = out.descriptors.size();
+    if (runs != nullptr && span.end > span.begin) runs->push_back({span.begin, span.end - span.begin});
   }
+  return true;
 }
 
 // The plan of a uniform template for a request that fits() its shape
 // (`lists`: fits()' spans). False when bytes would be written twice.
+// With `runs`, the plan is held compact (emit_move()): false also when it
+// cannot be (a descriptor a later loop merges into is repeated, or
+// plan() would reorder the descriptors), and the caller instantiates it
+// whole.
 bool emit_fitted(const PlanTemplate::Impl& t, std::span<const std::span<const int64_t>> lists, Scratch& scratch,
-                 Plan& out) {
+                 Plan& out, std::vector<DescriptorRun>* runs = nullptr) {
   out.descriptors.clear();
-  out.descriptors.reserve(t.max_pieces);
+  if (runs == nullptr) out.descriptors.reserve(t.max_pieces);
   out.sources = t.totals;
   std::vector<int64_t> last(t.local.tensors.size(), -1);
   EmitOrder order;
+  scratch.repeated_end = 0;
+  if (runs != nullptr) runs->clear();
   for (const TemplateMove& tm : t.moves) {
     const TemplateGroup& g = t.groups[tm.group];
-    emit_move(tm, lists[2 * tm.group].subspan(g.local_entry0), lists[2 * tm.group + 1].subspan(g.remote_entry0),
-              g.local_blocks, scratch, last, out, order);
+    if (!emit_move(tm, lists[2 * tm.group].subspan(g.local_entry0), lists[2 * tm.group + 1].subspan(g.remote_entry0),
+                   g.local_blocks, scratch, last, out, order, runs)) {
+      return false;
+    }
   }
+  if (runs != nullptr && (order.unordered || !order.by_tensor)) return false;
   return finish_plan(t.local, order, out).ok();
 }
 
@@ -410,6 +456,35 @@ bool instantiate_all(std::span<const PlanTemplate> templates, const Request& r, 
   return true;
 }
 
+bool instantiate_all_compact(std::span<const PlanTemplate> templates, const Request& r, std::span<CompactPlan> out) {
+  if (templates.empty()) return true;
+  std::vector<std::span<const int64_t>> lists;
+  Scratch scratch;
+  if (!fits(TemplateAccess::impl(templates[0]), r, lists, scratch.bits_or_order)) return false;
+  Plan p;
+  std::vector<DescriptorRun> runs;
+  for (size_t i = 0; i < templates.size(); ++i) {
+    const PlanTemplate::Impl& t = TemplateAccess::impl(templates[i]);
+    if (!t.uniform) return false;
+    if (emit_fitted(t, lists, scratch, p, &runs)) {
+      CompactPlan& c = out[i];
+      c.descriptors = 0;
+      for (const DescriptorRun& run : runs) c.descriptors += run.count;
+      c.literal = std::move(p.descriptors);
+      c.runs = std::move(runs);
+      c.sources = std::move(p.sources);
+      c.bytes = p.bytes;
+      p = Plan();
+      runs = {};
+      continue;
+    }
+    if (!emit_fitted(t, lists, scratch, p)) return false;
+    out[i] = compact(std::move(p));
+    p = Plan();
+  }
+  return true;
+}
+
 PlanTemplate TemplateAccess::not_uniform(const PlanTemplate& t, std::string reason) {
   auto copy = std::make_shared<PlanTemplate::Impl>(*t.impl_);
   copy->uniform = false;
@@ -419,6 +494,46 @@ PlanTemplate TemplateAccess::not_uniform(const PlanTemplate& t, std::string reas
 }
 
 }  // namespace plan_internal
+
+Plan expand(const CompactPlan& c) {
+  Plan p;
+  p.sources = c.sources;
+  p.bytes = c.bytes;
+  p.descriptors.resize(c.descriptors);
+  Descriptor* to = p.descriptors.data();
+  for (const DescriptorRun& run : c.runs) {
+    const Descriptor* from = c.literal.data() + run.first;
+    if (!run.moved) {
+      to = std::copy_n(from, run.count, to);
+      continue;
+    }
+    for (uint64_t k = 0; k < run.count; ++k) {
+      *to++ = {from[k].source,
+               run.local_tensor,
+               run.remote_tensor,
+               0,
+               from[k].local_offset + run.local_shift,
+               from[k].remote_offset + run.remote_shift,
+               from[k].bytes};
+    }
+  }
+  return p;
+}
+
+CompactPlan compact(Plan plan) {
+  CompactPlan c;
+  c.descriptors = plan.descriptors.size();
+  if (c.descriptors > 0) c.runs.push_back({0, c.descriptors});
+  c.literal = std::move(plan.descriptors);
+  c.sources = std::move(plan.sources);
+  c.bytes = plan.bytes;
+  return c;
+}
+
+CompactStage compact(PlanStage stage) {
+  return {stage.first_layer, stage.end_layer,    stage.first_token,
+          stage.end_token,   stage.resume_token, compact(std::move(stage.plan))};
+}
 
 RequestShape shape_of(const Request& request) {
   RequestShape s;

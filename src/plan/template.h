@@ -108,6 +108,10 @@ Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout>
 // the request does not fit the shape, a template is not uniform, or bytes
 // would be written twice: the caller asks plan_stages() for the answer.
 bool instantiate_all(std::span<const PlanTemplate> templates, const Request& request, std::span<Plan> out);
+// The same as compact plans (kvbridge/plan.h): a template's plan is held
+// with moved runs where it can be, and as one literal run where not.
+bool instantiate_all_compact(std::span<const PlanTemplate> templates, const Request& request,
+                             std::span<CompactPlan> out);
 
 }  // namespace plan_internal
 
