@@ -41,6 +41,12 @@
 //   instantiate_pct instantiate_ms / memcpy_ms in percent
 //   hbm_pct         instantiate_ms against the load's bytes at 1.5 TB/s (a
 //                   GPU's copy rate, computed, not measured), in percent
+//   compact_ms      mean wall time of one StageTemplate::instantiate_compact()
+//                   (what the connector takes: later layers as moved runs)
+//   compact_literal, compact_runs  the literal descriptors and the runs it holds
+//   compact_hbm_pct compact_ms against the bytes at 1.5 TB/s, in percent
+// The chunks_2048 rows cut as the connector cuts a load that is not
+// streamed (load_chunk_tokens 2048).
 //
 // Scenarios (decode pulls; local = decode rank 0, remotes = every prefill
 // rank); the TP sizes, orders and block ids are in each name.
@@ -290,9 +296,9 @@ void BM_Instantiate(benchmark::State& state, Scenario s) {
 }
 
 // A load planned into stages afresh and from its stage template.
-void BM_Stages(benchmark::State& state, Scenario s, uint32_t layers_per_stage) {
+void BM_Stages(benchmark::State& state, Scenario s, uint32_t layers_per_stage, uint64_t chunk_tokens = 0) {
   const Inputs in = inputs(s);
-  const StageOptions o{layers_per_stage, 0};
+  const StageOptions o{layers_per_stage, chunk_tokens};
   const auto c0 = std::chrono::steady_clock::now();
   Result<StageTemplate> t = StageTemplate::create(in.local(), in.prefill, shape_of(in.request), o);
   const double create_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
@@ -322,12 +328,28 @@ void BM_Stages(benchmark::State& state, Scenario s, uint32_t layers_per_stage) {
     state.SkipWithError("the instance differs from plan_stages()");
     return;
   }
+  // The compact stages the connector takes, timed the same way.
+  Result<std::vector<CompactStage>> compact = t->instantiate_compact(in.request);
+  double compact_seconds = 0;
+  uint64_t compact_calls = 0, literal = 0, runs = 0;
+  for (; compact_calls < std::max<uint64_t>(calls, 3); ++compact_calls) {
+    const auto c1 = std::chrono::steady_clock::now();
+    compact = t->instantiate_compact(in.request);
+    compact_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
+  }
+  if (!compact || compact->size() != planned->size()) {
+    state.SkipWithError("the compact instance differs from plan_stages()");
+    return;
+  }
   uint64_t bytes = 0, descriptors = 0;
   for (size_t k = 0; k < planned->size(); ++k) {
-    if ((*planned)[k].plan.descriptors != (*instance)[k].plan.descriptors) {
+    if ((*planned)[k].plan.descriptors != (*instance)[k].plan.descriptors ||
+        expand((*compact)[k].plan).descriptors != (*planned)[k].plan.descriptors) {
       state.SkipWithError("the instance differs from plan_stages()");
       return;
     }
+    literal += (*compact)[k].plan.literal.size();
+    runs += (*compact)[k].plan.runs.size();
     bytes += (*planned)[k].plan.bytes;
     descriptors += (*planned)[k].plan.descriptors.size();
   }
@@ -342,6 +364,11 @@ void BM_Stages(benchmark::State& state, Scenario s, uint32_t layers_per_stage) {
   state.counters["plan_stages_ms"] = plan_ms;
   state.counters["instantiate_ms"] = ms;
   state.counters["speedup_x"] = ms > 0 ? plan_ms / ms : 0;
+  const double compact_ms = 1e3 * compact_seconds / static_cast<double>(compact_calls);
+  state.counters["compact_ms"] = compact_ms;
+  state.counters["compact_literal"] = static_cast<double>(literal);
+  state.counters["compact_runs"] = static_cast<double>(runs);
+  state.counters["compact_hbm_pct"] = hbm_ms > 0 ? 100.0 * compact_ms / hbm_ms : 0;
   state.counters["memcpy_ms"] = memcpy_ms;
   state.counters["instantiate_pct"] = memcpy_ms > 0 ? 100.0 * ms / memcpy_ms : 0;
   state.counters["hbm_pct"] = hbm_ms > 0 ? 100.0 * ms / hbm_ms : 0;
@@ -456,10 +483,14 @@ BENCHMARK_CAPTURE(BM_Instantiate, qwen3_next/P_TP4_LBNHC/D_TP2_LBNHC/b64/shuffle
                   Scenario{"qwen3-next", 4, 2, kN, kN, 64, kShuf})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Stages, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/shuffled/whole,
                   Scenario{"llama3-70b", 8, 8, kL, kL, 16, kShuf}, 0)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Stages, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/shuffled/chunks_2048,
+                  Scenario{"llama3-70b", 8, 8, kL, kL, 16, kShuf}, 0, 2048)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Stages, llama3_70b/P_TP8_LBHNC/D_TP8_LBHNC/b16/shuffled/per_layer,
                   Scenario{"llama3-70b", 8, 8, kL, kL, 16, kShuf}, 1)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Stages, llama3_70b/P_TP8_LBHNC/D_TP2_LBHNC/b16/shuffled/whole,
                   Scenario{"llama3-70b", 8, 2, kL, kL, 16, kShuf}, 0)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Stages, llama3_70b/P_TP8_LBHNC/D_TP2_LBHNC/b16/shuffled/chunks_2048,
+                  Scenario{"llama3-70b", 8, 2, kL, kL, 16, kShuf}, 0, 2048)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Stages, llama3_70b/P_TP8_LBHNC/D_TP2_LBHNC/b16/shuffled/per_layer,
                   Scenario{"llama3-70b", 8, 2, kL, kL, 16, kShuf}, 1)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Content, llama3_8b/TP1_LBHNC/4096_tokens, "llama3-8b", 4096, kL)->Unit(benchmark::kMillisecond);

@@ -229,6 +229,14 @@ struct LoadResult {
   // their last byte (streamed: about one layer's reads, what is left after
   // the prefill's last layer at best); 0 in push mode (the sources time it).
   std::chrono::microseconds last_stage_time{0};
+  // Pull: start_load to its last read submitted, the host's part before the
+  // bytes move (planning, checking, submitting; streamed: the waits for the
+  // prefill's layers included); 0 in push mode.
+  std::chrono::microseconds submit_time{0};
+  // Pull: the CPU time the worker's threads spent planning, checking and
+  // submitting this load's reads (the copies, on the engine's threads, not
+  // included); 0 in push mode.
+  std::chrono::microseconds submit_cpu_time{0};
   std::vector<uint32_t> sources;  // prefill ranks read from (Layout::rank())
   uint32_t stages = 0;            // reads it was cut into: chunks, or streamed stages
   std::string first_bad_layer;    // error: the first layer of the first stage that did not land
@@ -407,6 +415,10 @@ struct WorkerStats {
   // one whose template cannot serve, with the last reason why).
   uint64_t plan_templates = 0, plans_from_templates = 0, plans_not_templated = 0;
   std::string plan_template_fallback;
+  // Pull reads submitted as runs (a template's later layers as moved runs
+  // of its first: checked as a whole, expanded by the engine's threads as
+  // they copy), and the moved runs in them.
+  uint64_t reads_as_runs = 0, moved_runs = 0;
   uint64_t notifications_failed = 0;
   // Pull: reads a source refused as not granted (WorkerOptions::remote_access
   // kGrantedRead there: the read overtook the hand-off or this rank's

@@ -62,6 +62,23 @@ struct TransferItem {
   uint64_t bytes = 0;
 };
 
+// A run of a batch's items (Engine::submit with runs): items [first,
+// first + count) as they are, or, `moved`, the same items moved: each one
+// names region `local` at its local offset plus `local_shift` and peer
+// region `remote` at its remote offset plus `remote_shift` (modulo 2^64:
+// a shift may move items lower). A moved run
+// repeats exactly an earlier literal run of the batch, whose items all
+// name one local and one peer region: the layers of a layer-major cache,
+// whose items are the first layer's at other regions.
+struct ItemRun {
+  uint64_t first = 0, count = 0;
+  bool moved = false;
+  RegionId local = 0;
+  uint64_t local_shift = 0;
+  RegionId remote = 0;
+  uint64_t remote_shift = 0;
+};
+
 struct TransferStatus {
   TransferState state = TransferState::kInProgress;
   Status error;             // kFailed: the first error; kCancelled: why
@@ -358,6 +375,19 @@ class Engine {
                             std::string notification = {}) {
     return submit(peer, op, items, std::move(notification), std::chrono::milliseconds(0));
   }
+
+  // The same for the items `runs` give, in order (ItemRun): one transfer,
+  // as if every run were expanded into items and submitted so. Its check
+  // and resolve grow with the literal items and the runs, not with the
+  // items the moved runs repeat: a moved run is checked as a whole (its
+  // extent inside the regions it names, the peer region's access), and
+  // the engine threads that run the transfer expand it as they copy
+  // (for a transport with its own thread, ucx, when it is handed over).
+  // Errors as submit()'s, naming the run; kInvalidArgument for no runs, a
+  // run past the items, or a moved run that is not an earlier literal
+  // run's range of one local and one peer region.
+  virtual Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
+                                    std::span<const ItemRun> runs, SubmitOptions options) = 0;
 
   // Checks and resolves `items` for transfers of `op` with `peer` once, as
   // submit() would (the same errors, naming the item), and keeps them: the

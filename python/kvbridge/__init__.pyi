@@ -379,6 +379,10 @@ class LoadResult:
     @property
     def last_stage_time(self) -> float: ...
     @property
+    def submit_time(self) -> float: ...
+    @property
+    def submit_cpu_time(self) -> float: ...
+    @property
     def ok(self) -> bool: ...
 
 class DecodeScheduler:
@@ -413,6 +417,8 @@ class WorkerStats:
     plan_templates: int
     plans_from_templates: int
     plans_not_templated: int
+    reads_as_runs: int
+    moved_runs: int
     plan_template_fallback: str
     notifications_failed: int
     reads_refused: int

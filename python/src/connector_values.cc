@@ -44,6 +44,14 @@ void bind_connector_values(py::module_& m) {
       .def_property_readonly(
           "last_stage_time", [](const LoadResult& r) { return seconds_of(r.last_stage_time); },
           "Pull: seconds the reads of the stage that landed last took, from submit to last byte (0 in push mode).")
+      .def_property_readonly(
+          "submit_time", [](const LoadResult& r) { return seconds_of(r.submit_time); },
+          "Pull: seconds from start_load to its last read submitted (planning, checking, submitting; streamed: the "
+          "waits for the prefill included); 0 in push mode.")
+      .def_property_readonly(
+          "submit_cpu_time", [](const LoadResult& r) { return seconds_of(r.submit_cpu_time); },
+          "Pull: CPU seconds the worker's threads spent planning, checking and submitting the load's reads (the "
+          "copies not included); 0 in push mode.")
       .def_readonly("sources", &LoadResult::sources, "Prefill ranks read from (Layout.rank).")
       .def_readonly("stages", &LoadResult::stages, "Reads the load was cut into: chunks, or streamed stages.")
       .def_readonly("first_bad_layer", &LoadResult::first_bad_layer,
@@ -56,19 +64,21 @@ void bind_connector_values(py::module_& m) {
                     a.first_bad_token == b.first_bad_token && a.bytes == b.bytes && a.descriptors == b.descriptors &&
                     a.naive_descriptors == b.naive_descriptors && a.transfer_time == b.transfer_time &&
                     a.completion_lag == b.completion_lag && a.sources == b.sources && a.stages == b.stages &&
-                    a.first_bad_layer == b.first_bad_layer && a.last_stage_time == b.last_stage_time;
+                    a.first_bad_layer == b.first_bad_layer && a.last_stage_time == b.last_stage_time &&
+                    a.submit_time == b.submit_time && a.submit_cpu_time == b.submit_cpu_time;
            })
       .def(py::pickle(
           // Every field, so that a result crosses a process boundary whole
           // (a worker process to the scheduler's).
           [](const LoadResult& r) {
-            return py::make_tuple(r.request, r.error, r.aborted, r.first_bad_token, r.bytes, r.descriptors,
-                                  r.naive_descriptors, static_cast<int64_t>(r.transfer_time.count()),
-                                  static_cast<int64_t>(r.completion_lag.count()), r.sources, r.stages,
-                                  r.first_bad_layer, static_cast<int64_t>(r.last_stage_time.count()));
+            return py::make_tuple(
+                r.request, r.error, r.aborted, r.first_bad_token, r.bytes, r.descriptors, r.naive_descriptors,
+                static_cast<int64_t>(r.transfer_time.count()), static_cast<int64_t>(r.completion_lag.count()),
+                r.sources, r.stages, r.first_bad_layer, static_cast<int64_t>(r.last_stage_time.count()),
+                static_cast<int64_t>(r.submit_time.count()), static_cast<int64_t>(r.submit_cpu_time.count()));
           },
           [](const py::tuple& t) {
-            if (t.size() != 13) throw py::value_error("LoadResult: a pickled state has 13 fields");
+            if (t.size() != 15) throw py::value_error("LoadResult: a pickled state has 15 fields");
             LoadResult r;
             r.request = t[0].cast<Rid>();
             r.error = t[1].cast<Status>();
@@ -83,6 +93,8 @@ void bind_connector_values(py::module_& m) {
             r.stages = t[10].cast<uint32_t>();
             r.first_bad_layer = t[11].cast<std::string>();
             r.last_stage_time = std::chrono::microseconds(t[12].cast<int64_t>());
+            r.submit_time = std::chrono::microseconds(t[13].cast<int64_t>());
+            r.submit_cpu_time = std::chrono::microseconds(t[14].cast<int64_t>());
             return r;
           }))
       .def("__repr__", [](const LoadResult& r) {
@@ -151,6 +163,8 @@ void bind_connector_values(py::module_& m) {
       .def_readonly("plan_templates", &WorkerStats::plan_templates)
       .def_readonly("plans_from_templates", &WorkerStats::plans_from_templates)
       .def_readonly("plans_not_templated", &WorkerStats::plans_not_templated)
+      .def_readonly("reads_as_runs", &WorkerStats::reads_as_runs)
+      .def_readonly("moved_runs", &WorkerStats::moved_runs)
       .def_readonly("plan_template_fallback", &WorkerStats::plan_template_fallback)
       .def_readonly("notifications_failed", &WorkerStats::notifications_failed)
       .def_readonly("reads_refused", &WorkerStats::reads_refused)

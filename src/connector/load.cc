@@ -6,11 +6,102 @@
 
 namespace kvbridge::connector {
 
+LoadTensors::LoadTensors(std::span<const RegionId> regions, const Layout& local, std::span<const RankInfo> infos,
+                         std::span<const Layout> remotes)
+    : local_regions(regions), sources(infos), remote_device(remotes.size()) {
+  for (const Tensor& t : local.tensors) local_device.push_back(t.memory != "host");
+  for (size_t r = 0; r < remotes.size(); ++r) {
+    for (const Tensor& t : remotes[r].tensors) remote_device[r].push_back(t.memory != "host");
+  }
+}
+
+LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, bool whole) {
+  LoadStage ls;
+  ls.first_token = stage.first_token;
+  ls.end_token = stage.end_token;
+  ls.resume_token = stage.resume_token;
+  ls.first_layer = stage.first_layer;
+  ls.end_layer = stage.end_layer;
+  const CompactPlan& plan = stage.plan;
+  const size_t sources = tensors.sources.size();
+  ls.items.resize(sources);
+  ls.runs.resize(sources);
+  ls.device.assign(sources, 0);
+  for (size_t r = 0; r < plan.sources.size() && r < sources; ++r) {
+    ls.items[r].reserve(whole ? plan.sources[r].descriptors : plan.literal.size());
+  }
+  auto item = [&](const Descriptor& d, uint16_t lt, uint16_t rt, uint64_t lo, uint64_t ro) {
+    ls.items[d.source].push_back(
+        TransferItem{tensors.local_regions[lt], lo, tensors.sources[d.source].tensors[rt].region, ro, d.bytes});
+    ls.device[d.source] |= tensors.local_device[lt] | tensors.remote_device[d.source][rt];
+    load.used[d.source] = true;
+  };
+  // Per literal run (by its first descriptor): each source's items of it.
+  std::vector<std::pair<uint64_t, std::vector<ItemRun>>> literal;
+  for (const DescriptorRun& run : plan.runs) {
+    const Descriptor* ds = plan.literal.data() + run.first;
+    if (whole && run.moved) {
+      for (uint64_t k = 0; k < run.count; ++k) {
+        item(ds[k], run.local_tensor, run.remote_tensor, ds[k].local_offset + run.local_shift,
+             ds[k].remote_offset + run.remote_shift);
+      }
+      continue;
+    }
+    if (whole) {
+      for (uint64_t k = 0; k < run.count; ++k) {
+        item(ds[k], ds[k].local_tensor, ds[k].remote_tensor, ds[k].local_offset, ds[k].remote_offset);
+      }
+      continue;
+    }
+    // A moved run repeats an earlier literal run (CompactPlan's invariant),
+    // usually the latest; one that does not is taken as items.
+    auto from = literal.rend();
+    if (run.moved) {
+      from = std::find_if(literal.rbegin(), literal.rend(), [&](const auto& l) { return l.first == run.first; });
+    }
+    if (from == literal.rend()) {
+      std::vector<ItemRun> per(sources);
+      for (size_t s = 0; s < sources; ++s) per[s].first = ls.items[s].size();
+      for (uint64_t k = 0; k < run.count; ++k) {
+        if (run.moved) {
+          item(ds[k], run.local_tensor, run.remote_tensor, ds[k].local_offset + run.local_shift,
+               ds[k].remote_offset + run.remote_shift);
+        } else {
+          item(ds[k], ds[k].local_tensor, ds[k].remote_tensor, ds[k].local_offset, ds[k].remote_offset);
+        }
+      }
+      for (size_t s = 0; s < sources; ++s) {
+        per[s].count = ls.items[s].size() - per[s].first;
+        if (per[s].count > 0) ls.runs[s].push_back(per[s]);
+      }
+      if (!run.moved) literal.emplace_back(run.first, std::move(per));
+      continue;
+    }
+    for (size_t s = 0; s < sources; ++s) {
+      const ItemRun& l = from->second[s];
+      if (l.count == 0) continue;
+      ls.runs[s].push_back({l.first, l.count, true, tensors.local_regions[run.local_tensor], run.local_shift,
+                            tensors.sources[s].tensors[run.remote_tensor].region, run.remote_shift});
+      ls.device[s] |= tensors.local_device[run.local_tensor] | tensors.remote_device[s][run.remote_tensor];
+    }
+  }
+  // A source none of whose runs is moved is submitted as items alone (the
+  // engine merges items adjacent on both sides across them).
+  for (std::vector<ItemRun>& runs : ls.runs) {
+    if (std::none_of(runs.begin(), runs.end(), [](const ItemRun& r) { return r.moved; })) runs.clear();
+  }
+  return ls;
+}
+
 void settle(Load& load, std::span<const TransferStatus> statuses, const std::vector<std::string>& layers,
             std::chrono::milliseconds timeout, Clock::time_point now) {
   if (load.last_byte == Clock::time_point{}) load.last_byte = load.started;
   load.result.transfer_time = std::chrono::duration_cast<std::chrono::microseconds>(load.last_byte - load.started);
   load.result.completion_lag = std::chrono::duration_cast<std::chrono::microseconds>(now - load.last_byte);
+  if (load.last_submit != Clock::time_point{}) {
+    load.result.submit_time = std::chrono::duration_cast<std::chrono::microseconds>(load.last_submit - load.called);
+    load.result.submit_cpu_time = std::chrono::duration_cast<std::chrono::microseconds>(load.submit_cpu);
+  }
   load.result.aborted = load.aborted;
   const LoadStage* last = nullptr;
   for (const LoadStage& st : load.stages) {

@@ -16,6 +16,7 @@
 
 #include "connector/remotes.h"
 #include "kvbridge/connector.h"
+#include "kvbridge/plan.h"
 
 namespace kvbridge::connector {
 
@@ -41,8 +42,12 @@ struct LoadStage {
   uint64_t first_token = 0, end_token = 0, resume_token = 0;  // PlanStage's
   uint32_t first_layer = 0, end_layer = 0;
   std::vector<std::vector<TransferItem>> items;  // per source; emptied once landed (push: once written)
-  std::vector<uint8_t> device;                   // per source: its items touch device memory (on either side)
-  uint32_t pending = 0;                          // transfers submitted and not ended
+  // Per source: the runs its reads are submitted as (Engine::submit with
+  // runs: the later layers repeat the first at other regions), or none,
+  // when `items` is the whole list (push: what the sources write).
+  std::vector<std::vector<ItemRun>> runs;
+  std::vector<uint8_t> device;  // per source: its items touch device memory (on either side)
+  uint32_t pending = 0;         // transfers submitted and not ended
   bool submitted = false, failed = false, landed = false;
   Clock::time_point submitted_at{}, landed_at{};  // pull: its reads submitted; the last of them ended
 };
@@ -82,9 +87,32 @@ struct Load {
   Status start_error;                // a stage's submit() failed: no more stages start
   LoadResult result;
   Clock::time_point started, deadline;
-  Clock::time_point last_byte{};  // the latest transfer end so far
+  Clock::time_point last_byte{};           // the latest transfer end so far
+  Clock::time_point called{};              // start_load()
+  Clock::time_point last_submit{};         // pull: its latest read submitted
+  std::chrono::nanoseconds submit_cpu{0};  // pull: the worker threads' CPU time planning and submitting it
   bool aborted = false, expired = false;
 };
+
+// What a load's plans name, as the engine names it: per local tensor its
+// region and whether it is device memory; per source rank, per tensor, the
+// same.
+struct LoadTensors {
+  std::span<const RegionId> local_regions;
+  std::span<const RankInfo> sources;
+  std::vector<uint8_t> local_device;
+  std::vector<std::vector<uint8_t>> remote_device;
+  LoadTensors(std::span<const RegionId> regions, const Layout& local, std::span<const RankInfo> infos,
+              std::span<const Layout> remotes);
+};
+
+// A stage of `load` from its compact plan: per source its items and,
+// unless `whole`, the runs that repeat them (a moved run of the plan is a
+// moved run of each source's items, checked and expanded by the engine).
+// `whole` expands every run into items, for a load whose items are
+// compared with what its sources say they wrote (push). Marks the sources
+// it reads in `load.used`.
+LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, bool whole);
 
 // Settles `load.result` once nothing of it is in flight: times, aborted,
 // the error (the first stage in stage order that did not land: its

@@ -1,4 +1,5 @@
 #include "connector/remotes.h"
+#include "kvbridge/plan.h"
 
 #include "common/text.h"
 #include "kvbridge/layout_json.h"
@@ -236,6 +237,11 @@ Result<std::shared_ptr<const Fetched>> Remotes::fetch_once(const std::string& in
     fetched->engines.emplace_back(m->name, m->instance);
     fetched->infos.push_back(std::move(info));
     fetched->layouts.push_back(std::move(l));
+  }
+  if (Result<std::vector<uint32_t>> s = source_ranks(local_, fetched->layouts); s.ok()) {
+    fetched->sources = std::move(*s);
+  } else {
+    fetched->sources_error = s.error();
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto it = instances_.find(instance);

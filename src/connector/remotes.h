@@ -41,6 +41,10 @@ struct Fetched {
   std::vector<Layout> layouts;
   // Each rank's engine as its notifications name it: (name, instance).
   std::vector<std::pair<std::string, uint64_t>> engines;
+  // The ranks a load into this rank reads (source_ranks(local, layouts)),
+  // found once per snapshot; or why there are none.
+  std::vector<uint32_t> sources;
+  Status sources_error;
   // Each rank's incarnation (ConnectorWorker::incarnation()): its engine's
   // instance id, 16 hex digits.
   std::string incarnation(size_t rank) const;

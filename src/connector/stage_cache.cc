@@ -35,12 +35,9 @@ std::string StageCache::key(const Layout& local, std::span<const Layout> remotes
   return k;
 }
 
-Result<std::vector<PlanStage>> StageCache::stages(const Layout& local, std::shared_ptr<const void> local_owner,
-                                                  std::span<const Layout> remotes,
-                                                  std::shared_ptr<const void> remotes_owner, const Request& request,
-                                                  const StageOptions& options) {
-  const RequestShape shape = shape_of(request);
-  const std::string k = key(local, remotes, shape, options);
+std::optional<StageTemplate> StageCache::find(const std::string& k, const RequestShape& shape, const Layout& local,
+                                              std::shared_ptr<const void> local_owner, std::span<const Layout> remotes,
+                                              std::shared_ptr<const void> remotes_owner, const StageOptions& options) {
   bool seen = false;
   std::optional<StageTemplate> t;
   {
@@ -55,15 +52,14 @@ Result<std::vector<PlanStage>> StageCache::stages(const Layout& local, std::shar
         ages_.pop_back();
       }
       ages_.push_front(k);
-      entries_.emplace(k, Entry{std::move(local_owner), std::move(remotes_owner), std::nullopt, ages_.begin()});
+      entries_.emplace(
+          k, Entry{std::move(local_owner), std::move(remotes_owner), std::nullopt, std::nullopt, ages_.begin()});
     }
   }
-  auto fresh = [&] {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.fresh;
-    }
-    return plan_stages(local, remotes, request, options);
+  auto fresh = [&]() -> std::optional<StageTemplate> {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.fresh;
+    return std::nullopt;
   };
   // The first load of a shape is planned as it comes: a template pays for
   // itself only from the second load of its shape on.
@@ -79,11 +75,49 @@ Result<std::vector<PlanStage>> StageCache::stages(const Layout& local, std::shar
     if (auto it = entries_.find(k); it != entries_.end() && !it->second.stages) it->second.stages = *t;
   }
   if (!t->uniform()) return fresh();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.instantiated;
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.instantiated;
+  return t;
+}
+
+Result<std::vector<PlanStage>> StageCache::stages(const Layout& local, std::shared_ptr<const void> local_owner,
+                                                  std::span<const Layout> remotes,
+                                                  std::shared_ptr<const void> remotes_owner, const Request& request,
+                                                  const StageOptions& options) {
+  const RequestShape shape = shape_of(request);
+  std::optional<StageTemplate> t = find(key(local, remotes, shape, options), shape, local, std::move(local_owner),
+                                        remotes, std::move(remotes_owner), options);
+  if (!t) return plan_stages(local, remotes, request, options);
   return t->instantiate(request);
+}
+
+Result<std::vector<CompactStage>> StageCache::compact_stages(
+    const Layout& local, std::shared_ptr<const void> local_owner, std::span<const Layout> remotes,
+    std::shared_ptr<const void> remotes_owner, const Request& request, const StageOptions& options, uint64_t* naive) {
+  const RequestShape shape = shape_of(request);
+  const std::string k = key(local, remotes, shape, options);
+  std::optional<StageTemplate> t =
+      find(k, shape, local, std::move(local_owner), remotes, std::move(remotes_owner), options);
+  if (naive != nullptr) {
+    // A function of the shape: counted by its first load.
+    std::optional<uint64_t> known;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = entries_.find(k); it != entries_.end()) known = it->second.naive;
+    }
+    if (!known) {
+      known = naive_descriptor_count(local, remotes, request);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = entries_.find(k); it != entries_.end()) it->second.naive = known;
+    }
+    *naive = *known;
+  }
+  if (t) return t->instantiate_compact(request);
+  KVB_ASSIGN_OR_RETURN(std::vector<PlanStage> stages, plan_stages(local, remotes, request, options));
+  std::vector<CompactStage> out;
+  out.reserve(stages.size());
+  for (PlanStage& st : stages) out.push_back(compact(std::move(st)));
+  return out;
 }
 
 StageCache::Stats StageCache::stats() const {

@@ -47,12 +47,27 @@ class StageCache {
                                         std::span<const Layout> remotes, std::shared_ptr<const void> remotes_owner,
                                         const Request& request, const StageOptions& options);
 
+  // The same stages as compact plans (StageTemplate::instantiate_compact();
+  // a stage planned afresh is one literal run). With `naive`, also
+  // naive_descriptor_count() of the request, counted once per shape.
+  Result<std::vector<CompactStage>> compact_stages(const Layout& local, std::shared_ptr<const void> local_owner,
+                                                   std::span<const Layout> remotes,
+                                                   std::shared_ptr<const void> remotes_owner, const Request& request,
+                                                   const StageOptions& options, uint64_t* naive = nullptr);
+
   Stats stats() const;
 
  private:
+  // The template of the request's kind, built by its second load; none for
+  // its first, or where a template cannot serve (stats() counts a load
+  // planned afresh then, and one from a template otherwise).
+  std::optional<StageTemplate> find(const std::string& key, const RequestShape& shape, const Layout& local,
+                                    std::shared_ptr<const void> local_owner, std::span<const Layout> remotes,
+                                    std::shared_ptr<const void> remotes_owner, const StageOptions& options);
   struct Entry {
     std::shared_ptr<const void> local_owner, remotes_owner;
     std::optional<StageTemplate> stages;  // none until the shape's second load
+    std::optional<uint64_t> naive;        // naive_descriptor_count(), once counted
     std::list<std::string>::iterator age;
   };
   static std::string key(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,

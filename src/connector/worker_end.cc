@@ -9,6 +9,7 @@ namespace kvbridge::connector {
 void WorkerImpl::land(Load& load, LoadStage& st) {
   st.landed = true;
   st.items = {};
+  st.runs = {};
   for (uint32_t l = st.first_layer; l < st.end_layer; ++l) --load.layer_left[l];
   results_cv_.notify_all();
 }

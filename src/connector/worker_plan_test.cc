@@ -44,6 +44,11 @@ TEST(WorkerPlanTest, LoadsOfOneShapeArePlannedFromOneTemplateWhateverTheirIds) {
   EXPECT_EQ(s.plans_from_templates, 2u);
   EXPECT_EQ(s.plans_not_templated, 2u);
   EXPECT_EQ(s.plan_template_fallback, "");
+  // The template's instances hold the later layers as moved runs of the
+  // first, and their reads go to the engine so (the content check above
+  // saw every byte land); the loads planned afresh are read as items.
+  EXPECT_GT(s.reads_as_runs, 0u);
+  EXPECT_GE(s.moved_runs, s.reads_as_runs * (decode[0]->layout.tensors.size() - 1));
 }
 
 TEST(WorkerPlanTest, VerifiesEveryPlanBeforeItRunsWhenAsked) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/text.h"
+#include "common/thread_name.h"
 #include "connector/worker_impl.h"
 
 namespace kvbridge::connector {
@@ -196,7 +197,9 @@ void WorkerImpl::drain_notifications() {
         continue;
       }
       take(it->second, e);
+      const std::chrono::nanoseconds cpu0 = thread_cpu_time();
       wake_pump = !start_ready_stages(it->second).ok() || wake_pump;
+      it->second.submit_cpu += thread_cpu_time() - cpu0;
       wake_pump = wake_pump || (it->second.push && (it->second.unsubmitted == 0 || !it->second.start_error.ok()));
     }
   }

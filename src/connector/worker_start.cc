@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/text.h"
+#include "common/thread_name.h"
 #include "connector/worker_impl.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/verify.h"
@@ -53,6 +54,7 @@ void WorkerImpl::start_loop() {
 // thread, its instance connected), if it is still queued (not aborted).
 Status WorkerImpl::start_now(const RequestId& request, const std::string& instance, const Request& blocks,
                              const LoadOptions& options, uint64_t gen, Clock::time_point called) {
+  const std::chrono::nanoseconds cpu0 = thread_cpu_time();
   const std::string remote = instance;  // the key in Remotes
   const std::string name = Remotes::instance_of(remote);
   KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(remote));
@@ -88,15 +90,17 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   StageOptions so;
   so.layers_per_stage = options.stream ? options_.stream_layers_per_stage : 0;
   so.chunk_tokens = options_.load_chunk_tokens;
-  KVB_ASSIGN_OR_RETURN(std::vector<PlanStage> stages,
-                       stage_cache_.stages(layout_, nullptr, layouts, fetched, blocks, so));
+  uint64_t naive = 0;
+  KVB_ASSIGN_OR_RETURN(std::vector<CompactStage> stages,
+                       stage_cache_.compact_stages(layout_, nullptr, layouts, fetched, blocks, so, &naive));
   if (options_.verify_plans) {
     // The verifier's independent rules on simulated memory: a plan that
     // would move one wrong byte is refused before anything moves. The
     // stages together are the request's plan (minimal when there is one).
     Plan all;
-    for (const PlanStage& s : stages) {
-      all.descriptors.insert(all.descriptors.end(), s.plan.descriptors.begin(), s.plan.descriptors.end());
+    for (const CompactStage& s : stages) {
+      Plan p = expand(s.plan);
+      all.descriptors.insert(all.descriptors.end(), p.descriptors.begin(), p.descriptors.end());
     }
     Result<VerifyReport> v = verify(all, layout_, layouts, blocks, /*check_minimal=*/stages.size() == 1);
     std::lock_guard<std::mutex> stats_lock(mu_);
@@ -115,51 +119,29 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   load.push = options_.mode == TransferMode::kPush;
   load.ready = options.ready;
   load.result.request = request;
-  load.result.naive_descriptors = naive_descriptor_count(layout_, layouts, blocks);
+  load.result.naive_descriptors = naive;
   load.result.stages = static_cast<uint32_t>(stages.size());
   load.used.assign(layouts.size(), false);
   load.layer_left.assign(order_.size(), 0);
-  // Which tensors are device memory, looked up per descriptor below: per
-  // local tensor, and per source rank and remote tensor.
-  std::vector<uint8_t> local_device(layout_.tensors.size());
-  for (size_t t = 0; t < layout_.tensors.size(); ++t) local_device[t] = layout_.tensors[t].memory != "host";
-  std::vector<std::vector<uint8_t>> remote_device(layouts.size());
-  for (size_t r = 0; r < layouts.size(); ++r) {
-    for (const Tensor& t : layouts[r].tensors) remote_device[r].push_back(t.memory != "host");
-  }
-  // Per stage, one batch per source rank, in the plan's (local address) order.
-  for (const PlanStage& s : stages) {
-    LoadStage ls;
-    ls.first_token = s.first_token;
-    ls.end_token = s.end_token;
-    ls.resume_token = s.resume_token;
-    ls.first_layer = s.first_layer;
-    ls.end_layer = s.end_layer;
-    ls.items.resize(layouts.size());
-    ls.device.assign(layouts.size(), 0);
+  // Per stage, one batch per source rank, in the plan's (local address)
+  // order: pull reads it as runs; push compares it with what the sources
+  // say they wrote, so holds it whole.
+  const LoadTensors tensors(regions_, layout_, fetched->infos, layouts);
+  for (const CompactStage& s : stages) {
     load.result.bytes += s.plan.bytes;
-    load.result.descriptors += s.plan.descriptors.size();
-    for (size_t r = 0; r < s.plan.sources.size() && r < layouts.size(); ++r) {
-      ls.items[r].reserve(s.plan.sources[r].descriptors);
-    }
-    for (const Descriptor& d : s.plan.descriptors) {
-      ls.items[d.source].push_back(TransferItem{regions_[d.local_tensor], d.local_offset,
-                                                fetched->infos[d.source].tensors[d.remote_tensor].region,
-                                                d.remote_offset, d.bytes});
-      ls.device[d.source] |= local_device[d.local_tensor] | remote_device[d.source][d.remote_tensor];
-      load.used[d.source] = true;
-    }
-    if (!s.plan.descriptors.empty()) {
+    load.result.descriptors += s.plan.descriptors;
+    if (s.plan.descriptors > 0) {
       for (uint32_t l = s.first_layer; l < s.end_layer; ++l) ++load.layer_left[l];
     }
-    load.stages.push_back(std::move(ls));
+    load.stages.push_back(load_stage(load, s, tensors, load.push));
   }
   // Engine connections to the sources, outside the lock: a connect dials
   // and runs the opening exchange, and must not hold up other loads. The
   // ranks a load would read from hear from it even when it reads nothing
   // of theirs (a request that moves nothing): their holds count every
   // reader.
-  KVB_ASSIGN_OR_RETURN(std::vector<uint32_t> planned, source_ranks(layout_, layouts));
+  KVB_RETURN_IF_ERROR(fetched->sources_error);
+  const std::vector<uint32_t>& planned = fetched->sources;
   for (size_t s = 0; s < load.used.size(); ++s) {
     const bool would = std::find(planned.begin(), planned.end(), s) != planned.end();
     if (!load.used[s] && !would) continue;
@@ -199,6 +181,7 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   ended_.erase(request);
   // A pull load's clock starts when its first read can (after planning);
   // a push load's at start_load(): the sources may be writing already.
+  load.called = called;
   load.started = load.push ? called : Clock::now();
   load.deadline = load.started + options_.transfer_timeout;
   load.unsubmitted = load.stages.size();
@@ -226,7 +209,9 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   // renews the hold at once, and a source that grants reads by hand-off
   // grants this reader the request's blocks).
   for (PeerId p : load.told) send(p, reader_message(Message::Kind::kHeartbeat, request));
-  if (Status started = start_ready_stages(load); !started.ok()) {
+  Status started = start_ready_stages(load);
+  load.submit_cpu += thread_cpu_time() - cpu0;
+  if (!started.ok()) {
     // An error before the load is under way comes back here, with nothing
     // left in flight; the caller reports the load as failed.
     for (const LoadTransfer& t : load.transfers) {
@@ -258,7 +243,13 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
 Result<TransferId> WorkerImpl::submit_read(const Load& load, uint32_t k, size_t s, PeerId peer,
                                            const SubmitOptions& base) {
   const LoadStage& st = load.stages[k];
-  if (st.device.empty() || st.device[s] == 0) return engine_.submit(peer, TransferOp::kRead, st.items[s], base);
+  auto submit = [&](SubmitOptions o) {
+    if (st.runs[s].empty()) return engine_.submit(peer, TransferOp::kRead, st.items[s], std::move(o));
+    ++stats_.reads_as_runs;
+    for (const ItemRun& r : st.runs[s]) stats_.moved_runs += r.moved;
+    return engine_.submit(peer, TransferOp::kRead, st.items[s], st.runs[s], std::move(o));
+  };
+  if (st.device.empty() || st.device[s] == 0) return submit(base);
   SubmitOptions o = base;
   auto add = [&](const std::string& handle) {
     if (!handle.empty() &&
@@ -279,7 +270,7 @@ Result<TransferId> WorkerImpl::submit_read(const Load& load, uint32_t k, size_t 
         " layers waits on " + std::to_string(o.ready_event_handles.size()) + " events, more than " +
         std::to_string(kMaxReadyEvents) + ": fewer layers per stage (stream_layers_per_stage), or one event per stage");
   }
-  return engine_.submit(peer, TransferOp::kRead, st.items[s], std::move(o));
+  return submit(std::move(o));
 }
 
 // The connection to source rank `source` of the load (one it reads from).
@@ -365,6 +356,7 @@ Status WorkerImpl::start_ready_stages(Load& load) {
                                                    " rank " + std::to_string(s));
         return load.start_error;
       }
+      load.last_submit = Clock::now();
       load.transfers.push_back({static_cast<uint32_t>(s), k, *id});
       by_transfer_[*id] = {load.request, k};
       ++st.pending;
@@ -392,7 +384,8 @@ void WorkerImpl::release_sources(const std::string& instance, const RequestId& r
 // have used. The handshake's or planner's error otherwise.
 Result<Sources> WorkerImpl::planned_sources(const std::string& instance) {
   KVB_ASSIGN_OR_RETURN(std::shared_ptr<const Fetched> fetched, remotes_->fetch(instance));
-  KVB_ASSIGN_OR_RETURN(std::vector<uint32_t> ranks, source_ranks(layout_, fetched->layouts));
+  KVB_RETURN_IF_ERROR(fetched->sources_error);
+  const std::vector<uint32_t>& ranks = fetched->sources;
   Sources out;
   for (uint32_t s : ranks) {
     Result<PeerId> p = remotes_->peer(instance, s);

@@ -132,6 +132,43 @@ TEST_P(DeviceCopyMethodTest, HostAndDeviceMemoryMoveBothWaysInOneProcess) {
       << "the device-to-device read, and only it, by the kernel when asked";
 }
 
+// A batch given as runs over device memory: the moved runs (layers 1..3
+// of each side's allocation) are expanded into one batch on the device,
+// every byte where its items would put it.
+TEST_P(DeviceCopyMethodTest, MovedRunsOfDeviceMemoryLandWhereTheirItemsWould) {
+  auto a = make("a", GetParam());
+  auto b = make("b", GetParam());
+  constexpr uint64_t kLayer = 256 << 10, kBlocks = 64, kBlock = kLayer / kBlocks;
+  DeviceBuffer da(0, 4 * kLayer, 0), db(1, 4 * kLayer, 0);
+  std::vector<uint8_t> pattern(db.bytes);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 13 + i / 4096);
+  std::memcpy(db.data, pattern.data(), pattern.size());
+  std::vector<RegionId> ra, rb;
+  for (uint64_t l = 0; l < 4; ++l) {
+    ra.push_back(*a->register_memory(da.data + l * kLayer, kLayer, "cuda:0"));
+    rb.push_back(*b->register_memory(db.data + l * kLayer, kLayer, "cuda:1"));
+  }
+  const PeerId peer = *a->connect(b->metadata());
+  std::vector<TransferItem> items;
+  for (uint64_t i = 0; i < kBlocks; ++i)
+    items.push_back({ra[0], i * kBlock, rb[0], (kBlocks - 1 - i) * kBlock, kBlock});
+  std::vector<ItemRun> runs = {{0, kBlocks}};
+  for (uint64_t l = 1; l < 4; ++l) runs.push_back({0, kBlocks, true, ra[l], 0, rb[l], 0});
+  Result<TransferId> r = a->submit(peer, TransferOp::kRead, items, runs, SubmitOptions{});
+  ASSERT_TRUE(r.ok()) << r.error().to_string();
+  const TransferStatus st = a->wait(*r, 10s);
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
+  EXPECT_EQ(st.bytes_done, da.bytes);
+  for (uint64_t l = 0; l < 4; ++l) {
+    for (uint64_t i = 0; i < kBlocks; ++i) {
+      ASSERT_EQ(std::memcmp(da.data + l * kLayer + i * kBlock, pattern.data() + l * kLayer + (kBlocks - 1 - i) * kBlock,
+                            kBlock),
+                0)
+          << "layer " << l << " block " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(CopyMethods, DeviceCopyMethodTest, ::testing::Values("copy_engine", "kernel"));
 
 // "auto" gives a transfer of many small copies to the kernel and one of a

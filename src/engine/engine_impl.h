@@ -82,6 +82,8 @@ class EngineImpl final : public Engine {
                             SubmitOptions options) override;
   Result<PreparedId> prepare(PeerId peer, TransferOp op, std::span<const TransferItem> items) override;
   Result<TransferId> submit(PreparedId list, std::span<const uint32_t> selection, SubmitOptions options) override;
+  Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
+                            std::span<const ItemRun> runs, SubmitOptions options) override;
   Status release_prepared(PreparedId list) override;
   using Engine::submit;
   TransferStatus status(TransferId id) const override { return transfers_->status(id); }
@@ -148,18 +150,51 @@ class EngineImpl final : public Engine {
   };
 
  private:
-  // Requires mu_. Checks `items` against this engine's and the peer's
-  // registrations (the errors submit() documents) and resolves them.
-  // Also picks the peer's link that moves every item's pair of memory
-  // kinds (kUnavailable naming the pair when none does).
+  // Which (local device, peer device) pairs of memory kinds a batch moves,
+  // and what first moved each (for the error when no link moves it).
+  struct Kinds {
+    bool pairs[2][2] = {{false, false}, {false, false}};
+    size_t first[2][2] = {{0, 0}, {0, 0}};
+    bool first_is_run[2][2] = {{false, false}, {false, false}};
+    void note(bool local_device, bool remote_device, size_t index, bool run = false) {
+      if (pairs[local_device][remote_device]) return;
+      pairs[local_device][remote_device] = true;
+      first[local_device][remote_device] = index;
+      first_is_run[local_device][remote_device] = run;
+    }
+    std::string what(int a, int b) const {
+      return (first_is_run[a][b] ? "run " : "item ") + std::to_string(first[a][b]);
+    }
+  };
+  // Requires mu_. Checks `items` (the batch's from index `index0`) against
+  // this engine's and the peer's registrations (the errors submit()
+  // documents) and appends their copies (merged where adjacent on both
+  // sides, with `merge`) and their local regions; notes their kinds.
+  Status check_items_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items, size_t index0,
+                            std::vector<transport::Copy>* copies, std::vector<RegionId>* regions, bool merge,
+                            Kinds* kinds) const;
+  // Requires mu_. The peer's link that moves every pair of memory kinds
+  // the batch moves (kUnavailable naming the pair when none does).
+  Status choose_route_locked(const Peer& p, const Kinds& kinds, Route* route) const;
+  // Requires mu_. check_items_locked() and choose_route_locked() for a
+  // whole batch; `regions` sorted, each once.
   Status resolve_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
                         std::vector<transport::Copy>* copies, std::vector<RegionId>* regions, bool merge,
                         Route* route) const;
+  // Requires mu_. A batch given as runs (Engine::submit with runs):
+  // checks it and resolves it into `program`, whose literal copies are
+  // the literal runs' (merged inside a run) and whose runs repeat them.
+  Status resolve_runs_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
+                             std::span<const ItemRun> runs, CopyProgram* program, std::vector<RegionId>* regions,
+                             Route* route, uint64_t* bytes, uint64_t* count) const;
   // Builds, splits and starts a transfer of resolved copies on `route` (the
   // holds are its; released here on failure).
+  // A transfer given as a program (`copies` empty) is split by its runs,
+  // and each chunk expands its share when it runs.
   Result<TransferId> start_transfer(const Peer& p, const Route& route, TransferOp op,
                                     std::vector<transport::Copy> copies, std::vector<RegionHold> holds, uint64_t bytes,
-                                    size_t items, SubmitOptions options);
+                                    size_t items, SubmitOptions options,
+                                    std::shared_ptr<const CopyProgram> program = nullptr);
   // Requires mu_. The metadata of this engine as it stands.
   EngineMetadata describe_locked() const;
   Result<GrantId> grant_locked(const std::string& label, std::span<const WriteGrant> ranges, bool read);

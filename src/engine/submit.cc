@@ -30,33 +30,48 @@ void append_copy(std::vector<transport::Copy>& copies, const transport::Copy& c)
 
 }  // namespace
 
-Status EngineImpl::resolve_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
-                                  std::vector<transport::Copy>* copies, std::vector<RegionId>* regions, bool merge,
-                                  Route* route) const {
+Status EngineImpl::check_items_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items, size_t index0,
+                                      std::vector<transport::Copy>* copies, std::vector<RegionId>* regions, bool merge,
+                                      Kinds* kinds) const {
   const std::string& peer_name = p.metadata.name;
   // Error messages are built only on error: a context string per item would
   // cost more than the checks for a large batch of small items.
-  auto what = [](size_t i) { return "item " + std::to_string(i); };
+  auto what = [index0](size_t i) { return "item " + std::to_string(index0 + i); };
   const uint8_t needs = op == TransferOp::kRead ? 1 : 2;
-  copies->reserve(items.size());
-  // Which (local device, peer device) pairs the items have; the region of
-  // the last item and whether it is device memory, since items come in runs
-  // of one region.
-  bool pairs[2][2] = {{false, false}, {false, false}};
-  size_t first_of[2][2] = {{0, 0}, {0, 0}};
+  copies->reserve(copies->size() + items.size());
+  // Items come in runs of one region on each side: the last ones looked
+  // up are kept (a local region, once found, passes the same bounds check
+  // registry_->resolve() makes), and whether the local one is device memory.
   RegionId last_region = 0;
+  const Region* local_region = nullptr;
   bool last_device = false;
+  RegionId last_remote = 0;
+  const Peer::RemoteRegion* remote_region = nullptr;
   for (size_t i = 0; i < items.size(); ++i) {
     const TransferItem& item = items[i];
     if (item.bytes == 0) return Status::invalid_argument(what(i) + " has 0 bytes");
-    Result<uint8_t*> resolved = registry_->resolve(item.local, item.local_offset, item.bytes, std::string_view());
-    if (!resolved.ok()) return Status(resolved.error().code(), what(i) + resolved.error().message());
-    auto found = p.regions.find(item.remote);
-    if (found == p.regions.end()) {
-      return Status::not_found(what(i) + ": peer '" + peer_name + "' advertises no region " +
-                               std::to_string(item.remote) + " (connect() again with fresh metadata?)");
+    if (local_region == nullptr || item.local != last_region) {
+      local_region = registry_->find(item.local);
+      last_region = item.local;
+      if (local_region != nullptr) last_device = local_region->memory != "host";
     }
-    const Peer::RemoteRegion& r = found->second;
+    uint64_t local_end = 0;
+    if (local_region == nullptr || !checked_add(item.local_offset, item.bytes, &local_end) ||
+        local_end > local_region->bytes) {
+      Result<uint8_t*> resolved = registry_->resolve(item.local, item.local_offset, item.bytes, std::string_view());
+      return Status(resolved.ok() ? Code::kInternal : resolved.error().code(),
+                    what(i) + (resolved.ok() ? ": resolved where the registry did not" : resolved.error().message()));
+    }
+    if (remote_region == nullptr || item.remote != last_remote) {
+      auto found = p.regions.find(item.remote);
+      if (found == p.regions.end()) {
+        return Status::not_found(what(i) + ": peer '" + peer_name + "' advertises no region " +
+                                 std::to_string(item.remote) + " (connect() again with fresh metadata?)");
+      }
+      remote_region = &found->second;
+      last_remote = item.remote;
+    }
+    const Peer::RemoteRegion& r = *remote_region;
     if ((r.access & needs) == 0) {
       return Status::permission_denied(what(i) + ": peer '" + peer_name + "' region " + std::to_string(item.remote) +
                                        " does not allow remote " + (op == TransferOp::kRead ? "reads" : "writes"));
@@ -68,15 +83,9 @@ Status EngineImpl::resolve_locked(const Peer& p, TransferOp op, std::span<const 
                                   ") is outside peer '" + peer_name + "' region " + std::to_string(item.remote) +
                                   " of " + std::to_string(r.region.bytes) + " bytes");
     }
-    if (i == 0 || item.local != last_region) {
-      last_region = item.local;
-      last_device = registry_->find(item.local)->memory != "host";
-    }
-    if (!pairs[last_device][r.device]) {
-      pairs[last_device][r.device] = true;
-      first_of[last_device][r.device] = i;
-    }
-    const transport::Copy c{*resolved, r.region.base + item.remote_offset, item.bytes, r.region.segment};
+    kinds->note(last_device, r.device, index0 + i);
+    const transport::Copy c{local_region->base + item.local_offset, r.region.base + item.remote_offset, item.bytes,
+                            r.region.segment};
     if (merge) {
       append_copy(*copies, c);
     } else {
@@ -84,17 +93,20 @@ Status EngineImpl::resolve_locked(const Peer& p, TransferOp op, std::span<const 
     }
     if (regions->empty() || regions->back() != item.local) regions->push_back(item.local);
   }
-  std::sort(regions->begin(), regions->end());
-  regions->erase(std::unique(regions->begin(), regions->end()), regions->end());
+  return Status();
+}
+
+Status EngineImpl::choose_route_locked(const Peer& p, const Kinds& kinds, Route* route) const {
+  const std::string& peer_name = p.metadata.name;
   auto kind = [](bool device) { return device ? "device" : "host"; };
   for (const Peer::PeerLink& l : p.links) {
     bool all = true;
     for (int a = 0; a < 2; ++a) {
-      for (int b = 0; b < 2; ++b) all = all && (!pairs[a][b] || l.moves(a, b));
+      for (int b = 0; b < 2; ++b) all = all && (!kinds.pairs[a][b] || l.moves(a, b));
     }
     if (all) {
       route->link = &l;
-      route->device = pairs[0][1] || pairs[1][0] || pairs[1][1];
+      route->device = kinds.pairs[0][1] || kinds.pairs[1][0] || kinds.pairs[1][1];
       return Status();
     }
   }
@@ -103,11 +115,11 @@ Status EngineImpl::resolve_locked(const Peer& p, TransferOp op, std::span<const 
   for (const Peer::PeerLink& l : p.links) have += (have.empty() ? "" : ", ") + l.transport;
   for (int a = 0; a < 2; ++a) {
     for (int b = 0; b < 2; ++b) {
-      if (!pairs[a][b]) continue;
+      if (!kinds.pairs[a][b]) continue;
       bool any = false;
       for (const Peer::PeerLink& l : p.links) any = any || l.moves(a, b);
       if (any) continue;
-      return Status::unavailable(what(first_of[a][b]) + ": no transport to peer '" + peer_name + "' moves " + kind(a) +
+      return Status::unavailable(kinds.what(a, b) + ": no transport to peer '" + peer_name + "' moves " + kind(a) +
                                  " memory here to " + kind(b) + " memory there (its transports: " + have +
                                  "; cuda_ipc needs device memory on the peer's side and the same host; "
                                  "stage device memory through a registered host buffer otherwise)");
@@ -117,9 +129,20 @@ Status EngineImpl::resolve_locked(const Peer& p, TransferOp op, std::span<const 
                              "' (" + have + "): submit host and device memory in separate batches");
 }
 
+Status EngineImpl::resolve_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
+                                  std::vector<transport::Copy>* copies, std::vector<RegionId>* regions, bool merge,
+                                  Route* route) const {
+  Kinds kinds;
+  KVB_RETURN_IF_ERROR(check_items_locked(p, op, items, 0, copies, regions, merge, &kinds));
+  std::sort(regions->begin(), regions->end());
+  regions->erase(std::unique(regions->begin(), regions->end()), regions->end());
+  return choose_route_locked(p, kinds, route);
+}
+
 Result<TransferId> EngineImpl::start_transfer(const Peer& p, const Route& route, TransferOp op,
                                               std::vector<transport::Copy> copies, std::vector<RegionHold> holds,
-                                              uint64_t bytes, size_t items, SubmitOptions options) {
+                                              uint64_t bytes, size_t items, SubmitOptions options,
+                                              std::shared_ptr<const CopyProgram> program) {
   auto refuse = [&](Status why) {
     for (const RegionHold& hold : holds) Registry::release(hold);
     return why;
@@ -154,13 +177,22 @@ Result<TransferId> EngineImpl::start_transfer(const Peer& p, const Route& route,
   t->channel = p.channel;
   // A transfer of device memory is one run: one batched copy on the device
   // (its links cut it into batches themselves), not one per engine thread.
-  std::vector<std::vector<transport::Copy>> parts =
-      split_copies(std::move(copies), route.device ? 1 : options_.threads);
-  t->chunks.reset(parts.size());
-  for (size_t i = 0; i < parts.size(); ++i) {
-    t->chunks[i].copies = std::move(parts[i]);
-    t->chunks[i].control.ready_events = options.ready_event_handles;
-    t->chunks[i].control.ready_event = options.ready_event;
+  const size_t threads = route.device ? 1 : options_.threads;
+  if (program != nullptr) {
+    std::vector<std::vector<CopyRun>> parts = split_runs(*program, threads);
+    t->chunks.reset(parts.size());
+    for (size_t i = 0; i < parts.size(); ++i) {
+      t->chunks[i].program = program;
+      t->chunks[i].runs = std::move(parts[i]);
+    }
+  } else {
+    std::vector<std::vector<transport::Copy>> parts = split_copies(std::move(copies), threads);
+    t->chunks.reset(parts.size());
+    for (size_t i = 0; i < parts.size(); ++i) t->chunks[i].copies = std::move(parts[i]);
+  }
+  for (Chunk& c : t->chunks) {
+    c.control.ready_events = options.ready_event_handles;
+    c.control.ready_event = options.ready_event;
   }
   t->start = Clock::now();
   t->deadline = t->start + t->timeout;
@@ -194,6 +226,145 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
   }
   for (const TransferItem& item : items) bytes += item.bytes;
   return start_transfer(*p, route, op, std::move(copies), std::move(holds), bytes, items.size(), std::move(options));
+}
+
+Status EngineImpl::resolve_runs_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
+                                       std::span<const ItemRun> runs, CopyProgram* program,
+                                       std::vector<RegionId>* regions, Route* route, uint64_t* bytes,
+                                       uint64_t* count) const {
+  // What a moved run needs of the literal run it repeats: its copies, and
+  // the regions and extents of its items.
+  struct Literal {
+    uint64_t first = 0, count = 0;  // its items
+    uint64_t copy_first = 0, copy_count = 0;
+    bool one_region = true;
+    RegionId local = 0, remote = 0;
+    uint64_t local_low = UINT64_MAX, local_high = 0, remote_low = UINT64_MAX, remote_high = 0;
+    uint64_t bytes = 0;
+    const Region* local_region = nullptr;               // of `local`
+    const Peer::RemoteRegion* remote_region = nullptr;  // of `remote`
+  };
+  std::vector<Literal> literal;
+  const uint8_t needs = op == TransferOp::kRead ? 1 : 2;
+  const std::string& peer_name = p.metadata.name;
+  Kinds kinds;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const ItemRun& run = runs[k];
+    auto what = [k] { return "run " + std::to_string(k); };
+    uint64_t end = 0;
+    if (run.count == 0 || !checked_add(run.first, run.count, &end) || end > items.size()) {
+      return Status::invalid_argument(what() + " names items [" + std::to_string(run.first) + ", " +
+                                      std::to_string(run.first) + " + " + std::to_string(run.count) + ") of " +
+                                      std::to_string(items.size()));
+    }
+    const std::span<const TransferItem> its = items.subspan(run.first, run.count);
+    if (!run.moved) {
+      Literal l;
+      l.first = run.first;
+      l.count = run.count;
+      l.copy_first = program->copies.size();
+      KVB_RETURN_IF_ERROR(check_items_locked(p, op, its, run.first, &program->copies, regions, true, &kinds));
+      l.copy_count = program->copies.size() - l.copy_first;
+      l.local = its[0].local;
+      l.remote = its[0].remote;
+      for (const TransferItem& it : its) {
+        l.one_region = l.one_region && it.local == l.local && it.remote == l.remote;
+        l.local_low = std::min(l.local_low, it.local_offset);
+        l.local_high = std::max(l.local_high, it.local_offset + it.bytes);
+        l.remote_low = std::min(l.remote_low, it.remote_offset);
+        l.remote_high = std::max(l.remote_high, it.remote_offset + it.bytes);
+        l.bytes += it.bytes;
+      }
+      l.local_region = registry_->find(l.local);
+      l.remote_region = &p.regions.at(l.remote);
+      program->runs.push_back({l.copy_first, l.copy_count});
+      *bytes += l.bytes;
+      *count += run.count;
+      literal.push_back(l);
+      continue;
+    }
+    // Usually the latest literal run.
+    auto from = std::find_if(literal.rbegin(), literal.rend(),
+                             [&](const Literal& l) { return l.first == run.first && l.count == run.count; });
+    if (from == literal.rend()) {
+      return Status::invalid_argument(what() + " moves items [" + std::to_string(run.first) + ", " +
+                                      std::to_string(end) + "), which no earlier literal run holds");
+    }
+    const Literal& l = *from;
+    if (!l.one_region) {
+      return Status::invalid_argument(what() + " moves items [" + std::to_string(run.first) + ", " +
+                                      std::to_string(end) + "), which name more than one local or peer region");
+    }
+    // The local side: the literal run's extent, moved, inside `run.local`.
+    // Shifts are added modulo 2^64 (a later layer may lie lower); the
+    // moved extent must then lie inside the region without wrapping.
+    const uint64_t low = l.local_low + run.local_shift, extent = l.local_high - l.local_low;
+    const Region* local_region = registry_->find(run.local);
+    uint64_t local_end = 0;
+    if (local_region == nullptr || !checked_add(low, extent, &local_end) || local_end > local_region->bytes) {
+      Result<uint8_t*> to = registry_->resolve(run.local, low, extent, std::string_view());
+      return Status(to.ok() ? Code::kInternal : to.error().code(),
+                    what() + (to.ok() ? ": resolved where the registry did not" : to.error().message()));
+    }
+    // The peer's side: its region, access and extent.
+    auto found = p.regions.find(run.remote);
+    if (found == p.regions.end()) {
+      return Status::not_found(what() + ": peer '" + peer_name + "' advertises no region " +
+                               std::to_string(run.remote) + " (connect() again with fresh metadata?)");
+    }
+    const Peer::RemoteRegion& r = found->second;
+    if ((r.access & needs) == 0) {
+      return Status::permission_denied(what() + ": peer '" + peer_name + "' region " + std::to_string(run.remote) +
+                                       " does not allow remote " + (op == TransferOp::kRead ? "reads" : "writes"));
+    }
+    const uint64_t remote_low = l.remote_low + run.remote_shift;
+    uint64_t remote_end = 0;
+    if (!checked_add(remote_low, l.remote_high - l.remote_low, &remote_end) || remote_end > r.region.bytes) {
+      return Status::out_of_range(what() + ": remote range [" + std::to_string(l.remote_low) + " + " +
+                                  std::to_string(run.remote_shift) + ", " + std::to_string(l.remote_high) + " + " +
+                                  std::to_string(run.remote_shift) + ") is outside peer '" + peer_name + "' region " +
+                                  std::to_string(run.remote) + " of " + std::to_string(r.region.bytes) + " bytes");
+    }
+    kinds.note(local_region->memory != "host", r.device, k, true);
+    CopyRun c;
+    c.first = l.copy_first;
+    c.count = l.copy_count;
+    c.moved = true;
+    c.local_delta = (reinterpret_cast<uintptr_t>(local_region->base) + low) -
+                    (reinterpret_cast<uintptr_t>(l.local_region->base) + l.local_low);
+    c.remote_delta = (r.region.base + remote_low) - (l.remote_region->region.base + l.remote_low);
+    c.segment = r.region.segment;
+    program->runs.push_back(c);
+    regions->push_back(run.local);
+    *bytes += l.bytes;
+    *count += run.count;
+  }
+  std::sort(regions->begin(), regions->end());
+  regions->erase(std::unique(regions->begin(), regions->end()), regions->end());
+  program->ends.resize(program->copies.size() + 1);
+  program->ends[0] = 0;
+  for (size_t i = 0; i < program->copies.size(); ++i)
+    program->ends[i + 1] = program->ends[i] + program->copies[i].bytes;
+  return choose_route_locked(p, kinds, route);
+}
+
+Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
+                                      std::span<const ItemRun> runs, SubmitOptions options) {
+  if (runs.empty()) return Status::invalid_argument("submit: the batch has no runs");
+  auto program = std::make_shared<CopyProgram>();
+  std::vector<RegionId> regions;
+  std::vector<RegionHold> holds;
+  std::shared_ptr<Peer> p;
+  Route route;
+  uint64_t bytes = 0, count = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KVB_ASSIGN_OR_RETURN(p, find_peer_locked(peer, "submit"));
+    KVB_RETURN_IF_ERROR(resolve_runs_locked(*p, op, items, runs, program.get(), &regions, &route, &bytes, &count)
+                            .with_context("submit"));
+    for (RegionId r : regions) holds.push_back(registry_->acquire(r));
+  }
+  return start_transfer(*p, route, op, {}, std::move(holds), bytes, count, std::move(options), std::move(program));
 }
 
 Result<PreparedId> EngineImpl::prepare(PeerId peer, TransferOp op, std::span<const TransferItem> items) {

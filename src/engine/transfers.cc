@@ -96,6 +96,65 @@ std::vector<std::vector<transport::Copy>> split_copies(std::vector<transport::Co
   return transport::split_by_bytes(copies, parts);
 }
 
+void expand_runs(const CopyProgram& program, std::span<const CopyRun> runs, std::vector<transport::Copy>* out) {
+  size_t n = out->size();
+  for (const CopyRun& r : runs) n += r.count;
+  out->reserve(n);
+  for (const CopyRun& r : runs) {
+    const transport::Copy* from = program.copies.data() + r.first;
+    if (!r.moved) {
+      out->insert(out->end(), from, from + r.count);
+      continue;
+    }
+    for (uint64_t k = 0; k < r.count; ++k) {
+      out->push_back({reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(from[k].local) + r.local_delta),
+                      from[k].remote + r.remote_delta, from[k].bytes, r.segment});
+    }
+  }
+}
+
+std::vector<std::vector<CopyRun>> split_runs(const CopyProgram& program, size_t parts) {
+  uint64_t total = 0, count = 0;
+  for (const CopyRun& r : program.runs) total += program.bytes(r), count += r.count;
+  std::vector<std::vector<CopyRun>> out(1);
+  if (parts <= 1 || (total < kSplitMinBytes && count < kSplitMinCopies)) {
+    out[0] = program.runs;
+    return out;
+  }
+  const uint64_t share = total / parts + 1;
+  uint64_t room = share;  // bytes the share under way still takes
+  for (CopyRun r : program.runs) {
+    while (r.count > 0) {
+      const uint64_t bytes = program.bytes(r);
+      if (bytes <= room || out.size() == parts) {
+        out.back().push_back(r);
+        room -= std::min(room, bytes);
+        break;
+      }
+      // The copies of r that fit in the room (at least one when the share
+      // is empty so far), the rest to the next share.
+      const uint64_t limit = program.ends[r.first] + room;
+      uint64_t k = static_cast<uint64_t>(
+                       std::upper_bound(program.ends.begin() + static_cast<ptrdiff_t>(r.first),
+                                        program.ends.begin() + static_cast<ptrdiff_t>(r.first + r.count), limit) -
+                       program.ends.begin()) -
+                   1 - r.first;
+      if (k == 0 && out.back().empty()) k = 1;
+      if (k > 0) {
+        CopyRun head = r;
+        head.count = k;
+        out.back().push_back(head);
+        r.first += k;
+        r.count -= k;
+      }
+      out.emplace_back();
+      room = share;
+    }
+  }
+  if (out.back().empty()) out.pop_back();
+  return out;
+}
+
 Transfers::Transfers(size_t threads, Metrics* metrics, Callbacks callbacks)
     : metrics_(metrics), callbacks_(std::move(callbacks)) {
   for (size_t i = 0; i < std::max<size_t>(threads, 1); ++i) workers_.emplace_back([this] { worker(); });
@@ -259,6 +318,7 @@ void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
   // deadline is its timeout away, and the Link watches it from here.
   if (!begin_chunk(tp, index, !t.run_here)) return;
   Chunk& chunk = t.chunks[index];
+  chunk.expand();
   Status s = t.link->run(t.op, chunk.copies, chunk.control);
   if (s.ok() && t.verify_content) {
     bool differ = false;
@@ -281,6 +341,7 @@ void Transfers::start_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
     ++async_callbacks_;
   }
   Chunk& chunk = tp->chunks[index];
+  chunk.expand();
   tp->link->start(tp->op, chunk.copies, chunk.control, [this, tp](Status s) {
     end_chunk(tp, std::move(s));
     std::lock_guard<std::mutex> lock(async_mu_);

@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,9 +51,41 @@
 
 namespace kvbridge::engine_internal {
 
+// A transfer's copies held as runs (Engine::submit with runs): the literal
+// copies, and runs over them, each those copies as they are or moved by
+// fixed deltas (the pointer arithmetic is modulo 2^64) into one segment.
+struct CopyRun {
+  uint64_t first = 0, count = 0;  // copies [first, first + count)
+  bool moved = false;
+  uint64_t local_delta = 0, remote_delta = 0;  // moved: added to each copy's local pointer and remote address
+  uint32_t segment = 0;                        // moved: every copy's
+};
+struct CopyProgram {
+  std::vector<transport::Copy> copies;
+  std::vector<uint64_t> ends;  // ends[i]: the bytes of copies [0, i); copies.size() + 1 of them
+  std::vector<CopyRun> runs;
+  uint64_t bytes(const CopyRun& r) const { return ends[r.first + r.count] - ends[r.first]; }
+};
+
+// Appends the copies `runs` of `program` hold, in order.
+void expand_runs(const CopyProgram& program, std::span<const CopyRun> runs, std::vector<transport::Copy>* out);
+// Cuts the runs of `program` into at most `parts` shares of about equal
+// bytes, at copy boundaries; small programs stay one share.
+std::vector<std::vector<CopyRun>> split_runs(const CopyProgram& program, size_t parts);
+
 struct Chunk {
   std::vector<transport::Copy> copies;
+  // A chunk of a program: `copies` is empty until the chunk runs, when
+  // its runs are expanded into it (expand()).
+  std::shared_ptr<const CopyProgram> program;
+  std::vector<CopyRun> runs;
   transport::RunControl control;
+  void expand() {
+    if (program == nullptr) return;
+    expand_runs(*program, runs, &copies);
+    program.reset();
+    runs = {};
+  }
 };
 
 // A transfer's chunks: sized once, never moved (RunControl cannot move).

@@ -1,0 +1,199 @@
+// Batches given as runs (Engine::submit with ItemRun): a moved run repeats
+// an earlier literal run at other regions, checked as a whole and expanded
+// by the engine threads that copy it. The bytes that land are the expanded
+// items', over transports that copy in this process and through a server;
+// a bad run posts nothing and names itself; the engine's split of a
+// program into shares keeps every copy once.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "engine/transfers.h"
+#include "kvbridge/engine.h"
+
+namespace kvbridge {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kLayers = 6, kLayerBytes = 1 << 20, kBlock = 256;
+
+// Two engines; each side has kLayers regions (a layer-major cache).
+struct Layers {
+  explicit Layers(const std::string& transport, uint32_t threads = 2) {
+    EngineOptions o;
+    o.transports = {transport};
+    o.threads = threads;
+    o.name = "a";
+    a = std::move(*Engine::create(o));
+    o.name = "b";
+    b = std::move(*Engine::create(o));
+    for (uint64_t l = 0; l < kLayers; ++l) {
+      x.emplace_back(kLayerBytes, 0);
+      y.emplace_back(kLayerBytes);
+      for (uint64_t i = 0; i < kLayerBytes; ++i) y[l][i] = static_cast<uint8_t>(i * 131 + l * 17 + i / 4096);
+      rx.push_back(*a->register_memory(x[l].data(), kLayerBytes));
+      ry.push_back(*b->register_memory(y[l].data(), kLayerBytes));
+    }
+    peer = *a->connect(b->metadata());
+  }
+  std::unique_ptr<Engine> a, b;
+  std::vector<std::vector<uint8_t>> x, y;
+  std::vector<RegionId> rx, ry;
+  PeerId peer = 0;
+};
+
+TransferStatus run_batch(Engine& e, Result<TransferId> id) {
+  EXPECT_TRUE(id.ok()) << id.error().to_string();
+  if (!id.ok()) return {};
+  TransferStatus st = e.wait(*id, 20s);
+  (void)e.release(*id);
+  return st;
+}
+
+// Layer 0's items: block i of the first half <- a shuffled block of the
+// peer's (offset 8 KiB into each remote layer, so that a shift moves it).
+std::vector<TransferItem> first_layer(const Layers& p, uint64_t blocks) {
+  std::vector<uint64_t> from(blocks);
+  std::iota(from.begin(), from.end(), 0);
+  std::shuffle(from.begin(), from.end(), std::mt19937_64(7));
+  std::vector<TransferItem> items;
+  for (uint64_t i = 0; i < blocks; ++i)
+    items.push_back({p.rx[0], i * kBlock, p.ry[0], 8192 + from[i] * kBlock, kBlock});
+  return items;
+}
+
+class RunsTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RunsTest, MovedRunsLandWhereTheirItemsWould) {
+  Layers p(GetParam());
+  const uint64_t blocks = 3000;  // past the engine's split threshold: two shares
+  const std::vector<TransferItem> items = first_layer(p, blocks);
+  std::vector<ItemRun> runs = {{0, blocks}};
+  // Layers 1.. repeat layer 0, each at its own regions; layer 2 shifted
+  // by a block on the local side and two back on the peer's.
+  for (uint64_t l = 1; l < kLayers; ++l) {
+    const bool shifted = l == 2;
+    runs.push_back({0, blocks, true, p.rx[l], shifted ? kBlock : 0, p.ry[l], 0});
+    if (shifted) runs.back().remote_shift = UINT64_MAX - 2 * kBlock + 1;  // -2 blocks, modulo 2^64
+  }
+  ASSERT_EQ(run_batch(*p.a, p.a->submit(p.peer, TransferOp::kRead, items, runs, SubmitOptions{})).state,
+            TransferState::kDone);
+  uint64_t moved = 0;
+  for (uint64_t l = 0; l < kLayers; ++l) {
+    const uint64_t lshift = l == 2 ? kBlock : 0;
+    const int64_t rshift = l == 2 ? -static_cast<int64_t>(2 * kBlock) : 0;
+    std::vector<uint8_t> want(kLayerBytes, 0);
+    for (const TransferItem& it : items) {
+      std::copy_n(p.y[l].begin() + static_cast<int64_t>(it.remote_offset) + rshift, kBlock,
+                  want.begin() + static_cast<int64_t>(it.local_offset + lshift));
+      moved += kBlock;
+    }
+    ASSERT_TRUE(p.x[l] == want) << GetParam() << ": layer " << l << " differs from its items'";
+  }
+  const EngineMetrics m = p.a->metrics();
+  EXPECT_EQ(m.bytes_read, moved);
+  EXPECT_EQ(m.descriptors, blocks * kLayers);
+}
+
+TEST_P(RunsTest, ABadRunPostsNothingAndNamesItself) {
+  Layers p(GetParam());
+  const std::vector<TransferItem> items = first_layer(p, 16);
+  std::vector<TransferItem> two = items;
+  two[3].local = p.rx[1];
+  struct Bad {
+    std::vector<TransferItem> items;
+    std::vector<ItemRun> runs;
+    Code code;
+    std::string says;
+  };
+  const std::vector<Bad> bad = {
+      {items, {}, Code::kInvalidArgument, "no runs"},
+      {items, {{0, 17}}, Code::kInvalidArgument, "run 0 names items [0, 0 + 17) of 16"},
+      {items, {{0, 16}, {0, 8, true, p.rx[1], 0, p.ry[1], 0}}, Code::kInvalidArgument, "no earlier literal run"},
+      {items, {{0, 8, true, p.rx[1], 0, p.ry[1], 0}, {0, 8}}, Code::kInvalidArgument, "no earlier literal run"},
+      {two, {{0, 16}, {0, 16, true, p.rx[2], 0, p.ry[2], 0}}, Code::kInvalidArgument, "more than one"},
+      {items, {{0, 16}, {0, 16, true, p.rx[1], kLayerBytes - 4 * kBlock, p.ry[1], 0}}, Code::kOutOfRange, "run 1"},
+      {items, {{0, 16}, {0, 16, true, p.rx[1], 0, p.ry[1], kLayerBytes}}, Code::kOutOfRange, "run 1: remote range"},
+      {items, {{0, 16}, {0, 16, true, p.rx[1], UINT64_MAX, p.ry[1], 0}}, Code::kOutOfRange, "run 1: local range"},
+      {items, {{0, 16}, {0, 16, true, p.rx[1], 0, 9999, 0}}, Code::kNotFound, "run 1: peer 'b' advertises no region"},
+      {items, {{0, 16}, {0, 16, true, 9999, 0, p.ry[1], 0}}, Code::kNotFound, "run 1"},
+  };
+  for (const Bad& c : bad) {
+    Result<TransferId> t = p.a->submit(p.peer, TransferOp::kRead, c.items, c.runs, SubmitOptions{});
+    ASSERT_FALSE(t.ok()) << c.says;
+    EXPECT_EQ(t.error().code(), c.code) << t.error().to_string();
+    EXPECT_NE(t.error().message().find(c.says), std::string::npos) << t.error().to_string();
+  }
+  EXPECT_EQ(p.a->metrics().transfers_submitted, 0u);
+  for (const std::vector<uint8_t>& layer : p.x)
+    EXPECT_TRUE(std::all_of(layer.begin(), layer.end(), [](uint8_t v) { return v == 0; }));
+}
+
+// A peer region that allows no reads refuses a moved run into it.
+TEST_P(RunsTest, AMovedRunIntoARegionWithoutAccessIsRefused) {
+  Layers p(GetParam());
+  std::vector<uint8_t> closed(kLayerBytes, 1);
+  const RegionId rc = *p.b->register_memory(closed.data(), closed.size(), "host", RemoteAccess::kWrite);
+  p.peer = *p.a->connect(p.b->metadata());
+  const std::vector<TransferItem> items = first_layer(p, 16);
+  const std::vector<ItemRun> runs = {{0, 16}, {0, 16, true, p.rx[1], 0, rc, 0}};
+  Result<TransferId> t = p.a->submit(p.peer, TransferOp::kRead, items, runs, SubmitOptions{});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), Code::kPermissionDenied) << t.error().to_string();
+  EXPECT_NE(t.error().message().find("run 1"), std::string::npos) << t.error().to_string();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, RunsTest, ::testing::Values("local", "tcp"));
+
+// split_runs(): every copy once, in order, in shares of about equal bytes.
+TEST(SplitRunsTest, SharesHoldEveryCopyOnceInOrder) {
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 200; ++round) {
+    engine_internal::CopyProgram program;
+    const size_t n = 1 + rng() % 3000;
+    for (size_t i = 0; i < n; ++i) {
+      program.copies.push_back(
+          {reinterpret_cast<uint8_t*>(uintptr_t{4096} + i * 8192), 1 << 20 | i * 8192, 1 + rng() % 4096, 0});
+    }
+    program.ends.assign(n + 1, 0);
+    for (size_t i = 0; i < n; ++i) program.ends[i + 1] = program.ends[i] + program.copies[i].bytes;
+    for (size_t r = 0; r < 1 + rng() % 40; ++r) {
+      const uint64_t first = rng() % n;
+      const uint64_t count = 1 + rng() % (n - first);
+      program.runs.push_back({first, count, rng() % 2 == 0, rng(), rng(), static_cast<uint32_t>(r)});
+    }
+    std::vector<transport::Copy> whole;
+    engine_internal::expand_runs(program, program.runs, &whole);
+    const size_t parts = 1 + rng() % 4;
+    std::vector<std::vector<engine_internal::CopyRun>> shares = engine_internal::split_runs(program, parts);
+    ASSERT_LE(shares.size(), parts);
+    std::vector<transport::Copy> joined;
+    uint64_t total = 0, largest = 0, biggest_copy = 0;
+    for (const transport::Copy& c : whole) total += c.bytes, biggest_copy = std::max(biggest_copy, c.bytes);
+    for (const auto& share : shares) {
+      ASSERT_FALSE(share.empty());
+      const size_t before = joined.size();
+      engine_internal::expand_runs(program, share, &joined);
+      uint64_t bytes = 0;
+      for (size_t i = before; i < joined.size(); ++i) bytes += joined[i].bytes;
+      largest = std::max(largest, bytes);
+    }
+    ASSERT_EQ(joined.size(), whole.size());
+    for (size_t i = 0; i < whole.size(); ++i) {
+      ASSERT_TRUE(joined[i].local == whole[i].local && joined[i].remote == whole[i].remote &&
+                  joined[i].bytes == whole[i].bytes && joined[i].segment == whole[i].segment)
+          << "round " << round << " copy " << i;
+    }
+    if (shares.size() > 1) {
+      // Each share but the last stops short of its due by less than a
+      // copy; the last takes what they left.
+      EXPECT_LE(largest, total / parts + 1 + parts * biggest_copy) << "round " << round;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvbridge
