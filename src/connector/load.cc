@@ -28,7 +28,8 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
   ls.runs.resize(sources);
   ls.device.assign(sources, 0);
   for (size_t r = 0; r < plan.sources.size() && r < sources; ++r) {
-    ls.items[r].reserve(whole ? plan.sources[r].descriptors : plan.literal.size());
+    const uint64_t n = plan.sources[r].descriptors;
+    if (n > 0) ls.items[r].reserve(whole ? n : std::min<uint64_t>(n, plan.literal.size()));
   }
   auto item = [&](const Descriptor& d, uint16_t lt, uint16_t rt, uint64_t lo, uint64_t ro) {
     ls.items[d.source].push_back(

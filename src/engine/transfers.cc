@@ -20,6 +20,9 @@ namespace {
 // buys nothing for a batch one thread moves in microseconds.
 constexpr uint64_t kSplitMinBytes = uint64_t{2} << 20;
 constexpr size_t kSplitMinCopies = 2048;
+// Copies a program's share expands at a time on a link that copies host
+// memory in this process (Transfers::run_chunk).
+constexpr uint64_t kPieceCopies = 1024;
 
 std::string transfer_name(const Transfer& t) {
   return "transfer " + std::to_string(t.id) + " with peer " + t.peer_name;
@@ -318,20 +321,47 @@ void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
   // deadline is its timeout away, and the Link watches it from here.
   if (!begin_chunk(tp, index, !t.run_here)) return;
   Chunk& chunk = t.chunks[index];
+  // A program's share on a link that copies host memory in this process
+  // (local, cma) runs in pieces expanded into one small buffer, which
+  // stays in cache: none of its copies' list is ever whole in memory.
+  // Other links take the whole list at once (a network run per piece
+  // would wait for the peer each time; a device run is one batch).
+  if (chunk.program != nullptr && !t.device && t.link->runs_inline()) {
+    std::vector<transport::Copy> piece;
+    piece.reserve(kPieceCopies);
+    Status s;
+    for (const CopyRun& run : chunk.runs) {
+      for (uint64_t at = 0; at < run.count && s.ok(); at += kPieceCopies) {
+        CopyRun part = run;
+        part.first = run.first + at;
+        part.count = std::min<uint64_t>(kPieceCopies, run.count - at);
+        piece.clear();
+        expand_runs(*chunk.program, {&part, 1}, &piece);
+        s = run_copies(t, piece, chunk.control);
+      }
+      if (!s.ok()) break;
+    }
+    end_chunk(tp, std::move(s));
+    return;
+  }
   chunk.expand();
-  Status s = t.link->run(t.op, chunk.copies, chunk.control);
+  end_chunk(tp, run_copies(t, chunk.copies, chunk.control));
+}
+
+Status Transfers::run_copies(Transfer& t, std::span<const transport::Copy> copies, transport::RunControl& control) {
+  Status s = t.link->run(t.op, copies, control);
   if (s.ok() && t.verify_content) {
     bool differ = false;
-    s = check_content(*t.link, t.op, chunk.copies, t.device, chunk.control, &differ);
+    s = check_content(*t.link, t.op, copies, t.device, control, &differ);
     if (s.ok()) {
       uint64_t bytes = 0;
-      for (const transport::Copy& c : chunk.copies) bytes += c.bytes;
+      for (const transport::Copy& c : copies) bytes += c.bytes;
       metrics_->content_checked(bytes);
     } else if (differ) {
       metrics_->content_check_failed();
     }
   }
-  end_chunk(tp, std::move(s));
+  return s;
 }
 
 void Transfers::start_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {

@@ -241,6 +241,9 @@ class Transfers {
   // Runs one chunk with the table's bookkeeping. A queued chunk whose
   // transfer passed its deadline while it waited is skipped.
   void run_chunk(const std::shared_ptr<Transfer>& t, size_t chunk);
+  // One Link::run of `copies` (a chunk's, or a piece of its program) and,
+  // when the transfer asks, the content check of what it moved.
+  Status run_copies(Transfer& t, std::span<const transport::Copy> copies, transport::RunControl& control);
   // Hands one chunk to the link (Link::start).
   void start_chunk(const std::shared_ptr<Transfer>& t, size_t chunk);
   // Bookkeeping before a run: false when the chunk is skipped (the transfer
