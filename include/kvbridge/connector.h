@@ -419,6 +419,10 @@ struct WorkerStats {
   // of its first: checked as a whole, expanded by the engine's threads as
   // they copy), and the moved runs in them.
   uint64_t reads_as_runs = 0, moved_runs = 0;
+  // Tables of moves prepared with the engine (Engine::prepare_moves), one
+  // per (source rank, a stage's moves), so that a read's moved runs are
+  // checked as one: prepared, and kept now.
+  uint64_t move_tables = 0, move_tables_kept = 0;
   uint64_t notifications_failed = 0;
   // Pull: reads a source refused as not granted (WorkerOptions::remote_access
   // kGrantedRead there: the read overtook the hand-off or this rank's

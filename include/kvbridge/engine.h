@@ -70,6 +70,10 @@ struct TransferItem {
 // repeats exactly an earlier literal run of the batch, whose items all
 // name one local and one peer region: the layers of a layer-major cache,
 // whose items are the first layer's at other regions.
+// A prepared table of moves (Engine::prepare_moves) is named by a
+// PreparedId.
+using PreparedId = uint64_t;
+
 struct ItemRun {
   uint64_t first = 0, count = 0;
   bool moved = false;
@@ -77,6 +81,19 @@ struct ItemRun {
   uint64_t local_shift = 0;
   RegionId remote = 0;
   uint64_t remote_shift = 0;
+  // Moved, when not 0: one moved run per move of this prepared table, in
+  // its order (local, remote and the shifts above are not used).
+  PreparedId moves = 0;
+};
+
+// Where a moved run takes items (ItemRun's local, remote and shifts), for
+// a prepared table of them (Engine::prepare_moves).
+struct RunMove {
+  RegionId local = 0;
+  uint64_t local_shift = 0;
+  RegionId remote = 0;
+  uint64_t remote_shift = 0;
+  bool operator==(const RunMove&) const = default;
 };
 
 struct TransferStatus {
@@ -130,8 +147,7 @@ struct SubmitOptions {
 inline constexpr size_t kMaxReadyEvents = 16;
 
 // A list of items checked and resolved once (Engine::prepare): any subset
-// is then submitted by index without checking again.
-using PreparedId = uint64_t;
+// is then submitted by index without checking again (PreparedId, above).
 
 struct Notification {
   std::string peer;  // the sender's engine name, as its connection opened
@@ -388,6 +404,18 @@ class Engine {
   // run's range of one local and one peer region.
   virtual Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
                                     std::span<const ItemRun> runs, SubmitOptions options) = 0;
+  // Checks `moves` for moved runs of transfers of `op` with `peer` once
+  // (each region known, the peer's allowing `op`) and keeps them as a
+  // table: a moved run that names it (ItemRun::moves) is then one moved run
+  // per move, checked at submit by comparing its literal run's extent with
+  // the room every move of the table leaves (found here), and its moves'
+  // local regions are held by the table, not looked up. Errors as
+  // submit()'s, naming the move; kInvalidArgument for no moves. The local
+  // regions are held in use until release_prepared(); the table follows
+  // the peer's registrations as a prepared list does (a submit that finds
+  // a peer region it names moved or gone fails with kUnavailable, "prepare
+  // again").
+  virtual Result<PreparedId> prepare_moves(PeerId peer, TransferOp op, std::span<const RunMove> moves) = 0;
 
   // Checks and resolves `items` for transfers of `op` with `peer` once, as
   // submit() would (the same errors, naming the item), and keeps them: the
@@ -403,7 +431,8 @@ class Engine {
   // empty selection, kNotFound for an unknown list, kUnavailable for a list
   // whose peer is gone or changed. Then as submit().
   virtual Result<TransferId> submit(PreparedId list, std::span<const uint32_t> selection, SubmitOptions options) = 0;
-  // Forgets a list and drops its holds on local regions. kNotFound if unknown.
+  // Forgets a list or a table of moves and drops its holds on local
+  // regions. kNotFound if unknown.
   virtual Status release_prepared(PreparedId list) = 0;
 
   // The state of a transfer; kNotFound in `error` for an unknown id.

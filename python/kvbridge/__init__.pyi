@@ -419,6 +419,8 @@ class WorkerStats:
     plans_not_templated: int
     reads_as_runs: int
     moved_runs: int
+    move_tables: int
+    move_tables_kept: int
     plan_template_fallback: str
     notifications_failed: int
     reads_refused: int

@@ -165,6 +165,8 @@ void bind_connector_values(py::module_& m) {
       .def_readonly("plans_not_templated", &WorkerStats::plans_not_templated)
       .def_readonly("reads_as_runs", &WorkerStats::reads_as_runs)
       .def_readonly("moved_runs", &WorkerStats::moved_runs)
+      .def_readonly("move_tables", &WorkerStats::move_tables)
+      .def_readonly("move_tables_kept", &WorkerStats::move_tables_kept)
       .def_readonly("plan_template_fallback", &WorkerStats::plan_template_fallback)
       .def_readonly("notifications_failed", &WorkerStats::notifications_failed)
       .def_readonly("reads_refused", &WorkerStats::reads_refused)

@@ -222,8 +222,15 @@ class WorkerImpl final : public ConnectorWorker {
   // first submit error stops the load from starting more.
   Status start_ready_stages(Load& load);
 
-  // Requires mu_: submits the reads of stage `k` of `load` from source `s`.
+  // Requires mu_: submits the reads of stage `k` of `load` from source `s`
+  // (worker_read.cc).
   Result<TransferId> submit_read(const Load& load, uint32_t k, size_t s, PeerId peer, const SubmitOptions& base);
+  // Requires mu_: `runs` with each sequence of moved runs of one literal
+  // run replaced by one run naming a prepared table of those moves (made
+  // now if new; *used set when any was named).
+  std::vector<ItemRun> with_tables(PeerId peer, std::span<const ItemRun> runs, bool* used);
+  // Requires mu_: releases every prepared table of moves.
+  void release_tables();
 
   // Requires mu_: every transfer of `st` ended done.
   void land(Load& load, LoadStage& st);
@@ -322,6 +329,10 @@ class WorkerImpl final : public ConnectorWorker {
   mutable std::mutex mu_;
   std::condition_variable results_cv_;                                // results, landed layers, ended loads
   std::map<TransferId, std::pair<RequestId, uint32_t>> by_transfer_;  // -> (request, stage)
+  // Prepared tables of moves (Engine::prepare_moves), by source peer and
+  // moves, at most kMoveTablesKept (all released when more are needed).
+  static constexpr size_t kMoveTablesKept = 256;
+  std::map<std::string, PreparedId> move_tables_;
   const std::shared_ptr<Wakeups> wake_ = std::make_shared<Wakeups>();
   bool stop_ = false;
   std::map<RequestId, Load> loads_;

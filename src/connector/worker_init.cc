@@ -39,6 +39,10 @@ WorkerImpl::~WorkerImpl() {
   }
   server_.reset();
   read_grants_.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_tables();  // they hold the regions
+  }
   for (RegionId r : regions_) (void)engine_.deregister_memory(r);
 }
 

@@ -49,6 +49,10 @@ TEST(WorkerPlanTest, LoadsOfOneShapeArePlannedFromOneTemplateWhateverTheirIds) {
   // saw every byte land); the loads planned afresh are read as items.
   EXPECT_GT(s.reads_as_runs, 0u);
   EXPECT_GE(s.moved_runs, s.reads_as_runs * (decode[0]->layout.tensors.size() - 1));
+  // Through tables the engine prepared once per source and moves, kept.
+  EXPECT_GT(s.move_tables, 0u);
+  EXPECT_LE(s.move_tables, 2u * 2u) << "one per source rank and stage shape, not one per read";
+  EXPECT_EQ(s.move_tables_kept, s.move_tables);
 }
 
 TEST(WorkerPlanTest, VerifiesEveryPlanBeforeItRunsWhenAsked) {

@@ -237,42 +237,6 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   return Status();
 }
 
-// Requires mu_: submits the reads of stage `k` from source `s`, ordered
-// after the producer's events of its layers and the consumer's pending work
-// when they touch device memory.
-Result<TransferId> WorkerImpl::submit_read(const Load& load, uint32_t k, size_t s, PeerId peer,
-                                           const SubmitOptions& base) {
-  const LoadStage& st = load.stages[k];
-  auto submit = [&](SubmitOptions o) {
-    if (st.runs[s].empty()) return engine_.submit(peer, TransferOp::kRead, st.items[s], std::move(o));
-    ++stats_.reads_as_runs;
-    for (const ItemRun& r : st.runs[s]) stats_.moved_runs += r.moved;
-    return engine_.submit(peer, TransferOp::kRead, st.items[s], st.runs[s], std::move(o));
-  };
-  if (st.device.empty() || st.device[s] == 0) return submit(base);
-  SubmitOptions o = base;
-  auto add = [&](const std::string& handle) {
-    if (!handle.empty() &&
-        std::find(o.ready_event_handles.begin(), o.ready_event_handles.end(), handle) == o.ready_event_handles.end()) {
-      o.ready_event_handles.push_back(handle);
-    }
-  };
-  if (load.stream) {
-    for (uint32_t l = st.first_layer; l < st.end_layer; ++l) add(load.events[s][l]);
-  }
-  if (!load.ready.host_synchronized) {
-    add(load.ready.event_handle);
-    o.ready_event = load.ready.event;
-  }
-  if (o.ready_event_handles.size() > kMaxReadyEvents) {
-    return Status::invalid_argument(
-        "request " + q(load.request) + ": a stage of " + std::to_string(st.end_layer - st.first_layer) +
-        " layers waits on " + std::to_string(o.ready_event_handles.size()) + " events, more than " +
-        std::to_string(kMaxReadyEvents) + ": fewer layers per stage (stream_layers_per_stage), or one event per stage");
-  }
-  return submit(std::move(o));
-}
-
 // The connection to source rank `source` of the load (one it reads from).
 static PeerId peer_of(const Load& load, uint32_t source) {
   const auto& sources = load.result.sources;

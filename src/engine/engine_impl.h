@@ -84,6 +84,7 @@ class EngineImpl final : public Engine {
   Result<TransferId> submit(PreparedId list, std::span<const uint32_t> selection, SubmitOptions options) override;
   Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
                             std::span<const ItemRun> runs, SubmitOptions options) override;
+  Result<PreparedId> prepare_moves(PeerId peer, TransferOp op, std::span<const RunMove> moves) override;
   Status release_prepared(PreparedId list) override;
   using Engine::submit;
   TransferStatus status(TransferId id) const override { return transfers_->status(id); }
@@ -138,18 +139,6 @@ class EngineImpl final : public Engine {
     bool device = false;
   };
 
-  // A prepared list: items resolved once, its local regions held.
-  struct PreparedList {
-    std::shared_ptr<Peer> peer;
-    TransferOp op = TransferOp::kRead;
-    uint64_t generation = 0;                    // the peer's, when last checked
-    std::vector<transport::Copy> copies;        // one per item, in order
-    Route route;                                // where its transfers run
-    std::map<RegionId, MetadataRegion> remote;  // the peer regions it names, as they were
-    std::vector<RegionHold> holds;              // its local regions
-  };
-
- private:
   // Which (local device, peer device) pairs of memory kinds a batch moves,
   // and what first moved each (for the error when no link moves it).
   struct Kinds {
@@ -166,6 +155,38 @@ class EngineImpl final : public Engine {
       return (first_is_run[a][b] ? "run " : "item ") + std::to_string(first[a][b]);
     }
   };
+  // A prepared list: items resolved once, its local regions held.
+  struct PreparedList {
+    std::shared_ptr<Peer> peer;
+    TransferOp op = TransferOp::kRead;
+    uint64_t generation = 0;                    // the peer's, when last checked
+    std::vector<transport::Copy> copies;        // one per item, in order
+    Route route;                                // where its transfers run
+    std::map<RegionId, MetadataRegion> remote;  // the peer regions it names, as they were
+    std::vector<RegionHold> holds;              // its local regions
+  };
+
+  // A prepared table of moves: per move where its region and shift put a
+  // literal run's copies, and the literal extents every move has room for.
+  struct PreparedMoves {
+    std::shared_ptr<Peer> peer;
+    TransferOp op = TransferOp::kRead;
+    uint64_t generation = 0;  // the peer's, when last checked
+    struct Move {
+      uintptr_t local_at = 0;  // the local region's base plus the shift (modulo 2^64)
+      uint64_t remote_at = 0;  // the peer region's address plus the shift
+      uint32_t segment = 0;    // the peer region's
+    };
+    std::vector<Move> moves;
+    // A literal run of extent [low, high) fits every move when low >= min
+    // and high <= max, on each side (offsets in its own regions).
+    uint64_t local_min = 0, local_max = UINT64_MAX, remote_min = 0, remote_max = UINT64_MAX;
+    Kinds kinds;                                // the (local, peer) memory kinds its moves take
+    std::map<RegionId, MetadataRegion> remote;  // the peer regions it names, as they were
+    std::vector<RegionHold> holds;              // its local regions
+  };
+
+ private:
   // Requires mu_. Checks `items` (the batch's from index `index0`) against
   // this engine's and the peer's registrations (the errors submit()
   // documents) and appends their copies (merged where adjacent on both
@@ -183,10 +204,17 @@ class EngineImpl final : public Engine {
                         Route* route) const;
   // Requires mu_. A batch given as runs (Engine::submit with runs):
   // checks it and resolves it into `program`, whose literal copies are
-  // the literal runs' (merged inside a run) and whose runs repeat them.
+  // the literal runs' (merged inside a run) and whose runs repeat them;
+  // the tables of moves it names go to `tables` (their holds are the
+  // transfer's too).
   Status resolve_runs_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
                              std::span<const ItemRun> runs, CopyProgram* program, std::vector<RegionId>* regions,
-                             Route* route, uint64_t* bytes, uint64_t* count) const;
+                             Route* route, uint64_t* bytes, uint64_t* count,
+                             std::vector<std::shared_ptr<PreparedMoves>>* tables) const;
+  // Requires mu_. A table of moves `id` used with peer `p` for `op`: the
+  // same op, the same connection, and (its registrations changed) the peer
+  // regions it names where they were.
+  Status check_moves_locked(const Peer& p, PreparedMoves& m, TransferOp op, PreparedId id) const;
   // Builds, splits and starts a transfer of resolved copies on `route` (the
   // holds are its; released here on failure).
   // A transfer given as a program (`copies` empty) is split by its runs,
@@ -221,6 +249,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Registry> registry_;
   std::map<PeerId, std::shared_ptr<Peer>> peers_;
   std::map<PreparedId, std::shared_ptr<PreparedList>> prepared_;
+  std::map<PreparedId, std::shared_ptr<PreparedMoves>> moves_;
   PreparedId next_prepared_ = 1;
   PeerId next_peer_ = 1;
   GrantId next_grant_ = 1;

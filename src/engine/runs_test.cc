@@ -1,6 +1,7 @@
 // Batches given as runs (Engine::submit with ItemRun): a moved run repeats
-// an earlier literal run at other regions, checked as a whole and expanded
-// by the engine threads that copy it. The bytes that land are the expanded
+// an earlier literal run at other regions, checked as a whole (or as one
+// of a prepared table of moves) and expanded by the engine threads that
+// copy it. The bytes that land are the expanded
 // items', over transports that copy in this process and through a server;
 // a bad run posts nothing and names itself; the engine's split of a
 // program into shares keeps every copy once.
@@ -144,6 +145,112 @@ TEST_P(RunsTest, AMovedRunIntoARegionWithoutAccessIsRefused) {
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.error().code(), Code::kPermissionDenied) << t.error().to_string();
   EXPECT_NE(t.error().message().find("run 1"), std::string::npos) << t.error().to_string();
+}
+
+// The same moves as a prepared table: one moved run names it, and the
+// bytes land as the explicit moved runs put them.
+TEST_P(RunsTest, ATableOfMovesLandsWhereItsMovedRunsWould) {
+  Layers p(GetParam());
+  const uint64_t blocks = 3000;
+  const std::vector<TransferItem> items = first_layer(p, blocks);
+  std::vector<RunMove> moves;
+  for (uint64_t l = 1; l < kLayers; ++l) {
+    moves.push_back({p.rx[l], l == 2 ? kBlock : 0, p.ry[l], l == 2 ? UINT64_MAX - 2 * kBlock + 1 : 0});
+  }
+  Result<PreparedId> table = p.a->prepare_moves(p.peer, TransferOp::kRead, moves);
+  ASSERT_TRUE(table.ok()) << table.error().to_string();
+  ItemRun all{0, blocks, true};
+  all.moves = *table;
+  const std::vector<ItemRun> runs = {{0, blocks}, all};
+  // Two loads of the table, the second into fresh memory.
+  for (int round = 0; round < 2; ++round) {
+    for (std::vector<uint8_t>& layer : p.x) std::fill(layer.begin(), layer.end(), 0);
+    ASSERT_EQ(run_batch(*p.a, p.a->submit(p.peer, TransferOp::kRead, items, runs, SubmitOptions{})).state,
+              TransferState::kDone);
+    for (uint64_t l = 0; l < kLayers; ++l) {
+      const uint64_t lshift = l == 2 ? kBlock : 0;
+      const int64_t rshift = l == 2 ? -static_cast<int64_t>(2 * kBlock) : 0;
+      std::vector<uint8_t> want(kLayerBytes, 0);
+      for (const TransferItem& it : items) {
+        std::copy_n(p.y[l].begin() + static_cast<int64_t>(it.remote_offset) + rshift, kBlock,
+                    want.begin() + static_cast<int64_t>(it.local_offset + lshift));
+      }
+      ASSERT_TRUE(p.x[l] == want) << GetParam() << ": round " << round << " layer " << l;
+    }
+  }
+  EXPECT_EQ(p.a->metrics().descriptors, 2 * blocks * kLayers);
+  // The table holds its local regions until it is released.
+  EXPECT_EQ(p.a->deregister_memory(p.rx[3]).code(), Code::kUnavailable);
+  ASSERT_TRUE(p.a->release_prepared(*table).ok());
+  EXPECT_TRUE(p.a->deregister_memory(p.rx[3]).ok());
+}
+
+TEST_P(RunsTest, ATableRefusesWhatItsMovesCannotHoldAndWhatItWasNotPreparedFor) {
+  Layers p(GetParam());
+  const std::vector<TransferItem> items = first_layer(p, 16);
+  // A move one block from the end of its region: room for the literal
+  // run's first block (local offsets [0, 4 KiB)) only when it starts at 0.
+  const std::vector<RunMove> moves = {{p.rx[1], 0, p.ry[1], 0}, {p.rx[2], kLayerBytes - kBlock, p.ry[2], 0}};
+  const PreparedId table = *p.a->prepare_moves(p.peer, TransferOp::kRead, moves);
+  ItemRun moved{0, 16, true};
+  moved.moves = table;
+  Result<TransferId> t = p.a->submit(p.peer, TransferOp::kRead, items, std::vector<ItemRun>{{0, 16}, moved}, {});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), Code::kOutOfRange) << t.error().to_string();
+  EXPECT_NE(t.error().message().find("run 1: items [0, 16) span local [0, 4096)"), std::string::npos)
+      << t.error().to_string();
+  // Writes with a table prepared for reads, and an unknown table.
+  t = p.a->submit(p.peer, TransferOp::kWrite, items, std::vector<ItemRun>{{0, 16}, moved}, {});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), Code::kInvalidArgument) << t.error().to_string();
+  moved.moves = table + 100;
+  t = p.a->submit(p.peer, TransferOp::kRead, items, std::vector<ItemRun>{{0, 16}, moved}, {});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), Code::kNotFound) << t.error().to_string();
+  EXPECT_EQ(p.a->metrics().transfers_submitted, 0u);
+  // prepare_moves' own checks, each naming the move.
+  std::vector<uint8_t> closed(4096);
+  const RegionId rc = *p.b->register_memory(closed.data(), closed.size(), "host", RemoteAccess::kWrite);
+  ASSERT_EQ(*p.a->connect(p.b->metadata()), p.peer);
+  struct Bad {
+    std::vector<RunMove> moves;
+    Code code;
+    std::string says;
+  };
+  const std::vector<Bad> bad = {
+      {{}, Code::kInvalidArgument, "no moves"},
+      {{{p.rx[1], 0, p.ry[1], 0}, {9999, 0, p.ry[1], 0}}, Code::kNotFound, "move 1: local region 9999"},
+      {{{p.rx[1], 0, 9999, 0}}, Code::kNotFound, "move 0: peer 'b' advertises no region 9999"},
+      {{{p.rx[1], 0, rc, 0}}, Code::kPermissionDenied, "move 0"},
+  };
+  for (const Bad& c : bad) {
+    Result<PreparedId> r = p.a->prepare_moves(p.peer, TransferOp::kRead, c.moves);
+    ASSERT_FALSE(r.ok()) << c.says;
+    EXPECT_EQ(r.error().code(), c.code) << r.error().to_string();
+    EXPECT_NE(r.error().message().find(c.says), std::string::npos) << r.error().to_string();
+  }
+}
+
+// A table whose peer region is gone says "prepare again"; one whose peer
+// only registered more goes on.
+TEST_P(RunsTest, ATableWhosePeerRegionIsGoneSaysPrepareAgain) {
+  Layers p(GetParam());
+  const std::vector<TransferItem> items = first_layer(p, 16);
+  const PreparedId table =
+      *p.a->prepare_moves(p.peer, TransferOp::kRead, std::vector<RunMove>{{p.rx[1], 0, p.ry[1], 0}});
+  ItemRun moved{0, 16, true};
+  moved.moves = table;
+  const std::vector<ItemRun> runs = {{0, 16}, moved};
+  std::vector<uint8_t> more(4096);
+  (void)*p.b->register_memory(more.data(), more.size());
+  ASSERT_EQ(*p.a->connect(p.b->metadata()), p.peer);
+  EXPECT_EQ(run_batch(*p.a, p.a->submit(p.peer, TransferOp::kRead, items, runs, {})).state, TransferState::kDone);
+  ASSERT_TRUE(p.b->deregister_memory(p.ry[1]).ok());
+  ASSERT_EQ(*p.a->connect(p.b->metadata()), p.peer);
+  Result<TransferId> stale = p.a->submit(p.peer, TransferOp::kRead, items, runs, {});
+  ASSERT_FALSE(stale.ok());
+  EXPECT_EQ(stale.error().code(), Code::kUnavailable) << stale.error().to_string();
+  EXPECT_NE(stale.error().message().find("prepare again"), std::string::npos) << stale.error().to_string();
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, RunsTest, ::testing::Values("local", "tcp"));

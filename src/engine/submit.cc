@@ -228,145 +228,6 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
   return start_transfer(*p, route, op, std::move(copies), std::move(holds), bytes, items.size(), std::move(options));
 }
 
-Status EngineImpl::resolve_runs_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
-                                       std::span<const ItemRun> runs, CopyProgram* program,
-                                       std::vector<RegionId>* regions, Route* route, uint64_t* bytes,
-                                       uint64_t* count) const {
-  // What a moved run needs of the literal run it repeats: its copies, and
-  // the regions and extents of its items.
-  struct Literal {
-    uint64_t first = 0, count = 0;  // its items
-    uint64_t copy_first = 0, copy_count = 0;
-    bool one_region = true;
-    RegionId local = 0, remote = 0;
-    uint64_t local_low = UINT64_MAX, local_high = 0, remote_low = UINT64_MAX, remote_high = 0;
-    uint64_t bytes = 0;
-    const Region* local_region = nullptr;               // of `local`
-    const Peer::RemoteRegion* remote_region = nullptr;  // of `remote`
-  };
-  std::vector<Literal> literal;
-  const uint8_t needs = op == TransferOp::kRead ? 1 : 2;
-  const std::string& peer_name = p.metadata.name;
-  Kinds kinds;
-  for (size_t k = 0; k < runs.size(); ++k) {
-    const ItemRun& run = runs[k];
-    auto what = [k] { return "run " + std::to_string(k); };
-    uint64_t end = 0;
-    if (run.count == 0 || !checked_add(run.first, run.count, &end) || end > items.size()) {
-      return Status::invalid_argument(what() + " names items [" + std::to_string(run.first) + ", " +
-                                      std::to_string(run.first) + " + " + std::to_string(run.count) + ") of " +
-                                      std::to_string(items.size()));
-    }
-    const std::span<const TransferItem> its = items.subspan(run.first, run.count);
-    if (!run.moved) {
-      Literal l;
-      l.first = run.first;
-      l.count = run.count;
-      l.copy_first = program->copies.size();
-      KVB_RETURN_IF_ERROR(check_items_locked(p, op, its, run.first, &program->copies, regions, true, &kinds));
-      l.copy_count = program->copies.size() - l.copy_first;
-      l.local = its[0].local;
-      l.remote = its[0].remote;
-      for (const TransferItem& it : its) {
-        l.one_region = l.one_region && it.local == l.local && it.remote == l.remote;
-        l.local_low = std::min(l.local_low, it.local_offset);
-        l.local_high = std::max(l.local_high, it.local_offset + it.bytes);
-        l.remote_low = std::min(l.remote_low, it.remote_offset);
-        l.remote_high = std::max(l.remote_high, it.remote_offset + it.bytes);
-        l.bytes += it.bytes;
-      }
-      l.local_region = registry_->find(l.local);
-      l.remote_region = &p.regions.at(l.remote);
-      program->runs.push_back({l.copy_first, l.copy_count});
-      *bytes += l.bytes;
-      *count += run.count;
-      literal.push_back(l);
-      continue;
-    }
-    // Usually the latest literal run.
-    auto from = std::find_if(literal.rbegin(), literal.rend(),
-                             [&](const Literal& l) { return l.first == run.first && l.count == run.count; });
-    if (from == literal.rend()) {
-      return Status::invalid_argument(what() + " moves items [" + std::to_string(run.first) + ", " +
-                                      std::to_string(end) + "), which no earlier literal run holds");
-    }
-    const Literal& l = *from;
-    if (!l.one_region) {
-      return Status::invalid_argument(what() + " moves items [" + std::to_string(run.first) + ", " +
-                                      std::to_string(end) + "), which name more than one local or peer region");
-    }
-    // The local side: the literal run's extent, moved, inside `run.local`.
-    // Shifts are added modulo 2^64 (a later layer may lie lower); the
-    // moved extent must then lie inside the region without wrapping.
-    const uint64_t low = l.local_low + run.local_shift, extent = l.local_high - l.local_low;
-    const Region* local_region = registry_->find(run.local);
-    uint64_t local_end = 0;
-    if (local_region == nullptr || !checked_add(low, extent, &local_end) || local_end > local_region->bytes) {
-      Result<uint8_t*> to = registry_->resolve(run.local, low, extent, std::string_view());
-      return Status(to.ok() ? Code::kInternal : to.error().code(),
-                    what() + (to.ok() ? ": resolved where the registry did not" : to.error().message()));
-    }
-    // The peer's side: its region, access and extent.
-    auto found = p.regions.find(run.remote);
-    if (found == p.regions.end()) {
-      return Status::not_found(what() + ": peer '" + peer_name + "' advertises no region " +
-                               std::to_string(run.remote) + " (connect() again with fresh metadata?)");
-    }
-    const Peer::RemoteRegion& r = found->second;
-    if ((r.access & needs) == 0) {
-      return Status::permission_denied(what() + ": peer '" + peer_name + "' region " + std::to_string(run.remote) +
-                                       " does not allow remote " + (op == TransferOp::kRead ? "reads" : "writes"));
-    }
-    const uint64_t remote_low = l.remote_low + run.remote_shift;
-    uint64_t remote_end = 0;
-    if (!checked_add(remote_low, l.remote_high - l.remote_low, &remote_end) || remote_end > r.region.bytes) {
-      return Status::out_of_range(what() + ": remote range [" + std::to_string(l.remote_low) + " + " +
-                                  std::to_string(run.remote_shift) + ", " + std::to_string(l.remote_high) + " + " +
-                                  std::to_string(run.remote_shift) + ") is outside peer '" + peer_name + "' region " +
-                                  std::to_string(run.remote) + " of " + std::to_string(r.region.bytes) + " bytes");
-    }
-    kinds.note(local_region->memory != "host", r.device, k, true);
-    CopyRun c;
-    c.first = l.copy_first;
-    c.count = l.copy_count;
-    c.moved = true;
-    c.local_delta = (reinterpret_cast<uintptr_t>(local_region->base) + low) -
-                    (reinterpret_cast<uintptr_t>(l.local_region->base) + l.local_low);
-    c.remote_delta = (r.region.base + remote_low) - (l.remote_region->region.base + l.remote_low);
-    c.segment = r.region.segment;
-    program->runs.push_back(c);
-    regions->push_back(run.local);
-    *bytes += l.bytes;
-    *count += run.count;
-  }
-  std::sort(regions->begin(), regions->end());
-  regions->erase(std::unique(regions->begin(), regions->end()), regions->end());
-  program->ends.resize(program->copies.size() + 1);
-  program->ends[0] = 0;
-  for (size_t i = 0; i < program->copies.size(); ++i)
-    program->ends[i + 1] = program->ends[i] + program->copies[i].bytes;
-  return choose_route_locked(p, kinds, route);
-}
-
-Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
-                                      std::span<const ItemRun> runs, SubmitOptions options) {
-  if (runs.empty()) return Status::invalid_argument("submit: the batch has no runs");
-  auto program = std::make_shared<CopyProgram>();
-  std::vector<RegionId> regions;
-  std::vector<RegionHold> holds;
-  std::shared_ptr<Peer> p;
-  Route route;
-  uint64_t bytes = 0, count = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    KVB_ASSIGN_OR_RETURN(p, find_peer_locked(peer, "submit"));
-    KVB_RETURN_IF_ERROR(resolve_runs_locked(*p, op, items, runs, program.get(), &regions, &route, &bytes, &count)
-                            .with_context("submit"));
-    for (RegionId r : regions) holds.push_back(registry_->acquire(r));
-  }
-  return start_transfer(*p, route, op, {}, std::move(holds), bytes, count, std::move(options), std::move(program));
-}
-
 Result<PreparedId> EngineImpl::prepare(PeerId peer, TransferOp op, std::span<const TransferItem> items) {
   if (items.empty()) return Status::invalid_argument("prepare: the list is empty");
   if (items.size() > UINT32_MAX) return Status::resource_exhausted("prepare: more than 2^32 - 1 items");
@@ -442,7 +303,16 @@ Status EngineImpl::release_prepared(PreparedId id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = prepared_.find(id);
-    if (it == prepared_.end()) return Status::not_found("release_prepared: list " + std::to_string(id) + " is unknown");
+    if (it == prepared_.end()) {
+      auto m = moves_.find(id);
+      if (m == moves_.end()) {
+        return Status::not_found("release_prepared: list " + std::to_string(id) + " is unknown");
+      }
+      std::vector<RegionHold> holds = std::move(m->second->holds);
+      moves_.erase(m);
+      for (const RegionHold& hold : holds) Registry::release(hold);
+      return Status();
+    }
     list = std::move(it->second);
     prepared_.erase(it);
   }

@@ -1,0 +1,120 @@
+// A load's reads: each stage's items from one source, submitted as runs
+// whose later layers are moved runs, and those moved runs through a table
+// of moves the engine prepared once per (source, moves), so that a read's
+// check and submit grow with its first layer's items only.
+#include <algorithm>
+
+#include "connector/worker_impl.h"
+
+namespace kvbridge::connector {
+
+namespace {
+
+void put(std::string& key, uint64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); }
+
+}  // namespace
+
+std::vector<ItemRun> WorkerImpl::with_tables(PeerId peer, std::span<const ItemRun> runs, bool* used) {
+  std::vector<ItemRun> out;
+  out.reserve(runs.size());
+  for (size_t i = 0; i < runs.size();) {
+    // Moved runs of one literal run, one after another: one table.
+    size_t j = i;
+    while (j < runs.size() && runs[j].moved && runs[j].moves == 0 && runs[j].first == runs[i].first &&
+           runs[j].count == runs[i].count) {
+      ++j;
+    }
+    if (j - i < 2) {
+      out.push_back(runs[i]);
+      i = std::max(j, i + 1);
+      continue;
+    }
+    std::string key;
+    put(key, peer);
+    std::vector<RunMove> moves;
+    moves.reserve(j - i);
+    for (size_t k = i; k < j; ++k) {
+      moves.push_back({runs[k].local, runs[k].local_shift, runs[k].remote, runs[k].remote_shift});
+      put(key, runs[k].local);
+      put(key, runs[k].local_shift);
+      put(key, runs[k].remote);
+      put(key, runs[k].remote_shift);
+    }
+    auto t = move_tables_.find(key);
+    if (t == move_tables_.end()) {
+      Result<PreparedId> made = engine_.prepare_moves(peer, TransferOp::kRead, moves);
+      if (!made.ok()) {
+        // The runs go as they are; their submit names what is wrong.
+        out.insert(out.end(), runs.begin() + static_cast<ptrdiff_t>(i), runs.begin() + static_cast<ptrdiff_t>(j));
+        i = j;
+        continue;
+      }
+      if (move_tables_.size() >= kMoveTablesKept) {
+        for (const auto& [k, id] : move_tables_) (void)engine_.release_prepared(id);
+        move_tables_.clear();
+      }
+      t = move_tables_.emplace(key, *made).first;
+      ++stats_.move_tables;
+    }
+    ItemRun r{runs[i].first, runs[i].count, true};
+    r.moves = t->second;
+    out.push_back(r);
+    *used = true;
+    i = j;
+  }
+  return out;
+}
+
+void WorkerImpl::release_tables() {
+  for (const auto& [key, id] : move_tables_) (void)engine_.release_prepared(id);
+  move_tables_.clear();
+}
+
+// Requires mu_: submits the reads of stage `k` from source `s`, ordered
+// after the producer's events of its layers and the consumer's pending work
+// when they touch device memory.
+Result<TransferId> WorkerImpl::submit_read(const Load& load, uint32_t k, size_t s, PeerId peer,
+                                           const SubmitOptions& base) {
+  const LoadStage& st = load.stages[k];
+  auto submit = [&](SubmitOptions o) -> Result<TransferId> {
+    if (st.runs[s].empty()) return engine_.submit(peer, TransferOp::kRead, st.items[s], std::move(o));
+    ++stats_.reads_as_runs;
+    for (const ItemRun& r : st.runs[s]) stats_.moved_runs += r.moved;
+    // The moved runs as prepared tables, one per (source, moves); a table
+    // the engine no longer takes (the source reconnected or changed its
+    // registrations: rare) is released with the others, and the runs go
+    // as they are.
+    bool used = false;
+    std::vector<ItemRun> tabled = with_tables(peer, st.runs[s], &used);
+    if (used) {
+      Result<TransferId> id = engine_.submit(peer, TransferOp::kRead, st.items[s], tabled, o);
+      if (id.ok() || id.error().code() != Code::kUnavailable) return id;
+      release_tables();
+    }
+    return engine_.submit(peer, TransferOp::kRead, st.items[s], st.runs[s], std::move(o));
+  };
+  if (st.device.empty() || st.device[s] == 0) return submit(base);
+  SubmitOptions o = base;
+  auto add = [&](const std::string& handle) {
+    if (!handle.empty() &&
+        std::find(o.ready_event_handles.begin(), o.ready_event_handles.end(), handle) == o.ready_event_handles.end()) {
+      o.ready_event_handles.push_back(handle);
+    }
+  };
+  if (load.stream) {
+    for (uint32_t l = st.first_layer; l < st.end_layer; ++l) add(load.events[s][l]);
+  }
+  if (!load.ready.host_synchronized) {
+    add(load.ready.event_handle);
+    o.ready_event = load.ready.event;
+  }
+  if (o.ready_event_handles.size() > kMaxReadyEvents) {
+    return Status::invalid_argument(
+        "request " + q(load.request) + ": a stage of " + std::to_string(st.end_layer - st.first_layer) +
+        " layers waits on " + std::to_string(o.ready_event_handles.size()) + " events, more than " +
+        std::to_string(kMaxReadyEvents) + ": fewer layers per stage (stream_layers_per_stage), or one event per stage");
+  }
+  return submit(std::move(o));
+}
+
+}  // namespace kvbridge::connector

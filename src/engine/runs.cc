@@ -1,0 +1,284 @@
+// Batches given as runs (Engine::submit with ItemRun): literal runs are
+// checked and resolved as submit() checks items; a moved run is checked as
+// a whole, by its literal run's extent against the regions it names or,
+// naming a prepared table of moves (Engine::prepare_moves), against the
+// room every move of the table leaves, found once. The transfer holds a
+// CopyProgram that its engine threads expand as they copy (transfers.h).
+#include <algorithm>
+
+#include "common/checked.h"
+#include "engine/engine_impl.h"
+#include "engine/metadata.h"
+
+namespace kvbridge::engine_internal {
+
+namespace {
+
+using Wide = __int128;
+
+// The literal offsets [min, max] a move by `shift` (modulo 2^64, read as a
+// signed difference) keeps inside a region of `bytes`.
+void narrow(uint64_t shift, uint64_t bytes, Wide* min, Wide* max) {
+  const Wide d = static_cast<int64_t>(shift);
+  *min = std::max(*min, -d);
+  *max = std::min(*max, static_cast<Wide>(bytes) - d);
+}
+
+uint64_t clamp(Wide v) { return v < 0 ? 0 : v > static_cast<Wide>(UINT64_MAX) ? UINT64_MAX : static_cast<uint64_t>(v); }
+
+}  // namespace
+
+Status EngineImpl::check_moves_locked(const Peer& p, PreparedMoves& m, TransferOp op, PreparedId id) const {
+  const std::string table = "prepared table of moves " + std::to_string(id);
+  if (m.op != op) {
+    return Status::invalid_argument(table + " was prepared for " + (m.op == TransferOp::kRead ? "reads" : "writes"));
+  }
+  if (m.peer.get() != &p) {
+    return Status::unavailable(table + " was prepared for another peer or an earlier connection to " +
+                               peer_text(p.metadata) + ": prepare again");
+  }
+  if (p.generation != m.generation) {
+    // The peer's registrations changed: every region the table names must
+    // be where it was.
+    for (const auto& [region, was] : m.remote) {
+      auto r = p.regions.find(region);
+      if (r == p.regions.end() || !(r->second.region == was)) {
+        return Status::unavailable(table + ": peer region " + std::to_string(region) +
+                                   " moved or is gone: prepare again");
+      }
+    }
+    m.generation = p.generation;
+  }
+  return Status();
+}
+
+Result<PreparedId> EngineImpl::prepare_moves(PeerId peer, TransferOp op, std::span<const RunMove> moves) {
+  if (moves.empty()) return Status::invalid_argument("prepare_moves: no moves");
+  auto m = std::make_shared<PreparedMoves>();
+  m->op = op;
+  std::lock_guard<std::mutex> lock(mu_);
+  KVB_ASSIGN_OR_RETURN(m->peer, find_peer_locked(peer, "prepare_moves"));
+  const Peer& p = *m->peer;
+  const uint8_t needs = op == TransferOp::kRead ? 1 : 2;
+  Wide local_min = 0, local_max = static_cast<Wide>(UINT64_MAX), remote_min = 0, remote_max = local_max;
+  std::vector<RegionId> regions;
+  for (size_t k = 0; k < moves.size(); ++k) {
+    const RunMove& mv = moves[k];
+    const std::string what = "prepare_moves: move " + std::to_string(k);
+    const Region* r = registry_->find(mv.local);
+    if (r == nullptr)
+      return Status::not_found(what + ": local region " + std::to_string(mv.local) + " is not registered");
+    auto f = p.regions.find(mv.remote);
+    if (f == p.regions.end()) {
+      return Status::not_found(what + ": peer '" + p.metadata.name + "' advertises no region " +
+                               std::to_string(mv.remote) + " (connect() again with fresh metadata?)");
+    }
+    if ((f->second.access & needs) == 0) {
+      return Status::permission_denied(what + ": peer '" + p.metadata.name + "' region " + std::to_string(mv.remote) +
+                                       " does not allow remote " + (op == TransferOp::kRead ? "reads" : "writes"));
+    }
+    narrow(mv.local_shift, r->bytes, &local_min, &local_max);
+    narrow(mv.remote_shift, f->second.region.bytes, &remote_min, &remote_max);
+    m->moves.push_back({reinterpret_cast<uintptr_t>(r->base) + mv.local_shift, f->second.region.base + mv.remote_shift,
+                        f->second.region.segment});
+    m->kinds.note(r->memory != "host", f->second.device, k, true);
+    m->remote[mv.remote] = f->second.region;
+    regions.push_back(mv.local);
+  }
+  m->local_min = clamp(local_min);
+  m->local_max = clamp(local_max);
+  m->remote_min = clamp(remote_min);
+  m->remote_max = clamp(remote_max);
+  std::sort(regions.begin(), regions.end());
+  regions.erase(std::unique(regions.begin(), regions.end()), regions.end());
+  for (RegionId r : regions) m->holds.push_back(registry_->acquire(r));
+  m->generation = p.generation;
+  const PreparedId id = next_prepared_++;
+  moves_.emplace(id, std::move(m));
+  return id;
+}
+
+Status EngineImpl::resolve_runs_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
+                                       std::span<const ItemRun> runs, CopyProgram* program,
+                                       std::vector<RegionId>* regions, Route* route, uint64_t* bytes, uint64_t* count,
+                                       std::vector<std::shared_ptr<PreparedMoves>>* tables) const {
+  // What a moved run needs of the literal run it repeats: its copies, and
+  // the regions and extents of its items.
+  struct Literal {
+    uint64_t first = 0, count = 0;  // its items
+    uint64_t copy_first = 0, copy_count = 0;
+    bool one_region = true;
+    RegionId local = 0, remote = 0;
+    uint64_t local_low = UINT64_MAX, local_high = 0, remote_low = UINT64_MAX, remote_high = 0;
+    uint64_t bytes = 0;
+    const Region* local_region = nullptr;               // of `local`
+    const Peer::RemoteRegion* remote_region = nullptr;  // of `remote`
+  };
+  std::vector<Literal> literal;
+  const uint8_t needs = op == TransferOp::kRead ? 1 : 2;
+  const std::string& peer_name = p.metadata.name;
+  Kinds kinds;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const ItemRun& run = runs[k];
+    auto what = [k] { return "run " + std::to_string(k); };
+    uint64_t end = 0;
+    if (run.count == 0 || !checked_add(run.first, run.count, &end) || end > items.size()) {
+      return Status::invalid_argument(what() + " names items [" + std::to_string(run.first) + ", " +
+                                      std::to_string(run.first) + " + " + std::to_string(run.count) + ") of " +
+                                      std::to_string(items.size()));
+    }
+    const std::span<const TransferItem> its = items.subspan(run.first, run.count);
+    if (!run.moved) {
+      Literal l;
+      l.first = run.first;
+      l.count = run.count;
+      l.copy_first = program->copies.size();
+      KVB_RETURN_IF_ERROR(check_items_locked(p, op, its, run.first, &program->copies, regions, true, &kinds));
+      l.copy_count = program->copies.size() - l.copy_first;
+      l.local = its[0].local;
+      l.remote = its[0].remote;
+      for (const TransferItem& it : its) {
+        l.one_region = l.one_region && it.local == l.local && it.remote == l.remote;
+        l.local_low = std::min(l.local_low, it.local_offset);
+        l.local_high = std::max(l.local_high, it.local_offset + it.bytes);
+        l.remote_low = std::min(l.remote_low, it.remote_offset);
+        l.remote_high = std::max(l.remote_high, it.remote_offset + it.bytes);
+        l.bytes += it.bytes;
+      }
+      l.local_region = registry_->find(l.local);
+      l.remote_region = &p.regions.at(l.remote);
+      program->runs.push_back({l.copy_first, l.copy_count});
+      *bytes += l.bytes;
+      *count += run.count;
+      literal.push_back(l);
+      continue;
+    }
+    // Usually the latest literal run.
+    auto from = std::find_if(literal.rbegin(), literal.rend(),
+                             [&](const Literal& l) { return l.first == run.first && l.count == run.count; });
+    if (from == literal.rend()) {
+      return Status::invalid_argument(what() + " moves items [" + std::to_string(run.first) + ", " +
+                                      std::to_string(end) + "), which no earlier literal run holds");
+    }
+    const Literal& l = *from;
+    if (!l.one_region) {
+      return Status::invalid_argument(what() + " moves items [" + std::to_string(run.first) + ", " +
+                                      std::to_string(end) + "), which name more than one local or peer region");
+    }
+    if (run.moves != 0) {
+      // One moved run per move of a prepared table: one check of the
+      // literal extent against the room every move leaves.
+      auto t = moves_.find(run.moves);
+      if (t == moves_.end()) {
+        return Status::not_found(what() + ": prepared table of moves " + std::to_string(run.moves) + " is unknown");
+      }
+      PreparedMoves& m = *t->second;
+      KVB_RETURN_IF_ERROR(check_moves_locked(p, m, op, run.moves).with_context(what()));
+      if (l.local_low < m.local_min || l.local_high > m.local_max || l.remote_low < m.remote_min ||
+          l.remote_high > m.remote_max) {
+        return Status::out_of_range(what() + ": items [" + std::to_string(run.first) + ", " + std::to_string(end) +
+                                    ") span local [" + std::to_string(l.local_low) + ", " +
+                                    std::to_string(l.local_high) + ") and peer [" + std::to_string(l.remote_low) +
+                                    ", " + std::to_string(l.remote_high) + "), outside what every move of " +
+                                    "prepared table " + std::to_string(run.moves) + " keeps in its regions (local [" +
+                                    std::to_string(m.local_min) + ", " + std::to_string(m.local_max) + "], peer [" +
+                                    std::to_string(m.remote_min) + ", " + std::to_string(m.remote_max) + "])");
+      }
+      for (int a = 0; a < 2; ++a) {
+        for (int b = 0; b < 2; ++b) {
+          if (m.kinds.pairs[a][b]) kinds.note(a, b, k, true);
+        }
+      }
+      const uintptr_t local_base = reinterpret_cast<uintptr_t>(l.local_region->base);
+      const uint64_t remote_base = l.remote_region->region.base;
+      for (const PreparedMoves::Move& mv : m.moves) {
+        program->runs.push_back(
+            {l.copy_first, l.copy_count, true, mv.local_at - local_base, mv.remote_at - remote_base, mv.segment});
+      }
+      *bytes += l.bytes * m.moves.size();
+      *count += run.count * m.moves.size();
+      tables->push_back(t->second);
+      continue;
+    }
+    // The local side: the literal run's extent, moved, inside `run.local`.
+    // Shifts are added modulo 2^64 (a later layer may lie lower); the
+    // moved extent must then lie inside the region without wrapping.
+    const uint64_t low = l.local_low + run.local_shift, extent = l.local_high - l.local_low;
+    const Region* local_region = registry_->find(run.local);
+    uint64_t local_end = 0;
+    if (local_region == nullptr || !checked_add(low, extent, &local_end) || local_end > local_region->bytes) {
+      Result<uint8_t*> to = registry_->resolve(run.local, low, extent, std::string_view());
+      return Status(to.ok() ? Code::kInternal : to.error().code(),
+                    what() + (to.ok() ? ": resolved where the registry did not" : to.error().message()));
+    }
+    // The peer's side: its region, access and extent.
+    auto found = p.regions.find(run.remote);
+    if (found == p.regions.end()) {
+      return Status::not_found(what() + ": peer '" + peer_name + "' advertises no region " +
+                               std::to_string(run.remote) + " (connect() again with fresh metadata?)");
+    }
+    const Peer::RemoteRegion& r = found->second;
+    if ((r.access & needs) == 0) {
+      return Status::permission_denied(what() + ": peer '" + peer_name + "' region " + std::to_string(run.remote) +
+                                       " does not allow remote " + (op == TransferOp::kRead ? "reads" : "writes"));
+    }
+    const uint64_t remote_low = l.remote_low + run.remote_shift;
+    uint64_t remote_end = 0;
+    if (!checked_add(remote_low, l.remote_high - l.remote_low, &remote_end) || remote_end > r.region.bytes) {
+      return Status::out_of_range(what() + ": remote range [" + std::to_string(l.remote_low) + " + " +
+                                  std::to_string(run.remote_shift) + ", " + std::to_string(l.remote_high) + " + " +
+                                  std::to_string(run.remote_shift) + ") is outside peer '" + peer_name + "' region " +
+                                  std::to_string(run.remote) + " of " + std::to_string(r.region.bytes) + " bytes");
+    }
+    kinds.note(local_region->memory != "host", r.device, k, true);
+    CopyRun c;
+    c.first = l.copy_first;
+    c.count = l.copy_count;
+    c.moved = true;
+    c.local_delta = (reinterpret_cast<uintptr_t>(local_region->base) + low) -
+                    (reinterpret_cast<uintptr_t>(l.local_region->base) + l.local_low);
+    c.remote_delta = (r.region.base + remote_low) - (l.remote_region->region.base + l.remote_low);
+    c.segment = r.region.segment;
+    program->runs.push_back(c);
+    regions->push_back(run.local);
+    *bytes += l.bytes;
+    *count += run.count;
+  }
+  std::sort(regions->begin(), regions->end());
+  regions->erase(std::unique(regions->begin(), regions->end()), regions->end());
+  program->ends.resize(program->copies.size() + 1);
+  program->ends[0] = 0;
+  for (size_t i = 0; i < program->copies.size(); ++i)
+    program->ends[i + 1] = program->ends[i] + program->copies[i].bytes;
+  return choose_route_locked(p, kinds, route);
+}
+
+Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
+                                      std::span<const ItemRun> runs, SubmitOptions options) {
+  if (runs.empty()) return Status::invalid_argument("submit: the batch has no runs");
+  auto program = std::make_shared<CopyProgram>();
+  std::vector<RegionId> regions;
+  std::vector<RegionHold> holds;
+  std::shared_ptr<Peer> p;
+  Route route;
+  uint64_t bytes = 0, count = 0;
+  std::vector<std::shared_ptr<PreparedMoves>> tables;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KVB_ASSIGN_OR_RETURN(p, find_peer_locked(peer, "submit"));
+    KVB_RETURN_IF_ERROR(
+        resolve_runs_locked(*p, op, items, runs, program.get(), &regions, &route, &bytes, &count, &tables)
+            .with_context("submit"));
+    for (RegionId r : regions) holds.push_back(registry_->acquire(r));
+    // The transfer holds its tables' regions too: it may outlive a table.
+    for (const std::shared_ptr<PreparedMoves>& t : tables) {
+      for (const RegionHold& hold : t->holds) {
+        hold->fetch_add(1, std::memory_order_acq_rel);
+        holds.push_back(hold);
+      }
+    }
+  }
+  return start_transfer(*p, route, op, {}, std::move(holds), bytes, count, std::move(options), std::move(program));
+}
+
+}  // namespace kvbridge::engine_internal
