@@ -4,10 +4,12 @@
 
 namespace kvbridge::connector {
 
-std::string StageCache::key(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
+std::string StageCache::key(const Layout& local, std::span<const Layout> remotes, const Request& request,
                             const StageOptions& options) {
   // The layouts' addresses, the options, the token counts, and per group its
-  // name and the flags of both lists, each list as its length and its bits.
+  // name and the shape's flags of both lists (an id that is not -1 lists a
+  // block: shape_of()), each list as its length and its bits: what the
+  // request's shape is, without building it.
   std::string k;
   auto put = [&k](uint64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
   put(reinterpret_cast<uintptr_t>(&local));
@@ -15,17 +17,17 @@ std::string StageCache::key(const Layout& local, std::span<const Layout> remotes
   put(remotes.size());
   put(options.layers_per_stage);
   put(options.chunk_tokens);
-  put(shape.num_tokens);
-  put(shape.skip_tokens);
-  for (const auto& [name, g] : shape.groups) {
+  put(request.num_tokens);
+  put(request.skip_tokens);
+  for (const auto& [name, g] : request.blocks) {
     put(name.size());
     k += name;
-    for (const std::vector<bool>* flags : {&g.local, &g.remote}) {
-      put(flags->size());
+    for (const std::vector<int64_t>* ids : {&g.local, &g.remote}) {
+      put(ids->size());
       uint64_t word = 0;
-      for (size_t i = 0; i < flags->size(); ++i) {
-        word |= uint64_t{(*flags)[i]} << (i % 64);
-        if (i % 64 == 63 || i + 1 == flags->size()) {
+      for (size_t i = 0; i < ids->size(); ++i) {
+        word |= uint64_t{(*ids)[i] != -1} << (i % 64);
+        if (i % 64 == 63 || i + 1 == ids->size()) {
           put(word);
           word = 0;
         }
@@ -35,7 +37,7 @@ std::string StageCache::key(const Layout& local, std::span<const Layout> remotes
   return k;
 }
 
-std::optional<StageTemplate> StageCache::find(const std::string& k, const RequestShape& shape, const Layout& local,
+std::optional<StageTemplate> StageCache::find(const std::string& k, const Request& request, const Layout& local,
                                               std::shared_ptr<const void> local_owner, std::span<const Layout> remotes,
                                               std::shared_ptr<const void> remotes_owner, const StageOptions& options) {
   bool seen = false;
@@ -65,7 +67,7 @@ std::optional<StageTemplate> StageCache::find(const std::string& k, const Reques
   // itself only from the second load of its shape on.
   if (!seen) return fresh();
   if (!t) {
-    Result<StageTemplate> built = StageTemplate::create(local, remotes, shape, options);
+    Result<StageTemplate> built = StageTemplate::create(local, remotes, shape_of(request), options);
     // A shape no request can have: plan_stages() words the request's error.
     if (!built.ok()) return fresh();
     t = std::move(*built);
@@ -84,8 +86,7 @@ Result<std::vector<PlanStage>> StageCache::stages(const Layout& local, std::shar
                                                   std::span<const Layout> remotes,
                                                   std::shared_ptr<const void> remotes_owner, const Request& request,
                                                   const StageOptions& options) {
-  const RequestShape shape = shape_of(request);
-  std::optional<StageTemplate> t = find(key(local, remotes, shape, options), shape, local, std::move(local_owner),
+  std::optional<StageTemplate> t = find(key(local, remotes, request, options), request, local, std::move(local_owner),
                                         remotes, std::move(remotes_owner), options);
   if (!t) return plan_stages(local, remotes, request, options);
   return t->instantiate(request);
@@ -94,10 +95,9 @@ Result<std::vector<PlanStage>> StageCache::stages(const Layout& local, std::shar
 Result<std::vector<CompactStage>> StageCache::compact_stages(
     const Layout& local, std::shared_ptr<const void> local_owner, std::span<const Layout> remotes,
     std::shared_ptr<const void> remotes_owner, const Request& request, const StageOptions& options, uint64_t* naive) {
-  const RequestShape shape = shape_of(request);
-  const std::string k = key(local, remotes, shape, options);
+  const std::string k = key(local, remotes, request, options);
   std::optional<StageTemplate> t =
-      find(k, shape, local, std::move(local_owner), remotes, std::move(remotes_owner), options);
+      find(k, request, local, std::move(local_owner), remotes, std::move(remotes_owner), options);
   if (naive != nullptr) {
     // A function of the shape: counted by its first load.
     std::optional<uint64_t> known;

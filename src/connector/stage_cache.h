@@ -61,7 +61,7 @@ class StageCache {
   // The template of the request's kind, built by its second load; none for
   // its first, or where a template cannot serve (stats() counts a load
   // planned afresh then, and one from a template otherwise).
-  std::optional<StageTemplate> find(const std::string& key, const RequestShape& shape, const Layout& local,
+  std::optional<StageTemplate> find(const std::string& key, const Request& request, const Layout& local,
                                     std::shared_ptr<const void> local_owner, std::span<const Layout> remotes,
                                     std::shared_ptr<const void> remotes_owner, const StageOptions& options);
   struct Entry {
@@ -70,7 +70,9 @@ class StageCache {
     std::optional<uint64_t> naive;        // naive_descriptor_count(), once counted
     std::list<std::string>::iterator age;
   };
-  static std::string key(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
+  // The key of the request's kind: of its shape (shape_of()), computed
+  // from its lists.
+  static std::string key(const Layout& local, std::span<const Layout> remotes, const Request& request,
                          const StageOptions& options);
 
   const size_t capacity_;

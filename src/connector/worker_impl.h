@@ -333,6 +333,11 @@ class WorkerImpl final : public ConnectorWorker {
   // moves, at most kMoveTablesKept (all released when more are needed).
   static constexpr size_t kMoveTablesKept = 256;
   std::map<std::string, PreparedId> move_tables_;
+  struct LastTable {
+    std::vector<RunMove> moves;
+    PreparedId id = 0;  // 0: none
+  };
+  std::map<PeerId, LastTable> last_table_;  // per source peer, the table named last (one of move_tables_)
   const std::shared_ptr<Wakeups> wake_ = std::make_shared<Wakeups>();
   bool stop_ = false;
   std::map<RequestId, Load> loads_;

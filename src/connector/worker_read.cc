@@ -29,6 +29,27 @@ std::vector<ItemRun> WorkerImpl::with_tables(PeerId peer, std::span<const ItemRu
       i = std::max(j, i + 1);
       continue;
     }
+    // Reads of a load's stages take the same moves one after another.
+    LastTable& last = last_table_[peer];
+    auto same = [&] {
+      if (last.id == 0 || last.moves.size() != j - i) return false;
+      for (size_t k = i; k < j; ++k) {
+        const RunMove& m = last.moves[k - i];
+        if (m.local != runs[k].local || m.local_shift != runs[k].local_shift || m.remote != runs[k].remote ||
+            m.remote_shift != runs[k].remote_shift) {
+          return false;
+        }
+      }
+      return true;
+    };
+    if (same()) {
+      ItemRun r{runs[i].first, runs[i].count, true};
+      r.moves = last.id;
+      out.push_back(r);
+      *used = true;
+      i = j;
+      continue;
+    }
     std::string key;
     put(key, peer);
     std::vector<RunMove> moves;
@@ -49,10 +70,7 @@ std::vector<ItemRun> WorkerImpl::with_tables(PeerId peer, std::span<const ItemRu
         i = j;
         continue;
       }
-      if (move_tables_.size() >= kMoveTablesKept) {
-        for (const auto& [k, id] : move_tables_) (void)engine_.release_prepared(id);
-        move_tables_.clear();
-      }
+      if (move_tables_.size() >= kMoveTablesKept) release_tables();
       t = move_tables_.emplace(key, *made).first;
       ++stats_.move_tables;
     }
@@ -60,6 +78,7 @@ std::vector<ItemRun> WorkerImpl::with_tables(PeerId peer, std::span<const ItemRu
     r.moves = t->second;
     out.push_back(r);
     *used = true;
+    last_table_[peer] = {std::move(moves), t->second};
     i = j;
   }
   return out;
@@ -68,6 +87,7 @@ std::vector<ItemRun> WorkerImpl::with_tables(PeerId peer, std::span<const ItemRu
 void WorkerImpl::release_tables() {
   for (const auto& [key, id] : move_tables_) (void)engine_.release_prepared(id);
   move_tables_.clear();
+  last_table_.clear();
 }
 
 // Requires mu_: submits the reads of stage `k` from source `s`, ordered
