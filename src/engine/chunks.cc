@@ -1,0 +1,122 @@
+// What a transfer's chunks hold: its copies cut into shares of about
+// equal bytes (a list, or a program's runs, expanded when a share runs),
+// and the content check of what a run moved.
+#include <algorithm>
+
+#include "engine/transfers.h"
+#include "transport/copies.h"
+
+namespace kvbridge::engine_internal {
+namespace {
+
+// Below these a batch is one chunk: splitting costs a queue hop per chunk and
+// buys nothing for a batch one thread moves in microseconds.
+constexpr uint64_t kSplitMinBytes = uint64_t{2} << 20;
+constexpr size_t kSplitMinCopies = 2048;
+
+}  // namespace
+
+Status check_content(transport::Link& link, TransferOp op, std::span<const transport::Copy> copies, bool device,
+                     transport::RunControl& control, bool* differ) {
+  *differ = false;
+  std::vector<uint64_t> remote, local;
+  KVB_RETURN_IF_ERROR(link.digest(copies, control, &remote));
+  if (remote.size() != copies.size()) {
+    return Status::internal("content check: the link hashed " + std::to_string(remote.size()) + " copies of " +
+                            std::to_string(copies.size()));
+  }
+  std::vector<device::DeviceRange> ranges;
+  ranges.reserve(copies.size());
+  for (const transport::Copy& c : copies) ranges.push_back({c.local, c.bytes});
+  KVB_RETURN_IF_ERROR(
+      transport::content_hashes_in_place(ranges, device, &local).with_context("content check: hashing here"));
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const transport::Copy& c = copies[i];
+    const uint64_t here = local[i];
+    if (here == remote[i]) continue;
+    const bool read = op == TransferOp::kRead;
+    char text[200];
+    std::snprintf(text, sizeof text,
+                  "content check failed: the %llu bytes at address 0x%llx of the peer's segment %u %s "
+                  "(source hash %016llx, landed %016llx)",
+                  static_cast<unsigned long long>(c.bytes), static_cast<unsigned long long>(c.remote), c.segment,
+                  read ? "differ from what landed here" : "differ from what was written there",
+                  static_cast<unsigned long long>(read ? remote[i] : here),
+                  static_cast<unsigned long long>(read ? here : remote[i]));
+    *differ = true;
+    return Status::io_error(text);
+  }
+  return Status();
+}
+
+std::vector<std::vector<transport::Copy>> split_copies(std::vector<transport::Copy> copies, size_t parts) {
+  uint64_t total = 0;
+  for (const transport::Copy& c : copies) total += c.bytes;
+  if (parts <= 1 || (total < kSplitMinBytes && copies.size() < kSplitMinCopies)) {
+    std::vector<std::vector<transport::Copy>> out;
+    out.push_back(std::move(copies));
+    return out;
+  }
+  return transport::split_by_bytes(copies, parts);
+}
+
+void expand_runs(const CopyProgram& program, std::span<const CopyRun> runs, std::vector<transport::Copy>* out) {
+  size_t n = out->size();
+  for (const CopyRun& r : runs) n += r.count;
+  out->reserve(n);
+  for (const CopyRun& r : runs) {
+    const transport::Copy* from = program.copies.data() + r.first;
+    if (!r.moved) {
+      out->insert(out->end(), from, from + r.count);
+      continue;
+    }
+    for (uint64_t k = 0; k < r.count; ++k) {
+      out->push_back({reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(from[k].local) + r.local_delta),
+                      from[k].remote + r.remote_delta, from[k].bytes, r.segment});
+    }
+  }
+}
+
+std::vector<std::vector<CopyRun>> split_runs(const CopyProgram& program, size_t parts) {
+  uint64_t total = 0, count = 0;
+  for (const CopyRun& r : program.runs) total += program.bytes(r), count += r.count;
+  std::vector<std::vector<CopyRun>> out(1);
+  if (parts <= 1 || (total < kSplitMinBytes && count < kSplitMinCopies)) {
+    out[0] = program.runs;
+    return out;
+  }
+  const uint64_t share = total / parts + 1;
+  uint64_t room = share;  // bytes the share under way still takes
+  for (CopyRun r : program.runs) {
+    while (r.count > 0) {
+      const uint64_t bytes = program.bytes(r);
+      if (bytes <= room || out.size() == parts) {
+        out.back().push_back(r);
+        room -= std::min(room, bytes);
+        break;
+      }
+      // The copies of r that fit in the room (at least one when the share
+      // is empty so far), the rest to the next share.
+      const uint64_t limit = program.ends[r.first] + room;
+      uint64_t k = static_cast<uint64_t>(
+                       std::upper_bound(program.ends.begin() + static_cast<ptrdiff_t>(r.first),
+                                        program.ends.begin() + static_cast<ptrdiff_t>(r.first + r.count), limit) -
+                       program.ends.begin()) -
+                   1 - r.first;
+      if (k == 0 && out.back().empty()) k = 1;
+      if (k > 0) {
+        CopyRun head = r;
+        head.count = k;
+        out.back().push_back(head);
+        r.first += k;
+        r.count -= k;
+      }
+      out.emplace_back();
+      room = share;
+    }
+  }
+  if (out.back().empty()) out.pop_back();
+  return out;
+}
+
+}  // namespace kvbridge::engine_internal
