@@ -398,7 +398,8 @@ class Engine {
   // items the moved runs repeat: a moved run is checked as a whole (its
   // extent inside the regions it names, the peer region's access), and
   // the engine threads that run the transfer expand it as they copy
-  // (for a transport with its own thread, ucx, when it is handed over).
+  // (such a transfer runs on the engine's threads even over a transport
+  // with threads of its own, tcp and ucx).
   // Errors as submit()'s, naming the run; kInvalidArgument for no runs, a
   // run past the items, or a moved run that is not an earlier literal
   // run's range of one local and one peer region.

@@ -183,7 +183,7 @@ class EngineImpl final : public Engine {
     uint64_t local_min = 0, local_max = UINT64_MAX, remote_min = 0, remote_max = UINT64_MAX;
     Kinds kinds;                                // the (local, peer) memory kinds its moves take
     std::map<RegionId, MetadataRegion> remote;  // the peer regions it names, as they were
-    std::vector<RegionHold> holds;              // its local regions
+    std::shared_ptr<const HeldRegions> held;    // its local regions, shared with the transfers using it
   };
 
  private:
@@ -222,7 +222,8 @@ class EngineImpl final : public Engine {
   Result<TransferId> start_transfer(const Peer& p, const Route& route, TransferOp op,
                                     std::vector<transport::Copy> copies, std::vector<RegionHold> holds, uint64_t bytes,
                                     size_t items, SubmitOptions options,
-                                    std::shared_ptr<const CopyProgram> program = nullptr);
+                                    std::shared_ptr<const CopyProgram> program = nullptr,
+                                    std::vector<std::shared_ptr<const HeldRegions>> held = {});
   // Requires mu_. The metadata of this engine as it stands.
   EngineMetadata describe_locked() const;
   Result<GrantId> grant_locked(const std::string& label, std::span<const WriteGrant> ranges, bool read);

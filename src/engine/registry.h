@@ -115,4 +115,17 @@ class Registry {
 // when not.
 Status check_memory_kind(std::string_view memory);
 
+// Holds on local regions shared by their owners (a prepared table of
+// moves and the transfers that use it), released when the last lets go:
+// a transfer takes one reference, not a hold per region.
+struct HeldRegions {
+  std::vector<RegionHold> holds;
+  HeldRegions() = default;
+  HeldRegions(const HeldRegions&) = delete;
+  HeldRegions& operator=(const HeldRegions&) = delete;
+  ~HeldRegions() {
+    for (const RegionHold& hold : holds) Registry::release(hold);
+  }
+};
+
 }  // namespace kvbridge::engine_internal

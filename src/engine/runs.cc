@@ -91,7 +91,9 @@ Result<PreparedId> EngineImpl::prepare_moves(PeerId peer, TransferOp op, std::sp
   m->remote_max = clamp(remote_max);
   std::sort(regions.begin(), regions.end());
   regions.erase(std::unique(regions.begin(), regions.end()), regions.end());
-  for (RegionId r : regions) m->holds.push_back(registry_->acquire(r));
+  auto held = std::make_shared<HeldRegions>();
+  for (RegionId r : regions) held->holds.push_back(registry_->acquire(r));
+  m->held = std::move(held);
   m->generation = p.generation;
   const PreparedId id = next_prepared_++;
   moves_.emplace(id, std::move(m));
@@ -263,6 +265,7 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
   Route route;
   uint64_t bytes = 0, count = 0;
   std::vector<std::shared_ptr<PreparedMoves>> tables;
+  std::vector<std::shared_ptr<const HeldRegions>> held;
   {
     std::lock_guard<std::mutex> lock(mu_);
     KVB_ASSIGN_OR_RETURN(p, find_peer_locked(peer, "submit"));
@@ -270,15 +273,12 @@ Result<TransferId> EngineImpl::submit(PeerId peer, TransferOp op, std::span<cons
         resolve_runs_locked(*p, op, items, runs, program.get(), &regions, &route, &bytes, &count, &tables)
             .with_context("submit"));
     for (RegionId r : regions) holds.push_back(registry_->acquire(r));
-    // The transfer holds its tables' regions too: it may outlive a table.
-    for (const std::shared_ptr<PreparedMoves>& t : tables) {
-      for (const RegionHold& hold : t->holds) {
-        hold->fetch_add(1, std::memory_order_acq_rel);
-        holds.push_back(hold);
-      }
-    }
+    // The transfer holds its tables' regions too (it may outlive a table):
+    // one reference to each table's holds.
+    for (const std::shared_ptr<PreparedMoves>& t : tables) held.push_back(t->held);
   }
-  return start_transfer(*p, route, op, {}, std::move(holds), bytes, count, std::move(options), std::move(program));
+  return start_transfer(*p, route, op, {}, std::move(holds), bytes, count, std::move(options), std::move(program),
+                        std::move(held));
 }
 
 }  // namespace kvbridge::engine_internal

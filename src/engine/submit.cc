@@ -142,7 +142,8 @@ Status EngineImpl::resolve_locked(const Peer& p, TransferOp op, std::span<const 
 Result<TransferId> EngineImpl::start_transfer(const Peer& p, const Route& route, TransferOp op,
                                               std::vector<transport::Copy> copies, std::vector<RegionHold> holds,
                                               uint64_t bytes, size_t items, SubmitOptions options,
-                                              std::shared_ptr<const CopyProgram> program) {
+                                              std::shared_ptr<const CopyProgram> program,
+                                              std::vector<std::shared_ptr<const HeldRegions>> held) {
   auto refuse = [&](Status why) {
     for (const RegionHold& hold : holds) Registry::release(hold);
     return why;
@@ -171,6 +172,7 @@ Result<TransferId> EngineImpl::start_transfer(const Peer& p, const Route& route,
   t->on_end = std::move(options.on_end);
   t->bytes_total = bytes;
   t->holds = std::move(holds);
+  t->held = std::move(held);
   t->connection = p.connection;
   t->peer_name = peer_text(p.metadata);
   t->link = route.link->link;
@@ -308,9 +310,7 @@ Status EngineImpl::release_prepared(PreparedId id) {
       if (m == moves_.end()) {
         return Status::not_found("release_prepared: list " + std::to_string(id) + " is unknown");
       }
-      std::vector<RegionHold> holds = std::move(m->second->holds);
-      moves_.erase(m);
-      for (const RegionHold& hold : holds) Registry::release(hold);
+      moves_.erase(m);  // its regions are released with the last transfer using it
       return Status();
     }
     list = std::move(it->second);

@@ -68,9 +68,11 @@ std::shared_ptr<Transfer> Transfers::find(TransferId id) const {
 Result<TransferId> Transfers::start(std::shared_ptr<Transfer> t, bool here) {
   TransferId id = 0;
   const size_t chunks = t->chunks.size();
-  // A content check hashes on the engine thread after the run: such a
-  // transfer's chunks run there, not on the link's own thread.
-  const bool async = !here && t->link->runs_async() && !t->verify_content;
+  // A content check hashes on the engine thread after the run, and a
+  // program's chunk is expanded by the thread that runs it (not inside
+  // submit()): such a transfer's chunks run on the engine's threads, not
+  // on the link's own.
+  const bool async = !here && t->link->runs_async() && !t->verify_content && t->chunks[0].program == nullptr;
   bool earliest = false;
   std::shared_ptr<Transfer> keep = t;
   t->run_here = here;
@@ -156,6 +158,7 @@ void Transfers::finish_locked(Transfer& t) {
   // Regions first: whoever sees the end may deregister at once.
   for (const RegionHold& hold : t.holds) Registry::release(hold);
   t.holds.clear();
+  t.held.clear();
   uint64_t done = 0;
   for (const Chunk& c : t.chunks) done += c.control.bytes_done.load(std::memory_order_acquire);
   if (t.state == TransferState::kDone) done = t.bytes_total;

@@ -122,7 +122,8 @@ struct Transfer {
   std::shared_ptr<transport::Link> link;
   std::shared_ptr<Channel> channel;
   std::string notification;
-  std::vector<RegionHold> holds;  // its local regions' holds, released once when it ends
+  std::vector<RegionHold> holds;                         // its local regions' holds, released once when it ends
+  std::vector<std::shared_ptr<const HeldRegions>> held;  // holds shared with prepared tables: let go when it ends
   uint64_t bytes_total = 0;
   // Called once when the transfer ends, with no lock held (SubmitOptions::on_end).
   std::function<void(TransferId, const TransferStatus&)> on_end;
