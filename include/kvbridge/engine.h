@@ -398,8 +398,8 @@ class Engine {
   // items the moved runs repeat: a moved run is checked as a whole (its
   // extent inside the regions it names, the peer region's access), and
   // the engine threads that run the transfer expand it as they copy
-  // (such a transfer runs on the engine's threads even over a transport
-  // with threads of its own, tcp and ucx).
+  // (for a transport with threads of its own, tcp and ucx, inside
+  // submit(), as it is handed over).
   // Errors as submit()'s, naming the run; kInvalidArgument for no runs, a
   // run past the items, or a moved run that is not an earlier literal
   // run's range of one local and one peer region.

@@ -68,11 +68,13 @@ std::shared_ptr<Transfer> Transfers::find(TransferId id) const {
 Result<TransferId> Transfers::start(std::shared_ptr<Transfer> t, bool here) {
   TransferId id = 0;
   const size_t chunks = t->chunks.size();
-  // A content check hashes on the engine thread after the run, and a
-  // program's chunk is expanded by the thread that runs it (not inside
-  // submit()): such a transfer's chunks run on the engine's threads, not
-  // on the link's own.
-  const bool async = !here && t->link->runs_async() && !t->verify_content && t->chunks[0].program == nullptr;
+  // A content check hashes on the engine thread after the run: such a
+  // transfer's chunks run there, not on the link's own thread. A
+  // program's chunks are expanded as they are handed to the link (here):
+  // run synchronously on the engine's workers instead, a read from a peer
+  // that stopped would hold them until its deadline, and every other
+  // transfer behind it.
+  const bool async = !here && t->link->runs_async() && !t->verify_content;
   bool earliest = false;
   std::shared_ptr<Transfer> keep = t;
   t->run_here = here;
