@@ -62,9 +62,16 @@ std::vector<std::vector<transport::Copy>> split_copies(std::vector<transport::Co
 
 void expand_runs(const CopyProgram& program, std::span<const CopyRun> runs, std::vector<transport::Copy>* out) {
   size_t n = out->size();
-  for (const CopyRun& r : runs) n += r.count;
+  for (const CopyRun& r : runs) n += r.count * (r.moves != nullptr ? r.move_count : 1);
   out->reserve(n);
   for (const CopyRun& r : runs) {
+    if (r.moves != nullptr) {
+      for (uint64_t k = 0; k < r.move_count; ++k) {
+        const CopyRun one = r.move(k);
+        expand_runs(program, {&one, 1}, out);
+      }
+      continue;
+    }
     const transport::Copy* from = program.copies.data() + r.first;
     if (!r.moved) {
       out->insert(out->end(), from, from + r.count);
@@ -79,15 +86,19 @@ void expand_runs(const CopyProgram& program, std::span<const CopyRun> runs, std:
 
 std::vector<std::vector<CopyRun>> split_runs(const CopyProgram& program, size_t parts) {
   uint64_t total = 0, count = 0;
-  for (const CopyRun& r : program.runs) total += program.bytes(r), count += r.count;
+  for (const CopyRun& r : program.runs)
+    total += program.bytes(r), count += r.count * std::max<uint64_t>(r.move_count, 1);
   std::vector<std::vector<CopyRun>> out(1);
   if (parts <= 1 || (total < kSplitMinBytes && count < kSplitMinCopies)) {
     out[0] = program.runs;
     return out;
   }
   const uint64_t share = total / parts + 1;
-  uint64_t room = share;  // bytes the share under way still takes
-  for (CopyRun r : program.runs) {
+  uint64_t room = share;                               // bytes the share under way still takes
+  const size_t per = program.runs.size() / parts + 2;  // a share's runs, about
+  out.back().reserve(per);
+  // Places a run that is not a table run, cutting it at copy boundaries.
+  auto place = [&](CopyRun r) {
     while (r.count > 0) {
       const uint64_t bytes = program.bytes(r);
       if (bytes <= room || out.size() == parts) {
@@ -111,9 +122,35 @@ std::vector<std::vector<CopyRun>> split_runs(const CopyProgram& program, size_t 
         r.first += k;
         r.count -= k;
       }
-      out.emplace_back();
+      out.emplace_back().reserve(per);
       room = share;
     }
+  };
+  for (CopyRun r : program.runs) {
+    // A table run: the whole moves that fit stay one table run; where less
+    // than a move's bytes are left, the next move is placed as a moved run.
+    while (r.moves != nullptr && r.move_count > 0) {
+      const uint64_t one = program.ends[r.first + r.count] - program.ends[r.first];
+      if (one * r.move_count <= room || out.size() == parts) {
+        out.back().push_back(r);
+        room -= std::min(room, one * r.move_count);
+        r.move_count = 0;
+        break;
+      }
+      if (const uint64_t q = one > 0 ? room / one : r.move_count; q > 0) {
+        CopyRun head = r;
+        head.move_count = q;
+        out.back().push_back(head);
+        room -= q * one;
+        r.moves += q;
+        r.move_count -= q;
+        continue;
+      }
+      place(r.move(0));
+      ++r.moves;
+      --r.move_count;
+    }
+    if (r.moves == nullptr) place(r);
   }
   if (out.back().empty()) out.pop_back();
   return out;

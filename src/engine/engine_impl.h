@@ -184,6 +184,11 @@ class EngineImpl final : public Engine {
     Kinds kinds;                                // the (local, peer) memory kinds its moves take
     std::map<RegionId, MetadataRegion> remote;  // the peer regions it names, as they were
     std::shared_ptr<const HeldRegions> held;    // its local regions, shared with the transfers using it
+    // The moves as deltas from the regions of the literal run that used
+    // the table last (a table run's moves: CopyRun), kept while it does.
+    std::shared_ptr<const std::vector<CopyMove>> deltas;
+    uintptr_t deltas_local_base = 0;
+    uint64_t deltas_remote_base = 0;
   };
 
  private:

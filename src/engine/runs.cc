@@ -120,6 +120,7 @@ Status EngineImpl::resolve_runs_locked(const Peer& p, TransferOp op, std::span<c
   const uint8_t needs = op == TransferOp::kRead ? 1 : 2;
   const std::string& peer_name = p.metadata.name;
   Kinds kinds;
+  program->runs.reserve(runs.size());
   for (size_t k = 0; k < runs.size(); ++k) {
     const ItemRun& run = runs[k];
     auto what = [k] { return "run " + std::to_string(k); };
@@ -191,12 +192,28 @@ Status EngineImpl::resolve_runs_locked(const Peer& p, TransferOp op, std::span<c
           if (m.kinds.pairs[a][b]) kinds.note(a, b, k, true);
         }
       }
+      // One table run: its moves' deltas from the literal run's regions,
+      // computed once per pair of regions and shared, read only, by every
+      // transfer that uses them.
       const uintptr_t local_base = reinterpret_cast<uintptr_t>(l.local_region->base);
       const uint64_t remote_base = l.remote_region->region.base;
-      for (const PreparedMoves::Move& mv : m.moves) {
-        program->runs.push_back(
-            {l.copy_first, l.copy_count, true, mv.local_at - local_base, mv.remote_at - remote_base, mv.segment});
+      if (m.deltas == nullptr || m.deltas_local_base != local_base || m.deltas_remote_base != remote_base) {
+        auto deltas = std::make_shared<std::vector<CopyMove>>();
+        deltas->reserve(m.moves.size());
+        for (const PreparedMoves::Move& mv : m.moves) {
+          deltas->push_back({mv.local_at - local_base, mv.remote_at - remote_base, mv.segment});
+        }
+        m.deltas = std::move(deltas);
+        m.deltas_local_base = local_base;
+        m.deltas_remote_base = remote_base;
       }
+      CopyRun c;
+      c.first = l.copy_first;
+      c.count = l.copy_count;
+      c.moves = m.deltas->data();
+      c.move_count = m.deltas->size();
+      program->runs.push_back(c);
+      program->tables.push_back(m.deltas);
       *bytes += l.bytes * m.moves.size();
       *count += run.count * m.moves.size();
       tables->push_back(t->second);

@@ -255,7 +255,10 @@ INSTANTIATE_TEST_SUITE_P(Transports, RunsTest, ::testing::Values("local", "tcp")
 
 // split_runs(): every copy once, in order, in shares of about equal bytes.
 TEST(SplitRunsTest, SharesHoldEveryCopyOnceInOrder) {
+  // Literal, moved and table runs (a table's moves are cut at whole moves,
+  // and inside a move where less than a move's bytes are left).
   std::mt19937_64 rng(11);
+  uint64_t cut_tables = 0;
   for (int round = 0; round < 200; ++round) {
     engine_internal::CopyProgram program;
     const size_t n = 1 + rng() % 3000;
@@ -268,7 +271,16 @@ TEST(SplitRunsTest, SharesHoldEveryCopyOnceInOrder) {
     for (size_t r = 0; r < 1 + rng() % 40; ++r) {
       const uint64_t first = rng() % n;
       const uint64_t count = 1 + rng() % (n - first);
-      program.runs.push_back({first, count, rng() % 2 == 0, rng(), rng(), static_cast<uint32_t>(r)});
+      engine_internal::CopyRun run{first, count, rng() % 2 == 0, rng(), rng(), static_cast<uint32_t>(r)};
+      if (rng() % 3 == 0) {
+        auto table = std::make_shared<std::vector<engine_internal::CopyMove>>();
+        for (size_t m = 0; m < 1 + rng() % 100; ++m) table->push_back({rng(), rng(), static_cast<uint32_t>(m)});
+        run.moved = false;
+        run.moves = table->data();
+        run.move_count = table->size();
+        program.tables.push_back(table);
+      }
+      program.runs.push_back(run);
     }
     std::vector<transport::Copy> whole;
     engine_internal::expand_runs(program, program.runs, &whole);
@@ -278,6 +290,12 @@ TEST(SplitRunsTest, SharesHoldEveryCopyOnceInOrder) {
     std::vector<transport::Copy> joined;
     uint64_t total = 0, largest = 0, biggest_copy = 0;
     for (const transport::Copy& c : whole) total += c.bytes, biggest_copy = std::max(biggest_copy, c.bytes);
+    size_t table_runs = 0, shared_runs = 0;
+    for (const engine_internal::CopyRun& r : program.runs) table_runs += r.moves != nullptr;
+    for (const auto& share : shares) {
+      for (const engine_internal::CopyRun& r : share) shared_runs += r.moves != nullptr;
+    }
+    cut_tables += shared_runs > table_runs;
     for (const auto& share : shares) {
       ASSERT_FALSE(share.empty());
       const size_t before = joined.size();
@@ -298,6 +316,7 @@ TEST(SplitRunsTest, SharesHoldEveryCopyOnceInOrder) {
       EXPECT_LE(largest, total / parts + 1 + parts * biggest_copy) << "round " << round;
     }
   }
+  EXPECT_GT(cut_tables, 10u);  // table runs were cut between shares
 }
 
 }  // namespace

@@ -228,7 +228,7 @@ void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
     std::vector<transport::Copy> piece;
     piece.reserve(kPieceCopies);
     Status s;
-    for (const CopyRun& run : chunk.runs) {
+    auto pieces = [&](const CopyRun& run) {
       for (uint64_t at = 0; at < run.count && s.ok(); at += kPieceCopies) {
         CopyRun part = run;
         part.first = run.first + at;
@@ -237,6 +237,10 @@ void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
         expand_runs(*chunk.program, {&part, 1}, &piece);
         s = run_copies(t, piece, chunk.control);
       }
+    };
+    for (const CopyRun& run : chunk.runs) {
+      if (run.moves == nullptr) pieces(run);
+      for (uint64_t k = 0; run.moves != nullptr && k < run.move_count && s.ok(); ++k) pieces(run.move(k));
       if (!s.ok()) break;
     }
     end_chunk(tp, std::move(s));

@@ -52,19 +52,37 @@
 namespace kvbridge::engine_internal {
 
 // A transfer's copies held as runs (Engine::submit with runs): the literal
-// copies, and runs over them, each those copies as they are or moved by
-// fixed deltas (the pointer arithmetic is modulo 2^64) into one segment.
+// copies, and runs over them, each those copies as they are, moved by
+// fixed deltas (the pointer arithmetic is modulo 2^64) into one segment,
+// or moved by each move of a table in turn (a prepared table of moves:
+// one run however many layers it repeats, so that a submit writes no
+// per-layer state).
+struct CopyMove {
+  uint64_t local_delta = 0, remote_delta = 0;  // added to each copy's local pointer and remote address
+  uint32_t segment = 0;                        // every copy's
+};
 struct CopyRun {
   uint64_t first = 0, count = 0;  // copies [first, first + count)
   bool moved = false;
   uint64_t local_delta = 0, remote_delta = 0;  // moved: added to each copy's local pointer and remote address
   uint32_t segment = 0;                        // moved: every copy's
+  // A table run (`moved` false): the copies moved by moves[0], then by
+  // moves[1], ... moves[move_count - 1]; the program holds the table.
+  const CopyMove* moves = nullptr;
+  uint64_t move_count = 0;
+  // The run of move k of a table run: a moved run.
+  CopyRun move(uint64_t k) const {
+    return {first, count, true, moves[k].local_delta, moves[k].remote_delta, moves[k].segment};
+  }
 };
 struct CopyProgram {
   std::vector<transport::Copy> copies;
   std::vector<uint64_t> ends;  // ends[i]: the bytes of copies [0, i); copies.size() + 1 of them
   std::vector<CopyRun> runs;
-  uint64_t bytes(const CopyRun& r) const { return ends[r.first + r.count] - ends[r.first]; }
+  std::vector<std::shared_ptr<const std::vector<CopyMove>>> tables;  // what table runs point into
+  uint64_t bytes(const CopyRun& r) const {
+    return (ends[r.first + r.count] - ends[r.first]) * (r.moves != nullptr ? r.move_count : 1);
+  }
 };
 
 // Appends the copies `runs` of `program` hold, in order.
