@@ -102,6 +102,42 @@ TEST(PlanTemplateTest, InstantiatingIntoAUsedPlanGivesTheSamePlan) {
   expect_same(Result<Plan>(reused), plan(decode[3], prefill, r));
 }
 
+TEST(PlanTemplateTest, FewShuffledIdsOfAHugeCacheEmitInIdOrder) {
+  // A request far smaller than its cache: its ids are put in order by a
+  // radix sort, one pass per 8 bits of the largest block id (three here).
+  // Ids that share their low digits, or differ only in the top one, must
+  // still come out in order, and the compact instance must be the plan.
+  constexpr uint64_t kBlocks = 300000;
+  const std::vector<Layout> prefill = tp_instance("llama3-8b", 2, Order::kLBHNC, kBlocks);
+  const std::vector<Layout> decode = tp_instance("llama3-8b", 1, Order::kLBHNC, kBlocks);
+  std::vector<int64_t> local, remote;
+  for (int64_t i = 0; i < 64; ++i) {
+    local.push_back(static_cast<int64_t>((i * 7919 + 13) % 256 + 256 * ((i * 37) % 1100)));
+    remote.push_back(static_cast<int64_t>(kBlocks) - 1 - i * 4099);
+  }
+  local.push_back(static_cast<int64_t>(kBlocks) - 1);
+  local.push_back(0);
+  remote.push_back(5);
+  remote.push_back(6);
+  const Request r = attention_request(16 * local.size(), 0, local, remote);
+  Result<PlanTemplate> t = PlanTemplate::create(decode[0], prefill, shape_of(r));
+  ASSERT_TRUE(t.ok()) << t.error().to_string();
+  const Result<Plan> planned = plan(decode[0], prefill, r);
+  expect_same(t->instantiate(r), planned);
+  Result<StageTemplate> st = StageTemplate::create(decode[0], prefill, shape_of(r), StageOptions{0, 256});
+  ASSERT_TRUE(st.ok()) << st.error().to_string();
+  Result<std::vector<CompactStage>> compact = st->instantiate_compact(r);
+  Result<std::vector<PlanStage>> stages = plan_stages(decode[0], prefill, r, StageOptions{0, 256});
+  ASSERT_TRUE(compact.ok() && stages.ok());
+  ASSERT_EQ(compact->size(), stages->size());
+  ASSERT_GT(stages->size(), 1u);
+  for (size_t k = 0; k < stages->size(); ++k) {
+    const CompactPlan& c = (*compact)[k].plan;
+    EXPECT_EQ(expand(c).descriptors, (*stages)[k].plan.descriptors) << "stage " << k;
+    EXPECT_LT(c.literal.size(), (*stages)[k].plan.descriptors.size()) << "stage " << k;
+  }
+}
+
 TEST(PlanTemplateTest, StateScratchAndWindowGroupsFollowTheirIds) {
   // qwen3-next: full attention, a state group (the last listed block moves,
   // lists of different lengths) and a scratch ring (one block).
