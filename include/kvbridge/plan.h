@@ -298,6 +298,14 @@ class PlanTemplate {
 // of a stage template's compact stages is what plan_stages() returns, stage
 // by stage, descriptor by descriptor.
 
+// Where a moved run puts its descriptors: these tensors, at their offsets
+// plus the shifts (modulo 2^64).
+struct TensorShift {
+  uint16_t local_tensor = 0, remote_tensor = 0;
+  uint64_t local_shift = 0, remote_shift = 0;
+  bool operator==(const TensorShift&) const = default;
+};
+
 struct DescriptorRun {
   uint64_t first = 0, count = 0;  // descriptors [first, first + count) of CompactPlan::literal
   // False: those descriptors as they are. True: moved, each naming
@@ -307,7 +315,19 @@ struct DescriptorRun {
   bool moved = false;
   uint16_t local_tensor = 0, remote_tensor = 0;
   uint64_t local_shift = 0, remote_shift = 0;
-  bool operator==(const DescriptorRun&) const = default;
+  // A table run (moved, with a table): the run moved by each shift of the
+  // table in turn, as that many moved runs one after another would be (the
+  // later layers of a layer-major cache: one run for all of them, and a
+  // table shared by every instance of the template). The fields above are
+  // then its first shift's.
+  std::shared_ptr<const std::vector<TensorShift>> table = nullptr;
+  // The descriptors it stands for.
+  uint64_t descriptors() const { return table != nullptr ? count * table->size() : count; }
+  bool operator==(const DescriptorRun& o) const {
+    return first == o.first && count == o.count && moved == o.moved && local_tensor == o.local_tensor &&
+           remote_tensor == o.remote_tensor && local_shift == o.local_shift && remote_shift == o.remote_shift &&
+           (table == o.table || (table != nullptr && o.table != nullptr && *table == *o.table));
+  }
 };
 
 struct CompactPlan {

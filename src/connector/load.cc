@@ -26,10 +26,13 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
   const size_t sources = tensors.sources.size();
   ls.items.resize(sources);
   ls.runs.resize(sources);
+  ls.tables.resize(sources);
   ls.device.assign(sources, 0);
   for (size_t r = 0; r < plan.sources.size() && r < sources; ++r) {
     const uint64_t n = plan.sources[r].descriptors;
-    if (n > 0) ls.items[r].reserve(whole ? n : std::min<uint64_t>(n, plan.literal.size()));
+    if (n == 0) continue;
+    ls.items[r].reserve(whole ? n : std::min<uint64_t>(n, plan.literal.size()));
+    if (!whole) ls.runs[r].reserve(plan.runs.size());
   }
   auto item = [&](const Descriptor& d, uint16_t lt, uint16_t rt, uint64_t lo, uint64_t ro) {
     ls.items[d.source].push_back(
@@ -39,13 +42,26 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
   };
   // Per literal run (by its first descriptor): each source's items of it.
   std::vector<std::pair<uint64_t, std::vector<ItemRun>>> literal;
+  // A moved run's shifts: its table's, or its own.
+  auto shifts = [](const DescriptorRun& run) -> std::span<const TensorShift> {
+    if (run.table != nullptr) return *run.table;
+    return {};
+  };
+  auto as_items = [&](const Descriptor* ds, const DescriptorRun& run) {
+    std::span<const TensorShift> table = shifts(run);
+    const TensorShift own{run.local_tensor, run.remote_tensor, run.local_shift, run.remote_shift};
+    if (table.empty()) table = {&own, 1};
+    for (const TensorShift& m : table) {
+      for (uint64_t k = 0; k < run.count; ++k) {
+        item(ds[k], m.local_tensor, m.remote_tensor, ds[k].local_offset + m.local_shift,
+             ds[k].remote_offset + m.remote_shift);
+      }
+    }
+  };
   for (const DescriptorRun& run : plan.runs) {
     const Descriptor* ds = plan.literal.data() + run.first;
     if (whole && run.moved) {
-      for (uint64_t k = 0; k < run.count; ++k) {
-        item(ds[k], run.local_tensor, run.remote_tensor, ds[k].local_offset + run.local_shift,
-             ds[k].remote_offset + run.remote_shift);
-      }
+      as_items(ds, run);
       continue;
     }
     if (whole) {
@@ -63,11 +79,10 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
     if (from == literal.rend()) {
       std::vector<ItemRun> per(sources);
       for (size_t s = 0; s < sources; ++s) per[s].first = ls.items[s].size();
-      for (uint64_t k = 0; k < run.count; ++k) {
-        if (run.moved) {
-          item(ds[k], run.local_tensor, run.remote_tensor, ds[k].local_offset + run.local_shift,
-               ds[k].remote_offset + run.remote_shift);
-        } else {
+      if (run.moved) {
+        as_items(ds, run);
+      } else {
+        for (uint64_t k = 0; k < run.count; ++k) {
           item(ds[k], ds[k].local_tensor, ds[k].remote_tensor, ds[k].local_offset, ds[k].remote_offset);
         }
       }
@@ -81,6 +96,14 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
     for (size_t s = 0; s < sources; ++s) {
       const ItemRun& l = from->second[s];
       if (l.count == 0) continue;
+      if (run.table != nullptr) {
+        ls.tables[s].push_back({ls.runs[s].size(), run.table});
+        ls.runs[s].push_back({l.first, l.count, true});
+        for (const TensorShift& m : *run.table) {
+          ls.device[s] |= tensors.local_device[m.local_tensor] | tensors.remote_device[s][m.remote_tensor];
+        }
+        continue;
+      }
       ls.runs[s].push_back({l.first, l.count, true, tensors.local_regions[run.local_tensor], run.local_shift,
                             tensors.sources[s].tensors[run.remote_tensor].region, run.remote_shift});
       ls.device[s] |= tensors.local_device[run.local_tensor] | tensors.remote_device[s][run.remote_tensor];

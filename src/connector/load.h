@@ -46,6 +46,15 @@ struct LoadStage {
   // runs: the later layers repeat the first at other regions), or none,
   // when `items` is the whole list (push: what the sources write).
   std::vector<std::vector<ItemRun>> runs;
+  // Per source: its table runs (the plan's, DescriptorRun::table), each an
+  // entry of `runs` that is moved and names no regions; its read names a
+  // prepared table of the table's moves, or takes its moved runs one by one
+  // (WorkerImpl::stage_runs()).
+  struct TableRun {
+    size_t run = 0;  // in runs[s]
+    std::shared_ptr<const std::vector<TensorShift>> table;
+  };
+  std::vector<std::vector<TableRun>> tables;
   std::vector<uint8_t> device;  // per source: its items touch device memory (on either side)
   uint32_t pending = 0;         // transfers submitted and not ended
   bool submitted = false, failed = false, landed = false;

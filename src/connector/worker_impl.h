@@ -225,10 +225,16 @@ class WorkerImpl final : public ConnectorWorker {
   // Requires mu_: submits the reads of stage `k` of `load` from source `s`
   // (worker_read.cc).
   Result<TransferId> submit_read(const Load& load, uint32_t k, size_t s, PeerId peer, const SubmitOptions& base);
-  // Requires mu_: `runs` with each sequence of moved runs of one literal
-  // run replaced by one run naming a prepared table of those moves (made
-  // now if new; *used set when any was named).
-  std::vector<ItemRun> with_tables(PeerId peer, std::span<const ItemRun> runs, bool* used);
+  // Requires mu_: the runs of stage `st` of `load` from source `s` as the
+  // engine takes them without tables: each table run as its moved runs.
+  std::vector<ItemRun> stage_runs(const Load& load, const LoadStage& st, size_t s) const;
+  // Requires mu_: the same runs with each table run, and each sequence of
+  // moved runs of one literal run, as one run naming a prepared table of
+  // those moves (made now if new; *used set when any was named).
+  std::vector<ItemRun> with_tables(PeerId peer, const Load& load, const LoadStage& st, size_t s, bool* used);
+  // Requires mu_: the prepared table of `moves` for `peer` (0 when the
+  // engine refuses to prepare it: the runs then go as they are).
+  PreparedId table_of(PeerId peer, std::vector<RunMove> moves);
   // Requires mu_: releases every prepared table of moves.
   void release_tables();
 
@@ -336,6 +342,11 @@ class WorkerImpl final : public ConnectorWorker {
   struct LastTable {
     std::vector<RunMove> moves;
     PreparedId id = 0;  // 0: none
+    // When it was named for a table run: the plan's table and the snapshot
+    // of the source's registrations its moves were mapped with (held, so
+    // that their addresses name them alone).
+    std::shared_ptr<const std::vector<TensorShift>> plan_table;
+    std::shared_ptr<const Fetched> fetched;
   };
   std::map<PeerId, LastTable> last_table_;  // per source peer, the table named last (one of move_tables_)
   const std::shared_ptr<Wakeups> wake_ = std::make_shared<Wakeups>();

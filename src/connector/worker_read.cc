@@ -14,14 +14,100 @@ void put(std::string& key, uint64_t v) { key.append(reinterpret_cast<const char*
 
 }  // namespace
 
-std::vector<ItemRun> WorkerImpl::with_tables(PeerId peer, std::span<const ItemRun> runs, bool* used) {
+// A table run's moved runs, regions mapped from the plan's tensors: the
+// worker's registrations here, the snapshot's of the source there.
+static void table_moves(const std::vector<RegionId>& regions, const RankInfo& source,
+                        const std::vector<TensorShift>& table, std::vector<RunMove>* out) {
+  out->reserve(out->size() + table.size());
+  for (const TensorShift& m : table) {
+    out->push_back({regions[m.local_tensor], m.local_shift, source.tensors[m.remote_tensor].region, m.remote_shift});
+  }
+}
+
+std::vector<ItemRun> WorkerImpl::stage_runs(const Load& load, const LoadStage& st, size_t s) const {
+  const std::vector<ItemRun>& runs = st.runs[s];
+  const std::vector<LoadStage::TableRun>& tables = st.tables[s];
+  if (tables.empty()) return runs;
+  std::vector<ItemRun> out;
+  std::vector<RunMove> moves;
+  for (size_t i = 0, t = 0; i < runs.size(); ++i) {
+    if (t == tables.size() || tables[t].run != i) {
+      out.push_back(runs[i]);
+      continue;
+    }
+    moves.clear();
+    table_moves(regions_, load.fetched->infos[s], *tables[t++].table, &moves);
+    for (const RunMove& m : moves) {
+      out.push_back({runs[i].first, runs[i].count, true, m.local, m.local_shift, m.remote, m.remote_shift});
+    }
+  }
+  return out;
+}
+
+PreparedId WorkerImpl::table_of(PeerId peer, std::vector<RunMove> moves) {
+  std::string key;
+  key.reserve(8 + 32 * moves.size());
+  put(key, peer);
+  for (const RunMove& m : moves) {
+    put(key, m.local);
+    put(key, m.local_shift);
+    put(key, m.remote);
+    put(key, m.remote_shift);
+  }
+  auto t = move_tables_.find(key);
+  if (t == move_tables_.end()) {
+    Result<PreparedId> made = engine_.prepare_moves(peer, TransferOp::kRead, moves);
+    // The runs go as they are; their submit names what is wrong.
+    if (!made.ok()) return 0;
+    if (move_tables_.size() >= kMoveTablesKept) release_tables();
+    t = move_tables_.emplace(key, *made).first;
+    ++stats_.move_tables;
+  }
+  last_table_[peer] = {std::move(moves), t->second, nullptr, nullptr};
+  return t->second;
+}
+
+std::vector<ItemRun> WorkerImpl::with_tables(PeerId peer, const Load& load, const LoadStage& st, size_t s, bool* used) {
+  const std::vector<ItemRun>& runs = st.runs[s];
+  const std::vector<LoadStage::TableRun>& tables = st.tables[s];
   std::vector<ItemRun> out;
   out.reserve(runs.size());
-  for (size_t i = 0; i < runs.size();) {
+  for (size_t i = 0, t = 0; i < runs.size();) {
+    if (t < tables.size() && tables[t].run == i) {
+      // A table run: the stages of a load share its table (one object),
+      // so the table named last for this peer is usually it.
+      const LoadStage::TableRun& tr = tables[t++];
+      LastTable& last = last_table_[peer];
+      PreparedId id = last.id;
+      if (id == 0 || last.plan_table != tr.table || last.fetched != load.fetched) {
+        std::vector<RunMove> moves;
+        table_moves(regions_, load.fetched->infos[s], *tr.table, &moves);
+        id = table_of(peer, std::move(moves));
+        if (id != 0) {
+          LastTable& named = last_table_[peer];
+          named.plan_table = tr.table;
+          named.fetched = load.fetched;
+        }
+      }
+      if (id == 0) {
+        std::vector<RunMove> moves;
+        table_moves(regions_, load.fetched->infos[s], *tr.table, &moves);
+        for (const RunMove& m : moves) {
+          out.push_back({runs[i].first, runs[i].count, true, m.local, m.local_shift, m.remote, m.remote_shift});
+        }
+      } else {
+        ItemRun r{runs[i].first, runs[i].count, true};
+        r.moves = id;
+        out.push_back(r);
+        *used = true;
+      }
+      ++i;
+      continue;
+    }
     // Moved runs of one literal run, one after another: one table.
     size_t j = i;
     while (j < runs.size() && runs[j].moved && runs[j].moves == 0 && runs[j].first == runs[i].first &&
-           runs[j].count == runs[i].count) {
+           runs[j].count == runs[i].count && (t == tables.size() || tables[t].run != j)) {
       ++j;
     }
     if (j - i < 2) {
@@ -30,7 +116,7 @@ std::vector<ItemRun> WorkerImpl::with_tables(PeerId peer, std::span<const ItemRu
       continue;
     }
     // Reads of a load's stages take the same moves one after another.
-    LastTable& last = last_table_[peer];
+    const LastTable& last = last_table_[peer];
     auto same = [&] {
       if (last.id == 0 || last.moves.size() != j - i) return false;
       for (size_t k = i; k < j; ++k) {
@@ -42,43 +128,23 @@ std::vector<ItemRun> WorkerImpl::with_tables(PeerId peer, std::span<const ItemRu
       }
       return true;
     };
-    if (same()) {
+    PreparedId id = last.id;
+    if (!same()) {
+      std::vector<RunMove> moves;
+      moves.reserve(j - i);
+      for (size_t k = i; k < j; ++k) {
+        moves.push_back({runs[k].local, runs[k].local_shift, runs[k].remote, runs[k].remote_shift});
+      }
+      id = table_of(peer, std::move(moves));
+    }
+    if (id == 0) {
+      out.insert(out.end(), runs.begin() + static_cast<ptrdiff_t>(i), runs.begin() + static_cast<ptrdiff_t>(j));
+    } else {
       ItemRun r{runs[i].first, runs[i].count, true};
-      r.moves = last.id;
+      r.moves = id;
       out.push_back(r);
       *used = true;
-      i = j;
-      continue;
     }
-    std::string key;
-    put(key, peer);
-    std::vector<RunMove> moves;
-    moves.reserve(j - i);
-    for (size_t k = i; k < j; ++k) {
-      moves.push_back({runs[k].local, runs[k].local_shift, runs[k].remote, runs[k].remote_shift});
-      put(key, runs[k].local);
-      put(key, runs[k].local_shift);
-      put(key, runs[k].remote);
-      put(key, runs[k].remote_shift);
-    }
-    auto t = move_tables_.find(key);
-    if (t == move_tables_.end()) {
-      Result<PreparedId> made = engine_.prepare_moves(peer, TransferOp::kRead, moves);
-      if (!made.ok()) {
-        // The runs go as they are; their submit names what is wrong.
-        out.insert(out.end(), runs.begin() + static_cast<ptrdiff_t>(i), runs.begin() + static_cast<ptrdiff_t>(j));
-        i = j;
-        continue;
-      }
-      if (move_tables_.size() >= kMoveTablesKept) release_tables();
-      t = move_tables_.emplace(key, *made).first;
-      ++stats_.move_tables;
-    }
-    ItemRun r{runs[i].first, runs[i].count, true};
-    r.moves = t->second;
-    out.push_back(r);
-    *used = true;
-    last_table_[peer] = {std::move(moves), t->second};
     i = j;
   }
   return out;
@@ -100,18 +166,21 @@ Result<TransferId> WorkerImpl::submit_read(const Load& load, uint32_t k, size_t 
     if (st.runs[s].empty()) return engine_.submit(peer, TransferOp::kRead, st.items[s], std::move(o));
     ++stats_.reads_as_runs;
     for (const ItemRun& r : st.runs[s]) stats_.moved_runs += r.moved;
+    for (const LoadStage::TableRun& t : st.tables[s]) stats_.moved_runs += t.table->size() - 1;
     // The moved runs as prepared tables, one per (source, moves); a table
     // the engine no longer takes (the source reconnected or changed its
     // registrations: rare) is released with the others, and the runs go
     // as they are.
     bool used = false;
-    std::vector<ItemRun> tabled = with_tables(peer, st.runs[s], &used);
+    std::vector<ItemRun> tabled = with_tables(peer, load, st, s, &used);
     if (used) {
       Result<TransferId> id = engine_.submit(peer, TransferOp::kRead, st.items[s], tabled, o);
       if (id.ok() || id.error().code() != Code::kUnavailable) return id;
       release_tables();
+    } else if (!st.tables[s].empty()) {
+      return engine_.submit(peer, TransferOp::kRead, st.items[s], tabled, std::move(o));
     }
-    return engine_.submit(peer, TransferOp::kRead, st.items[s], st.runs[s], std::move(o));
+    return engine_.submit(peer, TransferOp::kRead, st.items[s], stage_runs(load, st, s), std::move(o));
   };
   if (st.device.empty() || st.device[s] == 0) return submit(base);
   SubmitOptions o = base;

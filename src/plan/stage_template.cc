@@ -40,8 +40,9 @@ Result<StageTemplate> StageTemplate::create(const Layout& local, std::span<const
   KVB_RETURN_IF_ERROR(check_remotes(local, remotes).status());
   KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, probe));
   const std::vector<std::string> order = layer_order(local);
+  ShiftTables tables;  // the stages' equal tables of copies as one
   for (const StageCut& cut : stage_cuts(local, remotes, moves, probe, options, order)) {
-    KVB_ASSIGN_OR_RETURN(PlanTemplate stage, build_template(local, remotes, shape, &cut));
+    KVB_ASSIGN_OR_RETURN(PlanTemplate stage, build_template(local, remotes, shape, &cut, &tables));
     if (!stage.uniform()) {
       t->uniform = false;
       t->fallback_reason = stage.fallback_reason();

@@ -51,9 +51,11 @@ std::string stages_diff(const Result<std::vector<PlanStage>>& a, const Result<st
 // Empty when the compact stages `a` expand to the stages `b` and hold the
 // compact plans' invariants (plan.h): runs in range, a moved run repeating
 // exactly an earlier literal run of one local and one remote tensor, the
-// counts and totals the expanded plan's. Adds the moved runs to *moved.
+// counts and totals the expanded plan's. Adds the moved runs to *moved
+// (a table run's each), the table runs to *tables and their moved runs to
+// *tables_moved.
 std::string compact_diff(const Result<std::vector<CompactStage>>& a, const Result<std::vector<PlanStage>>& b,
-                         uint64_t* moved) {
+                         uint64_t* moved, uint64_t* tables, uint64_t* tables_moved) {
   if (a.has_value() != b.has_value()) return "the compact stages and the stages differ in success";
   if (!a) return a.error().message() == b.error().message() ? "" : "errors differ";
   if (a->size() != b->size()) return "other number of compact stages";
@@ -69,13 +71,24 @@ std::string compact_diff(const Result<std::vector<CompactStage>>& a, const Resul
     std::set<std::pair<uint64_t, uint64_t>> literal;
     uint64_t count = 0;
     for (const DescriptorRun& run : c.runs) {
-      count += run.count;
+      count += run.descriptors();
       if (run.count == 0 || run.first + run.count > c.literal.size()) return which + ": a run out of range";
       if (!run.moved) {
+        if (run.table != nullptr) return which + ": a literal run has a table";
         literal.insert({run.first, run.count});
         continue;
       }
-      *moved += 1;
+      if (run.table != nullptr) {
+        if (run.table->size() < 2) return which + ": a table run of fewer than two shifts";
+        const TensorShift& f = run.table->front();
+        if (f.local_tensor != run.local_tensor || f.remote_tensor != run.remote_tensor ||
+            f.local_shift != run.local_shift || f.remote_shift != run.remote_shift) {
+          return which + ": a table run whose fields are not its first shift's";
+        }
+        *tables += 1;
+        *tables_moved += run.table->size();
+      }
+      *moved += run.table != nullptr ? run.table->size() : 1;
       if (!literal.contains({run.first, run.count})) return which + ": a moved run is no earlier literal run";
       for (uint64_t i = run.first; i < run.first + run.count; ++i) {
         if (c.literal[i].local_tensor != c.literal[run.first].local_tensor ||
@@ -92,7 +105,7 @@ std::string compact_diff(const Result<std::vector<CompactStage>>& a, const Resul
 
 TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
   const auto start = std::chrono::steady_clock::now();
-  uint64_t passed = 0, failures = 0, stages = 0, fallbacks = 0, broken = 0, moved = 0;
+  uint64_t passed = 0, failures = 0, stages = 0, fallbacks = 0, broken = 0, moved = 0, tables = 0, tables_moved = 0;
   for (uint64_t i : case_indices(std::max<uint64_t>(num_cases() / 4, 1))) {
     if (failures >= 3) break;
     gen::Rng rng(gen::case_seed(base_seed() ^ 0x57a7e, i));
@@ -121,7 +134,8 @@ TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
       continue;
     }
     if (own && t->uniform() && own->size() != t->stages()) failed(c.request, "stages() is not the number of stages");
-    if (std::string d = compact_diff(t->instantiate_compact(c.request), own, &moved); !d.empty()) {
+    if (std::string d = compact_diff(t->instantiate_compact(c.request), own, &moved, &tables, &tables_moved);
+        !d.empty()) {
       failed(c.request, "the case's own ids: " + d);
       continue;
     }
@@ -132,7 +146,8 @@ TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
       failed(other, "other ids of the shape: " + d);
       continue;
     }
-    if (std::string d = compact_diff(t->instantiate_compact(other), planned_other, &moved); !d.empty()) {
+    if (std::string d = compact_diff(t->instantiate_compact(other), planned_other, &moved, &tables, &tables_moved);
+        !d.empty()) {
       failed(other, "other ids of the shape: " + d);
       continue;
     }
@@ -153,7 +168,8 @@ TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
       failed(bad, "a broken id: " + d);
       continue;
     }
-    if (std::string d = compact_diff(t->instantiate_compact(bad), planned_bad, &moved); !d.empty()) {
+    if (std::string d = compact_diff(t->instantiate_compact(bad), planned_bad, &moved, &tables, &tables_moved);
+        !d.empty()) {
       failed(bad, "a broken id: " + d);
       continue;
     }
@@ -163,12 +179,15 @@ TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf(
       "[ stage tmpl ] %llu templates: instances and compact instances equal plan_stages() (%llu stages, %llu "
-      "moved runs, %llu broken requests, %llu through plan_stages()) in %.2f s, seed %llu\n",
-      (unsigned long long)passed, (unsigned long long)stages, (unsigned long long)moved, (unsigned long long)broken,
+      "moved runs, %llu of them in %llu table runs, %llu broken requests, %llu through plan_stages()) in %.2f s, "
+      "seed %llu\n",
+      (unsigned long long)passed, (unsigned long long)stages, (unsigned long long)moved,
+      (unsigned long long)tables_moved, (unsigned long long)tables, (unsigned long long)broken,
       (unsigned long long)fallbacks, seconds, (unsigned long long)base_seed());
   if (std::getenv("KVB_PROPERTY_CASE") == nullptr && passed >= 100) {
     EXPECT_GT(stages, passed) << "the generator reaches requests cut in several stages";
     EXPECT_GT(moved, passed / 10) << "the generator reaches plans held with moved runs";
+    EXPECT_GT(tables, passed / 50) << "the generator reaches plans held with table runs";
   }
 }
 

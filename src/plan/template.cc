@@ -269,11 +269,11 @@ template <bool kOnePiece, bool kOneSource, bool kRigid>
   return unordered;
 }
 
-// Counts the descriptors of a copy of loop `original` (emitted fresh at
-// `span`) in the plan's per-source totals.
-void count_copy(const TemplateLoop& original, LoopSpan& span, Plan& out) {
+// Counts the descriptors of `copies` copies of loop `original` (emitted
+// fresh at `span`) in the plan's per-source totals.
+void count_copy(const TemplateLoop& original, LoopSpan& span, Plan& out, uint64_t copies = 1) {
   if (original.one_source) {
-    out.sources[original.pieces.front().source].descriptors += span.end - span.begin;
+    out.sources[original.pieces.front().source].descriptors += copies * (span.end - span.begin);
     return;
   }
   // The original's count per source, once; then each copy adds it.
@@ -281,7 +281,7 @@ void count_copy(const TemplateLoop& original, LoopSpan& span, Plan& out) {
     span.counts.assign(out.sources.size(), 0);
     for (size_t k = span.begin; k < span.end; ++k) ++span.counts[out.descriptors[k].source];
   }
-  for (size_t src = 0; src < span.counts.size(); ++src) out.sources[src].descriptors += span.counts[src];
+  for (size_t src = 0; src < span.counts.size(); ++src) out.sources[src].descriptors += copies * span.counts[src];
 }
 
 // Emits loop `copy` as the descriptors of the loop it copies (`original`,
@@ -337,6 +337,21 @@ void radix_order(std::span<const int64_t> ids, uint64_t num_blocks, std::vector<
     std::swap(from, to);
   }
   if (from != order.data()) std::copy_n(from, n, order.data());
+}
+
+// True when no descriptor of any local tensor of `table` was emitted yet,
+// and no two of its shifts name one: then each is marked as held by a
+// moved run (kInMovedRun). False, changing nothing, when not.
+bool claim_fresh(const std::vector<TensorShift>& table, std::vector<int64_t>& last) {
+  for (size_t k = 0; k < table.size(); ++k) {
+    int64_t& held = last[table[k].local_tensor];
+    if (held != -1) {
+      for (size_t u = 0; u < k; ++u) last[table[u].local_tensor] = -1;
+      return false;
+    }
+    held = kInMovedRun;
+  }
+  return true;
 }
 
 // Emits the loops of one move with the request's ids: entries in ascending
@@ -397,6 +412,37 @@ bool emit_move(const TemplateMove& tm, std::span<const int64_t> local_ids, std::
   spans.assign(tm.loops.size(), LoopSpan{});
   for (size_t i = 0; i < tm.loops.size(); ++i) {
     const TemplateLoop& loop = tm.loops[i];
+    if (runs != nullptr && loop.copies_end > i + 1 && spans[static_cast<size_t>(loop.copy_of)].fresh &&
+        spans[static_cast<size_t>(loop.copy_of)].end > spans[static_cast<size_t>(loop.copy_of)].begin &&
+        claim_fresh(*loop.copies, last)) {
+      // Copies of one loop one after another, each starting fresh: what
+      // they would be one by one below (a moved run each), as one table
+      // run.
+      LoopSpan& original = spans[static_cast<size_t>(loop.copy_of)];
+      const TemplateLoop& from = tm.loops[static_cast<size_t>(loop.copy_of)];
+      const std::vector<TensorShift>& table = *loop.copies;
+      DescriptorRun run{original.begin,
+                        original.end - original.begin,
+                        true,
+                        loop.local_tensor,
+                        loop.remote_tensor,
+                        loop.local_shift,
+                        loop.remote_shift};
+      run.table = loop.copies;
+      runs->push_back(std::move(run));
+      count_copy(from, original, out, table.size());
+      scratch.repeated_end = std::max<uint64_t>(scratch.repeated_end, original.end);
+      order_out.new_descriptor(table.front().local_tensor);
+      if (!loop.copies_ascending) order_out.by_tensor = false;
+      order_out.new_descriptor(table.back().local_tensor);
+      order_out.unordered = order_out.unordered || original.unordered;
+      for (size_t k = i; k < loop.copies_end; ++k) {
+        spans[k].unordered = original.unordered;
+        spans[k].begin = spans[k].end = out.descriptors.size();
+      }
+      i = loop.copies_end - 1;
+      continue;
+    }
     LoopSpan& span = spans[i];
     int64_t& held = last[loop.local_tensor];
     if (runs != nullptr && (held == kInMovedRun || (held >= 0 && static_cast<uint64_t>(held) < scratch.repeated_end))) {
@@ -507,7 +553,7 @@ bool instantiate_all_compact(std::span<const PlanTemplate> templates, const Requ
     if (emit_fitted(t, lists, scratch, p, &runs)) {
       CompactPlan& c = out[i];
       c.descriptors = 0;
-      for (const DescriptorRun& run : runs) c.descriptors += run.count;
+      for (const DescriptorRun& run : runs) c.descriptors += run.descriptors();
       // Copied out at their size; the buffers keep theirs for the next
       // stage (growing them afresh per stage was a tenth of the work).
       c.literal.assign(p.descriptors.begin(), p.descriptors.end());
@@ -539,20 +585,25 @@ Plan expand(const CompactPlan& c) {
   p.bytes = c.bytes;
   p.descriptors.resize(c.descriptors);
   Descriptor* to = p.descriptors.data();
+  auto moved = [&](const Descriptor* from, uint64_t count, const TensorShift& m) {
+    for (uint64_t k = 0; k < count; ++k) {
+      *to++ = {from[k].source,
+               m.local_tensor,
+               m.remote_tensor,
+               0,
+               from[k].local_offset + m.local_shift,
+               from[k].remote_offset + m.remote_shift,
+               from[k].bytes};
+    }
+  };
   for (const DescriptorRun& run : c.runs) {
     const Descriptor* from = c.literal.data() + run.first;
     if (!run.moved) {
       to = std::copy_n(from, run.count, to);
-      continue;
-    }
-    for (uint64_t k = 0; k < run.count; ++k) {
-      *to++ = {from[k].source,
-               run.local_tensor,
-               run.remote_tensor,
-               0,
-               from[k].local_offset + run.local_shift,
-               from[k].remote_offset + run.remote_shift,
-               from[k].bytes};
+    } else if (run.table != nullptr) {
+      for (const TensorShift& m : *run.table) moved(from, run.count, m);
+    } else {
+      moved(from, run.count, {run.local_tensor, run.remote_tensor, run.local_shift, run.remote_shift});
     }
   }
   return p;

@@ -17,6 +17,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -62,6 +64,13 @@ struct TemplateLoop {
   int64_t copy_of = -1;
   uint64_t local_shift = 0, remote_shift = 0;
   uint16_t remote_tensor = 0;  // of every piece, when copy_of >= 0 (or it is copied)
+  // The first of two or more consecutive copies of one loop: one past the
+  // last of them, and their tensors and shifts in order (a compact plan's
+  // table run, when each of them starts fresh), and whether their local
+  // tensors ascend. 0 on every other loop.
+  uint32_t copies_end = 0;
+  std::shared_ptr<const std::vector<TensorShift>> copies = nullptr;
+  bool copies_ascending = false;
 };
 
 // One group move with moving positions.
@@ -97,10 +106,23 @@ struct StageCut;  // plan/internal.h
 // blocks than its group has.
 Result<Request> probe_request(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape);
 
+// Equal tables of copies (TemplateLoop::copies) as one object: the stages
+// of a StageTemplate share theirs, so that whoever maps a table run to
+// something of its own (the connector: a prepared table of moves) can
+// know it again by its address.
+class ShiftTables {
+ public:
+  std::shared_ptr<const std::vector<TensorShift>> intern(std::vector<TensorShift> table);
+
+ private:
+  std::map<std::vector<uint64_t>, std::shared_ptr<const std::vector<TensorShift>>> tables_;
+};
+
 // PlanTemplate::create(); with `cut`, the template of that stage of the
-// shape (StageTemplate): its moves narrowed to the cut's tokens and layers.
+// shape (StageTemplate): its moves narrowed to the cut's tokens and layers,
+// its tables of copies from `tables` (when given).
 Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
-                                    const StageCut* cut = nullptr);
+                                    const StageCut* cut = nullptr, ShiftTables* tables = nullptr);
 
 // Instantiates `templates` (the stages of one shape: StageTemplate) for
 // `request` into out[i] (out.size() >= templates.size()), checking the

@@ -99,7 +99,7 @@ std::vector<uint64_t> loop_shape(const TemplateLoop& loop) {
 }
 
 // Marks each loop that is an earlier loop moved by fixed offsets.
-void find_copies(std::vector<TemplateLoop>& loops) {
+void find_copies(std::vector<TemplateLoop>& loops, ShiftTables* tables) {
   std::map<std::vector<uint64_t>, size_t> first_of_shape;
   for (size_t i = 0; i < loops.size(); ++i) {
     std::vector<uint64_t> shape = loop_shape(loops[i]);
@@ -112,6 +112,23 @@ void find_copies(std::vector<TemplateLoop>& loops) {
     loop.copy_of = static_cast<int64_t>(it->second);
     loop.local_shift = loop.pieces.front().local_offset - original.pieces.front().local_offset;
     loop.remote_shift = loop.pieces.front().remote_offset - original.pieces.front().remote_offset;
+  }
+  // Runs of consecutive copies of one loop: a compact plan's table runs.
+  for (size_t i = 0; i < loops.size();) {
+    size_t j = i + 1;
+    while (loops[i].copy_of >= 0 && j < loops.size() && loops[j].copy_of == loops[i].copy_of) ++j;
+    if (j - i >= 2) {
+      auto table = std::make_shared<std::vector<TensorShift>>();
+      bool ascending = true;
+      for (size_t k = i; k < j; ++k) {
+        table->push_back({loops[k].local_tensor, loops[k].remote_tensor, loops[k].local_shift, loops[k].remote_shift});
+        ascending = ascending && (k == i || loops[k].local_tensor >= loops[k - 1].local_tensor);
+      }
+      loops[i].copies_end = static_cast<uint32_t>(j);
+      loops[i].copies = tables != nullptr ? tables->intern(std::move(*table)) : std::move(table);
+      loops[i].copies_ascending = ascending;
+    }
+    i = j;
   }
 }
 
@@ -176,7 +193,7 @@ void order_by_address(std::vector<TemplateLoop>& loops, uint64_t entries) {
 // Builds the template of one group move. Returns false (and a reason) when
 // some entry's pieces are not its class's.
 bool build_move(const GroupMove& m, std::span<const Unit> units, const std::string& group, PlanTemplate::Impl& t,
-                TemplateMove& tm) {
+                TemplateMove& tm, ShiftTables* tables) {
   const uint64_t e0 = first_entry(m), e1 = end_entry(m);
   tm.first_entry = e0;
   // Classes: the position range of an entry relative to its block, and where
@@ -238,7 +255,7 @@ bool build_move(const GroupMove& m, std::span<const Unit> units, const std::stri
     }
   }
   order_by_address(tm.loops, e1 - e0);
-  find_copies(tm.loops);
+  find_copies(tm.loops, tables);
   for (TemplateLoop& loop : tm.loops) {
     for (size_t c = 0; c + 1 < loop.program.size(); ++c) {
       t.max_pieces += members[c] * (loop.program[c + 1] - loop.program[c]);
@@ -295,8 +312,19 @@ Result<Request> probe_request(const Layout& local, std::span<const Layout> remot
   return r;
 }
 
+std::shared_ptr<const std::vector<TensorShift>> ShiftTables::intern(std::vector<TensorShift> table) {
+  std::vector<uint64_t> key;
+  key.reserve(3 * table.size());
+  for (const TensorShift& m : table) {
+    key.insert(key.end(), {uint64_t{m.local_tensor} << 16 | m.remote_tensor, m.local_shift, m.remote_shift});
+  }
+  auto [it, fresh] = tables_.try_emplace(std::move(key));
+  if (fresh) it->second = std::make_shared<const std::vector<TensorShift>>(std::move(table));
+  return it->second;
+}
+
 Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
-                                    const StageCut* cut) {
+                                    const StageCut* cut, ShiftTables* tables) {
   KVB_ASSIGN_OR_RETURN(Request probe, probe_request(local, remotes, shape));
   KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
   KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, probe));
@@ -347,7 +375,7 @@ Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout>
     }
     TemplateMove tm;
     tm.group = gi;
-    if (!build_move(m, units, g.name, *t, tm)) {
+    if (!build_move(m, units, g.name, *t, tm, tables)) {
       t->moves.clear();
       t->pieces = t->max_pieces = 0;
       break;

@@ -131,10 +131,18 @@ TEST(PlanTemplateTest, FewShuffledIdsOfAHugeCacheEmitInIdOrder) {
   ASSERT_TRUE(compact.ok() && stages.ok());
   ASSERT_EQ(compact->size(), stages->size());
   ASSERT_GT(stages->size(), 1u);
+  // The later layers of each stage are one table run, and the stages share
+  // its table (one object: StageTemplate interns them).
+  const TensorShift* table = nullptr;
   for (size_t k = 0; k < stages->size(); ++k) {
     const CompactPlan& c = (*compact)[k].plan;
     EXPECT_EQ(expand(c).descriptors, (*stages)[k].plan.descriptors) << "stage " << k;
     EXPECT_LT(c.literal.size(), (*stages)[k].plan.descriptors.size()) << "stage " << k;
+    ASSERT_EQ(c.runs.size(), 2u) << "stage " << k;
+    ASSERT_NE(c.runs[1].table, nullptr) << "stage " << k;
+    EXPECT_EQ(c.runs[1].table->size(), decode[0].groups[0].layers.size() - 1) << "stage " << k;
+    if (table == nullptr) table = c.runs[1].table->data();
+    EXPECT_EQ(c.runs[1].table->data(), table) << "stage " << k;
   }
 }
 
