@@ -124,6 +124,17 @@ class ShiftTables {
 Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
                                     const StageCut* cut = nullptr, ShiftTables* tables = nullptr);
 
+// True when `r` fits the shape of `t` and its ids are in range and distinct
+// per list: then plan() accepts it (everything else plan() checks depends
+// on the shape only, and create() planned the shape). Fills `lists` with
+// each group's local and remote list, in shape order; `scratch` is a
+// buffer (template_fits.cc).
+bool fits(const PlanTemplate::Impl& t, const Request& r, std::vector<std::span<const int64_t>>& lists,
+          std::vector<uint64_t>& scratch);
+// The error of a request that does not pass fits(): plan()'s when plan()
+// rejects it, else the first difference from the shape.
+Status request_error(const PlanTemplate::Impl& t, const Request& r);
+
 // Instantiates `templates` (the stages of one shape: StageTemplate) for
 // `request` into out[i] (out.size() >= templates.size()), checking the
 // request against the shape once and reusing one set of buffers. False when
