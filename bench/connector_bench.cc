@@ -368,10 +368,10 @@ BENCHMARK(BM_StartLoadConnected)->Unit(benchmark::kMicrosecond)->Iterations(200)
 BENCHMARK(BM_ReadGrants)->Unit(benchmark::kMillisecond)->Iterations(5);
 BENCHMARK_CAPTURE(BM_LoadHostCost, llama3_70b_128k / P_TP8 / D_TP8 / shuffled, 8)
     ->Unit(benchmark::kMillisecond)
-    ->Iterations(12);
+    ->Iterations(42);
 BENCHMARK_CAPTURE(BM_LoadHostCost, llama3_70b_128k / P_TP8 / D_TP2 / shuffled, 2)
     ->Unit(benchmark::kMillisecond)
-    ->Iterations(8);
+    ->Iterations(22);
 
 }  // namespace
 }  // namespace kvbridge
