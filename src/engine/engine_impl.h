@@ -192,13 +192,24 @@ class EngineImpl final : public Engine {
   };
 
  private:
+  // What check_items_locked() found of a run of items: whether they name
+  // one local and one peer region (those of the first item, found), the
+  // extent they span in each, and their bytes.
+  struct ItemsExtent {
+    bool one_region = true;
+    const Region* local_region = nullptr;
+    const Peer::RemoteRegion* remote_region = nullptr;
+    uint64_t local_low = UINT64_MAX, local_high = 0, remote_low = UINT64_MAX, remote_high = 0;
+    uint64_t bytes = 0;
+  };
   // Requires mu_. Checks `items` (the batch's from index `index0`) against
   // this engine's and the peer's registrations (the errors submit()
   // documents) and appends their copies (merged where adjacent on both
-  // sides, with `merge`) and their local regions; notes their kinds.
+  // sides, with `merge`) and their local regions; notes their kinds; with
+  // `extent`, fills it in the same pass.
   Status check_items_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items, size_t index0,
                             std::vector<transport::Copy>* copies, std::vector<RegionId>* regions, bool merge,
-                            Kinds* kinds) const;
+                            Kinds* kinds, ItemsExtent* extent = nullptr) const;
   // Requires mu_. The peer's link that moves every pair of memory kinds
   // the batch moves (kUnavailable naming the pair when none does).
   Status choose_route_locked(const Peer& p, const Kinds& kinds, Route* route) const;

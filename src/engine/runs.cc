@@ -106,15 +106,16 @@ Status EngineImpl::resolve_runs_locked(const Peer& p, TransferOp op, std::span<c
                                        std::vector<std::shared_ptr<PreparedMoves>>* tables) const {
   // What a moved run needs of the literal run it repeats: its copies, and
   // the regions and extents of its items.
-  struct Literal {
+  struct Literal : ItemsExtent {
     uint64_t first = 0, count = 0;  // its items
     uint64_t copy_first = 0, copy_count = 0;
-    bool one_region = true;
-    RegionId local = 0, remote = 0;
-    uint64_t local_low = UINT64_MAX, local_high = 0, remote_low = UINT64_MAX, remote_high = 0;
-    uint64_t bytes = 0;
-    const Region* local_region = nullptr;               // of `local`
-    const Peer::RemoteRegion* remote_region = nullptr;  // of `remote`
+  };
+  // The deltas that move a literal run's copies to local address
+  // `local_at` and peer address `remote_at` (a region's base plus a shift,
+  // modulo 2^64) in peer segment `segment`.
+  auto move_of = [](const Literal& l, uintptr_t local_at, uint64_t remote_at, uint32_t segment) {
+    return CopyMove{local_at - reinterpret_cast<uintptr_t>(l.local_region->base),
+                    remote_at - l.remote_region->region.base, segment};
   };
   std::vector<Literal> literal;
   const uint8_t needs = op == TransferOp::kRead ? 1 : 2;
@@ -136,20 +137,8 @@ Status EngineImpl::resolve_runs_locked(const Peer& p, TransferOp op, std::span<c
       l.first = run.first;
       l.count = run.count;
       l.copy_first = program->copies.size();
-      KVB_RETURN_IF_ERROR(check_items_locked(p, op, its, run.first, &program->copies, regions, true, &kinds));
+      KVB_RETURN_IF_ERROR(check_items_locked(p, op, its, run.first, &program->copies, regions, true, &kinds, &l));
       l.copy_count = program->copies.size() - l.copy_first;
-      l.local = its[0].local;
-      l.remote = its[0].remote;
-      for (const TransferItem& it : its) {
-        l.one_region = l.one_region && it.local == l.local && it.remote == l.remote;
-        l.local_low = std::min(l.local_low, it.local_offset);
-        l.local_high = std::max(l.local_high, it.local_offset + it.bytes);
-        l.remote_low = std::min(l.remote_low, it.remote_offset);
-        l.remote_high = std::max(l.remote_high, it.remote_offset + it.bytes);
-        l.bytes += it.bytes;
-      }
-      l.local_region = registry_->find(l.local);
-      l.remote_region = &p.regions.at(l.remote);
       program->runs.push_back({l.copy_first, l.copy_count});
       *bytes += l.bytes;
       *count += run.count;
@@ -200,9 +189,8 @@ Status EngineImpl::resolve_runs_locked(const Peer& p, TransferOp op, std::span<c
       if (m.deltas == nullptr || m.deltas_local_base != local_base || m.deltas_remote_base != remote_base) {
         auto deltas = std::make_shared<std::vector<CopyMove>>();
         deltas->reserve(m.moves.size());
-        for (const PreparedMoves::Move& mv : m.moves) {
-          deltas->push_back({mv.local_at - local_base, mv.remote_at - remote_base, mv.segment});
-        }
+        for (const PreparedMoves::Move& mv : m.moves)
+          deltas->push_back(move_of(l, mv.local_at, mv.remote_at, mv.segment));
         m.deltas = std::move(deltas);
         m.deltas_local_base = local_base;
         m.deltas_remote_base = remote_base;
@@ -250,15 +238,9 @@ Status EngineImpl::resolve_runs_locked(const Peer& p, TransferOp op, std::span<c
                                   std::to_string(run.remote) + " of " + std::to_string(r.region.bytes) + " bytes");
     }
     kinds.note(local_region->memory != "host", r.device, k, true);
-    CopyRun c;
-    c.first = l.copy_first;
-    c.count = l.copy_count;
-    c.moved = true;
-    c.local_delta = (reinterpret_cast<uintptr_t>(local_region->base) + low) -
-                    (reinterpret_cast<uintptr_t>(l.local_region->base) + l.local_low);
-    c.remote_delta = (r.region.base + remote_low) - (l.remote_region->region.base + l.remote_low);
-    c.segment = r.region.segment;
-    program->runs.push_back(c);
+    const CopyMove m = move_of(l, reinterpret_cast<uintptr_t>(local_region->base) + run.local_shift,
+                               r.region.base + run.remote_shift, r.region.segment);
+    program->runs.push_back({l.copy_first, l.copy_count, true, m.local_delta, m.remote_delta, m.segment});
     regions->push_back(run.local);
     *bytes += l.bytes;
     *count += run.count;

@@ -32,7 +32,7 @@ void append_copy(std::vector<transport::Copy>& copies, const transport::Copy& c)
 
 Status EngineImpl::check_items_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items, size_t index0,
                                       std::vector<transport::Copy>* copies, std::vector<RegionId>* regions, bool merge,
-                                      Kinds* kinds) const {
+                                      Kinds* kinds, ItemsExtent* extent) const {
   const std::string& peer_name = p.metadata.name;
   // Error messages are built only on error: a context string per item would
   // cost more than the checks for a large batch of small items.
@@ -84,6 +84,19 @@ Status EngineImpl::check_items_locked(const Peer& p, TransferOp op, std::span<co
                                   " of " + std::to_string(r.region.bytes) + " bytes");
     }
     kinds->note(last_device, r.device, index0 + i);
+    if (extent != nullptr) {
+      if (i == 0) {
+        extent->local_region = local_region;
+        extent->remote_region = remote_region;
+      }
+      extent->one_region =
+          extent->one_region && local_region == extent->local_region && remote_region == extent->remote_region;
+      extent->local_low = std::min(extent->local_low, item.local_offset);
+      extent->local_high = std::max(extent->local_high, local_end);
+      extent->remote_low = std::min(extent->remote_low, item.remote_offset);
+      extent->remote_high = std::max(extent->remote_high, end);
+      extent->bytes += item.bytes;
+    }
     const transport::Copy c{local_region->base + item.local_offset, r.region.base + item.remote_offset, item.bytes,
                             r.region.segment};
     if (merge) {
