@@ -55,6 +55,41 @@ TEST(WorkerPlanTest, LoadsOfOneShapeArePlannedFromOneTemplateWhateverTheirIds) {
   EXPECT_EQ(s.move_tables_kept, s.move_tables);
 }
 
+// A prepared table the engine refuses (as it does when the source's regions
+// moved: kUnavailable, "prepare again") is released with the others; the
+// read goes with its table run as moved runs, checked one by one, and the
+// next read prepares the table again. No byte lands wrong.
+TEST(WorkerPlanTest, ARefusedTableGoesAsMovedRunsAndIsPreparedAgain) {
+  auto prefill = instance(opts("prefill", 2));
+  InstanceOptions o = opts("decode", 1);
+  o.worker.load_chunk_tokens = 16;  // a stage per block: several reads a load
+  o.engine_faults = "refuse-tables=2";
+  auto decode = instance(o);
+  ConnectorWorker& d = *decode[0]->worker;
+  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+  Request third = request();
+  third.blocks["full"] = {{3, 4, 6}, {5, 1, 7}};
+  Request fourth = request();
+  fourth.blocks["full"] = {{7, 0, 5}, {2, 6, 0}};
+  uint64_t pattern = 40;
+  for (const Request& q : {request(), third, fourth, third}) {
+    for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, q, RequestSide::kRemote, 0, pattern, r->spans).ok());
+    ASSERT_TRUE(d.start_load("r" + std::to_string(pattern), "prefill", q).ok());
+    LoadResult r = wait_one(d);
+    ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+    Result<ContentReport> c =
+        check_request(decode[0]->layout, q, RequestSide::kLocal, q.skip_tokens, pattern++, decode[0]->spans);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c->bad_cells, 0u) << c->first_error;
+  }
+  const WorkerStats s = d.stats();
+  EXPECT_EQ(s.plans_from_templates, 3u);
+  EXPECT_GT(s.reads_as_runs, 2u);
+  // Two refusals, each releasing every table: prepared again after each.
+  EXPECT_GE(s.move_tables, 3u);
+  EXPECT_LT(s.move_tables_kept, s.move_tables);
+}
+
 TEST(WorkerPlanTest, VerifiesEveryPlanBeforeItRunsWhenAsked) {
   auto prefill = instance(opts("prefill", 2));
   InstanceOptions o = opts("decode", 1);

@@ -43,6 +43,10 @@ struct EngineHooks {
   // second copy's acknowledgement is ignored), as a control message
   // repeated on the way would arrive.
   std::function<bool(std::string_view message)> duplicate_notification;
+  // Called before a submit names a prepared table of moves; true refuses
+  // it as the engine refuses a table whose peer regions moved
+  // (kUnavailable, "prepare again").
+  std::function<bool()> refuse_table;
 };
 
 // Builds the transports that `options` asks for (every known one when empty,

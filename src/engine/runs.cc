@@ -166,6 +166,10 @@ Status EngineImpl::resolve_runs_locked(const Peer& p, TransferOp op, std::span<c
       }
       PreparedMoves& m = *t->second;
       KVB_RETURN_IF_ERROR(check_moves_locked(p, m, op, run.moves).with_context(what()));
+      if (hooks_.refuse_table && hooks_.refuse_table()) {
+        return Status::unavailable(what() + ": prepared table of moves " + std::to_string(run.moves) +
+                                   ": its peer regions moved (testing fault refuse-tables): prepare again");
+      }
       if (l.local_low < m.local_min || l.local_high > m.local_max || l.remote_low < m.remote_min ||
           l.remote_high > m.remote_max) {
         return Status::out_of_range(what() + ": items [" + std::to_string(run.first) + ", " + std::to_string(end) +

@@ -1,6 +1,7 @@
 // An engine with armed faults (see engine_faults.h).
 #include "testing/engine_faults.h"
 
+#include <atomic>
 #include <charconv>
 
 #include "engine/engine_impl.h"
@@ -9,7 +10,7 @@
 namespace kvbridge::testing {
 namespace {
 
-Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec) {
+Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec, uint64_t* refuse_tables) {
   auto faults = std::make_shared<transport::Faults>();
   uint64_t drop_rate = 0, duplicate_rate = 0, seed = 1;
   while (!spec.empty()) {
@@ -39,10 +40,12 @@ Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec) {
       seed = n;
     } else if (key == "skip-copies") {
       faults->set_skip_copies(n != 0);
+    } else if (key == "refuse-tables") {
+      *refuse_tables = n;
     } else {
       return Status::invalid_argument("engine faults: unknown fault '" + std::string(key) +
                                       "' (known: delay, drop-notifications, drop-done, drop-rate, duplicate-rate, "
-                                      "seed, skip-copies)");
+                                      "seed, skip-copies, refuse-tables)");
     }
   }
   if (drop_rate > 0 || duplicate_rate > 0) {
@@ -55,13 +58,23 @@ Result<std::shared_ptr<transport::Faults>> parse_faults(std::string_view spec) {
 
 Result<std::unique_ptr<Engine>> create_engine_with_faults(const EngineOptions& options, std::string_view spec) {
   if (spec.empty()) return Engine::create(options);
-  KVB_ASSIGN_OR_RETURN(std::shared_ptr<transport::Faults> faults, parse_faults(spec));
+  uint64_t refuse_tables = 0;
+  KVB_ASSIGN_OR_RETURN(std::shared_ptr<transport::Faults> faults, parse_faults(spec, &refuse_tables));
   std::vector<TransportReport> reports;
   KVB_ASSIGN_OR_RETURN(auto transports, engine_internal::make_transports(options, &reports));
   for (auto& t : transports) t = transport::make_fault_transport(std::move(t), faults);
   engine_internal::EngineHooks hooks;
   hooks.drop_notification = [faults](std::string_view m) { return faults->take_notification_drop(m); };
   hooks.duplicate_notification = [faults](std::string_view m) { return faults->take_notification_duplicate(m); };
+  if (refuse_tables > 0) {
+    auto left = std::make_shared<std::atomic<uint64_t>>(refuse_tables);
+    hooks.refuse_table = [left] {
+      uint64_t n = left->load();
+      while (n > 0 && !left->compare_exchange_weak(n, n - 1)) {
+      }
+      return n > 0;
+    };
+  }
   return engine_internal::create_engine(options, std::move(transports), std::move(reports), std::move(hooks));
 }
 

@@ -21,6 +21,8 @@ namespace kvbridge::testing {
 //                           drawn from a generator seeded with S (default 1).
 //   "skip-copies=1"         every run reports its bytes moved without moving them: for measuring a
 //                           load's host cost without its copies (benchmarks only: the bytes are wrong).
+//   "refuse-tables=N"       the next N submits that name a prepared table of moves fail as when the
+//                           table's peer regions moved (kUnavailable, "prepare again").
 // Empty: exactly Engine::create. kInvalidArgument naming an unknown fault
 // or a missing number.
 Result<std::unique_ptr<Engine>> create_engine_with_faults(const EngineOptions& options, std::string_view faults);
