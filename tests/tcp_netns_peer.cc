@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/pattern.h"
 #include "transport/transport.h"
 
 using namespace kvbridge;
@@ -28,7 +29,7 @@ using namespace kvbridge::transport;
 
 namespace {
 
-uint8_t pattern(uint64_t i) { return static_cast<uint8_t>((i * 131 + (i >> 11) * 7 + 5) & 0xff); }
+using testing::pattern;
 
 int fail(const std::string& what) {
   std::fprintf(stderr, "tcp_netns_peer: %s\n", what.c_str());

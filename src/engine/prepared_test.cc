@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kvbridge/engine.h"
+#include "testing/run_transfer.h"
 
 namespace kvbridge {
 namespace {
@@ -42,20 +43,12 @@ std::vector<TransferItem> reversed(const Pair& p) {
   return items;
 }
 
-TransferStatus run(Engine& e, Result<TransferId> id) {
-  EXPECT_TRUE(id.ok()) << id.error().to_string();
-  if (!id.ok()) return {};
-  TransferStatus st = e.wait(*id, 10s);
-  (void)e.release(*id);
-  return st;
-}
-
 TEST(PreparedTest, ASubsetIsSubmittedByIndexAndMovesExactlyThoseItems) {
   Pair p;
   Result<PreparedId> list = p.a->prepare(p.peer, TransferOp::kRead, reversed(p));
   ASSERT_TRUE(list.ok()) << list.error().to_string();
   const std::vector<uint32_t> some = {2, 9, 10};
-  TransferStatus st = run(*p.a, p.a->submit(*list, some, {}));
+  TransferStatus st = testing::run_transfer(*p.a, p.a->submit(*list, some, {}));
   ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
   for (uint64_t i = 0; i < 16; ++i) {
     const bool moved = i == 2 || i == 9 || i == 10;
@@ -65,7 +58,7 @@ TEST(PreparedTest, ASubsetIsSubmittedByIndexAndMovesExactlyThoseItems) {
   }
   std::vector<uint32_t> all(16);
   std::iota(all.begin(), all.end(), 0);
-  ASSERT_EQ(run(*p.a, p.a->submit(*list, all, {})).state, TransferState::kDone);
+  ASSERT_EQ(testing::run_transfer(*p.a, p.a->submit(*list, all, {})).state, TransferState::kDone);
   for (uint64_t i = 0; i < 16; ++i) ASSERT_EQ(p.x[i * 256], p.y[(15 - i) * 256]);
   EXPECT_EQ(p.a->metrics().descriptors, 3u + 16u);
   EXPECT_TRUE(p.a->release_prepared(*list).ok());
@@ -124,7 +117,7 @@ TEST(PreparedTest, AListWhosePeerRegionMovedSaysPrepareAgain) {
   (void)*p.b->register_memory(more.data(), more.size());
   ASSERT_EQ(*p.a->connect(p.b->metadata()), p.peer);
   std::vector<uint32_t> one = {0};
-  EXPECT_EQ(run(*p.a, p.a->submit(list, one, {})).state, TransferState::kDone);
+  EXPECT_EQ(testing::run_transfer(*p.a, p.a->submit(list, one, {})).state, TransferState::kDone);
   // The peer drops the region the list reads from.
   ASSERT_TRUE(p.b->deregister_memory(p.ry).ok());
   ASSERT_EQ(*p.a->connect(p.b->metadata()), p.peer);

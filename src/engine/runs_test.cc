@@ -14,6 +14,7 @@
 
 #include "engine/transfers.h"
 #include "kvbridge/engine.h"
+#include "testing/run_transfer.h"
 
 namespace kvbridge {
 namespace {
@@ -46,14 +47,6 @@ struct Layers {
   std::vector<RegionId> rx, ry;
   PeerId peer = 0;
 };
-
-TransferStatus run_batch(Engine& e, Result<TransferId> id) {
-  EXPECT_TRUE(id.ok()) << id.error().to_string();
-  if (!id.ok()) return {};
-  TransferStatus st = e.wait(*id, 20s);
-  (void)e.release(*id);
-  return st;
-}
 
 // Layer 0's items: block i of the first half <- a shuffled block of the
 // peer's (offset 8 KiB into each remote layer, so that a shift moves it).
@@ -94,7 +87,7 @@ TEST_P(RunsTest, MovedRunsLandWhereTheirItemsWould) {
     runs.push_back({0, blocks, true, p.rx[l], shifted ? kBlock : 0, p.ry[l], 0});
     if (shifted) runs.back().remote_shift = UINT64_MAX - 2 * kBlock + 1;  // -2 blocks, modulo 2^64
   }
-  ASSERT_EQ(run_batch(*p.a, p.a->submit(p.peer, TransferOp::kRead, items, runs, SubmitOptions{})).state,
+  ASSERT_EQ(testing::run_transfer(*p.a, p.a->submit(p.peer, TransferOp::kRead, items, runs, SubmitOptions{})).state,
             TransferState::kDone);
   for (uint64_t l = 0; l < kLayers; ++l) {
     ASSERT_TRUE(p.x[l] == expected_layer(p, items, l)) << GetParam() << ": layer " << l << " differs from its items'";
@@ -170,7 +163,7 @@ TEST_P(RunsTest, ATableOfMovesLandsWhereItsMovedRunsWould) {
   // Two loads of the table, the second into fresh memory.
   for (int round = 0; round < 2; ++round) {
     for (std::vector<uint8_t>& layer : p.x) std::fill(layer.begin(), layer.end(), 0);
-    ASSERT_EQ(run_batch(*p.a, p.a->submit(p.peer, TransferOp::kRead, items, runs, SubmitOptions{})).state,
+    ASSERT_EQ(testing::run_transfer(*p.a, p.a->submit(p.peer, TransferOp::kRead, items, runs, SubmitOptions{})).state,
               TransferState::kDone);
     for (uint64_t l = 0; l < kLayers; ++l) {
       ASSERT_TRUE(p.x[l] == expected_layer(p, items, l)) << GetParam() << ": round " << round << " layer " << l;
@@ -242,7 +235,8 @@ TEST_P(RunsTest, ATableWhosePeerRegionIsGoneSaysPrepareAgain) {
   std::vector<uint8_t> more(4096);
   (void)*p.b->register_memory(more.data(), more.size());
   ASSERT_EQ(*p.a->connect(p.b->metadata()), p.peer);
-  EXPECT_EQ(run_batch(*p.a, p.a->submit(p.peer, TransferOp::kRead, items, runs, {})).state, TransferState::kDone);
+  EXPECT_EQ(testing::run_transfer(*p.a, p.a->submit(p.peer, TransferOp::kRead, items, runs, {})).state,
+            TransferState::kDone);
   ASSERT_TRUE(p.b->deregister_memory(p.ry[1]).ok());
   ASSERT_EQ(*p.a->connect(p.b->metadata()), p.peer);
   Result<TransferId> stale = p.a->submit(p.peer, TransferOp::kRead, items, runs, {});

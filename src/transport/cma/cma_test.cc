@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "testing/link_run.h"
+#include "testing/pattern.h"
 #include "testing/require.h"
 #include "transport/transport.h"
 
@@ -26,7 +27,7 @@ using namespace std::chrono_literals;
 
 constexpr uint64_t kChildBytes = uint64_t{32} << 20;
 
-uint8_t pattern(uint64_t i) { return static_cast<uint8_t>((i * 131 + (i >> 11) * 7 + 5) & 0xff); }
+using testing::pattern;
 
 // A child that fills kChildBytes with pattern(), makes its own cma
 // transport, reports the buffer's address and the transport's address blob

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "testing/pattern.h"
 #include "testing/peer_info.h"
 #include "testing/require.h"
 #include "transport/transport.h"
@@ -27,7 +28,7 @@ using namespace std::chrono_literals;
 
 constexpr uint64_t kBytes = uint64_t{32} << 20;
 
-uint8_t pattern(uint64_t i) { return static_cast<uint8_t>((i * 131 + (i >> 11) * 7 + 5) & 0xff); }
+using testing::pattern;
 
 class UcxTest : public ::testing::Test {
  protected:
