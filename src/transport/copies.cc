@@ -13,6 +13,7 @@
 
 #include <xxhash.h>
 
+#include "common/thread_name.h"
 #include "common/xxh3.h"
 
 namespace kvbridge::transport {
@@ -21,6 +22,51 @@ std::string engine_label(std::string_view name, uint64_t instance) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(instance));
   return std::string(name) + " " + hex;
+}
+
+RunThreads::~RunThreads() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+Status RunThreads::post(std::function<void()> job) {
+  {
+    std::lock_guard lock(mu_);
+    jobs_.push_back(std::move(job));
+    if (idle_ == 0 && threads_.size() < max_) {
+      try {
+        threads_.emplace_back([this] { loop(); });
+      } catch (const std::system_error& e) {
+        // With a thread already there, it takes the job when it is free.
+        if (threads_.empty()) {
+          jobs_.pop_back();
+          return Status::resource_exhausted(std::string("cannot start a thread for the run: ") + e.what());
+        }
+      }
+    }
+  }
+  cv_.notify_one();
+  return Status();
+}
+
+void RunThreads::loop() {
+  set_thread_name(name_);
+  std::unique_lock lock(mu_);
+  while (true) {
+    ++idle_;
+    cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    --idle_;
+    if (jobs_.empty()) return;  // stopping, nothing left
+    std::function<void()> job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    job();
+    lock.lock();
+  }
 }
 
 std::vector<std::vector<Copy>> split_by_bytes(std::span<const Copy> copies, size_t parts, uint64_t max_piece) {

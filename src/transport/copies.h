@@ -3,13 +3,18 @@
 // and helpers with one error reported.
 //
 // Thread-safety: pure functions; run_shares() runs `run` on several threads
-// at once.
+// at once; RunThreads::post from any thread.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <mutex>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "device/device.h"
@@ -30,6 +35,31 @@ std::vector<std::vector<Copy>> split_by_bytes(std::span<const Copy> copies, size
 // it wins over their kCancelled. OK when every share succeeded.
 using ShareRun = std::function<Status(size_t index, std::span<const Copy> share, const std::atomic<bool>& abort)>;
 Status run_shares(const std::vector<std::vector<Copy>>& shares, const ShareRun& run);
+
+// The threads that run a link's asynchronous runs (Link::start): up to
+// `max` of them, started as jobs need them (none until the first), each
+// taking queued jobs in order. The destructor lets queued jobs run, then
+// joins. post() fails (kResourceExhausted, the job not queued) only when no
+// thread runs and none can start; with one running, the job waits for it.
+class RunThreads {
+ public:
+  RunThreads(size_t max, const char* name) : max_(std::max<size_t>(max, 1)), name_(name) {}
+  ~RunThreads();
+  RunThreads(const RunThreads&) = delete;
+  RunThreads& operator=(const RunThreads&) = delete;
+  Status post(std::function<void()> job);
+
+ private:
+  void loop();
+  const size_t max_;
+  const char* name_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  size_t idle_ = 0;
+  bool stopping_ = false;
+};
 
 // The content check's hash of `bytes` at `data` (host memory), one function
 // for every side that computes it: XXH3-64 of each 64 KiB leaf, then of the

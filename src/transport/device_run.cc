@@ -8,26 +8,6 @@
 namespace kvbridge::transport {
 namespace {
 
-// Polls `event` until it completed: spinning (with yields) for the first
-// 50 us, where a small copy's completion lands, then sleeping in steps
-// growing to 100 us. A sleep is never shorter than the kernel's timer slack
-// (~50 us), so sleeping at once would put that on every small transfer.
-Status await(device::Device& device, device::Event event, const std::function<bool()>& give_up) {
-  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-  auto pause = std::chrono::microseconds(10);
-  for (;;) {
-    KVB_ASSIGN_OR_RETURN(bool done, device.done(event));
-    if (done) return Status();
-    if (give_up && give_up()) return Status::cancelled("");
-    if (std::chrono::steady_clock::now() < spin_until) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(100));
-    }
-  }
-}
-
 // Cuts `copies` into batches of at most `slice` bytes, cutting a copy where
 // a batch fills.
 std::vector<std::vector<device::DeviceCopy>> batches_of(std::span<const device::DeviceCopy> copies, uint64_t slice) {
@@ -52,6 +32,25 @@ std::vector<std::vector<device::DeviceCopy>> batches_of(std::span<const device::
 }
 
 }  // namespace
+
+// Spinning first because a small copy's completion lands within 50 us; a
+// sleep is never shorter than the kernel's timer slack (~50 us), so
+// sleeping at once would put that on every small transfer.
+Status await_event(device::Device& device, device::Event event, const std::function<bool()>& give_up) {
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  auto pause = std::chrono::microseconds(10);
+  for (;;) {
+    KVB_ASSIGN_OR_RETURN(bool done, device.done(event));
+    if (done) return Status();
+    if (give_up && give_up()) return Status::cancelled("");
+    if (std::chrono::steady_clock::now() < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(100));
+    }
+  }
+}
 
 Result<DeviceRunOptions> device_run_options(const DeviceCopyConfig& config) {
   DeviceRunOptions o;
@@ -206,7 +205,7 @@ Status run_device_copies(StreamPool& pool, ReadyEvents& ready, int device, std::
   KVB_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<void>> events, ready.resolve(control, owner));
   Status stopped;
   for (const std::shared_ptr<void>& e : events) {
-    Status s = await(dev, e.get(), [&] {
+    Status s = await_event(dev, e.get(), [&] {
       stopped = stop_reason();
       return !stopped.ok();
     });
@@ -230,7 +229,7 @@ Status run_device_copies(StreamPool& pool, ReadyEvents& ready, int device, std::
   Status outcome;
   auto land_one = [&]() -> Status {
     const size_t k = landed % 2;
-    KVB_RETURN_IF_ERROR(await(dev, slot->events[k], nullptr).with_context(who + ": a copy batch"));
+    KVB_RETURN_IF_ERROR(await_event(dev, slot->events[k], nullptr).with_context(who + ": a copy batch"));
     control.bytes_done.fetch_add(bytes_of[k], std::memory_order_release);
     ++landed;
     return Status();

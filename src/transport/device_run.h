@@ -135,6 +135,11 @@ class DeviceSide {
   std::map<std::pair<int, int>, bool> peers_;            // (device, peer) -> access enabled
 };
 
+// Polls `event` on the host until it completed (spinning for the first
+// 50 us, then sleeping in steps growing to 100 us), or until `give_up()`
+// (may be empty) says stop: then kCancelled; the device's error otherwise.
+Status await_event(device::Device& device, device::Event event, const std::function<bool()>& give_up);
+
 // Runs `copies` on a stream of `pool` for device `device` under the Link
 // contract. `alive` is asked between batches and while waiting (OK, or the
 // error that ends the run: the peer is gone); `who` names the link in

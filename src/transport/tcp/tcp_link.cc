@@ -103,7 +103,8 @@ Result<TcpPeer> parse_address(std::string_view blob, std::string peer_name) {
   return peer;
 }
 
-TcpLink::TcpLink(TcpPeer peer, uint32_t streams) : peer_(std::move(peer)) {
+TcpLink::TcpLink(TcpPeer peer, uint32_t streams)
+    : peer_(std::move(peer)), runners_(std::make_unique<RunThreads>(std::max<uint32_t>(streams, 1), "kvb-tcp-run")) {
   who_ = "tcp peer '" + peer_.name + "' (" + net::format_host_port(peer_.address) + ")";
   for (uint32_t i = 0; i < std::max<uint32_t>(streams, 1); ++i) {
     all_.push_back(std::make_unique<Stream>());
@@ -112,53 +113,16 @@ TcpLink::TcpLink(TcpPeer peer, uint32_t streams) : peer_(std::move(peer)) {
 }
 
 TcpLink::~TcpLink() {
-  {
-    std::lock_guard lock(jobs_mutex_);
-    stopping_ = true;
-  }
-  jobs_cv_.notify_all();
-  for (std::thread& t : runners_) t.join();
+  runners_.reset();  // queued runs end first
   for (auto& s : all_) close(*s);
 }
 
 void TcpLink::start(TransferOp op, std::span<const Copy> copies, RunControl& control,
                     std::function<void(Status)> done) {
-  std::optional<Job> unrun;
-  std::string why;
-  {
-    std::lock_guard lock(jobs_mutex_);
-    jobs_.push_back(Job{op, copies, &control, std::move(done)});
-    if (idle_runners_ == 0 && runners_.size() < all_.size()) {
-      try {
-        runners_.emplace_back([this] { runner(); });
-      } catch (const std::system_error& e) {
-        // With a runner already there, it takes the run when it is free.
-        if (runners_.empty()) {
-          unrun = std::move(jobs_.back());
-          jobs_.pop_back();
-          why = e.what();
-        }
-      }
-    }
-  }
-  if (unrun) return unrun->done(Status::resource_exhausted(who_ + ": cannot start a thread for the run: " + why));
-  jobs_cv_.notify_one();
-}
-
-void TcpLink::runner() {
-  set_thread_name("kvb-tcp-run");
-  std::unique_lock lock(jobs_mutex_);
-  while (true) {
-    ++idle_runners_;
-    jobs_cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-    --idle_runners_;
-    if (jobs_.empty()) return;  // stopping, nothing left
-    Job job = std::move(jobs_.front());
-    jobs_.pop_front();
-    lock.unlock();
-    job.done(run(job.op, job.copies, *job.control));
-    lock.lock();
-  }
+  auto shared_done = std::make_shared<std::function<void(Status)>>(std::move(done));
+  Status posted =
+      runners_->post([this, op, copies, &control, shared_done] { (*shared_done)(run(op, copies, control)); });
+  if (!posted.ok()) (*shared_done)(posted.with_context(who_));
 }
 
 Result<std::unique_ptr<TcpLink>> TcpLink::create(TcpPeer peer, uint32_t streams,

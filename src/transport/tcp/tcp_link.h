@@ -43,6 +43,7 @@
 #include "net/fd.h"
 #include "net/session.h"
 #include "net/socket.h"
+#include "transport/copies.h"
 #include "transport/transport.h"
 
 namespace kvbridge::transport::tcp {
@@ -104,27 +105,14 @@ class TcpLink : public Link {
   Status digest_frame(Stream& stream, std::span<const Copy> copies, const net::IoLimits& limits,
                       std::vector<uint64_t>* hashes, bool* answered);
 
-  struct Job {
-    TransferOp op;
-    std::span<const Copy> copies;
-    RunControl* control;
-    std::function<void(Status)> done;
-  };
-  void runner();
-
   TcpPeer peer_;
   std::string who_;  // "tcp peer 'name' (host:port)"
-  // The link's runners: guarded by jobs_mutex_.
-  std::mutex jobs_mutex_;
-  std::condition_variable jobs_cv_;
-  std::deque<Job> jobs_;
-  std::vector<std::thread> runners_;
-  size_t idle_runners_ = 0;
-  bool stopping_ = false;
   std::vector<std::unique_ptr<Stream>> all_;
   std::mutex mutex_;
   std::condition_variable idle_cv_;
   std::vector<Stream*> idle_;
+  // Threads for start(): up to `streams` runs at once.
+  std::unique_ptr<RunThreads> runners_;
 };
 
 }  // namespace kvbridge::transport::tcp
