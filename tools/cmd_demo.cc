@@ -53,7 +53,8 @@ Command add_demo_command(CLI::App& root) {
                   "Blocks of the KV groups on each side (0: enough for one request; state groups with tensors "
                   "of their own get a slot per request)");
   app->add_option("--seed", args->seed, "Seed of the request generator")->capture_default_str();
-  app->add_option("--transport", args->transport, "cma, tcp or ucx (cuda_ipc with --memory cuda)")
+  app->add_option("--transport", args->transport,
+                  "cma, tcp or ucx; with --memory cuda: cuda_ipc (the default) or tcp, staged")
       ->check(CLI::IsMember({"cma", "tcp", "ucx", "cuda_ipc"}))
       ->capture_default_str();
   app->add_option("--memory", args->memory,
@@ -123,45 +124,48 @@ Command add_demo_command(CLI::App& root) {
                 "fails (host memory)");
   app->add_flag("--json", args->json, "Print one JSON object instead of the table");
   app->add_flag("!--no-progress", args->progress, "No progress bar");
-  return {
-      app, [app, args, inject, lease_ms, timeout_ms, secret_file, after_ms] {
-        args->inject_after = std::chrono::milliseconds(*after_ms);
-        Result<std::string> secret = read_secret(*secret_file);
-        if (!secret.ok()) return fail(secret.error());
-        args->secret = std::move(*secret);
+  return {app, [app, args, inject, lease_ms, timeout_ms, secret_file, after_ms] {
+            args->inject_after = std::chrono::milliseconds(*after_ms);
+            Result<std::string> secret = read_secret(*secret_file);
+            if (!secret.ok()) return fail(secret.error());
+            args->secret = std::move(*secret);
 #if !KVB_HAVE_DISCOVERY
-        if (!args->etcd.empty()) {
-          return fail(
-              Status::unavailable("--etcd: this kvbridge was built without discovery (libcurl was not found: "
-                                  "install libcurl4-openssl-dev and build again)"));
-        }
+            if (!args->etcd.empty()) {
+              return fail(
+                  Status::unavailable("--etcd: this kvbridge was built without discovery (libcurl was not found: "
+                                      "install libcurl4-openssl-dev and build again)"));
+            }
 #endif
-        // The default run shows different block sizes on the two sides.
-        const bool blocks_given =
-            app->get_option("--prefill-block-tokens")->count() + app->get_option("--decode-block-tokens")->count() > 0;
-        if (args->preset == "qwen3-next" && !blocks_given) {
-          args->prefill.block_tokens = 64;
-          args->decode.block_tokens = 128;
-        }
-        if (args->memory == "cuda") {
-          if (app->get_option("--transport")->count() > 0 && args->transport != "cuda_ipc") {
-            return fail(
-                Status::invalid_argument("--memory cuda moves device memory over cuda_ipc, not " + args->transport));
-          }
-          args->transport = "cuda_ipc";
-        } else if (args->transport == "cuda_ipc") {
-          return fail(Status::invalid_argument("--transport cuda_ipc moves device memory: add --memory cuda"));
-        }
-        Result<demo::Inject> i = demo::parse_inject(*inject);
-        if (!i.ok()) return fail(i.error());
-        args->inject = *i;
-        const bool injecting = *i != demo::Inject::kNone;
-        args->lease = std::chrono::milliseconds(*lease_ms ? *lease_ms : injecting ? 1500 : 30000);
-        args->transfer_timeout = std::chrono::milliseconds(*timeout_ms                  ? *timeout_ms
-                                                           : *i == demo::Inject::kStall ? 500
-                                                                                        : 20000);
-        return demo::run(*args);
-      }};
+            // The default run shows different block sizes on the two sides.
+            const bool blocks_given =
+                app->get_option("--prefill-block-tokens")->count() + app->get_option("--decode-block-tokens")->count() >
+                0;
+            if (args->preset == "qwen3-next" && !blocks_given) {
+              args->prefill.block_tokens = 64;
+              args->decode.block_tokens = 128;
+            }
+            if (args->memory == "cuda") {
+              const bool given = app->get_option("--transport")->count() > 0;
+              if (given && args->transport != "cuda_ipc" && args->transport != "tcp") {
+                return fail(Status::invalid_argument(
+                    "--memory cuda moves device memory over cuda_ipc (one host) or tcp (staged through pinned host "
+                    "memory), not " +
+                    args->transport));
+              }
+              if (!given) args->transport = "cuda_ipc";
+            } else if (args->transport == "cuda_ipc") {
+              return fail(Status::invalid_argument("--transport cuda_ipc moves device memory: add --memory cuda"));
+            }
+            Result<demo::Inject> i = demo::parse_inject(*inject);
+            if (!i.ok()) return fail(i.error());
+            args->inject = *i;
+            const bool injecting = *i != demo::Inject::kNone;
+            args->lease = std::chrono::milliseconds(*lease_ms ? *lease_ms : injecting ? 1500 : 30000);
+            args->transfer_timeout = std::chrono::milliseconds(*timeout_ms                  ? *timeout_ms
+                                                               : *i == demo::Inject::kStall ? 500
+                                                                                            : 20000);
+            return demo::run(*args);
+          }};
 }
 
 }  // namespace kvbridge::cli

@@ -51,7 +51,8 @@ Result<std::unique_ptr<transport::Transport>> make_one(const std::string& name, 
   if (name == "local") return transport::make_local_transport(device_copy);
   if (name == "cma") return transport::make_cma_transport();
   if (name == "tcp") {
-    return transport::make_tcp_transport(options.host, options.tcp_streams, options.secret, options.advertise_host);
+    return transport::make_tcp_transport(options.host, options.tcp_streams, options.secret, options.advertise_host,
+                                         {options.staging_bytes, options.staging_chunk_bytes}, device_copy);
   }
   if (name == "ucx") return transport::make_ucx_transport(options.host);
   if (name == "cuda_ipc") return transport::make_cuda_ipc_transport(device_copy);

@@ -196,14 +196,26 @@ struct DeviceCopyConfig {
   uint32_t kernel_min = 64;            // ...and at least this many of them in the run
 };
 
+// How a network transport moves device memory (staging.h): through a pool
+// of pinned host memory, `chunk_bytes` at a time (EngineOptions'
+// staging_bytes and staging_chunk_bytes).
+struct StagingOptions {
+  uint64_t pool_bytes = uint64_t{64} << 20;
+  uint64_t chunk_bytes = uint64_t{4} << 20;
+};
+
 Result<std::unique_ptr<Transport>> make_local_transport(const DeviceCopyConfig& device_copy = {});
 Result<std::unique_ptr<Transport>> make_cma_transport();
 // tcp: `host` is "host" or "host:port" (port 0 or none: ephemeral), the
 // listener binds it; `secret` (empty: none) opens every stream both ways.
 // `advertise_host`: the host in address() when not `host` (empty: `host`).
+// When the process has a device (device::current()), tcp also serves and
+// moves device memory, staged through pinned host memory (`staging`) and
+// copied on the device as `device_copy` says.
 Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, uint32_t streams,
-                                                      const std::string& secret,
-                                                      const std::string& advertise_host = {});
+                                                      const std::string& secret, const std::string& advertise_host = {},
+                                                      const StagingOptions& staging = {},
+                                                      const DeviceCopyConfig& device_copy = {});
 // ucx: `host` is the address the engine binds: UCX's own listeners are kept
 // to the interface that holds it (ucx.cc says how).
 Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string& host);

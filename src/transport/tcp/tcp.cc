@@ -1,12 +1,17 @@
 // The tcp transport: any host, several streams per peer, a small framed
 // protocol (docs/formats/tcp-protocol.md). The serving half is TcpServer
 // (tcp_server.cc), the client half TcpLink (tcp_link.cc); this file joins
-// them behind transport.h.
+// them behind transport.h. With a device in the process, device memory is
+// staged through a pool of pinned host memory on both sides (staging.h):
+// the server stages its device segments, and links stage local device
+// memory (a StagedLink around the TcpLink).
 #include <unistd.h>
 
 #include <algorithm>
 
 #include "common/host.h"
+#include "device/device.h"
+#include "transport/staging.h"
 #include "transport/tcp/tcp_link.h"
 #include "transport/tcp/tcp_server.h"
 #include "transport/transport.h"
@@ -28,7 +33,21 @@ class TcpTransport final : public Transport {
         server_(std::move(server)),
         label_(local_label()) {}
 
+  // Device memory, staged: from here on tcp serves and moves it.
+  void stage(std::shared_ptr<StagingPool> pool, std::shared_ptr<DeviceSide> side, DeviceRunOptions options) {
+    pool_ = std::move(pool);
+    side_ = std::move(side);
+    device_options_ = options;
+    server_->set_staging(pool_, side_, options);
+  }
+
   std::string_view name() const override { return "tcp"; }
+  bool serves(std::string_view memory) const override {
+    return memory == "host" || (pool_ && memory.substr(0, 5) == "cuda:");
+  }
+  bool moves(bool local_device, bool remote_device) const override {
+    return pool_ || (!local_device && !remote_device);
+  }
 
   std::string address() const override {
     return tcp::format_address(net::HostPort{host_, server_->port()}, server_->instance());
@@ -40,15 +59,22 @@ class TcpTransport final : public Transport {
   }
 
   Result<std::string> add_segment(const Segment& segment) override {
-    if (segment.memory != "host")
-      return Status::invalid_argument("tcp: segment " + std::to_string(segment.id) + " is '" + segment.memory +
-                                      "' memory; tcp moves host memory only");
-    server_->add_segment(segment.id, reinterpret_cast<uint64_t>(segment.base), segment.bytes, segment.access);
+    int device = -1;
+    if (segment.memory != "host") {
+      if (!pool_) {
+        return Status::invalid_argument("tcp: segment " + std::to_string(segment.id) + " is '" + segment.memory +
+                                        "' memory; without a device in this process tcp moves host memory only");
+      }
+      KVB_ASSIGN_OR_RETURN(device, device::parse_cuda_memory(segment.memory));
+      side_->add_local(segment.id, segment.base, segment.bytes, device);
+    }
+    server_->add_segment(segment.id, reinterpret_cast<uint64_t>(segment.base), segment.bytes, segment.access, device);
     return std::string();
   }
 
   Status remove_segment(uint32_t id) override {
     server_->remove_segment(id);
+    if (side_) side_->remove_local(id);
     return Status();
   }
 
@@ -63,9 +89,11 @@ class TcpTransport final : public Transport {
     KVB_ASSIGN_OR_RETURN(tcp::TcpPeer target, tcp::parse_address(peer.address, peer.name));
     target.local_label = label_;
     target.secret = secret_;
+    const std::string who = "tcp peer '" + target.name + "'";
     KVB_ASSIGN_OR_RETURN(std::unique_ptr<tcp::TcpLink> link,
                          tcp::TcpLink::create(std::move(target), streams_, kConnectTimeout));
-    return std::unique_ptr<Link>(std::move(link));
+    if (!pool_) return std::unique_ptr<Link>(std::move(link));
+    return make_staged_link(std::move(link), pool_, side_, device_options_, who);
   }
 
  private:
@@ -74,19 +102,31 @@ class TcpTransport final : public Transport {
   std::string secret_;
   std::unique_ptr<tcp::TcpServer> server_;
   std::string label_;
+  std::shared_ptr<StagingPool> pool_;  // null: host memory only
+  std::shared_ptr<DeviceSide> side_;
+  DeviceRunOptions device_options_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, uint32_t streams,
-                                                      const std::string& secret, const std::string& advertise_host) {
+                                                      const std::string& secret, const std::string& advertise_host,
+                                                      const StagingOptions& staging,
+                                                      const DeviceCopyConfig& device_copy) {
   if (streams == 0 || streams > kMaxStreamsPerLink)
     return Status::invalid_argument("tcp: streams must be 1.." + std::to_string(kMaxStreamsPerLink) + ", not " +
                                     std::to_string(streams));
   KVB_ASSIGN_OR_RETURN(net::HostPort at, net::parse_host(host.empty() ? "127.0.0.1" : host, "tcp host"));
+  KVB_RETURN_IF_ERROR(check_staging_options(staging).with_context("tcp"));
+  KVB_ASSIGN_OR_RETURN(DeviceRunOptions device_options, device_run_options(device_copy));
   KVB_ASSIGN_OR_RETURN(std::unique_ptr<tcp::TcpServer> server, tcp::TcpServer::create(at, local_label(), secret));
-  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(advertise_host.empty() ? at.host : advertise_host,
-                                                                   streams, secret, std::move(server)));
+  auto t = std::make_unique<TcpTransport>(advertise_host.empty() ? at.host : advertise_host, streams, secret,
+                                          std::move(server));
+  device::Device& device = device::current();
+  if (Result<int> n = device.count(); n.ok() && *n > 0) {
+    t->stage(std::make_shared<StagingPool>(device, staging), std::make_shared<DeviceSide>(device), device_options);
+  }
+  return std::unique_ptr<Transport>(std::move(t));
 }
 
 }  // namespace kvbridge::transport

@@ -73,6 +73,7 @@ struct SegmentSpan {
   uint64_t base = 0;
   uint64_t bytes = 0;
   uint8_t access = kAccessRead | kAccessWrite;
+  int device = -1;  // device memory of this ordinal (staged), or -1: host memory
 };
 using SegmentLookup = std::function<std::optional<SegmentSpan>(uint32_t id)>;
 

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
+#include <map>
 #include <memory>
 
 #include "common/checked.h"
@@ -144,9 +146,17 @@ void TcpServer::adopt(net::Accepted a) {
   conns_.push_back(std::move(conn));
 }
 
-void TcpServer::add_segment(uint32_t id, uint64_t base, uint64_t bytes, uint8_t access) {
+void TcpServer::add_segment(uint32_t id, uint64_t base, uint64_t bytes, uint8_t access, int device) {
   std::unique_lock lock(segments_mutex_);
-  segments_[id] = SegmentSpan{base, bytes, access};
+  segments_[id] = SegmentSpan{base, bytes, access, device};
+}
+
+void TcpServer::set_staging(std::shared_ptr<StagingPool> pool, std::shared_ptr<DeviceSide> side,
+                            DeviceRunOptions options) {
+  std::unique_lock lock(segments_mutex_);
+  staging_ = std::move(pool);
+  device_side_ = std::move(side);
+  device_options_ = options;
 }
 
 void TcpServer::remove_segment(uint32_t id) {
@@ -344,25 +354,38 @@ Status TcpServer::serve_digest(int fd, net::Session& session, std::string_view p
     return net::send_bytes(fd, out.data(), out.size(), frame_limits(), "tcp reply");
   }
   // Hashed in pieces under the segments' shared lock, each after checking
-  // that no segment was removed meanwhile (as move_data does).
-  constexpr uint64_t kPiece = uint64_t{1} << 20;
+  // that no segment was removed meanwhile (as move_data does); device
+  // memory through a staging slot.
+  const std::string who = "tcp serving " + peer;
+  StagingPool::Lease slot;
+  uint64_t piece = uint64_t{1} << 20;
+  if (staging_) piece = std::min(piece, staging_->chunk_bytes());
   std::vector<uint64_t> hashes(ranges.size());
   ContentHasher hasher;
   const uint64_t validated_epoch = epoch_.load();
   for (size_t i = 0; i < ranges.size(); ++i) {
     const Range& r = ranges[i];
     hasher.reset();
-    for (uint64_t at = 0; at < r.bytes; at += kPiece) {
-      if (stop_.load()) return Status::cancelled("tcp serving " + peer + ": the server is stopping");
+    for (uint64_t at = 0; at < r.bytes; at += piece) {
+      if (stop_.load()) return Status::cancelled(who + ": the server is stopping");
+      const uint64_t n = std::min(piece, r.bytes - at);
       std::shared_lock lock(segments_mutex_);
+      std::optional<SegmentSpan> seg = lookup_locked(r.segment);
       if (epoch_.load() != validated_epoch) {
-        std::optional<SegmentSpan> seg = lookup_locked(r.segment);
         if (!seg || r.address < seg->base || r.address + r.bytes > seg->base + seg->bytes) {
-          return Status::unavailable("tcp serving " + peer + ": segment " + std::to_string(r.segment) +
-                                     " was removed during a digest");
+          return Status::unavailable(who + ": segment " + std::to_string(r.segment) + " was removed during a digest");
         }
       }
-      hasher.update(reinterpret_cast<const void*>(r.address + at), std::min(kPiece, r.bytes - at));
+      if (seg && seg->device >= 0 && staging_) {
+        if (!slot) {
+          KVB_ASSIGN_OR_RETURN(slot, staging_->acquire(frame_limits().deadline, nullptr, who));
+        }
+        const Chunk one{n, {ChunkPiece{reinterpret_cast<uint8_t*>(r.address + at), r.address + at, n, r.segment, 0}}};
+        KVB_RETURN_IF_ERROR(stage_chunk_locked(one, slot.data(), true, who));
+        hasher.update(slot.data(), n);
+      } else {
+        hasher.update(reinterpret_cast<const void*>(r.address + at), n);
+      }
     }
     hashes[i] = hasher.digest();
   }
@@ -370,8 +393,36 @@ Status TcpServer::serve_digest(int fd, net::Session& session, std::string_view p
   return net::send_bytes(fd, out.data(), out.size(), frame_limits(), "tcp reply");
 }
 
+Status TcpServer::revalidate_locked(const std::vector<Range>& ranges, const std::string& label, bool write,
+                                    uint64_t* validated_epoch, const std::string& who) const {
+  if (epoch_.load() == *validated_epoch) return Status();
+  // A segment was removed or a grant revoked: the frame's ranges must
+  // still be registered, and still granted where their segment asks.
+  for (const Range& r : ranges) {
+    std::optional<SegmentSpan> seg = lookup_locked(r.segment);
+    if (!seg || r.address < seg->base || r.address + r.bytes > seg->base + seg->bytes)
+      return Status::unavailable(who + ": segment " + std::to_string(r.segment) + " was removed during a transfer");
+  }
+  if (!check_granted_locked(ranges, label, write).ok()) {
+    return Status::unavailable(
+        who + (write ? ": a write grant was revoked during the write" : ": a read grant was revoked during the read"));
+  }
+  *validated_epoch = epoch_.load();
+  return Status();
+}
+
 Status TcpServer::move_data(int fd, bool to_socket, const std::vector<Range>& ranges, const std::string& prefix,
                             const std::string& label, const std::string& peer) {
+  {
+    std::shared_lock lock(segments_mutex_);
+    for (const Range& r : ranges) {
+      std::optional<SegmentSpan> seg = lookup_locked(r.segment);
+      if (seg && seg->device >= 0) {
+        lock.unlock();
+        return move_staged(fd, to_socket, ranges, prefix, label, peer);
+      }
+    }
+  }
   net::IovCursor cursor;
   if (!prefix.empty()) cursor.push(const_cast<char*>(prefix.data()), prefix.size());
   for (const Range& r : ranges) cursor.push(reinterpret_cast<void*>(r.address), r.bytes);
@@ -382,27 +433,81 @@ Status TcpServer::move_data(int fd, bool to_socket, const std::vector<Range>& ra
     size_t moved = 0;
     {
       std::shared_lock lock(segments_mutex_);
-      if (epoch_.load() != validated_epoch) {
-        // A segment was removed or a grant revoked: the frame's ranges must
-        // still be registered, and still granted where their segment asks.
-        for (const Range& r : ranges) {
-          std::optional<SegmentSpan> seg = lookup_locked(r.segment);
-          if (!seg || r.address < seg->base || r.address + r.bytes > seg->base + seg->bytes)
-            return Status::unavailable(who + ": segment " + std::to_string(r.segment) +
-                                       " was removed during a transfer");
-        }
-        Status granted = check_granted_locked(ranges, label, !to_socket);
-        if (!granted.ok()) {
-          return Status::unavailable(who + (to_socket ? ": a read grant was revoked during the read"
-                                                      : ": a write grant was revoked during the write"));
-        }
-        validated_epoch = epoch_.load();
-      }
+      KVB_RETURN_IF_ERROR(revalidate_locked(ranges, label, !to_socket, &validated_epoch, who));
       KVB_ASSIGN_OR_RETURN(moved, to_socket ? net::send_step(fd, cursor, who) : net::recv_step(fd, cursor, who));
     }
     if (moved == 0) KVB_RETURN_IF_ERROR(net::wait_fd(fd, to_socket ? POLLOUT : POLLIN, limits, who));
   }
   return Status();
+}
+
+Status TcpServer::move_staged(int fd, bool to_socket, const std::vector<Range>& ranges, const std::string& prefix,
+                              const std::string& label, const std::string& peer) {
+  const std::string who = "tcp serving " + peer;
+  const net::IoLimits limits = frame_limits();
+  if (!staging_) return Status::internal(who + ": a device segment without a staging pool");
+  std::vector<Copy> copies;
+  copies.reserve(ranges.size());
+  for (const Range& r : ranges)
+    copies.push_back(Copy{reinterpret_cast<uint8_t*>(r.address), r.address, r.bytes, r.segment});
+  const std::vector<Chunk> chunks = pack_chunks(copies, staging_->chunk_bytes());
+  uint64_t validated_epoch = epoch_.load();
+  KVB_ASSIGN_OR_RETURN(StagingPool::Lease slot, staging_->acquire(limits.deadline, nullptr, who));
+  if (!prefix.empty()) KVB_RETURN_IF_ERROR(net::send_bytes(fd, prefix.data(), prefix.size(), limits, who));
+  for (const Chunk& k : chunks) {
+    if (stop_.load()) return Status::cancelled(who + ": the server is stopping");
+    if (!to_socket) KVB_RETURN_IF_ERROR(net::recv_bytes(fd, slot.data(), k.bytes, limits, who));
+    {
+      std::shared_lock lock(segments_mutex_);
+      KVB_RETURN_IF_ERROR(revalidate_locked(ranges, label, !to_socket, &validated_epoch, who));
+      KVB_RETURN_IF_ERROR(stage_chunk_locked(k, slot.data(), to_socket, who));
+    }
+    if (to_socket) KVB_RETURN_IF_ERROR(net::send_bytes(fd, slot.data(), k.bytes, limits, who));
+  }
+  return Status();
+}
+
+Status TcpServer::stage_chunk_locked(const Chunk& k, uint8_t* slot, bool to_slot, const std::string& who) {
+  std::map<int, std::vector<device::DeviceCopy>> by_device;
+  for (const ChunkPiece& p : k.pieces) {
+    std::optional<SegmentSpan> seg = lookup_locked(p.segment);
+    uint8_t* staged = slot + p.at;
+    if (seg && seg->device >= 0) {
+      by_device[seg->device].push_back(to_slot ? device::DeviceCopy{staged, p.local, p.bytes}
+                                               : device::DeviceCopy{p.local, staged, p.bytes});
+    } else if (to_slot) {
+      std::memcpy(staged, p.local, p.bytes);
+    } else {
+      std::memcpy(p.local, staged, p.bytes);
+    }
+  }
+  device::Device& device = device_side_->device();
+  std::vector<StreamPool::Slot*> queued;
+  Status out;
+  for (const auto& [d, batch] : by_device) {
+    Result<StreamPool::Slot*> s = device_side_->pool().acquire(d);
+    if (!s.ok()) {
+      out = s.error();
+      break;
+    }
+    queued.push_back(*s);
+    out = device.copy((*s)->stream, batch, choose_method(device_options_, batch), device_options_.max_blocks);
+    if (out.ok()) out = device.record((*s)->events[0], (*s)->stream);
+    if (!out.ok()) {
+      queued.pop_back();
+      device_side_->pool().release(*s);
+      break;
+    }
+  }
+  count_staged_chunk();
+  // What was queued completes before the lock goes: a removed segment or a
+  // revoked grant is never touched after remove_segment() or revoke().
+  for (StreamPool::Slot* s : queued) {
+    Status done = await_event(device, s->events[0], nullptr);
+    if (out.ok()) out = done;
+    device_side_->pool().release(s);
+  }
+  return out.with_context(who + ": staging device memory");
 }
 
 Status TcpServer::drain(int fd, uint64_t bytes, const std::string& peer) {

@@ -39,6 +39,7 @@
 
 #include "kvbridge/status.h"
 #include "net/listener.h"
+#include "transport/staging.h"
 #include "transport/tcp/tcp_protocol.h"
 #include "transport/transport.h"
 
@@ -57,7 +58,15 @@ class TcpServer {
   uint16_t port() const { return listener_->address().port; }
   uint64_t instance() const { return instance_; }
 
-  void add_segment(uint32_t id, uint64_t base, uint64_t bytes, uint8_t access);
+  // `device`: the segment is device memory of that ordinal, served through
+  // the staging pool (set_staging); -1: host memory, served in place.
+  void add_segment(uint32_t id, uint64_t base, uint64_t bytes, uint8_t access, int device = -1);
+  // How device segments are served: each chunk of a frame's ranges is
+  // gathered (reads) or scattered (writes) by one batched device copy
+  // between the segment and a slot of `pool`, under the segments' shared
+  // lock until it completed, and the socket moves the slot. Before the
+  // first device segment is added.
+  void set_staging(std::shared_ptr<StagingPool> pool, std::shared_ptr<DeviceSide> side, DeviceRunOptions options);
   // When it returns, no stream touches [base, base + bytes) of `id` again.
   void remove_segment(uint32_t id);
   // Writes of streams that opened as `label` may land in `spans` of
@@ -98,6 +107,17 @@ class TcpServer {
   // them whenever a segment was removed or a grant revoked meanwhile.
   Status move_data(int fd, bool to_socket, const std::vector<Range>& ranges, const std::string& prefix,
                    const std::string& label, const std::string& peer);
+  // move_data for frames that touch device memory: through a staging slot.
+  Status move_staged(int fd, bool to_socket, const std::vector<Range>& ranges, const std::string& prefix,
+                     const std::string& label, const std::string& peer);
+  // Requires segments_mutex_: OK when the frame's ranges are still
+  // registered and granted (checked again only when the epoch moved).
+  Status revalidate_locked(const std::vector<Range>& ranges, const std::string& label, bool write,
+                           uint64_t* validated_epoch, const std::string& who) const;
+  // Requires segments_mutex_: copies chunk `k` between its ranges and
+  // `slot` (`to_slot`: gather), device pieces by one batched copy per
+  // device, and returns when it completed.
+  Status stage_chunk_locked(const Chunk& k, uint8_t* slot, bool to_slot, const std::string& who);
   // Requires segments_mutex_: OK when every range of a write (or read)
   // that needs a grant lies inside a write (read) grant to `label`.
   Status check_granted_locked(const std::vector<Range>& ranges, const std::string& label, bool write) const;
@@ -121,6 +141,10 @@ class TcpServer {
   };
   std::map<std::string, std::map<uint64_t, std::shared_ptr<const std::vector<Interval>>>> grants_[2];
   std::map<uint64_t, std::pair<bool, std::string>> grant_labels_;  // grant -> (read, label)
+
+  std::shared_ptr<StagingPool> staging_;
+  std::shared_ptr<DeviceSide> device_side_;
+  DeviceRunOptions device_options_;
 
   std::mutex conns_mutex_;
   std::list<std::unique_ptr<Conn>> conns_;

@@ -175,7 +175,7 @@ TEST_P(LinkConformance, ADeadlineThatCannotBeMetEndsTheRunAsATimeoutQuickly) {
 // (cma: the pid is gone; ucx: the endpoint's error), or, for a link that
 // closes a broken stream and dials afresh (tcp), refused.
 Code next_run_after_peer_gone(const std::string& transport) {
-  return transport == "tcp" ? Code::kUnavailable : Code::kIoError;
+  return transport == "tcp" || staged_tcp(transport) ? Code::kUnavailable : Code::kIoError;
 }
 
 // SIGKILL mid-run: the run ends as kIoError naming the peer within seconds
@@ -216,6 +216,14 @@ INSTANTIATE_TEST_SUITE_P(Tcp, LinkConformance,
 // opened through its handle; local memory is host memory.
 INSTANTIATE_TEST_SUITE_P(CudaIpc, LinkConformance,
                          ::testing::Values(LinkParam{"cuda_ipc_run", "cuda_ipc", RunPath::kRun}), link_param_name);
+// tcp staging device memory through pinned host memory on both sides
+// (staging.h), over the host fake's device memory.
+INSTANTIATE_TEST_SUITE_P(TcpStaged, LinkConformance,
+                         ::testing::Values(LinkParam{"tcp_device_run", "tcp_device", RunPath::kRun},
+                                           LinkParam{"tcp_device_start", "tcp_device", RunPath::kStart},
+                                           LinkParam{"tcp_device_host_run", "tcp_device_host", RunPath::kRun},
+                                           LinkParam{"tcp_host_device_run", "tcp_host_device", RunPath::kRun}),
+                         link_param_name);
 INSTANTIATE_TEST_SUITE_P(Ucx, LinkConformance,
                          ::testing::Values(LinkParam{"ucx_run", "ucx", RunPath::kRun},
                                            LinkParam{"ucx_start", "ucx", RunPath::kStart}),

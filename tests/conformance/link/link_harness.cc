@@ -159,10 +159,16 @@ void LinkConformance::SetUp() {
     KVB_SKIP_UNLESS_REQUIRED(p.transport, peer.error().to_string());
   ASSERT_TRUE(peer.ok()) << peer.error().to_string();
   peer_ = std::move(*peer);
-  Result<PeerBuffer> local = PeerBuffer::create(kBytes, "host");
+  const std::string memory = local_link_memory(p.transport);
+  Result<PeerBuffer> local = PeerBuffer::create(kBytes, memory);
   ASSERT_TRUE(local.ok()) << local.error().to_string();
   local_memory_ = std::move(*local);
   local_ = std::span<uint8_t>(local_memory_.data(), kBytes);
+  if (memory != "host") {
+    Result<std::string> key =
+        transport_->add_segment(transport::Segment{kLocalSegment, local_memory_.data(), kBytes, memory, 3});
+    ASSERT_TRUE(key.ok()) << key.error().to_string();
+  }
   Result<std::unique_ptr<transport::Link>> link = transport_->connect(peer_->info(peer_name()));
   // cma's permission is known only per pair of processes (the kernel's
   // ptrace check, cma.cc): a refused probe is this machine, not the link.

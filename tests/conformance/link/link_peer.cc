@@ -2,7 +2,10 @@
 // the Link conformance suite (link_conformance_test.cc). It talks through the
 // Transport seam only: no engine.
 //
-//   link_peer --transport cma|tcp|ucx|cuda_ipc --bytes N --seed S
+//   link_peer --transport NAME --bytes N --seed S
+//
+// NAME is one of link_transport.h's: cma, tcp, tcp_device,
+// tcp_device_host, tcp_host_device, ucx, cuda_ipc.
 //
 // At start it makes the transport (link_transport.h), fills a buffer of N
 // bytes with pattern S (conformance/pattern.h): host memory, or for
