@@ -19,7 +19,8 @@
 // number recorded last at the time of the call (cudaStreamWaitEvent's
 // rule); done() compares the two (and refuses an event never recorded).
 // An event's page is a memfd too, so an event handle opens in another
-// process like a memory handle.
+// process like a memory handle. A handle names its host (the network
+// namespace) and opens on that host only.
 //
 // Devices as CUDA has them (device.h): KVB_FAKE_DEVICES devices (default
 // 2), whose "physical" numbers KVB_FAKE_VISIBLE_DEVICES lists in this
@@ -33,6 +34,7 @@
 // (fake_context_on()).
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,6 +63,17 @@ namespace kvbridge::device {
 namespace {
 
 using namespace fake_internal;
+
+// Which "host" this process is on: its network namespace (the tests' stand-in
+// for a second host is a namespace pair joined by veth). Handles carry it,
+// and one from another host does not open, as CUDA IPC handles do not cross
+// hosts, although the fake's memfds would.
+uint64_t this_host() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/net", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+const std::string kOtherHost =
+    "the handle comes from another host (network namespace); CUDA IPC handles do not cross hosts";
 
 struct Alloc {
   uint64_t bytes = 0;
@@ -134,7 +147,7 @@ class FakeDevice final : public Device {
     }
     std::ostringstream h;
     h << "fake-mem " << ::getpid() << " " << it->second.fd << " " << serial_of_.at(it->first) << " " << it->second.bytes
-      << " " << physical_[static_cast<size_t>(it->second.device)];
+      << " " << physical_[static_cast<size_t>(it->second.device)] << " " << this_host();
     return h.str();
   }
 
@@ -144,9 +157,11 @@ class FakeDevice final : public Device {
     long pid = 0, fd = 0;
     uint64_t serial = 0, bytes = 0;
     int physical = 0;
-    if (!(in >> tag >> pid >> fd >> serial >> bytes >> physical) || tag != "fake-mem" || bytes == 0) {
+    uint64_t host = 0;
+    if (!(in >> tag >> pid >> fd >> serial >> bytes >> physical >> host) || tag != "fake-mem" || bytes == 0) {
       return Status::invalid_argument("fake device: open_memory: not a memory handle");
     }
+    if (host != this_host()) return Status::invalid_argument("fake device: open_memory: " + kOtherHost);
     KVB_RETURN_IF_ERROR(check_device(device));
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -219,17 +234,19 @@ class FakeDevice final : public Device {
   Result<std::string> export_event(Event event) override {
     auto* e = static_cast<FakeEvent*>(event);
     if (e->fd < 0) return Status::invalid_argument("fake device: export_event: an opened event cannot be exported");
-    return "fake-event " + std::to_string(::getpid()) + " " + std::to_string(e->fd) + " " + std::to_string(e->serial);
+    return "fake-event " + std::to_string(::getpid()) + " " + std::to_string(e->fd) + " " + std::to_string(e->serial) +
+           " " + std::to_string(this_host());
   }
 
   Result<Event> open_event(std::string_view handle) override {
     std::istringstream in{std::string(handle)};
     std::string tag;
     long pid = 0, fd = 0;
-    uint64_t serial = 0;
-    if (!(in >> tag >> pid >> fd >> serial) || tag != "fake-event") {
+    uint64_t serial = 0, host = 0;
+    if (!(in >> tag >> pid >> fd >> serial >> host) || tag != "fake-event") {
       return Status::invalid_argument("fake device: open_event: not an event handle");
     }
+    if (host != this_host()) return Status::invalid_argument("fake device: open_event: " + kOtherHost);
     if (pid == ::getpid()) {
       // This process's own event shares its creator's mapping: two mappings
       // of one page would hide from ThreadSanitizer that their atomics are
