@@ -262,12 +262,14 @@ struct EngineOptions {
   // Device memory over tcp (a peer on another host, or memory kinds no
   // same-host transport moves): staged through this much pinned host
   // memory, allocated and pinned at the first staged transfer, in chunks of
-  // `staging_chunk_bytes` (64 KiB .. 1 GiB; the pool holds at least two).
-  // Each staged run holds two chunks while it runs and each serving stream
-  // one; a transfer that finds no free chunk before its deadline fails
-  // (resource_exhausted). docs/integration.md says what staging costs.
+  // `staging_chunk_bytes` (64 KiB .. 1 GiB; the pool holds at least three);
+  // as much again, pinned at the first staged request served, for serving
+  // peers' transfers of this engine's device memory (tcp; ucx stages only
+  // its own transfers). Each staged run holds three chunks while it runs
+  // and each serving stream one; a transfer that finds no free chunk before its deadline fails
+  // (resource_exhausted). docs/gpu.md ("Across hosts") says what it costs.
   uint64_t staging_bytes = uint64_t{64} << 20;
-  uint64_t staging_chunk_bytes = uint64_t{4} << 20;
+  uint64_t staging_chunk_bytes = uint64_t{2} << 20;
 };
 
 // A transport this engine can or cannot use, and why.

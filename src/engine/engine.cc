@@ -54,7 +54,10 @@ Result<std::unique_ptr<transport::Transport>> make_one(const std::string& name, 
     return transport::make_tcp_transport(options.host, options.tcp_streams, options.secret, options.advertise_host,
                                          {options.staging_bytes, options.staging_chunk_bytes}, device_copy);
   }
-  if (name == "ucx") return transport::make_ucx_transport(options.host);
+  if (name == "ucx") {
+    return transport::make_ucx_transport(options.host, {options.staging_bytes, options.staging_chunk_bytes},
+                                         device_copy);
+  }
   if (name == "cuda_ipc") return transport::make_cuda_ipc_transport(device_copy);
   return Status::invalid_argument("unknown transport '" + name + "' (known: local, cuda_ipc, cma, tcp, ucx)");
 }

@@ -167,6 +167,11 @@ void DeviceSide::remove_local(uint32_t segment) {
   locals_.store(ids_.size(), std::memory_order_release);
 }
 
+bool DeviceSide::has_local_segment(uint32_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ids_.count(id) > 0;
+}
+
 bool DeviceSide::peer_access(int device, int peer) {
   if (device == peer) return true;
   std::lock_guard<std::mutex> lock(mu_);

@@ -51,7 +51,7 @@ Result<DeviceRunOptions> device_run_options(const DeviceCopyConfig& config);
 // The method a run of `copies` uses: options.method unless kAuto.
 device::CopyMethod choose_method(const DeviceRunOptions& options, std::span<const device::DeviceCopy> copies);
 
-// Streams (each with two events) per device, created on first use and
+// Streams (each with three events) per device, created on first use and
 // reused; destroyed with the pool.
 class StreamPool {
  public:
@@ -63,7 +63,7 @@ class StreamPool {
   struct Slot {
     int device = 0;
     device::Stream stream = nullptr;
-    device::Event events[2] = {nullptr, nullptr};
+    device::Event events[3] = {nullptr, nullptr, nullptr};
   };
   Result<Slot*> acquire(int device);
   void release(Slot* slot);
@@ -118,6 +118,8 @@ class DeviceSide {
   // The device of local pointer `p`, or -1 when it is in no local device
   // segment (host memory).
   int local_device(const uint8_t* p) const;
+  // Whether local segment `id` is one of these device segments.
+  bool has_local_segment(uint32_t id) const;
   // Whether any local segment is device memory (no lock).
   bool has_local() const { return locals_.load(std::memory_order_acquire) > 0; }
   // Whether kernels and copies on `device` reach `peer`'s memory directly:

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "transport/copies.h"
@@ -36,9 +37,9 @@ Status check_staging_options(const StagingOptions& o) {
     return Status::invalid_argument("staging_chunk_bytes must be between 64 KiB and 1 GiB, not " +
                                     std::to_string(o.chunk_bytes));
   }
-  if (o.pool_bytes / o.chunk_bytes < 2) {
+  if (o.pool_bytes / o.chunk_bytes < 3) {
     return Status::invalid_argument("staging_bytes (" + std::to_string(o.pool_bytes) +
-                                    ") must hold at least two chunks of staging_chunk_bytes (" +
+                                    ") must hold at least three chunks of staging_chunk_bytes (" +
                                     std::to_string(o.chunk_bytes) + ")");
   }
   return Status();
@@ -166,6 +167,33 @@ class StagedLink final : public Link {
   RunThreads threads_;  // last: joined first
 };
 
+// The outcomes of the network runs a staged run has in flight, one per
+// ring place, set by the inner link's `done` (any thread).
+class Outcomes {
+ public:
+  void reset(size_t i) {
+    std::lock_guard lock(mu_);
+    status_[i].reset();
+  }
+  void set(size_t i, Status s) {
+    {
+      std::lock_guard lock(mu_);
+      status_[i] = std::move(s);
+    }
+    cv_.notify_all();
+  }
+  Status wait(size_t i) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return status_[i].has_value(); });
+    return *status_[i];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<Status> status_[3];
+};
+
 Status StagedLink::run_staged(TransferOp op, int dev, std::span<const Copy> copies, RunControl& control) {
   device::Device& device = side_->device();
   Status stopped;
@@ -186,18 +214,31 @@ Status StagedLink::run_staged(TransferOp op, int dev, std::span<const Copy> copi
     KVB_RETURN_IF_ERROR(s.with_context(who_ + ": waiting for a ready event"));
   }
   KVB_ASSIGN_OR_RETURN(StreamPool::Slot * slot, side_->pool().acquire(dev));
-  StagingPool::Lease leases[2];
-  bool pending[2] = {false, false};
   const bool reading = op == TransferOp::kRead;
+  const size_t n = chunks.size();
 
+  // Chunk k uses ring place k % 3: its slot, its device copy's event, its
+  // network run. Three places, so that the device's copy of one chunk and
+  // the network's moves of the next two overlap.
+  StagingPool::Lease leases[3];
+  bool copying[3] = {false, false, false};  // a device copy is queued
+  bool moving[3] = {false, false, false};   // a network run is in flight
+  std::vector<Copy> wire[3];
+  std::vector<device::DeviceCopy> batch;
+  Outcomes outcomes;
+  Status out;
+  size_t moved = 0;
+
+  auto lease = [&](size_t i) -> Status {
+    if (leases[i]) return Status();
+    KVB_ASSIGN_OR_RETURN(leases[i], pool_->acquire(control.deadline, &control.cancel, who_));
+    return Status();
+  };
   // Chunk k's device side, queued on the stream: a scatter from its slot
   // (reads) or a gather into it (writes).
-  std::vector<device::DeviceCopy> batch;
-  auto queue = [&](size_t k) -> Status {
-    const size_t i = k % 2;
-    if (!leases[i]) {
-      KVB_ASSIGN_OR_RETURN(leases[i], pool_->acquire(control.deadline, &control.cancel, who_));
-    }
+  auto copy = [&](size_t k) -> Status {
+    const size_t i = k % 3;
+    KVB_RETURN_IF_ERROR(lease(i));
     batch.clear();
     for (const ChunkPiece& p : chunks[k].pieces) {
       uint8_t* staged = leases[i].data() + p.at;
@@ -207,62 +248,81 @@ Status StagedLink::run_staged(TransferOp op, int dev, std::span<const Copy> copi
     KVB_RETURN_IF_ERROR(
         device.copy(slot->stream, batch, choose_method(options_, batch), options_.max_blocks).with_context(who_));
     KVB_RETURN_IF_ERROR(device.record(slot->events[i], slot->stream).with_context(who_));
-    pending[i] = true;
+    copying[i] = true;
     count_staged_chunk();
     return Status();
   };
-  auto settle = [&](size_t i) -> Status {
-    if (!pending[i]) return Status();
-    pending[i] = false;
+  auto settle_copy = [&](size_t i) -> Status {
+    if (!copying[i]) return Status();
+    copying[i] = false;
     return await_event(device, slot->events[i], nullptr).with_context(who_ + ": a staged copy");
   };
-  // Chunk k's network side: between its slot and the peer.
-  std::vector<Copy> wire;
-  size_t moved = 0;
-  auto move = [&](size_t k) -> Status {
-    wire.clear();
+  // Chunk k's network side, between its slot and the peer, started on the
+  // inner link (its own threads when it has them).
+  auto start = [&](size_t k) -> Status {
+    const size_t i = k % 3;
+    KVB_RETURN_IF_ERROR(lease(i));
+    wire[i].clear();
     for (const ChunkPiece& p : chunks[k].pieces)
-      wire.push_back(Copy{leases[k % 2].data() + p.at, p.remote, p.bytes, p.segment});
-    KVB_RETURN_IF_ERROR(inner_->run(op, wire, control));
-    ++moved;
+      wire[i].push_back(Copy{leases[i].data() + p.at, p.remote, p.bytes, p.segment});
+    outcomes.reset(i);
+    moving[i] = true;
+    if (inner_->runs_async()) {
+      inner_->start(op, wire[i], control, [&outcomes, i](Status s) { outcomes.set(i, std::move(s)); });
+    } else {
+      outcomes.set(i, inner_->run(op, wire[i], control));
+    }
     return Status();
   };
+  auto settle_move = [&](size_t i) -> Status {
+    if (!moving[i]) return Status();
+    moving[i] = false;
+    Status s = outcomes.wait(i);
+    if (s.ok()) ++moved;
+    return s;
+  };
 
-  Status out;
   if (reading) {
-    // The network fills chunk k's slot while the device scatters chunk k-1's.
-    for (size_t k = 0; k < chunks.size() && out.ok(); ++k) {
-      out = settle(k % 2);
-      if (out.ok() && !leases[k % 2]) {
-        Result<StagingPool::Lease> l = pool_->acquire(control.deadline, &control.cancel, who_);
-        if (l.ok()) leases[k % 2] = std::move(*l);
-        out = l.status();
-      }
-      if (out.ok()) out = move(k);
-      if (out.ok()) out = queue(k);
+    // Chunk k arrives while chunk k+1 is on its way and chunk k-1 scatters.
+    for (size_t k = 0; k < std::min<size_t>(n, 2) && out.ok(); ++k) out = start(k);
+    for (size_t k = 0; k < n && out.ok(); ++k) {
+      out = settle_move(k % 3);
+      if (out.ok()) out = copy(k);
+      // Chunk k+2 goes into the place of chunk k-1, once that scattered.
+      if (out.ok() && k + 2 < n) out = settle_copy((k + 2) % 3);
+      if (out.ok() && k + 2 < n) out = start(k + 2);
     }
   } else {
-    // The device gathers chunk k+1 while the network sends chunk k.
-    out = queue(0);
-    if (out.ok() && chunks.size() > 1) out = queue(1);
-    for (size_t k = 0; k < chunks.size() && out.ok(); ++k) {
-      out = settle(k % 2);
-      if (out.ok()) out = move(k);
-      if (out.ok() && k + 2 < chunks.size()) out = queue(k + 2);
+    // Chunk k is sent while chunk k-1 is still on its way and chunk k+1 is
+    // gathered.
+    out = copy(0);
+    for (size_t k = 0; k < n && out.ok(); ++k) {
+      // Chunk k+1 goes into the place of chunk k-2, once that was sent.
+      if (k + 1 < n) {
+        out = settle_move((k + 1) % 3);
+        if (out.ok()) out = copy(k + 1);
+      }
+      if (out.ok()) out = settle_copy(k % 3);
+      if (out.ok()) out = start(k);
     }
   }
-  // A peer gone between chunks refuses the next chunk's dial: mid-run,
-  // that is the peer lost, as it would be within one chunk.
-  if (out.code() == Code::kUnavailable && moved > 0) {
-    out = Status::io_error(who_ + ": lost the peer after " + std::to_string(moved) + " of " +
-                           std::to_string(chunks.size()) + " chunks: " + out.message());
+  // Whatever is in flight ends before the run returns: the network's runs
+  // (their slots), then the device's copies.
+  for (size_t i = 0; i < 3; ++i) {
+    Status s = settle_move(i);
+    if (out.ok()) out = s;
   }
-  // Whatever was queued completes before the run returns.
-  for (size_t i = 0; i < 2; ++i) {
-    Status s = settle(i);
+  for (size_t i = 0; i < 3; ++i) {
+    Status s = settle_copy(i);
     if (out.ok()) out = s;
   }
   side_->pool().release(slot);
+  // A peer gone between chunks refuses the next chunk's dial: mid-run,
+  // that is the peer lost, as it would be within one chunk.
+  if (out.code() == Code::kUnavailable && moved > 0) {
+    out = Status::io_error(who_ + ": lost the peer after " + std::to_string(moved) + " of " + std::to_string(n) +
+                           " chunks: " + out.message());
+  }
   return out;
 }
 

@@ -7,22 +7,24 @@
 //
 // A run is cut, in order, into chunks of `chunk_bytes` (pack_chunks: a copy
 // cut where a chunk fills), so the network moves whole chunks whatever the
-// descriptor size and the device does one batched copy per chunk. Two
-// chunks are in flight: the device's gather or scatter of one overlaps the
-// network's move of the next. The serving side of a transport (tcp's
-// server) stages its own device memory the same way, so that device to
-// device, device to host and host to device all cross hosts.
+// descriptor size and the device does one batched copy per chunk. Three
+// chunks are in flight, each in a slot of its own: the device's gather or
+// scatter of one overlaps the network's moves of two others (started on
+// the inner link's own threads), so the peer prepares one chunk while it
+// sends another. The serving side of a transport (tcp's server) stages its
+// own device memory the same way, chunk by chunk per stream, so that device
+// to device, device to host and host to device all cross hosts.
 //
 // The pool is pinned once (Device::register_host, on first use) and its
 // slots are reused; a run that cannot get a slot within its deadline fails
 // with kResourceExhausted naming the pool's size (EngineOptions'
 // staging_bytes).
 //
-// Ordering: a staged write waits for the run's ready events (the producer's
-// "this KV is ready after this") on the host before its first gather, as
-// device_run.h's runs do; a staged read orders its scatters after them on
-// the copy stream. A run returns only when every gather and scatter it
-// queued completed (the Link contract: nothing lands after run() returns).
+// Ordering: a staged run waits for its ready events (the producer's "this
+// KV is ready after this") on the host before its first device copy, as
+// device_run.h's runs do. A run returns only when every network run and
+// device copy it started completed (the Link contract: nothing lands after
+// run() returns).
 //
 // Thread-safety: a StagingPool and a StagedLink may be used from any
 // thread; pack_chunks is pure.
@@ -66,7 +68,7 @@ std::vector<Chunk> pack_chunks(std::span<const Copy> copies, uint64_t chunk_byte
 
 // StagingOptions (transport.h): the pool's and a chunk's bytes.
 // kInvalidArgument naming what is wrong: a chunk under 64 KiB or over 1 GiB,
-// a pool smaller than two chunks.
+// a pool smaller than three chunks (what one run holds).
 Status check_staging_options(const StagingOptions& options);
 
 class StagingPool {

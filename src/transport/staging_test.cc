@@ -73,10 +73,10 @@ TEST(StagingOptionsTest, RefusesChunksOutOfRangeAndAPoolOfFewerThanTwo) {
   EXPECT_NE(small.message().find("staging_chunk_bytes"), std::string::npos) << small.to_string();
   Status one = check_staging_options({uint64_t{6} << 20, uint64_t{4} << 20});
   EXPECT_EQ(one.code(), Code::kInvalidArgument);
-  EXPECT_NE(one.message().find("at least two chunks"), std::string::npos) << one.to_string();
+  EXPECT_NE(one.message().find("at least three chunks"), std::string::npos) << one.to_string();
   auto t = make_tcp_transport("127.0.0.1", 1, "", {}, {uint64_t{1} << 20, uint64_t{1} << 20});
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(t.error().message().find("at least two chunks"), std::string::npos) << t.error().to_string();
+  EXPECT_NE(t.error().message().find("at least three chunks"), std::string::npos) << t.error().to_string();
 }
 
 // Slots are pinned (a kernel may use them: the fake refuses unpinned host

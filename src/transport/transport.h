@@ -201,8 +201,16 @@ struct DeviceCopyConfig {
 // staging_bytes and staging_chunk_bytes).
 struct StagingOptions {
   uint64_t pool_bytes = uint64_t{64} << 20;
-  uint64_t chunk_bytes = uint64_t{4} << 20;
+  uint64_t chunk_bytes = uint64_t{2} << 20;
 };
+
+// The bulk data this process's tcp links moved: data frames (Read and
+// Write requests' bytes), their bytes, and those under 1 MiB (the demo's
+// report and the bench count messages on the wire with it).
+struct WireCounts {
+  uint64_t frames = 0, bytes = 0, small = 0;
+};
+WireCounts tcp_wire_counts();
 
 Result<std::unique_ptr<Transport>> make_local_transport(const DeviceCopyConfig& device_copy = {});
 Result<std::unique_ptr<Transport>> make_cma_transport();
@@ -217,8 +225,11 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, u
                                                       const StagingOptions& staging = {},
                                                       const DeviceCopyConfig& device_copy = {});
 // ucx: `host` is the address the engine binds: UCX's own listeners are kept
-// to the interface that holds it (ucx.cc says how).
-Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string& host);
+// to the interface that holds it (ucx.cc says how). With a device in the
+// process, local device memory moves to and from peers' host memory, staged
+// as for tcp; the peers' device memory is out of its reach.
+Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string& host, const StagingOptions& staging = {},
+                                                      const DeviceCopyConfig& device_copy = {});
 // cuda_ipc: device memory of another process on this host, through CUDA IPC
 // handles (cuda_ipc/cuda_ipc.cc). kUnavailable when the process's device
 // (device::current()) has no device; `device_copy` says how it copies.

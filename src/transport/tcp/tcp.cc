@@ -33,12 +33,15 @@ class TcpTransport final : public Transport {
         server_(std::move(server)),
         label_(local_label()) {}
 
-  // Device memory, staged: from here on tcp serves and moves it.
-  void stage(std::shared_ptr<StagingPool> pool, std::shared_ptr<DeviceSide> side, DeviceRunOptions options) {
-    pool_ = std::move(pool);
-    side_ = std::move(side);
+  // Device memory, staged: from here on tcp serves and moves it. The
+  // server stages through a pool of its own, so that runs waiting on a
+  // peer never hold the slots this engine needs to serve that peer (two
+  // engines writing to each other would otherwise wait on each other).
+  void stage(device::Device& device, const StagingOptions& staging, DeviceRunOptions options) {
+    pool_ = std::make_shared<StagingPool>(device, staging);
+    side_ = std::make_shared<DeviceSide>(device);
     device_options_ = options;
-    server_->set_staging(pool_, side_, options);
+    server_->set_staging(std::make_shared<StagingPool>(device, staging), side_, options);
   }
 
   std::string_view name() const override { return "tcp"; }
@@ -124,7 +127,7 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const std::string& host, u
                                           std::move(server));
   device::Device& device = device::current();
   if (Result<int> n = device.count(); n.ok() && *n > 0) {
-    t->stage(std::make_shared<StagingPool>(device, staging), std::make_shared<DeviceSide>(device), device_options);
+    t->stage(device, staging, device_options);
   }
   return std::unique_ptr<Transport>(std::move(t));
 }

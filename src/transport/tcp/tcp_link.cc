@@ -23,9 +23,10 @@ namespace kvbridge::transport::tcp {
 namespace {
 
 // Frames carry at most this many ranges and bytes: large enough that the
-// per-frame cost vanishes (a batch of 10,000 2 KiB copies is ten frames),
-// small enough that a stream has several frames in flight.
-constexpr size_t kFrameRanges = 1024;
+// per-frame cost vanishes and a frame's data is 1 MiB or more for pieces of
+// 64 bytes and up (a range costs 24 bytes of the frame's table), small
+// enough that a stream has several frames in flight.
+constexpr size_t kFrameRanges = 16384;
 constexpr uint64_t kFrameBytes = uint64_t{16} << 20;
 // Frames a stream sends ahead of the replies it has received.
 constexpr size_t kFramesAhead = 4;
@@ -79,6 +80,8 @@ std::vector<Frame> build_frames(TransferOp op, std::span<const Copy> pieces, net
   flush(pieces.size());
   return frames;
 }
+
+std::atomic<uint64_t> g_wire_frames{0}, g_wire_bytes{0}, g_wire_small{0};
 
 }  // namespace
 
@@ -283,6 +286,10 @@ Status TcpLink::run_frames(Stream& stream, TransferOp op, std::span<const Copy> 
       }
       progressed |= *n > 0;
       if (send_cursor.done()) {
+        const uint64_t bytes = frames[next_send].bytes;
+        g_wire_frames.fetch_add(1, std::memory_order_relaxed);
+        g_wire_bytes.fetch_add(bytes, std::memory_order_relaxed);
+        if (bytes < (uint64_t{1} << 20)) g_wire_small.fetch_add(1, std::memory_order_relaxed);
         sending = false;
         ++next_send;
       }
@@ -425,3 +432,9 @@ Status TcpLink::digest(std::span<const Copy> copies, RunControl& control, std::v
 }
 
 }  // namespace kvbridge::transport::tcp
+
+namespace kvbridge::transport {
+WireCounts tcp_wire_counts() {
+  return WireCounts{tcp::g_wire_frames.load(), tcp::g_wire_bytes.load(), tcp::g_wire_small.load()};
+}
+}  // namespace kvbridge::transport

@@ -29,7 +29,9 @@
 #include <filesystem>
 #include <map>
 
+#include "device/device.h"
 #include "net/address.h"
+#include "transport/staging.h"
 #include "transport/ucx/ucx_worker.h"
 
 namespace kvbridge::transport {
@@ -63,6 +65,7 @@ class UcxLink final : public Link {
   Status refresh(const PeerInfo& peer) override {
     std::map<uint32_t, std::string> keys;
     for (const PeerSegment& s : peer.segments) {
+      if (s.memory != "host") continue;  // the peer's device memory: not reachable over ucx
       if (s.key.empty() || s.key.size() > kMaxBlobBytes)
         return Status::invalid_argument(who(peer) + ": segment " + std::to_string(s.id) + " has a key of " +
                                         std::to_string(s.key.size()) + " bytes (expected 1 to 4096)");
@@ -110,6 +113,21 @@ class UcxTransport final : public Transport {
     hostname_ = this_hostname();
   }
 
+  // Local device memory, staged (staging.h): from here on links move it to
+  // and from the peer's host memory. (The peer's device memory stays out of
+  // reach: UCX serves remote memory itself, and Debian's has no CUDA.)
+  void stage(std::shared_ptr<StagingPool> pool, std::shared_ptr<DeviceSide> side, DeviceRunOptions options) {
+    pool_ = std::move(pool);
+    side_ = std::move(side);
+    device_options_ = options;
+  }
+  bool serves(std::string_view memory) const override {
+    return memory == "host" || (pool_ && memory.substr(0, 5) == "cuda:");
+  }
+  bool moves(bool local_device, bool remote_device) const override {
+    return !remote_device && (!local_device || pool_);
+  }
+
   ~UcxTransport() override {
     worker_->call([this] {
       for (auto& [id, memh] : segments_) ucp_mem_unmap(worker_->context(), memh);
@@ -130,9 +148,15 @@ class UcxTransport final : public Transport {
   }
 
   Result<std::string> add_segment(const Segment& segment) override {
+    if (segment.memory != "host" && pool_) {
+      // Staged: never mapped for UCX, no key for peers.
+      KVB_ASSIGN_OR_RETURN(int device, device::parse_cuda_memory(segment.memory));
+      side_->add_local(segment.id, segment.base, segment.bytes, device);
+      return std::string();
+    }
     if (segment.memory != "host")
       return Status::invalid_argument("ucx: segment " + std::to_string(segment.id) + " is '" + segment.memory +
-                                      "' memory; this build moves host memory only");
+                                      "' memory; without a device in this process ucx moves host memory only");
     if (segment.base == nullptr || segment.bytes == 0)
       return Status::invalid_argument("ucx: segment " + std::to_string(segment.id) + " is empty");
     Result<std::string> out = Status::internal("ucx: add_segment did not run");
@@ -182,6 +206,10 @@ class UcxTransport final : public Transport {
   }
 
   Status remove_segment(uint32_t id) override {
+    if (side_ && side_->has_local_segment(id)) {
+      side_->remove_local(id);
+      return Status();
+    }
     Status result;
     worker_->call([&] {
       auto it = segments_.find(id);
@@ -203,6 +231,7 @@ class UcxTransport final : public Transport {
     endpoint->peer = peer.name;
     endpoint->address = peer.address;
     for (const PeerSegment& s : peer.segments) {
+      if (s.memory != "host") continue;  // the peer's device memory: not reachable over ucx
       if (s.key.empty() || s.key.size() > kMaxBlobBytes)
         return Status::invalid_argument(who(peer) + ": segment " + std::to_string(s.id) + " has a key of " +
                                         std::to_string(s.key.size()) + " bytes (expected 1 to 4096)");
@@ -215,13 +244,18 @@ class UcxTransport final : public Transport {
     Status opened;
     worker_->call([&] { opened = worker_->open(*endpoint); });
     KVB_RETURN_IF_ERROR(opened);
-    return std::unique_ptr<Link>(std::make_unique<UcxLink>(worker_, std::move(endpoint)));
+    auto link = std::make_unique<UcxLink>(worker_, std::move(endpoint));
+    if (!pool_) return std::unique_ptr<Link>(std::move(link));
+    return make_staged_link(std::move(link), pool_, side_, device_options_, who(peer));
   }
 
  private:
   std::shared_ptr<ucx::Worker> worker_;
   std::map<uint32_t, ucp_mem_h> segments_;  // worker thread only
   std::string hostname_;
+  std::shared_ptr<StagingPool> pool_;  // null: host memory only
+  std::shared_ptr<DeviceSide> side_;
+  DeviceRunOptions device_options_;
 };
 
 }  // namespace
@@ -248,10 +282,18 @@ Result<std::string> net_devices_for(const std::string& host_text) {
   return devices;
 }
 
-Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string& host) {
+Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string& host, const StagingOptions& staging,
+                                                      const DeviceCopyConfig& device_copy) {
+  KVB_RETURN_IF_ERROR(check_staging_options(staging).with_context("ucx"));
+  KVB_ASSIGN_OR_RETURN(DeviceRunOptions device_options, device_run_options(device_copy));
   KVB_ASSIGN_OR_RETURN(std::string devices, net_devices_for(host));
   KVB_ASSIGN_OR_RETURN(std::shared_ptr<ucx::Worker> worker, ucx::Worker::create(devices));
-  return std::unique_ptr<Transport>(std::make_unique<UcxTransport>(std::move(worker)));
+  auto t = std::make_unique<UcxTransport>(std::move(worker));
+  device::Device& device = device::current();
+  if (Result<int> n = device.count(); n.ok() && *n > 0) {
+    t->stage(std::make_shared<StagingPool>(device, staging), std::make_shared<DeviceSide>(device), device_options);
+  }
+  return std::unique_ptr<Transport>(std::move(t));
 }
 
 }  // namespace kvbridge::transport
@@ -260,7 +302,8 @@ Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string& host) {
 
 namespace kvbridge::transport {
 
-Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string&) {
+Result<std::unique_ptr<Transport>> make_ucx_transport(const std::string&, const StagingOptions&,
+                                                      const DeviceCopyConfig&) {
   return Status::unavailable("ucx: built without UCX: install libucx-dev and reconfigure");
 }
 

@@ -226,7 +226,8 @@ INSTANTIATE_TEST_SUITE_P(TcpStaged, LinkConformance,
                          link_param_name);
 INSTANTIATE_TEST_SUITE_P(Ucx, LinkConformance,
                          ::testing::Values(LinkParam{"ucx_run", "ucx", RunPath::kRun},
-                                           LinkParam{"ucx_start", "ucx", RunPath::kStart}),
+                                           LinkParam{"ucx_start", "ucx", RunPath::kStart},
+                                           LinkParam{"ucx_device_host_run", "ucx_device_host", RunPath::kRun}),
                          link_param_name);
 
 }  // namespace

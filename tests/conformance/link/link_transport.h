@@ -23,6 +23,8 @@ inline constexpr uint32_t kLinkSegment = 1;
 inline bool staged_tcp(const std::string& name) {
   return name == "tcp_device" || name == "tcp_device_host" || name == "tcp_host_device";
 }
+// ucx staging local device memory to and from the peer's host memory
+// ("ucx_device_host"), chunks of 1 MiB.
 
 // A transport named "cma", "tcp" (127.0.0.1, four streams, no secret), a
 // staged tcp above, "ucx" (bound to 127.0.0.1) or "cuda_ipc" (the
@@ -36,6 +38,9 @@ inline Result<std::unique_ptr<transport::Transport>> make_link_transport(const s
     return transport::make_tcp_transport("127.0.0.1", 4, "", {}, {uint64_t{32} << 20, uint64_t{1} << 20});
   }
   if (name == "ucx") return transport::make_ucx_transport("127.0.0.1");
+  if (name == "ucx_device_host") {
+    return transport::make_ucx_transport("127.0.0.1", {uint64_t{32} << 20, uint64_t{1} << 20});
+  }
   if (name == "cuda_ipc") return transport::make_cuda_ipc_transport();
   return Status::invalid_argument("no transport '" + name +
                                   "' in the Link conformance suite (cma, tcp, ucx, cuda_ipc)");
@@ -46,10 +51,11 @@ inline Result<std::unique_ptr<transport::Transport>> make_link_transport(const s
 inline std::string link_memory(const std::string& transport) {
   return transport == "cuda_ipc" || transport == "tcp_device" || transport == "tcp_host_device" ? "cuda:0" : "host";
 }
-// The memory kind of the suite's own buffer: device memory for tcp_device
-// and tcp_device_host (registered with its transport as kLocalSegment).
+// The memory kind of the suite's own buffer: device memory for tcp_device,
+// tcp_device_host and ucx_device_host (registered with its transport as kLocalSegment).
 inline std::string local_link_memory(const std::string& transport) {
-  return transport == "tcp_device" || transport == "tcp_device_host" ? "cuda:0" : "host";
+  return transport == "tcp_device" || transport == "tcp_device_host" || transport == "ucx_device_host" ? "cuda:0"
+                                                                                                       : "host";
 }
 inline constexpr uint32_t kLocalSegment = 2;
 
