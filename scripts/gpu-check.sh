@@ -19,6 +19,9 @@
 #              per descriptor and a raw cudaMemcpyBatchAsync (JSON too)
 #   demo       kvbridge demo --memory cuda: P/D over cuda_ipc between rank
 #              processes, every byte checked
+#   staged     the same over tcp on loopback: device memory staged through
+#              pinned host memory on both sides (gpu_test's staged case
+#              covers device to host and back), every byte checked
 #   python     the module built against the machine's python (python/device),
 #              then python/tests/test_gpu_torch.py with KVB_GPU_REQUIRED=1 and
 #              test_device.py (the module's device paths on the host fake)
@@ -31,7 +34,7 @@
 #
 # Time: each step has a limit, and none runs past KVB_GPU_BUDGET_S (330 s)
 # from the start: machine 15 s, gpu-test 60 s, memcheck 90 s, gpu-bench 60
-# s, demo 60 s, python 120 s (build and tests).
+# s, demo 60 s, staged 45 s, python 120 s (build and tests).
 #
 # Rehearsal without a GPU (here, exactly as it runs there but on the host
 # fake): KVB_DEVICE=fake bash scripts/gpu-check.sh. The verdict is then
@@ -154,6 +157,7 @@ main() {
   fi
   step gpu-bench 60 "$bin/gpu_bench" --json "$OUTDIR/gpu-bench.json"
   step demo 60 "$bin/kvbridge" demo --memory cuda
+  step staged 45 "$bin/kvbridge" demo --memory cuda --transport tcp
   step python 120 bash -c python_step
 
   echo

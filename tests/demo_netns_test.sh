@@ -62,6 +62,30 @@ PY
   fi
 done
 
+# Device memory across the namespaces (the host fake's): tcp stages it
+# through pinned host memory on both sides, streamed layer by layer behind
+# a slow producer kernel, so a stage read before its layer landed would fail
+# the check.
+out=$work/device.json
+if ! KVB_DEVICE=fake timeout 180 "$kvb" demo --json --no-progress --transport tcp --memory cuda --requests 3 \
+     --stream layer --producer-delay-us 2000 \
+     --prefill-netns "$ns_a" --prefill-host 10.232.0.1 --decode-netns "$ns_b" --decode-host 10.232.0.2 \
+     > "$out" 2> "$work/device.err"; then
+  echo "FAIL: tcp, device memory: the demo exited non-zero"; cat "$out" "$work/device.err" | tail -40
+  status=1
+elif ! /usr/bin/python3 - "$out" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+bad = [k for k in ("leaked_blocks", "stray_bytes", "verify_failures", "double_frees", "failed") if r[k] != 0]
+assert not bad and r["ok"] >= 3 and r["clean"], f"{bad}: {json.dumps(r)[:1500]}"
+assert r["staged_chunks"] > 0, "device memory crossed without staging"
+print(f"ok   tcp, device memory staged across namespaces: {r['ok']} requests verified, {r['bytes']} bytes, "
+      f"{r['staged_chunks']} chunks staged, {r['wire_bytes'] / max(r['wire_frames'], 1) / 1048576:.2f} MiB a message")
+PY
+then
+  status=1
+fi
+
 # Discovery across the namespaces: etcd listens on the prefill side's address.
 if command -v etcd >/dev/null; then
   ip netns exec "$ns_a" etcd --data-dir "$work/etcd" --listen-client-urls http://10.232.0.1:23790 \

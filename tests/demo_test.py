@@ -515,8 +515,13 @@ def _(name):
         r = demo("--memory", "cuda", "--requests", "2", "--inject", "kill-prefill", "--policy", "recompute")
         clean(f"{name} recompute", r)
         check(name, r["recomputed"] == 1 and r["failed"] == 0, f"recomputed {r['recomputed']} failed {r['failed']}")
-        p = subprocess.run([KVB, "demo", "--memory", "cuda", "--transport", "tcp"], capture_output=True, text=True)
-        check(name, p.returncode != 0 and "over cuda_ipc, not tcp" in p.stderr, f"tcp with device memory: {p.stderr}")
+        # Over tcp, staged through pinned host memory on both sides.
+        r = demo("--memory", "cuda", "--transport", "tcp", "--requests", "2")
+        clean(f"{name} tcp", r)
+        check(name, r["staged_chunks"] > 0, f"tcp with device memory staged {r['staged_chunks']} chunks")
+        p = subprocess.run([KVB, "demo", "--memory", "cuda", "--transport", "ucx"], capture_output=True, text=True)
+        check(name, p.returncode != 0 and "or tcp (staged through pinned host memory), not ucx" in p.stderr,
+              f"ucx with device memory: {p.stderr}")
     finally:
         del os.environ["KVB_DEVICE"]
 

@@ -632,6 +632,10 @@ class Driver {
       sum_.plans_verified += f.value("plans_verified", uint64_t{0});
       sum_.content_checked += f.value("content_checked", uint64_t{0});
       sum_.content_check_failures += f.value("content_check_failures", uint64_t{0});
+      sum_.wire_frames += f.value("wire_frames", uint64_t{0});
+      sum_.wire_bytes += f.value("wire_bytes", uint64_t{0});
+      sum_.wire_small_frames += f.value("wire_small_frames", uint64_t{0});
+      sum_.staged_chunks += f.value("staged_chunks", uint64_t{0});
       if (!f.value("last_notification_error", "").empty()) {
         sum_.last_notification_error = f.value("last_notification_error", "");
       }

@@ -46,6 +46,9 @@ struct Summary {
   std::string first_stray;
   uint64_t handshakes = 0, handshakes_rejected = 0, notifications_failed = 0, plans_verified = 0;
   uint64_t content_checked = 0, content_check_failures = 0;  // the engines' content check (verify_content)
+  // tcp's bulk data frames (all, their bytes, those under 1 MiB) and the
+  // chunks staged through pinned host memory, over every rank.
+  uint64_t wire_frames = 0, wire_bytes = 0, wire_small_frames = 0, staged_chunks = 0;
   std::string last_rejection, last_notification_error;
   std::map<std::string, uint64_t> releases;  // by ReleaseReason name
   std::vector<std::string> rank_errors;      // fatal errors and abnormal exits

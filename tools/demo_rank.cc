@@ -27,6 +27,7 @@
 #include "proc_info.h"
 #include "testing/engine_faults.h"
 #include "testing/fake_side_channel.h"
+#include "transport/staging.h"
 
 #if KVB_HAVE_DISCOVERY
 #include "connector/handshake.h"
@@ -475,6 +476,12 @@ class Rank {
           KVB_RETURN_IF_ERROR(device::current().record(layer_events_[l], stream_));
           if (push_) {
             ready.event = reinterpret_cast<uintptr_t>(layer_events_[l]);
+          } else if (c_.args->prefill.netns != c_.args->decode.netns) {
+            // The readers are on another host, where an IPC event handle
+            // does not open: the layer is announced once the host saw its
+            // event complete.
+            KVB_RETURN_IF_ERROR(transport::await_event(device::current(), layer_events_[l], nullptr));
+            ready.host_synchronized = true;
           } else {
             ready.event_handle = layer_handles_[l];
           }
@@ -635,7 +642,12 @@ class Rank {
     }
     const WorkerStats s = worker_->stats();
     const EngineMetrics m = engine_->metrics();
+    const transport::WireCounts wire = transport::tcp_wire_counts();
     return ch_.send({{"ev", "final"},
+                     {"wire_frames", wire.frames},
+                     {"wire_bytes", wire.bytes},
+                     {"wire_small_frames", wire.small},
+                     {"staged_chunks", transport::staged_chunks()},
                      {"stray_bytes", stray},
                      {"first_stray", first},
                      {"held", held_.size()},

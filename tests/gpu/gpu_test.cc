@@ -325,6 +325,63 @@ TEST(GpuTest, CudaIpcReadsAndWritesAnotherProcesssDeviceMemory) {
   }
 }
 
+// Device memory over tcp on loopback, staged through pinned host memory on
+// each side that has it: a device read from the peer's host memory and from
+// its device memory, and a device write into its host memory, in chunks of
+// 1 MiB, many descriptors each, every byte checked.
+TEST(GpuTest, TcpStagesDeviceMemoryThroughPinnedHostMemory) {
+  REQUIRE_DEVICE();
+  EngineOptions o;
+  o.transports = {"tcp"};
+  o.staging_chunk_bytes = uint64_t{1} << 20;
+  o.name = "staged-a";
+  Result<std::unique_ptr<Engine>> a = Engine::create(o);
+  o.name = "staged-b";
+  Result<std::unique_ptr<Engine>> b = Engine::create(o);
+  ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? b : a).error().to_string();
+  constexpr uint64_t kBytes = uint64_t{24} << 20, kPiece = 24 << 10;
+  DeviceBuffer here(0, kBytes), there(0, kBytes);
+  std::vector<uint8_t> host = pattern(kBytes, 5);
+  there.write(pattern(kBytes, 6));
+  const RegionId rh = *(*a)->register_memory(here.p, kBytes, "cuda:0");
+  const RegionId rt = *(*b)->register_memory(there.p, kBytes, "cuda:0");
+  const RegionId ry = *(*b)->register_memory(host.data(), kBytes);
+  const PeerId peer = *(*a)->connect((*b)->metadata());
+  // Piece i of here <- piece (n - 1 - i) of the peer's.
+  auto items_of = [&](RegionId remote) {
+    std::vector<TransferItem> items;
+    const uint64_t n = kBytes / kPiece;
+    for (uint64_t i = 0; i < n; ++i) items.push_back({rh, i * kPiece, remote, (n - 1 - i) * kPiece, kPiece});
+    return items;
+  };
+  auto reversed = [&](const std::vector<uint8_t>& v) {
+    std::vector<uint8_t> r(v.size());
+    const uint64_t n = kBytes / kPiece;
+    for (uint64_t i = 0; i < n; ++i)
+      std::copy_n(v.begin() + static_cast<ptrdiff_t>((n - 1 - i) * kPiece), kPiece,
+                  r.begin() + static_cast<ptrdiff_t>(i * kPiece));
+    return r;
+  };
+  for (const RegionId remote : {ry, rt}) {
+    here.write(std::vector<uint8_t>(kBytes, 0));
+    const std::vector<TransferItem> items = items_of(remote);
+    Result<TransferId> t = (*a)->submit(peer, TransferOp::kRead, items);
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    const TransferStatus st = (*a)->wait(*t, 30s);
+    ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
+    EXPECT_TRUE(here.read() == reversed(remote == ry ? host : there.read()))
+        << "staged read from the peer's " << (remote == ry ? "host" : "device") << " memory";
+  }
+  // And back: a device write into the peer's host memory.
+  std::fill(host.begin(), host.end(), 0);
+  const std::vector<uint8_t> mine = here.read();
+  Result<TransferId> t = (*a)->submit(peer, TransferOp::kWrite, items_of(ry));
+  ASSERT_TRUE(t.ok()) << t.error().to_string();
+  const TransferStatus st = (*a)->wait(*t, 30s);
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
+  EXPECT_TRUE(reversed(host) == mine) << "staged write into the peer's host memory";
+}
+
 // Memory from cuMemCreate (PyTorch's expandable segments) has no legacy
 // IPC handle: a peer registers it, and a reader's transfer of it over
 // cuda_ipc is refused naming why and what to set, never a crash or a
