@@ -387,6 +387,10 @@ TEST_F(DeviceMemoryTest, NoTransportForAPairOfMemoryKindsIsAClearError) {
 // device memory here with host memory there, moves staged through pinned
 // host memory, every byte checked.
 TEST_F(DeviceMemoryTest, TcpMovesDeviceMemoryBetweenEnginesStaged) {
+  // The memory first: it outlives the engines, whose threads last touched it.
+  constexpr uint64_t kBytes = uint64_t{3} << 20;
+  DeviceBuffer here(0, kBytes, 0), there(1, kBytes, 0);
+  std::vector<uint8_t> host(kBytes);
   EngineOptions o;
   o.name = "a";
   o.transports = {"tcp"};
@@ -395,9 +399,6 @@ TEST_F(DeviceMemoryTest, TcpMovesDeviceMemoryBetweenEnginesStaged) {
   o.name = "b";
   Result<std::unique_ptr<Engine>> b = Engine::create(o);
   ASSERT_TRUE(a.ok() && b.ok());
-  constexpr uint64_t kBytes = uint64_t{3} << 20;
-  DeviceBuffer here(0, kBytes, 0), there(1, kBytes, 0);
-  std::vector<uint8_t> host(kBytes);
   for (uint64_t i = 0; i < kBytes; ++i) there.data[i] = host[i] = static_cast<uint8_t>(i * 7 + 1);
   const RegionId rh = *(*a)->register_memory(here.data, kBytes, "cuda:0");
   const RegionId rt = *(*b)->register_memory(there.data, kBytes, "cuda:1");

@@ -175,11 +175,11 @@ class Outcomes {
     std::lock_guard lock(mu_);
     status_[i].reset();
   }
+  // Notifies under the lock: the waiter may return and destroy this as
+  // soon as it sees the status.
   void set(size_t i, Status s) {
-    {
-      std::lock_guard lock(mu_);
-      status_[i] = std::move(s);
-    }
+    std::lock_guard lock(mu_);
+    status_[i] = std::move(s);
     cv_.notify_all();
   }
   Status wait(size_t i) {
