@@ -38,7 +38,8 @@ class ConnectorConfig:
     heartbeat_s: how often a decode rank's heartbeat renews the holds of what it reads (below
       lease_s, or every slow load would lose its blocks).
     failure_policy: decode: "fail" or "recompute" (from the first token that did not arrive).
-    load_timeout_s: decode: a load not ended by then fails.
+    load_timeout_s: decode: a load not ended by then fails, naming why (each rank ends its own
+      load by then; a rank that reports nothing 2 s later is reported silent).
     store_hash_block_tokens: 0 for no prefix store; else its hash block (tokens), with
       store_memory_bytes of memory tier per process and store_redis ("host:port") as the
       shared tier (needed for hits across processes). store_save: store finished requests.

@@ -13,6 +13,11 @@ from ._connector_config import ConnectorConfig, _MAX_HANDOFFS_SEEN, _check_param
 from ._connector_meta import (BlockIds, ConnectorMetadata, FinishedRequests, HandshakeMetadata, LoadSpec, SaveSpec,
                               StreamSpec, WorkerOutput)
 
+# Each decode rank ends its own load by load_timeout_s after it starts it (naming why: a read
+# refused, a source silent), a step or more after the scheduler allocated the blocks; the
+# scheduler waits this much longer for the ranks' outcomes before it reports a rank silent.
+_RANK_RESULT_GRACE_S = 2.0
+
 
 def _addresses(ranks: Iterable[Any]) -> List[str]:
     """Side channel addresses from what ranks said (HandshakeMetadata, or the address itself)."""
@@ -134,7 +139,7 @@ class SchedulerConnector:
                 remote_request_id=str(params.get("remote_request_id", request_id)),
                 remote_incarnations=list(params["remote_incarnations"]) if params.get("remote_incarnations") else None,
                 stream=bool(params.get("stream", self.config.stream))))
-            self._decode.expect(request_id, skip_tokens=min(p.computed, n), timeout=self.config.load_timeout_s)
+            self._decode.expect(request_id, skip_tokens=min(p.computed, n), timeout=self.config.load_timeout_s + _RANK_RESULT_GRACE_S)
             self._loading[request_id] = set()
             if self._meta.loads[-1].stream:
                 self._streamed.add(request_id)
