@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kvbridge/layout.h"
 #include "kvbridge/plan.h"
@@ -45,5 +46,21 @@ Result<uint64_t> execute_read(std::span<const Descriptor> descriptors, TensorMem
 // checks and errors as execute_read().
 Result<uint64_t> execute_write(std::span<const Descriptor> descriptors, ConstTensorMemory local,
                                std::span<const TensorMemory> remotes);
+
+// One descriptor resolved into caller memory: `bytes` from `src` to `dst`.
+struct ByteCopy {
+  uint8_t* dst = nullptr;
+  const uint8_t* src = nullptr;
+  uint64_t bytes = 0;
+};
+
+// The copies execute_read() and execute_write() would make, checked as they
+// check them, appended to `out` in descriptor order; nothing is copied (for
+// a caller that moves the bytes itself: device memory, through pinned host
+// memory). Returns the bytes; on an error nothing is appended.
+Result<uint64_t> resolve_read(std::span<const Descriptor> descriptors, TensorMemory local,
+                              std::span<const ConstTensorMemory> remotes, std::vector<ByteCopy>* out);
+Result<uint64_t> resolve_write(std::span<const Descriptor> descriptors, ConstTensorMemory local,
+                               std::span<const TensorMemory> remotes, std::vector<ByteCopy>* out);
 
 }  // namespace kvbridge

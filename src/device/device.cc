@@ -107,4 +107,37 @@ Result<int> parse_cuda_memory(std::string_view memory) {
   return n;
 }
 
+Status check_device_range(Device& dev, const void* p, uint64_t bytes, std::string_view memory) {
+  KVB_ASSIGN_OR_RETURN(int want, parse_cuda_memory(memory));
+  const auto* base = static_cast<const uint8_t*>(p);
+  Result<int> n = dev.count();
+  if (!n.ok()) return Status::unavailable(std::string(memory) + ": " + n.error().message());
+  if (want >= *n) {
+    return Status::invalid_argument(std::string(memory) + ": there is no such device (" + std::to_string(*n) +
+                                    " here)");
+  }
+  const uint64_t begin = reinterpret_cast<uint64_t>(base), end = begin + bytes;
+  for (uint64_t at = begin; at < end;) {
+    KVB_ASSIGN_OR_RETURN(PointerInfo info, dev.pointer_info(reinterpret_cast<const void*>(at)));
+    const std::string where = "byte " + std::to_string(at - begin) + " of the range";
+    switch (info.type) {
+      case MemoryType::kHost:
+        return Status::invalid_argument(where + " is host memory, not " + std::string(memory));
+      case MemoryType::kManaged:
+        return Status::invalid_argument(where +
+                                        " is managed (unified) memory; kvbridge moves device memory from "
+                                        "cudaMalloc, as cuda:N, or host memory");
+      case MemoryType::kDevice:
+        break;
+    }
+    if (info.device != want) {
+      return Status::invalid_argument(where + " is memory of cuda:" + std::to_string(info.device) + ", not " +
+                                      std::string(memory));
+    }
+    if (info.base + info.bytes <= at) return Status::internal("device reports an allocation that ends before it");
+    at = info.base + info.bytes;
+  }
+  return Status();
+}
+
 }  // namespace kvbridge::device

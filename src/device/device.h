@@ -232,5 +232,11 @@ size_t fake_kernel_copies();
 
 // "cuda:N" -> N; kInvalidArgument naming the text otherwise.
 Result<int> parse_cuda_memory(std::string_view memory);
+// That [p, p + bytes) is all device memory of the device `memory` names
+// (cuda:N), allocation by allocation. kInvalidArgument naming the first byte
+// that is not and what it is (host, managed, another device's memory), or a
+// device past the count; kUnavailable without a device (the message says
+// why).
+Status check_device_range(Device& device, const void* p, uint64_t bytes, std::string_view memory);
 
 }  // namespace kvbridge::device

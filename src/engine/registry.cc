@@ -62,42 +62,6 @@ Status check_memory_kind(std::string_view memory) {
   return Status::invalid_argument("unknown memory kind '" + std::string(memory) + "' (expected 'host' or 'cuda:N')");
 }
 
-// That [base, base + bytes) is all device memory of the device `memory`
-// names (cuda:N).
-static Status check_device_range(const uint8_t* base, uint64_t bytes, std::string_view memory) {
-  KVB_ASSIGN_OR_RETURN(int want, device::parse_cuda_memory(memory));
-  device::Device& dev = device::current();
-  Result<int> n = dev.count();
-  if (!n.ok()) return Status::unavailable(std::string(memory) + ": " + n.error().message());
-  if (want >= *n) {
-    return Status::invalid_argument(std::string(memory) + ": there is no such device (" + std::to_string(*n) +
-                                    " here)");
-  }
-  const uint64_t begin = reinterpret_cast<uint64_t>(base), end = begin + bytes;
-  for (uint64_t at = begin; at < end;) {
-    KVB_ASSIGN_OR_RETURN(device::PointerInfo info, dev.pointer_info(reinterpret_cast<const void*>(at)));
-    const std::string where = "byte " + std::to_string(at - begin) + " of the range";
-    switch (info.type) {
-      case device::MemoryType::kHost:
-        return Status::invalid_argument(where + " is host memory, not " + std::string(memory) +
-                                        " (register it as 'host')");
-      case device::MemoryType::kManaged:
-        return Status::invalid_argument(where +
-                                        " is managed (unified) memory; kvbridge moves device memory from "
-                                        "cudaMalloc, registered as cuda:N, or host memory");
-      case device::MemoryType::kDevice:
-        break;
-    }
-    if (info.device != want) {
-      return Status::invalid_argument(where + " is memory of cuda:" + std::to_string(info.device) + ", not " +
-                                      std::string(memory));
-    }
-    if (info.base + info.bytes <= at) return Status::internal("device reports an allocation that ends before it");
-    at = info.base + info.bytes;
-  }
-  return Status();
-}
-
 Result<uint32_t> Registry::add_segment(uint8_t* begin, uint8_t* end, const std::string& memory, uint8_t access) {
   SegmentEntry e;
   e.segment.id = next_segment_;
@@ -164,7 +128,8 @@ Result<RegionId> Registry::add(void* base_ptr, uint64_t bytes, std::string_view 
   }
   KVB_RETURN_IF_ERROR(check_memory_kind(memory).with_context("register_memory"));
   if (memory != "host") {
-    KVB_RETURN_IF_ERROR(check_device_range(base, bytes, memory).with_context("register_memory"));
+    KVB_RETURN_IF_ERROR(
+        device::check_device_range(device::current(), base, bytes, memory).with_context("register_memory"));
     device_seen_ = true;
   } else if (device_seen_) {
     // Device memory registered as host memory would be read by cma or tcp

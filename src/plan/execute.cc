@@ -103,4 +103,28 @@ Result<uint64_t> execute_write(std::span<const Descriptor> descriptors, ConstTen
   return copied;
 }
 
+Result<uint64_t> resolve_read(std::span<const Descriptor> descriptors, TensorMemory local,
+                              std::span<const ConstTensorMemory> remotes, std::vector<ByteCopy>* out) {
+  KVB_RETURN_IF_ERROR(check(descriptors, local, remotes));
+  uint64_t copied = 0;
+  for (const Descriptor& d : descriptors) {
+    out->push_back(ByteCopy{local[d.local_tensor].data() + d.local_offset,
+                            remotes[d.source][d.remote_tensor].data() + d.remote_offset, d.bytes});
+    copied += d.bytes;
+  }
+  return copied;
+}
+
+Result<uint64_t> resolve_write(std::span<const Descriptor> descriptors, ConstTensorMemory local,
+                               std::span<const TensorMemory> remotes, std::vector<ByteCopy>* out) {
+  KVB_RETURN_IF_ERROR(check(descriptors, local, remotes));
+  uint64_t copied = 0;
+  for (const Descriptor& d : descriptors) {
+    out->push_back(ByteCopy{remotes[d.source][d.remote_tensor].data() + d.remote_offset,
+                            local[d.local_tensor].data() + d.local_offset, d.bytes});
+    copied += d.bytes;
+  }
+  return copied;
+}
+
 }  // namespace kvbridge

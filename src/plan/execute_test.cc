@@ -92,6 +92,35 @@ TEST(ExecuteTest, ABadDescriptorIsNamedAndNothingIsCopied) {
   }
 }
 
+TEST(ExecuteTest, ResolvedCopiesAreTheExecutorsCopiesWithItsChecks) {
+  Memory local({64, 32}, 0), r0({16}, 100), r1({8, 40}, 200);
+  const std::vector<Descriptor> ds = {{0, 1, 0, 0, 4, 2, 10}, {1, 0, 1, 0, 60, 30, 4}};
+  const std::vector<ConstTensorMemory> remotes = {r0.cspans, r1.cspans};
+  std::vector<ByteCopy> reads;
+  Result<uint64_t> n = resolve_read(ds, local.spans, remotes, &reads);
+  ASSERT_TRUE(n.ok()) << n.error().to_string();
+  EXPECT_EQ(*n, 14u);
+  ASSERT_EQ(reads.size(), 2u);
+  EXPECT_EQ(reads[0].dst, local.bytes[1].data() + 4);
+  EXPECT_EQ(reads[0].src, r0.bytes[0].data() + 2);
+  EXPECT_EQ(reads[1].dst, local.bytes[0].data() + 60);
+  EXPECT_EQ(reads[1].src, r1.bytes[1].data() + 30);
+  EXPECT_EQ(reads[1].bytes, 4u);
+  EXPECT_EQ(local.bytes[1][4], Memory({64, 32}, 0).bytes[1][4]) << "resolving copied";
+  const std::vector<TensorMemory> wremotes = {r0.spans, r1.spans};
+  std::vector<ByteCopy> writes;
+  ASSERT_TRUE(resolve_write(ds, local.cspans, wremotes, &writes).ok());
+  ASSERT_EQ(writes.size(), 2u);
+  EXPECT_EQ(writes[0].dst, r0.bytes[0].data() + 2);
+  EXPECT_EQ(writes[0].src, local.bytes[1].data() + 4);
+  const std::vector<Descriptor> bad = {ds[0], {0, 0, 0, 0, 0, 12, 8}};
+  Result<uint64_t> e = resolve_read(bad, local.spans, remotes, &reads);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.error().message(),
+            "descriptor 1: remote range [12, +8) is outside remote tensor 0 (16 bytes given) of source 0");
+  EXPECT_EQ(reads.size(), 2u) << "a failed resolve appended copies";
+}
+
 TEST(ExecuteTest, NoDescriptorsCopyNothingAndAnEmptySpanServesAnUnusedTensor) {
   Memory local({0, 8}, 0), r0({8}, 100);
   const std::vector<ConstTensorMemory> remotes = {r0.cspans};
