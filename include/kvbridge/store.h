@@ -28,7 +28,9 @@
 // Thread-safety: Store is thread-safe. A RankStore may be used by one thread at
 // a time; RankStores of one Store may run concurrently (one per rank thread).
 // Ownership: RankStore holds its Store (shared_ptr). Tensor memory passed to
-// put/get is the caller's and is only accessed during the call.
+// put/get is the caller's and is only accessed during the call. A rank's
+// tensors may be device memory (RankStoreOptions::memory): its copies then
+// move through pinned host memory, into and out of every tier.
 #pragma once
 
 #include <chrono>
@@ -42,6 +44,7 @@
 #include "kvbridge/content.h"
 #include "kvbridge/layout.h"
 #include "kvbridge/layout_json.h"
+#include "kvbridge/readiness.h"
 #include "kvbridge/status.h"
 #include "kvbridge/store_key.h"
 
@@ -222,13 +225,33 @@ struct GetResult {
   uint64_t redis_objects = 0;
 };
 
+// Where a rank's tensors are, and how RankStore::put and get reach them.
+struct RankStoreOptions {
+  // "host", or "cuda:N": device memory of device N. Device memory moves
+  // through a pool of pinned host memory (allocated and pinned at the first
+  // put or get that copies), `staging_chunk_bytes` at a time: one batched
+  // device copy per chunk, the host's copy of one chunk between the pool
+  // and the objects overlapping the device's copy of the next.
+  std::string memory = "host";
+  uint64_t staging_bytes = uint64_t{8} << 20;  // at least three chunks
+  uint64_t staging_chunk_bytes = uint64_t{2} << 20;
+  // How the device copies a chunk: "copy_engine", "kernel" or "auto"
+  // (EngineOptions::device_copy).
+  std::string device_copy = "copy_engine";
+  // Device memory: a put or get whose ready event has not completed within
+  // this fails (kTimeout) having copied nothing.
+  std::chrono::milliseconds timeout{30000};
+};
+
 class RankStore {
  public:
   // Binds a rank's layout to the store. kInvalidArgument when the layout is
   // invalid, is a rank of a pipeline stage (pp_size above 1: not supported
   // by the store), or the store's hash block does not fit a stored group
-  // (naming the group and the rule).
-  static Result<RankStore> create(std::shared_ptr<Store> store, const Layout& layout);
+  // (naming the group and the rule), or `options` names an unknown memory kind or
+  // bad staging sizes; kUnavailable for cuda:N without that device.
+  static Result<RankStore> create(std::shared_ptr<Store> store, const Layout& layout,
+                                  const RankStoreOptions& options = RankStoreOptions());
   RankStore(RankStore&&) noexcept;
   RankStore& operator=(RankStore&&) noexcept;
   ~RankStore();
@@ -249,7 +272,15 @@ class RankStore {
   // layout tensor. Errors: kInvalidArgument (num_tokens > tokens.size(), a
   // missing group, a list too short, memory not matching the layout). Redis
   // failures are not errors (counted in stats).
-  Result<PutResult> put(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory);
+  //
+  // Device memory (RankStoreOptions::memory): `memory` is device memory of
+  // that device (else kInvalidArgument naming the tensor and the byte), and
+  // `ready` is the producer's word that the kernels writing the blocks are
+  // done (an event recorded after them: of this process, or an IPC handle);
+  // the copies out of the device wait for it on the host first. Host
+  // memory takes no event (kInvalidArgument).
+  Result<PutResult> put(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory,
+                        const Readiness& ready = Readiness());
 
   // The longest prefix of tokens[0, min(tokens.size(), limit_tokens)) that can
   // be resumed from the store: a multiple of resume_align_tokens() for which
@@ -267,8 +298,12 @@ class RankStore {
   // the hit drops below what the lookup promised, and blocks of the request
   // past the returned hit (at or after skip_tokens: the request's own, which
   // prefill computes) may already hold bytes of later objects. Errors as for
-  // put().
-  Result<GetResult> get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory);
+  // put(). Device memory: `ready` is the work still reading the blocks
+  // (their previous owner's kernels), waited for before the first copy
+  // into them; get() returns once every byte is in device memory, so
+  // kernels queued after it on any stream read it.
+  Result<GetResult> get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory,
+                        const Readiness& ready = Readiness());
 
   struct Impl;
 

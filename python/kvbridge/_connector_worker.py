@@ -324,7 +324,7 @@ class WorkerConnector:
                 end = min(load.store_tokens, load.num_tokens) if load.remote_instance else load.store_tokens
                 try:
                     got = self.store.get(load.token_ids, _kvb.Request(end, {g: (ids, []) for g, ids in local.items()},
-                                                                      skip_tokens=have))
+                                                                      skip_tokens=have), ready=ready)
                     have = max(have, min(got.hit_tokens, end))
                 except _kvb.Error:
                     pass  # the store delivered nothing: read from prefill instead, or recompute
@@ -405,8 +405,9 @@ class WorkerConnector:
         return self._cuda_device
 
     def _consumer_ready(self) -> Any:
-        """An event after the work queued on the current stream (the blocks' previous owner):
-        the step's reads into CUDA caches wait for it on the device. None for host caches."""
+        """An event after the work queued on the current stream: the step's reads into CUDA
+        caches wait for it on the device (the blocks' previous owner), the prefix store's gets
+        and puts on the host (what still reads or writes their blocks). None for host caches."""
         device = self._cuda_caches()
         if device is None:
             return None
@@ -436,11 +437,15 @@ class WorkerConnector:
     def _run_saves(self) -> None:
         with self._lock:
             saves, self._saves = self._saves, []
+        # With CUDA caches the puts read them after the work queued so far on the current stream
+        # (the kernels that wrote the requests' KV).
+        ready = self._consumer_ready() if saves and self.store is not None else None
         for s in saves:
             try:
                 local = self._group_blocks(s.local_blocks, f"request '{s.request_id}' blocks")
                 if self.store is not None:
-                    self.store.put(s.token_ids, _kvb.Request(s.num_tokens, {g: (ids, []) for g, ids in local.items()}))
+                    self.store.put(s.token_ids, _kvb.Request(s.num_tokens, {g: (ids, []) for g, ids in local.items()}),
+                                   ready=ready)
                 with self._lock:
                     self._out.saved.append(s.request_id)
                     self._sending.add(s.request_id)

@@ -29,18 +29,24 @@ std::vector<uint32_t> tokens_of(py::handle tokens) {
 class PyRankStore {
  public:
   // tensors None: a view for lookups only (a scheduler process holds no KV).
-  PyRankStore(std::shared_ptr<Store> store, const Layout& layout, py::object tensors)
+  // Tensors all of one kind: host memory, or device memory of one device
+  // (staged through pinned host memory, RankStoreOptions).
+  PyRankStore(std::shared_ptr<Store> store, const Layout& layout, py::object tensors, RankStoreOptions options)
       : tensors_(tensors), lookup_only_(tensors.is_none()) {
     std::vector<std::string> names;
     for (const Tensor& t : layout.tensors) names.push_back(t.name);
-    for (const Memory& m : lookup_only_ ? std::vector<Memory>{} : memories_of(tensors, names, true)) {
-      if (m.memory != "host") {
-        throw_status(
-            Status::invalid_argument("the prefix store reads and writes host memory; a tensor is " + m.memory));
+    const std::vector<Memory> memories = lookup_only_ ? std::vector<Memory>{} : memories_of(tensors, names, true);
+    for (size_t t = 0; t < memories.size(); ++t) {
+      const Memory& m = memories[t];
+      if (m.memory != memories[0].memory) {
+        throw_status(Status::invalid_argument("RankStore: tensor '" + names[t] + "' is " + m.memory + " and tensor '" +
+                                              names[0] + "' " + memories[0].memory +
+                                              ": a rank's tensors are all of one kind"));
       }
       spans_.emplace_back(m.data, m.bytes);
     }
-    rank_ = std::make_unique<RankStore>(unwrap(RankStore::create(std::move(store), layout)));
+    if (!memories.empty()) options.memory = memories[0].memory;
+    rank_ = std::make_unique<RankStore>(unwrap(RankStore::create(std::move(store), layout, options)));
   }
 
   RankStore& get() { return *rank_; }
@@ -191,12 +197,22 @@ void bind_store(py::module_& m) {
                           "One rank's view of a Store: its layout and its tensors (kept alive), which put() reads\n"
                           "and get() writes. Tokens are a list of ints, a numpy array or a torch tensor. With\n"
                           "tensors=None it only looks up (a scheduler process, which holds no KV).")
-      .def(py::init([](std::shared_ptr<Store> store, const Layout& layout, py::object tensors) {
-             return std::make_unique<PyRankStore>(std::move(store), layout, std::move(tensors));
+      .def(py::init([](std::shared_ptr<Store> store, const Layout& layout, py::object tensors, uint64_t staging_bytes,
+                       uint64_t staging_chunk_bytes, const std::string& device_copy) {
+             RankStoreOptions o;
+             o.staging_bytes = staging_bytes;
+             o.staging_chunk_bytes = staging_chunk_bytes;
+             o.device_copy = device_copy;
+             return std::make_unique<PyRankStore>(std::move(store), layout, std::move(tensors), std::move(o));
            }),
            py::arg("store"), py::arg("layout"), py::arg("tensors") = py::none(),
+           py::arg("staging_bytes") = RankStoreOptions().staging_bytes,
+           py::arg("staging_chunk_bytes") = RankStoreOptions().staging_chunk_bytes,
+           py::arg("device_copy") = RankStoreOptions().device_copy,
            "Raises InvalidArgument when the layout cannot use the store (a pipeline stage, a context\n"
-           "shard, a hash block that does not fit a group), naming why.")
+           "shard, a hash block that does not fit a group), naming why. Tensors on a device (CUDA\n"
+           "tensors, all on one device) move through staging_bytes of pinned host memory,\n"
+           "staging_chunk_bytes per batched device copy (device_copy: 'copy_engine', 'kernel', 'auto').")
       .def_property_readonly("resume_align_tokens", [](PyRankStore& r) { return r.get().resume_align_tokens(); })
       .def(
           "lookup",
@@ -214,34 +230,40 @@ void bind_store(py::module_& m) {
           "The longest prefix of the tokens the store can resume from (a multiple of resume_align_tokens).")
       .def(
           "get",
-          [](PyRankStore& r, py::handle tokens, const Request& request) {
+          [](PyRankStore& r, py::handle tokens, const Request& request, py::object ready) {
             const std::vector<uint32_t> t = tokens_of(tokens);
             const TensorMemory memory = r.memory("get");
+            const Readiness readiness = readiness_of(ready);
             Result<GetResult> out = Status::internal("unset");
             {
               py::gil_scoped_release nogil;
-              out = r.get().get(t, request, memory);
+              out = r.get().get(t, request, memory, readiness);
             }
             return unwrap(std::move(out));
           },
-          py::arg("tokens"), py::arg("request"),
+          py::arg("tokens"), py::arg("request"), py::arg("ready") = py::none(),
           "Writes the stored prefix of request.num_tokens tokens into the rank's blocks (request's local\n"
-          "ids) and returns how many tokens it holds now.")
+          "ids) and returns how many tokens it holds now. Device tensors: ready is the work still\n"
+          "reading those blocks (a torch.cuda.Event recorded after it, or an IPC handle), waited for\n"
+          "first; the bytes are on the device when it returns.")
       .def(
           "put",
-          [](PyRankStore& r, py::handle tokens, const Request& request) {
+          [](PyRankStore& r, py::handle tokens, const Request& request, py::object ready) {
             const std::vector<uint32_t> t = tokens_of(tokens);
             const TensorMemory memory = r.memory("put");
+            const Readiness readiness = readiness_of(ready);
             Result<PutResult> out = Status::internal("unset");
             {
               py::gil_scoped_release nogil;
-              out = r.get().put(t, request, memory);
+              out = r.get().put(t, request, memory, readiness);
             }
             return unwrap(std::move(out));
           },
-          py::arg("tokens"), py::arg("request"),
+          py::arg("tokens"), py::arg("request"), py::arg("ready") = py::none(),
           "Stores the full hash blocks of the first request.num_tokens tokens that the rank's blocks\n"
-          "(request's local ids) hold. Redis failures are not errors (counted in Store.stats()).");
+          "(request's local ids) hold. Redis failures are not errors (counted in Store.stats()).\n"
+          "Device tensors: ready is the producer's word that the kernels writing those blocks are done\n"
+          "(a torch.cuda.Event recorded after them, or an IPC handle), waited for first.");
 }
 
 }  // namespace kvbridge::python

@@ -233,7 +233,7 @@ Result<const Plan*> Canonical::plan_copy(size_t gi, bool put, int64_t block, uin
 }
 
 Result<uint64_t> Canonical::put(size_t gi, int64_t block, uint64_t first, uint64_t end, ConstTensorMemory rank,
-                                uint8_t* object) {
+                                uint8_t* object, std::vector<ByteCopy>* defer) {
   KVB_ASSIGN_OR_RETURN(const Plan* p, plan_copy(gi, true, block, first, end));
   // Descriptors come in local tensor order: those into the object (tensor
   // gi) before those into store.gi.other, the part another rank writes.
@@ -241,17 +241,20 @@ Result<uint64_t> Canonical::put(size_t gi, int64_t block, uint64_t first, uint64
                                              [gi](const Descriptor& d) { return d.local_tensor == gi; });
   object_spans_[gi] = {object, geometry_[gi].object_bytes};
   const ConstTensorMemory sources[] = {rank};
-  Result<uint64_t> n = execute_read(std::span(p->descriptors.begin(), part_end), object_spans_, sources);
+  const std::span<const Descriptor> mine(p->descriptors.begin(), part_end);
+  Result<uint64_t> n =
+      defer != nullptr ? resolve_read(mine, object_spans_, sources, defer) : execute_read(mine, object_spans_, sources);
   object_spans_[gi] = {};
   return n;
 }
 
 Result<uint64_t> Canonical::get(size_t gi, int64_t block, uint64_t first, uint64_t end, const uint8_t* object,
-                                TensorMemory rank) {
+                                TensorMemory rank, std::vector<ByteCopy>* defer) {
   KVB_ASSIGN_OR_RETURN(const Plan* p, plan_copy(gi, false, block, first, end));
   const_object_spans_[gi] = {object, geometry_[gi].object_bytes};
   const TensorMemory destinations[] = {rank};
-  Result<uint64_t> n = execute_write(p->descriptors, const_object_spans_, destinations);
+  Result<uint64_t> n = defer != nullptr ? resolve_write(p->descriptors, const_object_spans_, destinations, defer)
+                                        : execute_write(p->descriptors, const_object_spans_, destinations);
   const_object_spans_[gi] = {};
   return n;
 }

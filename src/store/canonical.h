@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvbridge/execute.h"
 #include "kvbridge/layout.h"
 #include "kvbridge/layout_json.h"
 #include "kvbridge/plan.h"
@@ -64,13 +65,15 @@ class Canonical {
   // block `block` (offsets in the block, within one hash block; for a state
   // group, the state in `block`, and first and end are ignored). Returns the
   // bytes copied. Errors: a block id past num_blocks is kOutOfRange naming
-  // the group; an internal plan error names the group.
+  // the group; an internal plan error names the group. With `defer`, the
+  // copies are appended to it instead of made (rank memory on a device:
+  // the caller moves them through pinned host memory).
   Result<uint64_t> put(size_t group, int64_t block, uint64_t first, uint64_t end, ConstTensorMemory rank,
-                       uint8_t* object);
+                       uint8_t* object, std::vector<ByteCopy>* defer = nullptr);
   // Copies from `object` the tokens [first, end) it holds (the state, for a
-  // state group) into rank block `block`, with put()'s errors.
+  // state group) into rank block `block`, with put()'s errors and `defer`.
   Result<uint64_t> get(size_t group, int64_t block, uint64_t first, uint64_t end, const uint8_t* object,
-                       TensorMemory rank);
+                       TensorMemory rank, std::vector<ByteCopy>* defer = nullptr);
 
  private:
   struct Copy {

@@ -153,6 +153,14 @@ TEST_F(ClusterStoreTest, KeysGoToTheirSlotsMastersAndTp8ObjectsReadByteExactAtTp
   EXPECT_GE(info->keys, 32u) << "summed over the masters";
 }
 
+TEST_F(ClusterStoreTest, DeviceMemoryGoesThroughTheClusterByteExact) {
+  auto writer = cluster_store(cluster_->ports()[0]);
+  auto reader = cluster_store(cluster_->ports()[1]);
+  EXPECT_EQ(testing::device_round_trip(writer, reader, "llama3-8b", {4, 32}, {2, 16}, 128, 12), 128u);
+  EXPECT_GT(reader->stats().redis_hits, 0u);
+  EXPECT_EQ(reader->stats().redis_errors, 0u) << reader->stats().redis_last_error;
+}
+
 TEST_F(ClusterStoreTest, PartsFromRankStoresOfTheirOwnAssembleOnTheSlotsNode) {
   const std::vector<uint32_t> t = tokens(22, 128);
   // Each rank with a Store of its own, as in separate processes: parts meet

@@ -350,6 +350,18 @@ TEST(DiskStoreTest, AStoreOpenedLaterServesThePrefixFromDiskByteExact) {
   EXPECT_EQ(store->stats().memory_hits, l->disk_objects);
 }
 
+// Device memory into the disk tier and, from a Store opened later (its
+// memory empty), out of it.
+TEST(DiskStoreTest, DeviceMemoryIsStoredOnDiskAndReadBackIntoDeviceMemory) {
+  TempDir d;
+  testing::device_put(disk_store(d.path, uint64_t{1} << 30), "llama3-8b", {2, 32}, 128, 8);
+  auto reader = disk_store(d.path, uint64_t{1} << 30);
+  ASSERT_NE(reader, nullptr);
+  EXPECT_EQ(testing::device_get(reader, "llama3-8b", {1, 16}, 128, 8), 128u);
+  EXPECT_GT(reader->stats().disk_hits, 0u);
+  EXPECT_EQ(reader->stats().memory_hits + reader->stats().redis_hits, 0u) << "the reader's objects came from disk";
+}
+
 TEST(DiskStoreTest, ACorruptedFileIsAMissAndIsDropped) {
   TempDir d;
   const std::vector<uint32_t> t = tokens(4, 128);

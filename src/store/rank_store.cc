@@ -182,7 +182,7 @@ Result<uint64_t> RankStore::Impl::copy_out(size_t gi, const GroupBlocks& list, u
       return Status::invalid_argument("store: group '" + g.name + "' lists no block for the state at token " +
                                       std::to_string(hit) + " (entry " + std::to_string(entry) + ")");
     }
-    return canonical.get(gi, ids[entry], 0, 0, object, memory);
+    return canonical.get(gi, ids[entry], 0, 0, object, memory, defer());
   }
   // Object j holds tokens [j * H, (j + 1) * H), of which the rank has those
   // before skip.
@@ -192,16 +192,19 @@ Result<uint64_t> RankStore::Impl::copy_out(size_t gi, const GroupBlocks& list, u
     return Status::invalid_argument("store: get group '" + g.name + "': entry " + std::to_string(slot.entry) +
                                     " of the block list is missing, -1 or past num_blocks");
   }
-  return canonical.get(gi, ids[slot.entry], slot.token, slot.token + (end - first), object, memory);
+  return canonical.get(gi, ids[slot.entry], slot.token, slot.token + (end - first), object, memory, defer());
 }
 
 Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory,
-                                       bool copy) {
+                                       bool copy, const Readiness& ready) {
   if (request.num_tokens > tokens.size()) {
     return Status::invalid_argument("store: request.num_tokens " + std::to_string(request.num_tokens) +
                                     " exceeds the " + std::to_string(tokens.size()) + " tokens given");
   }
-  if (copy) KVB_RETURN_IF_ERROR(check_memory(layout, memory).with_context("store"));
+  if (copy) {
+    KVB_RETURN_IF_ERROR(check_memory(layout, memory).with_context("store"));
+    KVB_RETURN_IF_ERROR(begin(memory, ready));
+  }
   const std::vector<BlockHash> hashes = chain_hashes(seed, H, tokens.first(request.num_tokens));
   uint64_t in_redis = 0;
   KVB_ASSIGN_OR_RETURN(std::vector<GroupPresence> pres, presence(hashes, &in_redis));
@@ -213,7 +216,12 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
   std::vector<std::vector<uint8_t>> early(stored.size());  // copied into the rank as it arrived
   std::vector<ObjectKey> pinned;
   std::vector<std::pair<size_t, size_t>> to_disk;  // promoted from Redis: written to disk before unpinning
+  // Device memory: the copies deferred so far are made before their
+  // objects are unpinned (the first failure is the get's).
+  Status flushed;
   auto unpin_all = [&] {
+    Status f = flush(true);
+    if (flushed.ok()) flushed = f;
     for (const auto& [o, x] : to_disk) {
       s->disk->put(key(stored[o], hashes, needed[o][x]), {data[o][x], canonical.geometry(stored[o]).object_bytes});
     }
@@ -330,6 +338,7 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
   }
   if (!copy || hit <= skip) {
     unpin_all();
+    if (!flushed.ok()) return flushed;
     return result;
   }
   Status st;
@@ -351,8 +360,10 @@ Result<GetResult> RankStore::Impl::get(std::span<const uint32_t> tokens, const R
       }
     }
   }
+  if (!st.ok()) deferred.clear();  // a get that fails copies no more
   unpin_all();
   if (!st.ok()) return st;
+  if (!flushed.ok()) return flushed;
   return result;
 }
 
@@ -363,8 +374,12 @@ RankStore::RankStore(RankStore&&) noexcept = default;
 RankStore& RankStore::operator=(RankStore&&) noexcept = default;
 RankStore::~RankStore() = default;
 
-Result<RankStore> RankStore::create(std::shared_ptr<Store> store, const Layout& layout) {
+Result<RankStore> RankStore::create(std::shared_ptr<Store> store, const Layout& layout,
+                                    const RankStoreOptions& memory) {
   if (!store) return Status::invalid_argument("store: no store");
+  if (memory.memory != "host" && memory.memory.rfind("cuda:", 0) != 0) {
+    return Status::invalid_argument("store: unknown memory kind '" + memory.memory + "' (expected 'host' or 'cuda:N')");
+  }
   KVB_RETURN_IF_ERROR(validate(layout));
   if (layout.pp_size != 1) {
     return Status::invalid_argument("store: the layout is a rank of pipeline stage " + std::to_string(layout.pp_rank) +
@@ -387,6 +402,7 @@ Result<RankStore> RankStore::create(std::shared_ptr<Store> store, const Layout& 
                                     std::to_string(store_internal::kMaxParts) + ", not " +
                                     std::to_string(layout.tp_size));
   }
+  KVB_ASSIGN_OR_RETURN(impl->device, Impl::make_device(memory));
   impl->store = std::move(store);
   impl->layout = layout;
   impl->seed = chain_seed(layout, impl->H, impl->s->options.extra_keys);
@@ -406,8 +422,9 @@ std::vector<BlockHash> RankStore::hashes(std::span<const uint32_t> tokens) const
   return chain_hashes(impl_->seed, impl_->H, tokens);
 }
 
-Result<PutResult> RankStore::put(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory) {
-  return impl_->put(tokens, request, memory);
+Result<PutResult> RankStore::put(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory,
+                                 const Readiness& ready) {
+  return impl_->put(tokens, request, memory, ready);
 }
 
 Result<LookupResult> RankStore::lookup(std::span<const uint32_t> tokens, uint64_t limit_tokens) {
@@ -417,8 +434,9 @@ Result<LookupResult> RankStore::lookup(std::span<const uint32_t> tokens, uint64_
   return LookupResult{g.hit_tokens, g.memory_objects, g.disk_objects, g.redis_objects};
 }
 
-Result<GetResult> RankStore::get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory) {
-  return impl_->get(tokens, request, memory, true);
+Result<GetResult> RankStore::get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory,
+                                 const Readiness& ready) {
+  return impl_->get(tokens, request, memory, true, ready);
 }
 
 }  // namespace kvbridge

@@ -26,6 +26,22 @@ struct RankStore::Impl {
   uint64_t align = 0;
   std::vector<size_t> stored;  // indices of stored groups
 
+  // Rank memory on a device (RankStoreOptions): the staging its copies go
+  // through (rank_store_device.cc); null for host memory. The copies of a
+  // put or get are collected in `deferred` (Canonical's defer) and made by
+  // flush(), before the objects they read are unpinned or published.
+  struct Device;
+  std::shared_ptr<Device> device;
+  std::vector<ByteCopy> deferred;
+  std::vector<ByteCopy>* defer() { return device ? &deferred : nullptr; }
+  static Result<std::shared_ptr<Device>> make_device(const RankStoreOptions& memory);
+  // Starts a put or get that copies: `memory` is of the rank's kind, and
+  // `ready` is taken (device memory) or refused (host memory).
+  Status begin(TensorMemory memory, const Readiness& ready);
+  // Makes the deferred copies (into the device for a get), the first of a
+  // call after its ready event completed; clears them whatever the outcome.
+  Status flush(bool to_device);
+
   ObjectKey key(size_t gi, const std::vector<BlockHash>& hashes, uint64_t j) const {
     return {hashes[j], canonical.geometry(gi).id};
   }
@@ -47,7 +63,8 @@ struct RankStore::Impl {
   bool shared_assembly() const {
     return s->options.assembly == Assembly::kShared && s->redis != nullptr && layout.tp_size > 1;
   }
-  Result<PutResult> put(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory);
+  Result<PutResult> put(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory,
+                        const Readiness& ready);
   // Copies the rank's part of each item from `memory` into item.data.
   Status copy_in(size_t gi, const GroupBlocks& list, std::span<const Item> items, ConstTensorMemory memory,
                  uint64_t* copied);
@@ -58,7 +75,8 @@ struct RankStore::Impl {
                    std::span<const store_internal::Selected> selected, PutResult* result);
   Result<std::vector<store_internal::GroupPresence>> presence(const std::vector<BlockHash>& hashes,
                                                               uint64_t* redis_found);
-  Result<GetResult> get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory, bool copy);
+  Result<GetResult> get(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory, bool copy,
+                        const Readiness& ready = Readiness());
   // Copies what the rank lacks of object j of group gi (hash block j, or the
   // state at `hit`) into the rank block its list names. Returns the bytes
   // copied; kInvalidArgument when the list names no block for it.

@@ -23,21 +23,26 @@ Status RankStore::Impl::copy_in(size_t gi, const GroupBlocks& list, std::span<co
     // Hash block j is tokens [j * H, (j + 1) * H), whose entry selection
     // found listed; a state item names its block.
     const BlockSlot slot = g.slot_of_token(it.j * H);
-    Result<uint64_t> n = g.kind == GroupKind::kState
-                             ? canonical.put(gi, it.state_id, 0, 0, memory, it.data)
-                             : canonical.put(gi, list.local[slot.entry], slot.token, slot.token + H, memory, it.data);
-    if (!n.ok()) return n.error();
+    Result<uint64_t> n = g.kind == GroupKind::kState ? canonical.put(gi, it.state_id, 0, 0, memory, it.data, defer())
+                                                     : canonical.put(gi, list.local[slot.entry], slot.token,
+                                                                     slot.token + H, memory, it.data, defer());
+    if (!n.ok()) {
+      deferred.clear();
+      return n.error();
+    }
     *copied += *n;
   }
-  return Status();
+  return flush(false);  // device memory: the parts are in the buffers once this returns
 }
 
-Result<PutResult> RankStore::Impl::put(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory) {
+Result<PutResult> RankStore::Impl::put(std::span<const uint32_t> tokens, const Request& request, TensorMemory memory,
+                                       const Readiness& ready) {
   if (request.num_tokens > tokens.size()) {
     return Status::invalid_argument("store: request.num_tokens " + std::to_string(request.num_tokens) +
                                     " exceeds the " + std::to_string(tokens.size()) + " tokens given");
   }
   KVB_RETURN_IF_ERROR(check_memory(layout, memory).with_context("store"));
+  KVB_RETURN_IF_ERROR(begin(memory, ready));
   const std::vector<std::span<const uint8_t>> rank(memory.begin(), memory.end());
   const std::vector<BlockHash> hashes = chain_hashes(seed, H, tokens.first(request.num_tokens));
   PutResult result;
@@ -110,6 +115,10 @@ Status RankStore::Impl::put_in_process(size_t gi, const GroupBlocks& list, Const
       if (st->second.done_count == tp && st->second.writers == 0) {
         complete.push_back(st->second);
         complete_keys.push_back(it.key);
+        s->staging.erase(st);
+      } else if (st->second.done_count == 0 && st->second.writers == 0) {
+        // The copy failed and no rank wrote a part: nothing to keep.
+        s->memory.release(st->second.data, st->second.bytes);
         s->staging.erase(st);
       }
     }

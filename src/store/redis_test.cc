@@ -181,6 +181,21 @@ bool put_rank(RedisStoreTest* t, uint32_t tp, uint32_t rank, const std::vector<u
   return p->parts_written == objects;
 }
 
+// Device memory through Redis: a writer's Store writes through, a reader's
+// Store (its memory empty) reads every object from Redis into device memory;
+// with assembly in Redis too (each rank's part written from its device).
+TEST_F(RedisStoreTest, DeviceMemoryGoesThroughRedisByteExact) {
+  auto writer = store();
+  auto reader = store();
+  EXPECT_EQ(testing::device_round_trip(writer, reader, "llama3-8b", {4, 32}, {2, 16}, 128, 9), 128u);
+  EXPECT_GT(reader->stats().redis_hits, 0u);
+  EXPECT_EQ(reader->stats().redis_errors, 0u) << reader->stats().redis_last_error;
+  auto parts = shared_store(60000ms);
+  auto parts_reader = store();
+  EXPECT_EQ(testing::device_round_trip(parts, parts_reader, "llama3-8b", {4, 32}, {1, 16}, 64, 10), 64u);
+  EXPECT_GT(parts_reader->stats().redis_hits, 0u);
+}
+
 TEST_F(RedisStoreTest, RanksInSeparateProcessesAssembleObjectsInRedis) {
   const std::vector<uint32_t> t = tokens(61, 100);
   // A TP 2 instance, one process per rank, both putting at once.

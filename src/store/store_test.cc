@@ -9,6 +9,7 @@
 
 #include "kvbridge/store.h"
 #include "store/test_support.h"
+#include "transport/staging.h"
 
 namespace kvbridge {
 namespace {
@@ -309,6 +310,87 @@ TEST(StoreTest, LayoutsWithOneBlockPerGroupPutAndGetExactBytes) {
     ASSERT_TRUE(c.ok());
     EXPECT_GT(c->cells, 0u);
     EXPECT_EQ(c->bad_cells, 0u) << name << ": " << c->first_error;
+  }
+}
+
+// Rank memory on a device (the fake: ctest sets KVB_DEVICE=fake): puts and
+// gets move it through pinned host memory, a chunk per batched device copy,
+// after the producer's event; a cross-TP, cross-block-size reader gets the
+// exact bytes, a hybrid's states included.
+TEST(StoreDeviceTest, DeviceMemoryGoesInAndOutThroughPinnedChunksAfterItsEvents) {
+  const uint64_t before = transport::staged_chunks();
+  auto store = memory_store(16);
+  EXPECT_EQ(testing::device_round_trip(store, store, "llama3-8b", {8, 32}, {2, 16}, 256, 5), 256u);
+  EXPECT_GT(transport::staged_chunks(), before) << "nothing went through the staging pool";
+  auto hybrid = memory_store(16);
+  EXPECT_EQ(testing::device_round_trip(hybrid, hybrid, "qwen3-next", {2, 64}, {1, 128}, 128, 6), 128u);
+  // The gather/scatter kernel reaches only device and pinned memory (the
+  // fake refuses anything else as CUDA does): staged, it moves every byte.
+  RankStoreOptions kernel{"cuda:0"};
+  kernel.device_copy = "kernel";
+  kernel.staging_chunk_bytes = 64 << 10;  // many chunks, both slots reused
+  kernel.staging_bytes = 256 << 10;
+  auto small = memory_store(16);
+  const size_t kernels = device::fake_kernel_copies();
+  EXPECT_EQ(testing::device_round_trip(small, small, "deepseek-v3", {1, 64}, {1, 32}, 256, 7, kernel), 256u);
+  EXPECT_GT(device::fake_kernel_copies(), kernels + 4);
+}
+
+// A producer that does not finish within the timeout: the put fails naming
+// the wait and stores nothing (no object with bytes the producer had not
+// written yet).
+TEST(StoreDeviceTest, APutWhoseProducerDoesNotFinishTimesOutAndStoresNothing) {
+  using namespace std::chrono_literals;
+  auto store = memory_store(16);
+  testing::DeviceRank m(preset("llama3-8b", 1, 0, 16, 8));
+  RankStoreOptions options{"cuda:0"};
+  options.timeout = 100ms;
+  Result<RankStore> rs = RankStore::create(store, m.layout(), options);
+  ASSERT_TRUE(rs.ok()) << rs.status().to_string();
+  const Readiness slow = m.upload(600ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<PutResult> p = rs->put(tokens(4, 64), make_request(m.layout(), 64), m.memory(), slow);
+  ASSERT_FALSE(p.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);
+  EXPECT_EQ(p.status().code(), Code::kTimeout) << p.status().to_string();
+  EXPECT_NE(p.status().message().find("store: put from cuda:0"), std::string::npos) << p.status().to_string();
+  EXPECT_EQ(store->stats().memory_objects, 0u);
+  EXPECT_EQ(store->stats().staging_objects, 0u) << "a failed part was left staged";
+}
+
+TEST(StoreDeviceTest, MemoryOfAnotherKindOrAnEventForHostMemoryIsRefusedByName) {
+  auto store = memory_store(16);
+  testing::RankMemory host(preset("llama3-8b", 1, 0, 16, 8));
+  const std::vector<uint32_t> t = tokens(3, 64);
+  Result<RankStore> on_device = RankStore::create(store, host.layout, RankStoreOptions{"cuda:0"});
+  ASSERT_TRUE(on_device.ok()) << on_device.status().to_string();
+  Result<PutResult> p = on_device->put(t, make_request(host.layout, 64), host.memory());
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("tensor '" + host.layout.tensors[0].name + "'"), std::string::npos)
+      << p.status().to_string();
+  EXPECT_NE(p.status().message().find("byte 0 of the range is host memory, not cuda:0"), std::string::npos)
+      << p.status().to_string();
+  Result<RankStore> on_host = RankStore::create(store, host.layout);
+  ASSERT_TRUE(on_host.ok());
+  Readiness ready;
+  ready.event = 1;
+  Result<GetResult> g = on_host->get(t, make_request(host.layout, 64), host.memory(), ready);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("a ready event is for device memory"), std::string::npos)
+      << g.status().to_string();
+  EXPECT_EQ(store->stats().memory_objects, 0u);
+  const std::vector<std::pair<RankStoreOptions, std::string>> bad = {
+      {{"gpu0"}, "unknown memory kind 'gpu0'"},
+      {{"cuda:x"}, "is not cuda:N"},
+      {{"cuda:7"}, "cuda:7: there is no such device"},
+      {{"cuda:0", 1 << 20, 1 << 20}, "must hold at least three chunks"},
+      {{"cuda:0", 8 << 20, 2 << 20, "fast"}, "device_copy"},
+  };
+  for (const auto& [options, why] : bad) {
+    Result<RankStore> r = RankStore::create(store, host.layout, options);
+    ASSERT_FALSE(r.ok()) << why;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().to_string();
   }
 }
 

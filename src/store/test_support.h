@@ -4,13 +4,17 @@
 // Store (Instance).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <random>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "device/device.h"
 #include "kvbridge/content.h"
 #include "kvbridge/host_memory.h"
 #include "kvbridge/presets.h"
@@ -156,11 +160,131 @@ struct Instance {
   }
 };
 
+// One rank's tensors in device memory (the process's device: the fake in
+// the tests), with a host mirror that requests are filled and checked in.
+struct DeviceRank {
+  RankMemory host;
+  std::vector<void*> device;
+  std::vector<std::span<uint8_t>> spans;
+  device::Stream stream = nullptr;
+  device::Event event = nullptr;
+  explicit DeviceRank(Layout l) : host(std::move(l)) {
+    device::Device& d = device::current();
+    for (const Tensor& t : host.layout.tensors) {
+      Result<void*> p = d.allocate(0, t.bytes);
+      EXPECT_TRUE(p.ok()) << p.status().to_string();
+      device.push_back(p.ok() ? *p : nullptr);
+      spans.emplace_back(static_cast<uint8_t*>(device.back()), p.ok() ? t.bytes : 0);
+    }
+    EXPECT_TRUE(d.create_stream(0).ok());
+    stream = *d.create_stream(0);
+    event = *d.create_event(0, false);
+  }
+  ~DeviceRank() {
+    device::Device& d = device::current();
+    await();  // nothing queued outlives the memory
+    d.destroy_event(event);
+    d.destroy_stream(stream);
+    for (void* p : device) (void)d.free(p);
+  }
+  DeviceRank(const DeviceRank&) = delete;
+  DeviceRank& operator=(const DeviceRank&) = delete;
+  const Layout& layout() const { return host.layout; }
+  TensorMemory memory() { return TensorMemory(spans); }
+  // A slow producer: the mirror's bytes land on the device after `delay`
+  // (queued behind a kernel that takes that long); returns the event
+  // recorded after them, as a Readiness.
+  Readiness upload(std::chrono::microseconds delay) {
+    device::Device& d = device::current();
+    EXPECT_TRUE(d.fill_after(stream, device[0], 1, 0, delay).ok());
+    std::vector<device::DeviceCopy> copies;
+    for (size_t t = 0; t < device.size(); ++t) copies.push_back({device[t], host.bytes[t].data(), spans[t].size()});
+    EXPECT_TRUE(d.copy(stream, copies, device::CopyMethod::kCopyEngine).ok());
+    EXPECT_TRUE(d.record(event, stream).ok());
+    Readiness r;
+    r.event = reinterpret_cast<uintptr_t>(event);
+    return r;
+  }
+  void await() {
+    for (Result<bool> done = device::current().done(event); done.ok() && !*done; done = device::current().done(event))
+      std::this_thread::yield();
+  }
+  // The device memory back into the mirror (after the producer finished).
+  void download() {
+    device::Device& d = device::current();
+    await();
+    for (size_t t = 0; t < device.size(); ++t) {
+      EXPECT_TRUE(d.copy_sync(host.bytes[t].data(), device[t], spans[t].size()).ok());
+    }
+  }
+};
+
 inline std::shared_ptr<Store> memory_store(uint64_t H, uint64_t bytes = uint64_t{1} << 30) {
   StoreOptions o;
   o.hash_block_tokens = H;
   o.memory_bytes = bytes;
   return *Store::create(o);
+}
+
+// Device memory into the store: an instance of `name` at `w.tp` ranks with
+// `w.block_tokens`-token blocks puts n tokens (tokens(seed, n)) from device
+// memory while its producer is still writing them: the put waits for the
+// producer's event.
+inline void device_put(const std::shared_ptr<Store>& store, const std::string& name, Geometry w, uint64_t n,
+                       uint64_t seed, const RankStoreOptions& options = RankStoreOptions{"cuda:0"}) {
+  using namespace std::chrono_literals;
+  const std::vector<uint32_t> t = tokens(seed, n);
+  for (uint32_t rank = 0; rank < w.tp; ++rank) {
+    DeviceRank m(preset(name, w.tp, rank, w.block_tokens, n / w.block_tokens + 4, w.order));
+    Result<RankStore> rs = RankStore::create(store, m.layout(), options);
+    ASSERT_TRUE(rs.ok()) << rs.status().to_string();
+    ASSERT_TRUE(
+        fill_request(m.layout(), make_request(m.layout(), n), RequestSide::kLocal, 0, seed, m.host.memory()).ok());
+    const Readiness ready = m.upload(20ms);
+    Result<PutResult> p = rs->put(t, make_request(m.layout(), n), m.memory(), ready);
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    EXPECT_GT(p->bytes_copied, 0u) << "rank " << rank;
+  }
+}
+
+// Device memory out of the store: an instance at `r` gets what device_put()
+// put into device memory while the blocks' previous owner still writes them
+// (the get waits for that), byte for byte. Returns the smallest hit of its
+// ranks (0 on a failure, which it reports).
+inline uint64_t device_get(const std::shared_ptr<Store>& store, const std::string& name, Geometry r, uint64_t n,
+                           uint64_t seed, const RankStoreOptions& options = RankStoreOptions{"cuda:0"}) {
+  using namespace std::chrono_literals;
+  const std::vector<uint32_t> t = tokens(seed, n);
+  uint64_t hit = UINT64_MAX;
+  for (uint32_t rank = 0; rank < r.tp; ++rank) {
+    DeviceRank m(preset(name, r.tp, rank, r.block_tokens, n / r.block_tokens + 4, r.order));
+    Result<RankStore> rs = RankStore::create(store, m.layout(), options);
+    EXPECT_TRUE(rs.ok()) << rs.status().to_string();
+    if (!rs.ok()) return 0;
+    const Readiness previous_owner = m.upload(20ms);  // zeros, landing late
+    Result<GetResult> g = rs->get(t, make_request(m.layout(), n, 1), m.memory(), previous_owner);
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    if (!g.ok()) return 0;
+    hit = std::min(hit, g->hit_tokens);
+    if (g->hit_tokens == 0) continue;
+    m.download();
+    Result<ContentReport> c = check_request(stored_view(m.layout()), make_request(m.layout(), g->hit_tokens, 1),
+                                            RequestSide::kLocal, 0, seed, m.host.memory());
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    if (!c.ok()) return 0;
+    EXPECT_GT(c->cells, 0u);
+    EXPECT_EQ(c->bad_cells, 0u) << "rank " << rank << ": " << c->first_error;
+    if (c->bad_cells != 0) return 0;
+  }
+  return hit;
+}
+
+// device_put() through `writer`, then device_get() through `reader`.
+inline uint64_t device_round_trip(const std::shared_ptr<Store>& writer, const std::shared_ptr<Store>& reader,
+                                  const std::string& name, Geometry w, Geometry r, uint64_t n, uint64_t seed,
+                                  const RankStoreOptions& options = RankStoreOptions{"cuda:0"}) {
+  device_put(writer, name, w, n, seed, options);
+  return device_get(reader, name, r, n, seed, options);
 }
 
 }  // namespace kvbridge::testing

@@ -2,6 +2,7 @@
 #include "transport/staging.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <thread>
@@ -107,6 +108,107 @@ Result<StagingPool::Lease> StagingPool::acquire(Clock::time_point deadline, cons
   lease.data_ = free_.back();
   free_.pop_back();
   return lease;
+}
+
+// --- Between device memory and host memory -----------------------------------
+
+Status run_host_staged(StagingPool& pool, DeviceSide& side, int device, std::span<const device::DeviceCopy> copies,
+                       bool to_device, const DeviceRunOptions& options, RunControl& control, const std::string& who) {
+  device::Device& dev = side.device();
+  Status stopped;
+  auto give_up = [&] {
+    if (control.cancel.load(std::memory_order_acquire)) stopped = Status::cancelled(who + ": cancelled");
+    if (stopped.ok() && Clock::now() >= control.deadline) stopped = Status::timeout(who + ": past its deadline");
+    return !stopped.ok();
+  };
+  if (give_up()) return stopped;
+  // A chunk piece's `local` is the device side, its `remote` the host side.
+  std::vector<Copy> as_copies;
+  as_copies.reserve(copies.size());
+  for (const device::DeviceCopy& c : copies) {
+    const void* host = to_device ? c.src : c.dst;
+    const void* on_device = to_device ? c.dst : c.src;
+    as_copies.push_back(
+        Copy{static_cast<uint8_t*>(const_cast<void*>(on_device)), reinterpret_cast<uint64_t>(host), c.bytes, 0});
+  }
+  const std::vector<Chunk> chunks = pack_chunks(as_copies, pool.chunk_bytes());
+  if (chunks.empty()) return Status();
+
+  KVB_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<void>> events, side.ready().resolve(control));
+  for (const std::shared_ptr<void>& e : events) {
+    Status s = await_event(dev, e.get(), give_up);
+    if (!stopped.ok()) return stopped;
+    KVB_RETURN_IF_ERROR(s.with_context(who + ": waiting for a ready event"));
+  }
+  KVB_ASSIGN_OR_RETURN(StreamPool::Slot * slot, side.pool().acquire(device));
+  StagingPool::Lease leases[2];
+  bool queued[2] = {false, false};
+  std::vector<device::DeviceCopy> batch;
+  // Chunk k in place k % 2: to the device, the host fills the slot and the
+  // device scatters it; from the device, the device gathers into the slot.
+  auto queue = [&](size_t k) -> Status {
+    const size_t i = k % 2;
+    if (give_up()) return stopped;
+    if (!leases[i]) {
+      KVB_ASSIGN_OR_RETURN(leases[i], pool.acquire(control.deadline, &control.cancel, who));
+    }
+    batch.clear();
+    for (const ChunkPiece& p : chunks[k].pieces) {
+      uint8_t* staged = leases[i].data() + p.at;
+      auto* host = reinterpret_cast<uint8_t*>(p.remote);
+      if (to_device) {
+        std::memcpy(staged, host, p.bytes);
+        batch.push_back(device::DeviceCopy{p.local, staged, p.bytes});
+      } else {
+        batch.push_back(device::DeviceCopy{staged, p.local, p.bytes});
+      }
+    }
+    KVB_RETURN_IF_ERROR(
+        dev.copy(slot->stream, batch, choose_method(options, batch), options.max_blocks).with_context(who));
+    KVB_RETURN_IF_ERROR(dev.record(slot->events[i], slot->stream).with_context(who));
+    queued[i] = true;
+    count_staged_chunk();
+    return Status();
+  };
+  // Chunk k's device copy completed; from the device, the host copies its
+  // pieces out of the slot.
+  auto settle = [&](size_t k, bool copy_out) -> Status {
+    const size_t i = k % 2;
+    if (!queued[i]) return Status();
+    queued[i] = false;
+    KVB_RETURN_IF_ERROR(await_event(dev, slot->events[i], nullptr).with_context(who + ": a staged copy"));
+    if (!to_device && copy_out) {
+      for (const ChunkPiece& p : chunks[k].pieces) {
+        std::memcpy(reinterpret_cast<uint8_t*>(p.remote), leases[i].data() + p.at, p.bytes);
+      }
+    }
+    return Status();
+  };
+  const size_t n = chunks.size();
+  Status out;
+  if (to_device) {
+    // The host fills chunk k while the device scatters chunk k-1.
+    for (size_t k = 0; k < n && out.ok(); ++k) {
+      if (k >= 2) out = settle(k - 2, true);
+      if (out.ok()) out = queue(k);
+    }
+  } else {
+    // The host empties chunk k while the device gathers chunk k+1.
+    out = queue(0);
+    for (size_t k = 0; k < n && out.ok(); ++k) {
+      if (k + 1 < n) out = queue(k + 1);
+      if (out.ok()) out = settle(k, true);
+    }
+  }
+  for (size_t k = n >= 2 ? n - 2 : 0; to_device && k < n && out.ok(); ++k) out = settle(k, true);
+  // After a failure what is queued still completes before the run returns
+  // (nothing is copied out of it).
+  for (size_t i = 0; i < 2; ++i) {
+    Status s = settle(i, false);
+    if (out.ok()) out = s;
+  }
+  side.pool().release(slot);
+  return out;
 }
 
 // --- StagedLink ---------------------------------------------------------------

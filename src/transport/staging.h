@@ -121,6 +121,18 @@ class StagingPool {
 uint64_t staged_chunks();
 void count_staged_chunk();
 
+// Copies between device memory of `device` and host memory that need not
+// be pinned (the prefix store's objects) through `pool`: `to_device`, each
+// copy's src is host memory and its dst device memory (the host copies a
+// chunk's pieces into a slot, the device scatters the slot in one batch);
+// otherwise the reverse (one batched gather into a slot, then the host
+// copies the pieces out). Two chunks in flight: the host's copy of one
+// overlaps the device's copy of the other. Waits for control's ready
+// events first, on the host; stops between chunks at control's cancel or
+// deadline; returns once every device copy it queued completed.
+Status run_host_staged(StagingPool& pool, DeviceSide& side, int device, std::span<const device::DeviceCopy> copies,
+                       bool to_device, const DeviceRunOptions& options, RunControl& control, const std::string& who);
+
 // A Link whose local side may be device memory: copies whose local bytes
 // lie in a device segment of `side` are staged through `pool` and moved by
 // `inner` between the pool and the peer; the others go to `inner` as they
