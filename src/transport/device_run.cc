@@ -189,6 +189,20 @@ int DeviceSide::local_device(const uint8_t* p) const {
   return at < it->first + it->second.first ? it->second.second : -1;
 }
 
+DeviceSide::Span DeviceSide::local_span(const uint8_t* p) const {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto next = local_.upper_bound(at);  // the first segment after p
+  Span span{0, UINTPTR_MAX, -1};
+  if (next != local_.begin()) {
+    auto it = std::prev(next);
+    if (at < it->first + it->second.first) return Span{it->first, it->first + it->second.first, it->second.second};
+    span.begin = it->first + it->second.first;
+  }
+  if (next != local_.end()) span.end = next->first;
+  return span;
+}
+
 Status run_device_copies(StreamPool& pool, ReadyEvents& ready, int device, std::span<const device::DeviceCopy> copies,
                          const DeviceRunOptions& options, RunControl& control, const std::function<Status()>& alive,
                          const std::string& who, uint64_t owner) {

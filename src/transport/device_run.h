@@ -118,6 +118,19 @@ class DeviceSide {
   // The device of local pointer `p`, or -1 when it is in no local device
   // segment (host memory).
   int local_device(const uint8_t* p) const;
+  // The widest range [begin, end) around `p` whose bytes are all of one
+  // device (a device segment), or all in none (the gap between two):
+  // callers that classify many pointers look up only those outside the
+  // last span.
+  struct Span {
+    uintptr_t begin = 0, end = 0;
+    int device = -1;
+    bool contains(const uint8_t* p) const {
+      const auto at = reinterpret_cast<uintptr_t>(p);
+      return at >= begin && at < end;
+    }
+  };
+  Span local_span(const uint8_t* p) const;
   // Whether local segment `id` is one of these device segments.
   bool has_local_segment(uint32_t id) const;
   // Whether any local segment is device memory (no lock).

@@ -112,16 +112,46 @@ Result<StagingPool::Lease> StagingPool::acquire(Clock::time_point deadline, cons
 
 // --- Between device memory and host memory -----------------------------------
 
+namespace {
+
+// Why a staged run stops between chunks: its cancel or its deadline (the
+// first seen is kept).
+class RunStop {
+ public:
+  RunStop(const RunControl& control, std::string who) : control_(control), who_(std::move(who)) {}
+  bool operator()() {
+    if (control_.cancel.load(std::memory_order_acquire)) why_ = Status::cancelled(who_ + ": run cancelled");
+    if (why_.ok() && Clock::now() >= control_.deadline) why_ = Status::timeout(who_ + ": run passed its deadline");
+    return !why_.ok();
+  }
+  const Status& why() const { return why_; }
+
+ private:
+  const RunControl& control_;
+  std::string who_;
+  Status why_;
+};
+
+// Waits, on the host, for the run's ready events (the producer's "this KV
+// is ready after this") before its first device copy, as device_run.h's
+// runs do; stops as `stop` says.
+Status await_ready(DeviceSide& side, RunControl& control, RunStop& stop, const std::string& who) {
+  KVB_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<void>> events, side.ready().resolve(control));
+  for (const std::shared_ptr<void>& e : events) {
+    Status s = await_event(side.device(), e.get(), [&] { return stop(); });
+    if (!stop.why().ok()) return stop.why();
+    KVB_RETURN_IF_ERROR(s.with_context(who + ": waiting for a ready event"));
+  }
+  return Status();
+}
+
+}  // namespace
+
 Status run_host_staged(StagingPool& pool, DeviceSide& side, int device, std::span<const device::DeviceCopy> copies,
                        bool to_device, const DeviceRunOptions& options, RunControl& control, const std::string& who) {
   device::Device& dev = side.device();
-  Status stopped;
-  auto give_up = [&] {
-    if (control.cancel.load(std::memory_order_acquire)) stopped = Status::cancelled(who + ": cancelled");
-    if (stopped.ok() && Clock::now() >= control.deadline) stopped = Status::timeout(who + ": past its deadline");
-    return !stopped.ok();
-  };
-  if (give_up()) return stopped;
+  RunStop stop(control, who);
+  if (stop()) return stop.why();
   // A chunk piece's `local` is the device side, its `remote` the host side.
   std::vector<Copy> as_copies;
   as_copies.reserve(copies.size());
@@ -134,12 +164,7 @@ Status run_host_staged(StagingPool& pool, DeviceSide& side, int device, std::spa
   const std::vector<Chunk> chunks = pack_chunks(as_copies, pool.chunk_bytes());
   if (chunks.empty()) return Status();
 
-  KVB_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<void>> events, side.ready().resolve(control));
-  for (const std::shared_ptr<void>& e : events) {
-    Status s = await_event(dev, e.get(), give_up);
-    if (!stopped.ok()) return stopped;
-    KVB_RETURN_IF_ERROR(s.with_context(who + ": waiting for a ready event"));
-  }
+  KVB_RETURN_IF_ERROR(await_ready(side, control, stop, who));
   KVB_ASSIGN_OR_RETURN(StreamPool::Slot * slot, side.pool().acquire(device));
   StagingPool::Lease leases[2];
   bool queued[2] = {false, false};
@@ -148,7 +173,7 @@ Status run_host_staged(StagingPool& pool, DeviceSide& side, int device, std::spa
   // device scatters it; from the device, the device gathers into the slot.
   auto queue = [&](size_t k) -> Status {
     const size_t i = k % 2;
-    if (give_up()) return stopped;
+    if (stop()) return stop.why();
     if (!leases[i]) {
       KVB_ASSIGN_OR_RETURN(leases[i], pool.acquire(control.deadline, &control.cancel, who));
     }
@@ -227,18 +252,18 @@ class StagedLink final : public Link {
         threads_(4, "kvb-stage-run") {}
 
   Status run(TransferOp op, std::span<const Copy> copies, RunControl& control) override {
-    if (!side_->has_local()) return inner_->run(op, copies, control);
+    if (!any_staged(copies)) return inner_->run(op, copies, control);
     std::vector<Copy> direct;
     std::map<int, std::vector<Copy>> staged;  // device -> its copies
+    DeviceSide::Span span;
     for (const Copy& c : copies) {
-      const int d = side_->local_device(c.local);
-      if (d < 0) {
+      if (!span.contains(c.local)) span = side_->local_span(c.local);
+      if (span.device < 0) {
         direct.push_back(c);
       } else {
-        staged[d].push_back(c);
+        staged[span.device].push_back(c);
       }
     }
-    if (staged.empty()) return inner_->run(op, copies, control);
     if (!direct.empty()) KVB_RETURN_IF_ERROR(inner_->run(op, direct, control));
     for (const auto& [d, list] : staged) KVB_RETURN_IF_ERROR(run_staged(op, d, list, control));
     return Status();
@@ -247,7 +272,8 @@ class StagedLink final : public Link {
   bool runs_async() const override { return true; }
   void start(TransferOp op, std::span<const Copy> copies, RunControl& control,
              std::function<void(Status)> done) override {
-    if (!side_->has_local() && inner_->runs_async()) return inner_->start(op, copies, control, std::move(done));
+    // A run of host memory only goes to the inner link as it is.
+    if (inner_->runs_async() && !any_staged(copies)) return inner_->start(op, copies, control, std::move(done));
     auto shared_done = std::make_shared<std::function<void(Status)>>(std::move(done));
     Status posted =
         threads_.post([this, op, copies, &control, shared_done] { (*shared_done)(run(op, copies, control)); });
@@ -260,6 +286,17 @@ class StagedLink final : public Link {
 
  private:
   Status run_staged(TransferOp op, int dev, std::span<const Copy> copies, RunControl& control);
+  // Whether any copy's local bytes are device memory (a lookup per span
+  // of one kind, none without device segments).
+  bool any_staged(std::span<const Copy> copies) const {
+    if (!side_->has_local()) return false;
+    DeviceSide::Span span;
+    for (const Copy& c : copies) {
+      if (!span.contains(c.local)) span = side_->local_span(c.local);
+      if (span.device >= 0) return true;
+    }
+    return false;
+  }
 
   std::unique_ptr<Link> inner_;
   std::shared_ptr<StagingPool> pool_;
@@ -298,23 +335,13 @@ class Outcomes {
 
 Status StagedLink::run_staged(TransferOp op, int dev, std::span<const Copy> copies, RunControl& control) {
   device::Device& device = side_->device();
-  Status stopped;
-  auto give_up = [&] {
-    if (control.cancel.load(std::memory_order_acquire)) stopped = Status::cancelled(who_ + ": run cancelled");
-    if (stopped.ok() && Clock::now() >= control.deadline) stopped = Status::timeout(who_ + ": run passed its deadline");
-    return !stopped.ok();
-  };
-  if (give_up()) return stopped;
+  RunStop stop(control, who_);
+  if (stop()) return stop.why();
   const std::vector<Chunk> chunks = pack_chunks(copies, pool_->chunk_bytes());
   if (chunks.empty()) return Status();
 
   // The ready events, on the host: nothing is queued before they completed.
-  KVB_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<void>> events, side_->ready().resolve(control));
-  for (const std::shared_ptr<void>& e : events) {
-    Status s = await_event(device, e.get(), give_up);
-    if (!stopped.ok()) return stopped;
-    KVB_RETURN_IF_ERROR(s.with_context(who_ + ": waiting for a ready event"));
-  }
+  KVB_RETURN_IF_ERROR(await_ready(*side_, control, stop, who_));
   KVB_ASSIGN_OR_RETURN(StreamPool::Slot * slot, side_->pool().acquire(dev));
   const bool reading = op == TransferOp::kRead;
   const size_t n = chunks.size();

@@ -149,6 +149,8 @@ void TcpServer::adopt(net::Accepted a) {
 void TcpServer::add_segment(uint32_t id, uint64_t base, uint64_t bytes, uint8_t access, int device) {
   std::unique_lock lock(segments_mutex_);
   segments_[id] = SegmentSpan{base, bytes, access, device};
+  device_segments_ = static_cast<size_t>(
+      std::count_if(segments_.begin(), segments_.end(), [](const auto& s) { return s.second.device >= 0; }));
 }
 
 void TcpServer::set_staging(std::shared_ptr<StagingPool> pool, std::shared_ptr<DeviceSide> side,
@@ -161,7 +163,9 @@ void TcpServer::set_staging(std::shared_ptr<StagingPool> pool, std::shared_ptr<D
 
 void TcpServer::remove_segment(uint32_t id) {
   std::unique_lock lock(segments_mutex_);
-  segments_.erase(id);
+  auto it = segments_.find(id);
+  if (it != segments_.end() && it->second.device >= 0) --device_segments_;
+  if (it != segments_.end()) segments_.erase(it);
   epoch_.fetch_add(1);
 }
 
@@ -414,9 +418,15 @@ Status TcpServer::revalidate_locked(const std::vector<Range>& ranges, const std:
 Status TcpServer::move_data(int fd, bool to_socket, const std::vector<Range>& ranges, const std::string& prefix,
                             const std::string& label, const std::string& peer) {
   {
+    // Device segments go through staging; a server with none (host
+    // memory only, the common case) looks at no range, and one with some
+    // looks up each segment once.
     std::shared_lock lock(segments_mutex_);
-    for (const Range& r : ranges) {
-      std::optional<SegmentSpan> seg = lookup_locked(r.segment);
+    uint32_t seen = UINT32_MAX;
+    for (size_t i = 0; device_segments_ > 0 && i < ranges.size(); ++i) {
+      if (ranges[i].segment == seen) continue;
+      seen = ranges[i].segment;
+      std::optional<SegmentSpan> seg = lookup_locked(seen);
       if (seg && seg->device >= 0) {
         lock.unlock();
         return move_staged(fd, to_socket, ranges, prefix, label, peer);

@@ -131,6 +131,7 @@ class TcpServer {
 
   mutable std::shared_mutex segments_mutex_;
   std::map<uint32_t, SegmentSpan> segments_;
+  size_t device_segments_ = 0;      // of segments_, those of device memory
   std::atomic<uint64_t> epoch_{0};  // bumped by every remove_segment and revoke
   // Grants, guarded by segments_mutex_: writes' ([0]) and reads' ([1]), per
   // label, per grant, the granted (segment, start, end) intervals, sorted.
