@@ -14,7 +14,10 @@
 //                   --peer), for 10k x 16 KiB
 // and host <-> device of registered (pinned) host KV against cudaMemcpy of
 // the same pinned bytes; then a slow producer (a kernel that writes the
-// source late, its event handed to the transfer) 50 times, exact each time.
+// source late, its event handed to the transfer) 50 times, exact each time;
+// then device memory over tcp on loopback, staged through pinned host memory
+// (tcp/staged), with its two legs as baselines in the same run (pinned_d2h,
+// tcp/host; xcontig is then against the slower of the two).
 //
 // Every row: median seconds of --reps runs, GB/s, ratios to the baselines of
 // the same case, wrong bytes, and PASS/FAIL: FAIL on any wrong byte, and
@@ -30,6 +33,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <numeric>
 #include <random>
@@ -300,6 +304,98 @@ class Bench {
     return dev().free(t);
   }
 
+  // Device memory over tcp on loopback, staged through pinned host memory
+  // on both sides (`count` shuffled descriptors of 16 KiB), against the
+  // slower of its two legs measured in the same run: a pinned
+  // device-to-host cudaMemcpy of the same bytes, and tcp moving the same
+  // descriptors between host memory.
+  Status staged_rows(uint64_t count, std::vector<Row>* rows) {
+    const Case c{"staged_" + std::to_string(count) + "_x_16KiB", count, 16384, false, false};
+    std::mt19937_64 rng(count * 17 + 3);
+    const Layout l = layout_of(c, rng);
+    const uint64_t total = c.count * c.bytes;
+    std::vector<uint8_t> host_src(l.span), host_dst(l.span, 0), pinned(l.span);
+    conformance::fill_pattern(host_src.data(), l.span, 9, 0);
+    KVB_ASSIGN_OR_RETURN(void* ds, dev().allocate(0, l.span));
+    KVB_ASSIGN_OR_RETURN(void* dd, dev().allocate(0, l.span));
+    KVB_RETURN_IF_ERROR(dev().copy_sync(ds, host_src.data(), l.span));
+    KVB_RETURN_IF_ERROR(dev().copy_sync(dd, host_dst.data(), l.span));
+    // The bytes of every descriptor where it landed.
+    auto wrong_in = [&](const uint8_t* got) {
+      uint64_t wrong = 0;
+      for (uint64_t i = 0; i < c.count; ++i) {
+        const uint8_t* want = host_src.data() + l.src_off[i];
+        const uint8_t* at = got + l.dst_off[i];
+        if (std::memcmp(want, at, c.bytes) != 0) {
+          for (uint64_t k = 0; k < c.bytes; ++k) wrong += want[k] != at[k];
+        }
+      }
+      return wrong;
+    };
+    auto timed = [&](const std::function<Status()>& once, double* seconds) -> Status {
+      std::vector<double> runs;
+      for (int i = 0; i <= reps_; ++i) {
+        const auto t0 = Clock::now();
+        KVB_RETURN_IF_ERROR(once());
+        if (i > 0) runs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      *seconds = median(runs);
+      return Status();
+    };
+    // Leg 1: device to pinned host memory, one copy.
+    double d2h = 0;
+    KVB_RETURN_IF_ERROR(dev().register_host(pinned.data(), l.span));
+    Status leg = timed([&] { return dev().copy_sync(pinned.data(), ds, total); }, &d2h);
+    KVB_RETURN_IF_ERROR(dev().unregister_host(pinned.data()));
+    KVB_RETURN_IF_ERROR(leg);
+    // A read of the descriptors by one tcp engine from another, on loopback.
+    auto over_tcp = [&](void* to, void* from, const char* memory, double* seconds) -> Status {
+      auto a = make_engine("staged-reader", "copy_engine", {"tcp"});
+      auto b = make_engine("staged-source", "copy_engine", {"tcp"});
+      if (!a || !b) return Status::internal("no tcp engine");
+      KVB_ASSIGN_OR_RETURN(RegionId rd, a->register_memory(to, l.span, memory));
+      KVB_ASSIGN_OR_RETURN(RegionId rs, b->register_memory(from, l.span, memory));
+      KVB_ASSIGN_OR_RETURN(PeerId peer, a->connect(b->metadata()));
+      std::vector<TransferItem> items;
+      for (uint64_t i = 0; i < c.count; ++i) items.push_back({rd, l.dst_off[i], rs, l.src_off[i], c.bytes});
+      return timed(
+          [&]() -> Status {
+            KVB_ASSIGN_OR_RETURN(TransferId t, a->submit(peer, TransferOp::kRead, items));
+            const TransferStatus st = a->wait(t, std::chrono::seconds(60));
+            (void)a->release(t);
+            return st.state == TransferState::kDone ? Status() : st.error;
+          },
+          seconds);
+    };
+    double tcp_host = 0, staged = 0;
+    KVB_RETURN_IF_ERROR(over_tcp(host_dst.data(), host_src.data(), "host", &tcp_host).with_context("tcp host"));
+    KVB_RETURN_IF_ERROR(over_tcp(dd, ds, "cuda:0", &staged).with_context("tcp staged"));
+    std::vector<uint8_t> back(l.span);
+    KVB_RETURN_IF_ERROR(dev().copy_sync(back.data(), dd, l.span));
+    const double slower_leg = std::max(d2h, tcp_host);
+    auto row = [&](const std::string& method, double seconds, uint64_t wrong) {
+      Row r;
+      r.case_name = c.name;
+      r.method = method;
+      r.seconds = seconds;
+      r.gbps = seconds > 0 ? total / seconds / 1e9 : 0;
+      r.vs_contiguous = seconds > 0 ? slower_leg / seconds : 0;
+      r.wrong = wrong;
+      if (wrong > 0) r.pass = false, r.why = std::to_string(wrong) + " wrong bytes";
+      return r;
+    };
+    rows->push_back(row("pinned_d2h", d2h, 0));
+    rows->push_back(row("tcp/host", tcp_host, wrong_in(host_dst.data())));
+    Row r = row("tcp/staged", staged, wrong_in(back.data()));
+    if (real()) {
+      r.target = ">= 0.8x the slower of pinned D2H and tcp/host";
+      if (r.wrong == 0 && r.vs_contiguous < 0.8) r.pass = false, r.why = "below its target";
+    }
+    rows->push_back(r);
+    KVB_RETURN_IF_ERROR(dev().free(ds));
+    return dev().free(dd);
+  }
+
   static bool real() { return dev().name() != "fake"; }
 
  private:
@@ -469,6 +565,9 @@ int bench_main(int reps, const std::string& json, const std::string& self, bool 
   }
   if (Status s = bench.host_rows(&rows); !s.ok()) failed = s.with_context("pinned host rows");
   if (Status s = bench.producer_row(&rows); !s.ok()) failed = s.with_context("slow producer");
+  // 256 MiB on a device; less on the fake, whose figures judge nothing.
+  const uint64_t staged = Bench::real() ? 16384 : quick ? 256 : 2048;
+  if (Status s = bench.staged_rows(staged, &rows); !s.ok()) failed = s.with_context("staged rows");
   std::printf("%-24s %-18s %10s %8s %8s %8s %8s %6s %s\n", "case", "method", "us", "GB/s", "xcontig", "xper", "xbatch",
               "wrong", "verdict");
   bool pass = failed.ok();
