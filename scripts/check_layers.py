@@ -21,14 +21,14 @@ BELOW = {
     "transport": {"common", "net", "device"},
     "engine": {"common", "net", "device", "transport"},
     "connector": {"common", "net", "layout", "plan", "device", "transport", "engine"},
-    "store": {"common", "net", "layout", "plan"},
+    "store": {"common", "net", "layout", "plan", "device", "transport"},
     "discovery": {"common", "net"},
     "discovery_sync": {"common", "net", "layout", "plan", "device", "transport", "engine", "connector", "discovery"},
     "testing": {"common", "net", "layout", "plan", "device", "transport", "engine", "connector", "store"},
 }
 # The layer each public header belongs to.
 PUBLIC = {
-    "status.h": "common", "transfer_op.h": "common", "host_memory.h": "common",
+    "status.h": "common", "transfer_op.h": "common", "host_memory.h": "common", "readiness.h": "common",
     "layout.h": "layout", "layout_json.h": "layout", "presets.h": "layout",
     "plan.h": "plan", "verify.h": "plan", "content.h": "plan", "execute.h": "plan",
     "engine.h": "engine", "connector.h": "connector", "store.h": "store", "store_key.h": "store",
