@@ -165,7 +165,8 @@ struct BigRank {
 
 Result<std::unique_ptr<BigRank>> big_rank(const std::string& id, uint32_t tp, uint32_t rank, uint64_t num_blocks,
                                           std::string_view faults, std::string transport = "local",
-                                          RemoteAccess access = RemoteAccess::kRead) {
+                                          RemoteAccess access = RemoteAccess::kRead,
+                                          TransferMode mode = TransferMode::kPull) {
   auto r = std::make_unique<BigRank>();
   KVB_ASSIGN_OR_RETURN(
       r->layout,
@@ -183,6 +184,7 @@ Result<std::unique_ptr<BigRank>> big_rank(const std::string& id, uint32_t tp, ui
   WorkerOptions w;
   w.instance_id = id;
   w.remote_access = access;
+  w.mode = mode;
   w.handshake_timeout = 60s;
   KVB_ASSIGN_OR_RETURN(r->worker, ConnectorWorker::create(*r->engine, r->layout, r->spans, w));
   return r;
@@ -264,6 +266,104 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp) {
   state.counters["descriptors"] = static_cast<double>(last.descriptors);
   state.counters["bytes"] = static_cast<double>(last.bytes);
   state.counters["maxrss_mb"] = static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// BM_PushHostCost: the same request in push mode (the prefill ranks write
+// into the decode ranks' blocks), its cost to the host without its copies:
+// llama3-70b at 128k tokens, TP 8 to TP 8, shuffled ids, prefill rank 0
+// writing decode rank 0's part (the prefill engines' runs report their
+// bytes without copying them), the decode ranks granting their writers
+// only the request's bytes (granted_write). Counters, the loads after the
+// second (from templates):
+//   push_ms      prefill rank 0's push() (it plans on the caller's thread
+//                and submits the writes)
+//   push_cpu_ms  the CPU time of that call
+//   grant_cpu_ms decode rank 0's start_load() work, on its worker's start
+//                thread (planning, and granting the writer the places it
+//                writes: LoadResult::submit_cpu_time)
+//   load_ms      start_load() to its result
+//   cpu_ms       the process's CPU time (every thread) of one load
+//   hbm_ms, cpu_pct, descriptors, bytes: as BM_LoadHostCost's
+void BM_PushHostCost(benchmark::State& state) {
+  constexpr uint64_t kTokens = 128 * 1024, kBlocks = kTokens / 16, kNumBlocks = kBlocks + 64;
+  std::vector<std::unique_ptr<BigRank>> prefill, decode;
+  std::vector<std::string> paddr, daddr;
+  for (uint32_t r = 0; r < 8; ++r) {
+    Result<std::unique_ptr<BigRank>> p =
+        big_rank("prefill", 8, r, kNumBlocks, "skip-copies=1", "local", RemoteAccess::kNone, TransferMode::kPush);
+    if (!p.ok()) return state.SkipWithError(p.error().to_string().c_str());
+    paddr.push_back((*p)->worker->side_channel_address());
+    prefill.push_back(std::move(*p));
+    Result<std::unique_ptr<BigRank>> d =
+        big_rank("decode", 8, r, kNumBlocks, "", "local", RemoteAccess::kGrantedWrite, TransferMode::kPush);
+    if (!d.ok()) return state.SkipWithError(d.error().to_string().c_str());
+    daddr.push_back((*d)->worker->side_channel_address());
+    decode.push_back(std::move(*d));
+  }
+  ConnectorWorker& w = *decode[0]->worker;
+  ConnectorWorker& p = *prefill[0]->worker;
+  if (!w.add_remote("prefill", paddr).ok() || !w.wait_connected("prefill", 60s).ok() ||
+      !p.add_remote("prefill", paddr).ok() || !p.add_remote("decode", daddr).ok() ||
+      !p.wait_connected("decode", 60s).ok() || !p.wait_connected("prefill", 60s).ok()) {
+    return state.SkipWithError("cannot connect the instances");
+  }
+  Request q;
+  q.num_tokens = kTokens;
+  GroupBlocks& b = q.blocks["full"];
+  for (uint64_t i = 0; i < kBlocks; ++i) b.local.push_back(static_cast<int64_t>(i));
+  b.remote = b.local;
+  std::mt19937_64 rng(0x6b7662);
+  std::shuffle(b.local.begin(), b.local.end(), rng);
+  std::shuffle(b.remote.begin(), b.remote.end(), rng);
+  uint64_t n = 0, later = 0;
+  double push_ms = 0, push_cpu = 0, grant_cpu = 0, wall = 0, cpu = 0;
+  LoadResult last;
+  for (auto _ : state) {
+    const std::string id = "req-" + std::to_string(n);
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = process_cpu_seconds();
+    if (!w.start_load(id, "prefill", q).ok()) return state.SkipWithError("start_load failed");
+    const auto p0 = std::chrono::steady_clock::now();
+    const double pc0 = thread_cpu_seconds();
+    if (Status s = p.push(id, "decode", q, LoadOptions{}); !s.ok()) return state.SkipWithError(s.to_string().c_str());
+    const double pc1 = thread_cpu_seconds();
+    const double pms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+    if (Status s = p.wait_for_save(id, 60000ms); !s.ok()) return state.SkipWithError(s.to_string().c_str());
+    std::vector<LoadResult> r;
+    while (r.empty()) {
+      w.wait_results(100ms);
+      r = w.take_results();
+    }
+    const double c1 = process_cpu_seconds();
+    const double ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!r.front().error.ok()) return state.SkipWithError(r.front().error.to_string().c_str());
+    last = r.front();
+    if (n++ >= 2) {
+      push_ms += pms;
+      push_cpu += 1e3 * (pc1 - pc0);
+      grant_cpu += 1e-3 * static_cast<double>(r.front().submit_cpu_time.count());
+      wall += ms;
+      cpu += 1e3 * (c1 - c0);
+      ++later;
+    }
+  }
+  const double k = later > 0 ? static_cast<double>(later) : 1;
+  const double hbm_ms = 1e3 * static_cast<double>(last.bytes) / 1.5e12;
+  state.counters["push_ms"] = push_ms / k;
+  state.counters["push_cpu_ms"] = push_cpu / k;
+  state.counters["grant_cpu_ms"] = grant_cpu / k;
+  state.counters["load_ms"] = wall / k;
+  state.counters["cpu_ms"] = cpu / k;
+  state.counters["hbm_ms"] = hbm_ms;
+  state.counters["cpu_pct"] = hbm_ms > 0 ? 100.0 * (cpu / k) / hbm_ms : 0;
+  state.counters["descriptors"] = static_cast<double>(last.descriptors);
+  state.counters["bytes"] = static_cast<double>(last.bytes);
 }
 
 // What read grants cost a prefill rank (llama3-70b, TP 8, a request of
@@ -372,6 +472,10 @@ BENCHMARK_CAPTURE(BM_LoadHostCost, llama3_70b_128k / P_TP8 / D_TP8 / shuffled, 8
 BENCHMARK_CAPTURE(BM_LoadHostCost, llama3_70b_128k / P_TP8 / D_TP2 / shuffled, 2)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(22);
+BENCHMARK(BM_PushHostCost)
+    ->Name("BM_PushHostCost/llama3_70b_128k/P_TP8/D_TP8/shuffled")
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(12);
 
 }  // namespace
 }  // namespace kvbridge

@@ -236,7 +236,7 @@ struct LoadResult {
   std::chrono::microseconds submit_time{0};
   // Pull: the CPU time the worker's threads spent planning, checking and
   // submitting this load's reads (the copies, on the engine's threads, not
-  // included); 0 in push mode.
+  // included). Push: planning it and granting its writers their places.
   std::chrono::microseconds submit_cpu_time{0};
   std::vector<uint32_t> sources;  // prefill ranks read from (Layout::rank())
   uint32_t stages = 0;            // reads it was cut into: chunks, or streamed stages
@@ -398,6 +398,9 @@ struct WorkerStats {
   // of its first: checked as a whole, expanded by the engine's threads as
   // they copy), and the moved runs in them.
   uint64_t reads_as_runs = 0, moved_runs = 0;
+  // Push: stage writes submitted as runs (the same: a template's later
+  // layers as moved runs of its first).
+  uint64_t writes_as_runs = 0;
   // Tables of moves prepared with the engine (Engine::prepare_moves), one
   // per (source rank, a stage's moves), so that a read's moved runs are
   // checked as one: prepared, and kept now.

@@ -15,7 +15,8 @@ LoadTensors::LoadTensors(std::span<const RegionId> regions, const Layout& local,
   }
 }
 
-LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, bool whole) {
+LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, bool whole,
+                     size_t only_source) {
   LoadStage ls;
   ls.first_token = stage.first_token;
   ls.end_token = stage.end_token;
@@ -30,11 +31,12 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
   ls.device.assign(sources, 0);
   for (size_t r = 0; r < plan.sources.size() && r < sources; ++r) {
     const uint64_t n = plan.sources[r].descriptors;
-    if (n == 0) continue;
+    if (n == 0 || (only_source != SIZE_MAX && r != only_source)) continue;
     ls.items[r].reserve(whole ? n : std::min<uint64_t>(n, plan.literal.size()));
     if (!whole) ls.runs[r].reserve(plan.runs.size());
   }
   auto item = [&](const Descriptor& d, uint16_t lt, uint16_t rt, uint64_t lo, uint64_t ro) {
+    if (only_source != SIZE_MAX && d.source != only_source) return;
     ls.items[d.source].push_back(
         TransferItem{tensors.local_regions[lt], lo, tensors.sources[d.source].tensors[rt].region, ro, d.bytes});
     ls.device[d.source] |= tensors.local_device[lt] | tensors.remote_device[d.source][rt];
@@ -124,8 +126,8 @@ void settle(Load& load, std::span<const TransferStatus> statuses, const std::vec
   load.result.completion_lag = std::chrono::duration_cast<std::chrono::microseconds>(now - load.last_byte);
   if (load.last_submit != Clock::time_point{}) {
     load.result.submit_time = std::chrono::duration_cast<std::chrono::microseconds>(load.last_submit - load.called);
-    load.result.submit_cpu_time = std::chrono::duration_cast<std::chrono::microseconds>(load.submit_cpu);
   }
+  load.result.submit_cpu_time = std::chrono::duration_cast<std::chrono::microseconds>(load.submit_cpu);
   load.result.aborted = load.aborted;
   const LoadStage* last = nullptr;
   for (const LoadStage& st : load.stages) {

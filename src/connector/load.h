@@ -120,8 +120,10 @@ struct LoadTensors {
 // moved run of each source's items, checked and expanded by the engine).
 // `whole` expands every run into items, for a load whose items are
 // compared with what its sources say they wrote (push). Marks the sources
-// it reads in `load.used`.
-LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, bool whole);
+// it reads in `load.used`. With `only_source`, the other sources' items
+// and runs stay empty (a push source builds its own part alone).
+LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, bool whole,
+                     size_t only_source = SIZE_MAX);
 
 // Settles `load.result` once nothing of it is in flight: times, aborted,
 // the error (the first stage in stage order that did not land: its

@@ -73,20 +73,53 @@ std::string format_message(const Message& m) {
   return out;
 }
 
-uint64_t write_places(const std::vector<TransferItem>& items, bool items_are_reads) {
-  // A sum and an xor of each item's hash: the same for any order of the
-  // same items, and a count so that a repeated pair does not cancel out.
-  uint64_t sum = 0, x = 0;
-  for (const TransferItem& i : items) {
-    const uint64_t v[5] = {items_are_reads ? i.local : i.remote, items_are_reads ? i.local_offset : i.remote_offset,
-                           items_are_reads ? i.remote : i.local, items_are_reads ? i.remote_offset : i.local_offset,
-                           i.bytes};
+namespace {
+
+// A sum and an xor of each item's hash: the same for any order of the same
+// items, and a count so that a repeated pair does not cancel out. Each item
+// is hashed as the reader names it (its local side first).
+struct Places {
+  bool reads;
+  uint64_t sum = 0, x = 0, n = 0;
+  void add(const TransferItem& i) {
+    const uint64_t v[5] = {reads ? i.local : i.remote, reads ? i.local_offset : i.remote_offset,
+                           reads ? i.remote : i.local, reads ? i.remote_offset : i.local_offset, i.bytes};
     const uint64_t h = XXH3_64bits(v, sizeof v);
     sum += h;
     x ^= h;
+    ++n;
   }
-  const uint64_t all[3] = {sum, x, items.size()};
-  return XXH3_64bits(all, sizeof all);
+  uint64_t digest() const {
+    const uint64_t all[3] = {sum, x, n};
+    return XXH3_64bits(all, sizeof all);
+  }
+};
+
+}  // namespace
+
+uint64_t write_places(const std::vector<TransferItem>& items, bool items_are_reads) {
+  Places p{items_are_reads};
+  for (const TransferItem& i : items) p.add(i);
+  return p.digest();
+}
+
+uint64_t write_places(std::span<const TransferItem> items, std::span<const ItemRun> runs, bool items_are_reads) {
+  Places p{items_are_reads};
+  if (runs.empty()) {
+    for (const TransferItem& i : items) p.add(i);
+    return p.digest();
+  }
+  for (const ItemRun& r : runs) {
+    for (uint64_t k = r.first; k < r.first + r.count && k < items.size(); ++k) {
+      if (!r.moved) {
+        p.add(items[k]);
+        continue;
+      }
+      const TransferItem& i = items[k];
+      p.add(TransferItem{r.local, i.local_offset + r.local_shift, r.remote, i.remote_offset + r.remote_shift, i.bytes});
+    }
+  }
+  return p.digest();
 }
 
 std::optional<Message> parse_message(std::string_view m) {

@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +75,9 @@ struct Message {
 // order. The writer names its items' remote side the destination, the
 // reader (who planned the same stage as reads) its local side.
 uint64_t write_places(const std::vector<TransferItem>& items, bool items_are_reads);
+// The same of the items `runs` give (Engine::submit with runs; no prepared
+// tables), without expanding them into a list.
+uint64_t write_places(std::span<const TransferItem> items, std::span<const ItemRun> runs, bool items_are_reads);
 
 std::string format_message(Message::Kind kind, RequestId request, std::string_view layer = {});
 std::string format_message(const Message& message);

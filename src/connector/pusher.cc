@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/text.h"
+#include "connector/load.h"
 #include "connector/messages.h"
 #include "kvbridge/plan.h"
 #include "kvbridge/verify.h"
@@ -69,15 +70,16 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
                                           std::to_string(d));
     }
     if (std::find(sources->begin(), sources->end(), me) == sources->end()) continue;
-    Result<std::vector<PlanStage>> stages = stages_.stages(reader, decode, own->layouts, own, blocks, so);
+    Result<std::vector<CompactStage>> stages = stages_.compact_stages(reader, decode, own->layouts, own, blocks, so);
     if (!stages.ok()) {
       return stages.error().with_context("request " + q(request) + ": planning " + instance + " rank " +
                                          std::to_string(d));
     }
     if (options_.verify_plans) {
       Plan all;
-      for (const PlanStage& s : *stages) {
-        all.descriptors.insert(all.descriptors.end(), s.plan.descriptors.begin(), s.plan.descriptors.end());
+      for (const CompactStage& s : *stages) {
+        Plan p = expand(s.plan);
+        all.descriptors.insert(all.descriptors.end(), p.descriptors.begin(), p.descriptors.end());
       }
       Result<VerifyReport> v = verify(all, reader, own->layouts, blocks, /*check_minimal=*/stages->size() == 1);
       if (!v.ok()) {
@@ -85,34 +87,51 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
                                       " failed verification");
       }
     }
-    // Which tensors are device memory, on each side, looked up per tensor.
-    std::vector<uint8_t> own_device, reader_device;
-    for (const Tensor& x : local_.tensors) own_device.push_back(x.memory != "host");
-    for (const Tensor& x : reader.tensors) reader_device.push_back(x.memory != "host");
+    // The plan is the reader's: its local side is the decode rank's, its
+    // sources this instance's ranks. This rank's part of each stage is
+    // built as the reader builds it (its items and the moved runs that
+    // repeat them), then turned around: this rank writes what it reads.
+    std::vector<RegionId> reader_regions;
+    for (const TensorRegion& x : decode->infos[d].tensors) reader_regions.push_back(x.region);
+    // Of the sources, only this rank's part is built: only its regions.
+    std::vector<RankInfo> infos(own->infos.size());
+    for (RegionId r : regions_) infos[me].tensors.push_back(TensorRegion{{}, r, 0, 0});
+    const LoadTensors tensors(reader_regions, reader, infos, own->layouts);
+    Load scratch;
+    scratch.used.assign(own->layouts.size(), false);
     Target t;
     t.rank = d;
     t.engine = decode->engines[d];
     t.stages = static_cast<uint32_t>(stages->size());
     for (uint32_t k = 0; k < stages->size(); ++k) {
-      const PlanStage& s = (*stages)[k];
+      LoadStage ls = load_stage(scratch, (*stages)[k], tensors, /*whole=*/false, me);
+      if (me >= ls.items.size() || ls.items[me].empty()) continue;
       Stage st;
-      st.first_layer = s.first_layer;
-      st.end_layer = s.end_layer;
-      // The plan is the reader's: its local side is the decode rank's, its
-      // remote side this instance's ranks.
-      if (me < s.plan.sources.size()) st.items.reserve(s.plan.sources[me].descriptors);
-      for (const Descriptor& desc : s.plan.descriptors) {
-        if (desc.source != me) continue;
-        st.device = st.device || own_device[desc.remote_tensor] || reader_device[desc.local_tensor];
-        st.items.push_back(TransferItem{regions_[desc.remote_tensor], desc.remote_offset,
-                                        decode->infos[d].tensors[desc.local_tensor].region, desc.local_offset,
-                                        desc.bytes});
+      st.first_layer = ls.first_layer;
+      st.end_layer = ls.end_layer;
+      st.device = ls.device[me] != 0;
+      st.items = std::move(ls.items[me]);
+      for (TransferItem& it : st.items) {
+        std::swap(it.local, it.remote);
+        std::swap(it.local_offset, it.remote_offset);
       }
-      // In this rank's address order, as a reader's items are in its own.
-      std::sort(st.items.begin(), st.items.end(), [](const TransferItem& a, const TransferItem& b) {
-        return std::tie(a.local, a.local_offset) < std::tie(b.local, b.local_offset);
-      });
-      if (!st.items.empty()) t.mine.emplace(k, std::move(st));
+      // The moved runs, turned around; a table run as one moved run per
+      // move of its table (its tensors' regions on each side).
+      const std::vector<ItemRun>& runs = ls.runs[me];
+      const std::vector<LoadStage::TableRun>& tables = ls.tables[me];
+      for (size_t i = 0, tr = 0; i < runs.size(); ++i) {
+        const ItemRun& r = runs[i];
+        if (tr < tables.size() && tables[tr].run == i) {
+          for (const TensorShift& m : *tables[tr].table) {
+            st.runs.push_back({r.first, r.count, true, regions_[m.remote_tensor], m.remote_shift,
+                               reader_regions[m.local_tensor], m.local_shift});
+          }
+          ++tr;
+          continue;
+        }
+        st.runs.push_back({r.first, r.count, r.moved, r.remote, r.remote_shift, r.local, r.local_shift});
+      }
+      t.mine.emplace(k, std::move(st));
     }
     if (t.mine.empty()) continue;
     KVB_ASSIGN_OR_RETURN(t.peer, remotes_.peer(instance, d));
@@ -224,7 +243,7 @@ void Pusher::submit_ready(const RequestId& request, Pushed& p) {
       m.request = request;
       m.stage = k;
       m.stages = t.stages;
-      m.where = write_places(st.items, /*items_are_reads=*/false);
+      m.where = write_places(st.items, st.runs, /*items_are_reads=*/false);
       Write w;
       w.peer = t.peer;
       w.options.timeout = options_.transfer_timeout;
@@ -236,6 +255,10 @@ void Pusher::submit_ready(const RequestId& request, Pushed& p) {
       w.flight = st.flight;
       w.acks = p.acks;
       w.items = std::make_shared<const std::vector<TransferItem>>(std::exchange(st.items, {}));
+      if (!st.runs.empty()) {
+        w.runs = std::make_shared<const std::vector<ItemRun>>(std::exchange(st.runs, {}));
+        writes_as_runs_.fetch_add(1, std::memory_order_relaxed);
+      }
       w.what = "request " + q(request) + ": writing to " + p.instance + " rank " + std::to_string(t.rank);
       Status events = ready_events(p, st, saved, &w.options);
       if (!events.ok()) {

@@ -14,6 +14,7 @@
 // without holding the lock the others take; cancel() cancels outside it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -76,6 +77,8 @@ class Pusher {
   // next_retry() (time_point::max(): none).
   void retry_due();
   std::chrono::steady_clock::time_point next_retry() const;
+  // Stage writes submitted as runs (WorkerStats::writes_as_runs).
+  uint64_t writes_as_runs() const { return writes_as_runs_.load(std::memory_order_relaxed); }
 
  private:
   struct Acks {
@@ -96,6 +99,7 @@ class Pusher {
     uint32_t first_layer = 0, end_layer = 0;
     bool device = false;              // a write of device memory (either side): it waits on the producer's events
     std::vector<TransferItem> items;  // from this rank; emptied once submitted
+    std::vector<ItemRun> runs;        // that repeat them (the later layers'), or none: the items alone
     std::shared_ptr<Flight> flight = std::make_shared<Flight>();
     bool submitted = false;
   };
@@ -103,6 +107,7 @@ class Pusher {
   struct Write {
     PeerId peer = 0;
     std::shared_ptr<const std::vector<TransferItem>> items;  // shared by its tries, never copied
+    std::shared_ptr<const std::vector<ItemRun>> runs;        // none: the items alone
     std::string what;                                        // "request R: writing to I rank N", for a submit's error
     SubmitOptions options;                                   // without on_end
     std::string unwritten;                                   // the message that tells the decode rank it failed
@@ -168,6 +173,7 @@ class Pusher {
   Engine& engine_;
   Remotes& remotes_;
   StageCache& stages_;
+  std::atomic<uint64_t> writes_as_runs_{0};
   const Layout& local_;
   const std::vector<RegionId> regions_;
   const std::vector<std::string> layers_;

@@ -96,6 +96,41 @@ TEST(WorkerPushTest, EveryDecodeRankGetsItsBytesWrittenAndReadsNothing) {
   }
 }
 
+// Pushes of one shape after its second are planned from a template and
+// written as runs (the later layers as moved runs of the first: their
+// places hashed without expanding them), every byte where the load named,
+// whatever the ids, for every decode rank of a TP the prefill does not
+// share.
+TEST(WorkerPushTest, PushesOfOneShapeAreWrittenAsRunsByteExact) {
+  Pushing s(4);
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> ids = {
+      {{1, 2, 3}, {4, 5, 6}}, {{7, 0, 5}, {2, 6, 0}}, {{3, 4, 6}, {5, 1, 7}}, {{6, 1, 2}, {0, 3, 4}}};
+  uint64_t seed = 30;
+  for (size_t n = 0; n < ids.size(); ++n, ++seed) {
+    Request q = request();
+    q.blocks["full"] = {ids[n].first, ids[n].second};
+    const RequestId id = "r" + std::to_string(n);
+    for (auto& r : s.prefill) ASSERT_TRUE(fill_request(r->layout, q, RequestSide::kRemote, 0, seed, r->spans).ok());
+    for (auto& d : s.decode) ASSERT_TRUE(d->worker->start_load(id, "prefill", q).ok());
+    for (auto& r : s.prefill) ASSERT_TRUE(r->worker->push(id, "decode", q, LoadOptions{}).ok());
+    for (auto& r : s.prefill) ASSERT_TRUE(r->worker->wait_for_save(id, 5s).ok());
+    for (auto& d : s.decode) {
+      LoadResult r = wait_one(*d->worker);
+      ASSERT_TRUE(r.error.ok()) << id << ": " << r.error.to_string();
+      Result<ContentReport> c = check_request(d->layout, q, RequestSide::kLocal, 0, seed, d->spans);
+      ASSERT_TRUE(c.ok());
+      EXPECT_EQ(c->bad_cells, 0u) << id << ": " << c->first_error;
+    }
+  }
+  uint64_t as_runs = 0;
+  for (auto& r : s.prefill) {
+    const WorkerStats st = r->worker->stats();
+    EXPECT_GE(st.plans_from_templates, 2u * s.decode.size() / 2) << "the third and fourth pushes, per decode rank";
+    as_runs += st.writes_as_runs;
+  }
+  EXPECT_GT(as_runs, 0u) << "no push was written as runs";
+}
+
 // The attack: the prefill pushes request 1 into other decode blocks than
 // the decode's start_load() named (it was told other ids, by a bug or a
 // router). The decode never reports ok a load whose blocks were not
