@@ -15,8 +15,7 @@ LoadTensors::LoadTensors(std::span<const RegionId> regions, const Layout& local,
   }
 }
 
-LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, bool whole,
-                     size_t only_source) {
+LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, size_t only_source) {
   LoadStage ls;
   ls.first_token = stage.first_token;
   ls.end_token = stage.end_token;
@@ -32,8 +31,8 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
   for (size_t r = 0; r < plan.sources.size() && r < sources; ++r) {
     const uint64_t n = plan.sources[r].descriptors;
     if (n == 0 || (only_source != SIZE_MAX && r != only_source)) continue;
-    ls.items[r].reserve(whole ? n : std::min<uint64_t>(n, plan.literal.size()));
-    if (!whole) ls.runs[r].reserve(plan.runs.size());
+    ls.items[r].reserve(std::min<uint64_t>(n, plan.literal.size()));
+    ls.runs[r].reserve(plan.runs.size());
   }
   auto item = [&](const Descriptor& d, uint16_t lt, uint16_t rt, uint64_t lo, uint64_t ro) {
     if (only_source != SIZE_MAX && d.source != only_source) return;
@@ -62,16 +61,6 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
   };
   for (const DescriptorRun& run : plan.runs) {
     const Descriptor* ds = plan.literal.data() + run.first;
-    if (whole && run.moved) {
-      as_items(ds, run);
-      continue;
-    }
-    if (whole) {
-      for (uint64_t k = 0; k < run.count; ++k) {
-        item(ds[k], ds[k].local_tensor, ds[k].remote_tensor, ds[k].local_offset, ds[k].remote_offset);
-      }
-      continue;
-    }
     // A moved run repeats an earlier literal run (CompactPlan's invariant),
     // usually the latest; one that does not is taken as items.
     auto from = literal.rend();

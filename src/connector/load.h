@@ -43,8 +43,8 @@ struct LoadStage {
   uint32_t first_layer = 0, end_layer = 0;
   std::vector<std::vector<TransferItem>> items;  // per source; emptied once landed (push: once written)
   // Per source: the runs its reads are submitted as (Engine::submit with
-  // runs: the later layers repeat the first at other regions), or none,
-  // when `items` is the whole list (push: what the sources write).
+  // runs: the later layers repeat the first at other regions; push: what
+  // the source writes), or none, when `items` is the whole list.
   std::vector<std::vector<ItemRun>> runs;
   // Per source: its table runs (the plan's, DescriptorRun::table), each an
   // entry of `runs` that is moved and names no regions; its read names a
@@ -56,6 +56,7 @@ struct LoadStage {
   };
   std::vector<std::vector<TableRun>> tables;
   std::vector<uint8_t> device;  // per source: its items touch device memory (on either side)
+  std::vector<uint64_t> where;  // push, per source: write_places() of what it writes
   uint32_t pending = 0;         // transfers submitted and not ended
   bool submitted = false, failed = false, landed = false;
   Clock::time_point submitted_at{}, landed_at{};  // pull: its reads submitted; the last of them ended
@@ -115,14 +116,13 @@ struct LoadTensors {
               std::span<const Layout> remotes);
 };
 
-// A stage of `load` from its compact plan: per source its items and,
-// unless `whole`, the runs that repeat them (a moved run of the plan is a
-// moved run of each source's items, checked and expanded by the engine).
-// `whole` expands every run into items, for a load whose items are
-// compared with what its sources say they wrote (push). Marks the sources
-// it reads in `load.used`. With `only_source`, the other sources' items
-// and runs stay empty (a push source builds its own part alone).
-LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, bool whole,
+// A stage of `load` from its compact plan: per source its items and the
+// runs that repeat them (a moved run of the plan is a moved run of each
+// source's items, checked and expanded by the engine; a pull reads them
+// so, a push source writes them so). Marks the sources it reads in
+// `load.used`. With `only_source`, the other sources' items and runs stay
+// empty (a push source builds its own part alone).
+LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors,
                      size_t only_source = SIZE_MAX);
 
 // Settles `load.result` once nothing of it is in flight: times, aborted,

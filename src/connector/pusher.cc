@@ -104,7 +104,7 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
     t.engine = decode->engines[d];
     t.stages = static_cast<uint32_t>(stages->size());
     for (uint32_t k = 0; k < stages->size(); ++k) {
-      LoadStage ls = load_stage(scratch, (*stages)[k], tensors, /*whole=*/false, me);
+      LoadStage ls = load_stage(scratch, (*stages)[k], tensors, me);
       if (me >= ls.items.size() || ls.items[me].empty()) continue;
       Stage st;
       st.first_layer = ls.first_layer;

@@ -269,7 +269,7 @@ void WorkerImpl::take(Load& load, const Early& e) {
     }
     return;
   }
-  if (write_places(st.items[s], /*items_are_reads=*/true) != e.where) {
+  if (s >= st.where.size() || st.where[s] != e.where) {
     // The source wrote this stage to other places than this load's plan
     // (told other block ids than start_load() named, or another layout):
     // the blocks this load named were not written, so it fails, naming

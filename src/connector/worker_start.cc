@@ -124,8 +124,9 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   load.used.assign(layouts.size(), false);
   load.layer_left.assign(order_.size(), 0);
   // Per stage, one batch per source rank, in the plan's (local address)
-  // order: pull reads it as runs; push compares it with what the sources
-  // say they wrote, so holds it whole.
+  // order, as items and the runs that repeat them: pull reads it so; push
+  // grants its places and compares their hash with what the sources say
+  // they wrote.
   const LoadTensors tensors(regions_, layout_, fetched->infos, layouts);
   for (const CompactStage& s : stages) {
     load.result.bytes += s.plan.bytes;
@@ -133,7 +134,7 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     if (s.plan.descriptors > 0) {
       for (uint32_t l = s.first_layer; l < s.end_layer; ++l) ++load.layer_left[l];
     }
-    load.stages.push_back(load_stage(load, s, tensors, load.push));
+    load.stages.push_back(load_stage(load, s, tensors));
   }
   // Engine connections to the sources, outside the lock: a connect dials
   // and runs the opening exchange, and must not hold up other loads. The
@@ -153,11 +154,31 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     load.result.sources.push_back(static_cast<uint32_t>(s));
   }
   if (load.push) {
+    // What each source writes: its items and the runs that repeat them,
+    // expanded here only into the places it is granted, and hashed (the
+    // "wrote" it sends names the same places).
+    for (LoadStage& st : load.stages) {
+      st.where.assign(st.items.size(), 0);
+      for (size_t s = 0; s < st.items.size(); ++s) {
+        if (!st.items[s].empty()) st.where[s] = write_places(st.items[s], stage_runs(load, st, s), true);
+      }
+    }
     for (size_t s = 0, k = 0; s < load.used.size(); ++s) {
       if (!load.used[s]) continue;
       std::vector<WriteGrant> places;
       for (const LoadStage& st : load.stages) {
-        for (const TransferItem& it : st.items[s]) places.push_back({it.local, it.local_offset, it.bytes});
+        const std::vector<TransferItem>& items = st.items[s];
+        const std::vector<ItemRun> runs = stage_runs(load, st, s);
+        if (runs.empty()) {
+          for (const TransferItem& it : items) places.push_back({it.local, it.local_offset, it.bytes});
+          continue;
+        }
+        for (const ItemRun& r : runs) {
+          for (uint64_t i = r.first; i < r.first + r.count && i < items.size(); ++i) {
+            places.push_back(r.moved ? WriteGrant{r.local, items[i].local_offset + r.local_shift, items[i].bytes}
+                                     : WriteGrant{items[i].local, items[i].local_offset, items[i].bytes});
+          }
+        }
       }
       Result<GrantId> g = engine_.grant_writes(load.peers[k++], places);
       if (!g.ok()) {
