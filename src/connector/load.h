@@ -122,8 +122,7 @@ struct LoadTensors {
 // so, a push source writes them so). Marks the sources it reads in
 // `load.used`. With `only_source`, the other sources' items and runs stay
 // empty (a push source builds its own part alone).
-LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors,
-                     size_t only_source = SIZE_MAX);
+LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, size_t only_source = SIZE_MAX);
 
 // Settles `load.result` once nothing of it is in flight: times, aborted,
 // the error (the first stage in stage order that did not land: its
