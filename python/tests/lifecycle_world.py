@@ -4,18 +4,16 @@ a request's record. lifecycle.py drives them; see its docstring for what is chec
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import math
 import random
 import time
-import types
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 
 import kvbridge
 from kvbridge import connector_v1 as c1
+from fake_cuda import device_caches
 
 if TYPE_CHECKING:
     from lifecycle import World
@@ -35,23 +33,6 @@ def device_fake() -> bool:
         return kvbridge.testing.device_name() == "fake"
     except Exception:
         return False
-
-
-class FakeCuda:
-    """A torch tensor over the fake's device memory that says it is on cuda:0."""
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self._t = t
-
-    @property
-    def device(self) -> Any:
-        return types.SimpleNamespace(type="cuda", index=0)
-
-    def __getitem__(self, i: Any) -> "FakeCuda":
-        return FakeCuda(self._t[i])
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._t, name)
 
 
 @dataclasses.dataclass
@@ -95,34 +76,24 @@ class Rank:
     def __init__(self, config: c1.ConnectorConfig, rank: int, blocks: int, block_size: int, device: bool) -> None:
         heads = HEADS // config.tp_size
         shape = (2, blocks, block_size, heads, HEAD_SIZE)
+        names = [f"layers.{i}" for i in range(LAYERS)]
         self.device = device
         self.host: Dict[str, torch.Tensor] = {}   # what the content functions read and write
         self.caches: Dict[str, Any] = {}          # what is registered
         self.ptrs: Dict[str, int] = {}
-        for i in range(LAYERS):
-            name = f"layers.{i}"
-            if device:
-                n = int(torch.tensor([], dtype=torch.bfloat16).element_size()) * math.prod(shape)
-                ptr = kvbridge.testing.device_allocate(0, n)
-                raw = torch.frombuffer((ctypes.c_uint8 * n).from_address(ptr), dtype=torch.uint8)
-                raw.zero_()
-                t = raw.view(torch.bfloat16).view(*shape)
-                self.caches[name] = FakeCuda(t)
-                self.host[name] = t
-                self.ptrs[name] = ptr
-            else:
-                t = torch.zeros(shape, dtype=torch.bfloat16)
-                self.caches[name] = t
-                self.host[name] = t
+        if device:
+            self.caches, self.host, self.ptrs = device_caches(names, shape)
+        else:
+            self.host = {name: torch.zeros(shape, dtype=torch.bfloat16) for name in names}
+            self.caches = dict(self.host)
         self.worker = c1.WorkerConnector(config, rank)
         self.layout = self.worker.register_kv_caches(self.caches)
 
     def close(self) -> None:
         self.worker.close()
-        if self.device:
-            for ptr in self.ptrs.values():
-                kvbridge.testing.device_free(ptr)
-            self.ptrs.clear()
+        for ptr in self.ptrs.values():
+            kvbridge.testing.device_free(ptr)
+        self.ptrs.clear()
 
 
 class Instance:

@@ -25,12 +25,24 @@ def caches(blocks, block_size, heads, dtype=torch.bfloat16):
 class Instance:
     """One instance: its scheduler half and one worker half per rank (an engine's pieces)."""
 
-    def __init__(self, instance_id, role, tp, block_size, blocks=16, **extra):
+    def __init__(self, instance_id, role, tp, block_size, blocks=16, device=False, **extra):
+        """device: the caches are the host fake's device memory (KVB_DEVICE=fake), registered as
+        cuda:0; self.caches are host views of the same bytes, which fill() and check() use."""
         self.config = c1.ConnectorConfig(instance_id=instance_id, role=role, tp_size=tp, model="toy",
                                          num_kv_heads=HEADS, **extra)
-        self.caches = [caches(blocks, block_size, HEADS // tp) for _ in range(tp)]
+        self.ptrs = []
+        if device:
+            from fake_cuda import device_caches
+            made = [device_caches([f"layers.{i}" for i in range(LAYERS)],
+                                  (2, blocks, block_size, HEADS // tp, HEAD_SIZE)) for _ in range(tp)]
+            registered = [m[0] for m in made]
+            self.caches = [m[1] for m in made]
+            self.ptrs = [ptr for m in made for ptr in m[2].values()]
+        else:
+            self.caches = [caches(blocks, block_size, HEADS // tp) for _ in range(tp)]
+            registered = self.caches
         self.workers = [c1.WorkerConnector(self.config, r) for r in range(tp)]
-        self.layouts = [w.register_kv_caches(kv) for w, kv in zip(self.workers, self.caches)]
+        self.layouts = [w.register_kv_caches(kv) for w, kv in zip(self.workers, registered)]
         self.scheduler = c1.SchedulerConnector(self.config, layout=self.layouts[0])
         self.scheduler.set_xfer_handshake_metadata({r: w.get_handshake_metadata() for r, w in enumerate(self.workers)})
         self.block_size = block_size
@@ -82,6 +94,9 @@ class Instance:
     def close(self):
         for w in self.workers:
             w.close()
+        for ptr in self.ptrs:
+            kvbridge.testing.device_free(ptr)
+        self.ptrs = []
 
 
 @pytest.fixture
