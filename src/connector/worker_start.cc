@@ -165,18 +165,31 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     }
     for (size_t s = 0, k = 0; s < load.used.size(); ++s) {
       if (!load.used[s]) continue;
+      // Places adjacent in one region, one after the other, are granted as
+      // one: a request whose blocks are consecutive collapses into a few
+      // ranges per tensor (shuffled ones stay a place per block).
       std::vector<WriteGrant> places;
+      auto place = [&places](RegionId region, uint64_t offset, uint64_t bytes) {
+        if (!places.empty() && places.back().region == region && places.back().offset + places.back().bytes == offset) {
+          places.back().bytes += bytes;
+        } else {
+          places.push_back({region, offset, bytes});
+        }
+      };
       for (const LoadStage& st : load.stages) {
         const std::vector<TransferItem>& items = st.items[s];
         const std::vector<ItemRun> runs = stage_runs(load, st, s);
         if (runs.empty()) {
-          for (const TransferItem& it : items) places.push_back({it.local, it.local_offset, it.bytes});
+          for (const TransferItem& it : items) place(it.local, it.local_offset, it.bytes);
           continue;
         }
         for (const ItemRun& r : runs) {
           for (uint64_t i = r.first; i < r.first + r.count && i < items.size(); ++i) {
-            places.push_back(r.moved ? WriteGrant{r.local, items[i].local_offset + r.local_shift, items[i].bytes}
-                                     : WriteGrant{items[i].local, items[i].local_offset, items[i].bytes});
+            if (r.moved) {
+              place(r.local, items[i].local_offset + r.local_shift, items[i].bytes);
+            } else {
+              place(items[i].local, items[i].local_offset, items[i].bytes);
+            }
           }
         }
       }
