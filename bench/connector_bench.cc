@@ -190,6 +190,20 @@ Result<std::unique_ptr<BigRank>> big_rank(const std::string& id, uint32_t tp, ui
   return r;
 }
 
+// A request of `tokens` in 16-token blocks of group "full", its ids
+// shuffled on both sides (the same every call).
+Request shuffled(uint64_t tokens) {
+  Request q;
+  q.num_tokens = tokens;
+  GroupBlocks& b = q.blocks["full"];
+  for (uint64_t i = 0; i < tokens / 16; ++i) b.local.push_back(static_cast<int64_t>(i));
+  b.remote = b.local;
+  std::mt19937_64 rng(0x6b7662);
+  std::shuffle(b.local.begin(), b.local.end(), rng);
+  std::shuffle(b.remote.begin(), b.remote.end(), rng);
+  return q;
+}
+
 double process_cpu_seconds() {
   timespec ts{};
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -212,15 +226,7 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp) {
   if (!w.add_remote("prefill", addresses).ok() || !w.wait_connected("prefill", 60s).ok()) {
     return state.SkipWithError("cannot connect to the prefill instance");
   }
-  // Shuffled ids on both sides, one shape for every load.
-  Request q;
-  q.num_tokens = kTokens;
-  GroupBlocks& b = q.blocks["full"];
-  for (uint64_t i = 0; i < kBlocks; ++i) b.local.push_back(static_cast<int64_t>(i));
-  b.remote = b.local;
-  std::mt19937_64 rng(0x6b7662);
-  std::shuffle(b.local.begin(), b.local.end(), rng);
-  std::shuffle(b.remote.begin(), b.remote.end(), rng);
+  const Request q = shuffled(kTokens);  // one shape for every load
   uint64_t n = 0, later = 0;
   double first_ms = 0, second_ms = 0, wall = 0, cpu = 0, submit = 0, submit_cpu = 0;
   LoadResult last;
@@ -313,14 +319,7 @@ void BM_PushHostCost(benchmark::State& state) {
       !p.wait_connected("decode", 60s).ok() || !p.wait_connected("prefill", 60s).ok()) {
     return state.SkipWithError("cannot connect the instances");
   }
-  Request q;
-  q.num_tokens = kTokens;
-  GroupBlocks& b = q.blocks["full"];
-  for (uint64_t i = 0; i < kBlocks; ++i) b.local.push_back(static_cast<int64_t>(i));
-  b.remote = b.local;
-  std::mt19937_64 rng(0x6b7662);
-  std::shuffle(b.local.begin(), b.local.end(), rng);
-  std::shuffle(b.remote.begin(), b.remote.end(), rng);
+  const Request q = shuffled(kTokens);
   uint64_t n = 0, later = 0;
   double push_ms = 0, push_cpu = 0, grant_cpu = 0, wall = 0, cpu = 0;
   LoadResult last;
