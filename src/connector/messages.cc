@@ -105,20 +105,7 @@ uint64_t write_places(const std::vector<TransferItem>& items, bool items_are_rea
 
 uint64_t write_places(std::span<const TransferItem> items, std::span<const ItemRun> runs, bool items_are_reads) {
   Places p{items_are_reads};
-  if (runs.empty()) {
-    for (const TransferItem& i : items) p.add(i);
-    return p.digest();
-  }
-  for (const ItemRun& r : runs) {
-    for (uint64_t k = r.first; k < r.first + r.count && k < items.size(); ++k) {
-      if (!r.moved) {
-        p.add(items[k]);
-        continue;
-      }
-      const TransferItem& i = items[k];
-      p.add(TransferItem{r.local, i.local_offset + r.local_shift, r.remote, i.remote_offset + r.remote_shift, i.bytes});
-    }
-  }
+  for_each_item(items, runs, [&p](const TransferItem& i) { p.add(i); });
   return p.digest();
 }
 

@@ -78,6 +78,26 @@ uint64_t write_places(const std::vector<TransferItem>& items, bool items_are_rea
 // The same of the items `runs` give (Engine::submit with runs; no prepared
 // tables), without expanding them into a list.
 uint64_t write_places(std::span<const TransferItem> items, std::span<const ItemRun> runs, bool items_are_reads);
+// Calls `each` with every item `runs` give, in order (all of `items` when
+// `runs` is empty): a moved run's items at its regions and shifts.
+template <typename Each>
+void for_each_item(std::span<const TransferItem> items, std::span<const ItemRun> runs, Each&& each) {
+  if (runs.empty()) {
+    for (const TransferItem& i : items) each(i);
+    return;
+  }
+  for (const ItemRun& r : runs) {
+    for (uint64_t k = r.first; k < r.first + r.count && k < items.size(); ++k) {
+      const TransferItem& i = items[k];
+      if (r.moved) {
+        each(
+            TransferItem{r.local, i.local_offset + r.local_shift, r.remote, i.remote_offset + r.remote_shift, i.bytes});
+      } else {
+        each(i);
+      }
+    }
+  }
+}
 
 std::string format_message(Message::Kind kind, RequestId request, std::string_view layer = {});
 std::string format_message(const Message& message);

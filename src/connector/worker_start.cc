@@ -155,43 +155,27 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   }
   if (load.push) {
     // What each source writes: its items and the runs that repeat them,
-    // expanded here only into the places it is granted, and hashed (the
-    // "wrote" it sends names the same places).
-    for (LoadStage& st : load.stages) {
-      st.where.assign(st.items.size(), 0);
-      for (size_t s = 0; s < st.items.size(); ++s) {
-        if (!st.items[s].empty()) st.where[s] = write_places(st.items[s], stage_runs(load, st, s), true);
-      }
-    }
+    // expanded here once into the places it is granted and their hash (the
+    // "wrote" it sends names the same places). Places adjacent in one
+    // region, one after the other, are granted as one: a request whose
+    // blocks are consecutive collapses into a few ranges per tensor
+    // (shuffled ones stay a place per block).
+    for (LoadStage& st : load.stages) st.where.assign(st.items.size(), 0);
     for (size_t s = 0, k = 0; s < load.used.size(); ++s) {
       if (!load.used[s]) continue;
-      // Places adjacent in one region, one after the other, are granted as
-      // one: a request whose blocks are consecutive collapses into a few
-      // ranges per tensor (shuffled ones stay a place per block).
       std::vector<WriteGrant> places;
-      auto place = [&places](RegionId region, uint64_t offset, uint64_t bytes) {
-        if (!places.empty() && places.back().region == region && places.back().offset + places.back().bytes == offset) {
-          places.back().bytes += bytes;
-        } else {
-          places.push_back({region, offset, bytes});
-        }
-      };
-      for (const LoadStage& st : load.stages) {
-        const std::vector<TransferItem>& items = st.items[s];
+      for (LoadStage& st : load.stages) {
+        if (st.items[s].empty()) continue;
         const std::vector<ItemRun> runs = stage_runs(load, st, s);
-        if (runs.empty()) {
-          for (const TransferItem& it : items) place(it.local, it.local_offset, it.bytes);
-          continue;
-        }
-        for (const ItemRun& r : runs) {
-          for (uint64_t i = r.first; i < r.first + r.count && i < items.size(); ++i) {
-            if (r.moved) {
-              place(r.local, items[i].local_offset + r.local_shift, items[i].bytes);
-            } else {
-              place(items[i].local, items[i].local_offset, items[i].bytes);
-            }
+        st.where[s] = write_places(st.items[s], runs, /*items_are_reads=*/true);
+        for_each_item(st.items[s], runs, [&places](const TransferItem& it) {
+          if (!places.empty() && places.back().region == it.local &&
+              places.back().offset + places.back().bytes == it.local_offset) {
+            places.back().bytes += it.bytes;
+          } else {
+            places.push_back({it.local, it.local_offset, it.bytes});
           }
-        }
+        });
       }
       Result<GrantId> g = engine_.grant_writes(load.peers[k++], places);
       if (!g.ok()) {
