@@ -108,6 +108,35 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
   return ls;
 }
 
+void table_moves(std::span<const RegionId> regions, const RankInfo& source, const std::vector<TensorShift>& table,
+                 std::vector<RunMove>* out) {
+  out->reserve(out->size() + table.size());
+  for (const TensorShift& m : table) {
+    out->push_back({regions[m.local_tensor], m.local_shift, source.tensors[m.remote_tensor].region, m.remote_shift});
+  }
+}
+
+std::vector<ItemRun> expanded_runs(const LoadStage& st, size_t s, std::span<const RegionId> regions,
+                                   const RankInfo& source) {
+  const std::vector<ItemRun>& runs = st.runs[s];
+  const std::vector<LoadStage::TableRun>& tables = st.tables[s];
+  if (tables.empty()) return runs;
+  std::vector<ItemRun> out;
+  std::vector<RunMove> moves;
+  for (size_t i = 0, t = 0; i < runs.size(); ++i) {
+    if (t == tables.size() || tables[t].run != i) {
+      out.push_back(runs[i]);
+      continue;
+    }
+    moves.clear();
+    table_moves(regions, source, *tables[t++].table, &moves);
+    for (const RunMove& m : moves) {
+      out.push_back({runs[i].first, runs[i].count, true, m.local, m.local_shift, m.remote, m.remote_shift});
+    }
+  }
+  return out;
+}
+
 void settle(Load& load, std::span<const TransferStatus> statuses, const std::vector<std::string>& layers,
             std::chrono::milliseconds timeout, Clock::time_point now) {
   if (load.last_byte == Clock::time_point{}) load.last_byte = load.started;

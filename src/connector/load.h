@@ -124,6 +124,15 @@ struct LoadTensors {
 // empty (a push source builds its own part alone).
 LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, size_t only_source = SIZE_MAX);
 
+// A table run's moves, regions mapped from the plan's tensors: `regions`
+// (the local tensors' registrations) and the source's.
+void table_moves(std::span<const RegionId> regions, const RankInfo& source, const std::vector<TensorShift>& table,
+                 std::vector<RunMove>* out);
+// Source `s`'s runs of `st` with each table run as one moved run per move
+// of its table (what a submit without a prepared table takes).
+std::vector<ItemRun> expanded_runs(const LoadStage& st, size_t s, std::span<const RegionId> regions,
+                                   const RankInfo& source);
+
 // Settles `load.result` once nothing of it is in flight: times, aborted,
 // the error (the first stage in stage order that did not land: its
 // transfer's error, or that it was never announced within `timeout`, or the

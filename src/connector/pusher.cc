@@ -115,21 +115,10 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
         std::swap(it.local, it.remote);
         std::swap(it.local_offset, it.remote_offset);
       }
-      // The moved runs, turned around; a table run as one moved run per
-      // move of its table (its tensors' regions on each side).
-      const std::vector<ItemRun>& runs = ls.runs[me];
-      const std::vector<LoadStage::TableRun>& tables = ls.tables[me];
-      for (size_t i = 0, tr = 0; i < runs.size(); ++i) {
-        const ItemRun& r = runs[i];
-        if (tr < tables.size() && tables[tr].run == i) {
-          for (const TensorShift& m : *tables[tr].table) {
-            st.runs.push_back({r.first, r.count, true, regions_[m.remote_tensor], m.remote_shift,
-                               reader_regions[m.local_tensor], m.local_shift});
-          }
-          ++tr;
-          continue;
-        }
-        st.runs.push_back({r.first, r.count, r.moved, r.remote, r.remote_shift, r.local, r.local_shift});
+      // The moved runs (a table run as one moved run per move), turned
+      // around.
+      for (const ItemRun& r : expanded_runs(ls, me, reader_regions, infos[me])) {
+        st.runs.push_back({r.first, r.count, r.moved, r.remote, r.remote_shift, r.local, r.local_shift, r.moves});
       }
       t.mine.emplace(k, std::move(st));
     }

@@ -14,34 +14,8 @@ void put(std::string& key, uint64_t v) { key.append(reinterpret_cast<const char*
 
 }  // namespace
 
-// A table run's moved runs, regions mapped from the plan's tensors: the
-// worker's registrations here, the snapshot's of the source there.
-static void table_moves(const std::vector<RegionId>& regions, const RankInfo& source,
-                        const std::vector<TensorShift>& table, std::vector<RunMove>* out) {
-  out->reserve(out->size() + table.size());
-  for (const TensorShift& m : table) {
-    out->push_back({regions[m.local_tensor], m.local_shift, source.tensors[m.remote_tensor].region, m.remote_shift});
-  }
-}
-
 std::vector<ItemRun> WorkerImpl::stage_runs(const Load& load, const LoadStage& st, size_t s) const {
-  const std::vector<ItemRun>& runs = st.runs[s];
-  const std::vector<LoadStage::TableRun>& tables = st.tables[s];
-  if (tables.empty()) return runs;
-  std::vector<ItemRun> out;
-  std::vector<RunMove> moves;
-  for (size_t i = 0, t = 0; i < runs.size(); ++i) {
-    if (t == tables.size() || tables[t].run != i) {
-      out.push_back(runs[i]);
-      continue;
-    }
-    moves.clear();
-    table_moves(regions_, load.fetched->infos[s], *tables[t++].table, &moves);
-    for (const RunMove& m : moves) {
-      out.push_back({runs[i].first, runs[i].count, true, m.local, m.local_shift, m.remote, m.remote_shift});
-    }
-  }
-  return out;
+  return expanded_runs(st, s, regions_, load.fetched->infos[s]);
 }
 
 PreparedId WorkerImpl::table_of(PeerId peer, std::vector<RunMove> moves) {
