@@ -176,9 +176,11 @@ struct DeviceRank {
       device.push_back(p.ok() ? *p : nullptr);
       spans.emplace_back(static_cast<uint8_t*>(device.back()), p.ok() ? t.bytes : 0);
     }
-    EXPECT_TRUE(d.create_stream(0).ok());
-    stream = *d.create_stream(0);
-    event = *d.create_event(0, false);
+    Result<device::Stream> made_stream = d.create_stream(0);
+    Result<device::Event> made_event = d.create_event(0, false);
+    EXPECT_TRUE(made_stream.ok() && made_event.ok());
+    if (made_stream.ok()) stream = *made_stream;
+    if (made_event.ok()) event = *made_event;
   }
   ~DeviceRank() {
     device::Device& d = device::current();
