@@ -19,9 +19,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "conformance/harness.h"
@@ -61,6 +63,13 @@ class ConformanceBase : public ::testing::TestWithParam<ConformanceParam> {
   // Submits and waits (failing the test if it does not end in kWaitLimit).
   TransferStatus run(TransferOp op, const std::vector<TransferItem>& items, std::string notification = {},
                      std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  // The ucx transport with UCX_TLS=shm: no transport that detects a dead
+  // peer, the peer's process watched instead (its exit noticed, not its
+  // effect on UCX's shared memory queues).
+  bool ucx_over_shared_memory_only() const {
+    const char* tls = std::getenv("UCX_TLS");
+    return GetParam().transport == "ucx" && tls != nullptr && std::string_view(tls) == "shm";
+  }
   // Waits until a transfer has moved some bytes (the slow link is mid-way).
   ::testing::AssertionResult await_progress(TransferId id);
   TransferItem item(uint64_t local_offset, uint64_t remote_offset, uint64_t bytes) const {

@@ -250,6 +250,17 @@ TEST_P(TransportConformance, PeerGoneMidTransferFailsOnceAndOthersStillWork) {
   Result<std::unique_ptr<Peer>> other = start_peer("peer-b");
   ASSERT_TRUE(other.ok()) << other.error().to_string();
   Result<PeerId> other_id = engine_->connect((*other)->metadata());
+  if (!other_id.ok() && ucx_over_shared_memory_only()) {
+    // UCX over shared memory alone has no peer failure detection: a peer
+    // killed while writing into this worker's receive queue blocks it for
+    // good (UCX 1.13), so no new peer can answer the wireup. The engine must
+    // say so within the wireup's limit, naming both peers, and not hang.
+    const std::string why = other_id.error().to_string();
+    EXPECT_EQ(other_id.error().code(), Code::kUnavailable) << why;
+    EXPECT_NE(why.find("ucx peer 'peer-b': no answer to the endpoint wireup"), std::string::npos) << why;
+    EXPECT_NE(why.find("peer 'peer-a' exited while connected"), std::string::npos) << why;
+    return;
+  }
   ASSERT_TRUE(other_id.ok()) << other_id.error().to_string();
   TransferItem ok_item{local_region_, 0, (*other)->region(), 100, 4096};
   Result<TransferId> ok = engine_->submit(*other_id, TransferOp::kRead, std::vector<TransferItem>{ok_item});

@@ -12,6 +12,8 @@ namespace kvbridge::transport::ucx {
 
 // How long connect() waits for a peer to answer the endpoint wireup.
 constexpr std::chrono::seconds kWireupTimeout{10};
+// How long close() progresses the worker for a forced close to complete.
+constexpr std::chrono::seconds kCloseLimit{2};
 
 Status to_status(ucs_status_t status, std::string_view what, std::string_view peer) {
   if (status == UCS_OK) return Status();
@@ -59,6 +61,7 @@ void Worker::check_liveness(Endpoint& e) {
   if (::poll(&p, 1, 0) > 0) {
     e.peer_exited = true;
     e.broken = Status::io_error("ucx peer '" + e.peer + "' is gone: the peer process exited");
+    if (!e.peer_mode) exited_unwatched_peer_ = e.peer;
   }
 }
 
@@ -115,12 +118,21 @@ Status Worker::open(Endpoint& e) {
       ucp_worker_progress(worker_.get());
     }
     if (fs == UCS_INPROGRESS) {
-      ucp_request_cancel(worker_.get(), flush);
-      wait_request(flush);
+      // UCX 1.13 cannot cancel a flush, and one whose answer never comes
+      // never completes: hand it back to UCX (freed when it ends, which the
+      // forced close below brings about where the transport can).
+      ucp_request_free(flush);
       close(e);
-      return Status::timeout(
-          "ucx peer '" + e.peer + "': no answer to the endpoint wireup within " +
-          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(kWireupTimeout).count()) + " ms");
+      std::string why = "ucx peer '" + e.peer + "': no answer to the endpoint wireup within " +
+                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(kWireupTimeout).count()) +
+                        " ms";
+      if (!e.peer_mode && !exited_unwatched_peer_.empty()) {
+        why += " (UCX runs here without a transport that detects a dead peer, and peer '" + exited_unwatched_peer_ +
+               "' exited while connected: a process that dies while writing into UCX's shared memory queue "
+               "leaves it blocked for good, so this worker receives nothing more; restart the engine, or give "
+               "UCX_TLS a transport with peer failure detection such as tcp)";
+      }
+      return Status::timeout(std::move(why));
     }
     ucp_request_free(flush);
     if (fs != UCS_OK) {
@@ -132,10 +144,15 @@ Status Worker::open(Endpoint& e) {
   return Status();
 }
 
-void Worker::wait_request(void* request) {
-  if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
-  while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker_.get());
-  ucp_request_free(request);
+bool Worker::wait_request(void* request, Clock::duration limit) {
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) return true;
+  const Clock::time_point until = Clock::now() + limit;
+  bool done;
+  while (!(done = ucp_request_check_status(request) != UCS_INPROGRESS) && Clock::now() < until) {
+    ucp_worker_progress(worker_.get());
+  }
+  ucp_request_free(request);  // one still in progress is freed by UCX when it ends
+  return done;
 }
 
 void Worker::close(Endpoint& e) {
@@ -145,9 +162,12 @@ void Worker::close(Endpoint& e) {
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
     ucp_ep_h ep = e.ep;
     e.ep = nullptr;
-    wait_request(ucp_ep_close_nbx(ep, &p));
+    // A forced close completes at once where the transport can abort its
+    // requests; one that cannot (a peer's shared memory queue that never
+    // drains) is left to UCX after kCloseLimit rather than spun on forever.
+    (void)wait_request(ucp_ep_close_nbx(ep, &p), kCloseLimit);
   }
-  // Every request on the endpoint has completed: the keys are free to go.
+  // Every request on the endpoint has completed or been cancelled: the keys are free to go.
   e.rkeys.clear();
   e.retired.clear();
 }

@@ -151,7 +151,9 @@ class Worker {
   void force_close(Endpoint& endpoint);
   void check_liveness(Endpoint& endpoint);
   void abandon(Endpoint& endpoint);
-  void wait_request(void* request);
+  // Progresses the worker until `request` completes or `limit` passes, and
+  // frees it; false when it had not completed (UCX frees it when it does).
+  bool wait_request(void* request, Clock::duration limit);
   static void on_done(void* request, ucs_status_t status, void* user_data);
   static void on_flushed(void* request, ucs_status_t status, void* user_data);
   static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -179,6 +181,10 @@ class Worker {
   // Worker thread only.
   std::vector<Job*> jobs_;
   bool peer_mode_unreachable_ = false;  // PEER mode failed once: go to NONE
+  // A peer watched only through its pidfd (NONE mode) whose process exited:
+  // it may have died mid-write into this worker's shared memory queue, which
+  // then delivers nothing more (UCX 1.13 has no recovery); named in errors.
+  std::string exited_unwatched_peer_;
   std::vector<Op> ops_;
   std::vector<Op*> free_ops_;
   uint64_t in_flight_bytes_ = 0;

@@ -55,7 +55,8 @@ Result<std::unique_ptr<LinkPeer>> LinkPeer::start(const std::string& transport, 
   }
   in >> address_hex >> key_hex >> peer->base_ >> peer->pid_;
   if (word != "ready" || !in) {
-    return Status::io_error("link_peer (" + transport + ") did not start within 30 s: it printed '" + ready + "'");
+    return Status::io_error("link_peer (" + transport +
+                            ") did not report ready (it exited, or 30 s passed): it printed '" + ready + "'");
   }
   peer->child_ = std::move(child);
   peer->address_ = from_hex(address_hex);
