@@ -91,4 +91,18 @@ std::set<std::string> state_pool_groups(const Layout& l);
 uint64_t blocks_for(const Group& g, uint64_t tokens);
 uint64_t blocks_per_request(const Layout& l, uint64_t tokens, bool state_pool);
 
+// The pools a run of the demo needs: its longest request (--max-tokens, or
+// from 1024 to 4096 tokens by the sides' block sizes), the blocks that
+// request holds on either side (--num-blocks, checked against them) and the
+// slots of the state pool, and rank 0's layout of each side over those pools.
+struct PoolSizes {
+  uint64_t max_tokens = 0;
+  uint64_t num_blocks = 0;
+  uint64_t state_blocks = 0;  // 0: no state pool
+  Layout prefill, decode;
+};
+// kInvalidArgument naming the flag for --min-tokens or --num-blocks that no
+// request could use.
+Result<PoolSizes> size_pools(const DemoArgs& a);
+
 }  // namespace kvbridge::cli::demo

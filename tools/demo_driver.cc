@@ -3,7 +3,6 @@
 // other (each decode rank of the target instance loads in parallel), injects
 // the chosen fault, and collects what the report needs.
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -21,6 +20,7 @@
 #include "demo_driver.h"
 #include "demo_flood.h"
 #include "kvbridge/presets.h"
+#include "proc_info.h"
 
 namespace kvbridge::cli::demo {
 namespace {
@@ -58,7 +58,7 @@ class Driver {
     for (uint32_t i = 0; i < a_.requests; ++i) {
       if (flooding_ && i == a_.requests / 2) stop_flood();
       KVB_RETURN_IF_ERROR(one_request(i));
-      progress(i + 1);
+      if (a_.progress) print_progress(i + 1, a_.requests);
     }
     if (flooding_) stop_flood();
     if (pauser_.pid > 0) {
@@ -101,37 +101,12 @@ class Driver {
     // fork (a process that initialised CUDA cannot use it in a forked
     // child); a rank without a device fails its start, saying why.
     if (a_.decode_instances == 0) return Status::invalid_argument("--decode-instances must be at least 1");
-    KVB_ASSIGN_OR_RETURN(const Layout p1, layout_of(a_, a_.prefill, 1));
-    KVB_ASSIGN_OR_RETURN(const Layout d1, layout_of(a_, a_.decode, 1));
-    uint64_t max_block = 1;
-    for (const Layout* l : {&p1, &d1}) {
-      for (const Group& g : l->groups) {
-        if (g.kind == GroupKind::kAttention || g.kind == GroupKind::kSlidingWindow) {
-          max_block = std::max(max_block, g.block_tokens);
-        }
-      }
-    }
-    max_tokens_ = a_.max_tokens ? a_.max_tokens : std::min<uint64_t>(4096, std::max<uint64_t>(1024, 4 * max_block));
-    if (a_.min_tokens == 0 || a_.min_tokens > max_tokens_) {
-      return Status::invalid_argument("--min-tokens " + std::to_string(a_.min_tokens) + " must be from 1 to the " +
-                                      std::to_string(max_tokens_) + " tokens of the longest request");
-    }
-    auto need = [&](bool state_pool) {
-      return std::max(blocks_per_request(p1, max_tokens_, state_pool), blocks_per_request(d1, max_tokens_, state_pool));
-    };
-    const uint64_t need_blocks = need(false), need_state = need(true);
-    sum_.num_blocks = a_.num_blocks ? a_.num_blocks : need_blocks + 2;
-    if (sum_.num_blocks < need_blocks) {
-      return Status::invalid_argument("--num-blocks " + std::to_string(sum_.num_blocks) + " is fewer than the " +
-                                      std::to_string(need_blocks) + " blocks a request of " +
-                                      std::to_string(max_tokens_) + " tokens needs");
-    }
-    // State and scratch groups with tensors of their own take a slot per
-    // request (qwen3-next's 2 MB of state per layer and block would
-    // otherwise be sized by the longest request's blocks).
-    sum_.state_blocks = need_state ? need_state + 2 : 0;
-    KVB_ASSIGN_OR_RETURN(player_, layout_of(a_, a_.prefill, sum_.num_blocks, sum_.state_blocks));
-    KVB_ASSIGN_OR_RETURN(dlayout_, layout_of(a_, a_.decode, sum_.num_blocks, sum_.state_blocks));
+    KVB_ASSIGN_OR_RETURN(PoolSizes sizes, size_pools(a_));
+    max_tokens_ = sizes.max_tokens;
+    sum_.num_blocks = sizes.num_blocks;
+    sum_.state_blocks = sizes.state_blocks;
+    player_ = std::move(sizes.prefill);
+    dlayout_ = std::move(sizes.decode);
     pstate_groups_ = state_pool_groups(player_);
     dstate_groups_ = state_pool_groups(dlayout_);
     ppool_.emplace(sum_.num_blocks, sum_.state_blocks);
@@ -141,21 +116,6 @@ class Driver {
     }
     psched_ = PrefillScheduler(a_.lease);
     return Status();
-  }
-
-  // --pin-cores: the calling process (rank process number `index`, in
-  // spawn order) onto one core of those this process may use.
-  static void pin_to_core(size_t index) {
-    cpu_set_t allowed;
-    if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
-    std::vector<int> cpus;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-    if (cpus.empty()) return;
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpus[index % cpus.size()], &one);
-    (void)::sched_setaffinity(0, sizeof one, &one);
   }
 
   // Forks every rank before any thread exists in this process.
@@ -172,7 +132,7 @@ class Driver {
       const pid_t pid = ::fork();
       if (pid < 0) return Status::io_error("fork failed");
       if (pid == 0) {
-        if (a_.pin_cores) pin_to_core(procs_.size());
+        if (a_.pin_cores) pin_to_core(procs_.size());  // --pin-cores
         ::close(sv[0]);
         for (auto& other : procs_) other->ch.close();
         RankConfig c{p->instance, prefill, rank, sum_.num_blocks, sum_.state_blocks, prefill ? a_.prefill : a_.decode,
@@ -619,36 +579,8 @@ class Driver {
       pump(5ms);
     }
     for (auto& p : procs_) {
-      if (!p->final) continue;
-      const json& f = *p->final;
-      sum_.stray_bytes += f.value("stray_bytes", uint64_t{0});
-      if (sum_.first_stray.empty() && f.value("stray_bytes", uint64_t{0}) > 0) {
-        sum_.first_stray = p->engine + " " + f.value("first_stray", "");
-      }
-      sum_.handshakes += f.value("handshakes", uint64_t{0});
-      sum_.handshakes_rejected += f.value("rejected", uint64_t{0});
-      if (!f.value("last_rejection", "").empty()) sum_.last_rejection = f.value("last_rejection", "");
-      sum_.notifications_failed += f.value("notifications_failed", uint64_t{0});
-      sum_.plans_verified += f.value("plans_verified", uint64_t{0});
-      sum_.content_checked += f.value("content_checked", uint64_t{0});
-      sum_.content_check_failures += f.value("content_check_failures", uint64_t{0});
-      sum_.wire_frames += f.value("wire_frames", uint64_t{0});
-      sum_.wire_bytes += f.value("wire_bytes", uint64_t{0});
-      sum_.wire_small_frames += f.value("wire_small_frames", uint64_t{0});
-      sum_.staged_chunks += f.value("staged_chunks", uint64_t{0});
-      if (!f.value("last_notification_error", "").empty()) {
-        sum_.last_notification_error = f.value("last_notification_error", "");
-      }
+      if (p->final) add_final(sum_, p->engine, *p->final);
     }
-  }
-
-  void progress(uint32_t done) {
-    if (!a_.progress || !::isatty(STDERR_FILENO)) return;
-    const int width = 30, filled = static_cast<int>(width * done / a_.requests);
-    std::fprintf(stderr, "\r[%.*s%*s] %u/%u requests", filled, "##############################", width - filled, "",
-                 done, a_.requests);
-    if (done == a_.requests) std::fprintf(stderr, "\n");
-    std::fflush(stderr);
   }
 
   DemoArgs a_;

@@ -78,6 +78,11 @@ struct Summary {
 
 // Prints the table (or with --json one object) to stdout.
 void print_report(const Summary& s);
+// A bar of `done` of `total` requests on stderr, where stderr is a terminal.
+void print_progress(uint32_t done, uint32_t total);
+// Adds what rank `engine` reported as it finished (its "final" message:
+// stray bytes, handshakes, wire and content counters) to `s`.
+void add_final(Summary& s, const std::string& engine, const nlohmann::json& final);
 // Whether the run is clean for its --inject (the exit code).
 bool clean(const Summary& s);
 

@@ -18,6 +18,7 @@
 #include "demo.h"
 #include "demo_baseline.h"
 #include "demo_results.h"
+#include "demo_runner.h"
 #include "device/device.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
@@ -85,26 +86,11 @@ class Rank {
     p.state_blocks = c_.state_blocks;
     KVB_ASSIGN_OR_RETURN(layout_, make_preset(p));
     if (c_.prefill && a.inject == Inject::kHash) layout_.dtype = "fp8_e4m3";  // a peer built for another dtype
-    for (const Tensor& t : layout_.tensors) {
-      // Huge pages where the kernel has them, as an engine's host KV cache
-      // should be: cma's copies pin every page they touch.
-      Result<HostMemory> got = HostMemory::allocate(t.bytes);
-      if (!got.ok()) return got.error().with_context("tensor '" + t.name + "'");
-      uint8_t* m = got->data();
-      memory_.push_back(std::move(got).value());
-      // The decode's memory holds the sentinel; the prefill's is touched by
-      // its requests only (a pool sized for the longest request, or by
-      // --num-blocks, can be far larger than what the requests use), each
-      // request's blocks made resident before it is admitted (make_resident).
-      // Populated first: the sentinel's memset then faults no page.
-      if (!c_.prefill) {
-        KVB_RETURN_IF_ERROR(memory_.back().populate());
-        std::memset(m, kSentinel, t.bytes);
-      }
-      spans_.emplace_back(m, t.bytes);
-    }
-    host_ = spans_;
-    if (a.memory == "cuda") KVB_RETURN_IF_ERROR(to_device());
+    // The decode's memory holds the sentinel; the prefill's is touched by
+    // its requests only, each request's blocks made resident before it is
+    // admitted (make_resident).
+    KVB_ASSIGN_OR_RETURN(mem_, RankMemory::allocate(layout_, c_.prefill ? std::nullopt : std::optional(kSentinel)));
+    if (a.memory == "cuda") KVB_RETURN_IF_ERROR(mem_.to_device(layout_, c_.rank));
     WorkerOptions w;
     w.instance_id = c_.instance;
     w.side_channel_host = c_.side.host;
@@ -163,7 +149,7 @@ class Rank {
         break;
     }
     KVB_ASSIGN_OR_RETURN(engine_, testing::create_engine_with_faults(e, faults));
-    KVB_ASSIGN_OR_RETURN(worker_, ConnectorWorker::create(*engine_, layout_, spans_, w));
+    KVB_ASSIGN_OR_RETURN(worker_, ConnectorWorker::create(*engine_, layout_, mem_.registered(), w));
     std::string address = worker_->side_channel_address();
     if (c_.prefill &&
         (a.inject == Inject::kVersion || a.inject == Inject::kMalformed || a.inject == Inject::kTruncated)) {
@@ -264,7 +250,7 @@ class Rank {
     if (cmd == "register" || cmd == "discover") return discovery(cmd, m);
     if (cmd == "resident") {
       KVB_ASSIGN_OR_RETURN(Request q, parse_request(m.at("request").dump()));
-      KVB_RETURN_IF_ERROR(make_resident(q));
+      KVB_RETURN_IF_ERROR(mem_.make_resident(layout_, q));
       return ch_.send({{"ev", "resident"}, {"req", id}});
     }
     if (cmd == "prefill" || cmd == "load") {
@@ -291,7 +277,7 @@ class Rank {
       const auto t0 = Clock::now();
       // The prefill waited for its device copies (sync()): nothing to wait on.
       LoadOptions o;
-      o.ready.host_synchronized = device_;
+      o.ready.host_synchronized = mem_.on_device();
       Status s = worker_->push(id, m.at("to").get<std::string>(), it->second.request, o);
       const auto t1 = Clock::now();
       if (s.ok()) s = worker_->wait_for_save(id, c_.args->transfer_timeout);
@@ -327,103 +313,16 @@ class Rank {
       // final scan finds any byte written later or outside the plan.
       auto it = held_.find(id);
       if (it != held_.end() && !c_.prefill) {
-        KVB_RETURN_IF_ERROR(for_each_cell(
-            layout_, it->second.request, RequestSide::kLocal, 0,
-            [&](size_t t, uint64_t off, uint64_t n, uint64_t) { std::memset(host_[t].data() + off, kSentinel, n); }));
-        KVB_RETURN_IF_ERROR(sync(layout_, it->second.request, RequestSide::kLocal, 0, true));
+        KVB_RETURN_IF_ERROR(for_each_cell(layout_, it->second.request, RequestSide::kLocal, 0,
+                                          [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
+                                            std::memset(mem_.host()[t].data() + off, kSentinel, n);
+                                          }));
+        KVB_RETURN_IF_ERROR(mem_.sync(layout_, it->second.request, RequestSide::kLocal, 0, true));
       }
       held_.erase(id);
       return ch_.send({{"ev", "freed"}, {"req", id}});
     }
     return Status::invalid_argument("unknown command '" + cmd + "'");
-  }
-
-  // --memory cuda: the tensors move to device memory of GPU rank mod the
-  // device count (spans_ then name device memory, which the worker
-  // registers as cuda:N), and host_ keeps a mirror that the content
-  // functions fill and check; sync() copies a request's cells between them.
-  Status to_device() {
-    device::Device& d = device::current();
-    KVB_ASSIGN_OR_RETURN(int n, d.count());
-    gpu_ = static_cast<int>(c_.rank % static_cast<uint32_t>(n));
-    KVB_ASSIGN_OR_RETURN(stream_, d.create_stream(gpu_));
-    KVB_ASSIGN_OR_RETURN(event_, d.create_event(gpu_, false));
-    // A streamed layer's KV is written on stream_ and announced at once:
-    // its readers wait on the layer's event on their device, not the
-    // prefill on its host. One interprocess event per layer, recorded again
-    // by each request (a reader waits for its latest record).
-    for (size_t l = 0; l < layer_order(layout_).size(); ++l) {
-      KVB_ASSIGN_OR_RETURN(device::Event e, d.create_event(gpu_, true));
-      KVB_ASSIGN_OR_RETURN(std::string handle, d.export_event(e));
-      layer_events_.push_back(e);
-      layer_handles_.push_back(std::move(handle));
-    }
-    for (size_t t = 0; t < layout_.tensors.size(); ++t) {
-      KVB_ASSIGN_OR_RETURN(void* p, d.allocate(gpu_, host_[t].size()));
-      KVB_RETURN_IF_ERROR(d.copy_sync(p, host_[t].data(), host_[t].size()));
-      spans_[t] = std::span<uint8_t>(static_cast<uint8_t*>(p), host_[t].size());
-      layout_.tensors[t].memory = "cuda:" + std::to_string(gpu_);
-    }
-    device_ = true;
-    return Status();
-  }
-
-  // Copies the cells of `q` (from `first_token`) between the host mirror and
-  // device memory, as one batched copy, and waits for it unless `queue_only`
-  // (the caller then orders what reads the bytes after stream_'s events).
-  // Nothing for host memory.
-  Status sync(const Layout& layout, const Request& q, RequestSide side, uint64_t first_token, bool to_device,
-              bool queue_only = false) {
-    if (!device_) return Status();
-    std::vector<device::DeviceCopy> copies;
-    KVB_RETURN_IF_ERROR(for_each_cell(layout, q, side, first_token, [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
-      uint8_t* h = host_[t].data() + off;
-      uint8_t* d = spans_[t].data() + off;
-      device::DeviceCopy c = to_device ? device::DeviceCopy{d, h, n} : device::DeviceCopy{h, d, n};
-      device::DeviceCopy* last = copies.empty() ? nullptr : &copies.back();
-      if (last != nullptr && static_cast<uint8_t*>(last->dst) + last->bytes == c.dst &&
-          static_cast<const uint8_t*>(last->src) + last->bytes == c.src) {
-        last->bytes += n;
-      } else {
-        copies.push_back(c);
-      }
-    }));
-    if (copies.empty()) return Status();
-    device::Device& d = device::current();
-    KVB_RETURN_IF_ERROR(d.copy(stream_, copies, device::CopyMethod::kCopyEngine));
-    if (queue_only) return Status();
-    KVB_RETURN_IF_ERROR(d.record(event_, stream_));
-    for (;;) {
-      KVB_ASSIGN_OR_RETURN(bool done, d.done(event_));
-      if (done) return Status();
-      std::this_thread::yield();
-    }
-  }
-
-  // An engine's KV memory is resident before a request is admitted; the
-  // prefill's memory here is mapped lazily (a pool sized for the longest
-  // request, or by --num-blocks, can be far larger than what the requests
-  // use), so the driver has the pages of a request's blocks faulted in
-  // first, outside its TTFT, and the forward pass does not count page
-  // faults as compute. The bytes are left as they are: the pass writes
-  // every one.
-  // Adjacent cells of a tensor are populated in one call.
-  Status make_resident(const Request& q) {
-    std::vector<std::pair<uint64_t, uint64_t>> open(memory_.size(), {0, 0});  // [begin, end) per tensor
-    Status s;
-    auto flush = [&](size_t t) {
-      if (s.ok() && open[t].second > open[t].first)
-        s = memory_[t].populate(open[t].first, open[t].second - open[t].first);
-      open[t] = {0, 0};
-    };
-    KVB_RETURN_IF_ERROR(
-        for_each_cell(layout_, q, RequestSide::kRemote, 0, [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
-          if (open[t].second != off) flush(t);
-          if (open[t].second == 0) open[t].first = off;
-          open[t].second = off + n;
-        }));
-    for (size_t t = 0; t < open.size(); ++t) flush(t);
-    return s;
   }
 
   // The prefill's forward pass, layer by layer in the model's order: write
@@ -452,8 +351,8 @@ class Rank {
     }
     uint64_t layers = 0, over_budget = 0;
     if (!stream && compute.count() == 0) {
-      KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kRemote, 0, held_[id].seed, host_));
-      KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kRemote, 0, true));
+      KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kRemote, 0, held_[id].seed, mem_.host()));
+      KVB_RETURN_IF_ERROR(mem_.sync(layout_, q, RequestSide::kRemote, 0, true));
     } else {
       Clock::time_point end = Clock::now();
       const std::vector<std::string> order = layer_order(layout_);
@@ -461,29 +360,29 @@ class Rank {
         const std::string& layer = order[l];
         end += compute;
         const Layout one = keep_layers(layout_, {layer});
-        KVB_RETURN_IF_ERROR(fill_request(one, q, RequestSide::kRemote, 0, held_[id].seed, host_));
+        KVB_RETURN_IF_ERROR(fill_request(one, q, RequestSide::kRemote, 0, held_[id].seed, mem_.host()));
         // Streamed, device memory: the layer's copy is queued and announced
         // with its event, as an engine announces a layer its kernels still
         // write; the readers' copies wait on the event.
-        const bool queued = stream && device_;
+        const bool queued = stream && mem_.on_device();
         if (queued && c_.args->producer_delay_us > 0) {
-          KVB_RETURN_IF_ERROR(device::current().fill_after(stream_, spans_[0].data(), 0, 0,
+          KVB_RETURN_IF_ERROR(device::current().fill_after(mem_.stream(), mem_.registered()[0].data(), 0, 0,
                                                            std::chrono::microseconds(c_.args->producer_delay_us)));
         }
-        KVB_RETURN_IF_ERROR(sync(one, q, RequestSide::kRemote, 0, true, queued));
+        KVB_RETURN_IF_ERROR(mem_.sync(one, q, RequestSide::kRemote, 0, true, queued));
         Readiness ready;
         if (queued) {
-          KVB_RETURN_IF_ERROR(device::current().record(layer_events_[l], stream_));
+          KVB_RETURN_IF_ERROR(device::current().record(mem_.layer_event(l), mem_.stream()));
           if (push_) {
-            ready.event = reinterpret_cast<uintptr_t>(layer_events_[l]);
+            ready.event = reinterpret_cast<uintptr_t>(mem_.layer_event(l));
           } else if (c_.args->prefill.netns != c_.args->decode.netns) {
             // The readers are on another host, where an IPC event handle
             // does not open: the layer is announced once the host saw its
             // event complete.
-            KVB_RETURN_IF_ERROR(transport::await_event(device::current(), layer_events_[l], nullptr));
+            KVB_RETURN_IF_ERROR(transport::await_event(device::current(), mem_.layer_event(l), nullptr));
             ready.host_synchronized = true;
           } else {
-            ready.event_handle = layer_handles_[l];
+            ready.event_handle = mem_.layer_handle(l);
           }
         }
         ++layers;
@@ -503,27 +402,6 @@ class Rank {
     // worker's notifications_failed); its lease frees the blocks.
     if (stream) (void)worker_->wait_for_save(id, c_.args->transfer_timeout);
     return Status();
-  }
-
-  // Real CPU work until `until`: multiply-adds on a small matrix until the
-  // clock says so (a sleep would leave the core to the transfer threads).
-  static void busy_until(Clock::time_point until) {
-    if (Clock::now() >= until) return;
-    float m[16][16], v[16], out[16];
-    for (int i = 0; i < 16; ++i) {
-      v[i] = 1.0f / static_cast<float>(i + 1);
-      for (int j = 0; j < 16; ++j) m[i][j] = static_cast<float>((i * 16 + j) % 7) * 0.01f;
-    }
-    while (Clock::now() < until) {
-      for (int i = 0; i < 16; ++i) {
-        float acc = 0;
-        for (int j = 0; j < 16; ++j) acc += m[i][j] * v[j];
-        out[i] = acc;
-      }
-      for (int i = 0; i < 16; ++i) v[i] = out[i] * 0.5f + 0.01f;
-    }
-    volatile float sink = v[0];
-    (void)sink;
   }
 
   // A load ended: report it. Its bytes are checked on "check", once every
@@ -567,16 +445,16 @@ class Rank {
     auto it = held_.find(id);
     if (it != held_.end() && it->second.loaded) {
       const Request& q = it->second.request;
-      KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kLocal, q.skip_tokens, false));
+      KVB_RETURN_IF_ERROR(mem_.sync(layout_, q, RequestSide::kLocal, q.skip_tokens, false));
       bool flipped = !corrupt;
       KVB_RETURN_IF_ERROR(for_each_cell(layout_, q, RequestSide::kLocal, q.skip_tokens,
                                         [&](size_t t, uint64_t off, uint64_t n, uint64_t) {
                                           if (flipped || n == 0) return;
-                                          host_[t][off] ^= 0xFF;
+                                          mem_.host()[t][off] ^= 0xFF;
                                           flipped = true;
                                         }));
       KVB_ASSIGN_OR_RETURN(ContentReport c,
-                           check_request(layout_, q, RequestSide::kLocal, q.skip_tokens, it->second.seed, host_));
+                           check_request(layout_, q, RequestSide::kLocal, q.skip_tokens, it->second.seed, mem_.host()));
       out["verify_bad"] = c.bad_cells;
       out["verify_error"] = c.first_error;
       out["verify_bytes"] = c.bytes;
@@ -590,11 +468,11 @@ class Rank {
     auto it = held_.find(id);
     if (it == held_.end()) return Status::not_found("request " + q(id) + " is not held");
     const Request& q = it->second.request;
-    KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kLocal, q.skip_tokens, false));
-    KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kLocal, from, it->second.seed, host_));
-    KVB_RETURN_IF_ERROR(sync(layout_, q, RequestSide::kLocal, from, true));
+    KVB_RETURN_IF_ERROR(mem_.sync(layout_, q, RequestSide::kLocal, q.skip_tokens, false));
+    KVB_RETURN_IF_ERROR(fill_request(layout_, q, RequestSide::kLocal, from, it->second.seed, mem_.host()));
+    KVB_RETURN_IF_ERROR(mem_.sync(layout_, q, RequestSide::kLocal, from, true));
     KVB_ASSIGN_OR_RETURN(ContentReport c,
-                         check_request(layout_, q, RequestSide::kLocal, q.skip_tokens, it->second.seed, host_));
+                         check_request(layout_, q, RequestSide::kLocal, q.skip_tokens, it->second.seed, mem_.host()));
     return ch_.send({{"ev", "recomputed"}, {"req", id}, {"verify_bad", c.bad_cells}, {"verify_error", c.first_error}});
   }
 
@@ -604,7 +482,7 @@ class Rank {
   Status raw(RequestId id, const std::string& instance) {
     // Device memory has no process_vm_readv baseline (kvbridge bench
     // --memory cuda measures cudaMemcpy baselines).
-    if (device_) return ch_.send({{"ev", "raw"}, {"req", id}, {"us", 0}, {"bytes", 0}});
+    if (mem_.on_device()) return ch_.send({{"ev", "raw"}, {"req", id}, {"us", 0}, {"bytes", 0}});
     auto it = held_.find(id);
     if (it == held_.end()) return Status::not_found("request " + q(id) + " is not held");
     const bool write = push_ && c_.prefill;
@@ -614,9 +492,9 @@ class Rank {
     if (write) {
       KVB_ASSIGN_OR_RETURN(std::vector<connector_internal::RemoteRankView> own,
                            connector_internal::remote_ranks(*worker_, "prefill"));
-      KVB_ASSIGN_OR_RETURN(copies, writes_of(layout_, spans_, peers, own, it->second.request));
+      KVB_ASSIGN_OR_RETURN(copies, writes_of(layout_, mem_.registered(), peers, own, it->second.request));
     } else {
-      KVB_ASSIGN_OR_RETURN(copies, reads_of(layout_, spans_, peers, it->second.request));
+      KVB_ASSIGN_OR_RETURN(copies, reads_of(layout_, mem_.registered(), peers, it->second.request));
     }
     // The load read its bytes from memory (the prefill writes them past the
     // caches); so does the baseline: the caches are emptied first.
@@ -630,10 +508,9 @@ class Rank {
     uint64_t stray = 0;
     std::string first;
     if (!c_.prefill) {
-      for (size_t t = 0; t < spans_.size(); ++t) {
-        if (device_)
-          KVB_RETURN_IF_ERROR(device::current().copy_sync(host_[t].data(), spans_[t].data(), spans_[t].size()));
-        const OtherBytes other = other_bytes(host_[t], kSentinel);
+      for (size_t t = 0; t < mem_.host().size(); ++t) {
+        KVB_RETURN_IF_ERROR(mem_.pull(t));
+        const OtherBytes other = other_bytes(mem_.host()[t], kSentinel);
         if (other.count > 0 && stray == 0) {
           first = "tensor '" + layout_.tensors[t].name + "' offset " + std::to_string(other.first);
         }
@@ -667,19 +544,11 @@ class Rank {
   const RankConfig& c_;
   Channel ch_;
   Layout layout_;
-  std::vector<HostMemory> memory_;         // the tensors' host memory
-  std::vector<std::span<uint8_t>> spans_;  // the registered memory (device memory with --memory cuda)
-  std::vector<std::span<uint8_t>> host_;   // what the content functions read and write (spans_ for host memory)
-  std::string engine_name_;                // this rank's engine name
-  std::string secret_;                     // the deployment's (signs and checks etcd records)
-  CacheEvictor evictor_;                   // raw()'s
-  bool device_ = false;
-  int gpu_ = 0;
-  device::Stream stream_ = nullptr;
-  bool push_ = false;  // --mode push
-  device::Event event_ = nullptr;
-  std::vector<device::Event> layer_events_;  // --memory cuda: per layer ordinal, interprocess
-  std::vector<std::string> layer_handles_;   // their IPC handles
+  RankMemory mem_;           // the tensors (device memory and a host mirror with --memory cuda)
+  std::string engine_name_;  // this rank's engine name
+  std::string secret_;       // the deployment's (signs and checks etcd records)
+  CacheEvictor evictor_;     // raw()'s
+  bool push_ = false;        // --mode push
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ConnectorWorker> worker_;
   ResultWaiter results_;                            // after worker_: its thread is joined before worker_ goes

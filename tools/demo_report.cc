@@ -1,5 +1,7 @@
 // The report of `kvbridge demo`: a table, or one JSON object with --json, and
 // whether the run was clean for its --inject.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -191,6 +193,34 @@ double paired_ttft_ratio(const Summary& s) {
 }
 
 }  // namespace
+
+void add_final(Summary& s, const std::string& engine, const nlohmann::json& f) {
+  const auto count = [&f](const char* key) { return f.value(key, uint64_t{0}); };
+  const auto text = [&f](const char* key) { return f.value(key, std::string()); };
+  s.stray_bytes += count("stray_bytes");
+  if (s.first_stray.empty() && count("stray_bytes") > 0) s.first_stray = engine + " " + text("first_stray");
+  s.handshakes += count("handshakes");
+  s.handshakes_rejected += count("rejected");
+  if (!text("last_rejection").empty()) s.last_rejection = text("last_rejection");
+  s.notifications_failed += count("notifications_failed");
+  s.plans_verified += count("plans_verified");
+  s.content_checked += count("content_checked");
+  s.content_check_failures += count("content_check_failures");
+  s.wire_frames += count("wire_frames");
+  s.wire_bytes += count("wire_bytes");
+  s.wire_small_frames += count("wire_small_frames");
+  s.staged_chunks += count("staged_chunks");
+  if (!text("last_notification_error").empty()) s.last_notification_error = text("last_notification_error");
+}
+
+void print_progress(uint32_t done, uint32_t total) {
+  if (!::isatty(STDERR_FILENO)) return;
+  const int width = 30, filled = static_cast<int>(width * done / total);
+  std::fprintf(stderr, "\r[%.*s%*s] %u/%u requests", filled, "##############################", width - filled, "", done,
+               total);
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
 
 bool clean(const Summary& s) {
   const Figures f = figures(s);

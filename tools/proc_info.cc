@@ -2,6 +2,7 @@
 #include "proc_info.h"
 
 #include <arpa/inet.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -91,6 +92,19 @@ std::map<std::string, double> thread_cpu_seconds(pid_t pid, std::string_view pre
     out[name + "/" + e.path().filename().string()] = (utime + stime) / ticks;
   }
   return out;
+}
+
+void pin_to_core(size_t index) {
+  cpu_set_t allowed;
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  if (cpus.empty()) return;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpus[index % cpus.size()], &one);
+  (void)::sched_setaffinity(0, sizeof one, &one);
 }
 
 }  // namespace kvbridge::cli
