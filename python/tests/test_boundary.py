@@ -30,27 +30,12 @@ READY_BODY = '''
     assert testing.device_name() == "fake"
     LAYERS, HEADS, HS, BLOCKS, BS = 2, 4, 32, 8, 16
 
-    class FakeCuda:
-        """A torch tensor over the fake's device memory that says it is on cuda:0."""
-        def __init__(self, t):
-            self._t = t
-        @property
-        def device(self):
-            return types.SimpleNamespace(type="cuda", index=0)
-        def __getitem__(self, i):
-            return FakeCuda(self._t[i])
-        def __getattr__(self, name):
-            return getattr(self._t, name)
-
     def caches():
         out, raw = {}, {}
         for i in range(LAYERS):
-            n = 2 * BLOCKS * BS * HEADS * HS * 2
-            ptr = testing.device_allocate(0, n)
-            t = torch.frombuffer((ctypes.c_uint8 * n).from_address(ptr), dtype=torch.uint8)
-            t.zero_()
-            out[f"layers.{i}"] = FakeCuda(t.view(torch.bfloat16).view(2, BLOCKS, BS, HEADS, HS))
-            raw[f"layers.{i}"] = (ptr, t)
+            kv, ptr = cuda_empty((2, BLOCKS, BS, HEADS, HS))
+            out[f"layers.{i}"] = kv
+            raw[f"layers.{i}"] = (ptr, kv.host.view(torch.uint8).view(-1))
         return out, raw
 
     def instance(name, role, mode_extra=None):
@@ -111,7 +96,9 @@ def test_a_streamed_layer_is_read_only_after_its_producers_event_completed():
     fake device they land 50 ms later. The decode's copy waits for the event recorded after
     them, so every byte it reports loaded is the producer's, not the zeros before."""
     env = dict(os.environ, KVB_DEVICE="fake")
-    body = "DELAY = 0.05\n" + textwrap.dedent(READY_BODY)
+    here = os.path.dirname(os.path.abspath(__file__))
+    prelude = f"import sys\nsys.path.insert(0, {here!r})\nfrom fake_cuda import cuda_empty\n"
+    body = prelude + "DELAY = 0.05\n" + textwrap.dedent(READY_BODY)
     r = subprocess.run([sys.executable, "-c", body], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     assert "outcome finished wrong 0" in r.stdout, r.stdout

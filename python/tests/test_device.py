@@ -13,34 +13,17 @@ import textwrap
 
 import kvbridge
 
-PRELUDE = textwrap.dedent('''
+# The child's view of the fake's device memory: fake_cuda.py (FakeCuda, cuda_empty), loaded
+# without importing torch here.
+PRELUDE = f"import sys\nsys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n" + textwrap.dedent('''
     import ctypes, types
     import numpy as np
     import torch
     import kvbridge
     from kvbridge import testing
+    from fake_cuda import FakeCuda, cuda_empty
 
     assert testing.device_name() == "fake", testing.device_name()
-
-    class FakeCuda:
-        """A torch tensor over the fake's device memory that says it is on cuda:INDEX."""
-        def __init__(self, t, index=0):
-            self._t, self._index = t, index
-        @property
-        def device(self):
-            return types.SimpleNamespace(type="cuda", index=self._index)
-        def __getitem__(self, i):
-            return FakeCuda(self._t[i], self._index)
-        def __getattr__(self, name):
-            return getattr(self._t, name)
-
-    def cuda_empty(shape, dtype=torch.bfloat16, index=0):
-        n = int(np.prod(shape)) * torch.tensor([], dtype=dtype).element_size()
-        ptr = testing.device_allocate(index, n)
-        raw = (ctypes.c_uint8 * n).from_address(ptr)
-        t = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).view(*shape)
-        t.zero_()
-        return FakeCuda(t, index), ptr
 ''')
 
 
