@@ -167,7 +167,8 @@ void Worker::close(Endpoint& e) {
     // drains) is left to UCX after kCloseLimit rather than spun on forever.
     (void)wait_request(ucp_ep_close_nbx(ep, &p), kCloseLimit);
   }
-  // Every request on the endpoint has completed or been cancelled: the keys are free to go.
+  // Every request on the endpoint has ended, or (a close past kCloseLimit)
+  // will never be progressed for this endpoint again: the keys are free to go.
   e.rkeys.clear();
   e.retired.clear();
 }
