@@ -192,6 +192,17 @@ struct WriteGrant {
   uint64_t offset = 0;
   uint64_t bytes = 0;
 };
+// Ranges a grant gives again elsewhere: ranges [first, first + count) of
+// its list, each again in region `region` at its offset plus `shift`
+// (modulo 2^64: a shift may move them lower). The ranges repeated must all
+// be of one region. A request's blocks in one tensor, repeated in each of
+// the others, grant its places in a list that grows with its blocks, not
+// with its layers.
+struct GrantRepeat {
+  uint64_t first = 0, count = 0;
+  RegionId region = 0;
+  uint64_t shift = 0;
+};
 using GrantId = uint64_t;
 
 struct EngineOptions {
@@ -332,26 +343,30 @@ class Engine {
   virtual Status deregister_memory(RegionId id) = 0;
 
   // Lets the connected engine `peer` (that instance, as its streams open:
-  // with a secret, proven to hold it) write `ranges` of registrations made
-  // with kGrantedWrite until revoke_writes(); other registrations are not
-  // affected. Each range must lie inside its registration. A write that a
+  // with a secret, proven to hold it) write `ranges`, and each of
+  // `repeats` of them, of registrations made with kGrantedWrite until
+  // revoke_writes(); other registrations are not affected. Each range, as
+  // it is and repeated, must lie inside its registration. A write that a
   // revoke overtakes is stopped: when revoke_writes() returns, no byte of a
   // peer's write lands in a range that no grant covers any more.
   // kNotFound for an unknown peer or region, kOutOfRange outside a
-  // registration, kInvalidArgument for an empty range.
-  virtual Result<GrantId> grant_writes(PeerId peer, std::span<const WriteGrant> ranges) = 0;
+  // registration, kInvalidArgument for an empty range, or a repeat of no
+  // ranges, of ranges past the list or of ranges of several regions.
+  virtual Result<GrantId> grant_writes(PeerId peer, std::span<const WriteGrant> ranges,
+                                       std::span<const GrantRepeat> repeats = {}) = 0;
   // Ends a grant; unknown ids are ignored.
   virtual void revoke_writes(GrantId grant) = 0;
 
   // Lets the engine named `peer_name` with instance `peer_instance` (as its
   // streams open: with a secret, proven to hold it; a Notification names
-  // both) read `ranges` of registrations made with kGrantedRead until
-  // revoke_reads(). No connection to it is needed. When revoke_reads()
-  // returns, no byte outside every remaining grant to that reader is sent
-  // to it. kNotFound for an unknown region, kOutOfRange outside a
-  // registration, kInvalidArgument for an empty range or name.
+  // both) read `ranges`, and each of `repeats` of them, of registrations
+  // made with kGrantedRead until revoke_reads(). No connection to it is
+  // needed. When revoke_reads() returns, no byte outside every remaining
+  // grant to that reader is sent to it. Errors as grant_writes', and
+  // kInvalidArgument for an empty name.
   virtual Result<GrantId> grant_reads(std::string_view peer_name, uint64_t peer_instance,
-                                      std::span<const WriteGrant> ranges) = 0;
+                                      std::span<const WriteGrant> ranges,
+                                      std::span<const GrantRepeat> repeats = {}) = 0;
   // The ranges of the live read grant `like` granted to another reader too,
   // as a grant of its own (revoked by itself): one copy of a hand-off's
   // ranges for every reader. kInvalidArgument for an empty name.

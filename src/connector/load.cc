@@ -3,6 +3,8 @@
 #include "common/text.h"
 
 #include <algorithm>
+#include <map>
+#include <utility>
 
 namespace kvbridge::connector {
 
@@ -135,6 +137,41 @@ std::vector<ItemRun> expanded_runs(const LoadStage& st, size_t s, std::span<cons
     }
   }
   return out;
+}
+
+void grant_places(std::span<const TransferItem> items, std::span<const ItemRun> runs, std::vector<WriteGrant>* places,
+                  std::vector<GrantRepeat>* repeats) {
+  // Appends items [first, first + count)'s places; where they start.
+  auto literal = [&](uint64_t first, uint64_t count) {
+    const size_t at = places->size();
+    for (uint64_t i = first; i < first + count && i < items.size(); ++i) {
+      places->push_back({items[i].local, items[i].local_offset, items[i].bytes});
+    }
+    return at;
+  };
+  if (runs.empty()) {
+    literal(0, items.size());
+    return;
+  }
+  std::map<std::pair<uint64_t, uint64_t>, std::pair<size_t, size_t>> granted_at;  // literal run -> (at, count)
+  for (const ItemRun& r : runs) {
+    auto was = granted_at.find({r.first, r.count});
+    if (r.moved && was != granted_at.end()) {
+      if (was->second.second > 0) repeats->push_back({was->second.first, was->second.second, r.local, r.local_shift});
+      continue;
+    }
+    const size_t from = literal(r.first, r.count);
+    if (!r.moved) {
+      granted_at.emplace(std::make_pair(r.first, r.count), std::make_pair(from, places->size() - from));
+      continue;
+    }
+    // A moved run that repeats no earlier run (the engine refuses such a
+    // batch): granted as the places it names.
+    for (size_t i = from; i < places->size(); ++i) {
+      (*places)[i].region = r.local;
+      (*places)[i].offset += r.local_shift;
+    }
+  }
 }
 
 void settle(Load& load, std::span<const TransferStatus> statuses, const std::vector<std::string>& layers,

@@ -133,6 +133,14 @@ void table_moves(std::span<const RegionId> regions, const RankInfo& source, cons
 std::vector<ItemRun> expanded_runs(const LoadStage& st, size_t s, std::span<const RegionId> regions,
                                    const RankInfo& source);
 
+// Appends the local places of `items` as `runs` give them (what a push
+// source writes into this rank) in the form a grant takes
+// (Engine::grant_writes): a literal run's places, and a moved run as a
+// repeat of the places of the literal run it repeats, so that the grant
+// grows with the first layer's items, not with the layers.
+void grant_places(std::span<const TransferItem> items, std::span<const ItemRun> runs, std::vector<WriteGrant>* places,
+                  std::vector<GrantRepeat>* repeats);
+
 // Settles `load.result` once nothing of it is in flight: times, aborted,
 // the error (the first stage in stage order that did not land: its
 // transfer's error, or that it was never announced within `timeout`, or the

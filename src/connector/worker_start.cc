@@ -155,29 +155,23 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   }
   if (load.push) {
     // What each source writes: its items and the runs that repeat them,
-    // expanded here once into the places it is granted and their hash (the
-    // "wrote" it sends names the same places). Places adjacent in one
-    // region, one after the other, are granted as one: a request whose
-    // blocks are consecutive collapses into a few ranges per tensor
-    // (shuffled ones stay a place per block).
+    // granted in that form (its first layer's places, and each later
+    // layer's as a repeat of them: a grant that grows with the blocks, not
+    // the layers), and their hash (the "wrote" it sends names the same
+    // places).
     for (LoadStage& st : load.stages) st.where.assign(st.items.size(), 0);
     for (size_t s = 0, k = 0; s < load.used.size(); ++s) {
       if (!load.used[s]) continue;
       std::vector<WriteGrant> places;
+      std::vector<GrantRepeat> repeats;
       for (LoadStage& st : load.stages) {
         if (st.items[s].empty()) continue;
+        const std::vector<TransferItem>& items = st.items[s];
         const std::vector<ItemRun> runs = stage_runs(load, st, s);
-        st.where[s] = write_places(st.items[s], runs, /*items_are_reads=*/true);
-        for_each_item(st.items[s], runs, [&places](const TransferItem& it) {
-          if (!places.empty() && places.back().region == it.local &&
-              places.back().offset + places.back().bytes == it.local_offset) {
-            places.back().bytes += it.bytes;
-          } else {
-            places.push_back({it.local, it.local_offset, it.bytes});
-          }
-        });
+        st.where[s] = write_places(items, runs, /*items_are_reads=*/true);
+        grant_places(items, runs, &places, &repeats);
       }
-      Result<GrantId> g = engine_.grant_writes(load.peers[k++], places);
+      Result<GrantId> g = engine_.grant_writes(load.peers[k++], places, repeats);
       if (!g.ok()) {
         revoke_grants(load);
         return g.error().with_context("request " + q(request) + ": granting " + name + " rank " + std::to_string(s) +

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <map>
 
 #include "common/checked.h"
 #include "common/host.h"
@@ -199,11 +200,13 @@ Status EngineImpl::deregister_memory(RegionId id) {
   return registry_->remove(id);
 }
 
-// Requires mu_: the grant of `ranges` to the engine labelled `label`.
-Result<GrantId> EngineImpl::grant_locked(const std::string& label, std::span<const WriteGrant> ranges, bool read) {
+// Requires mu_: the grant of `ranges` and their `repeats` to the engine
+// labelled `label`.
+Result<GrantId> EngineImpl::grant_locked(const std::string& label, std::span<const WriteGrant> ranges,
+                                         std::span<const GrantRepeat> repeats, bool read) {
   const char* op = read ? "grant_reads" : "grant_writes";
-  std::vector<transport::GrantSpan> spans;
-  spans.reserve(ranges.size());
+  auto places = std::make_shared<transport::GrantPlaces>();
+  places->spans.reserve(ranges.size());
   // Ranges come grouped by region (a request's blocks, tensor by tensor):
   // each region is looked up once per group, and a message is made only
   // for a range that is wrong.
@@ -217,18 +220,66 @@ Result<GrantId> EngineImpl::grant_locked(const std::string& label, std::span<con
       if (g.bytes == 0) return Status::invalid_argument(what + " is empty");
       return registry_->resolve(g.region, g.offset, g.bytes, what).status();
     }
-    spans.push_back({region->segment, reinterpret_cast<uint64_t>(region->base + g.offset), g.bytes});
+    places->spans.push_back({region->segment, reinterpret_cast<uint64_t>(region->base + g.offset), g.bytes});
+  }
+  // A repeat moves its ranges as one: checked by the lowest offset and the
+  // highest end of the ranges it names, found once per (first, count) (a
+  // request's blocks, repeated in every tensor).
+  struct Extent {
+    RegionId region;
+    uint64_t low, high;
+  };
+  std::map<std::pair<uint64_t, uint64_t>, Extent> extents;
+  places->repeats.reserve(repeats.size());
+  for (size_t i = 0; i < repeats.size(); ++i) {
+    const GrantRepeat& r = repeats[i];
+    const std::string what = std::string(op) + ": repeat " + std::to_string(i);
+    if (r.count == 0) return Status::invalid_argument(what + " names no ranges");
+    if (r.first >= ranges.size() || r.count > ranges.size() - r.first) {
+      return Status::invalid_argument(what + " names ranges [" + std::to_string(r.first) + ", +" +
+                                      std::to_string(r.count) + ") of " + std::to_string(ranges.size()));
+    }
+    auto e = extents.find({r.first, r.count});
+    if (e == extents.end()) {
+      Extent x{ranges[r.first].region, ranges[r.first].offset, 0};
+      for (uint64_t k = r.first; k < r.first + r.count; ++k) {
+        if (ranges[k].region != x.region) {
+          return Status::invalid_argument(what + " names ranges of regions " + std::to_string(x.region) + " and " +
+                                          std::to_string(ranges[k].region) + " (a repeat moves ranges of one region)");
+        }
+        x.low = std::min(x.low, ranges[k].offset);
+        x.high = std::max(x.high, ranges[k].offset + ranges[k].bytes);
+      }
+      e = extents.emplace(std::make_pair(r.first, r.count), x).first;
+    }
+    const Extent& x = e->second;
+    const Region* to = registry_->find(r.region);
+    if (to == nullptr) return registry_->resolve(r.region, 0, 1, what).status();
+    const uint64_t low = x.low + r.shift;  // modulo 2^64, as the shift is
+    if (low > to->bytes || x.high - x.low > to->bytes - low) {
+      return Status::out_of_range(what + ": its ranges moved by " + std::to_string(static_cast<int64_t>(r.shift)) +
+                                  " are [" + std::to_string(low) + ", " + std::to_string(low + (x.high - x.low)) +
+                                  ") of region " + std::to_string(r.region) + ", which has " +
+                                  std::to_string(to->bytes) + " bytes");
+    }
+    const Region* from = registry_->find(x.region);
+    places->repeats.push_back(
+        {r.first, r.count, to->segment,
+         reinterpret_cast<uint64_t>(to->base) + r.shift - reinterpret_cast<uint64_t>(from->base)});
   }
   const GrantId id = next_grant_++;
-  for (const auto& t : transports_) t->grant(id, label, spans, read);
+  std::shared_ptr<const transport::GrantPlaces> shared = std::move(places);
+  for (const auto& t : transports_) t->grant(id, label, shared, read);
   return id;
 }
 
-Result<GrantId> EngineImpl::grant_writes(PeerId peer, std::span<const WriteGrant> ranges) {
+Result<GrantId> EngineImpl::grant_writes(PeerId peer, std::span<const WriteGrant> ranges,
+                                         std::span<const GrantRepeat> repeats) {
   std::lock_guard<std::mutex> lock(mu_);
   auto p = peers_.find(peer);
   if (p == peers_.end()) return Status::not_found("grant_writes: unknown peer " + std::to_string(peer));
-  return grant_locked(transport::engine_label(p->second->metadata.name, p->second->metadata.instance), ranges, false);
+  return grant_locked(transport::engine_label(p->second->metadata.name, p->second->metadata.instance), ranges, repeats,
+                      false);
 }
 
 void EngineImpl::revoke_writes(GrantId grant) {
@@ -236,10 +287,10 @@ void EngineImpl::revoke_writes(GrantId grant) {
 }
 
 Result<GrantId> EngineImpl::grant_reads(std::string_view peer_name, uint64_t peer_instance,
-                                        std::span<const WriteGrant> ranges) {
+                                        std::span<const WriteGrant> ranges, std::span<const GrantRepeat> repeats) {
   if (peer_name.empty()) return Status::invalid_argument("grant_reads: the reader's name is empty");
   std::lock_guard<std::mutex> lock(mu_);
-  return grant_locked(transport::engine_label(peer_name, peer_instance), ranges, true);
+  return grant_locked(transport::engine_label(peer_name, peer_instance), ranges, repeats, true);
 }
 
 Result<GrantId> EngineImpl::share_reads(GrantId like, std::string_view peer_name, uint64_t peer_instance) {

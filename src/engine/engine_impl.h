@@ -74,10 +74,11 @@ class EngineImpl final : public Engine {
   std::vector<TransportReport> transports() const override { return reports_; }
   Result<RegionId> register_memory(void* base, uint64_t bytes, std::string_view memory, RemoteAccess access) override;
   Status deregister_memory(RegionId id) override;
-  Result<GrantId> grant_writes(PeerId peer, std::span<const WriteGrant> ranges) override;
+  Result<GrantId> grant_writes(PeerId peer, std::span<const WriteGrant> ranges,
+                               std::span<const GrantRepeat> repeats = {}) override;
   void revoke_writes(GrantId grant) override;
-  Result<GrantId> grant_reads(std::string_view peer_name, uint64_t peer_instance,
-                              std::span<const WriteGrant> ranges) override;
+  Result<GrantId> grant_reads(std::string_view peer_name, uint64_t peer_instance, std::span<const WriteGrant> ranges,
+                              std::span<const GrantRepeat> repeats = {}) override;
   Result<GrantId> share_reads(GrantId like, std::string_view peer_name, uint64_t peer_instance) override;
   void revoke_reads(GrantId grant) override;
   std::string metadata() const override;
@@ -246,7 +247,8 @@ class EngineImpl final : public Engine {
                                     std::vector<std::shared_ptr<const HeldRegions>> held = {});
   // Requires mu_. The metadata of this engine as it stands.
   EngineMetadata describe_locked() const;
-  Result<GrantId> grant_locked(const std::string& label, std::span<const WriteGrant> ranges, bool read);
+  Result<GrantId> grant_locked(const std::string& label, std::span<const WriteGrant> ranges,
+                               std::span<const GrantRepeat> repeats, bool read);
   // Picks the transport and opens a link and a channel (without mu_: it
   // waits on the peer).
   Status open_peer(Peer& peer);

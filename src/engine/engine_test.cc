@@ -354,5 +354,66 @@ TEST(EngineTest, AdjacentItemsMergeWithoutChangingWhatLandsWhere) {
   }
 }
 
+// A grant given as ranges and repeats of them (a request's blocks in one
+// tensor, and again in another tensor and another layer), served over tcp:
+// a write inside any of its places lands, one outside is refused and
+// nothing of it lands; a repeat that is not of the list, of one region, or
+// inside its region is refused when granted.
+TEST(EngineTest, GrantedWritesTakeRepeatsAndLandOnlyInTheirPlaces) {
+  constexpr uint64_t kBlock = 512;
+  std::vector<uint8_t> x(8192, 7), k(8192, 0), v(8192, 0);
+  std::unique_ptr<Engine> writer = make("prefill", {"tcp"});
+  std::unique_ptr<Engine> decode = make("decode", {"tcp"});
+  ASSERT_TRUE(writer && decode);
+  const RegionId rx = *writer->register_memory(x.data(), x.size());
+  const RegionId rk = *decode->register_memory(k.data(), k.size(), "host", RemoteAccess::kGrantedWrite);
+  const RegionId rv = *decode->register_memory(v.data(), v.size(), "host", RemoteAccess::kGrantedWrite);
+  const PeerId to_decode = *writer->connect(decode->metadata());
+  const PeerId to_writer = *decode->connect(writer->metadata());
+  // Blocks 1 and 3 of layer 0 (the first 4 KiB) of k, of v, and of layer 1.
+  const std::vector<WriteGrant> blocks = {{rk, 1 * kBlock, kBlock}, {rk, 3 * kBlock, kBlock}};
+  const std::vector<GrantRepeat> repeats = {{0, 2, rv, 0}, {0, 2, rk, 4096}, {0, 2, rv, 4096}};
+  Result<GrantId> g = decode->grant_writes(to_writer, blocks, repeats);
+  ASSERT_TRUE(g.ok()) << g.error().to_string();
+  auto write = [&](RegionId region, uint64_t offset, uint64_t bytes) {
+    const TransferItem item{rx, 0, region, offset, bytes};
+    Result<TransferId> id = writer->submit(to_decode, TransferOp::kWrite, std::span<const TransferItem>(&item, 1));
+    EXPECT_TRUE(id.ok()) << id.error().to_string();
+    return id.ok() ? writer->wait(*id, std::chrono::seconds(30)) : TransferStatus{};
+  };
+  for (auto [region, offset] : {std::pair{rk, 512}, {rk, 1536}, {rv, 512}, {rv, 1536}, {rk, 4608}, {rv, 5632}}) {
+    EXPECT_EQ(write(region, offset, kBlock).state, TransferState::kDone) << "region " << region << " at " << offset;
+  }
+  EXPECT_EQ(k[512], 7);
+  EXPECT_EQ(v[5632 + 511], 7);
+  for (auto [region, offset] : {std::pair{rk, 0}, {rv, 1024}, {rk, 4096}, {rv, 4096 + 2048}, {rk, 1536 + 256}}) {
+    const TransferStatus st = write(region, offset, kBlock);
+    EXPECT_EQ(st.state, TransferState::kFailed) << "region " << region << " at " << offset;
+    EXPECT_EQ(st.error.code(), Code::kPermissionDenied) << st.error.to_string();
+  }
+  EXPECT_EQ(k[0], 0);
+  EXPECT_EQ(v[1024], 0);
+  EXPECT_EQ(k[4096], 0);
+  EXPECT_EQ(k[1536 + kBlock], 0) << "nothing of a write partly outside lands";
+  decode->revoke_writes(*g);
+  EXPECT_EQ(write(rv, 5632, kBlock).error.code(), Code::kPermissionDenied) << "revoked";
+
+  auto refused = [&](std::vector<WriteGrant> ranges, std::vector<GrantRepeat> r) {
+    Result<GrantId> made = decode->grant_writes(to_writer, ranges, r);
+    return made.ok() ? Status() : made.error();
+  };
+  EXPECT_EQ(refused(blocks, {{1, 2, rv, 0}}).code(), Code::kInvalidArgument) << "past the list";
+  EXPECT_EQ(refused(blocks, {{0, 0, rv, 0}}).code(), Code::kInvalidArgument) << "no ranges";
+  Status mixed = refused({{rk, 0, kBlock}, {rv, 0, kBlock}}, {{0, 2, rv, 4096}});
+  EXPECT_EQ(mixed.code(), Code::kInvalidArgument);
+  EXPECT_NE(mixed.message().find("of one region"), std::string::npos) << mixed.to_string();
+  Status past = refused(blocks, {{0, 2, rv, 8192 - 3 * kBlock}});
+  EXPECT_EQ(past.code(), Code::kOutOfRange) << past.to_string();
+  EXPECT_NE(past.message().find("repeat 0"), std::string::npos) << past.to_string();
+  EXPECT_EQ(refused(blocks, {{0, 2, rv, static_cast<uint64_t>(-1024)}}).code(), Code::kOutOfRange) << "below 0";
+  EXPECT_TRUE(refused(blocks, {{0, 2, rv, static_cast<uint64_t>(-512)}}).ok()) << "a shift down, inside";
+  EXPECT_EQ(refused(blocks, {{0, 2, 999, 0}}).code(), Code::kNotFound);
+}
+
 }  // namespace
 }  // namespace kvbridge

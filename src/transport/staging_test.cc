@@ -210,7 +210,7 @@ TEST(StagedTcpTest, AWriteOutsideAGrantToADeviceSegmentLandsNothing) {
     control.deadline = Clock::now() + 5s;
     return (*link)->run(TransferOp::kWrite, std::vector<Copy>{{ld, base, bytes, 1}}, control);
   };
-  (*server)->grant(1, engine_label("prefill/r0", 1), {{1, base, uint64_t{2} << 20}}, false);
+  (*server)->grant(1, engine_label("prefill/r0", 1), grant_of({{1, base, uint64_t{2} << 20}}), false);
   {
     RunControl control;
     control.deadline = Clock::now() + 5s;

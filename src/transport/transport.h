@@ -33,6 +33,7 @@
 
 #include "kvbridge/status.h"
 #include "kvbridge/transfer_op.h"
+#include "transport/grant_set.h"
 
 namespace kvbridge::transport {
 
@@ -50,14 +51,6 @@ struct Segment {
   // refuse any). cma cannot enforce it: a process allowed to ptrace this one
   // can read and write all its memory.
   uint8_t access = 3;
-};
-
-// A range a grant lets one peer write: [address, address + bytes) of local
-// segment `segment`.
-struct GrantSpan {
-  uint32_t segment = 0;
-  uint64_t address = 0;
-  uint64_t bytes = 0;
 };
 
 // How an engine names itself to the peers its links open streams to, and how
@@ -171,15 +164,16 @@ class Transport {
   // The engine's name and instance, before any connect(): transports whose
   // links name their engine when they open (tcp) use engine_label().
   virtual void set_local_identity(std::string_view name, uint64_t instance) { (void)name, (void)instance; }
-  // Writes from the peer whose links open as `label` may land in `spans` of
-  // segments with access bit 4 (`read`: reads by it may be served from
-  // `spans` of segments with access bit 8), until revoke(grant); when that
+  // Writes from the peer whose links open as `label` may land in `places`
+  // of segments with access bit 4 (`read`: reads by it may be served from
+  // `places` of segments with access bit 8), until revoke(grant); when that
   // returns, no byte of a write outside every remaining write grant lands,
   // and no byte outside every remaining read grant is sent. Only a
   // transport that serves peers' requests itself (tcp) keeps grants: the
-  // others' peers reach this process's memory without it.
-  virtual void grant(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans, bool read) {
-    (void)grant, (void)label, (void)spans, (void)read;
+  // others' peers reach this process's memory without it. `places` is
+  // shared by every transport (a request's grant can be large).
+  virtual void grant(uint64_t grant, const std::string& label, std::shared_ptr<const GrantPlaces> places, bool read) {
+    (void)grant, (void)label, (void)places, (void)read;
   }
   // The spans of the live grant `like` granted to `label` too, as `grant`.
   virtual void share(uint64_t grant, const std::string& label, uint64_t like) { (void)grant, (void)label, (void)like; }

@@ -237,8 +237,8 @@ class FaultTransport final : public Transport {
   void set_local_identity(std::string_view name, uint64_t instance) override {
     inner_->set_local_identity(name, instance);
   }
-  void grant(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans, bool read) override {
-    inner_->grant(grant, label, std::move(spans), read);
+  void grant(uint64_t grant, const std::string& label, std::shared_ptr<const GrantPlaces> places, bool read) override {
+    inner_->grant(grant, label, std::move(places), read);
   }
   void share(uint64_t grant, const std::string& label, uint64_t like) override { inner_->share(grant, label, like); }
   void revoke(uint64_t grant) override { inner_->revoke(grant); }

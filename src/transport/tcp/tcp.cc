@@ -82,8 +82,8 @@ class TcpTransport final : public Transport {
   }
 
   void set_local_identity(std::string_view name, uint64_t instance) override { label_ = engine_label(name, instance); }
-  void grant(uint64_t grant, const std::string& label, std::vector<GrantSpan> spans, bool read) override {
-    server_->grant(grant, label, spans, read);
+  void grant(uint64_t grant, const std::string& label, std::shared_ptr<const GrantPlaces> places, bool read) override {
+    server_->grant(grant, label, *places, read);
   }
   void share(uint64_t grant, const std::string& label, uint64_t like) override { server_->share(grant, label, like); }
   void revoke(uint64_t grant) override { server_->revoke(grant); }

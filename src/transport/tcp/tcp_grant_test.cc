@@ -45,12 +45,13 @@ TEST(TcpGrantTest, WritesLandOnlyInsideAGrantToTheWriterWhileItLasts) {
       << none.to_string();
   EXPECT_TRUE(untouched());
   // Granted to another engine, or to this name under another instance: refused.
-  (*server)->grant(1, engine_label("prefill/r1", 0x1234), {{1, base, 8192}}, false);
-  (*server)->grant(2, engine_label("prefill/r0", 0x9999), {{1, base, 8192}}, false);
+  (*server)->grant(1, engine_label("prefill/r1", 0x1234), grant_of({{1, base, 8192}}), false);
+  (*server)->grant(2, engine_label("prefill/r0", 0x9999), grant_of({{1, base, 8192}}), false);
   EXPECT_EQ(write(0, 4096).code(), Code::kPermissionDenied);
   EXPECT_TRUE(untouched());
   // Two adjacent grants of this writer: a write across both lands; one past them is refused whole.
-  (*server)->grant(3, engine_label("prefill/r0", 0x1234), {{1, base + 1024, 1024}, {1, base + 2048, 1024}}, false);
+  (*server)->grant(3, engine_label("prefill/r0", 0x1234), grant_of({{1, base + 1024, 1024}, {1, base + 2048, 1024}}),
+                   false);
   EXPECT_EQ(write(1024, 4096).code(), Code::kPermissionDenied);
   EXPECT_TRUE(untouched());
   ASSERT_TRUE(write(1024, 2048).ok());
@@ -95,13 +96,13 @@ TEST(TcpGrantTest, ReadsAreServedOnlyInsideAReadGrantToTheReaderWhileItLasts) {
   EXPECT_TRUE(nothing_came());
   // Granted to another reader, to this name under another instance, or a write grant to this reader: refused.
   const std::string me = engine_label("decode/r0", 0x1234);
-  (*server)->grant(1, engine_label("decode/r1", 0x1234), {{1, base, 8192}}, true);
-  (*server)->grant(2, engine_label("decode/r0", 0x9999), {{1, base, 8192}}, true);
-  (*server)->grant(3, me, {{1, base, 8192}}, false);
+  (*server)->grant(1, engine_label("decode/r1", 0x1234), grant_of({{1, base, 8192}}), true);
+  (*server)->grant(2, engine_label("decode/r0", 0x9999), grant_of({{1, base, 8192}}), true);
+  (*server)->grant(3, me, grant_of({{1, base, 8192}}), false);
   EXPECT_EQ(read(0, 4096).code(), Code::kPermissionDenied);
   EXPECT_TRUE(nothing_came());
   // Two adjacent read grants: a read across both is served; one past them is refused whole.
-  (*server)->grant(4, me, {{1, base + 1024, 1024}, {1, base + 2048, 1024}}, true);
+  (*server)->grant(4, me, grant_of({{1, base + 1024, 1024}, {1, base + 2048, 1024}}), true);
   EXPECT_EQ(read(1024, 4096).code(), Code::kPermissionDenied);
   EXPECT_TRUE(nothing_came());
   ASSERT_TRUE(read(1024, 2048).ok());
@@ -151,7 +152,7 @@ TEST(TcpGrantTest, TheServerHashesWhatTheClientMayReadOrWriteByGrantAndNothingEl
                                            content_hash(readable.data(), readable.size())}));
   Status refused = digest({{nullptr, g, 4096, 1}}, &hashes);
   EXPECT_EQ(refused.code(), Code::kPermissionDenied) << refused.to_string();
-  (*server)->grant(1, engine_label("prefill/r0", 0x1234), {{1, g, 8192}}, false);
+  (*server)->grant(1, engine_label("prefill/r0", 0x1234), grant_of({{1, g, 8192}}), false);
   ASSERT_TRUE(digest({{nullptr, g + 10, 8000, 1}}, &hashes).ok());
   EXPECT_EQ(hashes, std::vector<uint64_t>{content_hash(granted.data() + 10, 8000)});
   EXPECT_EQ(digest({{nullptr, g, 8193, 1}}, &hashes).code(), Code::kPermissionDenied) << "past the grant";

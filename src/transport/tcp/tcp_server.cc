@@ -169,27 +169,11 @@ void TcpServer::remove_segment(uint32_t id) {
   epoch_.fetch_add(1);
 }
 
-void TcpServer::grant(uint64_t grant, std::string label, const std::vector<GrantSpan>& spans, bool read) {
-  std::vector<Interval> intervals;
-  intervals.reserve(spans.size());
-  for (const GrantSpan& s : spans) {
-    if (s.bytes > 0 && s.address + s.bytes > s.address)
-      intervals.push_back({s.segment, s.address, s.address + s.bytes});
-  }
-  if (!std::is_sorted(intervals.begin(), intervals.end())) std::sort(intervals.begin(), intervals.end());
-  // Merged, so a range that spans two adjacent granted blocks is inside one.
-  std::vector<Interval> merged;
-  for (const Interval& i : intervals) {
-    if (!merged.empty() && merged.back().segment == i.segment && i.start <= merged.back().end) {
-      merged.back().end = std::max(merged.back().end, i.end);
-    } else {
-      merged.push_back(i);
-    }
-  }
-  auto shared = std::make_shared<const std::vector<Interval>>(std::move(merged));
+void TcpServer::grant(uint64_t grant, std::string label, const GrantPlaces& places, bool read) {
+  auto set = std::make_shared<const GrantSet>(places);  // outside the lock: sorting a large grant takes a while
   std::unique_lock lock(segments_mutex_);
   grant_labels_[grant] = {read, label};
-  grants_[read ? 1 : 0][std::move(label)][grant] = std::move(shared);
+  grants_[read ? 1 : 0][std::move(label)][grant] = std::move(set);
 }
 
 void TcpServer::share(uint64_t grant, std::string label, uint64_t like) {
@@ -197,9 +181,9 @@ void TcpServer::share(uint64_t grant, std::string label, uint64_t like) {
   auto of = grant_labels_.find(like);
   if (of == grant_labels_.end()) return;
   const bool read = of->second.first;
-  std::shared_ptr<const std::vector<Interval>> intervals = grants_[read ? 1 : 0][of->second.second][like];
+  std::shared_ptr<const GrantSet> set = grants_[read ? 1 : 0][of->second.second][like];
   grant_labels_[grant] = {read, label};
-  grants_[read ? 1 : 0][std::move(label)][grant] = std::move(intervals);
+  grants_[read ? 1 : 0][std::move(label)][grant] = std::move(set);
 }
 
 void TcpServer::revoke(uint64_t grant) {
@@ -220,24 +204,16 @@ Status TcpServer::check_granted_locked(const std::vector<Range>& ranges, const s
   const auto& grants = grants_[write ? 0 : 1];
   const uint8_t by_grant = write ? kAccessByGrant : kAccessReadByGrant;
   auto by_label = grants.find(label);
+  std::vector<const GrantSet*> sets;
+  if (by_label != grants.end()) {
+    sets.reserve(by_label->second.size());
+    for (const auto& [id, set] : by_label->second) sets.push_back(set.get());
+  }
   for (size_t i = 0; i < ranges.size(); ++i) {
     const Range& r = ranges[i];
     auto seg = segments_.find(r.segment);
     if (seg == segments_.end() || (seg->second.access & by_grant) == 0) continue;
-    bool inside = false;
-    if (by_label != grants.end()) {
-      for (const auto& [id, shared] : by_label->second) {
-        const std::vector<Interval>& intervals = *shared;
-        auto it = std::upper_bound(intervals.begin(), intervals.end(), Interval{r.segment, r.address, 0});
-        if (it == intervals.begin()) continue;
-        --it;
-        if (it->segment == r.segment && it->start <= r.address && r.address + r.bytes <= it->end) {
-          inside = true;
-          break;
-        }
-      }
-    }
-    if (!inside) {
+    if (!granted(sets, r.segment, r.address, r.bytes)) {
       return Status::permission_denied("tcp request: range " + std::to_string(i) + " [" + std::to_string(r.address) +
                                        ", +" + std::to_string(r.bytes) + ") of segment " + std::to_string(r.segment) +
                                        " is not inside a " + (write ? "write" : "read") + " grant to " +

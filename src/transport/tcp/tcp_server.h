@@ -69,17 +69,20 @@ class TcpServer {
   void set_staging(std::shared_ptr<StagingPool> pool, std::shared_ptr<DeviceSide> side, DeviceRunOptions options);
   // When it returns, no stream touches [base, base + bytes) of `id` again.
   void remove_segment(uint32_t id);
-  // Writes of streams that opened as `label` may land in `spans` of
-  // segments with kAccessByGrant until revoke(grant); a write with a range
-  // outside every write grant to its label is refused whole (Error
+  // Writes of streams that opened as `label` may land in `places` (spans
+  // and their repeats, grant_set.h) of segments with kAccessByGrant until
+  // revoke(grant); a write with a range outside the union of the write
+  // grants to its label is refused whole (Error
   // permission_denied), its bytes read and dropped. When revoke() returns,
   // no byte of a write lands in a range no remaining grant covers: a frame
   // that was writing there is abandoned and its stream closed. A read
   // grant (`read`) does the same for reads of segments with
   // kAccessReadByGrant: a read outside every read grant to its label is
-  // refused whole, and one that a revoke overtakes stops sending.
-  void grant(uint64_t grant, std::string label, const std::vector<GrantSpan>& spans, bool read = false);
-  // The spans of grant `like` (alive) granted to `label` too, as `grant`:
+  // refused whole, and one that a revoke overtakes stops sending. The
+  // check's cost grows with the repeats that land around a range, not
+  // with the places they name.
+  void grant(uint64_t grant, std::string label, const GrantPlaces& places, bool read = false);
+  // The places of grant `like` (alive) granted to `label` too, as `grant`:
   // one copy of them for every reader of one hand-off.
   void share(uint64_t grant, std::string label, uint64_t like);
   void revoke(uint64_t grant);
@@ -134,13 +137,9 @@ class TcpServer {
   size_t device_segments_ = 0;      // of segments_, those of device memory
   std::atomic<uint64_t> epoch_{0};  // bumped by every remove_segment and revoke
   // Grants, guarded by segments_mutex_: writes' ([0]) and reads' ([1]), per
-  // label, per grant, the granted (segment, start, end) intervals, sorted.
-  struct Interval {
-    uint32_t segment;
-    uint64_t start, end;
-    bool operator<(const Interval& o) const { return std::tie(segment, start) < std::tie(o.segment, o.start); }
-  };
-  std::map<std::string, std::map<uint64_t, std::shared_ptr<const std::vector<Interval>>>> grants_[2];
+  // label, per grant, its places (a grant shared with another label is one
+  // set).
+  std::map<std::string, std::map<uint64_t, std::shared_ptr<const GrantSet>>> grants_[2];
   std::map<uint64_t, std::pair<bool, std::string>> grant_labels_;  // grant -> (read, label)
 
   std::shared_ptr<StagingPool> staging_;
