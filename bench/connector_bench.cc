@@ -367,9 +367,10 @@ void BM_PushHostCost(benchmark::State& state) {
 
 // What read grants cost a prefill rank (llama3-70b, TP 8, a request of
 // 128k tokens in 8,192 shuffled blocks, every other block of the cache, so
-// that no two are adjacent: 655,360 spans, the most; over tcp): hand_off() on the
-// engine's step (it only checks), the request's spans (block_spans(), once
-// per hand-off, on the worker's pump), the engine's grant of them to the
+// that no two are adjacent: 655,360 places, the most; over tcp): hand_off() on the
+// engine's step (it only checks), the request's places (block_places(), once
+// per hand-off, on the worker's pump: one tensor's spans and their repeats
+// in the others), the engine's grant of them to the
 // first reader, their share with each other reader (a decode instance's
 // ranks), and the revokes (at blocks_released()). The copies themselves are
 // not part of it.
@@ -389,7 +390,7 @@ void BM_ReadGrants(benchmark::State& state) {
   }
   const Group& g = *r.layout.find_group("full");
   double hand_off_us = 0, spans_ms = 0, grant_ms = 0, share_us = 0, revoke_ms = 0;
-  uint64_t n = 0, spans = 0;
+  uint64_t n = 0, spans = 0, repeated = 0;
   auto ms_since = [](std::chrono::steady_clock::time_point t0) {
     return 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
@@ -399,15 +400,18 @@ void BM_ReadGrants(benchmark::State& state) {
     if (!r.worker->hand_off(id, {{"full", ids}}).ok()) return state.SkipWithError("hand_off failed");
     hand_off_us += 1e3 * ms_since(t0);
     t0 = std::chrono::steady_clock::now();
-    Result<std::vector<TensorSpan>> s = block_spans(r.layout, g, ids);
+    Result<BlockPlaces> s = block_places(r.layout, g, ids);
     if (!s.ok()) return state.SkipWithError(s.error().to_string().c_str());
     std::vector<WriteGrant> ranges;
-    ranges.reserve(s->size());
-    for (const TensorSpan& t : *s) ranges.push_back({regions[t.tensor], t.offset, t.bytes});
+    std::vector<GrantRepeat> repeats;
+    ranges.reserve(s->spans.size());
+    for (const TensorSpan& t : s->spans) ranges.push_back({regions[t.tensor], t.offset, t.bytes});
+    for (const BlockPlaces::Repeat& t : s->repeats) repeats.push_back({t.first, t.count, regions[t.tensor], t.shift});
     spans_ms += ms_since(t0);
-    spans = s->size();
+    spans = s->spans.size();
+    repeated = s->repeats.size();
     t0 = std::chrono::steady_clock::now();
-    Result<GrantId> grant = r.engine->grant_reads("decode/r0", 0x1234, ranges);
+    Result<GrantId> grant = r.engine->grant_reads("decode/r0", 0x1234, ranges, repeats);
     if (!grant.ok()) return state.SkipWithError(grant.error().to_string().c_str());
     grant_ms += ms_since(t0);
     t0 = std::chrono::steady_clock::now();
@@ -424,6 +428,7 @@ void BM_ReadGrants(benchmark::State& state) {
   ::getrusage(RUSAGE_SELF, &u);
   const double k = static_cast<double>(n);
   state.counters["spans"] = static_cast<double>(spans);
+  state.counters["repeats"] = static_cast<double>(repeated);
   state.counters["hand_off_us"] = hand_off_us / k;
   state.counters["spans_ms"] = spans_ms / k;
   state.counters["grant_ms"] = grant_ms / k;

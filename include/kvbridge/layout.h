@@ -322,6 +322,23 @@ struct TensorSpan {
 // an id not below num_blocks. Requires a valid layout and a group of it.
 Result<std::vector<TensorSpan>> block_spans(const Layout& layout, const Group& group, std::span<const int64_t> blocks);
 
+// The same bytes as block_spans(), in the form a grant takes
+// (Engine::grant_reads with repeats): components of one shape (block
+// stride, and one block's runs) in other tensors, or elsewhere in one, are
+// repeats of the first one's spans at a shift, so that an 80-layer model's
+// request is its blocks' spans in one tensor and 159 repeats, not 1.3 M
+// spans. `spans` are sorted and merged within each repeated range.
+struct BlockPlaces {
+  struct Repeat {
+    uint64_t first = 0, count = 0;  // spans [first, first + count)
+    uint32_t tensor = 0;            // again in this tensor...
+    uint64_t shift = 0;             // ...at their offset plus this (modulo 2^64)
+  };
+  std::vector<TensorSpan> spans;
+  std::vector<Repeat> repeats;
+};
+Result<BlockPlaces> block_places(const Layout& layout, const Group& group, std::span<const int64_t> blocks);
+
 // The stride of the first axis of `kind` in `component`, or nullopt.
 std::optional<uint64_t> axis_stride(const Component& component, AxisKind kind);
 

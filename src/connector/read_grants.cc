@@ -8,12 +8,16 @@ ReadGrants::~ReadGrants() {
   for (auto& [request, h] : held_) revoke_locked(h);
 }
 
-Result<std::vector<WriteGrant>> ReadGrants::ranges_of(const Blocks& blocks) const {
-  std::vector<WriteGrant> out;
+Result<ReadGrants::Places> ReadGrants::places_of(const Blocks& blocks) const {
+  Places out;
   for (const auto& [name, ids] : blocks) {
-    KVB_ASSIGN_OR_RETURN(std::vector<TensorSpan> spans, block_spans(layout_, *layout_.find_group(name), ids));
-    out.reserve(out.size() + spans.size());
-    for (const TensorSpan& s : spans) out.push_back({regions_[s.tensor], s.offset, s.bytes});
+    KVB_ASSIGN_OR_RETURN(BlockPlaces p, block_places(layout_, *layout_.find_group(name), ids));
+    const uint64_t at = out.ranges.size();
+    out.ranges.reserve(at + p.spans.size());
+    for (const TensorSpan& s : p.spans) out.ranges.push_back({regions_[s.tensor], s.offset, s.bytes});
+    for (const BlockPlaces::Repeat& r : p.repeats) {
+      out.repeats.push_back({at + r.first, r.count, regions_[r.tensor], r.shift});
+    }
   }
   return out;
 }
@@ -95,23 +99,22 @@ void ReadGrants::grant_waiting() {
     h.granting = true;
     const uint64_t seq = h.seq;
     std::shared_ptr<const Blocks> blocks = h.blocks;
-    std::shared_ptr<const std::vector<WriteGrant>> ranges = h.ranges;
+    std::shared_ptr<const Places> places = h.places;
     const std::set<Reader> readers = std::exchange(h.waiting, {});
     const GrantId h_like = h.grants.empty() ? 0 : h.grants.begin()->second;
     lock.unlock();
-    // Outside the lock: the spans (once per hand-off) and the engine's grants.
-    if (!ranges) {
-      Result<std::vector<WriteGrant>> made = ranges_of(*blocks);
-      ranges =
-          std::make_shared<const std::vector<WriteGrant>>(made.ok() ? std::move(*made) : std::vector<WriteGrant>{});
+    // Outside the lock: the places (once per hand-off) and the engine's grants.
+    if (!places) {
+      Result<Places> made = places_of(*blocks);
+      places = std::make_shared<const Places>(made.ok() ? std::move(*made) : Places{});
     }
-    // The first reader's grant holds the ranges; the others share them.
+    // The first reader's grant holds the places; the others share them.
     std::vector<std::pair<Reader, GrantId>> made;
     GrantId like = h_like;
     for (const Reader& r : readers) {
-      if (ranges->empty()) break;  // nothing to read
-      Result<GrantId> g =
-          like != 0 ? engine_.share_reads(like, r.first, r.second) : engine_.grant_reads(r.first, r.second, *ranges);
+      if (places->ranges.empty()) break;  // nothing to read
+      Result<GrantId> g = like != 0 ? engine_.share_reads(like, r.first, r.second)
+                                    : engine_.grant_reads(r.first, r.second, places->ranges, places->repeats);
       if (!g.ok()) continue;  // a region is gone: the worker is closing
       made.emplace_back(r, *g);
       if (like == 0) like = *g;
@@ -121,7 +124,7 @@ void ReadGrants::grant_waiting() {
     if (it == held_.end() || it->second.seq != seq) {
       for (const auto& [r, g] : made) engine_.revoke_reads(g);  // not reached: released() waits for us
     } else {
-      it->second.ranges = std::move(ranges);
+      it->second.places = std::move(places);
       for (const auto& [r, g] : made) it->second.grants.emplace(r, g);
       it->second.granting = false;
     }

@@ -1,15 +1,16 @@
 // connector/read_grants.h: a pull-mode prefill rank's read grants. Each
 // hand-off (ConnectorWorker::hand_off) names a request's blocks; the
 // engines that then heartbeat for that request (with a secret, proven) may
-// read exactly those blocks' bytes (block_spans(), layout.h) until the
+// read exactly those blocks' bytes (block_places(), layout.h) until the
 // engine frees them (blocks_released()). A heartbeat that comes before the
 // hand-off is kept until it does. Only a registration made with
 // RemoteAccess::kGrantedRead is bound by it, and only where the transport
 // serves reads itself (tcp); without kGrantedRead a hand-off is checked and
 // kept nowhere.
 //
-// The costly part, a hand-off's spans (a request of 8,192 blocks of an
-// 80-layer model is 1.3 M of them) and the engine's grant, runs on the
+// The costly part, a hand-off's places (a request of 8,192 blocks of an
+// 80-layer model is its blocks' spans in one tensor, repeated in the 159
+// others: block_places()) and the engine's grant, runs on the
 // worker's pump (grant_waiting()), never on the caller of hand_off() or
 // released(), which only record: released() waits only for a grant of
 // that same request under way, so that when it returns no reader is sent a
@@ -70,10 +71,15 @@ class ReadGrants {
   size_t held() const;
 
  private:
+  // A hand-off's places as the engine grants them: ranges and repeats.
+  struct Places {
+    std::vector<WriteGrant> ranges;
+    std::vector<GrantRepeat> repeats;
+  };
   struct HandOff {
     uint64_t seq = 0;  // its key in held_order_
     std::shared_ptr<const Blocks> blocks;
-    std::shared_ptr<const std::vector<WriteGrant>> ranges;  // made by the first grant
+    std::shared_ptr<const Places> places;  // made by the first grant
     std::map<Reader, GrantId> grants;
     std::set<Reader> waiting;  // heard, not granted yet
     bool granting = false;     // grant_waiting() works on it outside the lock
@@ -82,8 +88,8 @@ class ReadGrants {
     uint64_t seq = 0;
     std::set<Reader> readers;
   };
-  // The engine ranges of `blocks` (block_spans(), group by group).
-  Result<std::vector<WriteGrant>> ranges_of(const Blocks& blocks) const;
+  // The engine places of `blocks` (block_places(), group by group).
+  Result<Places> places_of(const Blocks& blocks) const;
   // Requires mu_: ends the hand-off's grants.
   void revoke_locked(HandOff& h);
 

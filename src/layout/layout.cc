@@ -203,7 +203,29 @@ std::optional<uint64_t> axis_stride(const Component& component, AxisKind kind) {
   return std::nullopt;
 }
 
-Result<std::vector<TensorSpan>> block_spans(const Layout& layout, const Group& group, std::span<const int64_t> blocks) {
+namespace {
+
+bool span_before(const TensorSpan& x, const TensorSpan& y) {
+  return std::tie(x.tensor, x.offset) < std::tie(y.tensor, y.offset);
+}
+
+// Merges sorted spans where they touch.
+void merge_sorted(std::vector<TensorSpan>& v, size_t from = 0) {
+  size_t n = from;
+  for (size_t i = from; i < v.size(); ++i) {
+    const TensorSpan s = v[i];
+    if (n > from && v[n - 1].tensor == s.tensor && s.offset <= v[n - 1].offset + v[n - 1].bytes) {
+      v[n - 1].bytes = std::max(v[n - 1].bytes, s.offset + s.bytes - v[n - 1].offset);
+    } else {
+      v[n++] = s;
+    }
+  }
+  v.resize(n);
+}
+
+// The ids of `blocks` at or above 0, sorted, each once; kOutOfRange naming
+// the group for one not below num_blocks.
+Result<std::vector<uint64_t>> block_ids(const Group& group, std::span<const int64_t> blocks) {
   std::vector<uint64_t> ids;
   ids.reserve(blocks.size());
   for (int64_t b : blocks) {
@@ -214,31 +236,18 @@ Result<std::vector<TensorSpan>> block_spans(const Layout& layout, const Group& g
     }
     ids.push_back(static_cast<uint64_t>(b));
   }
-  // A block's bytes in one tensor are the same pattern for every block,
-  // moved by the block stride: the runs of one block of every component
-  // that shares the tensor and the stride (k and v interleaved per token
-  // make one run together, where each alone is a run per token) are
-  // merged once, then laid out block by block. In id order each pattern's
-  // copies come out sorted when they do not reach past the next block;
-  // the sequences are then merged, not sorted (a request of 8,192 blocks
-  // of an 80-layer model is 655,360 runs, or 1.3 M uninterleaved).
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  auto before = [](const TensorSpan& x, const TensorSpan& y) {
-    return std::tie(x.tensor, x.offset) < std::tie(y.tensor, y.offset);
-  };
-  auto merge_sorted = [](std::vector<TensorSpan>& v) {
-    size_t n = 0;
-    for (const TensorSpan& s : v) {
-      if (n > 0 && v[n - 1].tensor == s.tensor && s.offset <= v[n - 1].offset + v[n - 1].bytes) {
-        v[n - 1].bytes = std::max(v[n - 1].bytes, s.offset + s.bytes - v[n - 1].offset);
-      } else {
-        v[n++] = s;
-      }
-    }
-    v.resize(n);
-  };
-  // (tensor, block stride) -> the runs of block 0 of its components.
+  return ids;
+}
+
+// A block's bytes in one tensor are the same pattern for every block,
+// moved by the block stride: per (tensor, block stride), the runs of block
+// 0 of every component that shares them (k and v interleaved per token
+// make one run together, where each alone is a run per token), sorted and
+// merged.
+std::map<std::pair<uint32_t, uint64_t>, std::vector<TensorSpan>> block_patterns(const Layout& layout,
+                                                                                const Group& group) {
   std::map<std::pair<uint32_t, uint64_t>, std::vector<TensorSpan>> patterns;
   for (const Layer& layer : group.layers) {
     if (!layer.held) continue;
@@ -274,28 +283,47 @@ Result<std::vector<TensorSpan>> block_spans(const Layout& layout, const Group& g
       }
     }
   }
-  size_t total = 0;
   for (auto& [key, pattern] : patterns) {
-    std::sort(pattern.begin(), pattern.end(), before);
+    std::sort(pattern.begin(), pattern.end(), span_before);
     merge_sorted(pattern);
-    total += ids.size() * pattern.size();
   }
+  return patterns;
+}
+
+// Appends `pattern` laid out at each of `ids` (sorted) by `stride`, sorted
+// and merged.
+void lay_out(const std::vector<TensorSpan>& pattern, uint64_t stride, const std::vector<uint64_t>& ids,
+             std::vector<TensorSpan>& out) {
+  const size_t start = out.size();
+  for (uint64_t b : ids) {
+    for (const TensorSpan& p : pattern) out.push_back({p.tensor, p.offset + b * stride, p.bytes});
+  }
+  // In id order the copies come out sorted when they do not reach past the
+  // next block.
+  const auto first = out.begin() + static_cast<std::ptrdiff_t>(start);
+  if (!std::is_sorted(first, out.end(), span_before)) std::sort(first, out.end(), span_before);
+}
+
+}  // namespace
+
+Result<std::vector<TensorSpan>> block_spans(const Layout& layout, const Group& group, std::span<const int64_t> blocks) {
+  KVB_ASSIGN_OR_RETURN(std::vector<uint64_t> ids, block_ids(group, blocks));
+  const auto patterns = block_patterns(layout, group);
+  // Each pattern's sequence is sorted; the sequences are then merged, not
+  // sorted (a request of 8,192 blocks of an 80-layer model is 655,360
+  // runs, or 1.3 M uninterleaved).
+  size_t total = 0;
+  for (const auto& [key, pattern] : patterns) total += ids.size() * pattern.size();
   std::vector<TensorSpan> out;
   out.reserve(total);
   std::vector<size_t> starts;  // where each pattern's sequence starts in `out`
   for (const auto& [key, pattern] : patterns) {
-    const uint64_t stride = key.second;
-    const size_t start = out.size();
-    starts.push_back(start);
-    for (uint64_t b : ids) {
-      for (const TensorSpan& p : pattern) out.push_back({p.tensor, p.offset + b * stride, p.bytes});
-    }
-    const auto first = out.begin() + static_cast<std::ptrdiff_t>(start);
-    if (!std::is_sorted(first, out.end(), before)) std::sort(first, out.end(), before);
+    starts.push_back(out.size());
+    lay_out(pattern, key.second, ids, out);
   }
   // Bottom-up merges of the sorted sequences; none when they follow each
   // other already (a tensor per layer, or one stride per tensor).
-  if (!std::is_sorted(out.begin(), out.end(), before)) {
+  if (!std::is_sorted(out.begin(), out.end(), span_before)) {
     starts.push_back(out.size());
     while (starts.size() > 2) {
       std::vector<size_t> next;
@@ -304,7 +332,7 @@ Result<std::vector<TensorSpan>> block_spans(const Layout& layout, const Group& g
         if (i + 2 < starts.size()) {
           std::inplace_merge(out.begin() + static_cast<std::ptrdiff_t>(starts[i]),
                              out.begin() + static_cast<std::ptrdiff_t>(starts[i + 1]),
-                             out.begin() + static_cast<std::ptrdiff_t>(starts[i + 2]), before);
+                             out.begin() + static_cast<std::ptrdiff_t>(starts[i + 2]), span_before);
         }
       }
       if (next.back() != out.size()) next.push_back(out.size());
@@ -312,6 +340,34 @@ Result<std::vector<TensorSpan>> block_spans(const Layout& layout, const Group& g
     }
   }
   merge_sorted(out);
+  return out;
+}
+
+Result<BlockPlaces> block_places(const Layout& layout, const Group& group, std::span<const int64_t> blocks) {
+  KVB_ASSIGN_OR_RETURN(std::vector<uint64_t> ids, block_ids(group, blocks));
+  const auto patterns = block_patterns(layout, group);
+  // Patterns of one shape (block stride, and runs relative to the first):
+  // the first laid out, the others repeats of it at their own offset.
+  struct Laid {
+    uint64_t first, count, base;
+  };
+  std::map<std::pair<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>>, Laid> shapes;
+  BlockPlaces out;
+  for (const auto& [key, pattern] : patterns) {
+    if (pattern.empty()) continue;
+    const uint64_t base = pattern.front().offset;
+    std::vector<std::pair<uint64_t, uint64_t>> shape;
+    shape.reserve(pattern.size());
+    for (const TensorSpan& p : pattern) shape.emplace_back(p.offset - base, p.bytes);
+    auto [it, made] = shapes.try_emplace({key.second, std::move(shape)}, Laid{out.spans.size(), 0, base});
+    if (made) {
+      lay_out(pattern, key.second, ids, out.spans);
+      merge_sorted(out.spans, it->second.first);
+      it->second.count = out.spans.size() - it->second.first;
+    } else if (it->second.count > 0) {
+      out.repeats.push_back({it->second.first, it->second.count, key.first, base - it->second.base});
+    }
+  }
   return out;
 }
 

@@ -2,7 +2,8 @@
 // property tests make (random_layout.h: any nesting order, padding, kernel
 // pages, overlays, PP stages, context shards): the spans of some blocks are
 // exactly the bytes of those blocks' cells, no byte of another block of the
-// group and no padding.
+// group and no padding; block_places() names the same bytes, repeating
+// one tensor's spans in the others.
 #include <gtest/gtest.h>
 
 #include "plan/property_support.h"
@@ -13,7 +14,7 @@ namespace {
 using namespace ::kvbridge::property;
 
 TEST(BlockSpansTest, TheSpansOfSomeBlocksAreExactlyTheirCellsInRandomLayouts) {
-  uint64_t checked = 0;
+  uint64_t checked = 0, repeated = 0;
   for (uint64_t i : case_indices(std::min<uint64_t>(num_cases(), 300))) {
     gen::Rng rng(gen::case_seed(base_seed() ^ 0xb10c, i));
     const Case c = make_case(base_seed(), i, rng);
@@ -80,10 +81,39 @@ TEST(BlockSpansTest, TheSpansOfSomeBlocksAreExactlyTheirCellsInRandomLayouts) {
         }
       }
       EXPECT_LE(covered, chosen_bytes);  // overlays: another group's cells are not counted here
+      // block_places(): the same bytes (now marked 3), spans and repeats.
+      Result<BlockPlaces> places = block_places(l, g, chosen);
+      ASSERT_TRUE(places.ok()) << places.error().message();
+      std::vector<std::vector<uint8_t>> seen(l.tensors.size());
+      for (size_t t = 0; t < l.tensors.size(); ++t) seen[t].assign(l.tensors[t].bytes, 0);
+      auto see = [&](uint32_t tensor, uint64_t offset, uint64_t bytes) {
+        ASSERT_LT(tensor, l.tensors.size());
+        ASSERT_LE(offset + bytes, l.tensors[tensor].bytes) << c.describe();
+        for (uint64_t x = offset; x < offset + bytes; ++x) {
+          ASSERT_EQ(mark[tensor][x], 3) << c.describe() << " group '" << g.name << "': block_places names byte " << x
+                                        << " of tensor '" << l.tensors[tensor].name << "', no chosen block's";
+          seen[tensor][x] = 1;
+        }
+      };
+      for (const TensorSpan& s : places->spans) see(s.tensor, s.offset, s.bytes);
+      for (const BlockPlaces::Repeat& r : places->repeats) {
+        ASSERT_LE(r.first + r.count, places->spans.size());
+        for (uint64_t k = r.first; k < r.first + r.count; ++k) {
+          see(r.tensor, places->spans[k].offset + r.shift, places->spans[k].bytes);
+        }
+      }
+      for (size_t t = 0; t < mark.size(); ++t) {
+        for (uint64_t x = 0; x < mark[t].size(); ++x) {
+          ASSERT_EQ(seen[t][x] == 1, mark[t][x] == 3) << c.describe() << " group '" << g.name << "': byte " << x
+                                                      << " of tensor '" << l.tensors[t].name << "' not in block_places";
+        }
+      }
+      repeated += places->repeats.size();
       ++checked;
     }
   }
   EXPECT_GT(checked, 200u);
+  EXPECT_GT(repeated, checked) << "the cases' groups have layers of one shape: block_places repeats them";
 }
 
 TEST(BlockSpansTest, ABlockPastTheGroupIsRefusedByName) {
