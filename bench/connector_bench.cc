@@ -17,7 +17,12 @@
 // that nothing touches, and the decode engine's runs report their bytes
 // without copying them (testing fault skip-copies: maxrss_mb shows nothing
 // was copied), so what is measured is the host's work: planning, the
-// engine's resolve and submit, completion and the done messages. Counters:
+// engine's resolve and submit, completion and the done messages. The
+// streamed row loads the same request with LoadOptions::streaming(): every
+// prefill rank announces its 80 layers at once (save_layer()), and the load
+// moves in a stage per layer and chunk (5,120), each read on its own; the
+// whole decode instance exists (the announcements go to all its ranks).
+// Counters:
 //   first_ms   start_load() to its result, the first load of the shape
 //              (planned afresh, as every load was before stage templates)
 //   second_ms  the same for the second, which builds the shape's template
@@ -210,7 +215,7 @@ double process_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp) {
+void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp, bool stream = false) {
   constexpr uint64_t kTokens = 128 * 1024, kBlocks = kTokens / 16, kNumBlocks = kBlocks + 64;
   std::vector<std::unique_ptr<BigRank>> prefill;
   std::vector<std::string> addresses;
@@ -226,6 +231,22 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp) {
   if (!w.add_remote("prefill", addresses).ok() || !w.wait_connected("prefill", 60s).ok()) {
     return state.SkipWithError("cannot connect to the prefill instance");
   }
+  const std::vector<std::string> layers = layer_order((*d)->layout);
+  std::vector<std::unique_ptr<BigRank>> others;  // a streamed load's prefill ranks announce to the whole instance
+  std::vector<std::string> decode_addresses{w.side_channel_address()};
+  for (uint32_t r = 1; stream && r < decode_tp; ++r) {
+    Result<std::unique_ptr<BigRank>> o = big_rank("decode", decode_tp, r, kNumBlocks, "skip-copies=1");
+    if (!o.ok()) return state.SkipWithError(o.error().to_string().c_str());
+    decode_addresses.push_back((*o)->worker->side_channel_address());
+    others.push_back(std::move(*o));
+  }
+  if (stream) {
+    for (auto& p : prefill) {
+      Status added = p->worker->add_remote("decode", decode_addresses);
+      if (added.ok()) added = p->worker->wait_connected("decode", 60s);
+      if (!added.ok()) return state.SkipWithError(added.to_string().c_str());
+    }
+  }
   const Request q = shuffled(kTokens);  // one shape for every load
   uint64_t n = 0, later = 0;
   double first_ms = 0, second_ms = 0, wall = 0, cpu = 0, submit = 0, submit_cpu = 0;
@@ -234,7 +255,19 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp) {
     const std::string id = "req-" + std::to_string(n);
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = process_cpu_seconds();
-    if (!w.start_load(id, "prefill", q).ok()) return state.SkipWithError("start_load failed");
+    if (!w.start_load(id, "prefill", q, LoadOptions::streaming(stream)).ok()) {
+      return state.SkipWithError("start_load failed");
+    }
+    if (stream) {
+      // Every prefill rank has its layers ready at once: what is measured
+      // is a stage per layer, not the wait for them.
+      for (auto& p : prefill) {
+        if (!p->worker->stream_to(id, "decode").ok()) return state.SkipWithError("stream_to failed");
+        for (const std::string& l : layers) {
+          if (!p->worker->save_layer(id, l).ok()) return state.SkipWithError("save_layer failed");
+        }
+      }
+    }
     std::vector<LoadResult> r;
     while (r.empty()) {
       w.wait_results(100ms);
@@ -474,6 +507,9 @@ BENCHMARK_CAPTURE(BM_LoadHostCost, llama3_70b_128k / P_TP8 / D_TP8 / shuffled, 8
     ->Unit(benchmark::kMillisecond)
     ->Iterations(42);
 BENCHMARK_CAPTURE(BM_LoadHostCost, llama3_70b_128k / P_TP8 / D_TP2 / shuffled, 2)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(22);
+BENCHMARK_CAPTURE(BM_LoadHostCost, llama3_70b_128k / P_TP8 / D_TP8 / shuffled / streamed, 8, true)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(22);
 BENCHMARK(BM_PushHostCost)

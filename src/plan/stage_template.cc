@@ -12,8 +12,7 @@
 namespace kvbridge {
 
 struct StageTemplate::Impl {
-  Layout local;
-  std::vector<Layout> remotes;
+  std::shared_ptr<const plan_internal::TemplateLayouts> layouts;  // shared with each stage's template
   RequestShape shape;
   StageOptions options;
   bool uniform = true;
@@ -29,8 +28,8 @@ Result<StageTemplate> StageTemplate::create(const Layout& local, std::span<const
                                             const RequestShape& shape, const StageOptions& options) {
   using namespace plan_internal;
   auto t = std::make_shared<Impl>();
-  t->local = local;
-  t->remotes.assign(remotes.begin(), remotes.end());
+  t->layouts = std::make_shared<const TemplateLayouts>(
+      TemplateLayouts{local, std::vector<Layout>(remotes.begin(), remotes.end())});
   t->shape = shape;
   t->options = options;
   // The cuts are the shape's: the probe (blocks 0, 1, 2, ... where the shape
@@ -42,7 +41,7 @@ Result<StageTemplate> StageTemplate::create(const Layout& local, std::span<const
   const std::vector<std::string> order = layer_order(local);
   ShiftTables tables;  // the stages' equal tables of copies as one
   for (const StageCut& cut : stage_cuts(local, remotes, moves, probe, options, order)) {
-    KVB_ASSIGN_OR_RETURN(PlanTemplate stage, build_template(local, remotes, shape, &cut, &tables));
+    KVB_ASSIGN_OR_RETURN(PlanTemplate stage, build_template(local, remotes, shape, &cut, &tables, t->layouts));
     if (!stage.uniform()) {
       t->uniform = false;
       t->fallback_reason = stage.fallback_reason();
@@ -74,13 +73,13 @@ size_t StageTemplate::stages() const { return impl_->uniform ? std::max<size_t>(
 
 Result<std::vector<PlanStage>> StageTemplate::instantiate(const Request& request) const {
   const Impl& t = *impl_;
-  auto planned = [&] { return plan_stages(t.local, t.remotes, request, t.options); };
+  auto planned = [&] { return plan_stages(t.layouts->local, t.layouts->remotes, request, t.options); };
   if (!t.uniform) return planned();
   if (t.templates.empty()) {
     // Moving nothing: plan_stages()' one empty stage, after the checks a
     // request of the shape must pass.
     if (!t.whole->instantiate(request).ok()) return planned();
-    return std::vector<PlanStage>{plan_internal::empty_stage(t.local, t.remotes, request)};
+    return std::vector<PlanStage>{plan_internal::empty_stage(t.layouts->local, t.layouts->remotes, request)};
   }
   // The request checked once for every stage; one that does not fit, or
   // that plan_stages() refuses, gets plan_stages()' answer, word for word.

@@ -385,7 +385,7 @@ bool emit_fitted(const PlanTemplate::Impl& t, std::span<const std::span<const in
   out.descriptors.clear();
   if (runs == nullptr) out.descriptors.reserve(t.max_pieces);
   out.sources = t.totals;
-  std::vector<int64_t> last(t.local.tensors.size(), -1);
+  std::vector<int64_t> last(t.local().tensors.size(), -1);
   EmitOrder order;
   scratch.repeated_end = 0;
   if (runs != nullptr) runs->clear();
@@ -397,7 +397,7 @@ bool emit_fitted(const PlanTemplate::Impl& t, std::span<const std::span<const in
     }
   }
   if (runs != nullptr && (order.unordered || !order.by_tensor)) return false;
-  return finish_plan(t.local, order, out).ok();
+  return finish_plan(t.local(), order, out).ok();
 }
 
 Status instantiate(const PlanTemplate::Impl& t, const Request& r, Plan& out) {
@@ -405,7 +405,7 @@ Status instantiate(const PlanTemplate::Impl& t, const Request& r, Plan& out) {
   Scratch scratch;
   if (!fits(t, r, lists, scratch.bits_or_order)) return request_error(t, r);
   if (!t.uniform) {
-    KVB_ASSIGN_OR_RETURN(out, plan(t.local, t.remotes, r));
+    KVB_ASSIGN_OR_RETURN(out, plan(t.local(), t.remotes(), r));
     return Status();
   }
   // Bytes written twice (overlaid groups given one id) fail as in plan(),

@@ -118,11 +118,19 @@ class ShiftTables {
   std::map<std::vector<uint64_t>, std::shared_ptr<const std::vector<TensorShift>>> tables_;
 };
 
+// The layouts a template was made for, copied once.
+struct TemplateLayouts {
+  Layout local;
+  std::vector<Layout> remotes;
+};
+
 // PlanTemplate::create(); with `cut`, the template of that stage of the
 // shape (StageTemplate): its moves narrowed to the cut's tokens and layers,
-// its tables of copies from `tables` (when given).
+// its tables of copies from `tables` (when given), its copies of the
+// layouts `layouts` (when given: the same layouts, shared by the stages).
 Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
-                                    const StageCut* cut = nullptr, ShiftTables* tables = nullptr);
+                                    const StageCut* cut = nullptr, ShiftTables* tables = nullptr,
+                                    std::shared_ptr<const TemplateLayouts> layouts = nullptr);
 
 // True when `r` fits the shape of `t` and its ids are in range and distinct
 // per list: then plan() accepts it (everything else plan() checks depends
@@ -149,8 +157,11 @@ bool instantiate_all_compact(std::span<const PlanTemplate> templates, const Requ
 }  // namespace plan_internal
 
 struct PlanTemplate::Impl {
-  Layout local;                 // copies of create()'s layouts: for plan()'s
-  std::vector<Layout> remotes;  // error messages, and the fallback
+  // Copies of create()'s layouts (for plan()'s error messages, and the
+  // fallback), one set for every stage of a StageTemplate.
+  std::shared_ptr<const plan_internal::TemplateLayouts> layouts;
+  const Layout& local() const { return layouts->local; }
+  const std::vector<Layout>& remotes() const { return layouts->remotes; }
   RequestShape shape;
   bool uniform = true;
   std::string fallback_reason;

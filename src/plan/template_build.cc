@@ -324,13 +324,15 @@ std::shared_ptr<const std::vector<TensorShift>> ShiftTables::intern(std::vector<
 }
 
 Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
-                                    const StageCut* cut, ShiftTables* tables) {
+                                    const StageCut* cut, ShiftTables* tables,
+                                    std::shared_ptr<const TemplateLayouts> layouts) {
   KVB_ASSIGN_OR_RETURN(Request probe, probe_request(local, remotes, shape));
   KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
   KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, probe));
   auto t = std::make_shared<PlanTemplate::Impl>();
-  t->local = local;
-  t->remotes.assign(remotes.begin(), remotes.end());
+  t->layouts = layouts ? std::move(layouts)
+                       : std::make_shared<const TemplateLayouts>(
+                             TemplateLayouts{local, std::vector<Layout>(remotes.begin(), remotes.end())});
   t->shape = shape;
   t->totals.resize(remotes.size());
   for (size_t r = 0; r < remotes.size(); ++r)

@@ -123,7 +123,7 @@ Status shape_difference(const RequestShape& shape, const Request& r) {
 // list one longer moves another block, which may alias one of another
 // group), else the first difference from the shape.
 Status request_error(const PlanTemplate::Impl& t, const Request& r) {
-  Result<Plan> planned = plan(t.local, t.remotes, r);
+  Result<Plan> planned = plan(t.local(), t.remotes(), r);
   if (!planned.ok()) return planned.error();
   return shape_difference(t.shape, r);
 }
