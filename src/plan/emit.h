@@ -68,9 +68,12 @@ struct Unit {
 };
 
 // Builds the units of one group move (fused component runs per layer), in
-// the order emission visits them: by local tensor, then local offset.
+// the order emission visits them: by local tensor, then local offset. With
+// `layers` (one flag per layer of the local group), only the layers flagged
+// (a stage's: the others are not looked at).
 Result<std::vector<Unit>> make_units(const Layout& local, std::span<const Layout> remotes,
-                                     std::span<const uint16_t> by_rank, const GroupMove& m);
+                                     std::span<const uint16_t> by_rank, const GroupMove& m,
+                                     std::span<const uint8_t> layers = {});
 
 // Units [begin, end) of one local tensor. A block-major row (units of one
 // tensor closer together than a block) is walked block-outer: for each entry,

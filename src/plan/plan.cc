@@ -52,10 +52,12 @@ bool continues(const Component& first, uint64_t end, const Component& b) {
 }  // namespace
 
 Result<std::vector<Unit>> make_units(const Layout& local, std::span<const Layout> remotes,
-                                     std::span<const uint16_t> by_rank, const GroupMove& m) {
+                                     std::span<const uint16_t> by_rank, const GroupMove& m,
+                                     std::span<const uint8_t> layers) {
   const Group& g = local.groups[m.local_group];
   std::vector<Unit> units;
   for (size_t l = 0; l < g.layers.size(); ++l) {
+    if (!layers.empty() && layers[l] == 0) continue;
     const std::vector<Component>& comps = g.layers[l].components;
     for (size_t c = 0; c < comps.size();) {
       if (comps[c].empty()) {
@@ -146,8 +148,7 @@ Status emit_sharded(Emitter& e, const Layout& local, std::span<const Layout> rem
   for (const ContextPiece& piece : pieces) {
     if (!units[piece.shard].empty()) continue;
     m.shard = piece.shard;
-    KVB_ASSIGN_OR_RETURN(units[piece.shard], make_units(local, remotes, by_rank, m));
-    if (!layers.empty()) std::erase_if(units[piece.shard], [&](const Unit& u) { return layers[u.layer] == 0; });
+    KVB_ASSIGN_OR_RETURN(units[piece.shard], make_units(local, remotes, by_rank, m, layers));
     if (units[piece.shard].empty()) return Status();
   }
   const std::vector<Unit>& shape = units[pieces.front().shard];
@@ -190,8 +191,7 @@ Status emit_group(Emitter& e, const Layout& local, std::span<const Layout> remot
     m.begin = begin, m.end = end, m.delta = 0, m.shard = 0;
     return s;
   }
-  KVB_ASSIGN_OR_RETURN(std::vector<Unit> units, make_units(local, remotes, by_rank, m));
-  if (!layers.empty()) std::erase_if(units, [&](const Unit& u) { return layers[u.layer] == 0; });
+  KVB_ASSIGN_OR_RETURN(std::vector<Unit> units, make_units(local, remotes, by_rank, m, layers));
   if (units.empty()) return Status();
   const std::vector<uint64_t> entries = sorted_entries(m);
   // Reserve for the pieces if nothing merged, so that a plan that cannot

@@ -28,20 +28,18 @@ Result<StageTemplate> StageTemplate::create(const Layout& local, std::span<const
                                             const RequestShape& shape, const StageOptions& options) {
   using namespace plan_internal;
   auto t = std::make_shared<Impl>();
-  t->layouts = std::make_shared<const TemplateLayouts>(
-      TemplateLayouts{local, std::vector<Layout>(remotes.begin(), remotes.end())});
-  t->shape = shape;
-  t->options = options;
   // The cuts are the shape's: the probe (blocks 0, 1, 2, ... where the shape
   // lists blocks) cuts as every request of the shape does. Its errors are
   // plan()'s for the shape, as PlanTemplate::create()'s.
-  KVB_ASSIGN_OR_RETURN(Request probe, probe_request(local, remotes, shape));
-  KVB_RETURN_IF_ERROR(check_remotes(local, remotes).status());
-  KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, probe));
+  KVB_ASSIGN_OR_RETURN(StagePrep prep, prepare_stages(local, remotes, shape));
+  t->layouts = prep.layouts;
+  t->shape = shape;
+  t->options = options;
+  const Request& probe = prep.probe;
+  const std::vector<GroupMove> moves = prep.moves;  // stage_cuts() reads them as they are
   const std::vector<std::string> order = layer_order(local);
-  ShiftTables tables;  // the stages' equal tables of copies as one
   for (const StageCut& cut : stage_cuts(local, remotes, moves, probe, options, order)) {
-    KVB_ASSIGN_OR_RETURN(PlanTemplate stage, build_template(local, remotes, shape, &cut, &tables, t->layouts));
+    KVB_ASSIGN_OR_RETURN(PlanTemplate stage, build_template(local, remotes, shape, &cut, &prep));
     if (!stage.uniform()) {
       t->uniform = false;
       t->fallback_reason = stage.fallback_reason();

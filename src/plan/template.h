@@ -25,6 +25,7 @@
 #include "kvbridge/layout.h"
 #include "kvbridge/layout_json.h"
 #include "kvbridge/plan.h"
+#include "plan/internal.h"
 
 namespace kvbridge {
 namespace plan_internal {
@@ -124,13 +125,25 @@ struct TemplateLayouts {
   std::vector<Layout> remotes;
 };
 
-// PlanTemplate::create(); with `cut`, the template of that stage of the
-// shape (StageTemplate): its moves narrowed to the cut's tokens and layers,
-// its tables of copies from `tables` (when given), its copies of the
-// layouts `layouts` (when given: the same layouts, shared by the stages).
+// What the stages of one shape share, made once (StageTemplate::create()):
+// the probe request, the remote ranks' order, its group moves (each stage
+// narrows them to its cut and restores them), the tables of copies, and one
+// copy of the layouts.
+struct StagePrep {
+  Request probe;
+  std::vector<uint16_t> by_rank;
+  std::vector<GroupMove> moves;
+  ShiftTables tables;
+  std::shared_ptr<const TemplateLayouts> layouts;
+};
+Result<StagePrep> prepare_stages(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape);
+
+// PlanTemplate::create(); with `cut` and `prep` (of the same layouts and
+// shape), the template of that stage of the shape (StageTemplate): its
+// moves narrowed to the cut's tokens and layers, its tables of copies and
+// its layouts `prep`'s.
 Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
-                                    const StageCut* cut = nullptr, ShiftTables* tables = nullptr,
-                                    std::shared_ptr<const TemplateLayouts> layouts = nullptr);
+                                    const StageCut* cut = nullptr, StagePrep* prep = nullptr);
 
 // True when `r` fits the shape of `t` and its ids are in range and distinct
 // per list: then plan() accepts it (everything else plan() checks depends

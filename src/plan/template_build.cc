@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "common/text.h"
@@ -323,16 +324,30 @@ std::shared_ptr<const std::vector<TensorShift>> ShiftTables::intern(std::vector<
   return it->second;
 }
 
+Result<StagePrep> prepare_stages(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape) {
+  StagePrep p;
+  KVB_ASSIGN_OR_RETURN(p.probe, probe_request(local, remotes, shape));
+  KVB_ASSIGN_OR_RETURN(p.by_rank, check_remotes(local, remotes));
+  KVB_ASSIGN_OR_RETURN(p.moves, group_moves(local, remotes, p.probe));
+  p.layouts = std::make_shared<const TemplateLayouts>(
+      TemplateLayouts{local, std::vector<Layout>(remotes.begin(), remotes.end())});
+  return p;
+}
+
 Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout> remotes, const RequestShape& shape,
-                                    const StageCut* cut, ShiftTables* tables,
-                                    std::shared_ptr<const TemplateLayouts> layouts) {
-  KVB_ASSIGN_OR_RETURN(Request probe, probe_request(local, remotes, shape));
-  KVB_ASSIGN_OR_RETURN(std::vector<uint16_t> by_rank, check_remotes(local, remotes));
-  KVB_ASSIGN_OR_RETURN(std::vector<GroupMove> moves, group_moves(local, remotes, probe));
+                                    const StageCut* cut, StagePrep* prep) {
+  std::optional<StagePrep> own;
+  if (prep == nullptr) {
+    KVB_ASSIGN_OR_RETURN(StagePrep made, prepare_stages(local, remotes, shape));
+    own = std::move(made);
+  }
+  StagePrep& p = prep != nullptr ? *prep : *own;
+  ShiftTables* tables = prep != nullptr ? &prep->tables : nullptr;
+  const Request& probe = p.probe;
+  const std::vector<uint16_t>& by_rank = p.by_rank;
+  std::vector<GroupMove>& moves = p.moves;
   auto t = std::make_shared<PlanTemplate::Impl>();
-  t->layouts = layouts ? std::move(layouts)
-                       : std::make_shared<const TemplateLayouts>(
-                             TemplateLayouts{local, std::vector<Layout>(remotes.begin(), remotes.end())});
+  t->layouts = p.layouts;
   t->shape = shape;
   t->totals.resize(remotes.size());
   for (size_t r = 0; r < remotes.size(); ++r)
@@ -348,6 +363,13 @@ Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout>
   }
   for (size_t k = 0; k < moves.size(); ++k) {
     GroupMove& m = moves[k];
+    // The cut narrows the shared move for this stage only.
+    struct Restore {
+      GroupMove& m;
+      const uint64_t begin, end, delta;
+      const uint32_t shard;
+      ~Restore() { m.begin = begin, m.end = end, m.delta = delta, m.shard = shard; }
+    } restore{m, m.begin, m.end, m.delta, m.shard};
     const Group& g = local.groups[m.local_group];
     const size_t gi = static_cast<size_t>(std::distance(t->shape.groups.begin(), t->shape.groups.find(g.name)));
     if (g.kind == GroupKind::kState && m.end > m.begin) {
@@ -370,11 +392,11 @@ Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout>
     if (end_entry(m) - first_entry(m) > UINT32_MAX) {
       return Status::resource_exhausted("group " + q(g.name) + ": more than 2^32 list entries move");
     }
-    KVB_ASSIGN_OR_RETURN(std::vector<Unit> units, make_units(local, remotes, by_rank, m));
-    if (cut != nullptr && !cut->masks.empty()) {
-      std::erase_if(units, [&](const Unit& u) { return cut->masks[k][u.layer] == 0; });
-      if (units.empty()) continue;  // none of the stage's layers is this group's
-    }
+    const bool masked = cut != nullptr && !cut->masks.empty();
+    KVB_ASSIGN_OR_RETURN(std::vector<Unit> units,
+                         make_units(local, remotes, by_rank, m,
+                                    masked ? std::span<const uint8_t>(cut->masks[k]) : std::span<const uint8_t>()));
+    if (masked && units.empty()) continue;  // none of the stage's layers is this group's
     TemplateMove tm;
     tm.group = gi;
     if (!build_move(m, units, g.name, *t, tm, tables)) {
