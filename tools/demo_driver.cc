@@ -1,10 +1,8 @@
-// The driver of `kvbridge demo` (demo.h): forks the ranks, plays both
+// The driver of `kvbridge demo` (demo.h): forks the ranks (demo_ranks.h), plays both
 // instances' schedulers and block allocators, runs the requests one after the
 // other (each decode rank of the target instance loads in parallel), injects
 // the chosen fault, and collects what the report needs.
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,8 +17,8 @@
 #include "demo_blocks.h"
 #include "demo_driver.h"
 #include "demo_flood.h"
+#include "demo_ranks.h"
 #include "kvbridge/presets.h"
-#include "proc_info.h"
 
 namespace kvbridge::cli::demo {
 namespace {
@@ -28,16 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 using namespace std::chrono_literals;
-
-struct Proc {
-  pid_t pid = -1;
-  Channel ch;
-  std::string instance, engine, side_channel;
-  std::vector<std::string> listeners;
-  uint32_t rank = 0, decode_instance = 0;
-  bool prefill = false, alive = true, ready = false, killed = false;
-  std::optional<json> final;
-};
 
 // What is in flight for the current request.
 struct Current {
@@ -80,10 +68,6 @@ class Driver {
   ~Driver() {
     if (flooding_) stop_flood();
     demo::stop(pauser_);
-    for (auto& p : procs_) {
-      if (p->alive && p->pid > 0) ::kill(p->pid, SIGKILL);
-      if (p->pid > 0) ::waitpid(p->pid, nullptr, 0);
-    }
   }
 
   const Summary& summary() const { return sum_; }
@@ -119,45 +103,14 @@ class Driver {
   }
 
   // Forks every rank before any thread exists in this process.
-  Status spawn() {
-    auto add = [&](bool prefill, uint32_t inst, uint32_t rank) -> Status {
-      int sv[2];
-      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return Status::io_error("socketpair failed");
-      auto p = std::make_unique<Proc>();
-      p->prefill = prefill;
-      p->rank = rank;
-      p->decode_instance = inst;
-      p->instance = prefill ? "prefill" : "decode-" + std::to_string(inst);
-      std::fflush(nullptr);
-      const pid_t pid = ::fork();
-      if (pid < 0) return Status::io_error("fork failed");
-      if (pid == 0) {
-        if (a_.pin_cores) pin_to_core(procs_.size());  // --pin-cores
-        ::close(sv[0]);
-        for (auto& other : procs_) other->ch.close();
-        RankConfig c{p->instance, prefill, rank, sum_.num_blocks, sum_.state_blocks, prefill ? a_.prefill : a_.decode,
-                     &a_};
-        rank_main(c, sv[1]);
-      }
-      ::close(sv[1]);
-      p->pid = pid;
-      p->ch = Channel(sv[0]);
-      procs_.push_back(std::move(p));
-      return Status();
-    };
-    for (uint32_t r = 0; r < a_.prefill.ranks(); ++r) KVB_RETURN_IF_ERROR(add(true, 0, r));
-    for (uint32_t i = 0; i < a_.decode_instances; ++i) {
-      for (uint32_t r = 0; r < a_.decode.ranks(); ++r) KVB_RETURN_IF_ERROR(add(false, i, r));
-    }
-    return Status();
-  }
+  Status spawn() { return ranks_.spawn(a_, sum_.num_blocks, sum_.state_blocks); }
 
   Status wait_ready() {
     const auto deadline = Clock::now() + 120s;
-    while (std::any_of(procs_.begin(), procs_.end(), [](auto& p) { return p->alive && !p->ready; })) {
+    while (std::any_of(ranks_.all().begin(), ranks_.all().end(), [](auto& p) { return p->alive && !p->ready; })) {
       if (Clock::now() > deadline) return Status::timeout("ranks did not start within 120 s");
       pump(5ms);
-      for (auto& p : procs_) {
+      for (auto& p : ranks_.all()) {
         if (!p->alive && !p->ready) {
           std::string why;
           for (const std::string& e : sum_.rank_errors) why += (why.empty() ? "" : "; ") + e;
@@ -165,57 +118,18 @@ class Driver {
         }
       }
     }
-    std::vector<std::string> addrs;
-    for (auto& p : procs_) {
-      if (p->prefill) addrs.push_back(p->side_channel);
-    }
-    // Push mode: prefill ranks plan as the decode ranks do, over every
-    // prefill rank, so they know their own instance too. With --etcd, prefill
-    // rank 0 registers the instance there and decode ranks find it.
-    const std::string prefix = "/kvbridge-demo-" + std::to_string(::getpid());
-    for (auto& p : procs_) {
-      if (!a_.etcd.empty() && p->prefill && p->rank == 0) {
-        KVB_RETURN_IF_ERROR(p->ch.send(
-            {{"cmd", "register"}, {"etcd", a_.etcd}, {"prefix", prefix}, {"instance", "prefill"}, {"ranks", addrs}}));
-      }
-    }
-    for (auto& p : procs_) {
-      if (!a_.etcd.empty() && !p->prefill) {
-        KVB_RETURN_IF_ERROR(
-            p->ch.send({{"cmd", "discover"}, {"etcd", a_.etcd}, {"prefix", prefix}, {"instance", "prefill"}}));
-      } else if (!p->prefill || a_.mode == "push") {
-        KVB_RETURN_IF_ERROR(p->ch.send({{"cmd", "remote"}, {"instance", "prefill"}, {"ranks", addrs}}));
-      }
-    }
-    // Streaming prefill ranks announce layers to the decode instances.
-    for (uint32_t i = 0; i < a_.decode_instances; ++i) {
-      std::vector<std::string> decode;
-      for (auto& p : procs_) {
-        if (!p->prefill && p->decode_instance == i) decode.push_back(p->side_channel);
-      }
-      for (auto& p : procs_) {
-        if (!p->prefill) continue;
-        KVB_RETURN_IF_ERROR(
-            p->ch.send({{"cmd", "remote"}, {"instance", "decode-" + std::to_string(i)}, {"ranks", decode}}));
-      }
-    }
-    return Status();
+    return ranks_.connect(a_);
   }
 
   // Reads every rank's messages for up to `wait`, dispatches them, and
   // frees what the schedulers release.
   void pump(std::chrono::milliseconds wait) {
-    std::vector<pollfd> fds;
-    for (auto& p : procs_) fds.push_back({p->ch.fd(), POLLIN, 0});
-    ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
-    const auto now = Clock::now();
-    for (auto& p : procs_) {
-      if (!p->alive) continue;
-      std::vector<json> in;
-      Status s = p->ch.receive(in);
-      for (json& m : in) dispatch(*p, m, now);
-      if (!s.ok()) lost(*p);
-    }
+    // One time for the round: when the poll returned.
+    std::optional<Clock::time_point> read;
+    auto at_read = [&read] { return read ? *read : *(read = Clock::now()); };
+    ranks_.poll(
+        wait, [&](Proc& p, json& m) { dispatch(p, m, at_read()); }, [this](Proc& p) { lost(p); });
+    const auto now = at_read();
     for (const Release& r : psched_.take_releases(now)) {
       ++sum_.releases[std::string(release_reason_name(r.reason))];
       auto it = prefill_blocks_.find(r.request);
@@ -300,13 +214,7 @@ class Driver {
         std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(m["at_ns"].get<int64_t>())));
   }
 
-  std::vector<Proc*> ranks_of(bool prefill, uint32_t inst) {
-    std::vector<Proc*> out;
-    for (auto& p : procs_) {
-      if (p->alive && p->prefill == prefill && (prefill || p->decode_instance == inst)) out.push_back(p.get());
-    }
-    return out;
-  }
+  std::vector<Proc*> ranks_of(bool prefill, uint32_t inst) const { return ranks_.of(prefill, inst); }
 
   // Sends `cmd` to `ranks` and waits for one reply from each still alive.
   Status round(const std::vector<Proc*>& ranks, const json& cmd, std::chrono::milliseconds timeout) {
@@ -537,7 +445,7 @@ class Driver {
   // --inject pause, forked while this process still has no thread.
   Status start_hostiles() {
     std::vector<Flood::Target> targets;
-    for (auto& p : procs_) {
+    for (auto& p : ranks_.all()) {
       const std::string& host = (p->prefill ? a_.prefill : a_.decode).host;
       for (const std::string& l : p->listeners) {
         sum_.listeners.push_back(p->engine + " " + l);
@@ -571,14 +479,15 @@ class Driver {
   }
 
   void finish() {
-    for (auto& p : procs_) {
+    for (auto& p : ranks_.all()) {
       if (p->alive) (void)p->ch.send({{"cmd", "finish"}});
     }
     const auto deadline = Clock::now() + 60s;
-    while (Clock::now() < deadline && std::any_of(procs_.begin(), procs_.end(), [](auto& p) { return p->alive; })) {
+    while (Clock::now() < deadline &&
+           std::any_of(ranks_.all().begin(), ranks_.all().end(), [](auto& p) { return p->alive; })) {
       pump(5ms);
     }
-    for (auto& p : procs_) {
+    for (auto& p : ranks_.all()) {
       if (p->final) add_final(sum_, p->engine, *p->final);
     }
   }
@@ -593,7 +502,7 @@ class Driver {
   std::vector<InstancePools> dpools_;
   PrefillScheduler psched_;
   std::vector<DecodeScheduler> dscheds_;
-  std::vector<std::unique_ptr<Proc>> procs_;
+  Ranks ranks_;
   std::map<RequestId, HeldBlocks> prefill_blocks_;
   HeldBlocks decode_blocks_;
   std::map<RequestId, std::vector<json>> loads_;
