@@ -36,9 +36,9 @@ Result<StageTemplate> StageTemplate::create(const Layout& local, std::span<const
   t->shape = shape;
   t->options = options;
   const Request& probe = prep.probe;
-  const std::vector<GroupMove> moves = prep.moves;  // stage_cuts() reads them as they are
   const std::vector<std::string> order = layer_order(local);
-  for (const StageCut& cut : stage_cuts(local, remotes, moves, probe, options, order)) {
+  // The cuts are made once, before any stage narrows prep's moves.
+  for (const StageCut& cut : stage_cuts(local, remotes, prep.moves, probe, options, order)) {
     KVB_ASSIGN_OR_RETURN(PlanTemplate stage, build_template(local, remotes, shape, &cut, &prep));
     if (!stage.uniform()) {
       t->uniform = false;

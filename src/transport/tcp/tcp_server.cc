@@ -203,16 +203,18 @@ void TcpServer::revoke(uint64_t grant) {
 Status TcpServer::check_granted_locked(const std::vector<Range>& ranges, const std::string& label, bool write) const {
   const auto& grants = grants_[write ? 0 : 1];
   const uint8_t by_grant = write ? kAccessByGrant : kAccessReadByGrant;
-  auto by_label = grants.find(label);
-  std::vector<const GrantSet*> sets;
-  if (by_label != grants.end()) {
-    sets.reserve(by_label->second.size());
-    for (const auto& [id, set] : by_label->second) sets.push_back(set.get());
-  }
+  std::vector<const GrantSet*> sets;  // the label's grants, gathered at the first range that needs one
+  bool gathered = false;
   for (size_t i = 0; i < ranges.size(); ++i) {
     const Range& r = ranges[i];
     auto seg = segments_.find(r.segment);
     if (seg == segments_.end() || (seg->second.access & by_grant) == 0) continue;
+    if (!gathered) {
+      gathered = true;
+      if (auto by_label = grants.find(label); by_label != grants.end()) {
+        for (const auto& [id, set] : by_label->second) sets.push_back(set.get());
+      }
+    }
     if (!granted(sets, r.segment, r.address, r.bytes)) {
       return Status::permission_denied("tcp request: range " + std::to_string(i) + " [" + std::to_string(r.address) +
                                        ", +" + std::to_string(r.bytes) + ") of segment " + std::to_string(r.segment) +
