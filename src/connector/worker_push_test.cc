@@ -25,7 +25,10 @@ InstanceOptions push_opts(std::string id, uint32_t tp, RemoteAccess access) {
 // Two prefill ranks pushing into `decode_tp` decode ranks. Every rank knows
 // both instances: a prefill rank plans over its own instance's ranks.
 struct Pushing {
-  std::vector<std::unique_ptr<Rank>> prefill, decode;
+  // The writers last, so they are destroyed first: a push still writing
+  // when a test ends (one whose load failed at its first bad stage) ends
+  // before the decode ranks' memory goes.
+  std::vector<std::unique_ptr<Rank>> decode, prefill;
   std::vector<std::string> layers;
   explicit Pushing(uint32_t decode_tp = 1, InstanceOptions d = {}, InstanceOptions p = {}) {
     if (d.id.empty()) d = push_opts("decode", decode_tp, RemoteAccess::kWrite);
