@@ -349,8 +349,19 @@ struct CompactStage {
   uint64_t first_token = 0, end_token = 0;
   uint64_t resume_token = 0;
   CompactPlan plan;
+  // StageTemplate::instantiate_moved() only: an earlier stage (its index)
+  // whose descriptors this stage's are, moved to other tensors (a later
+  // layer's stage of a layer-major cache: the first layer's, at the later
+  // layer's tensors). Then `plan` holds no literal: each of its runs is
+  // moved and names a run of that stage's literal, a literal run there of
+  // one local and one remote tensor, or a moved run's range there. -1: a
+  // stage with a literal of its own.
+  int64_t moved_from = -1;
 };
 CompactStage compact(PlanStage stage);
+// The plan of stages[k], taking its literal from the stage it is moved
+// from where it is (CompactStage::moved_from).
+Plan expand(std::span<const CompactStage> stages, size_t k);
 
 // Stage templates: plan_stages() planned once for a request shape, as a
 // PlanTemplate plans plan() once. Each stage of the shape is a template of
@@ -386,6 +397,17 @@ class StageTemplate {
   // or a later piece merges into a moved run) is one literal run, as is
   // every stage where the template falls back.
   Result<std::vector<CompactStage>> instantiate_compact(const Request& request) const;
+  // The same, except that a stage whose template is an earlier stage's
+  // with its tensors moved (equal but for each tensor and a shift of its
+  // offsets: the later layers of a layer-major cache, streamed a layer per
+  // stage) is that stage moved (CompactStage::moved_from), planned in the
+  // time of its runs instead of its descriptors; expand(stages, k) gives
+  // instantiate()'s stage k. A caller that does not follow moved_from
+  // takes instantiate_compact().
+  Result<std::vector<CompactStage>> instantiate_moved(const Request& request) const;
+  // Stages of a request of the shape that instantiate_moved() gives as an
+  // earlier stage moved.
+  size_t moved_stages() const;
 
   struct Impl;
 

@@ -103,9 +103,50 @@ std::string compact_diff(const Result<std::vector<CompactStage>>& a, const Resul
   return "";
 }
 
+// Empty when instantiate_moved()'s stages `a` expand (expand(stages, k)) to
+// the stages `b`, each moved stage naming an earlier stage that is not
+// moved, its runs all moved and each the range of a run of that stage of
+// one local and one remote tensor. Adds the moved stages to *moved_stages.
+std::string moved_diff(const Result<std::vector<CompactStage>>& a, const Result<std::vector<PlanStage>>& b,
+                       uint64_t* moved_stages) {
+  if (a.has_value() != b.has_value()) return "the moved stages and the stages differ in success";
+  if (!a) return a.error().message() == b.error().message() ? "" : "errors differ";
+  if (a->size() != b->size()) return "other number of moved stages";
+  for (size_t k = 0; k < a->size(); ++k) {
+    const CompactStage& x = (*a)[k];
+    const std::string which = "moved stage " + std::to_string(k);
+    if (x.first_layer != (*b)[k].first_layer || x.first_token != (*b)[k].first_token) return which + ": other cut";
+    if (x.moved_from >= 0) {
+      ++*moved_stages;
+      if (static_cast<size_t>(x.moved_from) >= k) return which + ": moved from a later stage";
+      const CompactPlan& from = (*a)[static_cast<size_t>(x.moved_from)].plan;
+      if ((*a)[static_cast<size_t>(x.moved_from)].moved_from >= 0) return which + ": moved from a moved stage";
+      if (!x.plan.literal.empty()) return which + ": holds a literal";
+      std::set<std::pair<uint64_t, uint64_t>> ranges;
+      for (const DescriptorRun& r : from.runs) ranges.insert({r.first, r.count});
+      uint64_t count = 0;
+      for (const DescriptorRun& r : x.plan.runs) {
+        count += r.descriptors();
+        if (!r.moved || r.table != nullptr) return which + ": a run that is not moved, or a table run";
+        if (!ranges.contains({r.first, r.count})) return which + ": a run that is no run of the stage it moves";
+        for (uint64_t i = r.first; i < r.first + r.count; ++i) {
+          if (from.literal[i].local_tensor != from.literal[r.first].local_tensor ||
+              from.literal[i].remote_tensor != from.literal[r.first].remote_tensor) {
+            return which + ": a run over several tensors";
+          }
+        }
+      }
+      if (count != x.plan.descriptors) return which + ": descriptors is not the runs' count";
+    }
+    if (std::string d = plan_diff(expand(*a, k), (*b)[k].plan); !d.empty()) return which + " expanded: " + d;
+  }
+  return "";
+}
+
 TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
   const auto start = std::chrono::steady_clock::now();
   uint64_t passed = 0, failures = 0, stages = 0, fallbacks = 0, broken = 0, moved = 0, tables = 0, tables_moved = 0;
+  uint64_t moved_stages = 0;
   for (uint64_t i : case_indices(std::max<uint64_t>(num_cases() / 4, 1))) {
     if (failures >= 3) break;
     gen::Rng rng(gen::case_seed(base_seed() ^ 0x57a7e, i));
@@ -139,6 +180,10 @@ TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
       failed(c.request, "the case's own ids: " + d);
       continue;
     }
+    if (std::string d = moved_diff(t->instantiate_moved(c.request), own, &moved_stages); !d.empty()) {
+      failed(c.request, "the case's own ids: " + d);
+      continue;
+    }
     gen::Rng ids_rng(gen::case_seed(base_seed() ^ 0x7e4, i));
     const Request other = gen::with_other_ids(ids_rng, c.request, c.local, c.remotes, random_ids(ids_rng));
     const Result<std::vector<PlanStage>> planned_other = plan_stages(c.local, c.remotes, other, o);
@@ -148,6 +193,10 @@ TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
     }
     if (std::string d = compact_diff(t->instantiate_compact(other), planned_other, &moved, &tables, &tables_moved);
         !d.empty()) {
+      failed(other, "other ids of the shape: " + d);
+      continue;
+    }
+    if (std::string d = moved_diff(t->instantiate_moved(other), planned_other, &moved_stages); !d.empty()) {
       failed(other, "other ids of the shape: " + d);
       continue;
     }
@@ -173,21 +222,26 @@ TEST(StageTemplatePropertyTest, InstancesAreWhatPlanStagesReturns) {
       failed(bad, "a broken id: " + d);
       continue;
     }
+    if (std::string d = moved_diff(t->instantiate_moved(bad), planned_bad, &moved_stages); !d.empty()) {
+      failed(bad, "a broken id: " + d);
+      continue;
+    }
     stages += own ? own->size() : 0;
     ++passed;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf(
-      "[ stage tmpl ] %llu templates: instances and compact instances equal plan_stages() (%llu stages, %llu "
-      "moved runs, %llu of them in %llu table runs, %llu broken requests, %llu through plan_stages()) in %.2f s, "
-      "seed %llu\n",
-      (unsigned long long)passed, (unsigned long long)stages, (unsigned long long)moved,
-      (unsigned long long)tables_moved, (unsigned long long)tables, (unsigned long long)broken,
-      (unsigned long long)fallbacks, seconds, (unsigned long long)base_seed());
+      "[ stage tmpl ] %llu templates: instances, compact and moved instances equal plan_stages() (%llu stages, "
+      "%llu of them moved, %llu moved runs, %llu of them in %llu table runs, %llu broken requests, %llu through "
+      "plan_stages()) in %.2f s, seed %llu\n",
+      (unsigned long long)passed, (unsigned long long)stages, (unsigned long long)moved_stages,
+      (unsigned long long)moved, (unsigned long long)tables_moved, (unsigned long long)tables,
+      (unsigned long long)broken, (unsigned long long)fallbacks, seconds, (unsigned long long)base_seed());
   if (std::getenv("KVB_PROPERTY_CASE") == nullptr && passed >= 100) {
     EXPECT_GT(stages, passed) << "the generator reaches requests cut in several stages";
     EXPECT_GT(moved, passed / 10) << "the generator reaches plans held with moved runs";
     EXPECT_GT(tables, passed / 50) << "the generator reaches plans held with table runs";
+    EXPECT_GT(moved_stages, passed / 10) << "the generator reaches stages that are an earlier stage moved";
   }
 }
 
