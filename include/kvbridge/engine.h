@@ -458,6 +458,18 @@ class Engine {
   // empty selection, kNotFound for an unknown list, kUnavailable for a list
   // whose peer is gone or changed. Then as submit().
   virtual Result<TransferId> submit(PreparedId list, std::span<const uint32_t> selection, SubmitOptions options) = 0;
+  // Submits the items of `list` as `runs` give them (ItemRun, over the
+  // list's items): a literal run copies its items as prepared; a moved run
+  // copies items [first, first + count) of the list moved (to region `local`
+  // at their offsets plus `local_shift`, and so on, or by each move of a
+  // prepared table), with no literal run of them in the batch: the list is
+  // their literal. So the first layer's items of a layer-major cache,
+  // prepared once, give each later layer as one moved run per region, and
+  // such a submit checks its runs only: a moved range must name one local
+  // and one peer region (its extent found once per range and kept with the
+  // list) and fit where it is moved. Errors as submit() with runs, and as
+  // submit() with a selection for the list (kUnavailable: prepare again).
+  virtual Result<TransferId> submit_runs(PreparedId list, std::span<const ItemRun> runs, SubmitOptions options) = 0;
   // Forgets a list or a table of moves and drops its holds on local
   // regions. kNotFound if unknown.
   virtual Status release_prepared(PreparedId list) = 0;

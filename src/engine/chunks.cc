@@ -72,7 +72,7 @@ void expand_runs(const CopyProgram& program, std::span<const CopyRun> runs, std:
       }
       continue;
     }
-    const transport::Copy* from = program.copies.data() + r.first;
+    const transport::Copy* from = program.copies().data() + r.first;
     if (!r.moved) {
       out->insert(out->end(), from, from + r.count);
       continue;
@@ -108,11 +108,11 @@ std::vector<std::vector<CopyRun>> split_runs(const CopyProgram& program, size_t 
       }
       // The copies of r that fit in the room (at least one when the share
       // is empty so far), the rest to the next share.
-      const uint64_t limit = program.ends[r.first] + room;
+      const uint64_t limit = program.ends()[r.first] + room;
       uint64_t k = static_cast<uint64_t>(
-                       std::upper_bound(program.ends.begin() + static_cast<ptrdiff_t>(r.first),
-                                        program.ends.begin() + static_cast<ptrdiff_t>(r.first + r.count), limit) -
-                       program.ends.begin()) -
+                       std::upper_bound(program.ends().begin() + static_cast<ptrdiff_t>(r.first),
+                                        program.ends().begin() + static_cast<ptrdiff_t>(r.first + r.count), limit) -
+                       program.ends().begin()) -
                    1 - r.first;
       if (k == 0 && out.back().empty()) k = 1;
       if (k > 0) {
@@ -130,7 +130,7 @@ std::vector<std::vector<CopyRun>> split_runs(const CopyProgram& program, size_t 
     // A table run: the whole moves that fit stay one table run; where less
     // than a move's bytes are left, the next move is placed as a moved run.
     while (r.moves != nullptr && r.move_count > 0) {
-      const uint64_t one = program.ends[r.first + r.count] - program.ends[r.first];
+      const uint64_t one = program.ends()[r.first + r.count] - program.ends()[r.first];
       if (one * r.move_count <= room || out.size() == parts) {
         out.back().push_back(r);
         room -= std::min(room, one * r.move_count);

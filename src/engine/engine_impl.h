@@ -87,6 +87,7 @@ class EngineImpl final : public Engine {
                             SubmitOptions options) override;
   Result<PreparedId> prepare(PeerId peer, TransferOp op, std::span<const TransferItem> items) override;
   Result<TransferId> submit(PreparedId list, std::span<const uint32_t> selection, SubmitOptions options) override;
+  Result<TransferId> submit_runs(PreparedId list, std::span<const ItemRun> runs, SubmitOptions options) override;
   Result<TransferId> submit(PeerId peer, TransferOp op, std::span<const TransferItem> items,
                             std::span<const ItemRun> runs, SubmitOptions options) override;
   Result<PreparedId> prepare_moves(PeerId peer, TransferOp op, std::span<const RunMove> moves) override;
@@ -165,10 +166,19 @@ class EngineImpl final : public Engine {
     std::shared_ptr<Peer> peer;
     TransferOp op = TransferOp::kRead;
     uint64_t generation = 0;                    // the peer's, when last checked
-    std::vector<transport::Copy> copies;        // one per item, in order
+    std::shared_ptr<const CopyList> literal;    // one copy per item, in order
+    std::vector<TransferItem> items;            // as prepared (the extents of moved ranges)
+    Kinds kinds;                                // the memory kinds its items take
     Route route;                                // where its transfers run
     std::map<RegionId, MetadataRegion> remote;  // the peer regions it names, as they were
     std::vector<RegionHold> holds;              // its local regions
+    // The extents of the ranges submit_runs() moved, found once each.
+    struct Extent {
+      bool one_region = true;
+      RegionId local = 0, remote = 0;
+      uint64_t local_low = UINT64_MAX, local_high = 0, remote_low = UINT64_MAX, remote_high = 0, bytes = 0;
+    };
+    std::map<std::pair<uint64_t, uint64_t>, Extent> extents;
   };
 
   // A prepared table of moves: per move where its region and shift put a
@@ -223,6 +233,22 @@ class EngineImpl final : public Engine {
   Status resolve_locked(const Peer& p, TransferOp op, std::span<const TransferItem> items,
                         std::vector<transport::Copy>* copies, std::vector<RegionId>* regions, bool merge,
                         Route* route) const;
+  // A literal run that moved runs repeat: its items' extent, and its
+  // copies in the program.
+  struct RunLiteral : ItemsExtent {
+    uint64_t first = 0, count = 0;  // its items
+    uint64_t copy_first = 0, copy_count = 0;
+  };
+  // Requires mu_. Checks moved run `run` (the batch's run `k`) of literal
+  // `l` and appends it to `program` (a table run: the table to `tables`),
+  // its local region to `regions`, its kinds, bytes and items.
+  Status add_moved_run_locked(const Peer& p, TransferOp op, const ItemRun& run, size_t k, const RunLiteral& l,
+                              CopyProgram* program, std::vector<RegionId>* regions, Kinds* kinds, uint64_t* bytes,
+                              uint64_t* count, std::vector<std::shared_ptr<PreparedMoves>>* tables) const;
+  // Requires mu_. Prepared list `id`, its peer still the one it was
+  // prepared with and its peer regions where they were (kNotFound,
+  // kUnavailable: prepare again).
+  Result<std::shared_ptr<PreparedList>> live_list_locked(PreparedId id) const;
   // Requires mu_. A batch given as runs (Engine::submit with runs):
   // checks it and resolves it into `program`, whose literal copies are
   // the literal runs' (merged inside a run) and whose runs repeat them;

@@ -1,4 +1,5 @@
-// Prepared lists (checked and resolved once, submitted by index) and
+// Prepared lists (checked and resolved once, submitted by index or as runs
+// moved to other regions) and
 // completions (SubmitOptions::on_end), over the local transport.
 #include <gtest/gtest.h>
 
@@ -129,6 +130,116 @@ TEST(PreparedTest, AListWhosePeerRegionMovedSaysPrepareAgain) {
 
 // Completions: on_end fires exactly once with the final status, whichever
 // way the transfer ends and on whichever thread.
+// Two layers on each side: a list prepared from layer 0's items, each
+// layer submitted as runs of it (submit_runs).
+struct ListLayers {
+  ListLayers() {
+    EngineOptions o;
+    o.transports = {"local"};
+    o.name = "a";
+    a = std::move(*Engine::create(o));
+    o.name = "b";
+    b = std::move(*Engine::create(o));
+    for (int l = 0; l < 2; ++l) {
+      for (size_t i = 0; i < y[l].size(); ++i) y[l][i] = static_cast<uint8_t>(i * 7 + 3 + 101 * l);
+      rx[l] = *a->register_memory(x[l].data(), x[l].size());
+      ry[l] = *b->register_memory(y[l].data(), y[l].size());
+    }
+    peer = *a->connect(b->metadata());
+    // Layer 0: local block i <- remote block 15 - i.
+    for (uint64_t i = 0; i < 16; ++i) items.push_back({rx[0], i * 256, ry[0], (15 - i) * 256, 256});
+  }
+  // Layer l's block i holds remote layer l's block 15 - i (and every other
+  // byte of layer l is `untouched`).
+  void expect_layer(int l, bool moved) const {
+    for (uint64_t i = 0; i < 16; ++i) {
+      for (uint64_t k = 0; k < 256; ++k) {
+        ASSERT_EQ(x[l][i * 256 + k], moved ? y[l][(15 - i) * 256 + k] : 0) << "layer " << l << " block " << i;
+      }
+    }
+  }
+  std::unique_ptr<Engine> a, b;
+  std::vector<uint8_t> x[2] = {std::vector<uint8_t>(4096, 0), std::vector<uint8_t>(4096, 0)};
+  std::vector<uint8_t> y[2] = {std::vector<uint8_t>(4096, 0), std::vector<uint8_t>(4096, 0)};
+  RegionId rx[2] = {0, 0}, ry[2] = {0, 0};
+  PeerId peer = 0;
+  std::vector<TransferItem> items;
+};
+
+TEST(PreparedTest, RunsOfAListMoveItsItemsToOtherRegionsWithoutALiteralRun) {
+  ListLayers p;
+  Result<PreparedId> list = p.a->prepare(p.peer, TransferOp::kRead, p.items);
+  ASSERT_TRUE(list.ok()) << list.error().to_string();
+  // Layer 1 alone: the list's items moved, layer 0 untouched.
+  const std::vector<ItemRun> layer1 = {{0, 16, true, p.rx[1], 0, p.ry[1], 0}};
+  TransferStatus st = testing::run_transfer(*p.a, p.a->submit_runs(*list, layer1, {}));
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
+  EXPECT_EQ(st.bytes_total, 4096u);
+  p.expect_layer(1, true);
+  p.expect_layer(0, false);
+  // A literal run copies its items as prepared; its range is taken again
+  // as a moved one (the extent kept from the first submit).
+  std::fill(p.x[1].begin(), p.x[1].end(), 0);
+  const std::vector<ItemRun> both = {{0, 16}, {0, 16, true, p.rx[1], 0, p.ry[1], 0}};
+  st = testing::run_transfer(*p.a, p.a->submit_runs(*list, both, {}));
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
+  EXPECT_EQ(st.bytes_total, 8192u);
+  p.expect_layer(0, true);
+  p.expect_layer(1, true);
+  // The same through a prepared table of moves.
+  std::fill(p.x[1].begin(), p.x[1].end(), 0);
+  const std::vector<RunMove> moves = {{p.rx[1], 0, p.ry[1], 0}};
+  Result<PreparedId> table = p.a->prepare_moves(p.peer, TransferOp::kRead, moves);
+  ASSERT_TRUE(table.ok()) << table.error().to_string();
+  ItemRun tabled{0, 16, true};
+  tabled.moves = *table;
+  st = testing::run_transfer(*p.a, p.a->submit_runs(*list, std::vector<ItemRun>{tabled}, {}));
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.to_string();
+  p.expect_layer(1, true);
+  EXPECT_TRUE(p.a->release_prepared(*table).ok());
+  EXPECT_TRUE(p.a->release_prepared(*list).ok());
+  EXPECT_EQ(p.a->submit_runs(*list, layer1, {}).error().code(), Code::kNotFound);
+}
+
+TEST(PreparedTest, BadRunsOfAListPostNothingAndSayWhatIsWrong) {
+  ListLayers p;
+  PreparedId list = *p.a->prepare(p.peer, TransferOp::kRead, p.items);
+  auto refused = [&](std::vector<ItemRun> runs, Code code, const std::string& says) {
+    Result<TransferId> t = p.a->submit_runs(list, runs, {});
+    ASSERT_FALSE(t.ok()) << says;
+    EXPECT_EQ(t.error().code(), code) << t.error().to_string();
+    EXPECT_NE(t.error().message().find(says), std::string::npos) << t.error().to_string();
+  };
+  refused({}, Code::kInvalidArgument, "no runs");
+  refused({{14, 4}}, Code::kInvalidArgument, "run 0 names items [14, 14 + 4) of the 16 of prepared list");
+  refused({{0, 16}, {0, 0, true, p.rx[1], 0, p.ry[1], 0}}, Code::kInvalidArgument, "run 1 names items [0, 0 + 0)");
+  // Moved past the end of its local region, or of the peer's.
+  refused({{0, 16, true, p.rx[1], 256, p.ry[1], 0}}, Code::kOutOfRange, "run 0");
+  refused({{0, 8, true, p.rx[1], 0, p.ry[1], 2048}}, Code::kOutOfRange, "remote range [2048 + 2048, 4096 + 2048)");
+  refused({{0, 16, true, 999, 0, p.ry[1], 0}}, Code::kNotFound, "run 0");
+  refused({{0, 16, true, p.rx[1], 0, 999, 0}}, Code::kNotFound, "advertises no region 999");
+  ItemRun unknown{0, 16, true};
+  unknown.moves = 12345;
+  refused({unknown}, Code::kNotFound, "prepared table of moves 12345 is unknown");
+  // A moved range that names two regions on one side.
+  std::vector<TransferItem> mixed = p.items;
+  mixed.push_back({p.rx[1], 0, p.ry[0], 0, 256});
+  PreparedId two = *p.a->prepare(p.peer, TransferOp::kRead, mixed);
+  Result<TransferId> t =
+      p.a->submit_runs(two, std::vector<ItemRun>{{0, 17, true, p.rx[1], 0, p.ry[1], 0}}, SubmitOptions{});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), Code::kInvalidArgument);
+  EXPECT_NE(t.error().message().find("name more than one local or peer region"), std::string::npos)
+      << t.error().to_string();
+  p.expect_layer(0, false);
+  p.expect_layer(1, false);
+  // The refused submits held nothing: every region deregisters once the
+  // lists are released.
+  EXPECT_TRUE(p.a->release_prepared(two).ok());
+  EXPECT_TRUE(p.a->release_prepared(list).ok());
+  for (int l = 0; l < 2; ++l) EXPECT_TRUE(p.a->deregister_memory(p.rx[l]).ok());
+}
+
 TEST(CompletionTest, OnEndFiresOnceForEveryEnding) {
   struct Seen {
     std::mutex mu;

@@ -256,12 +256,13 @@ TEST(SplitRunsTest, SharesHoldEveryCopyOnceInOrder) {
   for (int round = 0; round < 200; ++round) {
     engine_internal::CopyProgram program;
     const size_t n = 1 + rng() % 3000;
+    auto literal = std::make_shared<engine_internal::CopyList>();
     for (size_t i = 0; i < n; ++i) {
-      program.copies.push_back(
+      literal->copies.push_back(
           {reinterpret_cast<uint8_t*>(uintptr_t{4096} + i * 8192), 1 << 20 | i * 8192, 1 + rng() % 4096, 0});
     }
-    program.ends.assign(n + 1, 0);
-    for (size_t i = 0; i < n; ++i) program.ends[i + 1] = program.ends[i] + program.copies[i].bytes;
+    literal->count_ends();
+    program.literal = literal;
     for (size_t r = 0; r < 1 + rng() % 40; ++r) {
       const uint64_t first = rng() % n;
       const uint64_t count = 1 + rng() % (n - first);

@@ -251,8 +251,15 @@ Result<PreparedId> EngineImpl::prepare(PeerId peer, TransferOp op, std::span<con
   std::lock_guard<std::mutex> lock(mu_);
   KVB_ASSIGN_OR_RETURN(list->peer, find_peer_locked(peer, "prepare"));
   std::vector<RegionId> regions;
-  KVB_RETURN_IF_ERROR(
-      resolve_locked(*list->peer, op, items, &list->copies, &regions, false, &list->route).with_context("prepare"));
+  auto literal = std::make_shared<CopyList>();
+  KVB_RETURN_IF_ERROR(check_items_locked(*list->peer, op, items, 0, &literal->copies, &regions, false, &list->kinds)
+                          .with_context("prepare"));
+  KVB_RETURN_IF_ERROR(choose_route_locked(*list->peer, list->kinds, &list->route).with_context("prepare"));
+  std::sort(regions.begin(), regions.end());
+  regions.erase(std::unique(regions.begin(), regions.end()), regions.end());
+  literal->count_ends();
+  list->literal = std::move(literal);
+  list->items.assign(items.begin(), items.end());
   list->generation = list->peer->generation;
   for (const TransferItem& item : items) list->remote[item.remote] = list->peer->regions.at(item.remote).region;
   for (RegionId r : regions) list->holds.push_back(registry_->acquire(r));
@@ -261,33 +268,40 @@ Result<PreparedId> EngineImpl::prepare(PeerId peer, TransferOp op, std::span<con
   return id;
 }
 
+Result<std::shared_ptr<EngineImpl::PreparedList>> EngineImpl::live_list_locked(PreparedId id) const {
+  auto it = prepared_.find(id);
+  if (it == prepared_.end()) return Status::not_found("prepared list " + std::to_string(id) + " is unknown");
+  const std::shared_ptr<PreparedList>& list = it->second;
+  const Peer& p = *list->peer;
+  auto now = peers_.find(p.id);
+  if (now == peers_.end() || now->second != list->peer || !p.channel->health().ok()) {
+    return Status::unavailable("prepared list " + std::to_string(id) + ": its peer " + peer_text(p.metadata) +
+                               " is gone or was connected again: prepare again");
+  }
+  if (p.generation != list->generation) {
+    // The peer's registrations changed: every region the list names must
+    // be where it was.
+    for (const auto& [region, was] : list->remote) {
+      auto r = p.regions.find(region);
+      if (r == p.regions.end() || !(r->second.region == was)) {
+        return Status::unavailable("prepared list " + std::to_string(id) + ": peer region " + std::to_string(region) +
+                                   " moved or is gone: prepare again");
+      }
+    }
+    list->generation = p.generation;
+  }
+  return list;
+}
+
 Result<TransferId> EngineImpl::submit(PreparedId id, std::span<const uint32_t> selection, SubmitOptions options) {
   if (selection.empty()) return Status::invalid_argument("submit: the selection is empty");
   std::shared_ptr<PreparedList> list;
   std::vector<RegionHold> holds;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = prepared_.find(id);
-    if (it == prepared_.end()) return Status::not_found("submit: prepared list " + std::to_string(id) + " is unknown");
-    list = it->second;
-    const Peer& p = *list->peer;
-    auto now = peers_.find(p.id);
-    if (now == peers_.end() || now->second != list->peer || !p.channel->health().ok()) {
-      return Status::unavailable("submit: prepared list " + std::to_string(id) + ": its peer " + peer_text(p.metadata) +
-                                 " is gone or was connected again: prepare again");
-    }
-    if (p.generation != list->generation) {
-      // The peer's registrations changed: every region the list names must
-      // be where it was.
-      for (const auto& [region, was] : list->remote) {
-        auto r = p.regions.find(region);
-        if (r == p.regions.end() || !(r->second.region == was)) {
-          return Status::unavailable("submit: prepared list " + std::to_string(id) + ": peer region " +
-                                     std::to_string(region) + " moved or is gone: prepare again");
-        }
-      }
-      list->generation = p.generation;
-    }
+    Result<std::shared_ptr<PreparedList>> live = live_list_locked(id);
+    if (!live.ok()) return live.error().with_context("submit");
+    list = std::move(*live);
     // The transfer holds the list's regions too: it may outlive the list.
     for (const RegionHold& hold : list->holds) {
       hold->fetch_add(1, std::memory_order_acq_rel);
@@ -297,7 +311,8 @@ Result<TransferId> EngineImpl::submit(PreparedId id, std::span<const uint32_t> s
   std::vector<transport::Copy> copies;
   copies.reserve(selection.size());
   uint64_t bytes = 0;
-  const size_t n = list->copies.size();
+  const std::vector<transport::Copy>& all = list->literal->copies;
+  const size_t n = all.size();
   for (size_t k = 0; k < selection.size(); ++k) {
     const uint32_t i = selection[k];
     if (i >= n) {
@@ -305,7 +320,7 @@ Result<TransferId> EngineImpl::submit(PreparedId id, std::span<const uint32_t> s
       return Status::out_of_range("submit: selection " + std::to_string(k) + " is index " + std::to_string(i) +
                                   ", past the " + std::to_string(n) + " items of prepared list " + std::to_string(id));
     }
-    const transport::Copy& c = list->copies[i];
+    const transport::Copy& c = all[i];
     append_copy(copies, c);
     bytes += c.bytes;
   }

@@ -75,13 +75,25 @@ struct CopyRun {
     return {first, count, true, moves[k].local_delta, moves[k].remote_delta, moves[k].segment};
   }
 };
-struct CopyProgram {
+// The literal copies a program's runs name: a batch's own, or a prepared
+// list's, shared by every program submitted from it.
+struct CopyList {
   std::vector<transport::Copy> copies;
   std::vector<uint64_t> ends;  // ends[i]: the bytes of copies [0, i); copies.size() + 1 of them
+  void count_ends() {
+    ends.resize(copies.size() + 1);
+    ends[0] = 0;
+    for (size_t i = 0; i < copies.size(); ++i) ends[i + 1] = ends[i] + copies[i].bytes;
+  }
+};
+struct CopyProgram {
+  std::shared_ptr<const CopyList> literal;
   std::vector<CopyRun> runs;
   std::vector<std::shared_ptr<const std::vector<CopyMove>>> tables;  // what table runs point into
+  const std::vector<transport::Copy>& copies() const { return literal->copies; }
+  const std::vector<uint64_t>& ends() const { return literal->ends; }
   uint64_t bytes(const CopyRun& r) const {
-    return (ends[r.first + r.count] - ends[r.first]) * (r.moves != nullptr ? r.move_count : 1);
+    return (ends()[r.first + r.count] - ends()[r.first]) * (r.moves != nullptr ? r.move_count : 1);
   }
 };
 
