@@ -17,7 +17,8 @@ LoadTensors::LoadTensors(std::span<const RegionId> regions, const Layout& local,
   }
 }
 
-LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, size_t only_source) {
+LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, size_t only_source,
+                     std::vector<LiteralItems>* literal_out) {
   LoadStage ls;
   ls.first_token = stage.first_token;
   ls.end_token = stage.end_token;
@@ -83,6 +84,7 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
         per[s].count = ls.items[s].size() - per[s].first;
         if (per[s].count > 0) ls.runs[s].push_back(per[s]);
       }
+      if (!run.moved && literal_out != nullptr) literal_out->push_back({run.first, run.count, per});
       if (!run.moved) literal.emplace_back(run.first, std::move(per));
       continue;
     }
@@ -106,6 +108,41 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
   // engine merges items adjacent on both sides across them).
   for (std::vector<ItemRun>& runs : ls.runs) {
     if (std::none_of(runs.begin(), runs.end(), [](const ItemRun& r) { return r.moved; })) runs.clear();
+  }
+  return ls;
+}
+
+Result<LoadStage> moved_load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors,
+                                   std::span<const LiteralItems> from) {
+  LoadStage ls;
+  ls.first_token = stage.first_token;
+  ls.end_token = stage.end_token;
+  ls.resume_token = stage.resume_token;
+  ls.first_layer = stage.first_layer;
+  ls.end_layer = stage.end_layer;
+  ls.from = static_cast<uint32_t>(stage.moved_from);
+  const size_t sources = tensors.sources.size();
+  ls.items.resize(sources);
+  ls.runs.resize(sources);
+  ls.tables.resize(sources);
+  ls.device.assign(sources, 0);
+  for (const DescriptorRun& run : stage.plan.runs) {
+    // The literal runs come in the order of their first descriptors.
+    auto l = std::lower_bound(from.begin(), from.end(), run.first,
+                              [](const LiteralItems& x, uint64_t first) { return x.first < first; });
+    if (!run.moved || run.table != nullptr || l == from.end() || l->first != run.first || l->count != run.count) {
+      return Status::internal("a stage moved from stage " + std::to_string(stage.moved_from) + " names descriptors [" +
+                              std::to_string(run.first) + ", " + std::to_string(run.first + run.count) +
+                              "), no literal run of that stage");
+    }
+    for (size_t s = 0; s < sources && s < l->sources.size(); ++s) {
+      const ItemRun& r = l->sources[s];
+      if (r.count == 0) continue;
+      ls.runs[s].push_back({r.first, r.count, true, tensors.local_regions[run.local_tensor], run.local_shift,
+                            tensors.sources[s].tensors[run.remote_tensor].region, run.remote_shift});
+      ls.device[s] |= tensors.local_device[run.local_tensor] | tensors.remote_device[s][run.remote_tensor];
+      load.used[s] = true;
+    }
   }
   return ls;
 }

@@ -55,11 +55,32 @@ struct LoadStage {
     std::shared_ptr<const std::vector<TensorShift>> table;
   };
   std::vector<std::vector<TableRun>> tables;
+  // A stage moved from an earlier one (CompactStage::moved_from): that
+  // stage's index. Each source's read is then `runs` over that stage's
+  // items as prepared (`lists`), all moved, and `items` stay empty.
+  static constexpr uint32_t kNotMoved = UINT32_MAX;
+  uint32_t from = kNotMoved;
+  // Per source, for a stage others are moved from: its items prepared with
+  // the engine (Engine::prepare) once for the load (0: none), which its
+  // own read and the moved stages' reads submit as runs
+  // (Engine::submit_runs). Released when the load is over.
+  std::vector<PreparedId> lists;
   std::vector<uint8_t> device;  // per source: its items touch device memory (on either side)
   std::vector<uint64_t> where;  // push, per source: write_places() of what it writes
   uint32_t pending = 0;         // transfers submitted and not ended
   bool submitted = false, failed = false, landed = false;
   Clock::time_point submitted_at{}, landed_at{};  // pull: its reads submitted; the last of them ended
+  // Whether it reads from source `s` (pull): its own items, or moved runs.
+  bool reads(size_t s) const {
+    return s < items.size() && (!items[s].empty() || (from != kNotMoved && !runs[s].empty()));
+  }
+};
+
+// A literal run of a stage's compact plan (by its first descriptor) as each
+// source's items of it: what a stage moved from it names.
+struct LiteralItems {
+  uint64_t first = 0, count = 0;  // its descriptors
+  std::vector<ItemRun> sources;   // per source: its items' range
 };
 
 struct Load {
@@ -84,7 +105,13 @@ struct Load {
   std::vector<GrantId> grants;
   std::vector<std::vector<uint8_t>> announced;   // streaming: per source, per layer ordinal
   std::vector<std::vector<std::string>> events;  // streaming: per source, per layer: the producer's event handle
-  Readiness ready;                               // the consumer's pending work (LoadOptions::ready)
+  // Streaming: per layer ordinal, the stages holding it; and the stages an
+  // announcement since the last look may have made ready (all of them
+  // until the first look), so that a look grows with those, not the load.
+  std::vector<std::vector<uint32_t>> stages_of_layer;
+  std::vector<uint32_t> to_look_at;
+  bool looked = false;
+  Readiness ready;  // the consumer's pending work (LoadOptions::ready)
   // Pull: once every stage landed, each source read is asked whether the
   // blocks were still held ("done", answered "held" or "released"); the
   // load is ok only when all said held.
@@ -122,7 +149,15 @@ struct LoadTensors {
 // so, a push source writes them so). Marks the sources it reads in
 // `load.used`. With `only_source`, the other sources' items and runs stay
 // empty (a push source builds its own part alone).
-LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, size_t only_source = SIZE_MAX);
+// With `literal`, also each literal run's items per source.
+LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, size_t only_source = SIZE_MAX,
+                     std::vector<LiteralItems>* literal = nullptr);
+// A stage moved from an earlier stage (CompactStage::moved_from) whose
+// literal runs' items are `from`: per source, one moved run of those items
+// per run of its plan. kInternal for a run that names no literal run of
+// that stage (the plan's invariant broken).
+Result<LoadStage> moved_load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors,
+                                   std::span<const LiteralItems> from);
 
 // A table run's moves, regions mapped from the plan's tensors: `regions`
 // (the local tensors' registrations) and the source's.

@@ -92,9 +92,12 @@ Result<std::vector<PlanStage>> StageCache::stages(const Layout& local, std::shar
   return t->instantiate(request);
 }
 
-Result<std::vector<CompactStage>> StageCache::compact_stages(
-    const Layout& local, std::shared_ptr<const void> local_owner, std::span<const Layout> remotes,
-    std::shared_ptr<const void> remotes_owner, const Request& request, const StageOptions& options, uint64_t* naive) {
+Result<std::vector<CompactStage>> StageCache::compact_stages(const Layout& local,
+                                                             std::shared_ptr<const void> local_owner,
+                                                             std::span<const Layout> remotes,
+                                                             std::shared_ptr<const void> remotes_owner,
+                                                             const Request& request, const StageOptions& options,
+                                                             uint64_t* naive, bool moved) {
   const std::string k = key(local, remotes, request, options);
   std::optional<StageTemplate> t =
       find(k, request, local, std::move(local_owner), remotes, std::move(remotes_owner), options);
@@ -112,7 +115,7 @@ Result<std::vector<CompactStage>> StageCache::compact_stages(
     }
     *naive = *known;
   }
-  if (t) return t->instantiate_compact(request);
+  if (t) return moved ? t->instantiate_moved(request) : t->instantiate_compact(request);
   KVB_ASSIGN_OR_RETURN(std::vector<PlanStage> stages, plan_stages(local, remotes, request, options));
   std::vector<CompactStage> out;
   out.reserve(stages.size());

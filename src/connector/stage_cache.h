@@ -47,13 +47,15 @@ class StageCache {
                                         std::span<const Layout> remotes, std::shared_ptr<const void> remotes_owner,
                                         const Request& request, const StageOptions& options);
 
-  // The same stages as compact plans (StageTemplate::instantiate_compact();
-  // a stage planned afresh is one literal run). With `naive`, also
-  // naive_descriptor_count() of the request, counted once per shape.
+  // The same stages as compact plans (StageTemplate::instantiate_compact(),
+  // or with `moved` instantiate_moved(); a stage planned afresh is one
+  // literal run). With `naive`, also naive_descriptor_count() of the
+  // request, counted once per shape.
   Result<std::vector<CompactStage>> compact_stages(const Layout& local, std::shared_ptr<const void> local_owner,
                                                    std::span<const Layout> remotes,
                                                    std::shared_ptr<const void> remotes_owner, const Request& request,
-                                                   const StageOptions& options, uint64_t* naive = nullptr);
+                                                   const StageOptions& options, uint64_t* naive = nullptr,
+                                                   bool moved = false);
 
   Stats stats() const;
 

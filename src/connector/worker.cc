@@ -307,6 +307,7 @@ WorkerStats WorkerImpl::stats() const {
   s.plans_not_templated = planned.fresh;
   s.plan_template_fallback = planned.fallback_reason;
   s.move_tables_kept = move_tables_.size();
+  s.prepared_lists_held = lists_held_.load(std::memory_order_relaxed);
   s.writes_as_runs = pusher_ ? pusher_->writes_as_runs() : 0;
   s.handshakes = remotes_->handshakes();
   s.handshakes_served = server_->served();

@@ -46,14 +46,21 @@ void WorkerImpl::report(LoadResult result) {
   results_cv_.notify_all();
 }
 
-void WorkerImpl::revoke_grants(Load& load) {
+void WorkerImpl::release_holds(Load& load) {
   for (GrantId g : load.grants) engine_.revoke_writes(g);
   load.grants.clear();
+  for (LoadStage& st : load.stages) {
+    for (PreparedId& list : st.lists) {
+      if (list == 0) continue;
+      (void)engine_.release_prepared(std::exchange(list, 0));
+      lists_held_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
 }
 
 // Requires mu_: nothing of `load` is in flight.
 void WorkerImpl::finish(Load& load) {
-  revoke_grants(load);
+  release_holds(load);
   std::vector<TransferStatus> statuses;
   for (const LoadTransfer& t : load.transfers) {
     statuses.push_back(engine_.status(t.id));

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -305,8 +306,14 @@ class WorkerImpl final : public ConnectorWorker {
 
   // Requires mu_: nothing of `load` is in flight.
   void finish(Load& load);
-  // Ends the load's write grants (push); any thread, any lock.
-  void revoke_grants(Load& load);
+  // Ends the load's write grants (push) and releases its prepared lists
+  // (LoadStage::lists); any thread, any lock.
+  void release_holds(Load& load);
+  // Prepares, with the engine, the items of each stage others are moved
+  // from, per source (LoadStage::lists). On an error, the lists made are
+  // released and it names the source.
+  Status prepare_lists(Load& load);
+  std::atomic<uint64_t> lists_held_{0};  // prepared lists not released yet
 
   // Requires mu_: every stage of a pull load landed. Asks each source read
   // whether the blocks were held ("done", answered by its engine, asked

@@ -2,6 +2,8 @@
 // plans checked with the verifier before they run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "connector/worker_test_util.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
@@ -54,6 +56,55 @@ TEST(WorkerPlanTest, LoadsOfOneShapeArePlannedFromOneTemplateWhateverTheirIds) {
   EXPECT_LE(s.move_tables, 2u * 2u) << "one per source rank and stage shape, not one per read";
   EXPECT_EQ(s.move_tables_kept, s.move_tables);
 }
+
+// Streamed loads of a shape seen before: a later layer's stage is the
+// first layer's stage moved, read as runs of the first layer's items,
+// prepared once per load and source, and released when the load is over.
+// Every byte lands, also when the layers are saved last to first (a moved
+// stage read before the stage it is moved from).
+class WorkerMovedStageTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(WorkerMovedStageTest, LaterLayersAreReadAsTheFirstLayersItemsMoved) {
+  InstanceOptions po = opts("prefill", 2), dopt = opts("decode", 1);
+  po.transport = dopt.transport = GetParam();
+  auto prefill = instance(po);
+  auto decode = instance(dopt);
+  ConnectorWorker& d = *decode[0]->worker;
+  ASSERT_TRUE(d.add_remote("prefill", addresses(prefill)).ok());
+  for (auto& r : prefill) ASSERT_TRUE(r->worker->add_remote("decode", addresses(decode)).ok());
+  std::vector<std::string> layers = layer_order(decode[0]->layout);
+  Request other = request();
+  other.blocks["full"] = {{7, 0, 5}, {2, 6, 0}};
+  Request third = request();
+  third.blocks["full"] = {{3, 4, 6}, {5, 1, 7}};
+  uint64_t pattern = 60;
+  int n = 0;
+  for (const Request& q : {request(), other, third, request()}) {
+    const RequestId id = "s" + std::to_string(n++);
+    for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, q, RequestSide::kRemote, 0, pattern, r->spans).ok());
+    ASSERT_TRUE(d.start_load(id, "prefill", q, LoadOptions::streaming(true)).ok());
+    for (auto& r : prefill) ASSERT_TRUE(r->worker->stream_to(id, "decode").ok());
+    if (n == 3) std::reverse(layers.begin(), layers.end());
+    for (const std::string& l : layers) {
+      for (auto& r : prefill) ASSERT_TRUE(r->worker->save_layer(id, l).ok());
+    }
+    LoadResult r = wait_one(d);
+    ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+    Result<ContentReport> c = check_request(decode[0]->layout, q, RequestSide::kLocal, 0, pattern++, decode[0]->spans);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c->bad_cells, 0u) << id << ": " << c->first_error;
+    for (auto& p : prefill) EXPECT_TRUE(p->worker->wait_for_save(id, 5s).ok());
+  }
+  const WorkerStats s = d.stats();
+  EXPECT_EQ(s.plans_from_templates, 3u);
+  // Three loads from the template, each a stage per layer: the later
+  // layers' stages from each of the two sources are moved stages.
+  EXPECT_EQ(s.moved_stage_reads, 3u * 2u * (layers.size() - 1));
+  EXPECT_EQ(s.prepared_lists, 3u * 2u);
+  EXPECT_EQ(s.prepared_lists_held, 0u) << "a load over still holds prepared lists";
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, WorkerMovedStageTest, ::testing::Values("local", "tcp"));
 
 // A prepared table the engine refuses (as it does when the source's regions
 // moved: kUnavailable, "prepare again") is released with the others; the

@@ -299,6 +299,10 @@ void WorkerImpl::announce(Load& load, const EngineKey& engine, uint32_t layer, c
     if (load.fetched->engines[s] != engine || load.announced[s][layer] != 0) continue;
     load.announced[s][layer] = 1;
     load.events[s][layer] = event;
+    if (layer < load.stages_of_layer.size()) {
+      const std::vector<uint32_t>& stages = load.stages_of_layer[layer];
+      load.to_look_at.insert(load.to_look_at.end(), stages.begin(), stages.end());
+    }
   }
 }
 

@@ -1,7 +1,9 @@
 // A load's reads: each stage's items from one source, submitted as runs
 // whose later layers are moved runs, and those moved runs through a table
 // of moves the engine prepared once per (source, moves), so that a read's
-// check and submit grow with its first layer's items only.
+// check and submit grow with its first layer's items only. A streamed
+// load's stage moved from an earlier one reads that stage's items, prepared
+// once per load and source, as moved runs: its check grows with its runs.
 #include <algorithm>
 
 #include "connector/worker_impl.h"
@@ -130,6 +132,30 @@ void WorkerImpl::release_tables() {
   last_table_.clear();
 }
 
+Status WorkerImpl::prepare_lists(Load& load) {
+  for (size_t k = 0; k < load.stages.size(); ++k) {
+    LoadStage& st = load.stages[k];
+    for (size_t s = 0; s < st.lists.size(); ++s) {
+      if (st.items[s].empty()) continue;
+      const auto& sources = load.result.sources;
+      const size_t at = static_cast<size_t>(std::find(sources.begin(), sources.end(), s) - sources.begin());
+      Result<PreparedId> list = at < load.peers.size()
+                                    ? engine_.prepare(load.peers[at], TransferOp::kRead, st.items[s])
+                                    : Result<PreparedId>(Status::internal("no connection to a source read from"));
+      if (!list.ok()) {
+        release_holds(load);
+        return list.error().with_context("request " + q(load.request) + ": preparing the reads from " + load.instance +
+                                         " rank " + std::to_string(s));
+      }
+      st.lists[s] = *list;
+      lists_held_.fetch_add(1, std::memory_order_relaxed);
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.prepared_lists;
+    }
+  }
+  return Status();
+}
+
 // Requires mu_: submits the reads of stage `k` from source `s`, ordered
 // after the producer's events of its layers and the consumer's pending work
 // when they touch device memory.
@@ -137,6 +163,22 @@ Result<TransferId> WorkerImpl::submit_read(const Load& load, uint32_t k, size_t 
                                            const SubmitOptions& base) {
   const LoadStage& st = load.stages[k];
   auto submit = [&](SubmitOptions o) -> Result<TransferId> {
+    if (st.from != LoadStage::kNotMoved) {
+      // A stage moved from an earlier one: runs of that stage's items as
+      // prepared, checked as runs only.
+      ++stats_.reads_as_runs;
+      ++stats_.moved_stage_reads;
+      stats_.moved_runs += st.runs[s].size();
+      return engine_.submit_runs(load.stages[st.from].lists[s], st.runs[s], std::move(o));
+    }
+    if (!st.lists.empty() && st.lists[s] != 0 && st.tables[s].empty()) {
+      // Its own items, prepared for the stages moved from it.
+      const ItemRun all{0, st.items[s].size()};
+      if (st.runs[s].empty()) return engine_.submit_runs(st.lists[s], {&all, 1}, std::move(o));
+      ++stats_.reads_as_runs;
+      for (const ItemRun& r : st.runs[s]) stats_.moved_runs += r.moved;
+      return engine_.submit_runs(st.lists[s], st.runs[s], std::move(o));
+    }
     if (st.runs[s].empty()) return engine_.submit(peer, TransferOp::kRead, st.items[s], std::move(o));
     ++stats_.reads_as_runs;
     for (const ItemRun& r : st.runs[s]) stats_.moved_runs += r.moved;

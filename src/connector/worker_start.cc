@@ -91,8 +91,12 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   so.layers_per_stage = options.stream ? options_.stream_layers_per_stage : 0;
   so.chunk_tokens = options_.load_chunk_tokens;
   uint64_t naive = 0;
+  // A streamed pull load takes its later layers' stages as its first
+  // layer's moved (read as runs of that stage's items, prepared once);
+  // the verifier takes every stage's descriptors.
+  const bool moved = options.stream && options_.mode == TransferMode::kPull && !options_.verify_plans;
   KVB_ASSIGN_OR_RETURN(std::vector<CompactStage> stages,
-                       stage_cache_.compact_stages(layout_, nullptr, layouts, fetched, blocks, so, &naive));
+                       stage_cache_.compact_stages(layout_, nullptr, layouts, fetched, blocks, so, &naive, moved));
   if (options_.verify_plans) {
     // The verifier's independent rules on simulated memory: a plan that
     // would move one wrong byte is refused before anything moves. The
@@ -128,13 +132,27 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   // grants its places and compares their hash with what the sources say
   // they wrote.
   const LoadTensors tensors(regions_, layout_, fetched->infos, layouts);
+  std::vector<std::vector<LiteralItems>> literal(stages.size());  // of the stages others are moved from
   for (const CompactStage& s : stages) {
+    if (s.moved_from >= 0) literal[static_cast<size_t>(s.moved_from)].resize(1);
+  }
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const CompactStage& s = stages[k];
     load.result.bytes += s.plan.bytes;
     load.result.descriptors += s.plan.descriptors;
     if (s.plan.descriptors > 0) {
       for (uint32_t l = s.first_layer; l < s.end_layer; ++l) ++load.layer_left[l];
     }
-    load.stages.push_back(load_stage(load, s, tensors));
+    if (s.moved_from >= 0) {
+      KVB_ASSIGN_OR_RETURN(LoadStage st,
+                           moved_load_stage(load, s, tensors, literal[static_cast<size_t>(s.moved_from)]));
+      load.stages.push_back(std::move(st));
+      continue;
+    }
+    std::vector<LiteralItems>* out = literal[k].empty() ? nullptr : &literal[k];
+    if (out != nullptr) out->clear();
+    load.stages.push_back(load_stage(load, s, tensors, SIZE_MAX, out));
+    if (out != nullptr) load.stages.back().lists.assign(fetched->infos.size(), 0);
   }
   // Engine connections to the sources, outside the lock: a connect dials
   // and runs the opening exchange, and must not hold up other loads. The
@@ -153,6 +171,7 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     load.peers.push_back(*p);
     load.result.sources.push_back(static_cast<uint32_t>(s));
   }
+  KVB_RETURN_IF_ERROR(prepare_lists(load));
   if (load.push) {
     // What each source writes: its items and the runs that repeat them,
     // granted in that form (its first layer's places, and each later
@@ -173,7 +192,7 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
       }
       Result<GrantId> g = engine_.grant_writes(load.peers[k++], places, repeats);
       if (!g.ok()) {
-        revoke_grants(load);
+        release_holds(load);
         return g.error().with_context("request " + q(request) + ": granting " + name + " rank " + std::to_string(s) +
                                       " its writes");
       }
@@ -183,11 +202,11 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   std::lock_guard<std::mutex> lock(mu_);
   auto queued = queued_.find(request);
   if (queued == queued_.end() || queued->second.gen != gen) {
-    revoke_grants(load);
+    release_holds(load);
     return Status();  // aborted meanwhile
   }
   if (loads_.count(request) != 0) {
-    revoke_grants(load);
+    release_holds(load);
     return Status::already_exists("request " + q(request) + " is loading");
   }
   ended_.erase(request);
@@ -200,6 +219,12 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   if (load.stream) {
     load.announced.assign(layouts.size(), std::vector<uint8_t>(order_.size(), 0));
     load.events.assign(layouts.size(), std::vector<std::string>(order_.size()));
+    load.stages_of_layer.resize(order_.size());
+    for (uint32_t k = 0; k < load.stages.size(); ++k) {
+      const LoadStage& st = load.stages[k];
+      for (uint32_t l = st.first_layer; l < st.end_layer && l < order_.size(); ++l)
+        load.stages_of_layer[l].push_back(k);
+    }
   }
   if (load.push) {
     // A stage with nothing to move has landed; the others land as their
@@ -231,7 +256,7 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
       (void)engine_.release(t.id);
       by_transfer_.erase(t.id);
     }
-    revoke_grants(load);
+    release_holds(load);
     return started;
   }
   ++stats_.loads_started;
@@ -310,12 +335,25 @@ void WorkerImpl::submit_refused(Load& load, Clock::time_point now) {
 Status WorkerImpl::start_ready_stages(Load& load) {
   if (load.aborted || load.expired || !load.start_error.ok()) return load.start_error;
   if (load.push) return Status();  // the sources write
-  for (uint32_t k = 0; k < load.stages.size(); ++k) {
+  // Streaming, after the first look: only the stages of the layers
+  // announced since, in stage order.
+  std::vector<uint32_t> look;
+  const bool all = !load.stream || !load.looked;
+  if (!all) {
+    look.swap(load.to_look_at);
+    std::sort(look.begin(), look.end());
+    look.erase(std::unique(look.begin(), look.end()), look.end());
+  }
+  load.looked = true;
+  load.to_look_at.clear();
+  const size_t n = all ? load.stages.size() : look.size();
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t k = all ? static_cast<uint32_t>(i) : look[i];
     LoadStage& st = load.stages[k];
     if (st.submitted) continue;
     bool ready = true;
     for (size_t s = 0; ready && load.stream && s < st.items.size(); ++s) {
-      if (st.items[s].empty()) continue;
+      if (!st.reads(s)) continue;
       for (uint32_t l = st.first_layer; ready && l < st.end_layer; ++l) ready = load.announced[s][l] != 0;
     }
     if (!ready) continue;
@@ -324,7 +362,7 @@ Status WorkerImpl::start_ready_stages(Load& load) {
     st.submitted_at = Clock::now();
     --load.unsubmitted;
     for (size_t s = 0; s < st.items.size(); ++s) {
-      if (st.items[s].empty()) continue;
+      if (!st.reads(s)) continue;
       Result<TransferId> id = submit_read(load, k, s, peer_of(load, static_cast<uint32_t>(s)), o);
       if (!id.ok()) {
         st.failed = true;
