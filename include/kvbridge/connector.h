@@ -338,7 +338,12 @@ struct WorkerOptions {
   // A streamed load (LoadOptions::stream) moves in stages of this many
   // consecutive layers of layer_order() (plan_stages(), plan.h), each read
   // once every prefill rank it reads from said its layers are saved. 0: all
-  // layers in one stage.
+  // layers in one stage. From a shape's template on, a later layer's stages
+  // are the first layer's moved, and the stages of one layer range that
+  // become ready together (its chunks) are one read per source rank: a read
+  // that fails fails all of them, so first_bad_token is then the first of
+  // those chunks (a streamed load's failures are mostly of whole layers
+  // anyway: a source gone, a layer not announced in time).
   uint32_t stream_layers_per_stage = 1;
 };
 

@@ -262,7 +262,9 @@ void settle(Load& load, std::span<const TransferStatus> statuses, const std::vec
     for (size_t i = 0; i < load.transfers.size(); ++i) {
       const LoadTransfer& t = load.transfers[i];
       const TransferStatus& ts = statuses[i];
-      if (t.stage != k || ts.state == TransferState::kDone) continue;
+      if (ts.state == TransferState::kDone || std::find(t.stages.begin(), t.stages.end(), k) == t.stages.end()) {
+        continue;
+      }
       Status e = ts.error.ok() ? Status::internal("transfer ended as " + std::string(transfer_state_name(ts.state)))
                                : ts.error;
       load.result.error = e.with_context(what + "reading from " + load.instance + " rank " + std::to_string(t.source) +

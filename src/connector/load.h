@@ -22,10 +22,11 @@ namespace kvbridge::connector {
 
 using Clock = std::chrono::steady_clock;
 
-// One read of a load: a stage's bytes from one source rank.
+// One read of a load: a stage's bytes from one source rank (a streamed
+// load's stages of one layer that became ready together: their bytes).
 struct LoadTransfer {
-  uint32_t source = 0;  // tp_rank
-  uint32_t stage = 0;   // index into Load::stages
+  uint32_t source = 0;           // tp_rank
+  std::vector<uint32_t> stages;  // indices into Load::stages
   TransferId id = 0;
   uint32_t refusals = 0;  // times the source refused it as not granted (it was submitted again)
 };
@@ -57,14 +58,14 @@ struct LoadStage {
   std::vector<std::vector<TableRun>> tables;
   // A stage moved from an earlier one (CompactStage::moved_from): that
   // stage's index. Each source's read is then `runs` over that stage's
-  // items as prepared (`lists`), all moved, and `items` stay empty.
+  // items as prepared (Load::lists), all moved, and `items` stay empty.
   static constexpr uint32_t kNotMoved = UINT32_MAX;
   uint32_t from = kNotMoved;
-  // Per source, for a stage others are moved from: its items prepared with
-  // the engine (Engine::prepare) once for the load (0: none), which its
-  // own read and the moved stages' reads submit as runs
-  // (Engine::submit_runs). Released when the load is over.
-  std::vector<PreparedId> lists;
+  // Per source, for a stage others are moved from: where its items begin
+  // in the load's prepared list of that source (Load::lists), which its
+  // own read and the moved stages' reads take as runs; kNoList where none.
+  static constexpr uint64_t kNoList = UINT64_MAX;
+  std::vector<uint64_t> list_at;
   std::vector<uint8_t> device;  // per source: its items touch device memory (on either side)
   std::vector<uint64_t> where;  // push, per source: write_places() of what it writes
   uint32_t pending = 0;         // transfers submitted and not ended
@@ -112,6 +113,10 @@ struct Load {
   std::vector<uint32_t> to_look_at;
   bool looked = false;
   Readiness ready;  // the consumer's pending work (LoadOptions::ready)
+  // Per source: the items of every stage others are moved from, one after
+  // another, prepared with the engine once for the load (Engine::prepare;
+  // 0: none), and released when it is over.
+  std::vector<PreparedId> lists;
   // Pull: once every stage landed, each source read is asked whether the
   // blocks were still held ("done", answered "held" or "released"); the
   // load is ok only when all said held.

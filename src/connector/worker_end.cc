@@ -49,12 +49,10 @@ void WorkerImpl::report(LoadResult result) {
 void WorkerImpl::release_holds(Load& load) {
   for (GrantId g : load.grants) engine_.revoke_writes(g);
   load.grants.clear();
-  for (LoadStage& st : load.stages) {
-    for (PreparedId& list : st.lists) {
-      if (list == 0) continue;
-      (void)engine_.release_prepared(std::exchange(list, 0));
-      lists_held_.fetch_sub(1, std::memory_order_relaxed);
-    }
+  for (PreparedId& list : load.lists) {
+    if (list == 0) continue;
+    (void)engine_.release_prepared(std::exchange(list, 0));
+    lists_held_.fetch_sub(1, std::memory_order_relaxed);
   }
 }
 

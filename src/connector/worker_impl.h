@@ -225,7 +225,12 @@ class WorkerImpl final : public ConnectorWorker {
 
   // Requires mu_: submits the reads of stage `k` of `load` from source `s`
   // (worker_read.cc).
-  Result<TransferId> submit_read(const Load& load, uint32_t k, size_t s, PeerId peer, const SubmitOptions& base);
+  Result<TransferId> submit_read(const Load& load, std::span<const uint32_t> stages, size_t s, PeerId peer,
+                                 const SubmitOptions& base);
+  // Whether stage `st` reads source `s` as runs of the load's prepared list
+  // of it (Load::lists), and those runs, appended to *out.
+  static bool on_list(const Load& load, const LoadStage& st, size_t s);
+  static void list_runs(const Load& load, const LoadStage& st, size_t s, std::vector<ItemRun>* out);
   // Requires mu_: the runs of stage `st` of `load` from source `s` as the
   // engine takes them without tables: each table run as its moved runs.
   std::vector<ItemRun> stage_runs(const Load& load, const LoadStage& st, size_t s) const;
@@ -307,11 +312,11 @@ class WorkerImpl final : public ConnectorWorker {
   // Requires mu_: nothing of `load` is in flight.
   void finish(Load& load);
   // Ends the load's write grants (push) and releases its prepared lists
-  // (LoadStage::lists); any thread, any lock.
+  // (Load::lists); any thread, any lock.
   void release_holds(Load& load);
-  // Prepares, with the engine, the items of each stage others are moved
-  // from, per source (LoadStage::lists). On an error, the lists made are
-  // released and it names the source.
+  // Prepares, with the engine, the items of the stages others are moved
+  // from, one list per source (Load::lists, LoadStage::list_at). On an
+  // error, the lists made are released and it names the source.
   Status prepare_lists(Load& load);
   std::atomic<uint64_t> lists_held_{0};  // prepared lists not released yet
 
@@ -340,8 +345,8 @@ class WorkerImpl final : public ConnectorWorker {
   std::unique_ptr<SideChannelServer> server_;
 
   mutable std::mutex mu_;
-  std::condition_variable results_cv_;                                // results, landed layers, ended loads
-  std::map<TransferId, std::pair<RequestId, uint32_t>> by_transfer_;  // -> (request, stage)
+  std::condition_variable results_cv_;                              // results, landed layers, ended loads
+  std::map<TransferId, std::pair<RequestId, size_t>> by_transfer_;  // -> (request, index in Load::transfers)
   // Prepared tables of moves (Engine::prepare_moves), by source peer and
   // moves, at most kMoveTablesKept (all released when more are needed).
   static constexpr size_t kMoveTablesKept = 256;

@@ -7,6 +7,7 @@
 #include "connector/worker_test_util.h"
 #include "kvbridge/connector.h"
 #include "kvbridge/content.h"
+#include "transport/fault/fault.h"
 
 namespace kvbridge {
 namespace {
@@ -59,14 +60,18 @@ TEST(WorkerPlanTest, LoadsOfOneShapeArePlannedFromOneTemplateWhateverTheirIds) {
 
 // Streamed loads of a shape seen before: a later layer's stage is the
 // first layer's stage moved, read as runs of the first layer's items,
-// prepared once per load and source, and released when the load is over.
-// Every byte lands, also when the layers are saved last to first (a moved
-// stage read before the stage it is moved from).
+// prepared once per load and source, and released when the load is over;
+// a layer's chunks, ready together, are one read per source. Every byte
+// lands, also when the layers are saved last to first (a moved stage read
+// before the stage it is moved from).
 class WorkerMovedStageTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(WorkerMovedStageTest, LaterLayersAreReadAsTheFirstLayersItemsMoved) {
   InstanceOptions po = opts("prefill", 2), dopt = opts("decode", 1);
   po.transport = dopt.transport = GetParam();
+  dopt.worker.load_chunk_tokens = 16;  // a stage per layer and block: three chunks
+  auto faults = std::make_shared<transport::Faults>();
+  if (GetParam() == "local") dopt.faults = faults;
   auto prefill = instance(po);
   auto decode = instance(dopt);
   ConnectorWorker& d = *decode[0]->worker;
@@ -82,6 +87,7 @@ TEST_P(WorkerMovedStageTest, LaterLayersAreReadAsTheFirstLayersItemsMoved) {
   for (const Request& q : {request(), other, third, request()}) {
     const RequestId id = "s" + std::to_string(n++);
     for (auto& r : prefill) ASSERT_TRUE(fill_request(r->layout, q, RequestSide::kRemote, 0, pattern, r->spans).ok());
+    const uint64_t reads0 = decode[0]->engine->metrics().transfers_submitted;
     ASSERT_TRUE(d.start_load(id, "prefill", q, LoadOptions::streaming(true)).ok());
     for (auto& r : prefill) ASSERT_TRUE(r->worker->stream_to(id, "decode").ok());
     if (n == 3) std::reverse(layers.begin(), layers.end());
@@ -94,14 +100,34 @@ TEST_P(WorkerMovedStageTest, LaterLayersAreReadAsTheFirstLayersItemsMoved) {
     ASSERT_TRUE(c.ok());
     EXPECT_EQ(c->bad_cells, 0u) << id << ": " << c->first_error;
     for (auto& p : prefill) EXPECT_TRUE(p->worker->wait_for_save(id, 5s).ok());
+    EXPECT_EQ(r.stages, 3u * layers.size());
+    // From the template on: one read per layer and source.
+    if (n > 1) {
+      EXPECT_EQ(decode[0]->engine->metrics().transfers_submitted - reads0, 2u * layers.size()) << id;
+    }
   }
   const WorkerStats s = d.stats();
   EXPECT_EQ(s.plans_from_templates, 3u);
-  // Three loads from the template, each a stage per layer: the later
-  // layers' stages from each of the two sources are moved stages.
-  EXPECT_EQ(s.moved_stage_reads, 3u * 2u * (layers.size() - 1));
+  // Three loads from the template, each a stage per layer and chunk: the
+  // later layers' stages from each of the two sources are moved stages.
+  EXPECT_EQ(s.moved_stage_reads, 3u * 3u * 2u * (layers.size() - 1));
   EXPECT_EQ(s.prepared_lists, 3u * 2u);
   EXPECT_EQ(s.prepared_lists_held, 0u) << "a load over still holds prepared lists";
+  if (GetParam() != "local") return;
+  // A read that fails fails its layer's stages (every chunk): the load
+  // fails naming a layer, and holds no list once over.
+  faults->fail_run(9, Status::io_error("link down"));
+  ASSERT_TRUE(d.start_load("f", "prefill", third, LoadOptions::streaming(true)).ok());
+  for (auto& r : prefill) ASSERT_TRUE(r->worker->stream_to("f", "decode").ok());
+  for (const std::string& l : layers) {
+    for (auto& r : prefill) ASSERT_TRUE(r->worker->save_layer("f", l).ok());
+  }
+  LoadResult r = wait_one(d);
+  ASSERT_FALSE(r.error.ok());
+  EXPECT_NE(r.error.message().find("link down"), std::string::npos) << r.error.to_string();
+  EXPECT_FALSE(r.first_bad_layer.empty());
+  EXPECT_LT(r.first_bad_token, third.num_tokens);
+  EXPECT_EQ(d.stats().prepared_lists_held, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, WorkerMovedStageTest, ::testing::Values("local", "tcp"));

@@ -56,32 +56,31 @@ void WorkerImpl::pump() {
         auto t = by_transfer_.find(e.id);
         if (t == by_transfer_.end()) continue;  // a load that failed to start
         auto it = loads_.find(t->second.first);
-        const uint32_t k = t->second.second;
+        const size_t index = t->second.second;
         by_transfer_.erase(t);
         if (it == loads_.end()) continue;
         Load& load = it->second;
-        LoadStage& st = load.stages[k];
+        LoadTransfer& read = load.transfers[index];
         if (e.refused && !load.aborted && !load.expired) {
           // Not granted yet: the source grants this reader the request's
           // blocks once it has heard it and the hand-off; tried again
           // (1, 2, 4, ... 64 ms later) until the load's deadline.
-          auto t = std::find_if(load.transfers.begin(), load.transfers.end(),
-                                [&](const LoadTransfer& x) { return x.id == e.id; });
-          const Clock::time_point at = t == load.transfers.end()
-                                           ? load.deadline
-                                           : Clock::now() + std::chrono::milliseconds(1u << std::min(t->refusals, 6u));
+          const Clock::time_point at = Clock::now() + std::chrono::milliseconds(1u << std::min(read.refusals, 6u));
           ++stats_.reads_refused;
           if (at < load.deadline) {
-            ++t->refusals;
-            load.refused.push_back({static_cast<size_t>(t - load.transfers.begin()), at});
+            ++read.refusals;
+            load.refused.push_back({index, at});
             continue;
           }
         }
         load.last_byte = std::max(load.last_byte, e.at);
-        st.landed_at = std::max(st.landed_at, e.at);
         --load.pending;
-        if (!e.done) st.failed = true;
-        if (--st.pending == 0 && !st.failed) land(load, st);
+        for (uint32_t k : read.stages) {
+          LoadStage& st = load.stages[k];
+          st.landed_at = std::max(st.landed_at, e.at);
+          if (!e.done) st.failed = true;
+          if (--st.pending == 0 && !st.failed) land(load, st);
+        }
       }
       for (Wakeups::Lost& l : lost) {
         auto it = loads_.find(l.request);

@@ -1,6 +1,6 @@
 // The worker's start thread: plans each queued load (after its instance's
-// handshake), checks it with the verifier when asked, and submits the
-// stages whose layers are ready.
+// handshake), checks it with the verifier when asked, prepares what its
+// reads take, and starts the stages whose layers are ready (worker_read.cc).
 #include <algorithm>
 
 #include "common/text.h"
@@ -152,7 +152,7 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     std::vector<LiteralItems>* out = literal[k].empty() ? nullptr : &literal[k];
     if (out != nullptr) out->clear();
     load.stages.push_back(load_stage(load, s, tensors, SIZE_MAX, out));
-    if (out != nullptr) load.stages.back().lists.assign(fetched->infos.size(), 0);
+    if (out != nullptr) load.stages.back().list_at.assign(fetched->infos.size(), LoadStage::kNoList);
   }
   // Engine connections to the sources, outside the lock: a connect dials
   // and runs the opening exchange, and must not hold up other loads. The
@@ -270,116 +270,6 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     // written before it started) and tells its sources it is done, or
     // wakes at its deadline.
     poke();
-  }
-  return Status();
-}
-
-// The connection to source rank `source` of the load (one it reads from).
-static PeerId peer_of(const Load& load, uint32_t source) {
-  const auto& sources = load.result.sources;
-  return load.peers[std::find(sources.begin(), sources.end(), source) - sources.begin()];
-}
-
-// The options of a load's reads: their ends land in the pump's inbox.
-SubmitOptions WorkerImpl::read_options() const {
-  SubmitOptions o;
-  o.timeout = options_.transfer_timeout;
-  o.verify_content = options_.verify_content;
-  o.on_end = [wake = wake_](TransferId id, const TransferStatus& ts) {
-    {
-      std::lock_guard<std::mutex> wl(wake->mu);
-      wake->ended.push_back({id, ts.ended_at, ts.state == TransferState::kDone,
-                             ts.state == TransferState::kFailed && ts.error.code() == Code::kPermissionDenied});
-    }
-    wake->cv.notify_one();
-  };
-  return o;
-}
-
-// Requires mu_: submits again the reads whose time came that a source
-// refused as not granted; those of a load that is over (aborted, past its
-// deadline) end as refused.
-void WorkerImpl::submit_refused(Load& load, Clock::time_point now) {
-  for (auto r = load.refused.begin(); r != load.refused.end();) {
-    const bool over = load.aborted || load.expired || now >= load.deadline;
-    if (!over && now < r->at) {
-      ++r;
-      continue;
-    }
-    LoadTransfer& t = load.transfers[r->transfer];
-    LoadStage& st = load.stages[t.stage];
-    r = load.refused.erase(r);
-    Status failed;
-    if (!over) {
-      Result<TransferId> id = submit_read(load, t.stage, t.source, peer_of(load, t.source), read_options());
-      if (id.ok()) {
-        (void)engine_.release(t.id);
-        t.id = *id;
-        by_transfer_[*id] = {load.request, t.stage};
-        continue;
-      }
-      failed = id.error().with_context("request " + q(load.request) + ": reading from " + load.instance + " rank " +
-                                       std::to_string(t.source) + " again");
-    }
-    // The refused transfer's status stays the read's outcome.
-    if (!failed.ok() && load.start_error.ok()) load.start_error = failed;
-    st.failed = true;
-    --st.pending;
-    --load.pending;
-  }
-}
-
-// Requires mu_: submits every stage not submitted whose layers every
-// source it reads from announced (all of them, when not streaming). The
-// first submit error stops the load from starting more.
-Status WorkerImpl::start_ready_stages(Load& load) {
-  if (load.aborted || load.expired || !load.start_error.ok()) return load.start_error;
-  if (load.push) return Status();  // the sources write
-  // Streaming, after the first look: only the stages of the layers
-  // announced since, in stage order.
-  std::vector<uint32_t> look;
-  const bool all = !load.stream || !load.looked;
-  if (!all) {
-    look.swap(load.to_look_at);
-    std::sort(look.begin(), look.end());
-    look.erase(std::unique(look.begin(), look.end()), look.end());
-  }
-  load.looked = true;
-  load.to_look_at.clear();
-  const size_t n = all ? load.stages.size() : look.size();
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t k = all ? static_cast<uint32_t>(i) : look[i];
-    LoadStage& st = load.stages[k];
-    if (st.submitted) continue;
-    bool ready = true;
-    for (size_t s = 0; ready && load.stream && s < st.items.size(); ++s) {
-      if (!st.reads(s)) continue;
-      for (uint32_t l = st.first_layer; ready && l < st.end_layer; ++l) ready = load.announced[s][l] != 0;
-    }
-    if (!ready) continue;
-    const SubmitOptions o = read_options();
-    st.submitted = true;
-    st.submitted_at = Clock::now();
-    --load.unsubmitted;
-    for (size_t s = 0; s < st.items.size(); ++s) {
-      if (!st.reads(s)) continue;
-      Result<TransferId> id = submit_read(load, k, s, peer_of(load, static_cast<uint32_t>(s)), o);
-      if (!id.ok()) {
-        st.failed = true;
-        load.start_error = id.error().with_context("request " + q(load.request) + ": reading from " + load.instance +
-                                                   " rank " + std::to_string(s));
-        return load.start_error;
-      }
-      load.last_submit = Clock::now();
-      load.transfers.push_back({static_cast<uint32_t>(s), k, *id});
-      by_transfer_[*id] = {load.request, k};
-      ++st.pending;
-      ++load.pending;
-    }
-    if (st.pending == 0) {
-      st.landed_at = st.submitted_at;
-      land(load, st);
-    }
   }
   return Status();
 }
