@@ -44,6 +44,10 @@
 //   compact_ms      mean wall time of one StageTemplate::instantiate_compact()
 //                   (what the connector takes: later layers as moved runs)
 //   compact_literal, compact_runs  the literal descriptors and the runs it holds
+//   moved_ms        mean wall time of one StageTemplate::instantiate_moved()
+//                   (a streamed load's: later layers' stages as the first
+//                   layer's moved); moved_stages, moved_literal: the stages
+//                   it gives so, and the literal descriptors it holds
 //   compact_hbm_pct compact_ms against the bytes at 1.5 TB/s, in percent
 // The chunks_2048 rows cut as the connector cuts a load that is not
 // streamed (load_chunk_tokens 2048).
@@ -341,6 +345,28 @@ void BM_Stages(benchmark::State& state, Scenario s, uint32_t layers_per_stage, u
     state.SkipWithError("the compact instance differs from plan_stages()");
     return;
   }
+  // The same with later layers' stages as their first layer's moved (what
+  // the connector takes for a streamed load).
+  Result<std::vector<CompactStage>> moved = t->instantiate_moved(in.request);
+  double moved_seconds = 0;
+  uint64_t moved_calls = 0, moved_stages = 0, moved_literal = 0;
+  for (; moved_calls < std::max<uint64_t>(calls, 3); ++moved_calls) {
+    const auto c1 = std::chrono::steady_clock::now();
+    moved = t->instantiate_moved(in.request);
+    moved_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - c1).count();
+  }
+  if (!moved || moved->size() != planned->size()) {
+    state.SkipWithError("the moved instance differs from plan_stages()");
+    return;
+  }
+  for (size_t k = 0; k < moved->size(); ++k) {
+    if (expand(*moved, k).descriptors != (*planned)[k].plan.descriptors) {
+      state.SkipWithError("a moved stage differs from plan_stages()");
+      return;
+    }
+    moved_stages += (*moved)[k].moved_from >= 0;
+    moved_literal += (*moved)[k].plan.literal.size();
+  }
   uint64_t bytes = 0, descriptors = 0;
   for (size_t k = 0; k < planned->size(); ++k) {
     if ((*planned)[k].plan.descriptors != (*instance)[k].plan.descriptors ||
@@ -369,6 +395,9 @@ void BM_Stages(benchmark::State& state, Scenario s, uint32_t layers_per_stage, u
   state.counters["compact_literal"] = static_cast<double>(literal);
   state.counters["compact_runs"] = static_cast<double>(runs);
   state.counters["compact_hbm_pct"] = hbm_ms > 0 ? 100.0 * compact_ms / hbm_ms : 0;
+  state.counters["moved_ms"] = 1e3 * moved_seconds / static_cast<double>(moved_calls);
+  state.counters["moved_stages"] = static_cast<double>(moved_stages);
+  state.counters["moved_literal"] = static_cast<double>(moved_literal);
   state.counters["memcpy_ms"] = memcpy_ms;
   state.counters["instantiate_pct"] = memcpy_ms > 0 ? 100.0 * ms / memcpy_ms : 0;
   state.counters["hbm_pct"] = hbm_ms > 0 ? 100.0 * ms / hbm_ms : 0;
