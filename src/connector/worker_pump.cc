@@ -58,7 +58,9 @@ void WorkerImpl::pump() {
         auto it = loads_.find(t->second.first);
         const size_t index = t->second.second;
         by_transfer_.erase(t);
-        if (it == loads_.end()) continue;
+        if (it == loads_.end() || index >= it->second.transfers.size() || it->second.transfers[index].id != e.id) {
+          continue;
+        }
         Load& load = it->second;
         LoadTransfer& read = load.transfers[index];
         if (e.refused && !load.aborted && !load.expired) {
