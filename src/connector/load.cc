@@ -17,20 +17,30 @@ LoadTensors::LoadTensors(std::span<const RegionId> regions, const Layout& local,
   }
 }
 
-LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, size_t only_source,
-                     std::vector<LiteralItems>* literal_out) {
+namespace {
+
+// A stage's cut, and its per-source lists sized and empty.
+LoadStage empty_stage(const CompactStage& stage, size_t sources) {
   LoadStage ls;
   ls.first_token = stage.first_token;
   ls.end_token = stage.end_token;
   ls.resume_token = stage.resume_token;
   ls.first_layer = stage.first_layer;
   ls.end_layer = stage.end_layer;
-  const CompactPlan& plan = stage.plan;
-  const size_t sources = tensors.sources.size();
   ls.items.resize(sources);
   ls.runs.resize(sources);
   ls.tables.resize(sources);
   ls.device.assign(sources, 0);
+  return ls;
+}
+
+}  // namespace
+
+LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, size_t only_source,
+                     std::vector<LiteralItems>* literal_out) {
+  const CompactPlan& plan = stage.plan;
+  const size_t sources = tensors.sources.size();
+  LoadStage ls = empty_stage(stage, sources);
   for (size_t r = 0; r < plan.sources.size() && r < sources; ++r) {
     const uint64_t n = plan.sources[r].descriptors;
     if (n == 0 || (only_source != SIZE_MAX && r != only_source)) continue;
@@ -114,18 +124,9 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
 
 Result<LoadStage> moved_load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors,
                                    std::span<const LiteralItems> from) {
-  LoadStage ls;
-  ls.first_token = stage.first_token;
-  ls.end_token = stage.end_token;
-  ls.resume_token = stage.resume_token;
-  ls.first_layer = stage.first_layer;
-  ls.end_layer = stage.end_layer;
-  ls.from = static_cast<uint32_t>(stage.moved_from);
   const size_t sources = tensors.sources.size();
-  ls.items.resize(sources);
-  ls.runs.resize(sources);
-  ls.tables.resize(sources);
-  ls.device.assign(sources, 0);
+  LoadStage ls = empty_stage(stage, sources);
+  ls.from = static_cast<uint32_t>(stage.moved_from);
   for (const DescriptorRun& run : stage.plan.runs) {
     // The literal runs come in the order of their first descriptors.
     auto l = std::lower_bound(from.begin(), from.end(), run.first,
