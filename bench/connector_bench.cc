@@ -39,6 +39,9 @@
 //   cpu_ms     the process's CPU time (every thread) of one later load
 //   hbm_ms     the load's bytes at 1.5 TB/s (a GPU's copy rate, computed)
 //   cpu_pct    cpu_ms / hbm_ms in percent
+//   reads      the decode engine's transfers per later load (a read per
+//              stage and source; streamed, from the template on, a read
+//              per layer and source)
 //   descriptors, bytes: the load's
 #include <arpa/inet.h>
 #include <benchmark/benchmark.h>
@@ -248,13 +251,14 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp, bool stream = 
     }
   }
   const Request q = shuffled(kTokens);  // one shape for every load
-  uint64_t n = 0, later = 0;
+  uint64_t n = 0, later = 0, reads = 0;
   double first_ms = 0, second_ms = 0, wall = 0, cpu = 0, submit = 0, submit_cpu = 0;
   LoadResult last;
   for (auto _ : state) {
     const std::string id = "req-" + std::to_string(n);
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = process_cpu_seconds();
+    const uint64_t reads0 = (*d)->engine->metrics().transfers_submitted;
     if (!w.start_load(id, "prefill", q, LoadOptions::streaming(stream)).ok()) {
       return state.SkipWithError("start_load failed");
     }
@@ -284,6 +288,7 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp, bool stream = 
       cpu += 1e3 * (c1 - c0);
       submit += 1e-3 * static_cast<double>(r.front().submit_time.count());
       submit_cpu += 1e-3 * static_cast<double>(r.front().submit_cpu_time.count());
+      reads += (*d)->engine->metrics().transfers_submitted - reads0;
       ++later;
     }
   }
@@ -291,6 +296,7 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp, bool stream = 
   ::getrusage(RUSAGE_SELF, &u);
   const double hbm_ms = 1e3 * static_cast<double>(last.bytes) / 1.5e12;
   const double cpu_ms = later > 0 ? cpu / static_cast<double>(later) : 0;
+  state.counters["reads"] = later > 0 ? static_cast<double>(reads) / static_cast<double>(later) : 0;
   state.counters["first_ms"] = first_ms;
   state.counters["second_ms"] = second_ms;
   state.counters["load_ms"] = later > 0 ? wall / static_cast<double>(later) : 0;

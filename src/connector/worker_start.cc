@@ -132,10 +132,12 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   // grants its places and compares their hash with what the sources say
   // they wrote.
   const LoadTensors tensors(regions_, layout_, fetched->infos, layouts);
-  std::vector<std::vector<LiteralItems>> literal(stages.size());  // of the stages others are moved from
+  // Per stage others are moved from: its literal runs' items per source.
+  std::vector<uint8_t> moved_from(stages.size(), 0);
   for (const CompactStage& s : stages) {
-    if (s.moved_from >= 0) literal[static_cast<size_t>(s.moved_from)].resize(1);
+    if (s.moved_from >= 0) moved_from[static_cast<size_t>(s.moved_from)] = 1;
   }
+  std::vector<std::vector<LiteralItems>> literal(stages.size());
   for (size_t k = 0; k < stages.size(); ++k) {
     const CompactStage& s = stages[k];
     load.result.bytes += s.plan.bytes;
@@ -149,10 +151,8 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
       load.stages.push_back(std::move(st));
       continue;
     }
-    std::vector<LiteralItems>* out = literal[k].empty() ? nullptr : &literal[k];
-    if (out != nullptr) out->clear();
-    load.stages.push_back(load_stage(load, s, tensors, SIZE_MAX, out));
-    if (out != nullptr) load.stages.back().list_at.assign(fetched->infos.size(), LoadStage::kNoList);
+    load.stages.push_back(load_stage(load, s, tensors, SIZE_MAX, moved_from[k] ? &literal[k] : nullptr));
+    if (moved_from[k]) load.stages.back().list_at.assign(fetched->infos.size(), LoadStage::kNoList);
   }
   // Engine connections to the sources, outside the lock: a connect dials
   // and runs the opening exchange, and must not hold up other loads. The
