@@ -333,17 +333,20 @@ struct WorkerOptions {
   // reports in LoadResult::first_bad_token the first chunk that did not
   // arrive whole, and a recompute starts there. A request whose KV cannot
   // resume mid-way (a state or scratch group, a sliding window moved only in
-  // part) is one chunk whatever this says. 0: one chunk per load.
+  // part) is one chunk whatever this says. 0: one chunk per load. A
+  // streamed pull load is not cut by tokens (its stages are layer ranges:
+  // a layer's chunks would become ready together and be read together).
   uint64_t load_chunk_tokens = 2048;
   // A streamed load (LoadOptions::stream) moves in stages of this many
   // consecutive layers of layer_order() (plan_stages(), plan.h), each read
   // once every prefill rank it reads from said its layers are saved. 0: all
-  // layers in one stage. From a shape's template on, a later layer's stages
-  // are the first layer's moved, and the stages of one layer range that
-  // become ready together (its chunks) are one read per source rank: a read
-  // that fails fails all of them, so first_bad_token is then the first of
-  // those chunks (a streamed load's failures are mostly of whole layers
-  // anyway: a source gone, a layer not announced in time).
+  // layers in one stage. A pull load's stage is its layers for every token
+  // (not cut by load_chunk_tokens), one read per source rank: a stage that
+  // fails leaves those layers bad for every token, so first_bad_token is
+  // then the first the load moves (a streamed load's failures are of whole
+  // layers anyway: a source gone, a layer not announced in time). From a
+  // shape's template on, a later layer's stage is the first layer's moved.
+  // A push load's stages are cut by load_chunk_tokens as well.
   uint32_t stream_layers_per_stage = 1;
 };
 
@@ -351,7 +354,7 @@ struct WorkerOptions {
 struct LoadOptions {
   // Layer-wise streaming: start the load at admission, while the prefill is
   // still computing. Each stage (WorkerOptions::stream_layers_per_stage
-  // layers, load_chunk_tokens tokens) is read as soon as every prefill rank
+  // layers) is read as soon as every prefill rank
   // it reads from has announced its layers (save_layer(), after stream_to()
   // this decode instance); wait_for_layer() says when a layer has landed.
   // A stage not announced within transfer_timeout of start_load fails the

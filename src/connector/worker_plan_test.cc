@@ -61,15 +61,16 @@ TEST(WorkerPlanTest, LoadsOfOneShapeArePlannedFromOneTemplateWhateverTheirIds) {
 // Streamed loads of a shape seen before: a later layer's stage is the
 // first layer's stage moved, read as runs of the first layer's items,
 // prepared once per load and source, and released when the load is over;
-// a layer's chunks, ready together, are one read per source. Every byte
-// lands, also when the layers are saved last to first (a moved stage read
-// before the stage it is moved from).
+// a streamed pull load is cut by layers only (one read per layer and
+// source), whatever load_chunk_tokens says. Every byte lands, also when the
+// layers are saved last to first (a moved stage read before the stage it
+// is moved from).
 class WorkerMovedStageTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(WorkerMovedStageTest, LaterLayersAreReadAsTheFirstLayersItemsMoved) {
   InstanceOptions po = opts("prefill", 2), dopt = opts("decode", 1);
   po.transport = dopt.transport = GetParam();
-  dopt.worker.load_chunk_tokens = 16;  // a stage per layer and block: three chunks
+  dopt.worker.load_chunk_tokens = 16;  // a whole load's chunks: a block each; not a streamed load's
   auto faults = std::make_shared<transport::Faults>();
   if (GetParam() == "local") dopt.faults = faults;
   auto prefill = instance(po);
@@ -100,22 +101,19 @@ TEST_P(WorkerMovedStageTest, LaterLayersAreReadAsTheFirstLayersItemsMoved) {
     ASSERT_TRUE(c.ok());
     EXPECT_EQ(c->bad_cells, 0u) << id << ": " << c->first_error;
     for (auto& p : prefill) EXPECT_TRUE(p->worker->wait_for_save(id, 5s).ok());
-    EXPECT_EQ(r.stages, 3u * layers.size());
-    // From the template on: one read per layer and source.
-    if (n > 1) {
-      EXPECT_EQ(decode[0]->engine->metrics().transfers_submitted - reads0, 2u * layers.size()) << id;
-    }
+    EXPECT_EQ(r.stages, layers.size());
+    EXPECT_EQ(decode[0]->engine->metrics().transfers_submitted - reads0, 2u * layers.size()) << id;
   }
   const WorkerStats s = d.stats();
   EXPECT_EQ(s.plans_from_templates, 3u);
-  // Three loads from the template, each a stage per layer and chunk: the
-  // later layers' stages from each of the two sources are moved stages.
-  EXPECT_EQ(s.moved_stage_reads, 3u * 3u * 2u * (layers.size() - 1));
+  // Three loads from the template, each a stage per layer: the later
+  // layers' stages from each of the two sources are moved stages.
+  EXPECT_EQ(s.moved_stage_reads, 3u * 2u * (layers.size() - 1));
   EXPECT_EQ(s.prepared_lists, 3u * 2u);
   EXPECT_EQ(s.prepared_lists_held, 0u) << "a load over still holds prepared lists";
   if (GetParam() != "local") return;
-  // A read that fails fails its layer's stages (every chunk): the load
-  // fails naming a layer, and holds no list once over.
+  // A read that fails fails its layer: the load fails naming a layer, and
+  // holds no list once over.
   faults->fail_run(9, Status::io_error("link down"));
   ASSERT_TRUE(d.start_load("f", "prefill", third, LoadOptions::streaming(true)).ok());
   for (auto& r : prefill) ASSERT_TRUE(r->worker->stream_to("f", "decode").ok());

@@ -89,12 +89,16 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   const std::vector<Layout>& layouts = fetched->layouts;
   StageOptions so;
   so.layers_per_stage = options.stream ? options_.stream_layers_per_stage : 0;
-  so.chunk_tokens = options_.load_chunk_tokens;
+  // A streamed pull load is cut by layers only: a layer range's chunks
+  // become ready together and would be read together. A push load's cut
+  // is the sources' too (they plan as this rank does).
+  const bool streamed_pull = options.stream && options_.mode == TransferMode::kPull;
+  so.chunk_tokens = streamed_pull ? 0 : options_.load_chunk_tokens;
   uint64_t naive = 0;
   // A streamed pull load takes its later layers' stages as its first
   // layer's moved (read as runs of that stage's items, prepared once);
   // the verifier takes every stage's descriptors.
-  const bool moved = options.stream && options_.mode == TransferMode::kPull && !options_.verify_plans;
+  const bool moved = streamed_pull && !options_.verify_plans;
   KVB_ASSIGN_OR_RETURN(std::vector<CompactStage> stages,
                        stage_cache_.compact_stages(layout_, nullptr, layouts, fetched, blocks, so, &naive, moved));
   if (options_.verify_plans) {
