@@ -198,6 +198,10 @@ void WorkerImpl::drain_notifications() {
         continue;
       }
       take(it->second, e);
+      // A streamed pull load looks again only when the announcement may
+      // have made a stage ready.
+      const Load& load = it->second;
+      if (load.stream && !load.push && load.looked && load.to_look_at.empty()) continue;
       const std::chrono::nanoseconds cpu0 = thread_cpu_time();
       wake_pump = !start_ready_stages(it->second).ok() || wake_pump;
       it->second.submit_cpu += thread_cpu_time() - cpu0;
@@ -300,9 +304,11 @@ void WorkerImpl::announce(Load& load, const EngineKey& engine, uint32_t layer, c
     if (load.fetched->engines[s] != engine || load.announced[s][layer] != 0) continue;
     load.announced[s][layer] = 1;
     load.events[s][layer] = event;
+    // Only a stage that reads this source may have become ready.
     if (layer < load.stages_of_layer.size()) {
-      const std::vector<uint32_t>& stages = load.stages_of_layer[layer];
-      load.to_look_at.insert(load.to_look_at.end(), stages.begin(), stages.end());
+      for (uint32_t k : load.stages_of_layer[layer]) {
+        if (load.stages[k].reads(s)) load.to_look_at.push_back(k);
+      }
     }
   }
 }
