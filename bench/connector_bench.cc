@@ -335,7 +335,7 @@ double thread_cpu_seconds() {
 //   load_ms      start_load() to its result
 //   cpu_ms       the process's CPU time (every thread) of one load
 //   hbm_ms, cpu_pct, descriptors, bytes: as BM_LoadHostCost's
-void BM_PushHostCost(benchmark::State& state) {
+void BM_PushHostCost(benchmark::State& state, bool stream) {
   constexpr uint64_t kTokens = 128 * 1024, kBlocks = kTokens / 16, kNumBlocks = kBlocks + 64;
   std::vector<std::unique_ptr<BigRank>> prefill, decode;
   std::vector<std::string> paddr, daddr;
@@ -359,6 +359,7 @@ void BM_PushHostCost(benchmark::State& state) {
     return state.SkipWithError("cannot connect the instances");
   }
   const Request q = shuffled(kTokens);
+  const std::vector<std::string> layers = layer_order(prefill[0]->layout);
   uint64_t n = 0, later = 0;
   double push_ms = 0, push_cpu = 0, grant_cpu = 0, wall = 0, cpu = 0;
   LoadResult last;
@@ -366,10 +367,15 @@ void BM_PushHostCost(benchmark::State& state) {
     const std::string id = "req-" + std::to_string(n);
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = process_cpu_seconds();
-    if (!w.start_load(id, "prefill", q).ok()) return state.SkipWithError("start_load failed");
+    if (!w.start_load(id, "prefill", q, LoadOptions::streaming(stream)).ok()) {
+      return state.SkipWithError("start_load failed");
+    }
     const auto p0 = std::chrono::steady_clock::now();
     const double pc0 = thread_cpu_seconds();
-    if (Status s = p.push(id, "decode", q, LoadOptions{}); !s.ok()) return state.SkipWithError(s.to_string().c_str());
+    Status pushed = p.push(id, "decode", q, LoadOptions::streaming(stream));
+    // Streamed: every layer saved at once, each written as it is saved.
+    for (size_t l = 0; pushed.ok() && stream && l < layers.size(); ++l) pushed = p.save_layer(id, layers[l]);
+    if (!pushed.ok()) return state.SkipWithError(pushed.to_string().c_str());
     const double pc1 = thread_cpu_seconds();
     const double pms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
     if (Status s = p.wait_for_save(id, 60000ms); !s.ok()) return state.SkipWithError(s.to_string().c_str());
@@ -518,8 +524,10 @@ BENCHMARK_CAPTURE(BM_LoadHostCost, llama3_70b_128k / P_TP8 / D_TP2 / shuffled, 2
 BENCHMARK_CAPTURE(BM_LoadHostCost, llama3_70b_128k / P_TP8 / D_TP8 / shuffled / streamed, 8, true)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(22);
-BENCHMARK(BM_PushHostCost)
-    ->Name("BM_PushHostCost/llama3_70b_128k/P_TP8/D_TP8/shuffled")
+BENCHMARK_CAPTURE(BM_PushHostCost, llama3_70b_128k / P_TP8 / D_TP8 / shuffled, false)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(12);
+BENCHMARK_CAPTURE(BM_PushHostCost, llama3_70b_128k / P_TP8 / D_TP8 / shuffled / streamed, true)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(12);
 
