@@ -334,19 +334,18 @@ struct WorkerOptions {
   // arrive whole, and a recompute starts there. A request whose KV cannot
   // resume mid-way (a state or scratch group, a sliding window moved only in
   // part) is one chunk whatever this says. 0: one chunk per load. A
-  // streamed pull load is not cut by tokens (its stages are layer ranges:
-  // a layer's chunks would become ready together and be read together).
+  // streamed load is not cut by tokens (its stages are layer ranges: a
+  // layer's chunks would become ready together and move together).
   uint64_t load_chunk_tokens = 2048;
   // A streamed load (LoadOptions::stream) moves in stages of this many
   // consecutive layers of layer_order() (plan_stages(), plan.h), each read
   // once every prefill rank it reads from said its layers are saved. 0: all
-  // layers in one stage. A pull load's stage is its layers for every token
-  // (not cut by load_chunk_tokens), one read per source rank: a stage that
+  // layers in one stage. A stage is its layers for every token (not cut by
+  // load_chunk_tokens), one read (write) per source rank: a stage that
   // fails leaves those layers bad for every token, so first_bad_token is
   // then the first the load moves (a streamed load's failures are of whole
   // layers anyway: a source gone, a layer not announced in time). From a
   // shape's template on, a later layer's stage is the first layer's moved.
-  // A push load's stages are cut by load_chunk_tokens as well.
   uint32_t stream_layers_per_stage = 1;
 };
 
@@ -419,6 +418,10 @@ struct WorkerStats {
   // source (Engine::submit_runs): the reads, the lists prepared, and the
   // lists held now (by loads not over yet).
   uint64_t moved_stage_reads = 0, prepared_lists = 0, prepared_lists_held = 0;
+  // Push, streamed: writes of a stage that is an earlier stage moved, each
+  // submitted as runs of that stage's items, prepared with the engine once
+  // per push and decode rank.
+  uint64_t moved_stage_writes = 0;
   uint64_t notifications_failed = 0;
   // Pull: reads a source refused as not granted (WorkerOptions::remote_access
   // kGrantedRead there: the read overtook the hand-off or this rank's

@@ -148,6 +148,12 @@ struct LoadTensors {
               std::span<const Layout> remotes);
 };
 
+// The tokens per chunk a load is cut into (StageOptions::chunk_tokens), the
+// same on a decode rank and the prefill ranks that push to it: a streamed
+// load is cut by layers only (0: one chunk), a layer's chunks being ready
+// together; otherwise WorkerOptions::load_chunk_tokens.
+inline uint64_t chunk_tokens_of(bool stream, uint64_t load_chunk_tokens) { return stream ? 0 : load_chunk_tokens; }
+
 // A stage of `load` from its compact plan: per source its items and the
 // runs that repeat them (a moved run of the plan is a moved run of each
 // source's items, checked and expanded by the engine; a pull reads them

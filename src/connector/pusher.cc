@@ -55,7 +55,7 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
   }
   StageOptions so;
   so.layers_per_stage = options.stream ? options_.stream_layers_per_stage : 0;
-  so.chunk_tokens = options_.load_chunk_tokens;
+  so.chunk_tokens = chunk_tokens_of(options.stream, options_.load_chunk_tokens);  // as the decode rank cuts it
   Pushed p;
   p.instance = instance;
   p.stream = options.stream;
@@ -70,7 +70,11 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
                                           std::to_string(d));
     }
     if (std::find(sources->begin(), sources->end(), me) == sources->end()) continue;
-    Result<std::vector<CompactStage>> stages = stages_.compact_stages(reader, decode, own->layouts, own, blocks, so);
+    // Streamed, from a shape's template on, a later layer's stage is the
+    // first layer's moved (as the decode rank plans it).
+    const bool moved = options.stream && !options_.verify_plans;
+    Result<std::vector<CompactStage>> stages =
+        stages_.compact_stages(reader, decode, own->layouts, own, blocks, so, nullptr, moved);
     if (!stages.ok()) {
       return stages.error().with_context("request " + q(request) + ": planning " + instance + " rank " +
                                          std::to_string(d));
@@ -87,43 +91,12 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
                                       " failed verification");
       }
     }
-    // The plan is the reader's: its local side is the decode rank's, its
-    // sources this instance's ranks. This rank's part of each stage is
-    // built as the reader builds it (its items and the moved runs that
-    // repeat them), then turned around: this rank writes what it reads.
-    std::vector<RegionId> reader_regions;
-    for (const TensorRegion& x : decode->infos[d].tensors) reader_regions.push_back(x.region);
-    // Of the sources, only this rank's part is built: only its regions.
-    std::vector<RankInfo> infos(own->infos.size());
-    for (RegionId r : regions_) infos[me].tensors.push_back(TensorRegion{{}, r, 0, 0});
-    const LoadTensors tensors(reader_regions, reader, infos, own->layouts);
-    Load scratch;
-    scratch.used.assign(own->layouts.size(), false);
     Target t;
     t.rank = d;
     t.engine = decode->engines[d];
     t.stages = static_cast<uint32_t>(stages->size());
-    for (uint32_t k = 0; k < stages->size(); ++k) {
-      LoadStage ls = load_stage(scratch, (*stages)[k], tensors, me);
-      if (me >= ls.items.size() || ls.items[me].empty()) continue;
-      Stage st;
-      st.first_layer = ls.first_layer;
-      st.end_layer = ls.end_layer;
-      st.device = ls.device[me] != 0;
-      st.items = std::move(ls.items[me]);
-      for (TransferItem& it : st.items) {
-        std::swap(it.local, it.remote);
-        std::swap(it.local_offset, it.remote_offset);
-      }
-      // The moved runs (a table run as one moved run per move), turned
-      // around.
-      for (const ItemRun& r : expanded_runs(ls, me, reader_regions, infos[me])) {
-        st.runs.push_back({r.first, r.count, r.moved, r.remote, r.remote_shift, r.local, r.local_shift, r.moves});
-      }
-      t.mine.emplace(k, std::move(st));
-    }
+    KVB_RETURN_IF_ERROR(build_target(request, instance, *decode, *own, *stages, &t));
     if (t.mine.empty()) continue;
-    KVB_ASSIGN_OR_RETURN(t.peer, remotes_.peer(instance, d));
     p.targets.push_back(std::move(t));
   }
   if (!options.stream && options.ready.empty()) {
@@ -153,6 +126,89 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
   p.touched = Clock::now();
   auto [it, inserted] = pushed_.emplace(request, std::move(p));
   submit_ready(request, it->second);
+  return Status();
+}
+
+// This rank's part of each of `stages` (decode rank target->rank's plan) in
+// target->mine, and the connection to that rank when there is one.
+Status Pusher::build_target(const RequestId& request, const std::string& instance, const Fetched& decode,
+                            const Fetched& own, const std::vector<CompactStage>& stages, Target* target) {
+  Target& t = *target;
+  const uint32_t d = t.rank, me = local_.rank();
+  // The plan is the reader's: its local side is the decode rank's, its
+  // sources this instance's ranks. This rank's part of each stage is
+  // built as the reader builds it (its items and the moved runs that
+  // repeat them), then turned around: this rank writes what it reads.
+  std::vector<RegionId> reader_regions;
+  for (const TensorRegion& x : decode.infos[d].tensors) reader_regions.push_back(x.region);
+  // Of the sources, only this rank's part is built: only its regions.
+  std::vector<RankInfo> infos(own.infos.size());
+  for (RegionId r : regions_) infos[me].tensors.push_back(TensorRegion{{}, r, 0, 0});
+  const LoadTensors tensors(reader_regions, decode.layouts[d], infos, own.layouts);
+  Load scratch;
+  scratch.used.assign(own.layouts.size(), false);
+  // A moved stage writes the items of the stage it is moved from, moved:
+  // runs of a list of them prepared once per decode rank.
+  std::vector<uint8_t> moved_from(stages.size(), 0);
+  for (const CompactStage& s : stages) {
+    if (s.moved_from >= 0) moved_from[static_cast<size_t>(s.moved_from)] = 1;
+  }
+  std::vector<std::vector<LiteralItems>> literal(stages.size());
+  std::map<uint32_t, std::shared_ptr<const WriteList>> lists;  // by the stage moved from
+  bool peered = false;
+  for (uint32_t k = 0; k < stages.size(); ++k) {
+    const CompactStage& cs = stages[k];
+    LoadStage ls;
+    if (cs.moved_from >= 0) {
+      KVB_ASSIGN_OR_RETURN(ls, moved_load_stage(scratch, cs, tensors, literal[static_cast<size_t>(cs.moved_from)]));
+    } else {
+      ls = load_stage(scratch, cs, tensors, me, moved_from[k] ? &literal[k] : nullptr);
+    }
+    if (!ls.reads(me)) continue;
+    Stage st;
+    st.first_layer = ls.first_layer;
+    st.end_layer = ls.end_layer;
+    st.device = ls.device[me] != 0;
+    if (ls.from != LoadStage::kNotMoved) {
+      auto base = t.mine.find(ls.from);
+      if (base == t.mine.end()) {
+        return Status::internal("request " + q(request) + ": stage " + std::to_string(k) + " to " + instance +
+                                " rank " + std::to_string(d) + " is moved from stage " + std::to_string(ls.from) +
+                                ", which this rank does not write");
+      }
+      st.items = base->second.items;
+      std::shared_ptr<const WriteList>& list = lists[ls.from];
+      if (!list) {
+        if (!peered) {
+          KVB_ASSIGN_OR_RETURN(t.peer, remotes_.peer(instance, d));
+          peered = true;
+        }
+        Result<PreparedId> id = engine_.prepare(t.peer, TransferOp::kWrite, *st.items);
+        if (!id.ok()) {
+          return id.error().with_context("request " + q(request) + ": preparing the writes to " + instance + " rank " +
+                                         std::to_string(d));
+        }
+        list = std::make_shared<const WriteList>(&engine_, *id);
+      }
+      st.list = list;
+    } else {
+      std::vector<TransferItem> items = std::move(ls.items[me]);
+      for (TransferItem& it : items) {
+        std::swap(it.local, it.remote);
+        std::swap(it.local_offset, it.remote_offset);
+      }
+      st.items = std::make_shared<const std::vector<TransferItem>>(std::move(items));
+    }
+    // The moved runs (a table run as one moved run per move), turned
+    // around.
+    for (const ItemRun& r : expanded_runs(ls, me, reader_regions, infos[me])) {
+      st.runs.push_back({r.first, r.count, r.moved, r.remote, r.remote_shift, r.local, r.local_shift, r.moves});
+    }
+    t.mine.emplace(k, std::move(st));
+  }
+  if (!t.mine.empty() && !peered) {
+    KVB_ASSIGN_OR_RETURN(t.peer, remotes_.peer(instance, d));
+  }
   return Status();
 }
 
@@ -232,7 +288,7 @@ void Pusher::submit_ready(const RequestId& request, Pushed& p) {
       m.request = request;
       m.stage = k;
       m.stages = t.stages;
-      m.where = write_places(st.items, st.runs, /*items_are_reads=*/false);
+      m.where = write_places(*st.items, st.runs, /*items_are_reads=*/false);
       Write w;
       w.peer = t.peer;
       w.options.timeout = options_.transfer_timeout;
@@ -243,7 +299,9 @@ void Pusher::submit_ready(const RequestId& request, Pushed& p) {
       w.give_up = Clock::now() + options_.transfer_timeout;
       w.flight = st.flight;
       w.acks = p.acks;
-      w.items = std::make_shared<const std::vector<TransferItem>>(std::exchange(st.items, {}));
+      w.items = std::exchange(st.items, {});
+      w.list = st.list ? st.list->id : 0;
+      if (w.list != 0) moved_stage_writes_.fetch_add(1, std::memory_order_relaxed);
       if (!st.runs.empty()) {
         w.runs = std::make_shared<const std::vector<ItemRun>>(std::exchange(st.runs, {}));
         writes_as_runs_.fetch_add(1, std::memory_order_relaxed);

@@ -79,6 +79,8 @@ class Pusher {
   std::chrono::steady_clock::time_point next_retry() const;
   // Stage writes submitted as runs (WorkerStats::writes_as_runs).
   uint64_t writes_as_runs() const { return writes_as_runs_.load(std::memory_order_relaxed); }
+  // Writes of a stage moved from another (WorkerStats::moved_stage_writes).
+  uint64_t moved_stage_writes() const { return moved_stage_writes_.load(std::memory_order_relaxed); }
 
  private:
   struct Acks {
@@ -95,11 +97,27 @@ class Pusher {
     TransferId id = 0;  // the latest submitted
     bool cancelled = false;
   };
+  // A list of items prepared with the engine for writes to one decode rank
+  // (Engine::prepare), released with the stages holding it, under mu_ (the
+  // engine outlives the worker; a write tried again after that fails).
+  struct WriteList {
+    Engine* engine = nullptr;
+    PreparedId id = 0;
+    WriteList(Engine* e, PreparedId i) : engine(e), id(i) {}
+    WriteList(const WriteList&) = delete;
+    WriteList& operator=(const WriteList&) = delete;
+    ~WriteList() { (void)engine->release_prepared(id); }
+  };
   struct Stage {
     uint32_t first_layer = 0, end_layer = 0;
-    bool device = false;              // a write of device memory (either side): it waits on the producer's events
-    std::vector<TransferItem> items;  // from this rank; emptied once submitted
-    std::vector<ItemRun> runs;        // that repeat them (the later layers'), or none: the items alone
+    bool device = false;  // a write of device memory (either side): it waits on the producer's events
+    // From this rank: the items, or (a stage moved from another) that
+    // stage's items, shared.
+    std::shared_ptr<const std::vector<TransferItem>> items;
+    std::vector<ItemRun> runs;  // that repeat them (the later layers'), or none: the items alone
+    // A stage moved from another: the runs are over that stage's items,
+    // prepared (moved runs only; Engine::submit_runs).
+    std::shared_ptr<const WriteList> list;
     std::shared_ptr<Flight> flight = std::make_shared<Flight>();
     bool submitted = false;
   };
@@ -108,6 +126,7 @@ class Pusher {
     PeerId peer = 0;
     std::shared_ptr<const std::vector<TransferItem>> items;  // shared by its tries, never copied
     std::shared_ptr<const std::vector<ItemRun>> runs;        // none: the items alone
+    PreparedId list = 0;                                     // not 0: the runs are over this list's items
     std::string what;                                        // "request R: writing to I rank N", for a submit's error
     SubmitOptions options;                                   // without on_end
     std::string unwritten;                                   // the message that tells the decode rank it failed
@@ -158,6 +177,8 @@ class Pusher {
     bool saved = false;
     Readiness ready;
   };
+  Status build_target(const RequestId& request, const std::string& instance, const Fetched& decode, const Fetched& own,
+                      const std::vector<CompactStage>& stages, Target* target);
   // Requires mu_: submits every stage of `p` whose layers are saved.
   void submit_ready(const RequestId& request, Pushed& p);
   std::vector<Saved>& saved_locked(const RequestId& request);
@@ -173,7 +194,7 @@ class Pusher {
   Engine& engine_;
   Remotes& remotes_;
   StageCache& stages_;
-  std::atomic<uint64_t> writes_as_runs_{0};
+  std::atomic<uint64_t> writes_as_runs_{0}, moved_stage_writes_{0};
   const Layout& local_;
   const std::vector<RegionId> regions_;
   const std::vector<std::string> layers_;

@@ -37,6 +37,7 @@ void Pusher::start_write(const std::shared_ptr<Shared>& shared, Write w) {
   const PeerId peer = w.peer;
   const std::shared_ptr<const std::vector<TransferItem>> items = w.items;
   const std::shared_ptr<const std::vector<ItemRun>> runs = w.runs;
+  const PreparedId list = w.list;
   const std::shared_ptr<Flight> flight = w.flight;
   const std::shared_ptr<Acks> acks = w.acks;
   const std::string unwritten = w.unwritten, what = w.what;
@@ -68,9 +69,9 @@ void Pusher::start_write(const std::shared_ptr<Shared>& shared, Write w) {
     if (error.code() == Code::kTimeout && !w.refused.ok()) error = w.refused;
     ended(*shared->engine, *w.acks, shared->failures, w.peer, w.unwritten, shared->timeout, error);
   };
-  Result<TransferId> id = runs && !runs->empty()
-                              ? shared->engine->submit(peer, TransferOp::kWrite, *items, *runs, std::move(o))
-                              : shared->engine->submit(peer, TransferOp::kWrite, *items, std::move(o));
+  Result<TransferId> id = list != 0 ? shared->engine->submit_runs(list, *runs, std::move(o))
+                          : runs    ? shared->engine->submit(peer, TransferOp::kWrite, *items, *runs, std::move(o))
+                                    : shared->engine->submit(peer, TransferOp::kWrite, *items, std::move(o));
   if (!id.ok()) {
     ended(*shared->engine, *acks, shared->failures, peer, unwritten, shared->timeout, id.error().with_context(what));
     return;

@@ -309,6 +309,7 @@ WorkerStats WorkerImpl::stats() const {
   s.move_tables_kept = move_tables_.size();
   s.prepared_lists_held = lists_held_.load(std::memory_order_relaxed);
   s.writes_as_runs = pusher_ ? pusher_->writes_as_runs() : 0;
+  s.moved_stage_writes = pusher_ ? pusher_->moved_stage_writes() : 0;
   s.handshakes = remotes_->handshakes();
   s.handshakes_served = server_->served();
   s.handshakes_rejected = server_->rejected();

@@ -102,7 +102,10 @@ struct Sources {
 
 // Push mode: every source of the stage said it wrote its part.
 inline bool written(const LoadStage& st) {
-  return std::all_of(st.items.begin(), st.items.end(), [](const auto& v) { return v.empty(); });
+  for (size_t s = 0; s < st.items.size(); ++s) {
+    if (st.reads(s)) return false;
+  }
+  return true;
 }
 
 // What the engine's callbacks push and the pump takes. Shared, so a

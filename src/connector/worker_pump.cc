@@ -264,7 +264,7 @@ void WorkerImpl::take(Load& load, const Early& e) {
     return;
   }
   LoadStage& st = load.stages[e.a];
-  if (st.submitted || s >= st.items.size() || st.items[s].empty()) return;  // a repeat, or not a source of it
+  if (st.submitted || !st.reads(s)) return;  // a repeat, or not a source of it
   if (e.kind == Message::Kind::kUnwritten) {
     st.failed = true;
     if (load.start_error.ok()) {
@@ -290,6 +290,7 @@ void WorkerImpl::take(Load& load, const Early& e) {
     return;
   }
   st.items[s].clear();
+  if (st.from != LoadStage::kNotMoved) st.runs[s].clear();  // its items are the other stage's
   if (!written(st)) return;
   st.submitted = true;
   --load.unsubmitted;

@@ -4,6 +4,7 @@
 // mismatches.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <thread>
 
@@ -239,6 +240,80 @@ TEST(WorkerPushTest, StreamedEachLayerIsWrittenOnceSavedAndNothingLaterMoves) {
   EXPECT_EQ(r.stages, 32u);
   for (auto& p : s.prefill) EXPECT_TRUE(p->worker->wait_for_save("1", 5s).ok());
 }
+
+// Streamed pushes of one shape, from its template on: a later layer's
+// stage is the first layer's moved, on both sides. The prefill writes it as
+// runs of a list of the first layer's items prepared once per decode rank,
+// the decode grants its places as repeats of the first layer's (over tcp,
+// kGrantedWrite: a write outside them is refused), and both hash the
+// places. Every byte lands, also when the layers are saved last to first;
+// a push told other blocks than the load named fails the load, moved
+// stages too.
+class WorkerPushMovedTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(WorkerPushMovedTest, StreamedPushesWriteLaterLayersAsTheFirstLayersItemsMoved) {
+  const bool tcp = GetParam() == "tcp";
+  InstanceOptions d = push_opts("decode", 2, tcp ? RemoteAccess::kGrantedWrite : RemoteAccess::kWrite);
+  InstanceOptions p = push_opts("prefill", 2, RemoteAccess::kNone);
+  d.transport = p.transport = GetParam();
+  d.worker.transfer_timeout = p.worker.transfer_timeout = 2s;
+  Pushing s(2, d, p);
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> ids = {
+      {{1, 2, 3}, {4, 5, 6}}, {{7, 0, 5}, {2, 6, 0}}, {{3, 4, 6}, {5, 1, 7}}, {{6, 1, 2}, {0, 3, 4}}};
+  uint64_t seed = 40;
+  for (size_t n = 0; n < ids.size(); ++n, ++seed) {
+    Request q = request();
+    q.blocks["full"] = {ids[n].first, ids[n].second};
+    const RequestId id = "m" + std::to_string(n);
+    for (auto& r : s.prefill) ASSERT_TRUE(fill_request(r->layout, q, RequestSide::kRemote, 0, seed, r->spans).ok());
+    for (auto& r : s.decode) ASSERT_TRUE(r->worker->start_load(id, "prefill", q, LoadOptions::streaming(true)).ok());
+    for (auto& r : s.prefill) ASSERT_TRUE(r->worker->push(id, "decode", q, LoadOptions::streaming(true)).ok());
+    std::vector<std::string> order = s.layers;
+    if (n == 2) std::reverse(order.begin(), order.end());
+    for (const std::string& l : order) {
+      for (auto& r : s.prefill) ASSERT_TRUE(r->worker->save_layer(id, l).ok());
+    }
+    for (auto& r : s.prefill) ASSERT_TRUE(r->worker->wait_for_save(id, 5s).ok()) << id;
+    for (auto& r : s.decode) {
+      LoadResult lr = wait_one(*r->worker);
+      ASSERT_TRUE(lr.error.ok()) << id << ": " << lr.error.to_string();
+      EXPECT_EQ(lr.stages, s.layers.size()) << "a streamed load is cut by layers only";
+      Result<ContentReport> c = check_request(r->layout, q, RequestSide::kLocal, 0, seed, r->spans);
+      ASSERT_TRUE(c.ok());
+      EXPECT_EQ(c->bad_cells, 0u) << id << ": " << c->first_error;
+    }
+  }
+  // Per prefill rank, the pushes from the second on (the second builds the
+  // template) to the decode rank that reads it (same TP): every layer after
+  // the first.
+  for (auto& r : s.prefill) EXPECT_EQ(r->worker->stats().moved_stage_writes, 3u * (s.layers.size() - 1));
+  // Told other blocks than the load named (the same shape): the load fails.
+  Request named = request();
+  named.blocks["full"] = {ids[0].first, ids[0].second};
+  Request elsewhere = named;
+  elsewhere.blocks["full"].local = {ids[0].first[2], ids[0].first[1], ids[0].first[0]};
+  for (auto& r : s.decode) ASSERT_TRUE(r->worker->start_load("x", "prefill", named, LoadOptions::streaming(true)).ok());
+  for (auto& r : s.prefill) ASSERT_TRUE(r->worker->push("x", "decode", elsewhere, LoadOptions::streaming(true)).ok());
+  for (const std::string& l : s.layers) {
+    for (auto& r : s.prefill) ASSERT_TRUE(r->worker->save_layer("x", l).ok());
+  }
+  for (auto& r : s.decode) {
+    LoadResult lr = wait_one(*r->worker);
+    ASSERT_FALSE(lr.error.ok()) << "a load whose blocks were written elsewhere reported ok";
+    if (!tcp) {
+      EXPECT_NE(lr.error.message().find("to other places than this load's blocks"), std::string::npos)
+          << lr.error.to_string();
+    }
+  }
+  for (auto& r : s.prefill) {
+    Status saved = r->worker->wait_for_save("x", 5s);
+    if (tcp) {
+      EXPECT_EQ(saved.code(), Code::kPermissionDenied) << saved.to_string();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, WorkerPushMovedTest, ::testing::Values("local", "tcp"));
 
 // The prefill may finish before the decode rank's start_load(): what it
 // said is kept for the load.

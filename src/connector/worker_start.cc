@@ -89,16 +89,16 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   const std::vector<Layout>& layouts = fetched->layouts;
   StageOptions so;
   so.layers_per_stage = options.stream ? options_.stream_layers_per_stage : 0;
-  // A streamed pull load is cut by layers only: a layer range's chunks
-  // become ready together and would be read together. A push load's cut
-  // is the sources' too (they plan as this rank does).
-  const bool streamed_pull = options.stream && options_.mode == TransferMode::kPull;
-  so.chunk_tokens = streamed_pull ? 0 : options_.load_chunk_tokens;
+  // A streamed load is cut by layers only: a layer range's chunks become
+  // ready together and would be read (written) together. The sources of a
+  // push load cut it as this rank does (chunk_tokens_of(), load.h).
+  so.chunk_tokens = chunk_tokens_of(options.stream, options_.load_chunk_tokens);
   uint64_t naive = 0;
-  // A streamed pull load takes its later layers' stages as its first
-  // layer's moved (read as runs of that stage's items, prepared once);
-  // the verifier takes every stage's descriptors.
-  const bool moved = streamed_pull && !options_.verify_plans;
+  // A streamed load takes its later layers' stages as its first layer's
+  // moved (pull: read as runs of that stage's items, prepared once; push:
+  // granted as repeats of its places); the verifier takes every stage's
+  // descriptors.
+  const bool moved = options.stream && !options_.verify_plans;
   KVB_ASSIGN_OR_RETURN(std::vector<CompactStage> stages,
                        stage_cache_.compact_stages(layout_, nullptr, layouts, fetched, blocks, so, &naive, moved));
   if (options_.verify_plans) {
@@ -175,23 +175,40 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     load.peers.push_back(*p);
     load.result.sources.push_back(static_cast<uint32_t>(s));
   }
-  KVB_RETURN_IF_ERROR(prepare_lists(load));
+  if (!load.push) KVB_RETURN_IF_ERROR(prepare_lists(load));
   if (load.push) {
     // What each source writes: its items and the runs that repeat them,
     // granted in that form (its first layer's places, and each later
     // layer's as a repeat of them: a grant that grows with the blocks, not
     // the layers), and their hash (the "wrote" it sends names the same
-    // places).
+    // places). A moved stage's places repeat those of the stage it is
+    // moved from.
     for (LoadStage& st : load.stages) st.where.assign(st.items.size(), 0);
+    std::vector<size_t> granted_at(load.stages.size());  // per stage, where its places start (items alone)
     for (size_t s = 0, k = 0; s < load.used.size(); ++s) {
       if (!load.used[s]) continue;
       std::vector<WriteGrant> places;
       std::vector<GrantRepeat> repeats;
-      for (LoadStage& st : load.stages) {
-        if (st.items[s].empty()) continue;
+      for (size_t i = 0; i < load.stages.size(); ++i) {
+        LoadStage& st = load.stages[i];
+        granted_at[i] = SIZE_MAX;
+        if (!st.reads(s)) continue;
+        if (st.from != LoadStage::kNotMoved) {
+          const std::vector<TransferItem>& items = load.stages[st.from].items[s];
+          st.where[s] = write_places(items, st.runs[s], /*items_are_reads=*/true);
+          if (granted_at[st.from] == SIZE_MAX) {
+            grant_places(items, st.runs[s], &places, &repeats);  // each run's places, moved
+            continue;
+          }
+          for (const ItemRun& r : st.runs[s]) {
+            repeats.push_back({granted_at[st.from] + r.first, r.count, r.local, r.local_shift});
+          }
+          continue;
+        }
         const std::vector<TransferItem>& items = st.items[s];
         const std::vector<ItemRun> runs = stage_runs(load, st, s);
         st.where[s] = write_places(items, runs, /*items_are_reads=*/true);
+        if (runs.empty()) granted_at[i] = places.size();
         grant_places(items, runs, &places, &repeats);
       }
       Result<GrantId> g = engine_.grant_writes(load.peers[k++], places, repeats);
