@@ -412,15 +412,15 @@ struct WorkerStats {
   // per (source rank, a stage's moves), so that a read's moved runs are
   // checked as one: prepared, and kept now.
   uint64_t move_tables = 0, move_tables_kept = 0;
-  // Pull, streamed: reads of a stage that is an earlier stage moved (a
-  // later layer's: StageTemplate::instantiate_moved), each submitted as
-  // runs of that stage's items, prepared with the engine once per load and
-  // source (Engine::submit_runs): the reads, the lists prepared, and the
-  // lists held now (by loads not over yet).
+  // Streamed: reads of a stage that is an earlier stage moved (a later
+  // layer's: StageTemplate::instantiate_moved), each submitted as runs of
+  // that stage's items, prepared with the engine once per load and source
+  // (Engine::submit_runs); the lists prepared (also for moved_stage_writes)
+  // and those held now (by loads and pushes not over yet).
   uint64_t moved_stage_reads = 0, prepared_lists = 0, prepared_lists_held = 0;
   // Push, streamed: writes of a stage that is an earlier stage moved, each
   // submitted as runs of that stage's items, prepared with the engine once
-  // per push and decode rank.
+  // per push and decode rank, released when wait_for_save() returns.
   uint64_t moved_stage_writes = 0;
   uint64_t notifications_failed = 0;
   // Pull: reads a source refused as not granted (WorkerOptions::remote_access

@@ -188,7 +188,8 @@ Status Pusher::build_target(const RequestId& request, const std::string& instanc
           return id.error().with_context("request " + q(request) + ": preparing the writes to " + instance + " rank " +
                                          std::to_string(d));
         }
-        list = std::make_shared<const WriteList>(&engine_, *id);
+        list = std::make_shared<const WriteList>(&engine_, *id, &lists_held_);
+        lists_prepared_.fetch_add(1, std::memory_order_relaxed);
       }
       st.list = list;
     } else {

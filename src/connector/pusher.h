@@ -79,8 +79,11 @@ class Pusher {
   std::chrono::steady_clock::time_point next_retry() const;
   // Stage writes submitted as runs (WorkerStats::writes_as_runs).
   uint64_t writes_as_runs() const { return writes_as_runs_.load(std::memory_order_relaxed); }
-  // Writes of a stage moved from another (WorkerStats::moved_stage_writes).
+  // Writes of a stage moved from another (WorkerStats::moved_stage_writes),
+  // and the lists of items prepared for them: in all, and held now.
   uint64_t moved_stage_writes() const { return moved_stage_writes_.load(std::memory_order_relaxed); }
+  uint64_t lists_prepared() const { return lists_prepared_.load(std::memory_order_relaxed); }
+  uint64_t lists_held() const { return lists_held_.load(std::memory_order_relaxed); }
 
  private:
   struct Acks {
@@ -103,10 +106,14 @@ class Pusher {
   struct WriteList {
     Engine* engine = nullptr;
     PreparedId id = 0;
-    WriteList(Engine* e, PreparedId i) : engine(e), id(i) {}
+    std::atomic<uint64_t>* held = nullptr;  // the Pusher's count
+    WriteList(Engine* e, PreparedId i, std::atomic<uint64_t>* h) : engine(e), id(i), held(h) { ++*held; }
     WriteList(const WriteList&) = delete;
     WriteList& operator=(const WriteList&) = delete;
-    ~WriteList() { (void)engine->release_prepared(id); }
+    ~WriteList() {
+      (void)engine->release_prepared(id);
+      --*held;
+    }
   };
   struct Stage {
     uint32_t first_layer = 0, end_layer = 0;
@@ -194,7 +201,7 @@ class Pusher {
   Engine& engine_;
   Remotes& remotes_;
   StageCache& stages_;
-  std::atomic<uint64_t> writes_as_runs_{0}, moved_stage_writes_{0};
+  std::atomic<uint64_t> writes_as_runs_{0}, moved_stage_writes_{0}, lists_prepared_{0}, lists_held_{0};
   const Layout& local_;
   const std::vector<RegionId> regions_;
   const std::vector<std::string> layers_;

@@ -310,6 +310,10 @@ WorkerStats WorkerImpl::stats() const {
   s.prepared_lists_held = lists_held_.load(std::memory_order_relaxed);
   s.writes_as_runs = pusher_ ? pusher_->writes_as_runs() : 0;
   s.moved_stage_writes = pusher_ ? pusher_->moved_stage_writes() : 0;
+  if (pusher_) {
+    s.prepared_lists += pusher_->lists_prepared();
+    s.prepared_lists_held += pusher_->lists_held();
+  }
   s.handshakes = remotes_->handshakes();
   s.handshakes_served = server_->served();
   s.handshakes_rejected = server_->rejected();

@@ -286,7 +286,13 @@ TEST_P(WorkerPushMovedTest, StreamedPushesWriteLaterLayersAsTheFirstLayersItemsM
   // Per prefill rank, the pushes from the second on (the second builds the
   // template) to the decode rank that reads it (same TP): every layer after
   // the first.
-  for (auto& r : s.prefill) EXPECT_EQ(r->worker->stats().moved_stage_writes, 3u * (s.layers.size() - 1));
+  // Through one prepared list per push, none held once its writes ended.
+  for (auto& r : s.prefill) {
+    const WorkerStats st = r->worker->stats();
+    EXPECT_EQ(st.moved_stage_writes, 3u * (s.layers.size() - 1));
+    EXPECT_EQ(st.prepared_lists, 3u);
+    EXPECT_EQ(st.prepared_lists_held, 0u) << "a push waited for still holds its prepared list";
+  }
   // Told other blocks than the load named (the same shape): the load fails.
   Request named = request();
   named.blocks["full"] = {ids[0].first, ids[0].second};
