@@ -261,7 +261,12 @@ Result<PreparedId> EngineImpl::prepare(PeerId peer, TransferOp op, std::span<con
   list->literal = std::move(literal);
   list->items.assign(items.begin(), items.end());
   list->generation = list->peer->generation;
-  for (const TransferItem& item : items) list->remote[item.remote] = list->peer->regions.at(item.remote).region;
+  // The peer regions named, each once (items come in runs of one region).
+  for (size_t i = 0; i < items.size(); ++i) {
+    const RegionId r = items[i].remote;
+    if (i > 0 && r == items[i - 1].remote) continue;
+    if (list->remote.count(r) == 0) list->remote.emplace(r, list->peer->regions.at(r).region);
+  }
   for (RegionId r : regions) list->holds.push_back(registry_->acquire(r));
   const PreparedId id = next_prepared_++;
   prepared_.emplace(id, std::move(list));
