@@ -20,7 +20,7 @@
 // engine's resolve and submit, completion and the done messages. The
 // streamed row loads the same request with LoadOptions::streaming(): every
 // prefill rank announces its 80 layers at once (save_layer()), and the load
-// moves in a stage per layer and chunk (5,120), each read on its own; the
+// moves in a stage per layer (80), each read on its own; the
 // whole decode instance exists (the announcements go to all its ranks).
 // Counters:
 //   first_ms   start_load() to its result, the first load of the shape
@@ -40,8 +40,7 @@
 //   hbm_ms     the load's bytes at 1.5 TB/s (a GPU's copy rate, computed)
 //   cpu_pct    cpu_ms / hbm_ms in percent
 //   reads      the decode engine's transfers per later load (a read per
-//              stage and source; streamed, from the template on, a read
-//              per layer and source)
+//              stage and source)
 //   descriptors, bytes: the load's
 #include <arpa/inet.h>
 #include <benchmark/benchmark.h>
@@ -324,11 +323,13 @@ double thread_cpu_seconds() {
 // llama3-70b at 128k tokens, TP 8 to TP 8, shuffled ids, prefill rank 0
 // writing decode rank 0's part (the prefill engines' runs report their
 // bytes without copying them), the decode ranks granting their writers
-// only the request's bytes (granted_write). Counters, the loads after the
-// second (from templates):
+// only the request's bytes (granted_write). The streamed row pushes with
+// LoadOptions::streaming() and prefill rank 0 saves its 80 layers at once
+// (save_layer()), each written as it is saved. Counters, the loads after
+// the second (from templates):
 //   push_ms      prefill rank 0's push() (it plans on the caller's thread
-//                and submits the writes)
-//   push_cpu_ms  the CPU time of that call
+//                and submits the writes), and streamed its save_layer()s
+//   push_cpu_ms  the CPU time of those calls
 //   grant_cpu_ms decode rank 0's start_load() work, on its worker's start
 //                thread (planning, and granting the writer the places it
 //                writes: LoadResult::submit_cpu_time)
