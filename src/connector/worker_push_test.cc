@@ -337,21 +337,31 @@ TEST(WorkerPushTest, StagesWrittenBeforeTheLoadStartsAreKept) {
 
 // abort() returns once every source confirmed that none of its writes can
 // land: the later layers never do.
+// Three times, the same shape: from the second on, the later layers are
+// moved stages written as runs of a prepared list, and an abort stops them
+// as it stops any write.
 TEST(WorkerPushTest, AnAbortMidStreamIsConfirmedByTheSourcesAndNothingLaterLands) {
   Pushing s;
   ConnectorWorker& d = *s.decode[0]->worker;
-  ASSERT_TRUE(d.start_load("3", "prefill", request(), LoadOptions::streaming(true)).ok());
-  s.push_all("3", true);
-  for (size_t i = 0; i < 5; ++i) s.compute("3", s.layers[i]);
-  ASSERT_TRUE(d.wait_for_layer("3", s.layers[4], 5s).ok());
-  ASSERT_TRUE(d.abort("3").ok());
-  for (size_t i = 5; i < s.layers.size(); ++i) s.compute("3", s.layers[i]);
-  LoadResult r = wait_one(d);
-  EXPECT_TRUE(r.aborted);
-  EXPECT_EQ(r.error.code(), Code::kCancelled) << r.error.to_string();
-  for (auto& p : s.prefill) EXPECT_TRUE(p->worker->wait_for_save("3", 5s).ok());
-  std::this_thread::sleep_for(50ms);
-  EXPECT_EQ(s.untouched(s.layers.begin() + 5), 0u);
+  for (const RequestId id : {"3", "4", "5"}) {
+    ASSERT_TRUE(d.start_load(id, "prefill", request(), LoadOptions::streaming(true)).ok());
+    s.push_all(id, true);
+    for (size_t i = 0; i < 5; ++i) s.compute(id, s.layers[i]);
+    ASSERT_TRUE(d.wait_for_layer(id, s.layers[4], 5s).ok());
+    ASSERT_TRUE(d.abort(id).ok());
+    for (size_t i = 5; i < s.layers.size(); ++i) s.compute(id, s.layers[i]);
+    LoadResult r = wait_one(d);
+    EXPECT_TRUE(r.aborted);
+    EXPECT_EQ(r.error.code(), Code::kCancelled) << r.error.to_string();
+    for (auto& p : s.prefill) EXPECT_TRUE(p->worker->wait_for_save(id, 5s).ok());
+    std::this_thread::sleep_for(50ms);
+    EXPECT_EQ(s.untouched(s.layers.begin() + 5), 0u) << id;
+  }
+  for (auto& p : s.prefill) {
+    const WorkerStats st = p->worker->stats();
+    EXPECT_GT(st.moved_stage_writes, 0u);
+    EXPECT_EQ(st.prepared_lists_held, 0u);
+  }
 }
 
 // A cancel that comes before push() (the decode rank aborted at once; the
