@@ -86,7 +86,8 @@ Command add_demo_command(CLI::App& root) {
                   "Idle connections to each listener of each prefill rank during the first half of the requests");
   app->add_option("--chunk-tokens", args->chunk_tokens,
                   "Loads in token-ordered chunks of about this many tokens (0: one per load); a failed load "
-                  "recomputes from its first chunk that did not arrive whole")
+                  "recomputes from its first chunk that did not arrive whole (a streamed load is cut by layers "
+                  "only)")
       ->capture_default_str();
   app->add_option("--stream", args->stream,
                   "Layer-wise streaming: off, layer (every request) or auto (requests of --stream-min-tokens and "
