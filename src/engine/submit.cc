@@ -265,7 +265,7 @@ Result<PreparedId> EngineImpl::prepare(PeerId peer, TransferOp op, std::span<con
   for (size_t i = 0; i < items.size(); ++i) {
     const RegionId r = items[i].remote;
     if (i > 0 && r == items[i - 1].remote) continue;
-    if (list->remote.count(r) == 0) list->remote.emplace(r, list->peer->regions.at(r).region);
+    list->remote.try_emplace(r, list->peer->regions.at(r).region);
   }
   for (RegionId r : regions) list->holds.push_back(registry_->acquire(r));
   const PreparedId id = next_prepared_++;
