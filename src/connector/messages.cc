@@ -1,12 +1,14 @@
 #include "connector/messages.h"
 
-// Inlined: a push hashes every place it writes (655,360 for a request of
-// 8,192 blocks of an 80-layer model), each 40 bytes, where a call to the
-// library costs as much as the hash.
+// Inlined: a stage given as items alone hashes every place it writes, each
+// 40 bytes, where a call to the library costs as much as the hash.
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cstdint>
+#include <optional>
 
 #include "common/text.h"
 
@@ -85,32 +87,76 @@ namespace {
 struct Places {
   bool reads;
   uint64_t sum = 0, x = 0, n = 0;
-  void add(const TransferItem& i) {
+  void add(const TransferItem& i) { add_hash(hash(i)); }
+  uint64_t hash(const TransferItem& i) const {
     const uint64_t v[5] = {reads ? i.local : i.remote, reads ? i.local_offset : i.remote_offset,
                            reads ? i.remote : i.local, reads ? i.remote_offset : i.local_offset, i.bytes};
-    const uint64_t h = XXH3_64bits(v, sizeof v);
+    return XXH3_64bits(v, sizeof v);
+  }
+  void add_hash(uint64_t h) {
     sum += h;
     x ^= h;
     ++n;
   }
-  uint64_t digest() const {
-    const uint64_t all[3] = {sum, x, n};
-    return XXH3_64bits(all, sizeof all);
+  uint64_t digest(uint64_t form) const {
+    const uint64_t all[4] = {sum, x, n, form};
+    return (XXH3_64bits(all, sizeof all) & ~uint64_t{1}) | form;
   }
 };
 
-}  // namespace
-
-uint64_t write_places(const std::vector<TransferItem>& items, bool items_are_reads) {
-  Places p{items_are_reads};
-  for (const TransferItem& i : items) p.add(i);
-  return p.digest();
+// An item's offsets and bytes, without its regions (a moved run names them).
+uint64_t offsets_hash(const TransferItem& i, bool reads) {
+  const uint64_t v[3] = {reads ? i.local_offset : i.remote_offset, reads ? i.remote_offset : i.local_offset, i.bytes};
+  return XXH3_64bits(v, sizeof v);
 }
 
-uint64_t write_places(std::span<const TransferItem> items, std::span<const ItemRun> runs, bool items_are_reads) {
+}  // namespace
+
+uint64_t write_places(std::span<const TransferItem> items, bool items_are_reads) {
   Places p{items_are_reads};
-  for_each_item(items, runs, [&p](const TransferItem& i) { p.add(i); });
-  return p.digest();
+  for (const TransferItem& i : items) p.add(i);
+  return p.digest(0);
+}
+
+PlaceSums::PlaceSums(std::span<const TransferItem> items, bool items_are_reads) {
+  sum_.resize(items.size() + 1);
+  xor_.resize(items.size() + 1);
+  for (size_t k = 0; k < items.size(); ++k) {
+    const uint64_t h = offsets_hash(items[k], items_are_reads);
+    sum_[k + 1] = sum_[k] + h;
+    xor_[k + 1] = xor_[k] ^ h;
+  }
+}
+
+uint64_t write_places(std::span<const TransferItem> items, std::span<const ItemRun> runs, bool items_are_reads,
+                      const PlaceSums* sums) {
+  if (runs.empty()) return write_places(items, items_are_reads);
+  std::optional<PlaceSums> own;
+  if (sums == nullptr || sums->size() != items.size()) sums = &own.emplace(items, items_are_reads);
+  Places all{items_are_reads};
+  for (const ItemRun& r : runs) {
+    // The items for_each_item() gives: [first, first + count) within items.
+    const uint64_t a = std::min<uint64_t>(r.first, items.size());
+    const uint64_t b = std::max(a, std::min<uint64_t>(r.first + std::min(r.count, UINT64_MAX - r.first), items.size()));
+    if (!r.moved) {
+      Places literal{items_are_reads};
+      for (uint64_t k = a; k < b; ++k) literal.add(items[k]);
+      const uint64_t v[4] = {1, literal.sum, literal.x, literal.n};
+      all.add_hash(XXH3_64bits(v, sizeof v));
+      continue;
+    }
+    const bool reads = items_are_reads;
+    const uint64_t v[8] = {reads ? r.local : r.remote,
+                           reads ? r.local_shift : r.remote_shift,
+                           reads ? r.remote : r.local,
+                           reads ? r.remote_shift : r.local_shift,
+                           sums->sum(a, b),
+                           sums->xor_of(a, b),
+                           b - a,
+                           2};
+    all.add_hash(XXH3_64bits(v, sizeof v));
+  }
+  return all.digest(1);
 }
 
 std::optional<Message> parse_message(std::string_view m) {

@@ -70,14 +70,41 @@ struct Message {
   uint64_t where = 0;              // kWrote: write_places() of the stage's writes
 };
 
-// Where a stage's writes go, as one value both sides compute: over each
-// item's (destination region, offset; source region, offset; bytes), in any
-// order. The writer names its items' remote side the destination, the
-// reader (who planned the same stage as reads) its local side.
-uint64_t write_places(const std::vector<TransferItem>& items, bool items_are_reads);
-// The same of the items `runs` give (Engine::submit with runs; no prepared
-// tables), without expanding them into a list.
-uint64_t write_places(std::span<const TransferItem> items, std::span<const ItemRun> runs, bool items_are_reads);
+// Where a stage's writes go, as one value both sides compute. The writer
+// names its items' remote side the destination, the reader (who planned the
+// same stage as reads) its local side. Two forms, told apart by the lowest
+// bit, so that a stage given in one form never matches the other's:
+// - items alone (bit 0): over each item's (destination region, offset;
+//   source region, offset; bytes), in any order;
+// - items and the runs that repeat them (Engine::submit with runs; no
+//   prepared tables; bit 1): over each run, in any order of the runs, its
+//   range of items (a moved run: the range's offsets and bytes, once, with
+//   the run's regions and shifts; a literal run: each item as above). Both
+//   sides give a stage in this form where they instantiated one template
+//   (the same runs over the same items): O(items + runs) to compute, not
+//   O(places), so a later layer's stage moved from the first costs a few
+//   hashes, however many blocks it writes.
+// Pure.
+uint64_t write_places(std::span<const TransferItem> items, bool items_are_reads);
+// Prefix sums of the items' offsets, so that write_places() of many runs over
+// the same items (the stages moved from one stage) walks them once.
+class PlaceSums {
+ public:
+  PlaceSums(std::span<const TransferItem> items, bool items_are_reads);
+  size_t size() const { return sum_.size() - 1; }
+  // The sum and the xor of items [a, b)'s hashes; a <= b <= size().
+  uint64_t sum(size_t a, size_t b) const { return sum_[b] - sum_[a]; }
+  uint64_t xor_of(size_t a, size_t b) const { return xor_[b] ^ xor_[a]; }
+
+ private:
+  std::vector<uint64_t> sum_, xor_;  // of items [0, k) (size + 1 entries)
+};
+// Items alone when `runs` is empty, else items and runs. `sums`: of `items`
+// named as `items_are_reads` (built here when null).
+uint64_t write_places(std::span<const TransferItem> items, std::span<const ItemRun> runs, bool items_are_reads,
+                      const PlaceSums* sums = nullptr);
+// Whether `where` is a value of the items-and-runs form.
+inline bool places_of_runs(uint64_t where) { return (where & 1) != 0; }
 // Calls `each` with every item `runs` give, in order (all of `items` when
 // `runs` is empty): a moved run's items at its regions and shifts.
 template <typename Each>

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -146,6 +148,66 @@ TEST(MessagesTest, WritePlacesAreTheSameForTheWriterAndTheReaderAndNothingElse) 
   doubled.push_back(writes[0]);
   EXPECT_NE(write_places(doubled, false), write_places(writes, false));
   EXPECT_NE(write_places({}, false), write_places(writes, false));
+}
+
+// A stage given as items and the runs that repeat them (a later layer's
+// stage moved from the first) hashes each run once: the writer and the
+// reader agree when they hold the same runs over the same items, whatever
+// the runs' order, and any other place, range, region or shift differs; a
+// stage given as items alone never matches the same places as runs.
+TEST(MessagesTest, WritePlacesOfRunsAreOneHashPerRunAndTheFormsDiffer) {
+  // The reader's side: its items (local first) and runs moving them.
+  const std::vector<TransferItem> reads = {
+      {1, 0, 7, 4096, 64}, {1, 8192, 7, 0, 64}, {1, 4096, 8, 8192, 64}, {2, 0, 8, 0, 32}};
+  const std::vector<ItemRun> runs = {
+      {0, 3, false}, {0, 3, true, 3, 1 << 20, 9, 2 << 20}, {1, 2, true, 4, 0, 9, 4096}, {3, 1, true, 5, 64, 10, 0}};
+  // The writer's: the same, turned around.
+  std::vector<TransferItem> writes;
+  for (const TransferItem& r : reads) writes.push_back({r.remote, r.remote_offset, r.local, r.local_offset, r.bytes});
+  std::vector<ItemRun> wruns;
+  for (const ItemRun& r : runs)
+    wruns.push_back({r.first, r.count, r.moved, r.remote, r.remote_shift, r.local, r.local_shift});
+  const uint64_t where = write_places(reads, runs, true);
+  EXPECT_TRUE(places_of_runs(where));
+  EXPECT_EQ(write_places(writes, wruns, false), where);
+  std::vector<ItemRun> reordered = wruns;
+  std::reverse(reordered.begin(), reordered.end());
+  EXPECT_EQ(write_places(writes, reordered, false), where);
+  // Sums built once serve every stage over the same items.
+  const PlaceSums sums(reads, true);
+  EXPECT_EQ(write_places(reads, runs, true, &sums), where);
+  EXPECT_EQ(write_places(reads, std::span<const ItemRun>(runs).subspan(1, 1), true, &sums),
+            write_places(reads, std::span<const ItemRun>(runs).subspan(1, 1), true));
+  // The same places as items alone: the other form.
+  std::vector<TransferItem> expanded;
+  for_each_item(reads, runs, [&](const TransferItem& i) { expanded.push_back(i); });
+  EXPECT_FALSE(places_of_runs(write_places(expanded, true)));
+  EXPECT_NE(write_places(expanded, true), where);
+  EXPECT_EQ(write_places(expanded, std::span<const ItemRun>{}, true), write_places(expanded, true));
+  // Anything else differs.
+  auto changed = [&](auto&& change) {
+    std::vector<TransferItem> i = reads;
+    std::vector<ItemRun> r = runs;
+    change(i, r);
+    return write_places(i, r, true);
+  };
+  using I = std::vector<TransferItem>;
+  using R = std::vector<ItemRun>;
+  EXPECT_NE(changed([](I&, R& r) { r[1].local_shift += 4096; }), where);
+  EXPECT_NE(changed([](I&, R& r) { r[1].remote_shift += 4096; }), where);
+  EXPECT_NE(changed([](I&, R& r) { r[2].local = 5; }), where);
+  EXPECT_NE(changed([](I&, R& r) { r[2].remote = 10; }), where);
+  EXPECT_NE(changed([](I&, R& r) { r[2].first = 0; }), where);
+  EXPECT_NE(changed([](I&, R& r) { r[2].count = 1; }), where);
+  EXPECT_NE(changed([](I&, R& r) { r[0].moved = true; }), where);
+  EXPECT_NE(changed([](I&, R& r) { r.pop_back(); }), where);
+  EXPECT_NE(changed([](I&, R& r) { r.push_back(r[1]); }), where);
+  EXPECT_NE(changed([](I& i, R&) { i[1].local_offset += 4096; }), where);
+  EXPECT_NE(changed([](I& i, R&) { i[3].bytes = 16; }), where);
+  // Two items that swap their destinations (blocks shuffled the other way).
+  EXPECT_NE(changed([](I& i, R&) { std::swap(i[0].local_offset, i[1].local_offset); }), where);
+  // A literal run's regions are its items'.
+  EXPECT_NE(changed([](I& i, R&) { i[0].local = 2; }), where);
 }
 
 TEST(MessagesTest, RequestIdsArePrintableAsciiWithoutSpacesAndBounded) {

@@ -70,19 +70,20 @@ Status Pusher::push(RequestId request, const std::string& instance, const Reques
                                           std::to_string(d));
     }
     if (std::find(sources->begin(), sources->end(), me) == sources->end()) continue;
-    // Streamed, from a shape's template on, a later layer's stage is the
-    // first layer's moved (as the decode rank plans it).
-    const bool moved = options.stream && !options_.verify_plans;
+    // Planned as the decode rank plans it: from the shape's template, from
+    // its first load on; streamed, a later layer's stage is the first
+    // layer's moved.
     Result<std::vector<CompactStage>> stages =
-        stages_.compact_stages(reader, decode, own->layouts, own, blocks, so, nullptr, moved);
+        stages_.compact_stages(reader, decode, own->layouts, own, blocks, so, nullptr, /*moved=*/options.stream,
+                               /*from_first=*/true);
     if (!stages.ok()) {
       return stages.error().with_context("request " + q(request) + ": planning " + instance + " rank " +
                                          std::to_string(d));
     }
     if (options_.verify_plans) {
       Plan all;
-      for (const CompactStage& s : *stages) {
-        Plan p = expand(s.plan);
+      for (size_t k = 0; k < stages->size(); ++k) {
+        Plan p = expand(*stages, k);
         all.descriptors.insert(all.descriptors.end(), p.descriptors.begin(), p.descriptors.end());
       }
       Result<VerifyReport> v = verify(all, reader, own->layouts, blocks, /*check_minimal=*/stages->size() == 1);
@@ -155,6 +156,7 @@ Status Pusher::build_target(const RequestId& request, const std::string& instanc
   }
   std::vector<std::vector<LiteralItems>> literal(stages.size());
   std::map<uint32_t, std::shared_ptr<const WriteList>> lists;  // by the stage moved from
+  std::map<uint32_t, PlaceSums> sums;                          // of a stage's items, by that stage
   bool peered = false;
   for (uint32_t k = 0; k < stages.size(); ++k) {
     const CompactStage& cs = stages[k];
@@ -205,6 +207,15 @@ Status Pusher::build_target(const RequestId& request, const std::string& instanc
     for (const ItemRun& r : expanded_runs(ls, me, reader_regions, infos[me])) {
       st.runs.push_back({r.first, r.count, r.moved, r.remote, r.remote_shift, r.local, r.local_shift, r.moves});
     }
+    // Where it writes, as the decode rank computes it from its own plan:
+    // a stage moved from another (or whose runs repeat its own items)
+    // hashes those items once, for all the stages over them.
+    const PlaceSums* over = nullptr;
+    if (!st.runs.empty()) {
+      const uint32_t base = ls.from != LoadStage::kNotMoved ? static_cast<uint32_t>(ls.from) : k;
+      over = &sums.try_emplace(base, *st.items, /*items_are_reads=*/false).first->second;
+    }
+    st.where = write_places(*st.items, st.runs, /*items_are_reads=*/false, over);
     t.mine.emplace(k, std::move(st));
   }
   if (!t.mine.empty() && !peered) {
@@ -289,7 +300,7 @@ void Pusher::submit_ready(const RequestId& request, Pushed& p) {
       m.request = request;
       m.stage = k;
       m.stages = t.stages;
-      m.where = write_places(*st.items, st.runs, /*items_are_reads=*/false);
+      m.where = st.where;
       Write w;
       w.peer = t.peer;
       w.options.timeout = options_.transfer_timeout;

@@ -125,6 +125,7 @@ class Pusher {
     // A stage moved from another: the runs are over that stage's items,
     // prepared (moved runs only; Engine::submit_runs).
     std::shared_ptr<const WriteList> list;
+    uint64_t where = 0;  // write_places() of the items and runs, as the "wrote" says
     std::shared_ptr<Flight> flight = std::make_shared<Flight>();
     bool submitted = false;
   };

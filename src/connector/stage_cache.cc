@@ -39,7 +39,8 @@ std::string StageCache::key(const Layout& local, std::span<const Layout> remotes
 
 std::optional<StageTemplate> StageCache::find(const std::string& k, const Request& request, const Layout& local,
                                               std::shared_ptr<const void> local_owner, std::span<const Layout> remotes,
-                                              std::shared_ptr<const void> remotes_owner, const StageOptions& options) {
+                                              std::shared_ptr<const void> remotes_owner, const StageOptions& options,
+                                              bool from_first) {
   bool seen = false;
   std::optional<StageTemplate> t;
   {
@@ -65,7 +66,7 @@ std::optional<StageTemplate> StageCache::find(const std::string& k, const Reques
   };
   // The first load of a shape is planned as it comes: a template pays for
   // itself only from the second load of its shape on.
-  if (!seen) return fresh();
+  if (!seen && !from_first) return fresh();
   if (!t) {
     Result<StageTemplate> built = StageTemplate::create(local, remotes, shape_of(request), options);
     // A shape no request can have: plan_stages() words the request's error.
@@ -97,10 +98,10 @@ Result<std::vector<CompactStage>> StageCache::compact_stages(const Layout& local
                                                              std::span<const Layout> remotes,
                                                              std::shared_ptr<const void> remotes_owner,
                                                              const Request& request, const StageOptions& options,
-                                                             uint64_t* naive, bool moved) {
+                                                             uint64_t* naive, bool moved, bool from_first) {
   const std::string k = key(local, remotes, request, options);
   std::optional<StageTemplate> t =
-      find(k, request, local, std::move(local_owner), remotes, std::move(remotes_owner), options);
+      find(k, request, local, std::move(local_owner), remotes, std::move(remotes_owner), options, from_first);
   if (naive != nullptr) {
     // A function of the shape: counted by its first load.
     std::optional<uint64_t> known;

@@ -50,22 +50,27 @@ class StageCache {
   // The same stages as compact plans (StageTemplate::instantiate_compact(),
   // or with `moved` instantiate_moved(); a stage planned afresh is one
   // literal run). With `naive`, also naive_descriptor_count() of the
-  // request, counted once per shape.
+  // request, counted once per shape. With `from_first`, a shape's template
+  // is built by its first load (a push: the writer and the reader each
+  // plan it, and give its stages in the same form only when both took them
+  // from a template, or neither could).
   Result<std::vector<CompactStage>> compact_stages(const Layout& local, std::shared_ptr<const void> local_owner,
                                                    std::span<const Layout> remotes,
                                                    std::shared_ptr<const void> remotes_owner, const Request& request,
                                                    const StageOptions& options, uint64_t* naive = nullptr,
-                                                   bool moved = false);
+                                                   bool moved = false, bool from_first = false);
 
   Stats stats() const;
 
  private:
-  // The template of the request's kind, built by its second load; none for
-  // its first, or where a template cannot serve (stats() counts a load
-  // planned afresh then, and one from a template otherwise).
+  // The template of the request's kind, built by its second load (with
+  // `from_first`, its first); none before, or where a template cannot serve
+  // (stats() counts a load planned afresh then, and one from a template
+  // otherwise).
   std::optional<StageTemplate> find(const std::string& key, const Request& request, const Layout& local,
                                     std::shared_ptr<const void> local_owner, std::span<const Layout> remotes,
-                                    std::shared_ptr<const void> remotes_owner, const StageOptions& options);
+                                    std::shared_ptr<const void> remotes_owner, const StageOptions& options,
+                                    bool from_first = false);
   struct Entry {
     std::shared_ptr<const void> local_owner, remotes_owner;
     std::optional<StageTemplate> stages;  // none until the shape's second load

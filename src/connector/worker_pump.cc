@@ -282,10 +282,16 @@ void WorkerImpl::take(Load& load, const Early& e) {
     // transport can: docs/security.md.)
     st.failed = true;
     if (load.start_error.ok()) {
+      const std::string stage = " wrote stage " + std::to_string(e.a + 1) + " of " + std::to_string(e.b);
+      const bool form = s < st.where.size() && places_of_runs(st.where[s]) != places_of_runs(e.where);
       load.start_error = Status::incompatible(
-          "request " + q(load.request) + ": " + load.instance + " rank " + std::to_string(s) + " wrote stage " +
-          std::to_string(e.a + 1) + " of " + std::to_string(e.b) +
-          " to other places than this load's blocks (was it given other block ids than start_load() named?)");
+          "request " + q(load.request) + ": " + load.instance + " rank " + std::to_string(s) + stage +
+          (form
+               ? std::string(" as ") + (places_of_runs(e.where) ? "runs over items" : "items alone") +
+                     " where this rank planned it as " + (places_of_runs(e.where) ? "items alone" : "runs over items") +
+                     " (one side planned the request's shape afresh, the other from its template: is one of them "
+                     "another version?)"
+               : " to other places than this load's blocks (was it given other block ids than start_load() named?)"));
     }
     return;
   }

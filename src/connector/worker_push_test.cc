@@ -283,15 +283,43 @@ TEST_P(WorkerPushMovedTest, StreamedPushesWriteLaterLayersAsTheFirstLayersItemsM
       EXPECT_EQ(c->bad_cells, 0u) << id << ": " << c->first_error;
     }
   }
-  // Per prefill rank, the pushes from the second on (the second builds the
-  // template) to the decode rank that reads it (same TP): every layer after
-  // the first.
+  // Per prefill rank, every push (a push is planned from its shape's
+  // template from the shape's first load on, on both sides) to the decode
+  // rank that reads it (same TP): every layer after the first.
   // Through one prepared list per push, none held once its writes ended.
   for (auto& r : s.prefill) {
     const WorkerStats st = r->worker->stats();
-    EXPECT_EQ(st.moved_stage_writes, 3u * (s.layers.size() - 1));
-    EXPECT_EQ(st.prepared_lists, 3u);
+    EXPECT_EQ(st.moved_stage_writes, ids.size() * (s.layers.size() - 1));
+    EXPECT_EQ(st.prepared_lists, ids.size());
     EXPECT_EQ(st.prepared_lists_held, 0u) << "a push waited for still holds its prepared list";
+  }
+  // The decode ranks forget the prefill instance and learn it again: their
+  // next load of the shape is its first (their templates are per fetched
+  // layouts), the prefill's is not. Both plan it from a template all the
+  // same, so the places each stage's "wrote" names are in the form the
+  // decode rank computes.
+  for (auto& r : s.decode) {
+    ASSERT_TRUE(r->worker->remove_remote("prefill").ok());
+    ASSERT_TRUE(r->worker->add_remote("prefill", addresses(s.prefill)).ok());
+  }
+  {
+    Request q = request();
+    q.blocks["full"] = {ids[1].first, ids[1].second};
+    for (auto& r : s.prefill) ASSERT_TRUE(fill_request(r->layout, q, RequestSide::kRemote, 0, seed, r->spans).ok());
+    for (auto& r : s.decode)
+      ASSERT_TRUE(r->worker->start_load("again", "prefill", q, LoadOptions::streaming(true)).ok());
+    for (auto& r : s.prefill) ASSERT_TRUE(r->worker->push("again", "decode", q, LoadOptions::streaming(true)).ok());
+    for (const std::string& l : s.layers) {
+      for (auto& r : s.prefill) ASSERT_TRUE(r->worker->save_layer("again", l).ok());
+    }
+    for (auto& r : s.prefill) ASSERT_TRUE(r->worker->wait_for_save("again", 5s).ok());
+    for (auto& r : s.decode) {
+      LoadResult lr = wait_one(*r->worker);
+      ASSERT_TRUE(lr.error.ok()) << lr.error.to_string();
+      Result<ContentReport> c = check_request(r->layout, q, RequestSide::kLocal, 0, seed, r->spans);
+      ASSERT_TRUE(c.ok());
+      EXPECT_EQ(c->bad_cells, 0u) << c->first_error;
+    }
   }
   // Told other blocks than the load named (the same shape): the load fails.
   Request named = request();

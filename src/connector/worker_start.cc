@@ -2,6 +2,7 @@
 // handshake), checks it with the verifier when asked, prepares what its
 // reads take, and starts the stages whose layers are ready (worker_read.cc).
 #include <algorithm>
+#include <optional>
 
 #include "common/text.h"
 #include "common/thread_name.h"
@@ -96,18 +97,21 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   uint64_t naive = 0;
   // A streamed load takes its later layers' stages as its first layer's
   // moved (pull: read as runs of that stage's items, prepared once; push:
-  // granted as repeats of its places); the verifier takes every stage's
-  // descriptors.
-  const bool moved = options.stream && !options_.verify_plans;
+  // granted as repeats of its places). A push load is planned from its
+  // shape's template from the shape's first load on, as its sources plan
+  // it: both sides then give each stage's places in one form
+  // (write_places()).
+  const bool push = options_.mode == TransferMode::kPush;
   KVB_ASSIGN_OR_RETURN(std::vector<CompactStage> stages,
-                       stage_cache_.compact_stages(layout_, nullptr, layouts, fetched, blocks, so, &naive, moved));
+                       stage_cache_.compact_stages(layout_, nullptr, layouts, fetched, blocks, so, &naive,
+                                                   /*moved=*/options.stream, /*from_first=*/push));
   if (options_.verify_plans) {
     // The verifier's independent rules on simulated memory: a plan that
     // would move one wrong byte is refused before anything moves. The
     // stages together are the request's plan (minimal when there is one).
     Plan all;
-    for (const CompactStage& s : stages) {
-      Plan p = expand(s.plan);
+    for (size_t k = 0; k < stages.size(); ++k) {
+      Plan p = expand(stages, k);
       all.descriptors.insert(all.descriptors.end(), p.descriptors.begin(), p.descriptors.end());
     }
     Result<VerifyReport> v = verify(all, layout_, layouts, blocks, /*check_minimal=*/stages.size() == 1);
@@ -124,7 +128,7 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
   load.remote = remote;
   load.fetched = fetched;
   load.stream = options.stream;
-  load.push = options_.mode == TransferMode::kPush;
+  load.push = push;
   load.ready = options.ready;
   load.result.request = request;
   load.result.naive_descriptors = naive;
@@ -175,27 +179,31 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
     load.peers.push_back(*p);
     load.result.sources.push_back(static_cast<uint32_t>(s));
   }
-  if (!load.push) KVB_RETURN_IF_ERROR(prepare_lists(load));
-  if (load.push) {
-    // What each source writes: its items and the runs that repeat them,
-    // granted in that form (its first layer's places, and each later
+  if (!load.push) {
+    KVB_RETURN_IF_ERROR(prepare_lists(load));
+  } else {
+    // Push: what each source writes, its items and the runs that repeat
+    // them, granted in that form (its first layer's places, and each later
     // layer's as a repeat of them: a grant that grows with the blocks, not
-    // the layers), and their hash (the "wrote" it sends names the same
-    // places). A moved stage's places repeat those of the stage it is
-    // moved from.
+    // the layers), and their hash in the same form (write_places(): the
+    // "wrote" it sends names the same places, a hash per run). A moved
+    // stage's places repeat those of the stage it is moved from.
     for (LoadStage& st : load.stages) st.where.assign(st.items.size(), 0);
     std::vector<size_t> granted_at(load.stages.size());  // per stage, where its places start (items alone)
     for (size_t s = 0, k = 0; s < load.used.size(); ++s) {
       if (!load.used[s]) continue;
       std::vector<WriteGrant> places;
       std::vector<GrantRepeat> repeats;
+      // Per stage, its items' sums, for the stages moved from it.
+      std::vector<std::optional<PlaceSums>> sums(load.stages.size());
       for (size_t i = 0; i < load.stages.size(); ++i) {
         LoadStage& st = load.stages[i];
         granted_at[i] = SIZE_MAX;
         if (!st.reads(s)) continue;
         if (st.from != LoadStage::kNotMoved) {
           const std::vector<TransferItem>& items = load.stages[st.from].items[s];
-          st.where[s] = write_places(items, st.runs[s], /*items_are_reads=*/true);
+          if (!sums[st.from]) sums[st.from].emplace(items, /*items_are_reads=*/true);
+          st.where[s] = write_places(items, st.runs[s], /*items_are_reads=*/true, &*sums[st.from]);
           if (granted_at[st.from] == SIZE_MAX) {
             grant_places(items, st.runs[s], &places, &repeats);  // each run's places, moved
             continue;
@@ -207,7 +215,8 @@ Status WorkerImpl::start_now(const RequestId& request, const std::string& instan
         }
         const std::vector<TransferItem>& items = st.items[s];
         const std::vector<ItemRun> runs = stage_runs(load, st, s);
-        st.where[s] = write_places(items, runs, /*items_are_reads=*/true);
+        if (!runs.empty()) sums[i].emplace(items, /*items_are_reads=*/true);
+        st.where[s] = write_places(items, runs, /*items_are_reads=*/true, sums[i] ? &*sums[i] : nullptr);
         if (runs.empty()) granted_at[i] = places.size();
         grant_places(items, runs, &places, &repeats);
       }
