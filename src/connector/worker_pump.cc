@@ -172,6 +172,9 @@ void WorkerImpl::drain_notifications() {
         if (c != cancelling_.end() && c->second.erase(engine) != 0) results_cv_.notify_all();
         continue;
       }
+      // The rest are about a load; answers (held, released, unread) never
+      // come as notifications.
+      if (m->kind != Kind::kReady && m->kind != Kind::kWrote && m->kind != Kind::kUnwritten) continue;
       Early e{std::move(engine), m->kind, m->stage, m->stages, m->event, m->where};
       if (m->kind == Kind::kReady) {
         auto o = ordinal_.find(std::string(m->layer));

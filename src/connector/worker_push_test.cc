@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "connector/messages.h"
 #include "connector/worker_test_util.h"
 
 namespace kvbridge {
@@ -100,11 +101,11 @@ TEST(WorkerPushTest, EveryDecodeRankGetsItsBytesWrittenAndReadsNothing) {
   }
 }
 
-// Pushes of one shape after its second are planned from a template and
-// written as runs (the later layers as moved runs of the first: their
-// places hashed without expanding them), every byte where the load named,
-// whatever the ids, for every decode rank of a TP the prefill does not
-// share.
+// Pushes are planned from their shape's template from its first on, on
+// both sides, and written as runs (the later layers as moved runs of the
+// first: their places hashed once per run), every byte where the load
+// named, whatever the ids, for every decode rank of a TP the prefill does
+// not share.
 TEST(WorkerPushTest, PushesOfOneShapeAreWrittenAsRunsByteExact) {
   Pushing s(4);
   const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> ids = {
@@ -129,7 +130,8 @@ TEST(WorkerPushTest, PushesOfOneShapeAreWrittenAsRunsByteExact) {
   uint64_t as_runs = 0;
   for (auto& r : s.prefill) {
     const WorkerStats st = r->worker->stats();
-    EXPECT_GE(st.plans_from_templates, 2u * s.decode.size() / 2) << "the third and fourth pushes, per decode rank";
+    EXPECT_EQ(st.plans_from_templates, ids.size() * s.decode.size() / 2) << "every push, per decode rank it writes";
+    EXPECT_EQ(st.plans_not_templated, 0u);
     as_runs += st.writes_as_runs;
   }
   EXPECT_GT(as_runs, 0u) << "no push was written as runs";
@@ -363,11 +365,36 @@ TEST(WorkerPushTest, StagesWrittenBeforeTheLoadStartsAreKept) {
   EXPECT_EQ(bad_cells(*s.decode[0], request(), {s.layers.begin(), s.layers.end()}, 11), 0u);
 }
 
+// Answers (held, released, unread) never come as notifications: sent as
+// ones by a source's own engine, before the load starts and while it
+// waits for its stages, they are dropped, and the load finishes.
+TEST(WorkerPushTest, AnswersSentAsNotificationsAreDropped) {
+  Pushing s;
+  s.fill_all();
+  Result<PeerId> to = s.prefill[0]->engine->connect(s.decode[0]->engine->metadata());
+  ASSERT_TRUE(to.ok()) << to.error().to_string();
+  auto answers = [&](const RequestId& id) {
+    using connector::Message;
+    for (Message::Kind k : {Message::Kind::kHeld, Message::Kind::kReleased, Message::Kind::kUnread}) {
+      ASSERT_TRUE(s.prefill[0]->engine->notify(*to, connector::format_message(k, id)).ok());
+    }
+  };
+  answers("6");
+  std::this_thread::sleep_for(50ms);  // taken by the decode rank before its load starts
+  ConnectorWorker& d = *s.decode[0]->worker;
+  ASSERT_TRUE(d.start_load("6", "prefill", request()).ok());
+  answers("6");
+  s.push_all("6");
+  LoadResult r = wait_one(d);
+  ASSERT_TRUE(r.error.ok()) << r.error.to_string();
+  EXPECT_EQ(bad_cells(*s.decode[0], request(), {s.layers.begin(), s.layers.end()}, 11), 0u);
+}
+
 // abort() returns once every source confirmed that none of its writes can
 // land: the later layers never do.
-// Three times, the same shape: from the second on, the later layers are
-// moved stages written as runs of a prepared list, and an abort stops them
-// as it stops any write.
+// Three times, the same shape: the later layers are moved stages written
+// as runs of a prepared list, and an abort stops them as it stops any
+// write.
 TEST(WorkerPushTest, AnAbortMidStreamIsConfirmedByTheSourcesAndNothingLaterLands) {
   Pushing s;
   ConnectorWorker& d = *s.decode[0]->worker;
