@@ -21,7 +21,8 @@
 // streamed row loads the same request with LoadOptions::streaming(): every
 // prefill rank announces its 80 layers at once (save_layer()), and the load
 // moves in a stage per layer (80), each read on its own; the
-// whole decode instance exists (the announcements go to all its ranks).
+// whole decode instance exists and knows the prefill instance (the
+// announcements go to the ranks that read them).
 // Counters:
 //   first_ms   start_load() to its result, the first load of the shape
 //              (planned afresh, as every load was before stage templates)
@@ -41,6 +42,9 @@
 //   cpu_pct    cpu_ms / hbm_ms in percent
 //   reads      the decode engine's transfers per later load (a read per
 //              stage and source)
+//   announced  streamed: the layer announcements the prefill ranks sent per
+//              later load (a rank that reads nothing from a prefill rank
+//              answers its first one "unread" and gets no more)
 //   descriptors, bytes: the load's
 #include <arpa/inet.h>
 #include <benchmark/benchmark.h>
@@ -239,6 +243,12 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp, bool stream = 
   for (uint32_t r = 1; stream && r < decode_tp; ++r) {
     Result<std::unique_ptr<BigRank>> o = big_rank("decode", decode_tp, r, kNumBlocks, "skip-copies=1");
     if (!o.ok()) return state.SkipWithError(o.error().to_string().c_str());
+    // Each decode rank knows the prefill instance, as in a deployment
+    // (they all load): a rank that reads nothing from a prefill rank says
+    // so when that rank announces a layer to it.
+    Status known = (*o)->worker->add_remote("prefill", addresses);
+    if (known.ok()) known = (*o)->worker->wait_connected("prefill", 60s);
+    if (!known.ok()) return state.SkipWithError(known.to_string().c_str());
     decode_addresses.push_back((*o)->worker->side_channel_address());
     others.push_back(std::move(*o));
   }
@@ -250,14 +260,20 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp, bool stream = 
     }
   }
   const Request q = shuffled(kTokens);  // one shape for every load
-  uint64_t n = 0, later = 0, reads = 0;
+  uint64_t n = 0, later = 0, reads = 0, announced = 0;
   double first_ms = 0, second_ms = 0, wall = 0, cpu = 0, submit = 0, submit_cpu = 0;
   LoadResult last;
+  auto announcements = [&] {
+    uint64_t sent = 0;
+    for (auto& p : prefill) sent += p->worker->stats().announcements_sent;
+    return sent;
+  };
   for (auto _ : state) {
     const std::string id = "req-" + std::to_string(n);
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = process_cpu_seconds();
     const uint64_t reads0 = (*d)->engine->metrics().transfers_submitted;
+    const uint64_t announced0 = announcements();
     if (!w.start_load(id, "prefill", q, LoadOptions::streaming(stream)).ok()) {
       return state.SkipWithError("start_load failed");
     }
@@ -288,6 +304,7 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp, bool stream = 
       submit += 1e-3 * static_cast<double>(r.front().submit_time.count());
       submit_cpu += 1e-3 * static_cast<double>(r.front().submit_cpu_time.count());
       reads += (*d)->engine->metrics().transfers_submitted - reads0;
+      announced += announcements() - announced0;
       ++later;
     }
   }
@@ -296,6 +313,7 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp, bool stream = 
   const double hbm_ms = 1e3 * static_cast<double>(last.bytes) / 1.5e12;
   const double cpu_ms = later > 0 ? cpu / static_cast<double>(later) : 0;
   state.counters["reads"] = later > 0 ? static_cast<double>(reads) / static_cast<double>(later) : 0;
+  if (stream) state.counters["announced"] = later > 0 ? static_cast<double>(announced) / static_cast<double>(later) : 0;
   state.counters["first_ms"] = first_ms;
   state.counters["second_ms"] = second_ms;
   state.counters["load_ms"] = later > 0 ? wall / static_cast<double>(later) : 0;

@@ -422,6 +422,10 @@ struct WorkerStats {
   // submitted as runs of that stage's items, prepared with the engine once
   // per push and decode rank, released when wait_for_save() returns.
   uint64_t moved_stage_writes = 0;
+  // Pull, streamed: layer announcements sent to decode ranks, and those not
+  // sent to a rank that answered an earlier one "unread" (it reads nothing
+  // from this rank).
+  uint64_t announcements_sent = 0, announcements_skipped = 0;
   uint64_t notifications_failed = 0;
   // Pull: reads a source refused as not granted (WorkerOptions::remote_access
   // kGrantedRead there: the read overtook the hand-off or this rank's

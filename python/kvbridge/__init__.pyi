@@ -421,6 +421,13 @@ class WorkerStats:
     moved_runs: int
     move_tables: int
     move_tables_kept: int
+    writes_as_runs: int
+    moved_stage_reads: int
+    prepared_lists: int
+    prepared_lists_held: int
+    moved_stage_writes: int
+    announcements_sent: int
+    announcements_skipped: int
     plan_template_fallback: str
     notifications_failed: int
     reads_refused: int

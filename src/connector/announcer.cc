@@ -166,6 +166,9 @@ Status Announcer::wait_for_save(RequestId request, std::chrono::milliseconds tim
   return out;
 }
 
+uint64_t Announcer::announcements_sent() const { return sent_.load(std::memory_order_relaxed); }
+uint64_t Announcer::announcements_skipped() const { return skipped_.load(std::memory_order_relaxed); }
+
 void Announcer::forget_older_than(Clock::time_point before) {
   std::lock_guard<std::mutex> lock(mu_);
   std::erase_if(streams_, [&](const auto& s) { return s.second.touched < before; });
@@ -173,6 +176,7 @@ void Announcer::forget_older_than(Clock::time_point before) {
 
 Announcer::Messages Announcer::take_announcements(RequestId request, Stream& s) {
   Messages out;
+  const size_t first = s.announced;
   for (; s.announced < s.saved.size(); ++s.announced) {
     Message ready;
     ready.kind = Message::Kind::kReady;
@@ -180,8 +184,13 @@ Announcer::Messages Announcer::take_announcements(RequestId request, Stream& s) 
     ready.layer = s.saved[s.announced].first;
     ready.event = s.saved[s.announced].second;
     const std::string m = format_message(ready);
-    for (PeerId p : s.readers) out.emplace_back(p, m);
+    std::lock_guard<std::mutex> lock(unread_->mu);
+    for (PeerId p : s.readers) {
+      if (unread_->peers.count(p) == 0) out.emplace_back(p, m);
+    }
   }
+  skipped_.fetch_add(s.readers.size() * (s.saved.size() - first) - out.size(), std::memory_order_relaxed);
+  sent_.fetch_add(out.size(), std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(s.acks->mu);
   s.acks->outstanding += out.size();
   return out;
@@ -193,17 +202,23 @@ Announcer::Messages Announcer::take_announcements(RequestId request, Stream& s) 
 void Announcer::send(const Messages& messages, const std::shared_ptr<Acks>& acks) {
   const auto give_up = Clock::now() + timeout_;
   for (const auto& [peer, m] : messages) {
-    resender_.send(peer, m, give_up, [failures = failures_, acks](Status s, std::string) {
-      if (!s.ok()) failures->add(s);
-      {
-        std::lock_guard<std::mutex> lock(acks->mu);
-        if (!s.ok() && acks->first_error.ok()) {
-          acks->first_error = Status::unavailable("a layer announcement was not acknowledged: " + s.to_string());
-        }
-        --acks->outstanding;
-      }
-      acks->cv.notify_all();
-    });
+    resender_.send(
+        peer, m, give_up, [failures = failures_, acks, unread = unread_, peer](Status s, std::string answer) {
+          if (!s.ok()) failures->add(s);
+          if (std::optional<Message> a = parse_message(answer); s.ok() && a && a->kind == Message::Kind::kUnread) {
+            std::lock_guard<std::mutex> lock(unread->mu);
+            if (unread->peers.size() >= kUnreadKept) unread->peers.clear();
+            unread->peers.insert(peer);
+          }
+          {
+            std::lock_guard<std::mutex> lock(acks->mu);
+            if (!s.ok() && acks->first_error.ok()) {
+              acks->first_error = Status::unavailable("a layer announcement was not acknowledged: " + s.to_string());
+            }
+            --acks->outstanding;
+          }
+          acks->cv.notify_all();
+        });
   }
 }
 

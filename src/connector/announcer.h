@@ -4,7 +4,10 @@
 // it; every saved layer is announced to every rank of that instance as
 // "kvb/1 ready <request> <layer>" or "kvb/1 readyev <request> <event>
 // <layer>" (connector/messages.h), without waiting, and the
-// acknowledgements are counted for wait_for_save().
+// acknowledgements are counted for wait_for_save(). A rank that answers
+// "unread" (it reads nothing from this one: which ranks read which follows
+// from both instances' layouts, and this rank knows only its own) is not
+// announced to again over that connection.
 //
 // Nothing here waits on the network: stream_to() of an instance not
 // connected yet asks the worker's connect thread for it (the `connect`
@@ -17,12 +20,14 @@
 // Thread-safety: every method from any thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -65,6 +70,11 @@ class Announcer {
   // Forgets streams untouched since `before` (never waited for).
   void forget_older_than(std::chrono::steady_clock::time_point before);
 
+  // Announcements sent, and those not sent to a rank that answered
+  // "unread" before.
+  uint64_t announcements_sent() const;
+  uint64_t announcements_skipped() const;
+
  private:
   struct Acks {
     std::mutex mu;
@@ -89,8 +99,19 @@ class Announcer {
   // The engine connections to every rank of a connected `instance`.
   Result<std::vector<PeerId>> readers_of(const std::string& instance);
 
+  // The connections whose rank answered "unread" (shared with the
+  // acknowledgements' callbacks, which may outlive this; at most
+  // kUnreadKept, then forgotten all at once and learnt again).
+  struct Unread {
+    std::mutex mu;
+    std::set<PeerId> peers;
+  };
+  static constexpr size_t kUnreadKept = 65536;
+
   Remotes& remotes_;
   Resender& resender_;
+  const std::shared_ptr<Unread> unread_ = std::make_shared<Unread>();
+  std::atomic<uint64_t> sent_{0}, skipped_{0};
   const std::vector<std::string> layers_;
   const std::vector<uint8_t> device_;
   const std::chrono::milliseconds timeout_;

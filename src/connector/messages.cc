@@ -18,7 +18,8 @@ namespace {
 constexpr std::string_view kPrefix = "kvb/1 ";
 constexpr Message::Kind kKinds[] = {Message::Kind::kHeartbeat, Message::Kind::kDone,      Message::Kind::kReady,
                                     Message::Kind::kWrote,     Message::Kind::kUnwritten, Message::Kind::kCancel,
-                                    Message::Kind::kCancelled, Message::Kind::kHeld,      Message::Kind::kReleased};
+                                    Message::Kind::kCancelled, Message::Kind::kHeld,      Message::Kind::kReleased,
+                                    Message::Kind::kUnread};
 constexpr std::string_view kReadyWithEvent = "readyev ";
 
 std::string_view verb(Message::Kind kind) {
@@ -41,6 +42,8 @@ std::string_view verb(Message::Kind kind) {
       return "held ";
     case Message::Kind::kReleased:
       return "released ";
+    case Message::Kind::kUnread:
+      return "unread ";
   }
   return "";
 }

@@ -6,6 +6,12 @@
 //   "kvb/1 done <request> <readers>"  the reader is done with the request;
 //                                     in pull mode answered "held" or "released"
 //   "kvb/1 cancel <request>"          push mode: stop writing it here
+//   "kvb/1 unread <request>"          answers "ready" (and "readyev"): this
+//                                     rank reads nothing from the sender
+//                                     (the sender is not among its
+//                                     source_ranks(), which follow from the
+//                                     two instances' layouts), so the
+//                                     sender need not announce to it again
 //   <readers> is how many ranks of the reading instance read the request
 //   (each reads its share of every layer, so all of them do): the prefill
 //   holds the blocks until that many distinct readers said done, a count
@@ -61,6 +67,7 @@ struct Message {
     kCancelled,
     kHeld,
     kReleased,
+    kUnread,
   } kind = Kind::kHeartbeat;
   RequestId request;
   std::string_view layer;          // kReady: a view into the parsed text

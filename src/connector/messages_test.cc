@@ -57,6 +57,11 @@ TEST(MessagesTest, ReadersCarryTheirCountAndDoneIsAnsweredHeldOrReleased) {
   EXPECT_EQ(format_message(Message::Kind::kReleased, "req-1"), "kvb/1 released req-1");
   ASSERT_TRUE(parse_message("kvb/1 held req-1"));
   EXPECT_EQ(parse_message("kvb/1 released req-1")->kind, Message::Kind::kReleased);
+  // An announcement to a rank that reads nothing from its sender.
+  EXPECT_EQ(format_message(Message::Kind::kUnread, "req-1"), "kvb/1 unread req-1");
+  EXPECT_EQ(parse_message("kvb/1 unread req-1")->kind, Message::Kind::kUnread);
+  EXPECT_FALSE(parse_message("kvb/1 unread"));
+  EXPECT_FALSE(parse_message("kvb/1 unread req-1 2"));
 }
 
 // A layer announced with the producer's event carries the event's handle

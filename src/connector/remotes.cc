@@ -1,8 +1,10 @@
 #include "connector/remotes.h"
-#include "kvbridge/plan.h"
+
+#include <algorithm>
 
 #include "common/text.h"
 #include "kvbridge/layout_json.h"
+#include "kvbridge/plan.h"
 #include "net/address.h"
 
 namespace kvbridge::connector {
@@ -146,6 +148,21 @@ std::optional<std::pair<std::string, size_t>> Remotes::locate(const std::pair<st
     }
   }
   return std::nullopt;
+}
+
+bool Remotes::reads_nothing_from(const std::pair<std::string, uint64_t>& engine) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool found = false;
+  for (const auto& [name, i] : instances_) {
+    if (!i.fetched) continue;
+    for (size_t r = 0; r < i.fetched->engines.size(); ++r) {
+      if (i.fetched->engines[r] != engine) continue;
+      const std::vector<uint32_t>& s = i.fetched->sources;
+      if (!i.fetched->sources_error.ok() || std::find(s.begin(), s.end(), r) != s.end()) return false;
+      found = true;
+    }
+  }
+  return found;
 }
 
 bool Remotes::connected(const std::string& instance) const {

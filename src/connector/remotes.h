@@ -94,6 +94,10 @@ class Remotes {
   std::vector<std::string> unfetched() const;
   // The fetched instance and rank whose engine is `engine` (name, instance).
   std::optional<std::pair<std::string, size_t>> locate(const std::pair<std::string, uint64_t>& engine) const;
+  // True when `engine` (name, instance) is a rank of a fetched instance and
+  // of none that this rank reads from (its sources, Fetched::sources): a
+  // rank that announces a layer to this one need not. False when unknown.
+  bool reads_nothing_from(const std::pair<std::string, uint64_t>& engine) const;
   // True when `instance` is fetched and connected to every rank's engine,
   // each still there: nothing of a load from it waits on the network.
   bool connected(const std::string& instance) const;

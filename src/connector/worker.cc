@@ -310,6 +310,8 @@ WorkerStats WorkerImpl::stats() const {
   s.prepared_lists_held = lists_held_.load(std::memory_order_relaxed);
   s.writes_as_runs = pusher_ ? pusher_->writes_as_runs() : 0;
   s.moved_stage_writes = pusher_ ? pusher_->moved_stage_writes() : 0;
+  s.announcements_sent = announcer_ ? announcer_->announcements_sent() : 0;
+  s.announcements_skipped = announcer_ ? announcer_->announcements_skipped() : 0;
   if (pusher_) {
     s.prepared_lists += pusher_->lists_prepared();
     s.prepared_lists_held += pusher_->lists_held();

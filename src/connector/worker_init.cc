@@ -110,8 +110,17 @@ Status WorkerImpl::init(std::span<const std::span<uint8_t>> tensors) {
   // still held when it came (blocks_released()): its reads ended before it
   // was sent, so they saw the request's bytes exactly when the answer is
   // "held". Runs on the engine's control thread; takes only Released's lock.
-  engine_.set_notification_answerer([released = released_](const Notification& n) -> std::string {
+  // A layer's announcement from a rank this one reads nothing from is
+  // answered "unread": the announcer stops announcing to this rank (each
+  // prefill rank announces to every decode rank until told). The answerer
+  // is removed before the remotes go (~WorkerImpl).
+  engine_.set_notification_answerer([released = released_,
+                                     remotes = remotes_.get()](const Notification& n) -> std::string {
     std::optional<Message> m = parse_message(n.message);
+    if (m && m->kind == Message::Kind::kReady) {
+      return remotes->reads_nothing_from({n.peer, n.peer_instance}) ? format_message(Message::Kind::kUnread, m->request)
+                                                                    : std::string();
+    }
     if (!m || m->kind != Message::Kind::kDone) return {};
     return format_message(released->released_for(m->request, n.peer) ? Message::Kind::kReleased : Message::Kind::kHeld,
                           m->request);

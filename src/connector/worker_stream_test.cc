@@ -166,7 +166,8 @@ TEST(WorkerStreamTest, AnnouncementsFromAnEngineThatIsNotASourceAreIgnored) {
 TEST(WorkerStreamTest, ARankThatReadsNothingFromAPrefillRankIsNotAnnouncedToAgain) {
   Streaming s(opts("decode", 2));
   auto stream = [&](const RequestId& id) {
-    for (auto& d : s.decode) ASSERT_TRUE(d->worker->start_load(id, "prefill", request(), LoadOptions::streaming(true)).ok());
+    for (auto& d : s.decode)
+      ASSERT_TRUE(d->worker->start_load(id, "prefill", request(), LoadOptions::streaming(true)).ok());
     for (auto& r : s.prefill) ASSERT_TRUE(r->worker->stream_to(id, "decode").ok());
     for (const std::string& l : s.layers) s.compute(id, l);
     for (auto& r : s.prefill) ASSERT_TRUE(r->worker->wait_for_save(id, 5s).ok()) << id;
