@@ -146,6 +146,7 @@ void WorkerImpl::drain_notifications() {
   std::vector<std::pair<RequestId, EngineKey>> cancels;  // push, prefill side: handled outside the lock
   std::vector<std::pair<RequestId, EngineKey>> heard;    // pull, prefill side: readers that may read
   bool wake_pump = false;
+  std::vector<RequestId> touched;  // loads a message was about, in arrival order
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Notification& n : got) {
@@ -201,7 +202,15 @@ void WorkerImpl::drain_notifications() {
         continue;
       }
       take(it->second, e);
-      // A streamed pull load looks again only when the announcement may
+      if (std::find(touched.begin(), touched.end(), id) == touched.end()) touched.push_back(id);
+    }
+    // Each load a message was about starts what became ready, once for all
+    // of this batch's messages: layers announced together are read
+    // together (one read per source), not one read each.
+    for (const RequestId& id : touched) {
+      auto it = loads_.find(id);
+      if (it == loads_.end()) continue;
+      // A streamed pull load looks again only when an announcement may
       // have made a stage ready.
       const Load& load = it->second;
       if (load.stream && !load.push && load.looked && load.to_look_at.empty()) continue;

@@ -177,6 +177,10 @@ TEST(WorkerStreamTest, ARankThatReadsNothingFromAPrefillRankIsNotAnnouncedToAgai
       EXPECT_EQ(bad_cells(*d, request(), {s.layers.begin(), s.layers.end()}, 11), 0u) << id;
     }
   };
+  // The decode ranks know the prefill instance's layouts before the first
+  // announcement comes (until then a rank cannot tell, and answers
+  // nothing).
+  for (auto& d : s.decode) ASSERT_TRUE(d->worker->wait_connected("prefill", 5s).ok());
   const uint64_t layers = s.layers.size();
   stream("first");
   // Each prefill rank announced to both decode ranks at first (at most
