@@ -203,12 +203,12 @@ void Announcer::send(const Messages& messages, const std::shared_ptr<Acks>& acks
   const auto give_up = Clock::now() + timeout_;
   for (const auto& [peer, m] : messages) {
     resender_.send(
-        peer, m, give_up, [failures = failures_, acks, unread = unread_, peer](Status s, std::string answer) {
+        peer, m, give_up, [failures = failures_, acks, unread = unread_, to = peer](Status s, std::string answer) {
           if (!s.ok()) failures->add(s);
           if (std::optional<Message> a = parse_message(answer); s.ok() && a && a->kind == Message::Kind::kUnread) {
             std::lock_guard<std::mutex> lock(unread->mu);
             if (unread->peers.size() >= kUnreadKept) unread->peers.clear();
-            unread->peers.insert(peer);
+            unread->peers.insert(to);
           }
           {
             std::lock_guard<std::mutex> lock(acks->mu);
