@@ -90,11 +90,10 @@ namespace {
 struct Places {
   bool reads;
   uint64_t sum = 0, x = 0, n = 0;
-  void add(const TransferItem& i) { add_hash(hash(i)); }
-  uint64_t hash(const TransferItem& i) const {
+  void add(const TransferItem& i) {
     const uint64_t v[5] = {reads ? i.local : i.remote, reads ? i.local_offset : i.remote_offset,
                            reads ? i.remote : i.local, reads ? i.remote_offset : i.local_offset, i.bytes};
-    return XXH3_64bits(v, sizeof v);
+    add_hash(XXH3_64bits(v, sizeof v));
   }
   void add_hash(uint64_t h) {
     sum += h;
@@ -138,9 +137,9 @@ uint64_t write_places(std::span<const TransferItem> items, std::span<const ItemR
   if (sums == nullptr || sums->size() != items.size()) sums = &own.emplace(items, items_are_reads);
   Places all{items_are_reads};
   for (const ItemRun& r : runs) {
-    // The items for_each_item() gives: [first, first + count) within items.
+    // The run's items: [first, first + count), within items.
     const uint64_t a = std::min<uint64_t>(r.first, items.size());
-    const uint64_t b = std::max(a, std::min<uint64_t>(r.first + std::min(r.count, UINT64_MAX - r.first), items.size()));
+    const uint64_t b = a + std::min<uint64_t>(r.count, items.size() - a);
     if (!r.moved) {
       Places literal{items_are_reads};
       for (uint64_t k = a; k < b; ++k) literal.add(items[k]);
@@ -148,7 +147,7 @@ uint64_t write_places(std::span<const TransferItem> items, std::span<const ItemR
       all.add_hash(XXH3_64bits(v, sizeof v));
       continue;
     }
-    const bool reads = items_are_reads;
+    const bool reads = items_are_reads;  // the run named as its items are
     const uint64_t v[8] = {reads ? r.local : r.remote,
                            reads ? r.local_shift : r.remote_shift,
                            reads ? r.remote : r.local,

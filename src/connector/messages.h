@@ -112,27 +112,6 @@ uint64_t write_places(std::span<const TransferItem> items, std::span<const ItemR
                       const PlaceSums* sums = nullptr);
 // Whether `where` is a value of the items-and-runs form.
 inline bool places_of_runs(uint64_t where) { return (where & 1) != 0; }
-// Calls `each` with every item `runs` give, in order (all of `items` when
-// `runs` is empty): a moved run's items at its regions and shifts.
-template <typename Each>
-void for_each_item(std::span<const TransferItem> items, std::span<const ItemRun> runs, Each&& each) {
-  if (runs.empty()) {
-    for (const TransferItem& i : items) each(i);
-    return;
-  }
-  for (const ItemRun& r : runs) {
-    for (uint64_t k = r.first; k < r.first + r.count && k < items.size(); ++k) {
-      const TransferItem& i = items[k];
-      if (r.moved) {
-        each(
-            TransferItem{r.local, i.local_offset + r.local_shift, r.remote, i.remote_offset + r.remote_shift, i.bytes});
-      } else {
-        each(i);
-      }
-    }
-  }
-}
-
 std::string format_message(Message::Kind kind, RequestId request, std::string_view layer = {});
 std::string format_message(const Message& message);
 // Nullopt for anything else (another protocol's notification, an id that

@@ -185,7 +185,14 @@ TEST(MessagesTest, WritePlacesOfRunsAreOneHashPerRunAndTheFormsDiffer) {
             write_places(reads, std::span<const ItemRun>(runs).subspan(1, 1), true));
   // The same places as items alone: the other form.
   std::vector<TransferItem> expanded;
-  for_each_item(reads, runs, [&](const TransferItem& i) { expanded.push_back(i); });
+  for (const ItemRun& r : runs) {
+    for (uint64_t k = r.first; k < r.first + r.count; ++k) {
+      const TransferItem& i = reads[k];
+      expanded.push_back(r.moved ? TransferItem{r.local, i.local_offset + r.local_shift, r.remote,
+                                                i.remote_offset + r.remote_shift, i.bytes}
+                                 : i);
+    }
+  }
   EXPECT_FALSE(places_of_runs(write_places(expanded, true)));
   EXPECT_NE(write_places(expanded, true), where);
   EXPECT_EQ(write_places(expanded, std::span<const ItemRun>{}, true), write_places(expanded, true));
