@@ -29,13 +29,14 @@ uint64_t clamp(Wide v) { return v < 0 ? 0 : v > static_cast<Wide>(UINT64_MAX) ? 
 }  // namespace
 
 Status EngineImpl::check_moves_locked(const Peer& p, PreparedMoves& m, TransferOp op, PreparedId id) const {
-  const std::string table = "prepared table of moves " + std::to_string(id);
+  // Named only on error: this runs for each table of each submit.
+  auto table = [id] { return "prepared table of moves " + std::to_string(id); };
   if (m.op != op) {
-    return Status::invalid_argument(table + " was prepared for " + (m.op == TransferOp::kRead ? "reads" : "writes"));
+    return Status::invalid_argument(table() + " was prepared for " + (m.op == TransferOp::kRead ? "reads" : "writes"));
   }
   if (m.peer.get() != &p) {
-    return Status::unavailable(table + " was prepared for another peer or an earlier connection to " +
-                               peer_text(p.metadata) + ": prepare again");
+    return Status::unavailable(table() + " was prepared for another peer or an earlier connection to " + p.text +
+                               ": prepare again");
   }
   if (p.generation != m.generation) {
     // The peer's registrations changed: every region the table names must
@@ -43,7 +44,7 @@ Status EngineImpl::check_moves_locked(const Peer& p, PreparedMoves& m, TransferO
     for (const auto& [region, was] : m.remote) {
       auto r = p.regions.find(region);
       if (r == p.regions.end() || !(r->second.region == was)) {
-        return Status::unavailable(table + ": peer region " + std::to_string(region) +
+        return Status::unavailable(table() + ": peer region " + std::to_string(region) +
                                    " moved or is gone: prepare again");
       }
     }

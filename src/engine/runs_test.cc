@@ -97,6 +97,22 @@ TEST_P(RunsTest, MovedRunsLandWhereTheirItemsWould) {
   EXPECT_EQ(m.descriptors, blocks * kLayers);
 }
 
+// A literal run whose first item continues the run before it on both
+// sides is still its own copies: a moved run that repeats it moves all
+// of its bytes, not what is left once the first was merged away.
+TEST_P(RunsTest, ARunThatContinuesTheOneBeforeKeepsItsOwnCopies) {
+  Layers p(GetParam());
+  const std::vector<TransferItem> items = {{p.rx[0], 0, p.ry[0], 8192, kBlock},
+                                           {p.rx[0], kBlock, p.ry[0], 8192 + kBlock, kBlock}};
+  const std::vector<ItemRun> runs = {{0, 1}, {1, 1}, {1, 1, true, p.rx[1], 0, p.ry[1], 0}};
+  ASSERT_EQ(testing::run_transfer(*p.a, p.a->submit(p.peer, TransferOp::kRead, items, runs, SubmitOptions{})).state,
+            TransferState::kDone);
+  EXPECT_TRUE(std::equal(p.x[0].begin(), p.x[0].begin() + 2 * kBlock, p.y[0].begin() + 8192));
+  EXPECT_TRUE(std::equal(p.x[1].begin() + kBlock, p.x[1].begin() + 2 * kBlock, p.y[1].begin() + 8192 + kBlock))
+      << GetParam() << ": the moved run's bytes did not land";
+  EXPECT_TRUE(std::all_of(p.x[1].begin(), p.x[1].begin() + kBlock, [](uint8_t b) { return b == 0; }));
+}
+
 TEST_P(RunsTest, ABadRunPostsNothingAndNamesItself) {
   Layers p(GetParam());
   const std::vector<TransferItem> items = first_layer(p, 16);

@@ -38,7 +38,21 @@ Status EngineImpl::check_items_locked(const Peer& p, TransferOp op, std::span<co
   // cost more than the checks for a large batch of small items.
   auto what = [index0](size_t i) { return "item " + std::to_string(index0 + i); };
   const uint8_t needs = op == TransferOp::kRead ? 1 : 2;
-  copies->reserve(copies->size() + items.size());
+  // The items' copies go after what `copies` holds, merged only among
+  // themselves: a copy before them is another run's (resolve_runs_locked()
+  // repeats a run's copies by their range, which must hold all its bytes).
+  // Written in place and cut to size on the way out, error or not.
+  const size_t base = copies->size();
+  copies->resize(base + items.size());
+  transport::Copy* out = copies->data() + base;
+  size_t n = 0;
+  struct Trim {
+    std::vector<transport::Copy>* copies;
+    const size_t& kept;
+    ~Trim() { copies->resize(kept); }
+  };
+  size_t kept = base;
+  const Trim trim{copies, kept};
   // Items come in runs of one region on each side: the last ones looked
   // up are kept (a local region, once found, passes the same bounds check
   // registry_->resolve() makes), and whether the local one is device memory.
@@ -97,13 +111,16 @@ Status EngineImpl::check_items_locked(const Peer& p, TransferOp op, std::span<co
       extent->remote_high = std::max(extent->remote_high, end);
       extent->bytes += item.bytes;
     }
-    const transport::Copy c{local_region->base + item.local_offset, r.region.base + item.remote_offset, item.bytes,
-                            r.region.segment};
-    if (merge) {
-      append_copy(*copies, c);
+    uint8_t* const local = local_region->base + item.local_offset;
+    const uint64_t remote = r.region.base + item.remote_offset;
+    transport::Copy* last = n > 0 ? &out[n - 1] : nullptr;
+    if (merge && last != nullptr && last->segment == r.region.segment && last->local + last->bytes == local &&
+        last->remote + last->bytes == remote) {
+      last->bytes += item.bytes;
     } else {
-      copies->push_back(c);
+      out[n++] = {local, remote, item.bytes, r.region.segment};
     }
+    kept = base + n;
     if (regions->empty() || regions->back() != item.local) regions->push_back(item.local);
   }
   return Status();
@@ -187,7 +204,7 @@ Result<TransferId> EngineImpl::start_transfer(const Peer& p, const Route& route,
   t->holds = std::move(holds);
   t->held = std::move(held);
   t->connection = p.connection;
-  t->peer_name = peer_text(p.metadata);
+  t->peer_name = p.text;
   t->link = route.link->link;
   t->channel = p.channel;
   // A transfer of device memory is one run: one batched copy on the device
@@ -280,7 +297,7 @@ Result<std::shared_ptr<EngineImpl::PreparedList>> EngineImpl::live_list_locked(P
   const Peer& p = *list->peer;
   auto now = peers_.find(p.id);
   if (now == peers_.end() || now->second != list->peer || !p.channel->health().ok()) {
-    return Status::unavailable("prepared list " + std::to_string(id) + ": its peer " + peer_text(p.metadata) +
+    return Status::unavailable("prepared list " + std::to_string(id) + ": its peer " + p.text +
                                " is gone or was connected again: prepare again");
   }
   if (p.generation != list->generation) {
