@@ -47,12 +47,20 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
     ls.items[r].reserve(std::min<uint64_t>(n, plan.literal.size()));
     ls.runs[r].reserve(plan.runs.size());
   }
+  // Items come in runs of one (source, local tensor, remote tensor): their
+  // regions and memory kinds are looked up when that changes.
+  uint64_t last = UINT64_MAX;
+  RegionId local_region = 0, remote_region = 0;
   auto item = [&](const Descriptor& d, uint16_t lt, uint16_t rt, uint64_t lo, uint64_t ro) {
-    if (only_source != SIZE_MAX && d.source != only_source) return;
-    ls.items[d.source].push_back(
-        TransferItem{tensors.local_regions[lt], lo, tensors.sources[d.source].tensors[rt].region, ro, d.bytes});
-    ls.device[d.source] |= tensors.local_device[lt] | tensors.remote_device[d.source][rt];
-    load.used[d.source] = true;
+    const uint16_t s = d.source;
+    if (only_source != SIZE_MAX && s != only_source) return;
+    if (const uint64_t key = uint64_t{s} << 32 | uint64_t{lt} << 16 | rt; key != last) {
+      last = key;
+      local_region = tensors.local_regions[lt];
+      remote_region = tensors.sources[s].tensors[rt].region;
+      ls.device[s] |= tensors.local_device[lt] | tensors.remote_device[s][rt];
+    }
+    ls.items[s].push_back(TransferItem{local_region, lo, remote_region, ro, d.bytes});
   };
   // Per literal run (by its first descriptor): each source's items of it.
   std::vector<std::pair<uint64_t, std::vector<ItemRun>>> literal;
@@ -113,6 +121,9 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
                             tensors.sources[s].tensors[run.remote_tensor].region, run.remote_shift});
       ls.device[s] |= tensors.local_device[run.local_tensor] | tensors.remote_device[s][run.remote_tensor];
     }
+  }
+  for (size_t s = 0; s < sources; ++s) {
+    if (!ls.items[s].empty()) load.used[s] = true;
   }
   // A source none of whose runs is moved is submitted as items alone (the
   // engine merges items adjacent on both sides across them).

@@ -5,6 +5,7 @@
 // ids. Only a request that fails the check pays for plan() itself, which is
 // what makes its errors plan()'s, word for word.
 #include <algorithm>
+#include <bit>
 #include <string>
 
 #include "common/text.h"
@@ -198,30 +199,35 @@ void copy_loop(const TemplateLoop& copy, const TemplateLoop& original, LoopSpan&
 
 // order[x] = the index in `ids` of its x-th smallest id, for distinct ids
 // below `num_blocks`: a least-significant-digit radix sort of the indices
-// by their ids, 8 bits a pass (two up to 65,536 blocks), through `tmp`.
-// Chunked loads sort a few hundred ids a stage, where std::sort's
-// comparisons were a tenth of a load's host time.
+// by their ids, through `tmp`, in as few passes as 8-bit digits take (two
+// up to 65,536 blocks), each digit as narrow as that allows (7 bits up to
+// 16,384 blocks). Chunked loads sort a few hundred ids a stage, where
+// std::sort's comparisons were a tenth of a load's host time and a pass's
+// buckets (cleared and summed whatever the number of ids) half the sort's.
 void radix_order(std::span<const int64_t> ids, uint64_t num_blocks, std::vector<uint64_t>& tmp,
                  std::vector<uint64_t>& order) {
-  constexpr unsigned kBits = 8;
-  constexpr size_t kBuckets = size_t{1} << kBits;
+  constexpr unsigned kMaxBits = 8;
   const size_t n = ids.size();
   tmp.resize(n);
   uint64_t* from = order.data();
   uint64_t* to = tmp.data();
   for (size_t k = 0; k < n; ++k) from[k] = k;
-  uint32_t count[kBuckets];
-  for (unsigned shift = 0; shift < 64 && (shift == 0 || (num_blocks - 1) >> shift != 0); shift += kBits) {
-    std::fill_n(count, kBuckets, 0u);
-    for (size_t k = 0; k < n; ++k) ++count[(static_cast<uint64_t>(ids[from[k]]) >> shift) & (kBuckets - 1)];
+  const unsigned id_bits = num_blocks <= 1 ? 1 : static_cast<unsigned>(std::bit_width(num_blocks - 1));
+  const unsigned passes = (id_bits + kMaxBits - 1) / kMaxBits;
+  const unsigned bits = (id_bits + passes - 1) / passes;
+  const size_t buckets = size_t{1} << bits;
+  const uint64_t mask = buckets - 1;
+  uint32_t count[size_t{1} << kMaxBits];
+  for (unsigned pass = 0, shift = 0; pass < passes; ++pass, shift += bits) {
+    std::fill_n(count, buckets, 0u);
+    for (size_t k = 0; k < n; ++k) ++count[(static_cast<uint64_t>(ids[from[k]]) >> shift) & mask];
     uint32_t sum = 0;
-    for (uint32_t& c : count) {
-      const uint32_t here = c;
-      c = sum;
+    for (size_t b = 0; b < buckets; ++b) {
+      const uint32_t here = count[b];
+      count[b] = sum;
       sum += here;
     }
-    for (size_t k = 0; k < n; ++k)
-      to[count[(static_cast<uint64_t>(ids[from[k]]) >> shift) & (kBuckets - 1)]++] = from[k];
+    for (size_t k = 0; k < n; ++k) to[count[(static_cast<uint64_t>(ids[from[k]]) >> shift) & mask]++] = from[k];
     std::swap(from, to);
   }
   if (from != order.data()) std::copy_n(from, n, order.data());

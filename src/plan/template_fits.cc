@@ -10,38 +10,37 @@
 namespace kvbridge::plan_internal {
 namespace {
 
-// True when the listed ids are distinct. Ascending lists (the usual
-// allocator output) take one pass; others a bitmap over the group's blocks,
-// or a sorted copy when the blocks far outnumber the ids.
-bool distinct(std::span<const int64_t> ids, uint64_t num_blocks, std::vector<uint64_t>& scratch) {
-  if (listed_ascending(ids)) return true;
-  if (num_blocks / 64 <= 4 * ids.size() + 1024) {
-    scratch.assign(num_blocks / 64 + 1, 0);
-    for (int64_t id : ids) {
-      if (id < 0) continue;
+// One list against its shape, in one pass: the length, -1 exactly where
+// the shape has -1, every other id a block of the group, and those ids
+// distinct (a bitmap over the group's blocks; a sorted copy when the
+// blocks far outnumber the ids and the list is not ascending, the usual
+// allocator output).
+bool list_fits(std::span<const int64_t> ids, const std::vector<bool>& listed, uint64_t num_blocks,
+               std::vector<uint64_t>& seen) {
+  if (ids.size() != listed.size()) return false;
+  const bool bitmap = num_blocks / 64 <= 4 * ids.size() + 1024;
+  if (bitmap) seen.assign(num_blocks / 64 + 1, 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t id = ids[i];
+    if (!listed[i]) {
+      if (id != -1) return false;
+      continue;
+    }
+    if (id < 0 || static_cast<uint64_t>(id) >= num_blocks) return false;
+    if (bitmap) {
       const uint64_t bit = uint64_t{1} << (id % 64);
-      uint64_t& word = scratch[static_cast<uint64_t>(id) / 64];
+      uint64_t& word = seen[static_cast<uint64_t>(id) / 64];
       if (word & bit) return false;
       word |= bit;
     }
-    return true;
   }
-  scratch.clear();
+  if (bitmap || listed_ascending(ids)) return true;
+  seen.clear();
   for (int64_t id : ids) {
-    if (id >= 0) scratch.push_back(static_cast<uint64_t>(id));
+    if (id >= 0) seen.push_back(static_cast<uint64_t>(id));
   }
-  std::sort(scratch.begin(), scratch.end());
-  return std::adjacent_find(scratch.begin(), scratch.end()) == scratch.end();
-}
-
-// One list against its shape: the length, -1 exactly where the shape has
-// -1, every other id a block of the group.
-bool list_fits(std::span<const int64_t> ids, const std::vector<bool>& listed, uint64_t num_blocks) {
-  if (ids.size() != listed.size()) return false;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (listed[i] ? ids[i] < 0 || static_cast<uint64_t>(ids[i]) >= num_blocks : ids[i] != -1) return false;
-  }
-  return true;
+  std::sort(seen.begin(), seen.end());
+  return std::adjacent_find(seen.begin(), seen.end()) == seen.end();
 }
 
 }  // namespace
@@ -59,10 +58,8 @@ bool fits(const PlanTemplate::Impl& t, const Request& r, std::vector<std::span<c
   auto group = t.groups.begin();
   for (const auto& [name, blocks] : r.blocks) {
     if (name != shape->first) return false;
-    if (!list_fits(blocks.local, shape->second.local, group->local_blocks) ||
-        !list_fits(blocks.remote, shape->second.remote, group->remote_blocks) ||
-        !distinct(blocks.local, group->local_blocks, scratch) ||
-        !distinct(blocks.remote, group->remote_blocks, scratch)) {
+    if (!list_fits(blocks.local, shape->second.local, group->local_blocks, scratch) ||
+        !list_fits(blocks.remote, shape->second.remote, group->remote_blocks, scratch)) {
       return false;
     }
     lists.emplace_back(blocks.local);
