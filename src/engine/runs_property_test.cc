@@ -1,0 +1,223 @@
+// Batches as runs against a model: random items (many continuing the one
+// before on both sides, across run boundaries too, so that the engine
+// merges them), cut into literal runs, some repeated by moved runs or by a
+// prepared table of moves, submitted three ways (items and runs, a
+// prepared list and runs of it, runs naming a table), some big enough to
+// be split into shares for the engine's threads. Every byte of the
+// reader's regions must be what the model says: the item's source byte
+// where an item or a moved run put one, 0 elsewhere; and the transfer's
+// bytes the model's. A batch the engine takes and moves otherwise is
+// reported done with wrong bytes: the failure this test exists to catch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <span>
+
+#include "kvbridge/engine.h"
+#include "testing/run_transfer.h"
+
+namespace kvbridge {
+namespace {
+
+constexpr uint64_t kRegions = 3, kRegionBytes = 256 << 10;
+
+struct World {
+  explicit World(const std::string& transport) {
+    EngineOptions o;
+    o.transports = {transport};
+    o.threads = 2;
+    o.name = "reader";
+    a = std::move(*Engine::create(o));
+    o.name = "source";
+    b = std::move(*Engine::create(o));
+    for (uint64_t r = 0; r < kRegions; ++r) {
+      x.emplace_back(kRegionBytes, 0);
+      y.emplace_back(kRegionBytes);
+      for (uint64_t i = 0; i < kRegionBytes; ++i) y[r][i] = static_cast<uint8_t>(i * 7 + r * 101 + i / 251 + 1);
+      rx.push_back(*a->register_memory(x[r].data(), kRegionBytes));
+      ry.push_back(*b->register_memory(y[r].data(), kRegionBytes));
+    }
+    peer = *a->connect(b->metadata());
+  }
+  std::unique_ptr<Engine> a, b;
+  std::vector<std::vector<uint8_t>> x, y;
+  std::vector<RegionId> rx, ry;
+  PeerId peer = 0;
+};
+
+// One random batch and what it must leave in the reader's regions.
+struct Case {
+  std::vector<TransferItem> items;
+  std::vector<ItemRun> runs;  // literal runs, and moved runs after what they repeat
+  // Per literal run that names one region on each side: its moves (a
+  // moved run each, or one table).
+  std::vector<std::pair<size_t, std::vector<RunMove>>> moves;
+  std::vector<std::vector<int>> want;  // per local region, per byte: the source byte, or -1
+  uint64_t bytes = 0;
+};
+
+// Index of a region id in `ids`.
+size_t index_of(std::span<const RegionId> ids, RegionId id) {
+  return static_cast<size_t>(std::find(ids.begin(), ids.end(), id) - ids.begin());
+}
+
+Case make_case(const World& w, std::mt19937_64& rng) {
+  Case c;
+  c.want.assign(kRegions, std::vector<int>(kRegionBytes, -1));
+  auto pick = [&rng](uint64_t n) { return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
+  auto chance = [&](int percent) { return pick(100) < static_cast<uint64_t>(percent); };
+  auto free_at = [&](size_t region, uint64_t at, uint64_t bytes) {
+    if (at + bytes > kRegionBytes) return false;
+    return std::all_of(c.want[region].begin() + static_cast<int64_t>(at),
+                       c.want[region].begin() + static_cast<int64_t>(at + bytes), [](int v) { return v < 0; });
+  };
+  auto put = [&](size_t lr, uint64_t lo, size_t rr, uint64_t ro, uint64_t bytes) {
+    for (uint64_t i = 0; i < bytes; ++i) c.want[lr][lo + i] = w.y[rr][ro + i];
+    c.bytes += bytes;
+  };
+  // One case in eight is big: past the size where the engine splits a
+  // batch into shares for its threads, cutting runs and tables.
+  const bool big = chance(12);
+  const uint64_t literal_runs = 1 + pick(5);
+  for (uint64_t k = 0; k < literal_runs; ++k) {
+    const bool one_region = chance(75);
+    size_t lr = pick(kRegions), rr = pick(kRegions);
+    const uint64_t first = c.items.size();
+    const uint64_t want_items = big ? 200 + pick(800) : 1 + pick(8);
+    for (uint64_t i = 0; i < want_items; ++i) {
+      if (!one_region) lr = pick(kRegions), rr = pick(kRegions);
+      const uint64_t bytes = 8 * (1 + pick(big ? 4 : 16));
+      uint64_t lo = 0, ro = 0;
+      bool placed = false;
+      // Often right after the item before (of this run or the last one),
+      // on both sides: the engine merges the two. A run of one region
+      // takes the last item's regions for its first item.
+      if (!c.items.empty() && chance(big ? 20 : 60)) {
+        const TransferItem& last = c.items.back();
+        const size_t llr = index_of(w.rx, last.local), lrr = index_of(w.ry, last.remote);
+        if (!one_region || i == 0 || (llr == lr && lrr == rr)) {
+          lr = llr;
+          rr = lrr;
+          lo = last.local_offset + last.bytes;
+          ro = last.remote_offset + last.bytes;
+          placed = free_at(lr, lo, bytes) && ro + bytes <= kRegionBytes;
+        }
+      }
+      for (int tries = 0; !placed && tries < 32; ++tries) {
+        lo = 8 * pick((kRegionBytes - bytes) / 8 + 1);
+        ro = 8 * pick((kRegionBytes - bytes) / 8 + 1);
+        placed = free_at(lr, lo, bytes);
+      }
+      if (!placed) continue;
+      c.items.push_back({w.rx[lr], lo, w.ry[rr], ro, bytes});
+      put(lr, lo, rr, ro, bytes);
+    }
+    const uint64_t count = c.items.size() - first;
+    if (count == 0) continue;
+    c.runs.push_back({first, count});
+    if (!one_region || !chance(70)) continue;
+    // Moves of this run: each puts every item at another local region and
+    // shift (free there), read from another peer region and shift.
+    uint64_t llo = UINT64_MAX, lhi = 0, rlo = UINT64_MAX, rhi = 0;
+    for (uint64_t i = first; i < first + count; ++i) {
+      llo = std::min(llo, c.items[i].local_offset);
+      lhi = std::max(lhi, c.items[i].local_offset + c.items[i].bytes);
+      rlo = std::min(rlo, c.items[i].remote_offset);
+      rhi = std::max(rhi, c.items[i].remote_offset + c.items[i].bytes);
+    }
+    std::vector<RunMove> moves;
+    const uint64_t n = 1 + pick(3);
+    for (uint64_t m = 0; m < n; ++m) {
+      for (int tries = 0; tries < 32; ++tries) {
+        const size_t to_l = pick(kRegions), to_r = pick(kRegions);
+        const uint64_t new_llo = 8 * pick((kRegionBytes - (lhi - llo)) / 8 + 1);
+        const uint64_t new_rlo = 8 * pick((kRegionBytes - (rhi - rlo)) / 8 + 1);
+        const uint64_t lshift = new_llo - llo, rshift = new_rlo - rlo;  // modulo 2^64
+        bool fits = true;
+        for (uint64_t i = first; fits && i < first + count; ++i) {
+          fits = free_at(to_l, c.items[i].local_offset + lshift, c.items[i].bytes);
+        }
+        if (!fits) continue;
+        for (uint64_t i = first; i < first + count; ++i) {
+          put(to_l, c.items[i].local_offset + lshift, to_r, c.items[i].remote_offset + rshift, c.items[i].bytes);
+        }
+        moves.push_back({w.rx[to_l], lshift, w.ry[to_r], rshift});
+        break;
+      }
+    }
+    if (!moves.empty()) c.moves.emplace_back(c.runs.size() - 1, std::move(moves));
+  }
+  return c;
+}
+
+enum class Way { kItems, kPreparedList, kTable };
+
+class RunsPropertyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RunsPropertyTest, EveryByteIsWhereTheModelPutsIt) {
+  World w(GetParam());
+  uint64_t merged_across = 0;  // runs that continue the run before (the engine merges them)
+  uint64_t past_split = 0;     // cases of more copies than the engine moves in one share
+  for (uint64_t seed = 0; seed < 160; ++seed) {
+    std::mt19937_64 rng(seed);
+    const Case c = make_case(w, rng);
+    if (c.items.empty()) continue;
+    for (size_t k = 1; k < c.runs.size(); ++k) {
+      const TransferItem& a = c.items[c.runs[k].first - 1];
+      const TransferItem& b = c.items[c.runs[k].first];
+      merged_across += a.local == b.local && a.remote == b.remote && a.local_offset + a.bytes == b.local_offset &&
+                       a.remote_offset + a.bytes == b.remote_offset;
+    }
+    uint64_t copies = c.items.size();
+    for (const auto& [run, moves] : c.moves) copies += c.runs[run].count * moves.size();
+    past_split += copies > 2048;
+    const Way way = static_cast<Way>(seed % 3);
+    std::vector<ItemRun> runs = c.runs;
+    std::vector<PreparedId> prepared;
+    for (const auto& [run, moves] : c.moves) {
+      const ItemRun& l = c.runs[run];
+      if (way == Way::kTable) {
+        Result<PreparedId> t = w.a->prepare_moves(w.peer, TransferOp::kRead, moves);
+        ASSERT_TRUE(t.ok()) << "seed " << seed << ": " << t.error().to_string();
+        prepared.push_back(*t);
+        ItemRun r{l.first, l.count, true};
+        r.moves = *t;
+        runs.push_back(r);
+        continue;
+      }
+      for (const RunMove& m : moves) {
+        runs.push_back({l.first, l.count, true, m.local, m.local_shift, m.remote, m.remote_shift});
+      }
+    }
+    for (std::vector<uint8_t>& r : w.x) std::fill(r.begin(), r.end(), 0);
+    Result<TransferId> id = Status::internal("not submitted");
+    if (way == Way::kPreparedList) {
+      Result<PreparedId> list = w.a->prepare(w.peer, TransferOp::kRead, c.items);
+      ASSERT_TRUE(list.ok()) << "seed " << seed << ": " << list.error().to_string();
+      prepared.push_back(*list);
+      id = w.a->submit_runs(*list, runs, SubmitOptions{});
+    } else {
+      id = w.a->submit(w.peer, TransferOp::kRead, c.items, runs, SubmitOptions{});
+    }
+    const TransferStatus st = testing::run_transfer(*w.a, std::move(id));
+    ASSERT_EQ(st.state, TransferState::kDone) << GetParam() << " seed " << seed << ": " << st.error.to_string();
+    EXPECT_EQ(st.bytes_total, c.bytes) << GetParam() << " seed " << seed;
+    for (uint64_t r = 0; r < kRegions; ++r) {
+      for (uint64_t i = 0; i < kRegionBytes; ++i) {
+        const int want = c.want[r][i] < 0 ? 0 : c.want[r][i];
+        ASSERT_EQ(w.x[r][i], want) << GetParam() << " seed " << seed << ": local region " << r << " byte " << i
+                                   << (c.want[r][i] < 0 ? " (nothing goes there)" : "");
+      }
+    }
+    for (PreparedId p : prepared) ASSERT_TRUE(w.a->release_prepared(p).ok());
+  }
+  // The cases reach what they are for.
+  EXPECT_GT(merged_across, 20u);
+  EXPECT_GT(past_split, 5u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, RunsPropertyTest, ::testing::Values("local", "tcp"));
+
+}  // namespace
+}  // namespace kvbridge
