@@ -1,10 +1,10 @@
-// Batches as runs against a model: random items (many continuing the one
+// Batches as runs against a model, read and written: random items (many continuing the one
 // before on both sides, across run boundaries too, so that the engine
 // merges them), cut into literal runs, some repeated by moved runs or by a
 // prepared table of moves, submitted three ways (items and runs, a
 // prepared list and runs of it, runs naming a table), some big enough to
 // be split into shares for the engine's threads. Every byte of the
-// reader's regions must be what the model says: the item's source byte
+// regions written must be what the model says: the item's source byte
 // where an item or a moved run put one, 0 elsewhere; and the transfer's
 // bytes the model's. A batch the engine takes and moves otherwise is
 // reported done with wrong bytes: the failure this test exists to catch.
@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <random>
 #include <span>
+#include <tuple>
 
 #include "kvbridge/engine.h"
 #include "testing/run_transfer.h"
@@ -32,9 +33,12 @@ struct World {
     o.name = "source";
     b = std::move(*Engine::create(o));
     for (uint64_t r = 0; r < kRegions; ++r) {
-      x.emplace_back(kRegionBytes, 0);
+      x.emplace_back(kRegionBytes);
       y.emplace_back(kRegionBytes);
-      for (uint64_t i = 0; i < kRegionBytes; ++i) y[r][i] = static_cast<uint8_t>(i * 7 + r * 101 + i / 251 + 1);
+      for (uint64_t i = 0; i < kRegionBytes; ++i) {
+        x[r][i] = static_cast<uint8_t>(i * 13 + r * 29 + i / 509 + 3);
+        y[r][i] = static_cast<uint8_t>(i * 7 + r * 101 + i / 251 + 1);
+      }
       rx.push_back(*a->register_memory(x[r].data(), kRegionBytes));
       ry.push_back(*b->register_memory(y[r].data(), kRegionBytes));
     }
@@ -53,7 +57,9 @@ struct Case {
   // Per literal run that names one region on each side: its moves (a
   // moved run each, or one table).
   std::vector<std::pair<size_t, std::vector<RunMove>>> moves;
-  std::vector<std::vector<int>> want;  // per local region, per byte: the source byte, or -1
+  // Per region of the side written (the reader's for reads, the peer's for
+  // writes), per byte: the source byte, or -1.
+  std::vector<std::vector<int>> want;
   uint64_t bytes = 0;
 };
 
@@ -62,18 +68,29 @@ size_t index_of(std::span<const RegionId> ids, RegionId id) {
   return static_cast<size_t>(std::find(ids.begin(), ids.end(), id) - ids.begin());
 }
 
-Case make_case(const World& w, std::mt19937_64& rng) {
+Case make_case(const World& w, TransferOp op, std::mt19937_64& rng) {
+  const bool write = op == TransferOp::kWrite;
   Case c;
   c.want.assign(kRegions, std::vector<int>(kRegionBytes, -1));
   auto pick = [&rng](uint64_t n) { return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
   auto chance = [&](int percent) { return pick(100) < static_cast<uint64_t>(percent); };
-  auto free_at = [&](size_t region, uint64_t at, uint64_t bytes) {
-    if (at + bytes > kRegionBytes) return false;
+  // Whether an item may go there: its source in its region, and nothing
+  // written where it writes.
+  auto free_at = [&](size_t lr, uint64_t lo, size_t rr, uint64_t ro, uint64_t bytes) {
+    const size_t region = write ? rr : lr;
+    const uint64_t at = write ? ro : lo;
+    if (lo + bytes > kRegionBytes || ro + bytes > kRegionBytes || lo + bytes < lo || ro + bytes < ro) return false;
     return std::all_of(c.want[region].begin() + static_cast<int64_t>(at),
                        c.want[region].begin() + static_cast<int64_t>(at + bytes), [](int v) { return v < 0; });
   };
   auto put = [&](size_t lr, uint64_t lo, size_t rr, uint64_t ro, uint64_t bytes) {
-    for (uint64_t i = 0; i < bytes; ++i) c.want[lr][lo + i] = w.y[rr][ro + i];
+    for (uint64_t i = 0; i < bytes; ++i) {
+      if (write) {
+        c.want[rr][ro + i] = w.x[lr][lo + i];
+      } else {
+        c.want[lr][lo + i] = w.y[rr][ro + i];
+      }
+    }
     c.bytes += bytes;
   };
   // One case in eight is big: past the size where the engine splits a
@@ -101,13 +118,13 @@ Case make_case(const World& w, std::mt19937_64& rng) {
           rr = lrr;
           lo = last.local_offset + last.bytes;
           ro = last.remote_offset + last.bytes;
-          placed = free_at(lr, lo, bytes) && ro + bytes <= kRegionBytes;
+          placed = free_at(lr, lo, rr, ro, bytes);
         }
       }
       for (int tries = 0; !placed && tries < 32; ++tries) {
         lo = 8 * pick((kRegionBytes - bytes) / 8 + 1);
         ro = 8 * pick((kRegionBytes - bytes) / 8 + 1);
-        placed = free_at(lr, lo, bytes);
+        placed = free_at(lr, lo, rr, ro, bytes);
       }
       if (!placed) continue;
       c.items.push_back({w.rx[lr], lo, w.ry[rr], ro, bytes});
@@ -117,8 +134,8 @@ Case make_case(const World& w, std::mt19937_64& rng) {
     if (count == 0) continue;
     c.runs.push_back({first, count});
     if (!one_region || !chance(70)) continue;
-    // Moves of this run: each puts every item at another local region and
-    // shift (free there), read from another peer region and shift.
+    // Moves of this run: each takes every item to another local region and
+    // shift and another peer region and shift (where nothing is written).
     uint64_t llo = UINT64_MAX, lhi = 0, rlo = UINT64_MAX, rhi = 0;
     for (uint64_t i = first; i < first + count; ++i) {
       llo = std::min(llo, c.items[i].local_offset);
@@ -136,7 +153,8 @@ Case make_case(const World& w, std::mt19937_64& rng) {
         const uint64_t lshift = new_llo - llo, rshift = new_rlo - rlo;  // modulo 2^64
         bool fits = true;
         for (uint64_t i = first; fits && i < first + count; ++i) {
-          fits = free_at(to_l, c.items[i].local_offset + lshift, c.items[i].bytes);
+          fits = free_at(to_l, c.items[i].local_offset + lshift, to_r, c.items[i].remote_offset + rshift,
+                         c.items[i].bytes);
         }
         if (!fits) continue;
         for (uint64_t i = first; i < first + count; ++i) {
@@ -153,15 +171,18 @@ Case make_case(const World& w, std::mt19937_64& rng) {
 
 enum class Way { kItems, kPreparedList, kTable };
 
-class RunsPropertyTest : public ::testing::TestWithParam<std::string> {};
+class RunsPropertyTest : public ::testing::TestWithParam<std::tuple<std::string, TransferOp>> {};
 
 TEST_P(RunsPropertyTest, EveryByteIsWhereTheModelPutsIt) {
-  World w(GetParam());
+  const auto& [transport, op] = GetParam();
+  World w(transport);
+  const std::string what = transport + (op == TransferOp::kRead ? " reads" : " writes");
+  std::vector<std::vector<uint8_t>>& written = op == TransferOp::kRead ? w.x : w.y;
   uint64_t merged_across = 0;  // runs that continue the run before (the engine merges them)
   uint64_t past_split = 0;     // cases of more copies than the engine moves in one share
-  for (uint64_t seed = 0; seed < 160; ++seed) {
+  for (uint64_t seed = 0; seed < 120; ++seed) {
     std::mt19937_64 rng(seed);
-    const Case c = make_case(w, rng);
+    const Case c = make_case(w, op, rng);
     if (c.items.empty()) continue;
     for (size_t k = 1; k < c.runs.size(); ++k) {
       const TransferItem& a = c.items[c.runs[k].first - 1];
@@ -178,7 +199,7 @@ TEST_P(RunsPropertyTest, EveryByteIsWhereTheModelPutsIt) {
     for (const auto& [run, moves] : c.moves) {
       const ItemRun& l = c.runs[run];
       if (way == Way::kTable) {
-        Result<PreparedId> t = w.a->prepare_moves(w.peer, TransferOp::kRead, moves);
+        Result<PreparedId> t = w.a->prepare_moves(w.peer, op, moves);
         ASSERT_TRUE(t.ok()) << "seed " << seed << ": " << t.error().to_string();
         prepared.push_back(*t);
         ItemRun r{l.first, l.count, true};
@@ -190,24 +211,24 @@ TEST_P(RunsPropertyTest, EveryByteIsWhereTheModelPutsIt) {
         runs.push_back({l.first, l.count, true, m.local, m.local_shift, m.remote, m.remote_shift});
       }
     }
-    for (std::vector<uint8_t>& r : w.x) std::fill(r.begin(), r.end(), 0);
+    for (std::vector<uint8_t>& r : written) std::fill(r.begin(), r.end(), 0);
     Result<TransferId> id = Status::internal("not submitted");
     if (way == Way::kPreparedList) {
-      Result<PreparedId> list = w.a->prepare(w.peer, TransferOp::kRead, c.items);
+      Result<PreparedId> list = w.a->prepare(w.peer, op, c.items);
       ASSERT_TRUE(list.ok()) << "seed " << seed << ": " << list.error().to_string();
       prepared.push_back(*list);
       id = w.a->submit_runs(*list, runs, SubmitOptions{});
     } else {
-      id = w.a->submit(w.peer, TransferOp::kRead, c.items, runs, SubmitOptions{});
+      id = w.a->submit(w.peer, op, c.items, runs, SubmitOptions{});
     }
     const TransferStatus st = testing::run_transfer(*w.a, std::move(id));
-    ASSERT_EQ(st.state, TransferState::kDone) << GetParam() << " seed " << seed << ": " << st.error.to_string();
-    EXPECT_EQ(st.bytes_total, c.bytes) << GetParam() << " seed " << seed;
+    ASSERT_EQ(st.state, TransferState::kDone) << what << " seed " << seed << ": " << st.error.to_string();
+    EXPECT_EQ(st.bytes_total, c.bytes) << what << " seed " << seed;
     for (uint64_t r = 0; r < kRegions; ++r) {
       for (uint64_t i = 0; i < kRegionBytes; ++i) {
         const int want = c.want[r][i] < 0 ? 0 : c.want[r][i];
-        ASSERT_EQ(w.x[r][i], want) << GetParam() << " seed " << seed << ": local region " << r << " byte " << i
-                                   << (c.want[r][i] < 0 ? " (nothing goes there)" : "");
+        ASSERT_EQ(written[r][i], want) << what << " seed " << seed << ": region " << r << " byte " << i
+                                       << (c.want[r][i] < 0 ? " (nothing goes there)" : "");
       }
     }
     for (PreparedId p : prepared) ASSERT_TRUE(w.a->release_prepared(p).ok());
@@ -217,7 +238,9 @@ TEST_P(RunsPropertyTest, EveryByteIsWhereTheModelPutsIt) {
   EXPECT_GT(past_split, 5u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, RunsPropertyTest, ::testing::Values("local", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Transports, RunsPropertyTest,
+                         ::testing::Combine(::testing::Values("local", "tcp"),
+                                            ::testing::Values(TransferOp::kRead, TransferOp::kWrite)));
 
 }  // namespace
 }  // namespace kvbridge
