@@ -47,20 +47,23 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
     ls.items[r].reserve(std::min<uint64_t>(n, plan.literal.size()));
     ls.runs[r].reserve(plan.runs.size());
   }
-  // Items come in runs of one (source, local tensor, remote tensor): their
-  // regions and memory kinds are looked up when that changes.
-  uint64_t last = UINT64_MAX;
-  RegionId local_region = 0, remote_region = 0;
+  // A source's items come in runs of one pair of tensors (the sources'
+  // items interleave: a block's heads from several ranks): per source, the
+  // regions and memory kinds of its last pair.
+  struct Last {
+    uint32_t tensors = UINT32_MAX;
+    RegionId local = 0, remote = 0;
+  };
+  std::vector<Last> last(sources);
   auto item = [&](const Descriptor& d, uint16_t lt, uint16_t rt, uint64_t lo, uint64_t ro) {
     const uint16_t s = d.source;
     if (only_source != SIZE_MAX && s != only_source) return;
-    if (const uint64_t key = uint64_t{s} << 32 | uint64_t{lt} << 16 | rt; key != last) {
-      last = key;
-      local_region = tensors.local_regions[lt];
-      remote_region = tensors.sources[s].tensors[rt].region;
+    Last& l = last[s];
+    if (const uint32_t pair = uint32_t{lt} << 16 | rt; pair != l.tensors) {
+      l = {pair, tensors.local_regions[lt], tensors.sources[s].tensors[rt].region};
       ls.device[s] |= tensors.local_device[lt] | tensors.remote_device[s][rt];
     }
-    ls.items[s].push_back(TransferItem{local_region, lo, remote_region, ro, d.bytes});
+    ls.items[s].push_back(TransferItem{l.local, lo, l.remote, ro, d.bytes});
   };
   // Per literal run (by its first descriptor): each source's items of it.
   std::vector<std::pair<uint64_t, std::vector<ItemRun>>> literal;

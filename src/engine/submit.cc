@@ -64,10 +64,15 @@ Status EngineImpl::check_items_locked(const Peer& p, TransferOp op, std::span<co
   for (size_t i = 0; i < items.size(); ++i) {
     const TransferItem& item = items[i];
     if (item.bytes == 0) return Status::invalid_argument(what(i) + " has 0 bytes");
+    // What depends on the regions alone (the peer's access, the pair of
+    // memory kinds, the regions held) is checked where they change.
+    bool changed = false;
     if (local_region == nullptr || item.local != last_region) {
       local_region = registry_->find(item.local);
       last_region = item.local;
       if (local_region != nullptr) last_device = local_region->memory != "host";
+      if (regions->empty() || regions->back() != item.local) regions->push_back(item.local);
+      changed = true;
     }
     uint64_t local_end = 0;
     if (local_region == nullptr || !checked_add(item.local_offset, item.bytes, &local_end) ||
@@ -84,12 +89,13 @@ Status EngineImpl::check_items_locked(const Peer& p, TransferOp op, std::span<co
       }
       remote_region = &found->second;
       last_remote = item.remote;
+      if ((remote_region->access & needs) == 0) {
+        return Status::permission_denied(what(i) + ": peer '" + peer_name + "' region " + std::to_string(item.remote) +
+                                         " does not allow remote " + (op == TransferOp::kRead ? "reads" : "writes"));
+      }
+      changed = true;
     }
     const Peer::RemoteRegion& r = *remote_region;
-    if ((r.access & needs) == 0) {
-      return Status::permission_denied(what(i) + ": peer '" + peer_name + "' region " + std::to_string(item.remote) +
-                                       " does not allow remote " + (op == TransferOp::kRead ? "reads" : "writes"));
-    }
     uint64_t end = 0;
     if (!checked_add(item.remote_offset, item.bytes, &end) || end > r.region.bytes) {
       return Status::out_of_range(what(i) + ": remote range [" + std::to_string(item.remote_offset) + ", " +
@@ -97,14 +103,14 @@ Status EngineImpl::check_items_locked(const Peer& p, TransferOp op, std::span<co
                                   ") is outside peer '" + peer_name + "' region " + std::to_string(item.remote) +
                                   " of " + std::to_string(r.region.bytes) + " bytes");
     }
-    kinds->note(last_device, r.device, index0 + i);
+    if (changed) kinds->note(last_device, r.device, index0 + i);
     if (extent != nullptr) {
       if (i == 0) {
         extent->local_region = local_region;
         extent->remote_region = remote_region;
       }
-      extent->one_region =
-          extent->one_region && local_region == extent->local_region && remote_region == extent->remote_region;
+      // A region that changes after the first item is another region.
+      extent->one_region = extent->one_region && (i == 0 || !changed);
       extent->local_low = std::min(extent->local_low, item.local_offset);
       extent->local_high = std::max(extent->local_high, local_end);
       extent->remote_low = std::min(extent->remote_low, item.remote_offset);
@@ -121,7 +127,6 @@ Status EngineImpl::check_items_locked(const Peer& p, TransferOp op, std::span<co
       out[n++] = {local, remote, item.bytes, r.region.segment};
     }
     kept = base + n;
-    if (regions->empty() || regions->back() != item.local) regions->push_back(item.local);
   }
   return Status();
 }
