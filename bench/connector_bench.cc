@@ -42,6 +42,9 @@
 //   cpu_pct    cpu_ms / hbm_ms in percent
 //   reads      the decode engine's transfers per later load (a read per
 //              stage and source)
+//   wakeups    the times per later load the decode engine's sleeping
+//              threads were woken for its reads (a load's reads are one
+//              batch of submits, Engine::begin_batch())
 //   announced  streamed: the layer announcements the prefill ranks sent per
 //              later load (a rank that reads nothing from a prefill rank
 //              answers its first one "unread" and gets no more)
@@ -260,7 +263,7 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp, bool stream = 
     }
   }
   const Request q = shuffled(kTokens);  // one shape for every load
-  uint64_t n = 0, later = 0, reads = 0, announced = 0;
+  uint64_t n = 0, later = 0, reads = 0, announced = 0, wakeups = 0;
   double first_ms = 0, second_ms = 0, wall = 0, cpu = 0, submit = 0, submit_cpu = 0;
   LoadResult last;
   auto announcements = [&] {
@@ -273,6 +276,7 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp, bool stream = 
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = process_cpu_seconds();
     const uint64_t reads0 = (*d)->engine->metrics().transfers_submitted;
+    const uint64_t wakeups0 = (*d)->engine->metrics().worker_wakeups;
     const uint64_t announced0 = announcements();
     if (!w.start_load(id, "prefill", q, LoadOptions::streaming(stream)).ok()) {
       return state.SkipWithError("start_load failed");
@@ -304,6 +308,7 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp, bool stream = 
       submit += 1e-3 * static_cast<double>(r.front().submit_time.count());
       submit_cpu += 1e-3 * static_cast<double>(r.front().submit_cpu_time.count());
       reads += (*d)->engine->metrics().transfers_submitted - reads0;
+      wakeups += (*d)->engine->metrics().worker_wakeups - wakeups0;
       announced += announcements() - announced0;
       ++later;
     }
@@ -313,6 +318,7 @@ void BM_LoadHostCost(benchmark::State& state, uint32_t decode_tp, bool stream = 
   const double hbm_ms = 1e3 * static_cast<double>(last.bytes) / 1.5e12;
   const double cpu_ms = later > 0 ? cpu / static_cast<double>(later) : 0;
   state.counters["reads"] = later > 0 ? static_cast<double>(reads) / static_cast<double>(later) : 0;
+  state.counters["wakeups"] = later > 0 ? static_cast<double>(wakeups) / static_cast<double>(later) : 0;
   if (stream) state.counters["announced"] = later > 0 ? static_cast<double>(announced) / static_cast<double>(later) : 0;
   state.counters["first_ms"] = first_ms;
   state.counters["second_ms"] = second_ms;

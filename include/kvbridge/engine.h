@@ -299,6 +299,9 @@ struct EngineMetrics {
   // The content check (SubmitOptions::verify_content): bytes whose hashes
   // matched on both sides, and runs whose bytes differed.
   uint64_t bytes_content_checked = 0, content_check_failures = 0;
+  // Times a submit (or the end of a batch, Engine::begin_batch()) woke the
+  // engine's sleeping threads for the chunks it queued.
+  uint64_t worker_wakeups = 0;
   std::array<uint64_t, kLatencyBuckets> latency_us_buckets{};  // completed transfers by latency
 };
 
@@ -474,6 +477,17 @@ class Engine {
   // regions. kNotFound if unknown.
   virtual Status release_prepared(PreparedId list) = 0;
 
+  // A batch of submits: between begin_batch() and end_batch() on one
+  // thread, the transfers that thread submits are queued as they are
+  // submitted, and the engine's sleeping threads are woken for the first,
+  // then once per 16 chunks queued, and at end_batch() for the rest, not
+  // once per transfer (a load's chunks, each its own transfer, cost a few
+  // wake-ups, and its first copies start at once; a thread already awake
+  // takes the others meanwhile). Batches nest; each begin_batch() needs its
+  // end_batch() on the same thread (SubmitBatch does both).
+  virtual void begin_batch() = 0;
+  virtual void end_batch() = 0;
+
   // The state of a transfer; kNotFound in `error` for an unknown id.
   virtual TransferStatus status(TransferId id) const = 0;
   // Waits until the transfer ends or `timeout` passes (then kInProgress).
@@ -522,6 +536,18 @@ class Engine {
   virtual EngineMetrics metrics() const = 0;
   // Prometheus text exposition of metrics(), names prefixed "kvbridge_".
   virtual std::string metrics_prometheus() const = 0;
+};
+
+// Engine::begin_batch() for the life of the object.
+class SubmitBatch {
+ public:
+  explicit SubmitBatch(Engine& engine) : engine_(engine) { engine_.begin_batch(); }
+  ~SubmitBatch() { engine_.end_batch(); }
+  SubmitBatch(const SubmitBatch&) = delete;
+  SubmitBatch& operator=(const SubmitBatch&) = delete;
+
+ private:
+  Engine& engine_;
 };
 
 inline constexpr size_t kMaxEngineMetadataBytes = size_t{1} << 20;

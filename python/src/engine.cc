@@ -179,6 +179,8 @@ void bind_values(py::module_& m) {
       .def_readonly("notifications_received", &EngineMetrics::notifications_received)
       .def_readonly("bytes_content_checked", &EngineMetrics::bytes_content_checked)
       .def_readonly("content_check_failures", &EngineMetrics::content_check_failures)
+      .def_readonly("worker_wakeups", &EngineMetrics::worker_wakeups,
+                    "Times a submit woke the engine's sleeping threads (a batch of submits: a few).")
       .def_readonly("latency_us_buckets", &EngineMetrics::latency_us_buckets,
                     "Completed transfers by latency: bucket k counts < 2^k us (the last: the rest).")
       .def("to_dict", [](const EngineMetrics& e) {
@@ -194,6 +196,7 @@ void bind_values(py::module_& m) {
         d["notifications_received"] = e.notifications_received;
         d["bytes_content_checked"] = e.bytes_content_checked;
         d["content_check_failures"] = e.content_check_failures;
+        d["worker_wakeups"] = e.worker_wakeups;
         d["latency_us_buckets"] = e.latency_us_buckets;
         return d;
       });

@@ -199,6 +199,8 @@ void WorkerImpl::submit_refused(Load& load, Clock::time_point now) {
 Status WorkerImpl::start_ready_stages(Load& load) {
   if (load.aborted || load.expired || !load.start_error.ok()) return load.start_error;
   if (load.push) return Status();  // the sources write
+  // The reads started here wake the engine's threads once, at the end.
+  const SubmitBatch batch(engine_);
   // Streaming, after the first look: only the stages of the layers
   // announced since, in stage order.
   std::vector<uint32_t> look;

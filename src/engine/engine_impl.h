@@ -93,6 +93,8 @@ class EngineImpl final : public Engine {
   Result<PreparedId> prepare_moves(PeerId peer, TransferOp op, std::span<const RunMove> moves) override;
   Status release_prepared(PreparedId list) override;
   using Engine::submit;
+  void begin_batch() override { transfers_->hold_wakes(); }
+  void end_batch() override { transfers_->release_held(); }
   TransferStatus status(TransferId id) const override { return transfers_->status(id); }
   TransferStatus wait(TransferId id, std::chrono::milliseconds timeout) override {
     return transfers_->wait(id, timeout);

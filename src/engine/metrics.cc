@@ -45,6 +45,7 @@ EngineMetrics Metrics::snapshot() const {
   m.notifications_received = notifications_received_.load(std::memory_order_relaxed);
   m.bytes_content_checked = bytes_content_checked_.load(std::memory_order_relaxed);
   m.content_check_failures = content_check_failures_.load(std::memory_order_relaxed);
+  m.worker_wakeups = worker_wakeups_.load(std::memory_order_relaxed);
   for (size_t k = 0; k < kLatencyBuckets; ++k)
     m.latency_us_buckets[k] = latency_buckets_[k].load(std::memory_order_relaxed);
   return m;
@@ -78,6 +79,8 @@ std::string to_prometheus(const EngineMetrics& m, double latency_sum_seconds) {
           m.bytes_content_checked);
   counter("content_check_failures_total", "Runs whose bytes differed from the peer's under the content check.",
           m.content_check_failures);
+  counter("worker_wakeups_total", "Times a submit woke the engine's sleeping threads for its chunks.",
+          m.worker_wakeups);
   out += "# HELP kvbridge_transfer_latency_seconds Time from submit to the end of a transfer.\n";
   out += "# TYPE kvbridge_transfer_latency_seconds histogram\n";
   uint64_t cumulative = 0;

@@ -44,6 +44,7 @@ class Metrics {
   void notification_received() { notifications_received_.fetch_add(1, std::memory_order_relaxed); }
   void content_checked(uint64_t bytes) { bytes_content_checked_.fetch_add(bytes, std::memory_order_relaxed); }
   void content_check_failed() { content_check_failures_.fetch_add(1, std::memory_order_relaxed); }
+  void worker_woken() { worker_wakeups_.fetch_add(1, std::memory_order_relaxed); }
 
   EngineMetrics snapshot() const;
   std::string prometheus() const;
@@ -53,6 +54,7 @@ class Metrics {
   std::atomic<uint64_t> descriptors_{0}, bytes_read_{0}, bytes_written_{0};
   std::atomic<uint64_t> notifications_sent_{0}, notifications_received_{0};
   std::atomic<uint64_t> bytes_content_checked_{0}, content_check_failures_{0};
+  std::atomic<uint64_t> worker_wakeups_{0};
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency_buckets_{};
   std::atomic<uint64_t> latency_sum_ns_{0};
 };

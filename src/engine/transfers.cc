@@ -3,13 +3,9 @@
 
 #include "transport/copies.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <climits>
 #include <cstdio>
+#include <utility>
 
 #include "common/thread_name.h"
 
@@ -20,36 +16,31 @@ namespace {
 // memory in this process (Transfers::run_chunk).
 constexpr uint64_t kPieceCopies = 1024;
 
+// The batches open on this thread (Transfers::hold_wakes()): per engine's
+// transfer table, how deep, and the tokens queued without a wake-up.
+struct Held {
+  const Transfers* owner = nullptr;
+  uint32_t depth = 0;
+  uint32_t tokens = 0;  // queued since the last wake-up
+  bool woke = false;    // for the batch's first chunks
+};
+// A batch wakes the engine's threads again once this many chunks are
+// queued without a wake-up.
+constexpr uint32_t kBatchWakeTokens = 16;
+thread_local std::vector<Held> held_wakes;
+
+Held* held_for(const Transfers* t) {
+  for (Held& h : held_wakes) {
+    if (h.owner == t) return &h;
+  }
+  return nullptr;
+}
+
 std::string transfer_name(const Transfer& t) {
   return "transfer " + std::to_string(t.id) + " with peer " + t.peer_name;
 }
 
 }  // namespace
-
-void WakeTokens::release(uint32_t n) {
-  if (n == 0) return;
-  tokens_.fetch_add(n, std::memory_order_seq_cst);
-  // A sleeper counted itself before its futex_wait re-checks tokens_, so
-  // either it sees the new tokens there or it is counted here and woken.
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
-    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&tokens_), FUTEX_WAKE_PRIVATE,
-              static_cast<int>(std::min<uint32_t>(n, INT_MAX)), nullptr, nullptr, 0);
-  }
-}
-
-void WakeTokens::acquire() {
-  while (true) {
-    uint32_t v = tokens_.load(std::memory_order_acquire);
-    while (v > 0) {
-      if (tokens_.compare_exchange_weak(v, v - 1, std::memory_order_acquire)) return;
-    }
-    sleepers_.fetch_add(1, std::memory_order_seq_cst);
-    // Sleeps only while tokens_ is still 0 (EAGAIN otherwise); EINTR and
-    // spurious wake-ups just loop.
-    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&tokens_), FUTEX_WAIT_PRIVATE, 0u, nullptr, nullptr, 0);
-    sleepers_.fetch_sub(1, std::memory_order_seq_cst);
-  }
-}
 
 Transfers::Transfers(size_t threads, Metrics* metrics, Callbacks callbacks)
     : metrics_(metrics), callbacks_(std::move(callbacks)) {
@@ -105,11 +96,38 @@ Result<TransferId> Transfers::start(std::shared_ptr<Transfer> t, bool here) {
     for (size_t i = 0; i < chunks; ++i) run_chunk(keep, i);
   } else if (async) {
     for (size_t i = 0; i < chunks; ++i) start_chunk(keep, i);
-  } else {
+  } else if (Held* held = held_for(this)) {
+    // In a batch: the tokens now; a wake-up for the batch's first chunks
+    // (the copies start at once), then one per kBatchWakeTokens chunks
+    // (threads that went back to sleep meanwhile wait that long at most),
+    // and one at its end for the rest.
+    work_sem_.release(static_cast<uint32_t>(chunks), /*wake=*/false);
+    held->tokens += static_cast<uint32_t>(chunks);
+    if (!held->woke || held->tokens >= kBatchWakeTokens) {
+      held->woke = true;
+      if (work_sem_.wake(std::exchange(held->tokens, 0))) metrics_->worker_woken();
+    }
+  } else if (work_sem_.release(static_cast<uint32_t>(chunks))) {
     // One token per queued chunk: wakes at most that many workers.
-    work_sem_.release(static_cast<uint32_t>(chunks));
+    metrics_->worker_woken();
   }
   return id;
+}
+
+void Transfers::hold_wakes() {
+  if (Held* held = held_for(this)) {
+    ++held->depth;
+  } else {
+    held_wakes.push_back({this, 1, 0, false});
+  }
+}
+
+void Transfers::release_held() {
+  Held* held = held_for(this);
+  if (held == nullptr || --held->depth > 0) return;
+  const uint32_t tokens = held->tokens;
+  held_wakes.erase(held_wakes.begin() + (held - held_wakes.data()));
+  if (work_sem_.wake(tokens)) metrics_->worker_woken();
 }
 
 std::optional<size_t> Transfers::take_queued(Transfer& t) {

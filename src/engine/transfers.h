@@ -193,7 +193,11 @@ struct Transfer {
 // is about to run on its own thread.
 class WakeTokens {
  public:
-  void release(uint32_t n);
+  // Adds n tokens and, with `wake`, wakes up to n sleepers; true when it
+  // woke anyone (made the call that wakes them).
+  bool release(uint32_t n, bool wake = true);
+  // Wakes up to n sleepers for tokens already added; true as release().
+  bool wake(uint32_t n);
   void acquire();
 
  private:
@@ -232,6 +236,14 @@ class Transfers {
   // worker keeps, so it has ended when start() returns. Otherwise, when its
   // link runs_async(), its chunks are handed to the link at once.
   Result<TransferId> start(std::shared_ptr<Transfer> t, bool here = false);
+
+  // Between hold_wakes() and release_held() on one thread (they nest), the
+  // chunks that thread's start() queues are queued at once, and workers
+  // are woken for the first, then once per few (kBatchWakeTokens) and at
+  // release_held() for the rest, not once per transfer
+  // (Engine::begin_batch()). A worker already awake takes them meanwhile.
+  void hold_wakes();
+  void release_held();
 
   TransferStatus status(TransferId id) const;
   // Waits for the transfer to end. When the wait may last past the
