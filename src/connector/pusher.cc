@@ -287,6 +287,9 @@ Status Pusher::ready_events(const Pushed& p, const Stage& st, const std::vector<
 
 void Pusher::submit_ready(const RequestId& request, Pushed& p) {
   const std::vector<Saved>& saved = saved_locked(request);
+  // The writes started here wake the engine's threads a few times, not
+  // once each.
+  const SubmitBatch batch(engine_);
   for (Target& t : p.targets) {
     if (t.cancelled) continue;
     for (auto& [k, st] : t.mine) {
