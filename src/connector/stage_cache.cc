@@ -1,5 +1,6 @@
 #include "connector/stage_cache.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace kvbridge::connector {
@@ -24,6 +25,11 @@ std::string StageCache::key(const Layout& local, std::span<const Layout> remotes
     k += name;
     for (const std::vector<int64_t>* ids : {&g.local, &g.remote}) {
       put(ids->size());
+      // A list without -1 (the usual one) is a tag; another, a tag and
+      // its bits.
+      const bool all_listed = std::find(ids->begin(), ids->end(), -1) == ids->end();
+      put(all_listed ? 0 : 1);
+      if (all_listed) continue;
       uint64_t word = 0;
       for (size_t i = 0; i < ids->size(); ++i) {
         word |= uint64_t{(*ids)[i] != -1} << (i % 64);

@@ -14,25 +14,38 @@ namespace {
 // the shape has -1, every other id a block of the group, and those ids
 // distinct (a bitmap over the group's blocks; a sorted copy when the
 // blocks far outnumber the ids and the list is not ascending, the usual
-// allocator output).
+// allocator output). A shape that lists every entry (the usual one) skips
+// the per-entry look at the shape.
+template <bool kAllListed>
+bool ids_fit(std::span<const int64_t> ids, const std::vector<bool>& listed, uint64_t num_blocks, bool bitmap,
+             std::vector<uint64_t>& seen) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t id = ids[i];
+    if (!kAllListed && !listed[i]) {
+      if (id != -1) return false;
+      continue;
+    }
+    const uint64_t block = static_cast<uint64_t>(id);  // a negative id is past every block
+    if (block >= num_blocks) return false;
+    if (bitmap) {
+      const uint64_t bit = uint64_t{1} << (block % 64);
+      uint64_t& word = seen[block / 64];
+      if (word & bit) return false;
+      word |= bit;
+    }
+  }
+  return true;
+}
+
 bool list_fits(std::span<const int64_t> ids, const std::vector<bool>& listed, uint64_t num_blocks,
                std::vector<uint64_t>& seen) {
   if (ids.size() != listed.size()) return false;
   const bool bitmap = num_blocks / 64 <= 4 * ids.size() + 1024;
   if (bitmap) seen.assign(num_blocks / 64 + 1, 0);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int64_t id = ids[i];
-    if (!listed[i]) {
-      if (id != -1) return false;
-      continue;
-    }
-    if (id < 0 || static_cast<uint64_t>(id) >= num_blocks) return false;
-    if (bitmap) {
-      const uint64_t bit = uint64_t{1} << (id % 64);
-      uint64_t& word = seen[static_cast<uint64_t>(id) / 64];
-      if (word & bit) return false;
-      word |= bit;
-    }
+  const bool all_listed = std::find(listed.begin(), listed.end(), false) == listed.end();
+  if (!(all_listed ? ids_fit<true>(ids, listed, num_blocks, bitmap, seen)
+                   : ids_fit<false>(ids, listed, num_blocks, bitmap, seen))) {
+    return false;
   }
   if (bitmap || listed_ascending(ids)) return true;
   seen.clear();
