@@ -199,7 +199,8 @@ void WorkerImpl::submit_refused(Load& load, Clock::time_point now) {
 Status WorkerImpl::start_ready_stages(Load& load) {
   if (load.aborted || load.expired || !load.start_error.ok()) return load.start_error;
   if (load.push) return Status();  // the sources write
-  // The reads started here wake the engine's threads once, at the end.
+  // The reads started here are one batch of submits: a few wake-ups of
+  // the engine's threads, not one per read.
   const SubmitBatch batch(engine_);
   // Streaming, after the first look: only the stages of the layers
   // announced since, in stage order.
