@@ -15,14 +15,17 @@
 namespace kvbridge::engine_internal {
 namespace {
 
+// Whether `c` continues `last` on both sides (the same peer segment).
+bool continues(const transport::Copy& last, const transport::Copy& c) {
+  return last.segment == c.segment && last.local + last.bytes == c.local && last.remote + last.bytes == c.remote;
+}
+
 // Appends `c`, merged into the last copy when adjacent on both sides: a
 // planner's consecutive blocks, or a caller's per-block items, cost the
 // transport one operation (one memcpy, iovec, put or get) each run.
 void append_copy(std::vector<transport::Copy>& copies, const transport::Copy& c) {
-  transport::Copy* last = copies.empty() ? nullptr : &copies.back();
-  if (last != nullptr && last->segment == c.segment && last->local + last->bytes == c.local &&
-      last->remote + last->bytes == c.remote) {
-    last->bytes += c.bytes;
+  if (!copies.empty() && continues(copies.back(), c)) {
+    copies.back().bytes += c.bytes;
   } else {
     copies.push_back(c);
   }
@@ -45,14 +48,14 @@ Status EngineImpl::check_items_locked(const Peer& p, TransferOp op, std::span<co
   const size_t base = copies->size();
   copies->resize(base + items.size());
   transport::Copy* out = copies->data() + base;
-  size_t n = 0;
+  size_t n = 0;  // copies written
   struct Trim {
     std::vector<transport::Copy>* copies;
-    const size_t& kept;
-    ~Trim() { copies->resize(kept); }
+    size_t base;
+    const size_t& n;
+    ~Trim() { copies->resize(base + n); }
   };
-  size_t kept = base;
-  const Trim trim{copies, kept};
+  const Trim trim{copies, base, n};
   // Items come in runs of one region on each side: the last ones looked
   // up are kept (a local region, once found, passes the same bounds check
   // registry_->resolve() makes), and whether the local one is device memory.
@@ -117,16 +120,13 @@ Status EngineImpl::check_items_locked(const Peer& p, TransferOp op, std::span<co
       extent->remote_high = std::max(extent->remote_high, end);
       extent->bytes += item.bytes;
     }
-    uint8_t* const local = local_region->base + item.local_offset;
-    const uint64_t remote = r.region.base + item.remote_offset;
-    transport::Copy* last = n > 0 ? &out[n - 1] : nullptr;
-    if (merge && last != nullptr && last->segment == r.region.segment && last->local + last->bytes == local &&
-        last->remote + last->bytes == remote) {
-      last->bytes += item.bytes;
+    const transport::Copy c{local_region->base + item.local_offset, r.region.base + item.remote_offset, item.bytes,
+                            r.region.segment};
+    if (merge && n > 0 && continues(out[n - 1], c)) {
+      out[n - 1].bytes += c.bytes;
     } else {
-      out[n++] = {local, remote, item.bytes, r.region.segment};
+      out[n++] = c;
     }
-    kept = base + n;
   }
   return Status();
 }
