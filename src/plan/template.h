@@ -91,6 +91,9 @@ struct TemplateGroup {
   std::string name;
   uint64_t local_blocks = 0, remote_blocks = 0;  // num_blocks per side
   uint64_t local_entry0 = 0, remote_entry0 = 0;
+  // The shape lists a block at every entry of the list (no -1): fits() then
+  // skips the per-entry look at the shape.
+  bool local_all_listed = false, remote_all_listed = false;
 };
 
 struct TemplateAccess {

@@ -359,6 +359,11 @@ Result<PlanTemplate> build_template(const Layout& local, std::span<const Layout>
     g.name = group.first;
     g.local_blocks = local.find_group(g.name)->num_blocks;
     g.remote_blocks = remotes.front().find_group(g.name)->num_blocks;
+    auto all = [](const std::vector<bool>& listed) {
+      return std::find(listed.begin(), listed.end(), false) == listed.end();
+    };
+    g.local_all_listed = all(group.second.local);
+    g.remote_all_listed = all(group.second.remote);
     t->groups.push_back(g);
   }
   for (size_t k = 0; k < moves.size(); ++k) {

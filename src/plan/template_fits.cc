@@ -37,12 +37,11 @@ bool ids_fit(std::span<const int64_t> ids, const std::vector<bool>& listed, uint
   return true;
 }
 
-bool list_fits(std::span<const int64_t> ids, const std::vector<bool>& listed, uint64_t num_blocks,
+bool list_fits(std::span<const int64_t> ids, const std::vector<bool>& listed, bool all_listed, uint64_t num_blocks,
                std::vector<uint64_t>& seen) {
   if (ids.size() != listed.size()) return false;
   const bool bitmap = num_blocks / 64 <= 4 * ids.size() + 1024;
   if (bitmap) seen.assign(num_blocks / 64 + 1, 0);
-  const bool all_listed = std::find(listed.begin(), listed.end(), false) == listed.end();
   if (!(all_listed ? ids_fit<true>(ids, listed, num_blocks, bitmap, seen)
                    : ids_fit<false>(ids, listed, num_blocks, bitmap, seen))) {
     return false;
@@ -71,8 +70,8 @@ bool fits(const PlanTemplate::Impl& t, const Request& r, std::vector<std::span<c
   auto group = t.groups.begin();
   for (const auto& [name, blocks] : r.blocks) {
     if (name != shape->first) return false;
-    if (!list_fits(blocks.local, shape->second.local, group->local_blocks, scratch) ||
-        !list_fits(blocks.remote, shape->second.remote, group->remote_blocks, scratch)) {
+    if (!list_fits(blocks.local, shape->second.local, group->local_all_listed, group->local_blocks, scratch) ||
+        !list_fits(blocks.remote, shape->second.remote, group->remote_all_listed, group->remote_blocks, scratch)) {
       return false;
     }
     lists.emplace_back(blocks.local);
