@@ -65,6 +65,35 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
     }
     ls.items[s].push_back(TransferItem{l.local, lo, l.remote, ro, d.bytes});
   };
+  // A literal run's items, the common case and most of a load's items: its
+  // descriptors counted per source, each source's items sized at once and
+  // written in place (as item() would, without its per-item checks of
+  // capacity and source).
+  std::vector<uint64_t> count(sources);
+  std::vector<TransferItem*> at(sources);
+  auto literal_items = [&](const Descriptor* ds, uint64_t n) {
+    std::fill(count.begin(), count.end(), 0);
+    for (uint64_t k = 0; k < n; ++k) {
+      ++count[ds[k].source];
+    }
+    for (size_t s = 0; s < sources; ++s) {
+      if (only_source != SIZE_MAX && s != only_source) count[s] = 0;
+      const size_t size = ls.items[s].size();
+      ls.items[s].resize(size + count[s]);
+      at[s] = ls.items[s].data() + size;
+    }
+    for (uint64_t k = 0; k < n; ++k) {
+      const Descriptor& d = ds[k];
+      const uint16_t s = d.source;
+      if (count[s] == 0) continue;
+      Last& l = last[s];
+      if (const uint32_t pair = uint32_t{d.local_tensor} << 16 | d.remote_tensor; pair != l.tensors) {
+        l = {pair, tensors.local_regions[d.local_tensor], tensors.sources[s].tensors[d.remote_tensor].region};
+        ls.device[s] |= tensors.local_device[d.local_tensor] | tensors.remote_device[s][d.remote_tensor];
+      }
+      *at[s]++ = TransferItem{l.local, d.local_offset, l.remote, d.remote_offset, d.bytes};
+    }
+  };
   // Per literal run (by its first descriptor): each source's items of it.
   std::vector<std::pair<uint64_t, std::vector<ItemRun>>> literal;
   // A moved run's shifts: its table's, or its own.
@@ -97,9 +126,7 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
       if (run.moved) {
         as_items(ds, run);
       } else {
-        for (uint64_t k = 0; k < run.count; ++k) {
-          item(ds[k], ds[k].local_tensor, ds[k].remote_tensor, ds[k].local_offset, ds[k].remote_offset);
-        }
+        literal_items(ds, run.count);
       }
       for (size_t s = 0; s < sources; ++s) {
         per[s].count = ls.items[s].size() - per[s].first;

@@ -160,7 +160,8 @@ inline uint64_t chunk_tokens_of(bool stream, uint64_t load_chunk_tokens) { retur
 // so, a push source writes them so). Marks the sources it reads in
 // `load.used`. With `only_source`, the other sources' items and runs stay
 // empty (a push source builds its own part alone).
-// With `literal`, also each literal run's items per source.
+// With `literal`, also each literal run's items per source. The plan was
+// planned against `tensors.sources`: each descriptor's source is one of them.
 LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& tensors, size_t only_source = SIZE_MAX,
                      std::vector<LiteralItems>* literal = nullptr);
 // A stage moved from an earlier stage (CompactStage::moved_from) whose
