@@ -49,10 +49,13 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
   }
   // A source's items come in runs of one pair of tensors (the sources'
   // items interleave: a block's heads from several ranks): per source, the
-  // regions and memory kinds of its last pair.
+  // regions and memory kinds of its last pair; and for literal_items()
+  // below, its items in the run and where the next goes.
   struct Last {
     uint32_t tensors = UINT32_MAX;
     RegionId local = 0, remote = 0;
+    uint64_t count = 0;
+    TransferItem* at = nullptr;
   };
   std::vector<Last> last(sources);
   auto item = [&](const Descriptor& d, uint16_t lt, uint16_t rt, uint64_t lo, uint64_t ro) {
@@ -60,7 +63,7 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
     if (only_source != SIZE_MAX && s != only_source) return;
     Last& l = last[s];
     if (const uint32_t pair = uint32_t{lt} << 16 | rt; pair != l.tensors) {
-      l = {pair, tensors.local_regions[lt], tensors.sources[s].tensors[rt].region};
+      l.tensors = pair, l.local = tensors.local_regions[lt], l.remote = tensors.sources[s].tensors[rt].region;
       ls.device[s] |= tensors.local_device[lt] | tensors.remote_device[s][rt];
     }
     ls.items[s].push_back(TransferItem{l.local, lo, l.remote, ro, d.bytes});
@@ -69,29 +72,28 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
   // descriptors counted per source, each source's items sized at once and
   // written in place (as item() would, without its per-item checks of
   // capacity and source).
-  std::vector<uint64_t> count(sources);
-  std::vector<TransferItem*> at(sources);
   auto literal_items = [&](const Descriptor* ds, uint64_t n) {
-    std::fill(count.begin(), count.end(), 0);
-    for (uint64_t k = 0; k < n; ++k) {
-      ++count[ds[k].source];
-    }
+    for (Last& l : last) l.count = 0;
+    for (uint64_t k = 0; k < n; ++k) ++last[ds[k].source].count;
     for (size_t s = 0; s < sources; ++s) {
-      if (only_source != SIZE_MAX && s != only_source) count[s] = 0;
+      Last& l = last[s];
+      if (only_source != SIZE_MAX && s != only_source) l.count = 0;
       const size_t size = ls.items[s].size();
-      ls.items[s].resize(size + count[s]);
-      at[s] = ls.items[s].data() + size;
+      ls.items[s].resize(size + l.count);
+      l.at = ls.items[s].data() + size;
     }
     for (uint64_t k = 0; k < n; ++k) {
       const Descriptor& d = ds[k];
       const uint16_t s = d.source;
-      if (count[s] == 0) continue;
       Last& l = last[s];
+      if (l.count == 0) continue;
       if (const uint32_t pair = uint32_t{d.local_tensor} << 16 | d.remote_tensor; pair != l.tensors) {
-        l = {pair, tensors.local_regions[d.local_tensor], tensors.sources[s].tensors[d.remote_tensor].region};
+        l.tensors = pair;
+        l.local = tensors.local_regions[d.local_tensor];
+        l.remote = tensors.sources[s].tensors[d.remote_tensor].region;
         ls.device[s] |= tensors.local_device[d.local_tensor] | tensors.remote_device[s][d.remote_tensor];
       }
-      *at[s]++ = TransferItem{l.local, d.local_offset, l.remote, d.remote_offset, d.bytes};
+      *l.at++ = TransferItem{l.local, d.local_offset, l.remote, d.remote_offset, d.bytes};
     }
   };
   // Per literal run (by its first descriptor): each source's items of it.
