@@ -204,33 +204,55 @@ void copy_loop(const TemplateLoop& copy, const TemplateLoop& original, LoopSpan&
 // 16,384 blocks). Chunked loads sort a few hundred ids a stage, where
 // std::sort's comparisons were a tenth of a load's host time and a pass's
 // buckets (cleared and summed whatever the number of ids) half the sort's.
+// Every digit is counted in one read of the ids; the first pass scatters
+// the indices straight from them, and the passes alternate between the two
+// buffers so that the last writes `order`.
 void radix_order(std::span<const int64_t> ids, uint64_t num_blocks, std::vector<uint64_t>& tmp,
                  std::vector<uint64_t>& order) {
-  constexpr unsigned kMaxBits = 8;
+  constexpr unsigned kMaxBits = 8, kMaxPasses = 8;
   const size_t n = ids.size();
   tmp.resize(n);
-  uint64_t* from = order.data();
-  uint64_t* to = tmp.data();
-  for (size_t k = 0; k < n; ++k) from[k] = k;
   const unsigned id_bits = num_blocks <= 1 ? 1 : static_cast<unsigned>(std::bit_width(num_blocks - 1));
   const unsigned passes = (id_bits + kMaxBits - 1) / kMaxBits;
   const unsigned bits = (id_bits + passes - 1) / passes;
   const size_t buckets = size_t{1} << bits;
   const uint64_t mask = buckets - 1;
-  uint32_t count[size_t{1} << kMaxBits];
-  for (unsigned pass = 0, shift = 0; pass < passes; ++pass, shift += bits) {
-    std::fill_n(count, buckets, 0u);
-    for (size_t k = 0; k < n; ++k) ++count[(static_cast<uint64_t>(ids[from[k]]) >> shift) & mask];
+  uint32_t count[kMaxPasses][size_t{1} << kMaxBits];
+  for (unsigned pass = 0; pass < passes; ++pass) std::fill_n(count[pass], buckets, 0u);
+  const uint64_t* id = reinterpret_cast<const uint64_t*>(ids.data());  // ids are below num_blocks: not negative
+  if (passes == 2) {
+    for (size_t k = 0; k < n; ++k) {
+      ++count[0][id[k] & mask];
+      ++count[1][(id[k] >> bits) & mask];
+    }
+  } else {
+    for (size_t k = 0; k < n; ++k) {
+      for (unsigned pass = 0, shift = 0; pass < passes; ++pass, shift += bits) ++count[pass][(id[k] >> shift) & mask];
+    }
+  }
+  for (unsigned pass = 0; pass < passes; ++pass) {
     uint32_t sum = 0;
     for (size_t b = 0; b < buckets; ++b) {
-      const uint32_t here = count[b];
-      count[b] = sum;
+      const uint32_t here = count[pass][b];
+      count[pass][b] = sum;
       sum += here;
     }
-    for (size_t k = 0; k < n; ++k) to[count[(static_cast<uint64_t>(ids[from[k]]) >> shift) & mask]++] = from[k];
-    std::swap(from, to);
   }
-  if (from != order.data()) std::copy_n(from, n, order.data());
+  // Pass p writes buffer (passes - 1 - p) % 2: the last, `order`.
+  uint64_t* const buffer[2] = {order.data(), tmp.data()};
+  for (unsigned pass = 0, shift = 0; pass < passes; ++pass, shift += bits) {
+    uint32_t* c = count[pass];
+    uint64_t* to = buffer[(passes - 1 - pass) % 2];
+    if (pass == 0) {
+      for (size_t k = 0; k < n; ++k) to[c[id[k] & mask]++] = k;
+      continue;
+    }
+    const uint64_t* from = buffer[(passes - pass) % 2];
+    for (size_t x = 0; x < n; ++x) {
+      const uint64_t k = from[x];
+      to[c[(id[k] >> shift) & mask]++] = k;
+    }
+  }
 }
 
 // True when no descriptor of any local tensor of `table` was emitted yet,

@@ -102,18 +102,21 @@ TEST(PlanTemplateTest, InstantiatingIntoAUsedPlanGivesTheSamePlan) {
   expect_same(Result<Plan>(reused), plan(decode[3], prefill, r));
 }
 
-TEST(PlanTemplateTest, FewShuffledIdsOfAHugeCacheEmitInIdOrder) {
-  // A request far smaller than its cache: its ids are put in order by a
-  // radix sort, one pass per 8 bits of the largest block id (three here).
-  // Ids that share their low digits, or differ only in the top one, must
-  // still come out in order, and the compact instance must be the plan.
-  constexpr uint64_t kBlocks = 300000;
+// A request far smaller than its cache: its ids are put in order by a
+// radix sort, one pass per 8 bits of the largest block id (`blocks`: two
+// passes of 8 bits for 20,000, three of 7 for 300,000). Ids that
+// share their low digits, or differ only in the top one, must still come
+// out in order, and the compact instance must be the plan.
+void few_shuffled_ids_emit_in_id_order(const uint64_t kBlocks) {
+  SCOPED_TRACE(std::to_string(kBlocks) + " blocks");
   const std::vector<Layout> prefill = tp_instance("llama3-8b", 2, Order::kLBHNC, kBlocks);
   const std::vector<Layout> decode = tp_instance("llama3-8b", 1, Order::kLBHNC, kBlocks);
   std::vector<int64_t> local, remote;
   for (int64_t i = 0; i < 64; ++i) {
-    local.push_back(static_cast<int64_t>((i * 7919 + 13) % 256 + 256 * ((i * 37) % 1100)));
-    remote.push_back(static_cast<int64_t>(kBlocks) - 1 - i * 4099);
+    // Distinct low digits (7919 is odd), below kBlocks - 1; distinct remote
+    // ids above 7.
+    local.push_back((i * 7919 + 13) % 256 + 256 * ((i * 37) % static_cast<int64_t>((kBlocks - 2) / 256)));
+    remote.push_back(static_cast<int64_t>(kBlocks) - 1 - (i * 4099) % static_cast<int64_t>(kBlocks - 8));
   }
   local.push_back(static_cast<int64_t>(kBlocks) - 1);
   local.push_back(0);
@@ -144,6 +147,11 @@ TEST(PlanTemplateTest, FewShuffledIdsOfAHugeCacheEmitInIdOrder) {
     if (table == nullptr) table = c.runs[1].table->data();
     EXPECT_EQ(c.runs[1].table->data(), table) << "stage " << k;
   }
+}
+
+TEST(PlanTemplateTest, FewShuffledIdsOfAHugeCacheEmitInIdOrder) {
+  few_shuffled_ids_emit_in_id_order(20000);
+  few_shuffled_ids_emit_in_id_order(300000);
 }
 
 TEST(PlanTemplateTest, StateScratchAndWindowGroupsFollowTheirIds) {
