@@ -44,99 +44,91 @@ Status EngineImpl::check_items_locked(const Peer& p, TransferOp op, std::span<co
   // The items' copies go after what `copies` holds, merged only among
   // themselves: a copy before them is another run's (resolve_runs_locked()
   // repeats a run's copies by their range, which must hold all its bytes).
-  // Written in place and cut to size on the way out, error or not. The
-  // count and the extent are kept in locals (a store through `out` could
-  // otherwise alias them) and stored once.
+  // Written in place and cut to size on the way out, error or not.
   const size_t base = copies->size();
   copies->resize(base + items.size());
-  transport::Copy* const out = copies->data() + base;
+  transport::Copy* out = copies->data() + base;
   size_t n = 0;  // copies written
-  ItemsExtent e;
-  const bool merging = merge;
-  auto done = [&](Status s) {
-    copies->resize(base + n);
-    if (extent != nullptr) {
-      extent->one_region = extent->one_region && e.one_region;
-      if (!items.empty() && extent->local_region == nullptr) {
-        extent->local_region = e.local_region;
-        extent->remote_region = e.remote_region;
-      }
-      extent->local_low = std::min(extent->local_low, e.local_low);
-      extent->local_high = std::max(extent->local_high, e.local_high);
-      extent->remote_low = std::min(extent->remote_low, e.remote_low);
-      extent->remote_high = std::max(extent->remote_high, e.remote_high);
-      extent->bytes += e.bytes;
-    }
-    return s;
+  struct Trim {
+    std::vector<transport::Copy>* copies;
+    size_t base;
+    const size_t& n;
+    ~Trim() { copies->resize(base + n); }
   };
-  size_t i = 0;
-  while (i < items.size()) {
-    // Items come in runs of one region on each side: what depends on the
-    // regions alone (the lookups, the peer's access, the pair of memory
-    // kinds, the regions held) is checked where they change, and the
-    // items of the same regions in the loop below.
-    const TransferItem& first = items[i];
-    const Region* local_region = registry_->find(first.local);
-    if (local_region == nullptr) {
-      Result<uint8_t*> resolved = registry_->resolve(first.local, first.local_offset, first.bytes, std::string_view());
-      return done(
-          Status(resolved.ok() ? Code::kInternal : resolved.error().code(),
-                 what(i) + (resolved.ok() ? ": resolved where the registry did not" : resolved.error().message())));
+  const Trim trim{copies, base, n};
+  // Items come in runs of one region on each side: the last ones looked
+  // up are kept (a local region, once found, passes the same bounds check
+  // registry_->resolve() makes), and whether the local one is device memory.
+  RegionId last_region = 0;
+  const Region* local_region = nullptr;
+  bool last_device = false;
+  RegionId last_remote = 0;
+  const Peer::RemoteRegion* remote_region = nullptr;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const TransferItem& item = items[i];
+    if (item.bytes == 0) return Status::invalid_argument(what(i) + " has 0 bytes");
+    // What depends on the regions alone (the peer's access, the pair of
+    // memory kinds, the regions held) is checked where they change.
+    bool changed = false;
+    if (local_region == nullptr || item.local != last_region) {
+      local_region = registry_->find(item.local);
+      last_region = item.local;
+      if (local_region != nullptr) last_device = local_region->memory != "host";
+      if (regions->empty() || regions->back() != item.local) regions->push_back(item.local);
+      changed = true;
     }
-    if (regions->empty() || regions->back() != first.local) regions->push_back(first.local);
-    auto found = p.regions.find(first.remote);
-    if (found == p.regions.end()) {
-      return done(Status::not_found(what(i) + ": peer '" + peer_name + "' advertises no region " +
-                                    std::to_string(first.remote) + " (connect() again with fresh metadata?)"));
+    uint64_t local_end = 0;
+    if (local_region == nullptr || !checked_add(item.local_offset, item.bytes, &local_end) ||
+        local_end > local_region->bytes) {
+      Result<uint8_t*> resolved = registry_->resolve(item.local, item.local_offset, item.bytes, std::string_view());
+      return Status(resolved.ok() ? Code::kInternal : resolved.error().code(),
+                    what(i) + (resolved.ok() ? ": resolved where the registry did not" : resolved.error().message()));
     }
-    const Peer::RemoteRegion& r = found->second;
-    if ((r.access & needs) == 0) {
-      return done(Status::permission_denied(what(i) + ": peer '" + peer_name + "' region " +
-                                            std::to_string(first.remote) + " does not allow remote " +
-                                            (op == TransferOp::kRead ? "reads" : "writes")));
+    if (remote_region == nullptr || item.remote != last_remote) {
+      auto found = p.regions.find(item.remote);
+      if (found == p.regions.end()) {
+        return Status::not_found(what(i) + ": peer '" + peer_name + "' advertises no region " +
+                                 std::to_string(item.remote) + " (connect() again with fresh metadata?)");
+      }
+      remote_region = &found->second;
+      last_remote = item.remote;
+      if ((remote_region->access & needs) == 0) {
+        return Status::permission_denied(what(i) + ": peer '" + peer_name + "' region " + std::to_string(item.remote) +
+                                         " does not allow remote " + (op == TransferOp::kRead ? "reads" : "writes"));
+      }
+      changed = true;
     }
-    kinds->note(local_region->memory != "host", r.device, index0 + i);
-    if (i == 0) {
-      e.local_region = local_region;
-      e.remote_region = &r;
+    const Peer::RemoteRegion& r = *remote_region;
+    uint64_t end = 0;
+    if (!checked_add(item.remote_offset, item.bytes, &end) || end > r.region.bytes) {
+      return Status::out_of_range(what(i) + ": remote range [" + std::to_string(item.remote_offset) + ", " +
+                                  std::to_string(item.remote_offset) + " + " + std::to_string(item.bytes) +
+                                  ") is outside peer '" + peer_name + "' region " + std::to_string(item.remote) +
+                                  " of " + std::to_string(r.region.bytes) + " bytes");
+    }
+    if (changed) kinds->note(last_device, r.device, index0 + i);
+    if (extent != nullptr) {
+      if (i == 0) {
+        extent->local_region = local_region;
+        extent->remote_region = remote_region;
+      }
+      // A region that changes after the first item is another region.
+      extent->one_region = extent->one_region && (i == 0 || !changed);
+      extent->local_low = std::min(extent->local_low, item.local_offset);
+      extent->local_high = std::max(extent->local_high, local_end);
+      extent->remote_low = std::min(extent->remote_low, item.remote_offset);
+      extent->remote_high = std::max(extent->remote_high, end);
+      extent->bytes += item.bytes;
+    }
+    const transport::Copy c{local_region->base + item.local_offset, r.region.base + item.remote_offset, item.bytes,
+                            r.region.segment};
+    if (merge && n > 0 && continues(out[n - 1], c)) {
+      out[n - 1].bytes += c.bytes;
     } else {
-      e.one_region = false;  // a region that changes after the first item is another region
-    }
-    const RegionId local_id = first.local, remote_id = first.remote;
-    uint8_t* const local_base = local_region->base;
-    const uint64_t local_bytes = local_region->bytes;
-    const uint64_t remote_base = r.region.base, remote_bytes = r.region.bytes;
-    const uint32_t segment = r.region.segment;
-    for (; i < items.size() && items[i].local == local_id && items[i].remote == remote_id; ++i) {
-      const TransferItem& item = items[i];
-      if (item.bytes == 0) return done(Status::invalid_argument(what(i) + " has 0 bytes"));
-      uint64_t local_end = 0, end = 0;
-      if (!checked_add(item.local_offset, item.bytes, &local_end) || local_end > local_bytes) {
-        Result<uint8_t*> resolved = registry_->resolve(item.local, item.local_offset, item.bytes, std::string_view());
-        return done(
-            Status(resolved.ok() ? Code::kInternal : resolved.error().code(),
-                   what(i) + (resolved.ok() ? ": resolved where the registry did not" : resolved.error().message())));
-      }
-      if (!checked_add(item.remote_offset, item.bytes, &end) || end > remote_bytes) {
-        return done(Status::out_of_range(what(i) + ": remote range [" + std::to_string(item.remote_offset) + ", " +
-                                         std::to_string(item.remote_offset) + " + " + std::to_string(item.bytes) +
-                                         ") is outside peer '" + peer_name + "' region " + std::to_string(item.remote) +
-                                         " of " + std::to_string(remote_bytes) + " bytes"));
-      }
-      e.local_low = std::min(e.local_low, item.local_offset);
-      e.local_high = std::max(e.local_high, local_end);
-      e.remote_low = std::min(e.remote_low, item.remote_offset);
-      e.remote_high = std::max(e.remote_high, end);
-      e.bytes += item.bytes;
-      const transport::Copy c{local_base + item.local_offset, remote_base + item.remote_offset, item.bytes, segment};
-      if (merging && n > 0 && continues(out[n - 1], c)) {
-        out[n - 1].bytes += c.bytes;
-      } else {
-        out[n++] = c;
-      }
+      out[n++] = c;
     }
   }
-  return done(Status());
+  return Status();
 }
 
 Status EngineImpl::choose_route_locked(const Peer& p, const Kinds& kinds, Route* route) const {
