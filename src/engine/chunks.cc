@@ -49,15 +49,17 @@ Status check_content(transport::Link& link, TransferOp op, std::span<const trans
   return Status();
 }
 
-std::vector<std::vector<transport::Copy>> split_copies(std::vector<transport::Copy> copies, size_t parts) {
+void split_copies(std::vector<transport::Copy> copies, size_t parts, ChunkArray* chunks) {
   uint64_t total = 0;
   for (const transport::Copy& c : copies) total += c.bytes;
   if (parts <= 1 || (total < kSplitMinBytes && copies.size() < kSplitMinCopies)) {
-    std::vector<std::vector<transport::Copy>> out;
-    out.push_back(std::move(copies));
-    return out;
+    chunks->reset(1);
+    (*chunks)[0].copies = std::move(copies);
+    return;
   }
-  return transport::split_by_bytes(copies, parts);
+  std::vector<std::vector<transport::Copy>> shares = transport::split_by_bytes(copies, parts);
+  chunks->reset(shares.size());
+  for (size_t i = 0; i < shares.size(); ++i) (*chunks)[i].copies = std::move(shares[i]);
 }
 
 void expand_runs(const CopyProgram& program, std::span<const CopyRun> runs, std::vector<transport::Copy>* out) {

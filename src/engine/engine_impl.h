@@ -118,7 +118,9 @@ class EngineImpl final : public Engine {
     PeerId id = 0;
     uint64_t connection = 0;  // changes when the link and channel are reopened
     EngineMetadata metadata;
-    std::string text;  // peer_text(metadata), for the messages of every transfer with it
+    // peer_text(metadata), for the messages of every transfer with it (each
+    // holds it: shared, not copied per submit).
+    std::shared_ptr<const std::string> text;
     // Set when an engine of the same name but another instance connected
     // after this one's connection was gone: who holds the name now.
     std::string replaced_by;

@@ -116,7 +116,7 @@ Result<std::shared_ptr<EngineImpl::Peer>> EngineImpl::find_peer_locked(PeerId id
     return Status::not_found(std::string(what) + ": peer " + std::to_string(id) + " is not connected");
   const std::shared_ptr<Peer>& p = it->second;
   if (Status health = p->channel->health(); !health.ok()) {
-    std::string why = std::string(what) + ": peer " + p->text + ": " + health.message();
+    std::string why = std::string(what) + ": peer " + *p->text + ": " + health.message();
     if (!p->replaced_by.empty()) why += "; the name now belongs to " + p->replaced_by;
     return Status(health.code(), why);
   }
@@ -154,7 +154,7 @@ Result<PeerId> EngineImpl::connect(std::string_view bytes) {
         p.regions = index_regions(m);
         ++p.generation;
         p.metadata = std::move(m);
-        p.text = peer_text(p.metadata);
+        p.text = std::make_shared<const std::string>(peer_text(p.metadata));
         return p.id;
       }
     }
@@ -165,7 +165,7 @@ Result<PeerId> EngineImpl::connect(std::string_view bytes) {
   // Transfers on old ones keep them alive until they end.
   auto p = std::make_shared<Peer>();
   p->metadata = std::move(m);
-  p->text = peer_text(p->metadata);
+  p->text = std::make_shared<const std::string>(peer_text(p->metadata));
   p->regions = index_regions(p->metadata);
   KVB_RETURN_IF_ERROR(open_peer(*p).with_context("connect"));
   std::lock_guard<std::mutex> lock(mu_);
@@ -188,7 +188,7 @@ Result<PeerId> EngineImpl::connect(std::string_view bytes) {
   // Live ones are other engines that share the name; they stay as they are.
   for (auto& [id, old] : peers_) {
     if (old->metadata.name == p->metadata.name && !old->channel->health().ok()) {
-      old->replaced_by = p->text + ", peer " + std::to_string(p->id);
+      old->replaced_by = *p->text + ", peer " + std::to_string(p->id);
     }
   }
   peers_.emplace(p->id, p);

@@ -35,7 +35,7 @@ Status EngineImpl::check_moves_locked(const Peer& p, PreparedMoves& m, TransferO
     return Status::invalid_argument(table() + " was prepared for " + (m.op == TransferOp::kRead ? "reads" : "writes"));
   }
   if (m.peer.get() != &p) {
-    return Status::unavailable(table() + " was prepared for another peer or an earlier connection to " + p.text +
+    return Status::unavailable(table() + " was prepared for another peer or an earlier connection to " + *p.text +
                                ": prepare again");
   }
   if (p.generation != m.generation) {

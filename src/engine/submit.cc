@@ -223,9 +223,7 @@ Result<TransferId> EngineImpl::start_transfer(const Peer& p, const Route& route,
       t->chunks[i].runs = std::move(parts[i]);
     }
   } else {
-    std::vector<std::vector<transport::Copy>> parts = split_copies(std::move(copies), threads);
-    t->chunks.reset(parts.size());
-    for (size_t i = 0; i < parts.size(); ++i) t->chunks[i].copies = std::move(parts[i]);
+    split_copies(std::move(copies), threads, &t->chunks);
   }
   for (Chunk& c : t->chunks) {
     c.control.ready_events = options.ready_event_handles;
@@ -302,7 +300,7 @@ Result<std::shared_ptr<EngineImpl::PreparedList>> EngineImpl::live_list_locked(P
   const Peer& p = *list->peer;
   auto now = peers_.find(p.id);
   if (now == peers_.end() || now->second != list->peer || !p.channel->health().ok()) {
-    return Status::unavailable("prepared list " + std::to_string(id) + ": its peer " + p.text +
+    return Status::unavailable("prepared list " + std::to_string(id) + ": its peer " + *p.text +
                                " is gone or was connected again: prepare again");
   }
   if (p.generation != list->generation) {

@@ -37,7 +37,7 @@ Held* held_for(const Transfers* t) {
 }
 
 std::string transfer_name(const Transfer& t) {
-  return "transfer " + std::to_string(t.id) + " with peer " + t.peer_name;
+  return "transfer " + std::to_string(t.id) + " with peer " + *t.peer_name;
 }
 
 }  // namespace
@@ -327,7 +327,7 @@ void Transfers::end_chunk(const std::shared_ptr<Transfer>& tp, Status s) {
 void Transfers::start_notification(const std::shared_ptr<Transfer>& tp) {
   Transfer& t = *tp;
   if (!t.channel) {
-    return end_notification(tp, Status::unavailable("no control connection to peer " + t.peer_name));
+    return end_notification(tp, Status::unavailable("no control connection to peer " + *t.peer_name));
   }
   {
     std::lock_guard<std::mutex> lock(async_mu_);

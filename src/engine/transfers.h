@@ -146,8 +146,8 @@ using DeadlineQueue = std::multimap<Clock::time_point, std::weak_ptr<Transfer>>;
 struct Transfer {
   // Set before start(), then read-only.
   TransferId id = 0;
-  uint64_t connection = 0;  // the peer connection (link + channel) it runs on
-  std::string peer_name;    // peer_text() of the peer
+  uint64_t connection = 0;                       // the peer connection (link + channel) it runs on
+  std::shared_ptr<const std::string> peer_name;  // peer_text() of the peer (the Peer's, shared)
   TransferOp op = TransferOp::kRead;
   std::shared_ptr<transport::Link> link;
   std::shared_ptr<Channel> channel;
@@ -206,8 +206,9 @@ class WakeTokens {
 };
 
 // Splits `copies` into at most `parts` chunks of about equal bytes, cutting a
-// copy where needed; small batches stay one chunk.
-std::vector<std::vector<transport::Copy>> split_copies(std::vector<transport::Copy> copies, size_t parts);
+// copy where needed, as `chunks` (reset to them); small batches stay one
+// chunk, their list moved there whole.
+void split_copies(std::vector<transport::Copy> copies, size_t parts, ChunkArray* chunks);
 
 // The content check of one run that returned OK: the content hash
 // (transport::content_hash) of each copy's local side (`device`: device
