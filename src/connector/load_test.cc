@@ -174,7 +174,8 @@ TEST(LoadStageTest, EachSourcesItemsAndRunsAreThePlansReadInOrder) {
     std::mt19937_64 rng(seed);
     const CompactStage st = random_stage(rng, seed % 5 == 4);
     const size_t only = seed % 3 == 2 ? static_cast<size_t>(rng() % kSources) : SIZE_MAX;
-    const std::string what = "seed " + std::to_string(seed) + (only == SIZE_MAX ? "" : ", only source " + std::to_string(only));
+    const std::string what =
+        "seed " + std::to_string(seed) + (only == SIZE_MAX ? "" : ", only source " + std::to_string(only));
     Load load;
     load.used.assign(kSources, false);
     std::vector<LiteralItems> literal;
