@@ -62,28 +62,42 @@ void split_copies(std::vector<transport::Copy> copies, size_t parts, ChunkArray*
   for (size_t i = 0; i < shares.size(); ++i) (*chunks)[i].copies = std::move(shares[i]);
 }
 
-void expand_runs(const CopyProgram& program, std::span<const CopyRun> runs, std::vector<transport::Copy>* out) {
-  size_t n = out->size();
+uint64_t copies_of(std::span<const CopyRun> runs) {
+  uint64_t n = 0;
   for (const CopyRun& r : runs) n += r.count * (r.moves != nullptr ? r.move_count : 1);
-  out->reserve(n);
+  return n;
+}
+
+// Written through a pointer into room made beforehand: push_back's
+// bookkeeping per copy was most of a table run's expansion.
+uint64_t expand_runs(const CopyProgram& program, std::span<const CopyRun> runs, transport::Copy* out) {
+  transport::Copy* to = out;
   for (const CopyRun& r : runs) {
     if (r.moves != nullptr) {
       for (uint64_t k = 0; k < r.move_count; ++k) {
         const CopyRun one = r.move(k);
-        expand_runs(program, {&one, 1}, out);
+        to += expand_runs(program, {&one, 1}, to);
       }
       continue;
     }
     const transport::Copy* from = program.copies().data() + r.first;
     if (!r.moved) {
-      out->insert(out->end(), from, from + r.count);
+      to = std::copy_n(from, r.count, to);
       continue;
     }
     for (uint64_t k = 0; k < r.count; ++k) {
-      out->push_back({reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(from[k].local) + r.local_delta),
-                      from[k].remote + r.remote_delta, from[k].bytes, r.segment});
+      to[k] = {reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(from[k].local) + r.local_delta),
+               from[k].remote + r.remote_delta, from[k].bytes, r.segment};
     }
+    to += r.count;
   }
+  return static_cast<uint64_t>(to - out);
+}
+
+void expand_runs(const CopyProgram& program, std::span<const CopyRun> runs, std::vector<transport::Copy>* out) {
+  const size_t at = out->size();
+  out->resize(at + copies_of(runs));
+  expand_runs(program, runs, out->data() + at);
 }
 
 std::vector<std::vector<CopyRun>> split_runs(const CopyProgram& program, size_t parts) {

@@ -243,17 +243,15 @@ void Transfers::run_chunk(const std::shared_ptr<Transfer>& tp, size_t index) {
   // Other links take the whole list at once (a network run per piece
   // would wait for the peer each time; a device run is one batch).
   if (chunk.program != nullptr && !t.device && t.link->runs_inline()) {
-    std::vector<transport::Copy> piece;
-    piece.reserve(kPieceCopies);
+    std::vector<transport::Copy> piece(kPieceCopies);
     Status s;
     auto pieces = [&](const CopyRun& run) {
       for (uint64_t at = 0; at < run.count && s.ok(); at += kPieceCopies) {
         CopyRun part = run;
         part.first = run.first + at;
         part.count = std::min<uint64_t>(kPieceCopies, run.count - at);
-        piece.clear();
-        expand_runs(*chunk.program, {&part, 1}, &piece);
-        s = run_copies(t, piece, chunk.control);
+        const uint64_t n = expand_runs(*chunk.program, {&part, 1}, piece.data());
+        s = run_copies(t, {piece.data(), n}, chunk.control);
       }
     };
     for (const CopyRun& run : chunk.runs) {

@@ -97,7 +97,12 @@ struct CopyProgram {
   }
 };
 
-// Appends the copies `runs` of `program` hold, in order.
+// The number of copies `runs` hold.
+uint64_t copies_of(std::span<const CopyRun> runs);
+// Writes the copies `runs` of `program` hold, in order, at `out` (room for
+// copies_of(runs) of them); returns how many.
+uint64_t expand_runs(const CopyProgram& program, std::span<const CopyRun> runs, transport::Copy* out);
+// Appends them to `out`.
 void expand_runs(const CopyProgram& program, std::span<const CopyRun> runs, std::vector<transport::Copy>* out);
 // Cuts the runs of `program` into at most `parts` shares of about equal
 // bytes, at copy boundaries; small programs stay one share.
