@@ -58,14 +58,21 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
     TransferItem* at = nullptr;
   };
   std::vector<Last> last(sources);
+  // Source s's last pair of tensors made (lt, rt).
+  auto pair_of = [&](size_t s, uint16_t lt, uint16_t rt) -> Last& {
+    Last& l = last[s];
+    if (const uint32_t pair = uint32_t{lt} << 16 | rt; pair != l.tensors) {
+      l.tensors = pair;
+      l.local = tensors.local_regions[lt];
+      l.remote = tensors.sources[s].tensors[rt].region;
+      ls.device[s] |= tensors.local_device[lt] | tensors.remote_device[s][rt];
+    }
+    return l;
+  };
   auto item = [&](const Descriptor& d, uint16_t lt, uint16_t rt, uint64_t lo, uint64_t ro) {
     const uint16_t s = d.source;
     if (only_source != SIZE_MAX && s != only_source) return;
-    Last& l = last[s];
-    if (const uint32_t pair = uint32_t{lt} << 16 | rt; pair != l.tensors) {
-      l.tensors = pair, l.local = tensors.local_regions[lt], l.remote = tensors.sources[s].tensors[rt].region;
-      ls.device[s] |= tensors.local_device[lt] | tensors.remote_device[s][rt];
-    }
+    const Last& l = pair_of(s, lt, rt);
     ls.items[s].push_back(TransferItem{l.local, lo, l.remote, ro, d.bytes});
   };
   // A literal run's items, the common case and most of a load's items: its
@@ -84,15 +91,8 @@ LoadStage load_stage(Load& load, const CompactStage& stage, const LoadTensors& t
     }
     for (uint64_t k = 0; k < n; ++k) {
       const Descriptor& d = ds[k];
-      const uint16_t s = d.source;
-      Last& l = last[s];
-      if (l.count == 0) continue;
-      if (const uint32_t pair = uint32_t{d.local_tensor} << 16 | d.remote_tensor; pair != l.tensors) {
-        l.tensors = pair;
-        l.local = tensors.local_regions[d.local_tensor];
-        l.remote = tensors.sources[s].tensors[d.remote_tensor].region;
-        ls.device[s] |= tensors.local_device[d.local_tensor] | tensors.remote_device[s][d.remote_tensor];
-      }
+      if (last[d.source].count == 0) continue;
+      Last& l = pair_of(d.source, d.local_tensor, d.remote_tensor);
       *l.at++ = TransferItem{l.local, d.local_offset, l.remote, d.remote_offset, d.bytes};
     }
   };
